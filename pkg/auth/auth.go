@@ -1,0 +1,125 @@
+// Package auth checks the bearer API keys of retrysafe and scopes every request to one account.
+//
+// Keys come from API_KEYS as comma-separated `account_id:role:secret` entries; role is `agent` or `approver`.
+// Secrets are compared in constant time and never logged: a Principal carries a key id (a short hash of the
+// secret) that logs may show instead.
+//
+//	keys, _ := auth.ParseKeys(os.Getenv("API_KEYS"))
+//	r.Use(auth.Middleware(keys))
+//	p := auth.From(c) // p.AccountID scopes every query
+package auth
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Role is what a key may do.
+type Role string
+
+const (
+	RoleAgent    Role = "agent"
+	RoleApprover Role = "approver"
+)
+
+// Principal is the authenticated caller.
+type Principal struct {
+	AccountID string
+	Role      Role
+	// KeyID identifies the key without revealing it: the first 12 hex digits of SHA-256(secret).
+	KeyID string
+}
+
+// Actor is how operation events and approvals name the caller.
+func (p Principal) Actor() string { return string(p.Role) + ":" + p.KeyID }
+
+type key struct {
+	principal Principal
+	digest    [sha256.Size]byte
+}
+
+// Keys is the set of accepted API keys.
+type Keys struct{ keys []key }
+
+// DemoKeys is used when API_KEYS is unset, in development only; the README lists these secrets.
+const DemoKeys = "acct_demo:agent:demo-agent-secret,acct_demo:approver:demo-approver-secret," +
+	"acct_other:agent:other-agent-secret,acct_other:approver:other-approver-secret"
+
+// ParseKeys parses API_KEYS.
+func ParseKeys(spec string) (*Keys, error) {
+	ks := &Keys{}
+	for _, entry := range strings.Split(spec, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		parts := strings.SplitN(entry, ":", 3)
+		if len(parts) != 3 || parts[0] == "" || parts[2] == "" {
+			return nil, fmt.Errorf("auth: API_KEYS entry %d is not account_id:role:secret", len(ks.keys)+1)
+		}
+		role := Role(parts[1])
+		if role != RoleAgent && role != RoleApprover {
+			return nil, fmt.Errorf("auth: API_KEYS entry for account %q has role %q, want agent or approver", parts[0], parts[1])
+		}
+		digest := sha256.Sum256([]byte(parts[2]))
+		ks.keys = append(ks.keys, key{
+			principal: Principal{AccountID: parts[0], Role: role, KeyID: hex.EncodeToString(digest[:6])},
+			digest:    digest,
+		})
+	}
+	if len(ks.keys) == 0 {
+		return nil, fmt.Errorf("auth: API_KEYS has no entries")
+	}
+	return ks, nil
+}
+
+// Authenticate returns the principal of a secret. Every key is compared, in constant time, so the time taken
+// does not tell which key came close.
+func (ks *Keys) Authenticate(secret string) (Principal, bool) {
+	digest := sha256.Sum256([]byte(secret))
+	var found Principal
+	ok := 0
+	for _, k := range ks.keys {
+		if subtle.ConstantTimeCompare(digest[:], k.digest[:]) == 1 {
+			found = k.principal
+			ok = 1
+		}
+	}
+	return found, ok == 1
+}
+
+const principalKey = "retrysafe.principal"
+
+// Middleware rejects requests without a known bearer key (401) and stores the Principal for From.
+func Middleware(ks *Keys) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		h := c.GetHeader("Authorization")
+		secret, found := strings.CutPrefix(h, "Bearer ")
+		if !found || secret == "" {
+			c.Header("WWW-Authenticate", `Bearer realm="retrysafe"`)
+			problem.Write(c, problem.New(problem.CodeUnauthorized, "send Authorization: Bearer <api key>"))
+			return
+		}
+		p, ok := ks.Authenticate(secret)
+		if !ok {
+			c.Header("WWW-Authenticate", `Bearer realm="retrysafe", error="invalid_token"`)
+			problem.Write(c, problem.New(problem.CodeUnauthorized, "unknown API key"))
+			return
+		}
+		c.Set(principalKey, p)
+		c.Next()
+	}
+}
+
+// From returns the authenticated principal; it panics on a route that is not behind Middleware, which is a
+// wiring bug, not a request error.
+func From(c *gin.Context) Principal {
+	return c.MustGet(principalKey).(Principal)
+}

@@ -1,0 +1,225 @@
+// Package httpserver is the HTTP plumbing every retrysafe service shares: a gin engine with JSON access logs,
+// panic recovery into problem+json, a request body limit, health endpoints, strict JSON decoding, and a server
+// that shuts down gracefully when its context ends.
+//
+//	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20})
+//	api := r.Group("", auth.Middleware(keys))
+//	tickets.Routes(api, svc)
+//	err := httpserver.Serve(ctx, ":8081", r, logger)
+package httpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Options configures NewRouter.
+type Options struct {
+	Logger *slog.Logger
+	// DB is checked by /readyz; Ready, when set, adds a check (pending migrations).
+	DB    *gorm.DB
+	Ready func(ctx context.Context) error
+	// BodyLimit caps request bodies in bytes (1 MiB when zero).
+	BodyLimit int64
+}
+
+// NewRouter returns a gin engine with the shared middleware and /healthz, /readyz.
+func NewRouter(o Options) *gin.Engine {
+	gin.SetMode(gin.ReleaseMode)
+	limit := o.BodyLimit
+	if limit <= 0 {
+		limit = 1 << 20
+	}
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.ContextWithFallback = true
+	r.Use(accessLog(o.Logger), recovery(o.Logger), bodyLimit(limit))
+	r.NoRoute(func(c *gin.Context) { problem.Write(c, problem.New(problem.CodeNotFound, "no such route")) })
+	r.NoMethod(func(c *gin.Context) {
+		problem.Write(c, problem.New(problem.CodeMethodNotAllowed, "method not allowed on this route"))
+	})
+	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.GET("/readyz", func(c *gin.Context) {
+		ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
+		defer cancel()
+		if err := ready(ctx, o); err != nil {
+			c.Header("Cache-Control", "no-store")
+			c.JSON(http.StatusServiceUnavailable, gin.H{"status": "unavailable", "detail": err.Error()})
+			return
+		}
+		c.JSON(http.StatusOK, gin.H{"status": "ready"})
+	})
+	return r
+}
+
+func ready(ctx context.Context, o Options) error {
+	if o.DB != nil {
+		sqlDB, err := o.DB.DB()
+		if err != nil {
+			return err
+		}
+		if err := sqlDB.PingContext(ctx); err != nil {
+			return errors.New("database unreachable")
+		}
+	}
+	if o.Ready != nil {
+		return o.Ready(ctx)
+	}
+	return nil
+}
+
+// accessLog writes one JSON line per request: never a body, never a header value that could hold a secret.
+func accessLog(logger *slog.Logger) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		start := time.Now()
+		c.Next()
+		attrs := []any{
+			"method", c.Request.Method, "route", c.FullPath(), "status", c.Writer.Status(),
+			"duration_ms", time.Since(start).Milliseconds(),
+		}
+		if op := c.Writer.Header().Get("Operation-Id"); op != "" {
+			attrs = append(attrs, "operation_id", op)
+		}
+		if c.Writer.Header().Get("Idempotent-Replayed") == "true" {
+			attrs = append(attrs, "replayed", true)
+		}
+		logger.InfoContext(c.Request.Context(), "request", attrs...)
+	}
+}
+
+func recovery(logger *slog.Logger) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				logger.ErrorContext(c.Request.Context(), "panic", "route", c.FullPath(), "panic", fmt.Sprint(v))
+				problem.Write(c, fmt.Errorf("panic: %v", v))
+			}
+		}()
+		c.Next()
+	}
+}
+
+func bodyLimit(limit int64) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if c.Request.ContentLength > limit {
+			problem.Write(c, problem.New(problem.CodeBodyTooLarge, "request body is larger than %d bytes", limit))
+			return
+		}
+		c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, limit)
+		c.Next()
+	}
+}
+
+// DecodeJSON reads the request body into v strictly: a JSON object, no unknown fields, no trailing data, types
+// as declared. Any failure is 400 invalid_request, before anything is claimed or stored.
+func DecodeJSON(c *gin.Context, v any) error {
+	if ct := c.GetHeader("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && mt != "application/problem+json") {
+			return problem.New(problem.CodeUnsupportedMediaType, "send Content-Type: application/json")
+		}
+	}
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return problem.New(problem.CodeBodyTooLarge, "request body is larger than %d bytes", tooLarge.Limit)
+		}
+		return problem.New(problem.CodeInvalidRequest, "could not read the request body")
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return problem.New(problem.CodeInvalidRequest, "the request body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return problem.New(problem.CodeInvalidRequest, "malformed JSON: %s", describeJSONError(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return problem.New(problem.CodeInvalidRequest, "malformed JSON: data after the JSON object")
+	}
+	return nil
+}
+
+// Command is a request body that can check itself and apply its defaults.
+type Command interface{ Validate() error }
+
+// DecodeCommand decodes the body strictly into cmd, then validates it: both before any idempotency claim, so
+// a refused request never burns its key.
+func DecodeCommand(c *gin.Context, cmd Command) error {
+	if err := DecodeJSON(c, cmd); err != nil {
+		return err
+	}
+	return cmd.Validate()
+}
+
+func describeJSONError(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		if typeErr.Field != "" {
+			return fmt.Sprintf("field %q must be %s", typeErr.Field, typeErr.Type.String())
+		}
+		return "the request body must be a JSON object"
+	}
+	var syntaxErr *json.SyntaxError
+	if errors.As(err, &syntaxErr) {
+		return fmt.Sprintf("syntax error at byte %d", syntaxErr.Offset)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return "unexpected end of input"
+	}
+	// json reports unknown fields as `json: unknown field "x"`; that text names the field and nothing private.
+	return err.Error()
+}
+
+// Serve runs handler on addr until ctx ends, then shuts down gracefully within 10 seconds.
+func Serve(ctx context.Context, addr string, handler http.Handler, logger *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return ServeListener(ctx, ln, handler, logger)
+}
+
+// ServeListener is Serve on a listener the caller opened (tests use ":0").
+func ServeListener(ctx context.Context, ln net.Listener, handler http.Handler, logger *slog.Logger) error {
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	logger.Info("listening", "addr", ln.Addr().String())
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown %s: %w", ln.Addr(), err)
+	}
+	return nil
+}

@@ -1,0 +1,374 @@
+// Package idem makes POST handlers of a gin + gorm service safe to retry.
+//
+// A caller names one intended action with an Idempotency-Key. The first request claims the key atomically
+// (INSERT ... ON CONFLICT on (account, key)) before any side effect; later requests with the same key and the same
+// fingerprint (see Fingerprint) get the stored response again, byte for byte, with Idempotent-Replayed: true; the
+// same key with another request is refused with 422 idempotency_key_reused. Each claim is an operation of package
+// opstatus, so a caller that timed out can ask what happened.
+//
+// Local mode, for effects that live in the same database: the claim, the business write and the stored response
+// commit in one transaction, so a crash leaves nothing behind and the key free.
+//
+//	func (s *Server) createTicket(c *gin.Context) {
+//		var cmd CreateTicket
+//		if err := httpserver.DecodeJSON(c, &cmd); err != nil {
+//			problem.Write(c, err)
+//			return
+//		}
+//		if err := cmd.Validate(); err != nil { // before Do: a refused request never burns the key
+//			problem.Write(c, err)
+//			return
+//		}
+//		s.idem.Do(c, idem.Request{Kind: "tickets.create", Command: cmd},
+//			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+//				t, err := s.store.CreateTicket(ctx, tx, auth.From(c).AccountID, cmd)
+//				if err != nil {
+//					return idem.Result{}, err // rolls the claim back: the key stays free
+//				}
+//				return idem.Result{Status: http.StatusCreated, Body: t, Resource: &opstatus.Resource{Type: "ticket", ID: t.ID}}, nil
+//			})
+//	}
+//
+// External mode (DoExternal), for effects that leave the process (a payment provider, a deploy target): the
+// claim commits first with a lease, the effect runs outside any transaction, and its result is recorded after.
+// When the answer is lost the operation becomes unknown, never deleted, and a Reconciler (package opstatus)
+// settles it from the other side's records.
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Response headers of the contract.
+const (
+	HeaderReplayed    = "Idempotent-Replayed"
+	HeaderOperationID = "Operation-Id"
+)
+
+// storedHeaders is the allowlist of headers a Result may ask to store and replay.
+var storedHeaders = []string{"Location", "Retry-After"}
+
+// ErrOutcomeUnknown marks an effect whose result did not come back (timeout, dropped connection): it may or may
+// not have happened. DoExternal leaves the operation unknown for the reconciler.
+var ErrOutcomeUnknown = errors.New("idem: outcome unknown")
+
+// Request describes one idempotent write.
+type Request struct {
+	// Kind names the operation, "<service>.<action>": tickets.create, payments.capture, ...
+	Kind string
+	// Command is the validated command, with defaults applied; its canonical JSON is part of the fingerprint.
+	Command any
+	// Guard, when set, runs right after a new claim, in the claim's transaction, before any effect: approvals
+	// hook in here, so a replay of an approved request needs no new approval. An error rolls the claim back.
+	Guard func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error
+}
+
+// Result is the answer to store and send.
+type Result struct {
+	Status int
+	// Body is marshalled to JSON once; the same bytes are sent and stored.
+	Body any
+	// Header may carry Location and Retry-After; other names are not stored.
+	Header http.Header
+	// Resource names what the operation created or acted on.
+	Resource *opstatus.Resource
+	// State is the operation's state once the result is stored: succeeded when empty. A write that hands work
+	// to a background worker (a queued deploy) says queued.
+	State opstatus.State
+}
+
+// WriteFunc does a local write inside tx, the transaction that holds the claim.
+type WriteFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (Result, error)
+
+// Handler runs idempotent writes. Its zero value is not usable; set DB and Store.
+type Handler struct {
+	DB     *gorm.DB
+	Store  Store
+	Logger *slog.Logger
+	// Lease is how long an external effect may run before the recovery worker calls its outcome unknown.
+	// It must be longer than the effect's own timeout.
+	Lease time.Duration
+	// RetryAfter is the Retry-After, in seconds, of a 409 request_in_progress.
+	RetryAfter int
+	// MaxWait caps Prefer: wait=N (30 s when zero).
+	MaxWait time.Duration
+}
+
+type call struct {
+	key         string
+	fingerprint string
+	principal   auth.Principal
+	op          opstatus.Operation
+}
+
+// begin validates the key and computes the fingerprint. It writes the problem and returns false on failure.
+func (h *Handler) begin(c *gin.Context, req Request, state opstatus.State) (call, bool) {
+	key, err := ParseKey(c.Request.Header.Get(HeaderKey), len(c.Request.Header.Values(HeaderKey)) > 0)
+	if err != nil {
+		problem.Write(c, err)
+		return call{}, false
+	}
+	p := auth.From(c)
+	fp, err := Fingerprint(c.Request.Method, c.FullPath(), p.AccountID, req.Command)
+	if err != nil {
+		problem.Write(c, err)
+		return call{}, false
+	}
+	return call{key: key, fingerprint: fp, principal: p, op: opstatus.Operation{
+		ID: opstatus.NewID(), AccountID: p.AccountID, Kind: req.Kind, State: state,
+		IdempotencyKey: key, Fingerprint: fp,
+	}}, true
+}
+
+// errClaimTaken rolls back a claim transaction whose key already existed.
+type errClaimTaken struct{ stored Record }
+
+func (errClaimTaken) Error() string { return "idem: key already claimed" }
+
+// claim runs in tx: claim the key, create the operation, run the guard and prepare. It returns errClaimTaken
+// when the key existed.
+func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) error {
+	stored, claimed, err := h.Store.Claim(ctx, tx, Record{
+		AccountID: cl.principal.AccountID, Key: cl.key, Fingerprint: cl.fingerprint, OperationID: cl.op.ID,
+	})
+	if err != nil {
+		return err
+	}
+	if !claimed {
+		return errClaimTaken{stored}
+	}
+	if err := opstatus.Create(ctx, tx, cl.op, cl.principal.Actor()); err != nil {
+		return err
+	}
+	if req.Guard != nil {
+		if err := req.Guard(ctx, tx, cl.op, cl.fingerprint); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Do runs write once for the request's Idempotency-Key, in local mode, and writes the answer on c: the new
+// result, the stored one, or a problem. write runs inside the transaction that holds the claim; if it returns an
+// error nothing is stored and the key stays free.
+func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
+	cl, ok := h.begin(c, req, opstatus.StateRunning)
+	if !ok {
+		return
+	}
+	ctx := c.Request.Context()
+	var resp Response
+	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := h.claim(ctx, tx, cl, req); err != nil {
+			return err
+		}
+		failpoint.Hit("idem.after_claim")
+		res, err := write(ctx, tx, cl.op)
+		if err != nil {
+			return err
+		}
+		resp, err = h.store(ctx, tx, cl, res, opstatus.EventCompleted, cl.principal.Actor())
+		return err
+	})
+	var taken errClaimTaken
+	switch {
+	case errors.As(err, &taken):
+		h.answerExisting(c, cl, taken.stored)
+	case err != nil:
+		problem.Write(c, err)
+	default:
+		h.Logger.InfoContext(ctx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
+			"account_id", cl.principal.AccountID, "status", resp.Status)
+		writeResponse(c, cl.op.ID, resp, false)
+	}
+}
+
+// store marshals res, stores it as the key's response and moves the operation to its state, all in tx.
+func (h *Handler) store(ctx context.Context, tx *gorm.DB, cl call, res Result, event, actor string) (Response, error) {
+	resp, err := response(res)
+	if err != nil {
+		return Response{}, err
+	}
+	if err := h.Store.Complete(ctx, tx, cl.op.AccountID, cl.key, resp); err != nil {
+		return Response{}, err
+	}
+	state := res.State
+	if state == "" {
+		state = opstatus.StateSucceeded
+	}
+	opts := []opstatus.TransitionOption{
+		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown),
+		opstatus.WithEvent(event, map[string]any{"status": resp.Status}),
+		opstatus.WithLease(time.Time{}),
+	}
+	if res.Resource != nil {
+		opts = append(opts, opstatus.WithResource(*res.Resource))
+	}
+	moved, err := opstatus.Transition(ctx, tx, cl.op.ID, state, actor, opts...)
+	if err != nil {
+		return Response{}, err
+	}
+	if !moved {
+		return Response{}, ErrAlreadySettled
+	}
+	return resp, nil
+}
+
+// ErrAlreadySettled is returned by Settle when another worker recorded the operation's outcome first.
+var ErrAlreadySettled = errors.New("idem: operation already settled")
+
+func response(res Result) (Response, error) {
+	body, err := json.Marshal(res.Body)
+	if err != nil {
+		return Response{}, fmt.Errorf("idem: marshal response: %w", err)
+	}
+	header := http.Header{}
+	for _, name := range storedHeaders {
+		if v := res.Header.Get(name); v != "" {
+			header.Set(name, v)
+		}
+	}
+	status := res.Status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	return Response{Status: status, Header: header, Body: body}, nil
+}
+
+// ProblemResult turns a definite failure into a Result to store, so that retries of a request that failed for
+// good replay the same problem instead of trying again.
+func ProblemResult(err error, state opstatus.State) Result {
+	status, doc := problem.Render(err)
+	return Result{Status: status, Body: doc, State: state}
+}
+
+func writeResponse(c *gin.Context, opID string, resp Response, replayed bool) {
+	for name, values := range resp.Header {
+		c.Writer.Header()[name] = values
+	}
+	c.Header(HeaderOperationID, opID)
+	contentType := "application/json"
+	if resp.Status >= 400 {
+		contentType = "application/problem+json"
+		c.Header("Cache-Control", "no-store")
+	}
+	if replayed {
+		c.Header(HeaderReplayed, "true")
+	}
+	c.Data(resp.Status, contentType, resp.Body)
+}
+
+// answerExisting answers a request whose key was already claimed: replay, conflict, in progress or unknown.
+func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
+	ctx := c.Request.Context()
+	actor := cl.principal.Actor()
+	if stored.Fingerprint != cl.fingerprint {
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventConflictRejected, actor, map[string]any{"fingerprint": cl.fingerprint})
+		problem.Write(c, problem.New(problem.CodeIdempotencyKeyReused,
+			"this Idempotency-Key was first used for a different request; use a new key for a new action").
+			With("operation_id", stored.OperationID).With("state", stored.OperationState))
+		return
+	}
+	if wait := h.preferWait(c); wait > 0 && stored.State == KeyRunning && stored.OperationState != opstatus.StateUnknown {
+		stored = h.waitFor(ctx, stored, wait)
+	}
+	switch {
+	case stored.State == KeyCompleted && stored.Response != nil:
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventReplayed, actor, nil)
+		writeResponse(c, stored.OperationID, *stored.Response, true)
+	case stored.OperationState == opstatus.StateUnknown:
+		h.answerUnknown(c, cl.principal.AccountID, stored.OperationID)
+	default:
+		problem.Write(c, &problem.Error{
+			Code:       problem.CodeRequestInProgress,
+			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
+			RetryAfter: max(h.RetryAfter, 1),
+			Extensions: map[string]any{"operation_id": stored.OperationID, "state": stored.OperationState},
+		})
+	}
+}
+
+// answerUnknown is the 202 for an operation whose outcome is not known: the caller must not start a new
+// action, but ask GET /v1/operations/{id} (or retry with the same key) until it settles.
+func (h *Handler) answerUnknown(c *gin.Context, accountID, opID string) {
+	op, err := opstatus.Get(c.Request.Context(), h.DB, accountID, opID)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.Header(HeaderOperationID, opID)
+	c.Header("Location", "/v1/operations/"+opID)
+	c.Header("Retry-After", "5")
+	c.JSON(http.StatusAccepted, op)
+}
+
+func (h *Handler) appendEvent(ctx context.Context, opID, eventType, actor string, detail any) {
+	// The audit trail of a replay or a refusal is worth a row but never worth failing the answer for.
+	if err := opstatus.Append(ctx, h.DB, opID, eventType, actor, detail); err != nil {
+		h.Logger.WarnContext(ctx, "operation event not recorded", "operation_id", opID, "type", eventType, "error", err.Error())
+	}
+}
+
+// preferWait parses `Prefer: wait=N` (RFC 7240), capped at MaxWait.
+func (h *Handler) preferWait(c *gin.Context) time.Duration {
+	limit := h.MaxWait
+	if limit <= 0 {
+		limit = 30 * time.Second
+	}
+	for _, pref := range c.Request.Header.Values("Prefer") {
+		for _, part := range strings.Split(pref, ",") {
+			name, value, ok := strings.Cut(strings.TrimSpace(part), "=")
+			if !ok || !strings.EqualFold(name, "wait") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.TrimSpace(value))
+			if err != nil || n <= 0 {
+				continue
+			}
+			return min(time.Duration(n)*time.Second, limit)
+		}
+	}
+	return 0
+}
+
+// waitFor polls the key until it completes, its operation becomes unknown, or wait passes.
+func (h *Handler) waitFor(ctx context.Context, stored Record, wait time.Duration) Record {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return stored
+		case <-deadline.C:
+			return stored
+		case <-tick.C:
+		}
+		latest, err := h.Store.Lookup(ctx, h.DB, stored.AccountID, stored.Key)
+		if err != nil {
+			return stored
+		}
+		if latest.State == KeyCompleted || latest.OperationState == opstatus.StateUnknown {
+			return latest
+		}
+	}
+}
+
+func problemIsNotFound(err error) bool { return errors.Is(err, problem.ErrNotFound) }

@@ -1,0 +1,334 @@
+// Package opstatus records operations: one row per intended action, with a state and an append-only history of
+// events, so a caller that timed out can ask what happened instead of guessing.
+//
+// Writes take the caller's transaction, so an operation changes state in the same commit as the business row it
+// describes:
+//
+//	err := db.Transaction(func(tx *gorm.DB) error {
+//		if err := deploys.MarkRunning(ctx, tx, id); err != nil {
+//			return err
+//		}
+//		_, err := opstatus.Transition(ctx, tx, opID, opstatus.StateRunning, "worker:deploys",
+//			opstatus.From(opstatus.StateQueued))
+//		return err
+//	})
+//
+// Routes serves GET /v1/operations/{id} and GET /v1/operations?idempotency_key=K; RecoveryWorker marks
+// operations whose lease expired as unknown and hands them to the Reconciler registered for their kind.
+package opstatus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// State is where an operation stands.
+type State string
+
+const (
+	StateQueued    State = "queued"
+	StateRunning   State = "running"
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+	StateCancelled State = "cancelled"
+	StateUnknown   State = "unknown"
+)
+
+// Final reports whether no transition leaves s.
+func (s State) Final() bool {
+	return s == StateSucceeded || s == StateFailed || s == StateCancelled
+}
+
+// Event types written by retrysafe. Services may add their own.
+const (
+	EventClaimed          = "claimed"
+	EventCompleted        = "completed"
+	EventReplayed         = "replayed"
+	EventConflictRejected = "conflict_rejected"
+	EventFailed           = "failed"
+	EventStateChanged     = "state_changed"
+	EventLeaseExpired     = "lease_expired"
+	EventReconciled       = "reconciled"
+)
+
+// Resource names what an operation created or acted on.
+type Resource struct {
+	Type string `json:"type"`
+	ID   string `json:"id"`
+}
+
+// Operation is one intended action of one account.
+type Operation struct {
+	ID             string     `json:"id"`
+	AccountID      string     `json:"-"`
+	Kind           string     `json:"kind"`
+	State          State      `json:"state"`
+	IdempotencyKey string     `json:"idempotency_key,omitempty"`
+	Fingerprint    string     `json:"fingerprint,omitempty"`
+	Resource       *Resource  `json:"resource"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	UpdatedAt      time.Time  `json:"updated_at"`
+	Events         []Event    `json:"events"`
+}
+
+// Event is one entry of an operation's history. Events are never updated or deleted (a trigger enforces it).
+type Event struct {
+	ID        int64           `json:"id"`
+	Type      string          `json:"type"`
+	FromState State           `json:"from_state,omitempty"`
+	ToState   State           `json:"to_state,omitempty"`
+	Actor     string          `json:"actor"`
+	Detail    json.RawMessage `json:"detail,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// NewID returns a new operation id: "op_" and a time-ordered UUID.
+func NewID() string {
+	return "op_" + uuid.Must(uuid.NewV7()).String()
+}
+
+// Create inserts op in state op.State (queued or running) with its first event, EventClaimed.
+func Create(ctx context.Context, tx *gorm.DB, op Operation, actor string) error {
+	var resType, resID *string
+	if op.Resource != nil {
+		resType, resID = &op.Resource.Type, &op.Resource.ID
+	}
+	// One round trip: the operation and its first event.
+	err := tx.WithContext(ctx).Exec(`
+WITH op AS (
+    INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
+                            lease_expires_at)
+    VALUES (?, ?, ?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)
+    RETURNING id, account_id, state
+)
+INSERT INTO operation_events (operation_id, account_id, type, to_state, actor)
+SELECT id, account_id, ?, state, ? FROM op`,
+		op.ID, op.AccountID, op.Kind, op.State, op.IdempotencyKey, op.Fingerprint, resType, resID, op.LeaseExpiresAt,
+		EventClaimed, actor).Error
+	if err != nil {
+		return fmt.Errorf("opstatus: create %s: %w", op.ID, err)
+	}
+	return nil
+}
+
+// TransitionOption narrows or enriches a Transition.
+type TransitionOption func(*transition)
+
+type transition struct {
+	from     []State
+	resource *Resource
+	lease    *time.Time
+	clear    bool
+	event    string
+	detail   any
+}
+
+// From allows the transition only from these states.
+func From(states ...State) TransitionOption {
+	return func(t *transition) { t.from = states }
+}
+
+// WithResource sets the operation's resource in the same statement.
+func WithResource(r Resource) TransitionOption {
+	return func(t *transition) { t.resource = &r }
+}
+
+// WithLease sets (or, with a zero time, clears) the lease.
+func WithLease(until time.Time) TransitionOption {
+	return func(t *transition) {
+		if until.IsZero() {
+			t.clear = true
+			return
+		}
+		t.lease = &until
+	}
+}
+
+// WithEvent names the event type (EventStateChanged by default) and its detail, marshalled as JSON.
+func WithEvent(eventType string, detail any) TransitionOption {
+	return func(t *transition) { t.event, t.detail = eventType, detail }
+}
+
+// Transition moves operation id to state to and appends an event, in one statement. It returns false, and
+// changes nothing, when the operation is not in one of the From states, or is already in state to: repeating a
+// transition records no second event. A final state is never left unless From names it.
+func Transition(ctx context.Context, tx *gorm.DB, id string, to State, actor string, opts ...TransitionOption) (bool, error) {
+	t := transition{event: EventStateChanged}
+	for _, o := range opts {
+		o(&t)
+	}
+	from := t.from
+	if len(from) == 0 {
+		from = []State{StateQueued, StateRunning, StateUnknown}
+	}
+	fromText := make([]string, len(from))
+	for i, s := range from {
+		fromText[i] = string(s)
+	}
+	detail := []byte("{}")
+	if t.detail != nil {
+		var err error
+		if detail, err = json.Marshal(t.detail); err != nil {
+			return false, fmt.Errorf("opstatus: transition %s: detail: %w", id, err)
+		}
+	}
+	var resType, resID *string
+	if t.resource != nil {
+		resType, resID = &t.resource.Type, &t.resource.ID
+	}
+	var n int64
+	err := tx.WithContext(ctx).Raw(`
+WITH prev AS (
+    SELECT id, state FROM operations WHERE id = ? FOR UPDATE
+), op AS (
+    UPDATE operations o
+    SET state = ?, updated_at = now(),
+        resource_type = COALESCE(?, o.resource_type), resource_id = COALESCE(?, o.resource_id),
+        lease_expires_at = CASE WHEN ? THEN NULL ELSE COALESCE(?, o.lease_expires_at) END
+    FROM prev
+    WHERE o.id = prev.id AND prev.state IN ? AND prev.state <> ?
+    RETURNING o.id, o.account_id, prev.state AS from_state, o.state AS to_state
+), ev AS (
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+    SELECT id, account_id, ?, from_state, to_state, ?, ?::jsonb FROM op
+    RETURNING 1
+)
+SELECT count(*) FROM ev`,
+		id, to, resType, resID, t.clear, t.lease, fromText, to, t.event, actor, string(detail)).Scan(&n).Error
+	if err != nil {
+		return false, fmt.Errorf("opstatus: transition %s to %s: %w", id, to, err)
+	}
+	return n == 1, nil
+}
+
+// Append adds an event that does not change the state (replayed, conflict_rejected, reconcile evidence, ...).
+func Append(ctx context.Context, db *gorm.DB, id, eventType, actor string, detail any) error {
+	raw := []byte("{}")
+	if detail != nil {
+		var err error
+		if raw, err = json.Marshal(detail); err != nil {
+			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
+		}
+	}
+	err := db.WithContext(ctx).Exec(`
+INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
+SELECT id, account_id, ?, ?, ?::jsonb FROM operations WHERE id = ?`, eventType, actor, string(raw), id).Error
+	if err != nil {
+		return fmt.Errorf("opstatus: append to %s: %w", id, err)
+	}
+	return nil
+}
+
+type operationRow struct {
+	ID             string
+	AccountID      string
+	Kind           string
+	State          State
+	IdempotencyKey *string
+	Fingerprint    *string
+	ResourceType   *string
+	ResourceID     *string
+	LeaseExpiresAt *time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+func (r operationRow) operation() Operation {
+	op := Operation{
+		ID: r.ID, AccountID: r.AccountID, Kind: r.Kind, State: r.State,
+		LeaseExpiresAt: r.LeaseExpiresAt, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Events: []Event{},
+	}
+	if r.IdempotencyKey != nil {
+		op.IdempotencyKey = *r.IdempotencyKey
+	}
+	if r.Fingerprint != nil {
+		op.Fingerprint = *r.Fingerprint
+	}
+	if r.ResourceType != nil && r.ResourceID != nil {
+		op.Resource = &Resource{Type: *r.ResourceType, ID: *r.ResourceID}
+	}
+	return op
+}
+
+const selectOperation = `SELECT id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
+       lease_expires_at, created_at, updated_at FROM operations `
+
+// Get returns operation id of account with its events. Returns an error matching problem.ErrNotFound if the
+// operation does not exist in that account.
+func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, error) {
+	var rows []operationRow
+	err := db.WithContext(ctx).Raw(selectOperation+`WHERE id = ? AND account_id = ?`, id, accountID).Scan(&rows).Error
+	if err != nil {
+		return Operation{}, fmt.Errorf("opstatus: get %s: %w", id, err)
+	}
+	if len(rows) == 0 {
+		return Operation{}, problem.NotFound("operation")
+	}
+	op := rows[0].operation()
+	if op.Events, err = events(ctx, db, op.ID); err != nil {
+		return Operation{}, err
+	}
+	return op, nil
+}
+
+// FindByKey returns the operations of account that were started under an idempotency key, newest first.
+func FindByKey(ctx context.Context, db *gorm.DB, accountID, key string) ([]Operation, error) {
+	var rows []operationRow
+	err := db.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND idempotency_key = ? ORDER BY created_at DESC LIMIT 20`,
+		accountID, key).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("opstatus: find by key: %w", err)
+	}
+	ops := make([]Operation, 0, len(rows))
+	for _, r := range rows {
+		op := r.operation()
+		if op.Events, err = events(ctx, db, op.ID); err != nil {
+			return nil, err
+		}
+		ops = append(ops, op)
+	}
+	return ops, nil
+}
+
+func events(ctx context.Context, db *gorm.DB, opID string) ([]Event, error) {
+	var rows []struct {
+		ID        int64
+		Type      string
+		FromState *string
+		ToState   *string
+		Actor     string
+		Detail    string
+		CreatedAt time.Time
+	}
+	err := db.WithContext(ctx).Raw(`SELECT id, type, from_state, to_state, actor, detail::text AS detail, created_at
+FROM operation_events WHERE operation_id = ? ORDER BY id`, opID).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("opstatus: events of %s: %w", opID, err)
+	}
+	evs := make([]Event, 0, len(rows))
+	for _, r := range rows {
+		ev := Event{ID: r.ID, Type: r.Type, Actor: r.Actor, CreatedAt: r.CreatedAt}
+		if r.FromState != nil {
+			ev.FromState = State(*r.FromState)
+		}
+		if r.ToState != nil {
+			ev.ToState = State(*r.ToState)
+		}
+		if r.Detail != "" && r.Detail != "{}" {
+			ev.Detail = json.RawMessage(r.Detail)
+		}
+		evs = append(evs, ev)
+	}
+	return evs, nil
+}
+
+// ErrNotFound matches a missing operation.
+var ErrNotFound = problem.ErrNotFound

@@ -1,0 +1,33 @@
+package problem
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+
+	"github.com/gin-gonic/gin"
+)
+
+// Logger is where Write reports errors the client only sees as "internal"; cmd/retrysafe sets it.
+var Logger = slog.Default()
+
+// Write renders err as problem+json on c and aborts the handler chain. Store failures are translated to
+// store_unavailable here as well, so a handler needs no special case for a database that went away.
+func Write(c *gin.Context, err error) {
+	if IsStoreUnavailable(err) {
+		err = &Error{Code: CodeStoreUnavailable, Err: err}
+	}
+	status, doc := Render(err)
+	var e *Error
+	if !errors.As(err, &e) || status >= 500 {
+		Logger.ErrorContext(c.Request.Context(), "request failed",
+			"method", c.Request.Method, "route", c.FullPath(), "status", status,
+			"operation_id", c.Writer.Header().Get("Operation-Id"), "error", err.Error())
+	}
+	for k, v := range Headers(err) {
+		c.Writer.Header()[k] = v
+	}
+	body, _ := json.Marshal(doc)
+	c.Abort()
+	c.Data(status, "application/problem+json", body)
+}

@@ -1,0 +1,195 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Client calls the provider for one merchant. Its errors say what the caller
+// may conclude:
+//
+//   - nil: the call executed (or was replayed) and this is its answer;
+//   - an error that errors.As finds an *Error in and that is not
+//     ErrOutcomeUnknown: the provider refused the call (4xx), nothing executed;
+//   - errors.Is(err, ErrOutcomeUnknown): the call may or may not have executed.
+//     Retry with the same idempotency key, or ask Lookup. A 5xx also carries
+//     its *Error.
+//
+// A Client is safe for concurrent use.
+type Client struct {
+	baseURL string
+	secret  string
+	http    *http.Client
+}
+
+// NewClient returns a client of the provider at baseURL (such as
+// "http://127.0.0.1:8090") for the merchant holding secret. timeout bounds
+// each call, connection to last byte; a call cut by it has ErrOutcomeUnknown.
+func NewClient(baseURL, secret string, timeout time.Duration) *Client {
+	return &Client{
+		baseURL: strings.TrimRight(baseURL, "/"),
+		secret:  secret,
+		http:    &http.Client{Timeout: timeout},
+	}
+}
+
+// Authorize places a hold of req.AmountMinor on the card.
+func (c *Client) Authorize(ctx context.Context, key string, req AuthorizeRequest) (Authorization, error) {
+	var a Authorization
+	err := c.do(ctx, http.MethodPost, "/v1/authorizations", key, req, &a)
+	return a, err
+}
+
+// Capture captures amountMinor of the authorization; the rest is released.
+// Refusals: 404 not_found, 409 already_captured or invalid_state (voided),
+// 422 amount_too_large.
+func (c *Client) Capture(ctx context.Context, key, authID string, amountMinor int64) (Capture, error) {
+	var cp Capture
+	err := c.do(ctx, http.MethodPost, "/v1/authorizations/"+url.PathEscape(authID)+"/capture", key,
+		amountRequest{AmountMinor: amountMinor}, &cp)
+	return cp, err
+}
+
+// Void releases an authorization that was not captured.
+// Refusals: 404 not_found, 409 invalid_state.
+func (c *Client) Void(ctx context.Context, key, authID string) (Authorization, error) {
+	var a Authorization
+	err := c.do(ctx, http.MethodPost, "/v1/authorizations/"+url.PathEscape(authID)+"/void", key, struct{}{}, &a)
+	return a, err
+}
+
+// Refund returns amountMinor of the captured money.
+// Refusals: 404 not_found, 409 invalid_state (not captured),
+// 422 amount_too_large (more than captured and not yet refunded).
+func (c *Client) Refund(ctx context.Context, key, authID string, amountMinor int64) (Refund, error) {
+	var rf Refund
+	err := c.do(ctx, http.MethodPost, "/v1/authorizations/"+url.PathEscape(authID)+"/refunds", key,
+		amountRequest{AmountMinor: amountMinor}, &rf)
+	return rf, err
+}
+
+// GetAuthorization reads an authorization. Refusal: 404 not_found.
+func (c *Client) GetAuthorization(ctx context.Context, authID string) (Authorization, error) {
+	var a Authorization
+	err := c.do(ctx, http.MethodGet, "/v1/authorizations/"+url.PathEscape(authID), "", nil, &a)
+	return a, err
+}
+
+// Lookup asks what the provider answered to the call made with key. Found is
+// false when the provider never executed a call with it: a retry with the
+// key executes the call for the first time. A call still running is an
+// *Error with Code "request_in_progress".
+func (c *Client) Lookup(ctx context.Context, key string) (LookupResult, error) {
+	var res LookupResult
+	err := c.do(ctx, http.MethodGet, "/v1/idempotency/"+url.PathEscape(key), "", nil, &res)
+	if pe, ok := errors.AsType[*Error](err); ok && pe.Status == http.StatusNotFound && pe.Code == CodeNotFound {
+		return LookupResult{}, nil
+	}
+	if err != nil {
+		return LookupResult{}, err
+	}
+	res.Found = true
+	return res, nil
+}
+
+// Counters returns how many times each kind of call executed for this
+// merchant ("authorize", "capture", "void", "refund"); replays do not count.
+func (c *Client) Counters(ctx context.Context) (map[string]int64, error) {
+	var counters map[string]int64
+	err := c.do(ctx, http.MethodGet, "/admin/counters", "", nil, &counters)
+	return counters, err
+}
+
+// InjectFault arms f for this merchant. It is a 404 *Error unless the
+// provider runs with Config.FaultInjection.
+func (c *Client) InjectFault(ctx context.Context, f Fault) error {
+	return c.do(ctx, http.MethodPost, "/admin/faults", "", f, nil)
+}
+
+// ClearFaults disarms every fault of this merchant.
+func (c *Client) ClearFaults(ctx context.Context) error {
+	return c.do(ctx, http.MethodDelete, "/admin/faults", "", nil, nil)
+}
+
+// Reset forgets this merchant's authorizations, keys, counters and faults.
+func (c *Client) Reset(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/admin/reset", "", nil, nil)
+}
+
+// do sends one call with in as its JSON body (none when nil) and decodes a 2xx
+// answer into out (ignored when nil).
+func (c *Client) do(ctx context.Context, method, path, key string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("provider: encoding %s %s: %w", method, path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, body)
+	if err != nil {
+		return fmt.Errorf("provider: %s %s: %w", method, path, err)
+	}
+	// Without GetBody, net/http never resends the request by itself (it would
+	// for a request with an Idempotency-Key on a reused connection): a lost
+	// answer reaches the caller as ErrOutcomeUnknown and the caller decides.
+	req.GetBody = nil
+	req.Header.Set("Authorization", "Bearer "+c.secret)
+	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrOutcomeUnknown, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBodyBytes))
+	if err != nil {
+		return fmt.Errorf("provider: %s %s: reading the answer: %w: %w", method, path, ErrOutcomeUnknown, err)
+	}
+
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		if out == nil || resp.StatusCode == http.StatusNoContent {
+			return nil
+		}
+		if err := json.Unmarshal(b, out); err != nil {
+			// It executed, but we cannot tell the caller what it did.
+			return fmt.Errorf("provider: %s %s: decoding the %d answer: %w: %w", method, path, resp.StatusCode, ErrOutcomeUnknown, err)
+		}
+		return nil
+	case resp.StatusCode >= 400 && resp.StatusCode < 500:
+		return decodeError(resp.StatusCode, b)
+	default:
+		// 5xx, or a status this client does not expect: the call may have run.
+		return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrOutcomeUnknown, decodeError(resp.StatusCode, b))
+	}
+}
+
+// decodeError reads a problem document; a body that is not one still gives an
+// *Error with the status and the body's start as detail.
+func decodeError(status int, body []byte) *Error {
+	var p problem
+	if err := json.Unmarshal(body, &p); err != nil || p.Code == "" {
+		detail := string(body)
+		if len(detail) > 200 {
+			detail = detail[:200]
+		}
+		return &Error{Status: status, Detail: detail}
+	}
+	return &Error{Status: status, Code: p.Code, Detail: p.Detail}
+}

@@ -1,0 +1,144 @@
+package tickets
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Server is the HTTP adapter of the tickets service.
+type Server struct {
+	DB    *gorm.DB
+	Store Store
+	Idem  *idem.Handler
+	// Bypass skips idempotency on POST /v1/tickets; only the benchmark sets it, to measure what idempotency costs.
+	Bypass bool
+}
+
+// CreateResult is the answer to POST /v1/tickets: the ticket, and whether it already existed for its
+// source_event_id (200, deduplicated) or was created (201).
+type CreateResult struct {
+	Ticket
+	Deduplicated bool `json:"deduplicated"`
+}
+
+func (s *Server) createTicket(c *gin.Context) {
+	var cmd CreateTicket
+	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	account := auth.From(c).AccountID
+	if s.Bypass {
+		res, err := s.create(c.Request.Context(), s.DB, account, cmd)
+		if err != nil {
+			problem.Write(c, err)
+			return
+		}
+		c.JSON(res.Status, res.Body)
+		return
+	}
+	s.Idem.Do(c, idem.Request{Kind: "tickets.create", Command: cmd},
+		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
+			return s.create(ctx, tx, account, cmd)
+		})
+}
+
+func (s *Server) create(ctx context.Context, tx *gorm.DB, account string, cmd CreateTicket) (idem.Result, error) {
+	t, created, err := s.Store.CreateTicket(ctx, tx, account, cmd)
+	if err != nil {
+		return idem.Result{}, err
+	}
+	status := http.StatusCreated
+	if !created {
+		status = http.StatusOK
+	}
+	return idem.Result{
+		Status:   status,
+		Body:     CreateResult{Ticket: t, Deduplicated: !created},
+		Header:   http.Header{"Location": {"/v1/tickets/" + t.ID}},
+		Resource: &opstatus.Resource{Type: "ticket", ID: t.ID},
+	}, nil
+}
+
+func (s *Server) getTicket(c *gin.Context) {
+	t, err := s.Store.Ticket(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, t)
+}
+
+func (s *Server) listTickets(c *gin.Context) {
+	var sourceEventID *string
+	if v, ok := c.GetQuery("source_event_id"); ok {
+		sourceEventID = &v
+	}
+	ts, err := s.Store.Tickets(c.Request.Context(), s.DB, auth.From(c).AccountID, sourceEventID, 100)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"items": ts})
+}
+
+func (s *Server) addComment(c *gin.Context) {
+	var cmd AddComment
+	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	account, ticketID := auth.From(c).AccountID, c.Param("id")
+	s.Idem.Do(c, idem.Request{Kind: "tickets.comment", Command: cmd},
+		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
+			cm, err := s.Store.AddComment(ctx, tx, account, ticketID, cmd)
+			if err != nil {
+				return idem.Result{}, err
+			}
+			return idem.Result{Status: http.StatusCreated, Body: cm, Resource: &opstatus.Resource{Type: "comment", ID: cm.ID}}, nil
+		})
+}
+
+func (s *Server) listComments(c *gin.Context) {
+	cs, err := s.Store.Comments(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"items": cs})
+}
+
+// setStatus declares a status. PUT is idempotent by itself: the same status twice changes nothing the second
+// time and records no second change, so it needs no Idempotency-Key.
+func (s *Server) setStatus(c *gin.Context) {
+	var cmd SetStatus
+	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	p := auth.From(c)
+	t, _, err := s.Store.SetStatus(c.Request.Context(), s.DB, p.AccountID, c.Param("id"), cmd.Status, p.Actor())
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, t)
+}
+
+func (s *Server) listStatusChanges(c *gin.Context) {
+	changes, err := s.Store.StatusChanges(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"items": changes})
+}

@@ -1,0 +1,142 @@
+package tickets
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// PostgresStore is the Store on gorm + PostgreSQL.
+type PostgresStore struct{}
+
+var _ Store = PostgresStore{}
+
+func newID(prefix string) string { return prefix + uuid.Must(uuid.NewV7()).String() }
+
+const ticketColumns = `id, account_id, project, title, description, priority, status, source_event_id, created_at, updated_at`
+
+// CreateTicket implements Store. The partial unique index tickets_source_event decides between concurrent
+// creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads the winner.
+func (PostgresStore) CreateTicket(ctx context.Context, tx *gorm.DB, accountID string, cmd CreateTicket) (Ticket, bool, error) {
+	var rows []Ticket
+	err := tx.WithContext(ctx).Raw(`
+INSERT INTO tickets (id, account_id, project, title, description, priority, status, source_event_id)
+VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
+ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING
+RETURNING `+ticketColumns,
+		newID("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID).Scan(&rows).Error
+	if err != nil {
+		return Ticket{}, false, fmt.Errorf("tickets: create: %w", err)
+	}
+	if len(rows) == 1 {
+		return rows[0], true, nil
+	}
+	existing, err := PostgresStore{}.Tickets(ctx, tx, accountID, cmd.SourceEventID, 1)
+	if err != nil {
+		return Ticket{}, false, err
+	}
+	if len(existing) == 0 {
+		return Ticket{}, false, fmt.Errorf("tickets: create: source event %q conflicted but no ticket is visible", *cmd.SourceEventID)
+	}
+	return existing[0], false, nil
+}
+
+// Ticket implements Store.
+func (PostgresStore) Ticket(ctx context.Context, db *gorm.DB, accountID, id string) (Ticket, error) {
+	var rows []Ticket
+	err := db.WithContext(ctx).Raw(`SELECT `+ticketColumns+` FROM tickets WHERE id = ? AND account_id = ?`, id, accountID).
+		Scan(&rows).Error
+	if err != nil {
+		return Ticket{}, fmt.Errorf("tickets: get: %w", err)
+	}
+	if len(rows) == 0 {
+		return Ticket{}, problem.NotFound("ticket")
+	}
+	return rows[0], nil
+}
+
+// Tickets implements Store.
+func (PostgresStore) Tickets(ctx context.Context, db *gorm.DB, accountID string, sourceEventID *string, limit int) ([]Ticket, error) {
+	q := db.WithContext(ctx).Table("tickets").Select(ticketColumns).Where("account_id = ?", accountID)
+	if sourceEventID != nil {
+		q = q.Where("source_event_id = ?", *sourceEventID)
+	}
+	rows := []Ticket{}
+	if err := q.Order("created_at DESC, id DESC").Limit(limit).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("tickets: list: %w", err)
+	}
+	return rows, nil
+}
+
+// AddComment implements Store.
+func (PostgresStore) AddComment(ctx context.Context, tx *gorm.DB, accountID, ticketID string, cmd AddComment) (Comment, error) {
+	var rows []Comment
+	err := tx.WithContext(ctx).Raw(`
+INSERT INTO ticket_comments (id, ticket_id, account_id, body)
+SELECT ?, id, account_id, ? FROM tickets WHERE id = ? AND account_id = ?
+RETURNING id, ticket_id, body, created_at`, newID("cmt_"), cmd.Body, ticketID, accountID).Scan(&rows).Error
+	if err != nil {
+		return Comment{}, fmt.Errorf("tickets: add comment: %w", err)
+	}
+	if len(rows) == 0 {
+		return Comment{}, problem.NotFound("ticket")
+	}
+	return rows[0], nil
+}
+
+// Comments implements Store.
+func (PostgresStore) Comments(ctx context.Context, db *gorm.DB, accountID, ticketID string) ([]Comment, error) {
+	if _, err := (PostgresStore{}).Ticket(ctx, db, accountID, ticketID); err != nil {
+		return nil, err
+	}
+	rows := []Comment{}
+	err := db.WithContext(ctx).Raw(`SELECT id, ticket_id, body, created_at FROM ticket_comments
+WHERE ticket_id = ? AND account_id = ? ORDER BY created_at, id`, ticketID, accountID).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("tickets: comments: %w", err)
+	}
+	return rows, nil
+}
+
+// SetStatus implements Store. One statement changes the status only if it differs and records the change.
+func (PostgresStore) SetStatus(ctx context.Context, db *gorm.DB, accountID, ticketID string, to Status, actor string) (Ticket, bool, error) {
+	var changed []Ticket
+	err := db.WithContext(ctx).Raw(`
+WITH prev AS (
+    SELECT id, status FROM tickets WHERE id = ? AND account_id = ? FOR UPDATE
+), t AS (
+    UPDATE tickets SET status = ?, updated_at = now()
+    FROM prev WHERE tickets.id = prev.id AND prev.status <> ?
+    RETURNING tickets.*, prev.status AS from_status
+), change AS (
+    INSERT INTO ticket_status_changes (ticket_id, account_id, from_status, to_status, actor)
+    SELECT id, account_id, from_status, status, ? FROM t
+)
+SELECT `+ticketColumns+` FROM t`, ticketID, accountID, to, to, actor).Scan(&changed).Error
+	if err != nil {
+		return Ticket{}, false, fmt.Errorf("tickets: set status: %w", err)
+	}
+	if len(changed) == 1 {
+		return changed[0], true, nil
+	}
+	t, err := PostgresStore{}.Ticket(ctx, db, accountID, ticketID)
+	return t, false, err
+}
+
+// StatusChanges implements Store.
+func (PostgresStore) StatusChanges(ctx context.Context, db *gorm.DB, accountID, ticketID string) ([]StatusChange, error) {
+	if _, err := (PostgresStore{}).Ticket(ctx, db, accountID, ticketID); err != nil {
+		return nil, err
+	}
+	rows := []StatusChange{}
+	err := db.WithContext(ctx).Raw(`SELECT from_status AS "from", to_status AS "to", actor, created_at
+FROM ticket_status_changes WHERE ticket_id = ? AND account_id = ? ORDER BY id`, ticketID, accountID).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("tickets: status changes: %w", err)
+	}
+	return rows, nil
+}
