@@ -125,7 +125,11 @@ func (h *Handler) begin(c *gin.Context, req Request, state opstatus.State) (call
 		return call{}, false
 	}
 	p := auth.From(c)
-	fp, err := Fingerprint(c.Request.Method, c.FullPath(), p.AccountID, req.Command)
+	params := make(map[string]string, len(c.Params))
+	for _, param := range c.Params {
+		params[param.Key] = param.Value
+	}
+	fp, err := Fingerprint(c.Request.Method, c.FullPath(), params, p.AccountID, req.Command)
 	if err != nil {
 		problem.Write(c, err)
 		return call{}, false
