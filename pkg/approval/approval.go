@@ -1,0 +1,353 @@
+// Package approval binds a person's approval to one exact request: one account, one idempotency key and one
+// request fingerprint. An agent asks for it with the request it intends to send; an approver (a key with role
+// approver, not the requester) grants or denies it; the write names it in Approval-Id.
+//
+// A service lists the routes that can need approval, each able to turn a request body into the validated
+// command and a summary a person must see:
+//
+//	approvals := approval.New(db, idemHandler, time.Hour, approval.Route{
+//		Method: "POST", Path: "/v1/deploys",
+//		Describe: func(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
+//			cmd, err := decodeDeploy(body)
+//			return cmd, map[string]any{"environment": cmd.Environment, "artifact": cmd.Artifact}, err
+//		},
+//	})
+//	approval.Routes(api, approvals)
+//	// in the write's handler:
+//	h.Do(c, idem.Request{Kind: "deploys.create", Command: cmd, Guard: approvals.Guard(c, cmd.Environment == "production")}, write)
+//
+// The guard runs only after a new claim, so a replay of an approved request needs no new approval.
+package approval
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// HeaderApprovalID is the request header that names the approval of a write.
+const HeaderApprovalID = "Approval-Id"
+
+// State of an approval.
+type State string
+
+const (
+	StatePending  State = "pending"
+	StateApproved State = "approved"
+	StateDenied   State = "denied"
+)
+
+// Route is a write route that may need approval.
+type Route struct {
+	Method string
+	// Path is the gin route template, e.g. "/v1/payment_intents/:id/capture".
+	Path string
+	// Describe decodes and validates body exactly as the write's handler does and returns the command whose
+	// fingerprint idem computes, and the summary a person must see to decide.
+	Describe func(ctx context.Context, accountID string, params map[string]string, body json.RawMessage) (command any, summary map[string]any, err error)
+}
+
+// match reports whether path fits the route's template and returns its parameters.
+func (r Route) match(method, path string) (map[string]string, bool) {
+	if !strings.EqualFold(method, r.Method) {
+		return nil, false
+	}
+	want := strings.Split(strings.Trim(r.Path, "/"), "/")
+	got := strings.Split(strings.Trim(path, "/"), "/")
+	if len(want) != len(got) {
+		return nil, false
+	}
+	params := map[string]string{}
+	for i, seg := range want {
+		if name, ok := strings.CutPrefix(seg, ":"); ok {
+			if got[i] == "" {
+				return nil, false
+			}
+			params[name] = got[i]
+			continue
+		}
+		if seg != got[i] {
+			return nil, false
+		}
+	}
+	return params, true
+}
+
+// Approval is one request for approval.
+type Approval struct {
+	ID                string         `json:"id"`
+	AccountID         string         `json:"-"`
+	Method            string         `json:"method"`
+	Path              string         `json:"path"`
+	Route             string         `json:"-"`
+	IdempotencyKey    string         `json:"idempotency_key"`
+	Fingerprint       string         `json:"fingerprint"`
+	Summary           Summary        `json:"summary"`
+	State             State          `json:"state"`
+	RequestedBy       string         `json:"requested_by"`
+	DecidedBy         *string        `json:"decided_by"`
+	DecidedAt         *time.Time     `json:"decided_at"`
+	ExpiresAt         time.Time      `json:"expires_at"`
+	UsedByOperationID *string        `json:"used_by_operation_id"`
+	CreatedAt         time.Time      `json:"created_at"`
+}
+
+// Summary is what a person must see to decide: environment, service, artifact and rollback target; or amount,
+// currency and order. It is stored as jsonb.
+type Summary map[string]any
+
+// Scan implements sql.Scanner for the jsonb column.
+func (s *Summary) Scan(v any) error {
+	switch b := v.(type) {
+	case []byte:
+		return json.Unmarshal(b, s)
+	case string:
+		return json.Unmarshal([]byte(b), s)
+	case nil:
+		*s = nil
+		return nil
+	}
+	return fmt.Errorf("approval: summary: cannot scan %T", v)
+}
+
+// Service stores approvals and checks them.
+type Service struct {
+	db     *gorm.DB
+	idem   *idem.Handler
+	ttl    time.Duration
+	routes []Route
+	now    func() time.Time
+}
+
+// New returns a Service for routes; approvals expire ttl after they are requested.
+func New(db *gorm.DB, h *idem.Handler, ttl time.Duration, routes ...Route) *Service {
+	return &Service{db: db, idem: h, ttl: ttl, routes: routes, now: time.Now}
+}
+
+// Request is the body of POST /v1/approvals: the exact write the agent intends to send.
+type Request struct {
+	Method         string          `json:"method"`
+	Path           string          `json:"path"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	Body           json.RawMessage `json:"body"`
+}
+
+// Validate checks the request's shape; Describe checks the body.
+func (r *Request) Validate() error {
+	var errs []problem.FieldError
+	if r.Method == "" {
+		errs = append(errs, problem.FieldError{Field: "method", Message: "is required"})
+	}
+	if r.Path == "" {
+		errs = append(errs, problem.FieldError{Field: "path", Message: "is required"})
+	}
+	if _, err := idem.ParseKey(r.IdempotencyKey, true); err != nil {
+		errs = append(errs, problem.FieldError{Field: "idempotency_key", Message: "must be 1 to 255 printable ASCII characters"})
+	}
+	if len(r.Body) == 0 || r.Body[0] != '{' {
+		errs = append(errs, problem.FieldError{Field: "body", Message: "must be the JSON object the write will send"})
+	}
+	if len(errs) > 0 {
+		return problem.Validation(errs...)
+	}
+	return nil
+}
+
+// bound is a Request resolved against the routes: what the approval binds.
+type bound struct {
+	Method         string         `json:"method"`
+	Path           string         `json:"path"`
+	Route          string         `json:"route"`
+	IdempotencyKey string         `json:"idempotency_key"`
+	Fingerprint    string         `json:"fingerprint"`
+	Summary        map[string]any `json:"-"`
+}
+
+func (s *Service) bind(ctx context.Context, accountID string, req Request) (bound, error) {
+	for _, r := range s.routes {
+		params, ok := r.match(req.Method, req.Path)
+		if !ok {
+			continue
+		}
+		cmd, summary, err := r.Describe(ctx, accountID, params, req.Body)
+		if err != nil {
+			var pe *problem.Error
+			if errors.As(err, &pe) {
+				// Name the field inside the proposed body, so the agent knows which part to fix.
+				for i := range pe.Fields {
+					pe.Fields[i].Field = "body." + pe.Fields[i].Field
+				}
+			}
+			return bound{}, err
+		}
+		fp, err := idem.Fingerprint(r.Method, r.Path, params, accountID, cmd)
+		if err != nil {
+			return bound{}, err
+		}
+		return bound{Method: r.Method, Path: req.Path, Route: r.Path, IdempotencyKey: req.IdempotencyKey, Fingerprint: fp, Summary: summary}, nil
+	}
+	return bound{}, problem.Validation(problem.FieldError{Field: "path", Message: "this service has no write at this method and path that takes approvals"})
+}
+
+// Guard returns the idem.Request.Guard for a write, or nil when required is false. It runs in the claim
+// transaction and marks the approval used by the operation, so one approval authorizes one operation.
+func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
+	if !required {
+		return nil
+	}
+	id := c.GetHeader(HeaderApprovalID)
+	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
+		if id == "" {
+			return problem.New(problem.CodeApprovalRequired,
+				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id").
+				With("operation_id", op.ID)
+		}
+		var a Approval
+		res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE id = ? AND account_id = ? FOR UPDATE`, id, op.AccountID).Scan(&a)
+		if res.Error != nil {
+			return fmt.Errorf("approval: load %s: %w", id, res.Error)
+		}
+		reason := ""
+		switch {
+		case res.RowsAffected == 0:
+			reason = "no such approval in this account"
+		case a.State != StateApproved:
+			reason = "the approval is " + string(a.State)
+		case !s.now().Before(a.ExpiresAt):
+			reason = "the approval expired"
+		case a.IdempotencyKey != op.IdempotencyKey:
+			reason = "the approval is bound to another Idempotency-Key"
+		case a.Fingerprint != fingerprint:
+			reason = "the request differs from the one that was approved"
+		case a.UsedByOperationID != nil && *a.UsedByOperationID != op.ID:
+			reason = "the approval was already used by another operation"
+		}
+		if reason != "" {
+			return problem.New(problem.CodeApprovalInvalid, "%s", reason).With("approval_id", id)
+		}
+		err := tx.WithContext(ctx).Exec(`UPDATE approvals SET used_by_operation_id = ? WHERE id = ?`, op.ID, id).Error
+		if err != nil {
+			return fmt.Errorf("approval: use %s: %w", id, err)
+		}
+		return opstatus.Append(ctx, tx, op.ID, "approval_checked", "system:approval",
+			map[string]any{"approval_id": id, "approved_by": a.DecidedBy})
+	}
+}
+
+const columns = `id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by,
+decided_by, decided_at, expires_at, used_by_operation_id, created_at`
+
+// Routes registers the approval endpoints on r, which must be behind auth.Middleware.
+func Routes(r gin.IRouter, s *Service) {
+	r.POST("/v1/approvals", s.create)
+	r.GET("/v1/approvals/:id", s.get)
+	r.POST("/v1/approvals/:id/approve", func(c *gin.Context) { s.decide(c, StateApproved) })
+	r.POST("/v1/approvals/:id/deny", func(c *gin.Context) { s.decide(c, StateDenied) })
+}
+
+func (s *Service) create(c *gin.Context) {
+	var req Request
+	if err := httpserver.DecodeCommand(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	p := auth.From(c)
+	b, err := s.bind(c.Request.Context(), p.AccountID, req)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	s.idem.Do(c, idem.Request{Kind: "approvals.request", Command: b},
+		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
+			summary, err := json.Marshal(b.Summary)
+			if err != nil {
+				return idem.Result{}, fmt.Errorf("approval: summary: %w", err)
+			}
+			var a Approval
+			err = tx.WithContext(ctx).Raw(`
+INSERT INTO approvals (id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?::jsonb, 'pending', ?, ?)
+RETURNING `+columns,
+				"apv_"+uuid.Must(uuid.NewV7()).String(), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
+				b.Fingerprint, string(summary), p.Actor(), s.now().Add(s.ttl)).Scan(&a).Error
+			if err != nil {
+				return idem.Result{}, fmt.Errorf("approval: create: %w", err)
+			}
+			return idem.Result{Status: http.StatusCreated, Body: a, Resource: &opstatus.Resource{Type: "approval", ID: a.ID},
+				Header: http.Header{"Location": {"/v1/approvals/" + a.ID}}}, nil
+		})
+}
+
+func (s *Service) get(c *gin.Context) {
+	a, err := s.load(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), false)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, a)
+}
+
+func (s *Service) load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {
+	q := `SELECT ` + columns + ` FROM approvals WHERE id = ? AND account_id = ?`
+	if lock {
+		q += ` FOR UPDATE`
+	}
+	var a Approval
+	res := db.WithContext(ctx).Raw(q, id, accountID).Scan(&a)
+	if res.Error != nil {
+		return Approval{}, fmt.Errorf("approval: load %s: %w", id, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return Approval{}, problem.NotFound("approval")
+	}
+	return a, nil
+}
+
+// decide approves or denies. It is a declared state: repeating the same decision by the same approver answers
+// the approval again and changes nothing; a different or late decision is refused.
+func (s *Service) decide(c *gin.Context, to State) {
+	p := auth.From(c)
+	if p.Role != auth.RoleApprover {
+		problem.Write(c, problem.New(problem.CodeForbidden, "only a key with role approver can decide approvals"))
+		return
+	}
+	ctx := c.Request.Context()
+	var a Approval
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var err error
+		if a, err = s.load(ctx, tx, p.AccountID, c.Param("id"), true); err != nil {
+			return err
+		}
+		switch {
+		case a.RequestedBy == p.Actor():
+			return problem.New(problem.CodeApprovalInvalid, "an approval must be decided by a key other than the requester's")
+		case a.State == to && a.DecidedBy != nil && *a.DecidedBy == p.Actor():
+			return nil // the same decision again
+		case a.State != StatePending:
+			return problem.New(problem.CodeInvalidState, "the approval is already %s", a.State)
+		case !s.now().Before(a.ExpiresAt):
+			return problem.New(problem.CodeApprovalInvalid, "the approval expired at %s", a.ExpiresAt.UTC().Format(time.RFC3339))
+		}
+		return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ?, decided_by = ?, decided_at = now() WHERE id = ?
+RETURNING `+columns, to, p.Actor(), a.ID).Scan(&a).Error
+	})
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, a)
+}
