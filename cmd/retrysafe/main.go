@@ -29,7 +29,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
@@ -51,7 +50,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	logger := newLogger(stdout, cfg.LogLevel)
-	problem.Logger = logger
+	slog.SetDefault(logger)
 	if err := failpoint.Configure(cfg.Failpoints); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +34,8 @@ const (
 	AccountOther        = "acct_other"
 )
 
+var defaultLogger sync.Once
+
 // Env is one service under test.
 type Env struct {
 	DB     *testdb.DB
@@ -49,6 +52,7 @@ func New(t testing.TB) *Env {
 	t.Helper()
 	db := testdb.Schema(t)
 	logger := Logger()
+	defaultLogger.Do(func() { slog.SetDefault(logger) })
 	keys, err := auth.ParseKeys(auth.DemoKeys)
 	if err != nil {
 		t.Fatal(err)

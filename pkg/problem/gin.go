@@ -8,9 +8,6 @@ import (
 	"github.com/gin-gonic/gin"
 )
 
-// Logger is where Write reports errors the client only sees as "internal"; cmd/retrysafe sets it.
-var Logger = slog.Default()
-
 // Write renders err as problem+json on c and aborts the handler chain. Store failures are translated to
 // store_unavailable here as well, so a handler needs no special case for a database that went away.
 func Write(c *gin.Context, err error) {
@@ -20,7 +17,8 @@ func Write(c *gin.Context, err error) {
 	status, doc := Render(err)
 	var e *Error
 	if !errors.As(err, &e) || status >= 500 {
-		Logger.ErrorContext(c.Request.Context(), "request failed",
+		// The default logger: cmd/retrysafe sets it to the process's JSON logger.
+		slog.Default().ErrorContext(c.Request.Context(), "request failed",
 			"method", c.Request.Method, "route", c.FullPath(), "status", status,
 			"operation_id", c.Writer.Header().Get("Operation-Id"), "error", err.Error())
 	}

@@ -1,0 +1,433 @@
+package tickets_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
+
+	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/services/tickets"
+)
+
+func setup(t *testing.T) (*apitest.Client, *servicetest.Env) {
+	t.Helper()
+	env := servicetest.New(t)
+	tickets.Routes(env.API, &tickets.Server{DB: env.DB.DB, Store: tickets.PostgresStore{}, Idem: env.Idem})
+	return env.Start(t), env
+}
+
+// count runs a SELECT count(*) in the test's schema.
+func count(t *testing.T, env *servicetest.Env, query string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := env.DB.Raw(query, args...).Scan(&n).Error; err != nil {
+		t.Fatalf("count %q: %v", query, err)
+	}
+	return n
+}
+
+const ticketBody = `{"project":"ops","title":"Rotate staging certificate","priority":"high"}`
+
+func TestCreateReturnsTicketAndOperation(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	res := c.Post("/v1/tickets", ticketBody, apitest.Key("create-1")).Status(t, http.StatusCreated)
+	var got tickets.CreateResult
+	res.Decode(t, &got)
+	if got.Status != tickets.StatusOpen || got.Priority != tickets.PriorityHigh || got.Deduplicated || got.SourceEventID != nil {
+		t.Fatalf("unexpected ticket %+v", got)
+	}
+	if res.Header.Get("Location") != "/v1/tickets/"+got.ID {
+		t.Errorf("Location = %q", res.Header.Get("Location"))
+	}
+	opID := res.Header.Get(idem.HeaderOperationID)
+	op := c.Get("/v1/operations/"+opID).Status(t, http.StatusOK).JSON(t)
+	if op["state"] != "succeeded" || op["kind"] != "tickets.create" {
+		t.Errorf("operation = %v", op)
+	}
+	if r := op["resource"].(map[string]any); r["id"] != got.ID || r["type"] != "ticket" {
+		t.Errorf("operation resource = %v", r)
+	}
+	c.Get("/v1/tickets/"+got.ID).Status(t, http.StatusOK)
+	if n := count(t, env, `SELECT count(*) FROM tickets`); n != 1 {
+		t.Fatalf("tickets = %d, want 1", n)
+	}
+	// The defaults are part of the command: an omitted priority is "normal".
+	res = c.Post("/v1/tickets", `{"project":"ops","title":"defaults"}`, apitest.Key("create-2")).Status(t, http.StatusCreated)
+	if p := res.Str(t, "priority"); p != "normal" {
+		t.Errorf("default priority = %q", p)
+	}
+}
+
+// lossyProxy forwards each request to target and then closes the client's connection without relaying the
+// response: the server completes, the caller never hears back.
+func lossyProxy(t *testing.T, target string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer client.Close()
+				server, err := net.Dial("tcp", strings.TrimPrefix(target, "http://"))
+				if err != nil {
+					return
+				}
+				defer server.Close()
+				go io.Copy(server, client)
+				// Read the whole response from the server, then drop it.
+				buf := make([]byte, 4096)
+				for {
+					n, err := server.Read(buf)
+					if err != nil || (n > 0 && strings.Contains(string(buf[:n]), "\r\n\r\n")) {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+func TestResponseLostThenRetryReplays(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	lost := apitest.New(t, lossyProxy(t, env.URL), servicetest.AgentSecret)
+	if _, err := lost.Try(http.MethodPost, "/v1/tickets", ticketBody, apitest.Key("lost-1")); err == nil {
+		t.Fatal("the proxy relayed a response; the test cannot show a lost answer")
+	}
+	// The server finished: the ticket exists although the caller never heard.
+	waitFor(t, func() bool { return count(t, env, `SELECT count(*) FROM tickets`) == 1 })
+
+	res := c.Post("/v1/tickets", ticketBody, apitest.Key("lost-1")).Status(t, http.StatusCreated)
+	if res.Header.Get(idem.HeaderReplayed) != "true" {
+		t.Errorf("retry was not a replay")
+	}
+	if n := count(t, env, `SELECT count(*) FROM tickets`); n != 1 {
+		t.Fatalf("tickets = %d after the retry, want 1", n)
+	}
+}
+
+func TestConcurrentCopiesOfOneKeyCreateOneTicket(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	const copies = 100
+	var (
+		wg       sync.WaitGroup
+		start    = make(chan struct{})
+		mu       sync.Mutex
+		statuses = map[int]int{}
+		bodies   = map[string]int{}
+		fresh    int
+	)
+	for range copies {
+		wg.Go(func() {
+			<-start
+			res := c.Post("/v1/tickets", ticketBody, apitest.Key("same-key"))
+			mu.Lock()
+			defer mu.Unlock()
+			statuses[res.Code]++
+			bodies[string(res.Body)]++
+			if res.Header.Get(idem.HeaderReplayed) != "true" {
+				fresh++
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if statuses[http.StatusCreated] != copies {
+		t.Errorf("statuses = %v, want %d x 201", statuses, copies)
+	}
+	if len(bodies) != 1 {
+		t.Errorf("%d different bodies, want every copy to see the same ticket", len(bodies))
+	}
+	if fresh != 1 {
+		t.Errorf("%d responses were not replays, want exactly 1", fresh)
+	}
+	if n := count(t, env, `SELECT count(*) FROM tickets`); n != 1 {
+		t.Fatalf("tickets = %d, want 1", n)
+	}
+	if n := count(t, env, `SELECT count(*) FROM operations`); n != 1 {
+		t.Fatalf("operations = %d, want 1", n)
+	}
+	if n := count(t, env, `SELECT count(*) FROM operation_events WHERE type = 'replayed'`); n != copies-1 {
+		t.Errorf("replayed events = %d, want %d", n, copies-1)
+	}
+}
+
+func TestRestartedCallerReplays(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	first := c.Post("/v1/tickets", ticketBody, apitest.Key("restart-1")).Status(t, http.StatusCreated)
+	// A new process: a new client with no connection or memory shared with the first, only the stored key.
+	restarted := apitest.New(t, env.URL, servicetest.AgentSecret)
+	again := restarted.Post("/v1/tickets", ticketBody, apitest.Key("restart-1")).Status(t, http.StatusCreated)
+	if string(again.Body) != string(first.Body) {
+		t.Errorf("replay body differs:\n%s\n%s", first.Body, again.Body)
+	}
+	if again.Header.Get(idem.HeaderReplayed) != "true" || again.Header.Get(idem.HeaderOperationID) != first.Header.Get(idem.HeaderOperationID) {
+		t.Errorf("replay headers = %v", again.Header)
+	}
+	if n := count(t, env, `SELECT count(*) FROM tickets`); n != 1 {
+		t.Fatalf("tickets = %d, want 1", n)
+	}
+}
+
+func TestChangedBodyIsRefusedEquivalentJSONReplays(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	first := c.Post("/v1/tickets", ticketBody, apitest.Key("k")).Status(t, http.StatusCreated)
+
+	changed := c.Post("/v1/tickets", `{"project":"ops","title":"Rotate PRODUCTION certificate","priority":"high"}`, apitest.Key("k")).
+		Status(t, http.StatusUnprocessableEntity).JSON(t)
+	if changed["code"] != "idempotency_key_reused" || changed["operation_id"] != first.Header.Get(idem.HeaderOperationID) || changed["state"] != "succeeded" {
+		t.Errorf("conflict = %v", changed)
+	}
+	if _, leaked := changed["project"]; leaked {
+		t.Error("the conflict leaked the stored body")
+	}
+	var title string
+	env.DB.Raw(`SELECT title FROM tickets`).Scan(&title)
+	if title != "Rotate staging certificate" || count(t, env, `SELECT count(*) FROM tickets`) != 1 {
+		t.Fatalf("the conflicting request changed something: title %q", title)
+	}
+
+	for _, equivalent := range []string{
+		"{ \"priority\" : \"high\",\n \"title\":\"Rotate staging certificate\", \"project\":\"ops\" }",
+		`{"project":"ops","title":"Rotate staging certificate","priority":"high","description":""}`, // default spelled out
+		`{"project":"ops","title":"Rotate staging certificate","priority":"\u0068igh"}`,            // another escape
+	} {
+		res := c.Post("/v1/tickets", equivalent, apitest.Key("k")).Status(t, http.StatusCreated)
+		if res.Header.Get(idem.HeaderReplayed) != "true" || string(res.Body) != string(first.Body) {
+			t.Errorf("equivalent JSON %s was not replayed byte for byte", equivalent)
+		}
+	}
+	ops := c.Get("/v1/operations?idempotency_key=k").Status(t, http.StatusOK).JSON(t)["items"].([]any)
+	var types []string
+	for _, ev := range ops[0].(map[string]any)["events"].([]any) {
+		types = append(types, ev.(map[string]any)["type"].(string))
+	}
+	if got := strings.Join(types, ","); got != "claimed,completed,conflict_rejected,replayed,replayed,replayed" {
+		t.Errorf("event history = %s", got)
+	}
+}
+
+func TestSameSourceEventUnderManyKeysMakesOneTicket(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	const racers = 50
+	body := `{"project":"ops","title":"Disk full on db-3","source_event_id":"alert-7781"}`
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		mu      sync.Mutex
+		created int
+		dedup   int
+		ids     = map[string]bool{}
+	)
+	for i := range racers {
+		wg.Go(func() {
+			<-start
+			res := c.Post("/v1/tickets", body, apitest.Key(fmt.Sprintf("alert-key-%d", i)))
+			var got tickets.CreateResult
+			res.Decode(t, &got)
+			mu.Lock()
+			defer mu.Unlock()
+			ids[got.ID] = true
+			switch {
+			case res.Code == http.StatusCreated && !got.Deduplicated:
+				created++
+			case res.Code == http.StatusOK && got.Deduplicated:
+				dedup++
+			default:
+				t.Errorf("status %d deduplicated=%v", res.Code, got.Deduplicated)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if created != 1 || dedup != racers-1 || len(ids) != 1 {
+		t.Errorf("created=%d deduplicated=%d distinct ids=%d", created, dedup, len(ids))
+	}
+	if n := count(t, env, `SELECT count(*) FROM tickets WHERE source_event_id = 'alert-7781'`); n != 1 {
+		t.Fatalf("tickets = %d, want 1", n)
+	}
+	list := c.Get("/v1/tickets?source_event_id=alert-7781").Status(t, http.StatusOK).JSON(t)["items"].([]any)
+	if len(list) != 1 {
+		t.Errorf("lookup by source_event_id found %d", len(list))
+	}
+}
+
+func TestAccountsAreIsolated(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	other := c.As(servicetest.OtherAgentSecret)
+	mine := c.Post("/v1/tickets", ticketBody, apitest.Key("shared-key")).Status(t, http.StatusCreated)
+	theirs := other.Post("/v1/tickets", `{"project":"web","title":"Something else"}`, apitest.Key("shared-key")).Status(t, http.StatusCreated)
+	if theirs.Header.Get(idem.HeaderReplayed) == "true" || mine.Str(t, "id") == theirs.Str(t, "id") {
+		t.Fatal("the same key in another account was not independent")
+	}
+	id := mine.Str(t, "id")
+	other.Get("/v1/tickets/"+id).Status(t, http.StatusNotFound)
+	other.Post("/v1/tickets/"+id+"/comments", `{"body":"hi"}`, apitest.Key("c1")).Status(t, http.StatusNotFound)
+	other.Put("/v1/tickets/"+id+"/status", `{"status":"closed"}`).Status(t, http.StatusNotFound)
+	other.Get("/v1/operations/"+mine.Header.Get(idem.HeaderOperationID)).Status(t, http.StatusNotFound)
+	if items := other.Get("/v1/tickets").JSON(t)["items"].([]any); len(items) != 1 {
+		t.Errorf("other account lists %d tickets, want its own 1", len(items))
+	}
+	var status string
+	env.DB.Raw(`SELECT status FROM tickets WHERE id = ?`, id).Scan(&status)
+	if status != "open" || count(t, env, `SELECT count(*) FROM ticket_comments`) != 0 {
+		t.Fatal("another account changed my ticket")
+	}
+}
+
+func TestRejectedRequestsDoNotBurnTheKey(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	cases := []struct {
+		name, body string
+		status     int
+		code       string
+	}{
+		{"missing title", `{"project":"ops"}`, 422, "validation_failed"},
+		{"bad priority", `{"project":"ops","title":"t","priority":"asap"}`, 422, "validation_failed"},
+		{"malformed", `{"project":"ops","title":`, 400, "invalid_request"},
+		{"unknown field", `{"project":"ops","title":"t","assignee":"bob"}`, 400, "invalid_request"},
+		{"wrong type", `{"project":"ops","title":7}`, 400, "invalid_request"},
+		{"trailing data", `{"project":"ops","title":"t"} {}`, 400, "invalid_request"},
+		{"not an object", `["ops"]`, 400, "invalid_request"},
+	}
+	for _, tc := range cases {
+		res := c.Post("/v1/tickets", tc.body, apitest.Key("reused-after-errors")).Status(t, tc.status)
+		if got := res.Str(t, "code"); got != tc.code {
+			t.Errorf("%s: code %q, want %q", tc.name, got, tc.code)
+		}
+		if res.Header.Get("Content-Type") != "application/problem+json" || res.Header.Get("Cache-Control") != "no-store" {
+			t.Errorf("%s: headers %v", tc.name, res.Header)
+		}
+	}
+	if n := count(t, env, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("rejected requests stored %d keys", n)
+	}
+	c.Post("/v1/tickets", ticketBody, apitest.Key("reused-after-errors")).Status(t, http.StatusCreated)
+
+	fields := c.Post("/v1/tickets", `{"project":"","title":""}`, apitest.Key("x")).Status(t, 422).JSON(t)["errors"].([]any)
+	if len(fields) != 2 {
+		t.Errorf("validation errors = %v, want project and title", fields)
+	}
+}
+
+func TestIdempotencyKeyIsRequiredAndChecked(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	if code := c.Post("/v1/tickets", ticketBody).Status(t, 400).Str(t, "code"); code != "idempotency_key_missing" {
+		t.Errorf("missing key: %s", code)
+	}
+	for _, bad := range []string{"", strings.Repeat("k", 256), "tab\there", "ключ"} {
+		res := c.Post("/v1/tickets", ticketBody, apitest.Key(bad))
+		// An empty header value is still a header that is present.
+		if res.Code != 400 || (res.Str(t, "code") != "idempotency_key_invalid" && res.Str(t, "code") != "idempotency_key_missing") {
+			t.Errorf("key %q: %d %s", bad, res.Code, res.Body)
+		}
+	}
+	c.Post("/v1/tickets", ticketBody, apitest.Key(strings.Repeat("k", 255))).Status(t, 201)
+	if n := count(t, env, `SELECT count(*) FROM tickets`); n != 1 {
+		t.Fatalf("tickets = %d, want 1", n)
+	}
+	c.As("").Post("/v1/tickets", ticketBody, apitest.Key("k")).Status(t, 401)
+	c.As("not-a-key").Post("/v1/tickets", ticketBody, apitest.Key("k")).Status(t, 401)
+}
+
+func TestCommentReplayAddsNoSecondComment(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	id := c.Post("/v1/tickets", ticketBody, apitest.Key("t")).Status(t, 201).Str(t, "id")
+	first := c.Post("/v1/tickets/"+id+"/comments", `{"body":"Renewed, waiting for DNS"}`, apitest.Key("comment-1")).Status(t, 201)
+	again := c.Post("/v1/tickets/"+id+"/comments", `{"body":"Renewed, waiting for DNS"}`, apitest.Key("comment-1")).Status(t, 201)
+	if again.Header.Get(idem.HeaderReplayed) != "true" || string(again.Body) != string(first.Body) {
+		t.Error("comment retry was not a replay")
+	}
+	// The same key for the same text on another ticket is another request.
+	id2 := c.Post("/v1/tickets", `{"project":"ops","title":"second"}`, apitest.Key("t2")).Status(t, 201).Str(t, "id")
+	c.Post("/v1/tickets/"+id2+"/comments", `{"body":"Renewed, waiting for DNS"}`, apitest.Key("comment-1")).Status(t, 422)
+	// A comment on a ticket that does not exist is 404 and leaves the key free.
+	c.Post("/v1/tickets/tkt_missing/comments", `{"body":"x"}`, apitest.Key("comment-2")).Status(t, 404)
+	c.Post("/v1/tickets/"+id+"/comments", `{"body":"x"}`, apitest.Key("comment-2")).Status(t, 201)
+
+	if n := count(t, env, `SELECT count(*) FROM ticket_comments WHERE ticket_id = ?`, id); n != 2 {
+		t.Fatalf("comments = %d, want 2", n)
+	}
+	if items := c.Get("/v1/tickets/" + id + "/comments").Status(t, 200).JSON(t)["items"].([]any); len(items) != 2 {
+		t.Errorf("listed %d comments", len(items))
+	}
+}
+
+func TestDeclaredStatusRecordsOneChange(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	id := c.Post("/v1/tickets", ticketBody, apitest.Key("t")).Status(t, 201).Str(t, "id")
+	for range 3 {
+		if s := c.Put("/v1/tickets/"+id+"/status", `{"status":"resolved"}`).Status(t, 200).Str(t, "status"); s != "resolved" {
+			t.Fatalf("status = %s", s)
+		}
+	}
+	c.Put("/v1/tickets/"+id+"/status", `{"status":"reopened"}`).Status(t, 422)
+	if n := count(t, env, `SELECT count(*) FROM ticket_status_changes WHERE ticket_id = ?`, id); n != 1 {
+		t.Fatalf("status changes = %d, want 1", n)
+	}
+	c.Put("/v1/tickets/"+id+"/status", `{"status":"closed"}`).Status(t, 200)
+	changes := c.Get("/v1/tickets/" + id + "/status_changes").Status(t, 200).JSON(t)["items"].([]any)
+	if len(changes) != 2 || changes[1].(map[string]any)["from"] != "resolved" {
+		t.Errorf("changes = %v", changes)
+	}
+}
+
+func TestStoreDownIs503AndNothingElse(t *testing.T) {
+	t.Parallel()
+	env := servicetest.New(t)
+	// A database nobody listens on: every query fails to connect.
+	down, err := gorm.Open(postgres.Open("postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2"),
+		&gorm.Config{Logger: gormlogger.Discard, DisableAutomaticPing: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Idem.DB = down
+	tickets.Routes(env.API, &tickets.Server{DB: down, Store: tickets.PostgresStore{}, Idem: env.Idem})
+	c := env.Start(t)
+	res := c.Post("/v1/tickets", ticketBody, apitest.Key("k")).Status(t, http.StatusServiceUnavailable)
+	if res.Str(t, "code") != "store_unavailable" || res.Header.Get("Retry-After") == "" {
+		t.Errorf("store down answered %s %v", res.Body, res.Header)
+	}
+	c.Get("/v1/tickets/x").Status(t, http.StatusServiceUnavailable)
+}
+
+func TestProblemDocumentShape(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	var doc map[string]any
+	json.Unmarshal(c.Get("/v1/tickets/nope").Status(t, 404).Body, &doc)
+	for _, member := range []string{"type", "title", "status", "detail", "code"} {
+		if _, ok := doc[member]; !ok {
+			t.Errorf("problem lacks %q: %v", member, doc)
+		}
+	}
+}
