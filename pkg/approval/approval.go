@@ -89,21 +89,21 @@ func (r Route) match(method, path string) (map[string]string, bool) {
 
 // Approval is one request for approval.
 type Approval struct {
-	ID                string         `json:"id"`
-	AccountID         string         `json:"-"`
-	Method            string         `json:"method"`
-	Path              string         `json:"path"`
-	Route             string         `json:"-"`
-	IdempotencyKey    string         `json:"idempotency_key"`
-	Fingerprint       string         `json:"fingerprint"`
-	Summary           Summary        `json:"summary"`
-	State             State          `json:"state"`
-	RequestedBy       string         `json:"requested_by"`
-	DecidedBy         *string        `json:"decided_by"`
-	DecidedAt         *time.Time     `json:"decided_at"`
-	ExpiresAt         time.Time      `json:"expires_at"`
-	UsedByOperationID *string        `json:"used_by_operation_id"`
-	CreatedAt         time.Time      `json:"created_at"`
+	ID                string     `json:"id"`
+	AccountID         string     `json:"-"`
+	Method            string     `json:"method"`
+	Path              string     `json:"path"`
+	Route             string     `json:"-"`
+	IdempotencyKey    string     `json:"idempotency_key"`
+	Fingerprint       string     `json:"fingerprint"`
+	Summary           Summary    `json:"summary"`
+	State             State      `json:"state"`
+	RequestedBy       string     `json:"requested_by"`
+	DecidedBy         *string    `json:"decided_by"`
+	DecidedAt         *time.Time `json:"decided_at"`
+	ExpiresAt         time.Time  `json:"expires_at"`
+	UsedByOperationID *string    `json:"used_by_operation_id"`
+	CreatedAt         time.Time  `json:"created_at"`
 }
 
 // Summary is what a person must see to decide: environment, service, artifact and rollback target; or amount,

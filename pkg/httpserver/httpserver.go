@@ -144,6 +144,12 @@ func DecodeJSON(c *gin.Context, v any) error {
 		}
 		return problem.New(problem.CodeInvalidRequest, "could not read the request body")
 	}
+	return DecodeJSONBytes(body, v)
+}
+
+// DecodeJSONBytes is DecodeJSON for a body already read, such as the proposed body of an approval request, so
+// that it is held to exactly the rules its write will be.
+func DecodeJSONBytes(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return problem.New(problem.CodeInvalidRequest, "the request body must be a JSON object")
 	}

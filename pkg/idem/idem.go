@@ -209,9 +209,6 @@ func (h *Handler) store(ctx context.Context, tx *gorm.DB, cl call, res Result, e
 	if err != nil {
 		return Response{}, err
 	}
-	if err := h.Store.Complete(ctx, tx, cl.op.AccountID, cl.key, resp); err != nil {
-		return Response{}, err
-	}
 	state := res.State
 	if state == "" {
 		state = opstatus.StateSucceeded
@@ -229,7 +226,12 @@ func (h *Handler) store(ctx context.Context, tx *gorm.DB, cl call, res Result, e
 		return Response{}, err
 	}
 	if !moved {
+		// Moving the operation first (it locks the row) makes concurrent settlers queue here, and the loser
+		// learns it lost before touching the key.
 		return Response{}, ErrAlreadySettled
+	}
+	if err := h.Store.Complete(ctx, tx, cl.op.AccountID, cl.key, resp); err != nil {
+		return Response{}, err
 	}
 	return resp, nil
 }
@@ -297,8 +299,10 @@ func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 		h.appendEvent(ctx, stored.OperationID, opstatus.EventReplayed, actor, nil)
 		writeResponse(c, stored.OperationID, *stored.Response, true)
 	case stored.OperationState == opstatus.StateUnknown:
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, map[string]any{"state": stored.OperationState})
 		h.answerUnknown(c, cl.principal.AccountID, stored.OperationID)
 	default:
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, map[string]any{"state": stored.OperationState})
 		problem.Write(c, &problem.Error{
 			Code:       problem.CodeRequestInProgress,
 			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",

@@ -51,6 +51,7 @@ const (
 	EventClaimed          = "claimed"
 	EventCompleted        = "completed"
 	EventReplayed         = "replayed"
+	EventRetried          = "retried" // a retry answered from the operation's state: still running, or unknown
 	EventConflictRejected = "conflict_rejected"
 	EventFailed           = "failed"
 	EventStateChanged     = "state_changed"

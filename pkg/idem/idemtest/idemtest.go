@@ -1,0 +1,205 @@
+// Package idemtest is the conformance suite every idem.Store must pass (the river riverdrivertest way): one set
+// of behaviours, run against each implementation.
+//
+//	func TestPostgresStore(t *testing.T) {
+//		idemtest.Exercise(t, func(t *testing.T) (idem.Store, *gorm.DB) { return idem.PostgresStore{}, testdb.Schema(t).DB })
+//	}
+package idemtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// NewStore returns a store and a database with the retrysafe schema, empty, owned by the test.
+type NewStore func(t *testing.T) (idem.Store, *gorm.DB)
+
+// Exercise runs the suite.
+func Exercise(t *testing.T, newStore NewStore) {
+	t.Run("ClaimThenConflict", func(t *testing.T) {
+		t.Parallel()
+		s, db := newStore(t)
+		ctx := context.Background()
+		rec := claimCommitted(t, s, db, "acct", "k1", "fp1")
+		if rec.State != idem.KeyRunning || rec.Fingerprint != "fp1" {
+			t.Fatalf("claimed record = %+v", rec)
+		}
+		stored, claimed, err := s.Claim(ctx, db, idem.Record{AccountID: "acct", Key: "k1", Fingerprint: "fp2", OperationID: opstatus.NewID()})
+		if err != nil || claimed {
+			t.Fatalf("second claim: claimed=%v err=%v", claimed, err)
+		}
+		if stored.Fingerprint != "fp1" || stored.OperationID != rec.OperationID || stored.OperationState != opstatus.StateRunning {
+			t.Fatalf("second claim returned %+v, want the first record", stored)
+		}
+	})
+
+	t.Run("KeysAreScopedToAccounts", func(t *testing.T) {
+		t.Parallel()
+		s, db := newStore(t)
+		a := claimCommitted(t, s, db, "acct-a", "shared", "fp")
+		b := claimCommitted(t, s, db, "acct-b", "shared", "fp")
+		if a.OperationID == b.OperationID {
+			t.Fatal("two accounts share one claim")
+		}
+	})
+
+	t.Run("ConcurrentClaimsHaveOneWinner", func(t *testing.T) {
+		t.Parallel()
+		s, db := newStore(t)
+		const racers = 20
+		var (
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+			mu    sync.Mutex
+			wins  int
+			errs  []error
+		)
+		for range racers {
+			wg.Go(func() {
+				<-start
+				err := db.Transaction(func(tx *gorm.DB) error {
+					op := opstatus.NewID()
+					_, claimed, err := s.Claim(context.Background(), tx, idem.Record{AccountID: "acct", Key: "race", Fingerprint: "fp", OperationID: op})
+					if err != nil || !claimed {
+						return err
+					}
+					mu.Lock()
+					wins++
+					mu.Unlock()
+					return opstatus.Create(context.Background(), tx, opstatus.Operation{ID: op, AccountID: "acct", Kind: "test", State: opstatus.StateRunning}, "test")
+				})
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if wins != 1 || len(errs) != 0 {
+			t.Fatalf("wins = %d, errors = %v", wins, errs)
+		}
+	})
+
+	t.Run("RolledBackClaimFreesTheKey", func(t *testing.T) {
+		t.Parallel()
+		s, db := newStore(t)
+		boom := errors.New("write failed")
+		err := db.Transaction(func(tx *gorm.DB) error {
+			if _, _, err := s.Claim(context.Background(), tx, idem.Record{AccountID: "acct", Key: "k", Fingerprint: "fp", OperationID: opstatus.NewID()}); err != nil {
+				return err
+			}
+			return boom
+		})
+		if !errors.Is(err, boom) {
+			t.Fatal(err)
+		}
+		if _, err := s.Lookup(context.Background(), db, "acct", "k"); !errors.Is(err, problem.ErrNotFound) {
+			t.Fatalf("lookup after rollback: %v, want not found", err)
+		}
+		claimCommitted(t, s, db, "acct", "k", "fp")
+	})
+
+	t.Run("CompleteStoresTheResponseByteForByte", func(t *testing.T) {
+		t.Parallel()
+		s, db := newStore(t)
+		rec := claimCommitted(t, s, db, "acct", "k", "fp")
+		body := []byte(`{"b":1,  "a":"ü\u00fc"}`)
+		resp := idem.Response{Status: 201, Header: http.Header{"Location": {"/v1/x/1"}}, Body: body}
+		if err := s.Complete(context.Background(), db, "acct", "k", resp); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Lookup(context.Background(), db, "acct", "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != idem.KeyCompleted || got.Response == nil || got.Response.Status != 201 ||
+			string(got.Response.Body) != string(body) || got.Response.Header.Get("Location") != "/v1/x/1" {
+			t.Fatalf("stored = %+v", got)
+		}
+		if got.OperationID != rec.OperationID {
+			t.Fatal("operation id changed")
+		}
+		if err := s.Complete(context.Background(), db, "acct", "k", resp); !errors.Is(err, problem.ErrNotFound) {
+			t.Fatalf("completing twice: %v, want not found", err)
+		}
+	})
+
+	t.Run("PruneKeepsWhatIsStillOwed", func(t *testing.T) {
+		t.Parallel()
+		s, db := newStore(t)
+		ctx := context.Background()
+		done := claimCommitted(t, s, db, "acct", "done", "fp")
+		if err := s.Complete(ctx, db, "acct", "done", idem.Response{Status: 200, Body: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := opstatus.Transition(ctx, db, done.OperationID, opstatus.StateSucceeded, "test"); err != nil {
+			t.Fatal(err)
+		}
+		claimCommitted(t, s, db, "acct", "running", "fp")
+		unknown := claimCommitted(t, s, db, "acct", "unknown", "fp")
+		if _, err := opstatus.Transition(ctx, db, unknown.OperationID, opstatus.StateUnknown, "test"); err != nil {
+			t.Fatal(err)
+		}
+		queued := claimCommitted(t, s, db, "acct", "queued", "fp")
+		if err := s.Complete(ctx, db, "acct", "queued", idem.Response{Status: 202, Body: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := opstatus.Transition(ctx, db, queued.OperationID, opstatus.StateQueued, "test"); err != nil {
+			t.Fatal(err)
+		}
+
+		// Nothing is old enough yet.
+		if n, err := s.Prune(ctx, db, time.Now().Add(-time.Hour)); err != nil || n != 0 {
+			t.Fatalf("prune of young keys: %d, %v", n, err)
+		}
+		n, err := s.Prune(ctx, db, time.Now().Add(time.Hour))
+		if err != nil || n != 1 {
+			t.Fatalf("pruned %d (%v), want only the finished key", n, err)
+		}
+		for _, key := range []string{"running", "unknown", "queued"} {
+			if _, err := s.Lookup(ctx, db, "acct", key); err != nil {
+				t.Errorf("%s key was pruned: %v", key, err)
+			}
+		}
+		// The operation and its history outlive the key.
+		if _, err := opstatus.Get(ctx, db, "acct", done.OperationID); err != nil {
+			t.Errorf("operation of a pruned key: %v", err)
+		}
+	})
+}
+
+// claimCommitted claims a key with its operation and commits, as external mode does.
+func claimCommitted(t *testing.T, s idem.Store, db *gorm.DB, account, key, fp string) idem.Record {
+	t.Helper()
+	var rec idem.Record
+	err := db.Transaction(func(tx *gorm.DB) error {
+		op := opstatus.NewID()
+		var claimed bool
+		var err error
+		rec, claimed, err = s.Claim(context.Background(), tx, idem.Record{AccountID: account, Key: key, Fingerprint: fp, OperationID: op})
+		if err != nil {
+			return err
+		}
+		if !claimed {
+			return fmt.Errorf("key %s/%s already claimed", account, key)
+		}
+		return opstatus.Create(context.Background(), tx, opstatus.Operation{ID: op, AccountID: account, Kind: "test", State: opstatus.StateRunning, IdempotencyKey: key}, "test")
+	})
+	if err != nil {
+		t.Fatalf("claim %s/%s: %v", account, key, err)
+	}
+	return rec
+}
