@@ -100,6 +100,25 @@ func (c *Client) Lookup(ctx context.Context, key string) (LookupResult, error) {
 	return res, nil
 }
 
+// Answer reads the stored answer of a found lookup the way the original call
+// would have: a 2xx is decoded into out and gives nil, a 4xx is the *Error of
+// the refusal. A lookup that found nothing has no answer: ErrOutcomeUnknown.
+func (r LookupResult) Answer(out any) error {
+	switch {
+	case !r.Found:
+		return fmt.Errorf("provider: no stored answer for key %q: %w", r.Key, ErrOutcomeUnknown)
+	case r.Status >= 200 && r.Status < 300:
+		if err := json.Unmarshal(r.Body, out); err != nil {
+			return fmt.Errorf("provider: decoding the stored %d answer of key %q: %w: %w", r.Status, r.Key, ErrOutcomeUnknown, err)
+		}
+		return nil
+	case r.Status >= 400 && r.Status < 500:
+		return decodeError(r.Status, r.Body)
+	default:
+		return fmt.Errorf("provider: stored answer %d of key %q: %w: %w", r.Status, r.Key, ErrOutcomeUnknown, decodeError(r.Status, r.Body))
+	}
+}
+
 // Counters returns how many times each kind of call executed for this
 // merchant ("authorize", "capture", "void", "refund"); replays do not count.
 func (c *Client) Counters(ctx context.Context) (map[string]int64, error) {
