@@ -9,6 +9,8 @@ package testdb
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"database/sql"
 	"fmt"
 	"net/url"
@@ -160,8 +162,11 @@ func withSearchPath(dsn, schema string) (string, error) {
 
 var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
 
-// packagePrefix names this test binary's schemas, so packages testing in parallel never share one.
+// packagePrefix names this test binary's schemas after the package and the checkout it runs in, so packages
+// testing in parallel, and two checkouts testing at once, never share a schema.
 func packagePrefix() string {
 	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")
-	return "t_" + nonIdent.ReplaceAllString(strings.ToLower(name), "_")
+	dir, _ := os.Getwd()
+	sum := sha256.Sum256([]byte(dir))
+	return "t_" + nonIdent.ReplaceAllString(strings.ToLower(name), "_") + "_" + hex.EncodeToString(sum[:3])
 }
