@@ -90,7 +90,9 @@ type Response struct {
 }
 
 // Get sends a GET.
-func (c *Client) Get(path string, opts ...Option) *Response { return c.Do(http.MethodGet, path, "", opts...) }
+func (c *Client) Get(path string, opts ...Option) *Response {
+	return c.Do(http.MethodGet, path, "", opts...)
+}
 
 // Post sends a POST with a JSON body (a string is sent as is, anything else is marshalled).
 func (c *Client) Post(path string, body any, opts ...Option) *Response {

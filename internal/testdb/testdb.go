@@ -10,8 +10,8 @@ package testdb
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"os"

@@ -148,17 +148,12 @@ func (errClaimTaken) Error() string { return "idem: key already claimed" }
 // claim runs in tx: claim the key, create the operation, run the guard and prepare. It returns errClaimTaken
 // when the key existed.
 func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) error {
-	stored, claimed, err := h.Store.Claim(ctx, tx, Record{
-		AccountID: cl.principal.AccountID, Key: cl.key, Fingerprint: cl.fingerprint, OperationID: cl.op.ID,
-	})
+	stored, claimed, err := h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor())
 	if err != nil {
 		return err
 	}
 	if !claimed {
 		return errClaimTaken{stored}
-	}
-	if err := opstatus.Create(ctx, tx, cl.op, cl.principal.Actor()); err != nil {
-		return err
 	}
 	if req.Guard != nil {
 		if err := req.Guard(ctx, tx, cl.op, cl.fingerprint); err != nil {
@@ -213,27 +208,11 @@ func (h *Handler) store(ctx context.Context, tx *gorm.DB, cl call, res Result, e
 	if state == "" {
 		state = opstatus.StateSucceeded
 	}
-	opts := []opstatus.TransitionOption{
-		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown),
-		opstatus.WithEvent(event, map[string]any{"status": resp.Status}),
-		opstatus.WithLease(time.Time{}),
-	}
-	if res.Resource != nil {
-		opts = append(opts, opstatus.WithResource(*res.Resource))
-	}
-	moved, err := opstatus.Transition(ctx, tx, cl.op.ID, state, actor, opts...)
-	if err != nil {
-		return Response{}, err
-	}
-	if !moved {
-		// Moving the operation first (it locks the row) makes concurrent settlers queue here, and the loser
-		// learns it lost before touching the key.
-		return Response{}, ErrAlreadySettled
-	}
-	if err := h.Store.Complete(ctx, tx, cl.op.AccountID, cl.key, resp); err != nil {
-		return Response{}, err
-	}
-	return resp, nil
+	err = h.Store.Complete(ctx, tx, Completion{
+		AccountID: cl.op.AccountID, Key: cl.key, OperationID: cl.op.ID, Response: resp,
+		State: state, Resource: res.Resource, Event: event, Actor: actor,
+	})
+	return resp, err
 }
 
 // ErrAlreadySettled is returned by Settle when another worker recorded the operation's outcome first.
@@ -328,7 +307,7 @@ func (h *Handler) answerUnknown(c *gin.Context, accountID, opID string) {
 
 func (h *Handler) appendEvent(ctx context.Context, opID, eventType, actor string, detail any) {
 	// The audit trail of a replay or a refusal is worth a row but never worth failing the answer for.
-	if err := opstatus.Append(ctx, h.DB, opID, eventType, actor, detail); err != nil {
+	if err := opstatus.AppendNoWait(ctx, h.DB, opID, eventType, actor, detail); err != nil {
 		h.Logger.WarnContext(ctx, "operation event not recorded", "operation_id", opID, "type", eventType, "error", err.Error())
 	}
 }

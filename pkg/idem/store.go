@@ -42,22 +42,36 @@ type Response struct {
 	Body   []byte
 }
 
-// Store keeps idempotency keys. Every method that writes takes the caller's transaction, so a claim, the
-// business write and the stored response can commit together. The conformance suite in idemtest runs
-// against every implementation.
+// Store keeps idempotency keys together with the opstatus operation each claim starts. Every method that
+// writes takes the caller's transaction, so a claim, the business write and the stored response can commit
+// together. The conformance suite in idemtest runs against every implementation.
 type Store interface {
-	// Claim inserts rec as a running key unless (account, key) already exists, in one atomic statement: of
-	// many concurrent claims exactly one returns claimed=true. When the key exists, Claim returns the stored
-	// record and claimed=false.
-	Claim(ctx context.Context, tx *gorm.DB, rec Record) (stored Record, claimed bool, err error)
+	// Claim inserts a running key for (op.AccountID, op.IdempotencyKey) with op.Fingerprint, and op itself with
+	// its claimed event, unless the key already exists, atomically: of many concurrent claims exactly one returns
+	// claimed=true. When the key exists, Claim returns the stored record and claimed=false and inserts nothing.
+	Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string) (stored Record, claimed bool, err error)
 	// Lookup returns the record of (account, key). Returns an error matching problem.ErrNotFound if there is none.
 	Lookup(ctx context.Context, db *gorm.DB, accountID, key string) (Record, error)
-	// Complete stores the response of a running key. Returns an error matching problem.ErrNotFound if the key
-	// is not running.
-	Complete(ctx context.Context, tx *gorm.DB, accountID, key string, resp Response) error
+	// Complete stores the response of a running key and moves its operation, if it is running or unknown, to
+	// c.State with one event. Returns ErrAlreadySettled, changing nothing, if the operation was already moved
+	// out of running or unknown, and an error matching problem.ErrNotFound if the key is not running.
+	Complete(ctx context.Context, tx *gorm.DB, c Completion) error
 	// Prune deletes completed keys finished before cutoff whose operation is final. Keys of running, queued
 	// and unknown operations are kept whatever their age.
 	Prune(ctx context.Context, db *gorm.DB, cutoff time.Time) (int64, error)
+}
+
+// Completion is the outcome Complete records.
+type Completion struct {
+	AccountID   string
+	Key         string
+	OperationID string
+	Response    Response
+	State       opstatus.State
+	Resource    *opstatus.Resource
+	// Event is the type of the operation event (completed, reconciled), Actor who records it.
+	Event string
+	Actor string
 }
 
 // PostgresStore is the Store on PostgreSQL (the idempotency_keys table of migrations/).
@@ -98,28 +112,40 @@ func (r keyRow) record() (Record, error) {
 	return rec, nil
 }
 
-// Claim implements Store with INSERT ... ON CONFLICT DO NOTHING on the primary key (account_id, key). A
-// concurrent claimer waits on the row until the first transaction ends; if the first commits it gets the
-// conflict, if it rolls back (local mode: the write failed or the process died) the key is free again and the
-// waiting claim takes it.
-func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, rec Record) (Record, bool, error) {
+// Claim implements Store with one statement: INSERT ... ON CONFLICT DO NOTHING on the primary key
+// (account_id, key), and, only for a new claim, the operation and its claimed event. A concurrent claimer waits
+// on the row until the first transaction ends; if the first commits it gets the conflict, if it rolls back (local
+// mode: the write failed or the process died) the key is free again and the waiting claim takes it.
+func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string) (Record, bool, error) {
 	for attempt := 0; attempt < 3; attempt++ {
 		var inserted []keyRow
 		err := tx.WithContext(ctx).Raw(`
-INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
-VALUES (?, ?, ?, ?, 'running')
-ON CONFLICT (account_id, idempotency_key) DO NOTHING
-RETURNING account_id, idempotency_key, fingerprint, operation_id, state, created_at`,
-			rec.AccountID, rec.Key, rec.Fingerprint, rec.OperationID).Scan(&inserted).Error
+WITH claim AS (
+    INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
+    VALUES (?, ?, ?, ?, 'running')
+    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    RETURNING account_id, idempotency_key, fingerprint, operation_id, state, created_at
+), op AS (
+    INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, lease_expires_at)
+    SELECT operation_id, account_id, ?, ?, idempotency_key, fingerprint, ? FROM claim
+    RETURNING id, account_id, state
+), ev AS (
+    INSERT INTO operation_events (operation_id, account_id, type, to_state, actor)
+    SELECT id, account_id, ?, state, ? FROM op
+)
+SELECT account_id, idempotency_key, fingerprint, operation_id, state, created_at FROM claim`,
+			op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID, op.Kind, op.State, op.LeaseExpiresAt,
+			opstatus.EventClaimed, actor).Scan(&inserted).Error
 		if err != nil {
 			return Record{}, false, fmt.Errorf("idem: claim: %w", err)
 		}
 		if len(inserted) == 1 {
 			r, err := inserted[0].record()
+			r.OperationState = op.State
 			return r, true, err
 		}
 		// The key exists and is committed; a new statement sees it.
-		stored, err := PostgresStore{}.Lookup(ctx, tx, rec.AccountID, rec.Key)
+		stored, err := PostgresStore{}.Lookup(ctx, tx, op.AccountID, op.IdempotencyKey)
 		if err == nil {
 			return stored, false, nil
 		}
@@ -148,21 +174,52 @@ WHERE k.account_id = ? AND k.idempotency_key = ?`, accountID, key).Scan(&rows).E
 	return rows[0].record()
 }
 
-// Complete implements Store.
-func (PostgresStore) Complete(ctx context.Context, tx *gorm.DB, accountID, key string, resp Response) error {
-	header, err := json.Marshal(resp.Header)
+// Complete implements Store in one statement: the operation row is locked and moved first, so concurrent
+// completions of one operation (a late handler and a reconciler) queue on it and the second finds it settled.
+func (PostgresStore) Complete(ctx context.Context, tx *gorm.DB, c Completion) error {
+	header, err := json.Marshal(c.Response.Header)
 	if err != nil {
 		return fmt.Errorf("idem: complete: headers: %w", err)
 	}
-	res := tx.WithContext(ctx).Exec(`
-UPDATE idempotency_keys
-SET state = 'completed', response_status = ?, response_headers = ?::jsonb, response_body = ?, completed_at = now()
-WHERE account_id = ? AND idempotency_key = ? AND state = 'running'`,
-		resp.Status, string(header), resp.Body, accountID, key)
-	if res.Error != nil {
-		return fmt.Errorf("idem: complete: %w", res.Error)
+	detail, err := json.Marshal(map[string]any{"status": c.Response.Status})
+	if err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
 	}
-	if res.RowsAffected != 1 {
+	var resType, resID *string
+	if c.Resource != nil {
+		resType, resID = &c.Resource.Type, &c.Resource.ID
+	}
+	var res struct{ Moved, Completed int }
+	err = tx.WithContext(ctx).Raw(`
+WITH prev AS (
+    SELECT id, state FROM operations WHERE id = ? FOR UPDATE
+), op AS (
+    UPDATE operations o
+    SET state = ?, updated_at = now(), lease_expires_at = NULL,
+        resource_type = COALESCE(?, o.resource_type), resource_id = COALESCE(?, o.resource_id)
+    FROM prev
+    WHERE o.id = prev.id AND prev.state IN ('running', 'unknown')
+    RETURNING o.id, o.account_id, prev.state AS from_state, o.state AS to_state
+), ev AS (
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+    SELECT id, account_id, ?, from_state, to_state, ?, ?::jsonb FROM op
+), key AS (
+    UPDATE idempotency_keys
+    SET state = 'completed', response_status = ?, response_headers = ?::jsonb, response_body = ?, completed_at = now()
+    WHERE account_id = ? AND idempotency_key = ? AND state = 'running' AND EXISTS (SELECT 1 FROM op)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM op) AS moved, (SELECT count(*) FROM key) AS completed`,
+		c.OperationID, c.State, resType, resID,
+		c.Event, c.Actor, string(detail),
+		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key).Scan(&res).Error
+	if err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
+	}
+	if res.Moved == 0 {
+		return ErrAlreadySettled
+	}
+	if res.Completed == 0 {
 		return fmt.Errorf("idem: complete: %w", problem.NotFound("running idempotency key"))
 	}
 	return nil

@@ -212,6 +212,17 @@ SELECT count(*) FROM ev`,
 
 // Append adds an event that does not change the state (replayed, conflict_rejected, reconcile evidence, ...).
 func Append(ctx context.Context, db *gorm.DB, id, eventType, actor string, detail any) error {
+	return appendEvent(ctx, db, id, eventType, actor, detail, "on")
+}
+
+// AppendNoWait is Append without waiting for the WAL flush at commit (synchronous_commit off for this one
+// statement). It is for audit events whose loss in a crash loses no effect, such as a replay or a refused
+// conflict: the answer to the caller need not wait on the disk for them.
+func AppendNoWait(ctx context.Context, db *gorm.DB, id, eventType, actor string, detail any) error {
+	return appendEvent(ctx, db, id, eventType, actor, detail, "off")
+}
+
+func appendEvent(ctx context.Context, db *gorm.DB, id, eventType, actor string, detail any, syncCommit string) error {
 	raw := []byte("{}")
 	if detail != nil {
 		var err error
@@ -219,9 +230,12 @@ func Append(ctx context.Context, db *gorm.DB, id, eventType, actor string, detai
 			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
 		}
 	}
+	// set_config(..., true) lasts until the end of the statement's own transaction, commit included.
 	err := db.WithContext(ctx).Exec(`
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-SELECT id, account_id, ?, ?, ?::jsonb FROM operations WHERE id = ?`, eventType, actor, string(raw), id).Error
+SELECT o.id, o.account_id, ?, ?, ?::jsonb
+FROM operations o, (SELECT set_config('synchronous_commit', ?, true)) AS commit_mode
+WHERE o.id = ?`, eventType, actor, string(raw), syncCommit, id).Error
 	if err != nil {
 		return fmt.Errorf("opstatus: append to %s: %w", id, err)
 	}

@@ -9,7 +9,6 @@ package idemtest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -35,12 +34,21 @@ func Exercise(t *testing.T, newStore NewStore) {
 		if rec.State != idem.KeyRunning || rec.Fingerprint != "fp1" {
 			t.Fatalf("claimed record = %+v", rec)
 		}
-		stored, claimed, err := s.Claim(ctx, db, idem.Record{AccountID: "acct", Key: "k1", Fingerprint: "fp2", OperationID: opstatus.NewID()})
+		stored, claimed, err := s.Claim(ctx, db, newOp("acct", "k1", "fp2"), "test")
 		if err != nil || claimed {
 			t.Fatalf("second claim: claimed=%v err=%v", claimed, err)
 		}
 		if stored.Fingerprint != "fp1" || stored.OperationID != rec.OperationID || stored.OperationState != opstatus.StateRunning {
 			t.Fatalf("second claim returned %+v, want the first record", stored)
+		}
+		var ops int64
+		db.Raw(`SELECT count(*) FROM operations`).Scan(&ops)
+		if ops != 1 {
+			t.Fatalf("a refused claim created an operation: %d operations", ops)
+		}
+		op, err := opstatus.Get(ctx, db, "acct", rec.OperationID)
+		if err != nil || len(op.Events) != 1 || op.Events[0].Type != opstatus.EventClaimed {
+			t.Fatalf("claimed operation = %+v, %v", op, err)
 		}
 	})
 
@@ -69,15 +77,14 @@ func Exercise(t *testing.T, newStore NewStore) {
 			wg.Go(func() {
 				<-start
 				err := db.Transaction(func(tx *gorm.DB) error {
-					op := opstatus.NewID()
-					_, claimed, err := s.Claim(context.Background(), tx, idem.Record{AccountID: "acct", Key: "race", Fingerprint: "fp", OperationID: op})
+					_, claimed, err := s.Claim(context.Background(), tx, newOp("acct", "race", "fp"), "test")
 					if err != nil || !claimed {
 						return err
 					}
 					mu.Lock()
 					wins++
 					mu.Unlock()
-					return opstatus.Create(context.Background(), tx, opstatus.Operation{ID: op, AccountID: "acct", Kind: "test", State: opstatus.StateRunning}, "test")
+					return nil
 				})
 				if err != nil {
 					mu.Lock()
@@ -98,7 +105,7 @@ func Exercise(t *testing.T, newStore NewStore) {
 		s, db := newStore(t)
 		boom := errors.New("write failed")
 		err := db.Transaction(func(tx *gorm.DB) error {
-			if _, _, err := s.Claim(context.Background(), tx, idem.Record{AccountID: "acct", Key: "k", Fingerprint: "fp", OperationID: opstatus.NewID()}); err != nil {
+			if _, _, err := s.Claim(context.Background(), tx, newOp("acct", "k", "fp"), "test"); err != nil {
 				return err
 			}
 			return boom
@@ -118,7 +125,9 @@ func Exercise(t *testing.T, newStore NewStore) {
 		rec := claimCommitted(t, s, db, "acct", "k", "fp")
 		body := []byte(`{"b":1,  "a":"ü\u00fc"}`)
 		resp := idem.Response{Status: 201, Header: http.Header{"Location": {"/v1/x/1"}}, Body: body}
-		if err := s.Complete(context.Background(), db, "acct", "k", resp); err != nil {
+		done := idem.Completion{AccountID: "acct", Key: "k", OperationID: rec.OperationID, Response: resp,
+			State: opstatus.StateSucceeded, Resource: &opstatus.Resource{Type: "x", ID: "1"}, Event: opstatus.EventCompleted, Actor: "test"}
+		if err := s.Complete(context.Background(), db, done); err != nil {
 			t.Fatal(err)
 		}
 		got, err := s.Lookup(context.Background(), db, "acct", "k")
@@ -132,8 +141,12 @@ func Exercise(t *testing.T, newStore NewStore) {
 		if got.OperationID != rec.OperationID {
 			t.Fatal("operation id changed")
 		}
-		if err := s.Complete(context.Background(), db, "acct", "k", resp); !errors.Is(err, problem.ErrNotFound) {
-			t.Fatalf("completing twice: %v, want not found", err)
+		op, err := opstatus.Get(context.Background(), db, "acct", rec.OperationID)
+		if err != nil || op.State != opstatus.StateSucceeded || op.Resource == nil || op.Resource.ID != "1" || op.Events[len(op.Events)-1].Type != opstatus.EventCompleted {
+			t.Fatalf("operation after complete = %+v, %v", op, err)
+		}
+		if err := s.Complete(context.Background(), db, done); !errors.Is(err, idem.ErrAlreadySettled) {
+			t.Fatalf("completing twice: %v, want ErrAlreadySettled", err)
 		}
 	})
 
@@ -142,24 +155,14 @@ func Exercise(t *testing.T, newStore NewStore) {
 		s, db := newStore(t)
 		ctx := context.Background()
 		done := claimCommitted(t, s, db, "acct", "done", "fp")
-		if err := s.Complete(ctx, db, "acct", "done", idem.Response{Status: 200, Body: []byte(`{}`)}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := opstatus.Transition(ctx, db, done.OperationID, opstatus.StateSucceeded, "test"); err != nil {
-			t.Fatal(err)
-		}
+		complete(t, s, db, done, opstatus.StateSucceeded)
 		claimCommitted(t, s, db, "acct", "running", "fp")
 		unknown := claimCommitted(t, s, db, "acct", "unknown", "fp")
 		if _, err := opstatus.Transition(ctx, db, unknown.OperationID, opstatus.StateUnknown, "test"); err != nil {
 			t.Fatal(err)
 		}
 		queued := claimCommitted(t, s, db, "acct", "queued", "fp")
-		if err := s.Complete(ctx, db, "acct", "queued", idem.Response{Status: 202, Body: []byte(`{}`)}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := opstatus.Transition(ctx, db, queued.OperationID, opstatus.StateQueued, "test"); err != nil {
-			t.Fatal(err)
-		}
+		complete(t, s, db, queued, opstatus.StateQueued)
 
 		// Nothing is old enough yet.
 		if n, err := s.Prune(ctx, db, time.Now().Add(-time.Hour)); err != nil || n != 0 {
@@ -181,25 +184,26 @@ func Exercise(t *testing.T, newStore NewStore) {
 	})
 }
 
-// claimCommitted claims a key with its operation and commits, as external mode does.
+func newOp(account, key, fp string) opstatus.Operation {
+	return opstatus.Operation{ID: opstatus.NewID(), AccountID: account, Kind: "test", State: opstatus.StateRunning,
+		IdempotencyKey: key, Fingerprint: fp}
+}
+
+// claimCommitted claims a key and commits, as external mode does.
 func claimCommitted(t *testing.T, s idem.Store, db *gorm.DB, account, key, fp string) idem.Record {
 	t.Helper()
-	var rec idem.Record
-	err := db.Transaction(func(tx *gorm.DB) error {
-		op := opstatus.NewID()
-		var claimed bool
-		var err error
-		rec, claimed, err = s.Claim(context.Background(), tx, idem.Record{AccountID: account, Key: key, Fingerprint: fp, OperationID: op})
-		if err != nil {
-			return err
-		}
-		if !claimed {
-			return fmt.Errorf("key %s/%s already claimed", account, key)
-		}
-		return opstatus.Create(context.Background(), tx, opstatus.Operation{ID: op, AccountID: account, Kind: "test", State: opstatus.StateRunning, IdempotencyKey: key}, "test")
-	})
-	if err != nil {
-		t.Fatalf("claim %s/%s: %v", account, key, err)
+	rec, claimed, err := s.Claim(context.Background(), db, newOp(account, key, fp), "test")
+	if err != nil || !claimed {
+		t.Fatalf("claim %s/%s: claimed=%v err=%v", account, key, claimed, err)
 	}
 	return rec
+}
+
+func complete(t *testing.T, s idem.Store, db *gorm.DB, rec idem.Record, state opstatus.State) {
+	t.Helper()
+	err := s.Complete(context.Background(), db, idem.Completion{AccountID: rec.AccountID, Key: rec.Key, OperationID: rec.OperationID,
+		Response: idem.Response{Status: 200, Body: []byte(`{}`)}, State: state, Event: opstatus.EventCompleted, Actor: "test"})
+	if err != nil {
+		t.Fatalf("complete %s: %v", rec.Key, err)
+	}
 }
