@@ -1,0 +1,167 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goccy/go-yaml"
+
+	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/proctest"
+	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/internal/testdb"
+)
+
+func env(vars map[string]string) func(string) string {
+	return func(name string) string { return vars[name] }
+}
+
+// TestRunServesAndShutsDown runs the real program (run) on a test schema, talks to it, and stops it the way a
+// SIGTERM does: by cancelling its context. run must return nil after a graceful shutdown.
+func TestRunServesAndShutsDown(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	addr := proctest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
+			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_e2e:agent:e2e-secret", "LOG_LEVEL": "info",
+		}), &syncWriter{w: &out})
+	}()
+	base := "http://" + addr
+	waitHealthy(t, base+"/readyz", done)
+
+	c := apitest.New(t, base, "e2e-secret")
+	first := c.Post("/v1/tickets", `{"project":"ops","title":"from run"}`, apitest.Key("e2e")).Status(t, http.StatusCreated)
+	again := c.Post("/v1/tickets", `{"title":"from run","project":"ops"}`, apitest.Key("e2e")).Status(t, http.StatusCreated)
+	if again.Header.Get("Idempotent-Replayed") != "true" || string(again.Body) != string(first.Body) {
+		t.Error("no replay through the real program")
+	}
+	c.As(servicetest.AgentSecret).Get("/v1/tickets").Status(t, http.StatusUnauthorized) // demo keys are off when API_KEYS is set
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run returned %v after shutdown", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not stop within 15s of its context ending")
+	}
+	logs := out.String()
+	if strings.Contains(logs, "e2e-secret") {
+		t.Error("a secret reached the log")
+	}
+	if !strings.Contains(logs, `"operation_id":"op_`) || !strings.Contains(logs, `"replayed":true`) {
+		t.Errorf("the access log lacks operation ids or replays:\n%s", logs)
+	}
+	if strings.Contains(logs, "from run") {
+		t.Error("a request body reached the log")
+	}
+}
+
+func waitHealthy(t *testing.T, url string, done chan error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			t.Fatalf("run stopped early: %v", err)
+		default:
+		}
+		if resp, err := http.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s not ready within 30s", url)
+}
+
+func TestRunRejectsBadInvocations(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	for _, tc := range []struct {
+		args []string
+		vars map[string]string
+		want string
+	}{
+		{nil, nil, "usage"},
+		{[]string{"launch"}, nil, "unknown command"},
+		{[]string{"serve", "tickets"}, map[string]string{"IDEMPOTENCY_RETENTION": "1h"}, "at least 24h"},
+		{[]string{"serve", "tickets"}, map[string]string{"OPERATION_LEASE": "soon"}, "OPERATION_LEASE"},
+		{[]string{"serve", "tickets"}, map[string]string{"API_KEYS": "acct:admin:s"}, "role"},
+		{[]string{"serve", "tickets"}, map[string]string{"RETRYSAFE_FAILPOINTS": "x=explode"}, "failpoint"},
+	} {
+		err := run(context.Background(), tc.args, env(tc.vars), &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%v, %v) = %v, want an error mentioning %q", tc.args, tc.vars, err, tc.want)
+		}
+	}
+}
+
+func TestConfigMasksSecrets(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(env(map[string]string{
+		"DATABASE_URL": "postgres://app:hunter2@db:5432/retrysafe", "API_KEYS": "a:agent:s3cret,a:approver:t0p",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	printed := cfg.String()
+	for _, secret := range []string{"hunter2", "s3cret", "t0p"} {
+		if strings.Contains(printed, secret) {
+			t.Errorf("config prints %q: %s", secret, printed)
+		}
+	}
+	if cfg.IdempotencyRetention != 72*time.Hour || cfg.TicketsAddr != ":8081" || cfg.PaymentsAddr != ":8082" || cfg.DeploysAddr != ":8083" {
+		t.Errorf("defaults differ from CONVENTIONS.md: %+v", cfg)
+	}
+}
+
+// TestComposeFileMatchesTheContract checks docker-compose.yml where no Docker engine runs: it parses, and it
+// publishes the ports and runs the commands the README promises.
+func TestComposeFileMatchesTheContract(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Build       any               `yaml:"build"`
+			Image       string            `yaml:"image"`
+			Command     []string          `yaml:"command"`
+			Ports       []string          `yaml:"ports"`
+			Environment map[string]string `yaml:"environment"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &compose); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	app, ok := compose.Services["retrysafe"]
+	if !ok || strings.Join(app.Command, " ") != "serve all" {
+		t.Fatalf("retrysafe service = %+v", app)
+	}
+	if got := strings.Join(app.Ports, ","); got != "8081:8081,8082:8082,8083:8083" {
+		t.Errorf("ports = %s", got)
+	}
+	if !strings.HasPrefix(app.Environment["DATABASE_URL"], "postgres://") || app.Environment["PROVIDER_URL"] != "http://provider:8090" {
+		t.Errorf("environment = %v", app.Environment)
+	}
+	if p := compose.Services["provider"]; strings.Join(p.Command, " ") != "provider" || strings.Join(p.Ports, ",") != "8090:8090" {
+		t.Errorf("provider service = %+v", p)
+	}
+	if compose.Services["postgres"].Image == "" {
+		t.Error("no postgres service")
+	}
+}
