@@ -7,7 +7,10 @@
 // opstatus, so a caller that timed out can ask what happened.
 //
 // Local mode, for effects that live in the same database: the claim, the business write and the stored response
-// commit in one transaction, so a crash leaves nothing behind and the key free.
+// commit in one transaction, so a crash leaves nothing behind and the key free. A concurrent copy of the request
+// waits on the claimed row until that transaction ends and then replays its result (or, if it rolled back, takes
+// the key itself); 409 request_in_progress is what copies see while an external effect is in flight, because
+// only there is a running claim committed and visible.
 //
 //	func (s *Server) createTicket(c *gin.Context) {
 //		var cmd CreateTicket
@@ -119,7 +122,11 @@ type call struct {
 
 // begin validates the key and computes the fingerprint. It writes the problem and returns false on failure.
 func (h *Handler) begin(c *gin.Context, req Request, state opstatus.State) (call, bool) {
-	key, err := ParseKey(c.Request.Header.Get(HeaderKey), len(c.Request.Header.Values(HeaderKey)) > 0)
+	values := c.Request.Header.Values(HeaderKey)
+	key, err := ParseKey(c.Request.Header.Get(HeaderKey), len(values) > 0)
+	if err == nil && len(values) > 1 {
+		err = problem.New(problem.CodeIdempotencyKeyInvalid, "send exactly one Idempotency-Key header")
+	}
 	if err != nil {
 		problem.Write(c, err)
 		return call{}, false

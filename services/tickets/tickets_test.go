@@ -431,3 +431,15 @@ func TestProblemDocumentShape(t *testing.T) {
 		}
 	}
 }
+
+func TestTwoIdempotencyKeysAreRefused(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	res := c.Post("/v1/tickets", ticketBody, func(r *http.Request) {
+		r.Header.Add("Idempotency-Key", "a")
+		r.Header.Add("Idempotency-Key", "b")
+	}).Status(t, http.StatusBadRequest)
+	if res.Str(t, "code") != "idempotency_key_invalid" || count(t, env, `SELECT count(*) FROM tickets`) != 0 {
+		t.Fatalf("two keys: %s", res.Body)
+	}
+}
