@@ -213,7 +213,7 @@ func TestChangedBodyIsRefusedEquivalentJSONReplays(t *testing.T) {
 	for _, equivalent := range []string{
 		"{ \"priority\" : \"high\",\n \"title\":\"Rotate staging certificate\", \"project\":\"ops\" }",
 		`{"project":"ops","title":"Rotate staging certificate","priority":"high","description":""}`, // default spelled out
-		`{"project":"ops","title":"Rotate staging certificate","priority":"\u0068igh"}`,            // another escape
+		`{"project":"ops","title":"Rotate staging certificate","priority":"\u0068igh"}`,             // another escape
 	} {
 		res := c.Post("/v1/tickets", equivalent, apitest.Key("k")).Status(t, http.StatusCreated)
 		if res.Header.Get(idem.HeaderReplayed) != "true" || string(res.Body) != string(first.Body) {
@@ -376,7 +376,7 @@ func TestCommentReplayAddsNoSecondComment(t *testing.T) {
 	if n := count(t, env, `SELECT count(*) FROM ticket_comments WHERE ticket_id = ?`, id); n != 2 {
 		t.Fatalf("comments = %d, want 2", n)
 	}
-	if items := c.Get("/v1/tickets/" + id + "/comments").Status(t, 200).JSON(t)["items"].([]any); len(items) != 2 {
+	if items := c.Get("/v1/tickets/"+id+"/comments").Status(t, 200).JSON(t)["items"].([]any); len(items) != 2 {
 		t.Errorf("listed %d comments", len(items))
 	}
 }
@@ -395,7 +395,7 @@ func TestDeclaredStatusRecordsOneChange(t *testing.T) {
 		t.Fatalf("status changes = %d, want 1", n)
 	}
 	c.Put("/v1/tickets/"+id+"/status", `{"status":"closed"}`).Status(t, 200)
-	changes := c.Get("/v1/tickets/" + id + "/status_changes").Status(t, 200).JSON(t)["items"].([]any)
+	changes := c.Get("/v1/tickets/"+id+"/status_changes").Status(t, 200).JSON(t)["items"].([]any)
 	if len(changes) != 2 || changes[1].(map[string]any)["from"] != "resolved" {
 		t.Errorf("changes = %v", changes)
 	}
