@@ -1,0 +1,131 @@
+package opstatus_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+func create(t *testing.T, db *testdb.DB, state opstatus.State, lease *time.Time) opstatus.Operation {
+	t.Helper()
+	op := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct", Kind: "test.kind", State: state, IdempotencyKey: "k-" + opstatus.NewID(), LeaseExpiresAt: lease}
+	if err := opstatus.Create(context.Background(), db.DB, op, "test"); err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+func TestTransitionRecordsOneEventPerChange(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	op := create(t, db, opstatus.StateQueued, nil)
+	for range 3 {
+		if _, err := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateRunning, "worker", opstatus.From(opstatus.StateQueued)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moved, err := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateSucceeded, "worker",
+		opstatus.WithResource(opstatus.Resource{Type: "thing", ID: "t1"}), opstatus.WithEvent("finished", map[string]int{"steps": 3}))
+	if err != nil || !moved {
+		t.Fatalf("moved=%v err=%v", moved, err)
+	}
+	// A final state is left only when From names it.
+	if moved, _ := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateFailed, "worker"); moved {
+		t.Fatal("a final operation moved again")
+	}
+	got, err := opstatus.Get(ctx, db.DB, "acct", op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != opstatus.StateSucceeded || got.Resource == nil || got.Resource.ID != "t1" {
+		t.Fatalf("operation = %+v", got)
+	}
+	var types []string
+	for _, ev := range got.Events {
+		types = append(types, ev.Type+":"+string(ev.FromState)+">"+string(ev.ToState))
+	}
+	want := []string{"claimed:>queued", "state_changed:queued>running", "finished:running>succeeded"}
+	if len(types) != len(want) {
+		t.Fatalf("events = %v, want %v", types, want)
+	}
+	for i := range want {
+		if types[i] != want[i] {
+			t.Fatalf("events = %v, want %v", types, want)
+		}
+	}
+}
+
+func TestEventsAreAppendOnly(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	create(t, db, opstatus.StateRunning, nil)
+	if err := db.Exec(`UPDATE operation_events SET actor = 'someone else'`).Error; err == nil {
+		t.Fatal("an event was updated")
+	}
+	if err := db.Exec(`DELETE FROM operation_events`).Error; err == nil {
+		t.Fatal("an event was deleted")
+	}
+}
+
+func TestOtherAccountsOperationIsNotFound(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	op := create(t, db, opstatus.StateRunning, nil)
+	if _, err := opstatus.Get(context.Background(), db.DB, "another", op.ID); !errors.Is(err, problem.ErrNotFound) {
+		t.Fatalf("err = %v, want not found", err)
+	}
+	ops, err := opstatus.FindByKey(context.Background(), db.DB, "another", op.IdempotencyKey)
+	if err != nil || len(ops) != 0 {
+		t.Fatalf("found %d of another account's operations (%v)", len(ops), err)
+	}
+}
+
+// TestRecoveryWorkerExpiresLeasesAndReconciles: an expired lease becomes unknown (never deleted), the kind's
+// reconciler is asked to settle it, and a reconciler that fails leaves it unknown for the next pass.
+func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	past, future := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
+	expired := create(t, db, opstatus.StateRunning, &past)
+	alive := create(t, db, opstatus.StateRunning, &future)
+	fails := true
+	var asked []string
+	w := &opstatus.RecoveryWorker{DB: db.DB, Logger: servicetest.Logger(), Reconcilers: map[string]opstatus.Reconciler{
+		"test.kind": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
+			asked = append(asked, op.ID)
+			if fails {
+				return errors.New("the other side is down")
+			}
+			_, err := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateSucceeded, "reconciler", opstatus.From(opstatus.StateUnknown))
+			return err
+		}),
+	}}
+	if n, err := w.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("first pass settled %d (%v)", n, err)
+	}
+	got, _ := opstatus.Get(ctx, db.DB, "acct", expired.ID)
+	if got.State != opstatus.StateUnknown || got.Events[len(got.Events)-1].Type != opstatus.EventLeaseExpired {
+		t.Fatalf("expired operation = %s %v", got.State, got.Events)
+	}
+	if got, _ := opstatus.Get(ctx, db.DB, "acct", alive.ID); got.State != opstatus.StateRunning {
+		t.Fatalf("an operation with a live lease became %s", got.State)
+	}
+	fails = false
+	if n, err := w.RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("second pass settled %d (%v)", n, err)
+	}
+	if len(asked) != 2 || asked[0] != expired.ID || asked[1] != expired.ID {
+		t.Fatalf("reconciler asked about %v", asked)
+	}
+	if got, _ := opstatus.Get(ctx, db.DB, "acct", expired.ID); got.State != opstatus.StateSucceeded {
+		t.Fatalf("after reconcile: %s", got.State)
+	}
+}
