@@ -443,3 +443,18 @@ func TestTwoIdempotencyKeysAreRefused(t *testing.T) {
 		t.Fatalf("two keys: %s", res.Body)
 	}
 }
+
+func TestOversizedBodyIsRefusedAndHealthEndpoints(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	huge := `{"project":"ops","title":"t","description":"` + strings.Repeat("x", 2<<20) + `"}`
+	if code := c.Post("/v1/tickets", huge, apitest.Key("big")).Status(t, http.StatusRequestEntityTooLarge).Str(t, "code"); code != "body_too_large" {
+		t.Errorf("code = %s", code)
+	}
+	if n := count(t, env, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("an oversized request stored a key")
+	}
+	anon := c.As("")
+	anon.Get("/healthz").Status(t, http.StatusOK)
+	anon.Get("/readyz").Status(t, http.StatusOK)
+}
