@@ -29,6 +29,19 @@ type config struct {
 	Failpoints           string
 
 	ProviderFaultInjection bool
+
+	ProviderSecret             string // the payments merchant's secret at the provider: never printed
+	ProviderTimeout            time.Duration
+	PaymentsApprovalThresholds map[string]int64 // currency -> minor units above which capture/refund need approval
+	ApprovalTTL                time.Duration
+
+	DeploySteps                int
+	DeployStepDuration         time.Duration
+	DeployApprovalEnvironments []string // deploys and rollbacks to these environments need approval
+	DeployLockLease            time.Duration
+	DeployHeartbeat            time.Duration
+	DeployPollInterval         time.Duration
+	DeployWorkers              int
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -54,7 +67,20 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Failpoints:           getenv("RETRYSAFE_FAILPOINTS"),
 
 		ProviderFaultInjection: r.boolean("PROVIDER_FAULT_INJECTION", false),
+
+		ProviderSecret:  r.str("PROVIDER_SECRET", "retrysafe-payments-sandbox"),
+		ProviderTimeout: r.duration("PROVIDER_TIMEOUT", 5*time.Second),
+		ApprovalTTL:     r.duration("APPROVAL_TTL", time.Hour),
+
+		DeploySteps:                r.integer("DEPLOY_STEPS", 3),
+		DeployStepDuration:         r.duration("DEPLOY_STEP_DURATION", 2*time.Second),
+		DeployApprovalEnvironments: splitList(r.str("DEPLOY_APPROVAL_ENVIRONMENTS", "production")),
+		DeployLockLease:            r.duration("DEPLOY_LOCK_LEASE", 30*time.Second),
+		DeployHeartbeat:            r.duration("DEPLOY_HEARTBEAT_INTERVAL", 5*time.Second),
+		DeployPollInterval:         r.duration("DEPLOY_POLL_INTERVAL", time.Second),
+		DeployWorkers:              r.integer("DEPLOY_WORKERS", 2),
 	}
+	cfg.PaymentsApprovalThresholds, r.err = parseThresholds(r.str("PAYMENTS_APPROVAL_THRESHOLDS", defaultApprovalThresholds), r.err)
 	if r.err != nil {
 		return config{}, r.err
 	}
@@ -70,8 +96,8 @@ func (c config) String() string {
 	if c.APIKeys != "" {
 		keys = fmt.Sprintf("(%d entries, masked)", strings.Count(c.APIKeys, ",")+1)
 	}
-	return fmt.Sprintf("database=%s api_keys=%s retention=%s lease=%s", maskURL(c.DatabaseURL), keys,
-		c.IdempotencyRetention, c.OperationLease)
+	return fmt.Sprintf("database=%s api_keys=%s retention=%s lease=%s provider_url=%s provider_secret=(masked) provider_timeout=%s",
+		maskURL(c.DatabaseURL), keys, c.IdempotencyRetention, c.OperationLease, c.ProviderURL, c.ProviderTimeout)
 }
 
 func maskURL(u string) string {

@@ -139,6 +139,8 @@ var builders = []struct {
 	build func(d deps) (service, error)
 }{
 	{"tickets", buildTickets},
+	{"payments", buildPayments},
+	{"deploys", buildDeploys},
 }
 
 func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) error {

@@ -110,6 +110,9 @@ type Approval struct {
 // currency and order. It is stored as jsonb.
 type Summary map[string]any
 
+// GormDataType tells gorm the column type; without it gorm refuses to map a map type and scans nothing.
+func (Summary) GormDataType() string { return "jsonb" }
+
 // Scan implements sql.Scanner for the jsonb column.
 func (s *Summary) Scan(v any) error {
 	switch b := v.(type) {
@@ -213,8 +216,7 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
 		if id == "" {
 			return problem.New(problem.CodeApprovalRequired,
-				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id").
-				With("operation_id", op.ID)
+				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
 		}
 		var a Approval
 		res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE id = ? AND account_id = ? FOR UPDATE`, id, op.AccountID).Scan(&a)

@@ -1,6 +1,7 @@
 package problem
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -25,7 +26,10 @@ func Write(c *gin.Context, err error) {
 	for k, v := range Headers(err) {
 		c.Writer.Header()[k] = v
 	}
-	body, _ := json.Marshal(doc)
+	var body bytes.Buffer
+	enc := json.NewEncoder(&body)
+	enc.SetEscapeHTML(false) // a detail may say "<" and mean it; this is JSON, not HTML
+	_ = enc.Encode(doc)
 	c.Abort()
-	c.Data(status, "application/problem+json", body)
+	c.Data(status, "application/problem+json", bytes.TrimRight(body.Bytes(), "\n"))
 }

@@ -5,6 +5,7 @@ import "net/http"
 // Handler returns the provider's HTTP API. Every route requires
 // Authorization: Bearer <secret>; the secret names the merchant.
 //
+//	GET    /healthz                           the process is up (no secret)
 //	POST   /v1/authorizations                 authorize (201)
 //	GET    /v1/authorizations/{id}            read an authorization
 //	POST   /v1/authorizations/{id}/capture    capture once, at most the authorized amount (200)
@@ -30,5 +31,11 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("POST /admin/reset", s.handleReset)
 	}
 	mux.HandleFunc("/", handleNoRoute)
-	return s.logRequests(requireMerchant(mux))
+	// /healthz answers without a secret, like every retrysafe process, so supervisors and tests can wait for it.
+	root := http.NewServeMux()
+	root.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	root.Handle("/", s.logRequests(requireMerchant(mux)))
+	return root
 }

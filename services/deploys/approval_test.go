@@ -1,0 +1,158 @@
+package deploys_test
+
+import (
+	"testing"
+
+	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/services/deploys"
+)
+
+func TestProductionDeploysNeedAnApprovalOfTheExactRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	prod := func(n int) string { return deployBody("api", "production", artifact(n)) }
+	refused := func(name string, res *apitest.Response, status int, code string) {
+		t.Helper()
+		res.Status(t, status)
+		if got := res.Str(t, "code"); got != code {
+			t.Errorf("%s: code %q, want %q: %s", name, got, code, res.Body)
+		}
+		if n := count(t, b.db, `SELECT count(*) FROM deploys`); n != 0 {
+			t.Fatalf("%s: %d deploys created", name, n)
+		}
+	}
+
+	refused("no approval", b.agent.Post("/v1/deploys", prod(1), apitest.Key("none")), 428, "approval_required")
+
+	pending := requestApproval(t, b.agent, "/v1/deploys", "pending", prod(1))
+	summary := pending["summary"].(map[string]any)
+	if pending["state"] != "pending" || summary["environment"] != "production" || summary["service"] != "api" || summary["artifact"] != artifact(1) {
+		t.Fatalf("approval: %v", pending)
+	}
+	refused("pending", b.agent.Post("/v1/deploys", prod(1), apitest.Key("pending"), approvalID(pending["id"].(string))), 403, "approval_invalid")
+
+	denied := requestApproval(t, b.agent, "/v1/deploys", "denied", prod(1))["id"].(string)
+	b.approver.Post("/v1/approvals/"+denied+"/deny", nil).Status(t, 200)
+	refused("denied", b.agent.Post("/v1/deploys", prod(1), apitest.Key("denied"), approvalID(denied)), 403, "approval_invalid")
+
+	expired := b.approved(t, "/v1/deploys", "expired", prod(1))
+	if err := b.db.Exec(`UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = ?`, expired).Error; err != nil {
+		t.Fatal(err)
+	}
+	refused("expired", b.agent.Post("/v1/deploys", prod(1), apitest.Key("expired"), approvalID(expired)), 403, "approval_invalid")
+
+	other := b.agent.As(servicetest.OtherAgentSecret)
+	foreign := requestApproval(t, other, "/v1/deploys", "foreign", prod(1))["id"].(string)
+	other.As(servicetest.OtherApproverSecret).Post("/v1/approvals/"+foreign+"/approve", nil).Status(t, 200)
+	refused("foreign", b.agent.Post("/v1/deploys", prod(1), apitest.Key("foreign"), approvalID(foreign)), 403, "approval_invalid")
+
+	self := requestApproval(t, b.approver, "/v1/deploys", "self", prod(1))["id"].(string)
+	if code := b.approver.Post("/v1/approvals/"+self+"/approve", nil).Status(t, 403).Str(t, "code"); code != "approval_invalid" {
+		t.Fatalf("self-approval: %s", code)
+	}
+	refused("self-granted", b.agent.Post("/v1/deploys", prod(1), apitest.Key("self"), approvalID(self)), 403, "approval_invalid")
+
+	changed := b.approved(t, "/v1/deploys", "changed", prod(1))
+	refused("changed body", b.agent.Post("/v1/deploys", prod(2), apitest.Key("changed"), approvalID(changed)), 403, "approval_invalid")
+
+	otherKey := b.approved(t, "/v1/deploys", "key-a", prod(1))
+	refused("another key", b.agent.Post("/v1/deploys", prod(1), apitest.Key("key-b"), approvalID(otherKey)), 403, "approval_invalid")
+
+	ok := b.approved(t, "/v1/deploys", "ok", prod(1))
+	first := b.agent.Post("/v1/deploys", prod(1), apitest.Key("ok"), approvalID(ok)).Status(t, 202)
+	replay := b.agent.Post("/v1/deploys", prod(1), apitest.Key("ok")).Status(t, 202)
+	if replay.Header.Get("Idempotent-Replayed") != "true" || string(replay.Body) != string(first.Body) {
+		t.Fatalf("replay of the approved request: %s", replay.Body)
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM deploys`); n != 1 {
+		t.Fatalf("%d deploys, want 1", n)
+	}
+	opID := first.Header.Get("Operation-Id")
+	if n := count(t, b.db, `SELECT count(*) FROM approvals WHERE id = ? AND used_by_operation_id = ?`, ok, opID); n != 1 {
+		t.Fatal("the approval is not marked used by the deploy's operation")
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = 'approval_checked'`, opID); n != 1 {
+		t.Fatalf("%d approval_checked events, want 1", n)
+	}
+	// Other environments need none.
+	b.agent.Post("/v1/deploys", deployBody("api", "staging", artifact(1)), apitest.Key("staging")).Status(t, 202)
+}
+
+func TestRollbackIsItsOwnOperation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	a := decodeDeploy(t, b.agent.Post("/v1/deploys", deployBody("api", "staging", artifact(1)), apitest.Key("a")).Status(t, 202))
+	b.runOnce(t)
+	bd := decodeDeploy(t, b.agent.Post("/v1/deploys", deployBody("api", "staging", artifact(2)), apitest.Key("b")).Status(t, 202))
+	b.runOnce(t)
+
+	res := b.agent.Post("/v1/deploys/"+bd.ID+"/rollback", `{}`, apitest.Key("rb")).Status(t, 202)
+	rb := decodeDeploy(t, res)
+	if rb.Kind != deploys.KindRollBack || rb.RollsBackDeployID == nil || *rb.RollsBackDeployID != bd.ID ||
+		rb.Artifact == nil || *rb.Artifact != artifact(1) || rb.OperationID == bd.OperationID || rb.EnvironmentVersion != 2 {
+		t.Fatalf("rollback: %+v", rb.Deploy)
+	}
+	if op := b.agent.Get("/v1/operations/"+rb.OperationID).Status(t, 200); op.Str(t, "kind") != deploys.KindRollback {
+		t.Fatalf("rollback operation: %s", op.Body)
+	}
+	// The same lock: nothing else deploys while the rollback is queued.
+	locked := b.agent.Post("/v1/deploys", deployBody("api", "staging", artifact(3)), apitest.Key("c")).Status(t, 409)
+	if locked.Str(t, "holder_deploy_id") != rb.ID {
+		t.Fatalf("deploy during rollback: %s", locked.Body)
+	}
+	b.runOnce(t)
+	env := environment(t, b.agent, "staging")
+	if env.Version != 3 || *env.CurrentDeployID != rb.ID || *env.CurrentArtifact != artifact(1) || *env.PreviousDeployID != bd.ID {
+		t.Fatalf("environment after rollback: %+v", env)
+	}
+	// A retry of the rollback replays it, though bd is no longer current; a new rollback of bd is refused.
+	replay := b.agent.Post("/v1/deploys/"+bd.ID+"/rollback", `{}`, apitest.Key("rb")).Status(t, 202)
+	if replay.Header.Get("Idempotent-Replayed") != "true" || decodeDeploy(t, replay).ID != rb.ID {
+		t.Fatalf("rollback retry: %s", replay.Body)
+	}
+	if code := b.agent.Post("/v1/deploys/"+bd.ID+"/rollback", `{}`, apitest.Key("rb-2")).Status(t, 409).Str(t, "code"); code != "invalid_state" {
+		t.Fatalf("rollback of a deploy that is not current: %s", code)
+	}
+	if code := b.agent.Post("/v1/deploys/"+a.ID+"/rollback", `{}`, apitest.Key("rb-3")).Status(t, 409).Str(t, "code"); code != "invalid_state" {
+		t.Fatalf("rollback of an old deploy: %s", code)
+	}
+	b.agent.Post("/v1/deploys/nope/rollback", `{}`, apitest.Key("rb-4")).Status(t, 404)
+	if n := count(t, b.db, `SELECT count(*) FROM deploy_target_activations`); n != 3 {
+		t.Fatalf("%d activations, want 3", n)
+	}
+}
+
+func TestProductionRollbackNeedsItsOwnApproval(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	prod := func(n int) string { return deployBody("api", "production", artifact(n)) }
+	b.agent.Post("/v1/deploys", prod(1), apitest.Key("p1"), approvalID(b.approved(t, "/v1/deploys", "p1", prod(1)))).Status(t, 202)
+	b.runOnce(t)
+	p2Approval := b.approved(t, "/v1/deploys", "p2", prod(2))
+	p2 := decodeDeploy(t, b.agent.Post("/v1/deploys", prod(2), apitest.Key("p2"), approvalID(p2Approval)).Status(t, 202))
+	b.runOnce(t)
+
+	path := "/v1/deploys/" + p2.ID + "/rollback"
+	b.agent.Post(path, `{}`, apitest.Key("rb")).Status(t, 428)
+	b.agent.Post(path, `{}`, apitest.Key("rb"), approvalID(p2Approval)).Status(t, 403)
+
+	req := requestApproval(t, b.agent, path, "rb", `{}`)
+	summary := req["summary"].(map[string]any)
+	if summary["action"] != "rollback" || summary["rolls_back_deploy_id"] != p2.ID || summary["rollback_target"] != artifact(1) ||
+		summary["environment"] != "production" || summary["service"] != "api" {
+		t.Fatalf("rollback approval summary: %v", summary)
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM deploys WHERE kind = 'rollback'`); n != 0 {
+		t.Fatalf("%d rollbacks before approval", n)
+	}
+	b.approver.Post("/v1/approvals/"+req["id"].(string)+"/approve", nil).Status(t, 200)
+	rb := decodeDeploy(t, b.agent.Post(path, `{}`, apitest.Key("rb"), approvalID(req["id"].(string))).Status(t, 202))
+	if rb.Kind != deploys.KindRollBack || rb.OperationID == p2.OperationID || *rb.Artifact != artifact(1) {
+		t.Fatalf("rollback: %+v", rb.Deploy)
+	}
+	b.runOnce(t)
+	if env := environment(t, b.agent, "production"); *env.CurrentArtifact != artifact(1) || env.Version != 3 {
+		t.Fatalf("environment after rollback: %+v", env)
+	}
+}

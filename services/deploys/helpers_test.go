@@ -1,0 +1,173 @@
+package deploys_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/services/deploys"
+)
+
+// artifact and commit return distinct immutable references.
+func artifact(n int) string { return fmt.Sprintf("registry.example.com/shop/api@sha256:%064x", n) }
+func commit(n int) string   { return fmt.Sprintf("%040x", n) }
+
+type bundle struct {
+	env      *servicetest.Env
+	db       *gorm.DB
+	agent    *apitest.Client
+	approver *apitest.Client
+	store    deploys.PostgresStore
+	target   deploys.SimulatedTarget
+	ctrl     *deploys.Controller
+	recon    *deploys.Reconciler
+}
+
+type options struct {
+	// background starts the controller; otherwise tests drive it with b.runOnce.
+	background bool
+}
+
+// setup serves the deploys service on a lent schema, as cmd/retrysafe wires it, with short steps and leases.
+func setup(t *testing.T, o options) *bundle {
+	t.Helper()
+	env := servicetest.New(t)
+	b := &bundle{env: env, db: env.DB.DB, target: deploys.SimulatedTarget{DB: env.DB.DB}}
+	srv := &deploys.Server{DB: b.db, Store: b.store, Idem: env.Idem, ApprovalEnvironments: []string{"production"}, Steps: 2}
+	srv.Approvals = approval.New(b.db, env.Idem, time.Hour, srv.ApprovalRoutes()...)
+	deploys.Routes(env.API, srv)
+	b.ctrl = &deploys.Controller{
+		DB: b.db, Store: b.store, Target: b.target, Logger: env.Logger,
+		Steps: 2, StepDuration: 20 * time.Millisecond, Lease: 5 * time.Second, Heartbeat: 10 * time.Millisecond,
+		PollInterval: 10 * time.Millisecond, Workers: 2,
+	}
+	b.recon = &deploys.Reconciler{DB: b.db, Store: b.store, Target: b.target}
+	if o.background {
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() { b.ctrl.Run(ctx) })
+		// Registered after the schema's cleanup, so it runs first: the controller stops before the schema is reused.
+		t.Cleanup(func() { cancel(); wg.Wait() })
+	}
+	b.agent = env.Start(t)
+	b.approver = b.agent.As(servicetest.ApproverSecret)
+	return b
+}
+
+// runOnce runs the controller over one queued deploy, to its end.
+func (b *bundle) runOnce(t *testing.T) {
+	t.Helper()
+	ran, err := b.ctrl.RunOnce(context.Background())
+	if err != nil || !ran {
+		t.Fatalf("controller: ran=%v err=%v", ran, err)
+	}
+}
+
+func deployBody(service, environment, ref string, extra ...string) string {
+	field := "artifact"
+	if len(ref) == 40 || len(ref) == 64 {
+		field = "commit_sha"
+	}
+	body := fmt.Sprintf(`{"service":%q,"environment":%q,%q:%q`, service, environment, field, ref)
+	for _, e := range extra {
+		body += "," + e
+	}
+	return body + "}"
+}
+
+func decodeDeploy(t *testing.T, res *apitest.Response) deploys.Status {
+	t.Helper()
+	var s deploys.Status
+	res.Decode(t, &s)
+	return s
+}
+
+// waitFinal polls the deploy until it is final; it is a synchronisation point, not a timing assertion.
+func waitFinal(t *testing.T, c *apitest.Client, id string) deploys.Status {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s := decodeDeploy(t, c.Get("/v1/deploys/"+id).Status(t, 200))
+		if s.State.Final() {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("deploy %s still %s after 20s", id, s.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func count(t *testing.T, db *gorm.DB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.Raw(query, args...).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func environment(t *testing.T, c *apitest.Client, name string) deploys.Environment {
+	t.Helper()
+	var env deploys.Environment
+	c.Get("/v1/environments/"+name).Status(t, 200).Decode(t, &env)
+	return env
+}
+
+// finalEvents counts the events of an operation that moved it into a final state.
+func finalEvents(t *testing.T, db *gorm.DB, opID string) int {
+	t.Helper()
+	return count(t, db, `SELECT count(*) FROM operation_events WHERE operation_id = ? AND to_state IN ('succeeded', 'failed', 'cancelled')`, opID)
+}
+
+func problemFields(t *testing.T, res *apitest.Response) []string {
+	t.Helper()
+	var doc struct {
+		Errors []struct{ Field string } `json:"errors"`
+	}
+	if err := json.Unmarshal(res.Body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var fields []string
+	for _, e := range doc.Errors {
+		fields = append(fields, e.Field)
+	}
+	return fields
+}
+
+// requestApproval asks, as c, for an approval of POST path with key and body, and returns the approval.
+func requestApproval(t *testing.T, c *apitest.Client, path, key, body string) map[string]any {
+	t.Helper()
+	req := fmt.Sprintf(`{"method":"POST","path":%q,"idempotency_key":%q,"body":%s}`, path, key, body)
+	return c.Post("/v1/approvals", req, apitest.Key("approval-of-"+key+"-"+fmt.Sprint(time.Now().UnixNano()))).Status(t, 201).JSON(t)
+}
+
+// approved requests an approval as the agent and grants it as the approver; it returns its id.
+func (b *bundle) approved(t *testing.T, path, key, body string) string {
+	t.Helper()
+	id := requestApproval(t, b.agent, path, key, body)["id"].(string)
+	b.approver.Post("/v1/approvals/"+id+"/approve", nil).Status(t, 200)
+	return id
+}
+
+func approvalID(id string) apitest.Option { return apitest.Header("Approval-Id", id) }
+
+// waitFor polls cond for up to 10 s; it is a synchronisation point, not a timing assertion.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,204 @@
+package deploys
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Server is the HTTP adapter of the deploys service.
+type Server struct {
+	DB    *gorm.DB
+	Store Store
+	Idem  *idem.Handler
+	// Approvals checks the approvals of deploys and rollbacks to ApprovalEnvironments; build it with
+	// approval.New(..., s.ApprovalRoutes()...).
+	Approvals            *approval.Service
+	ApprovalEnvironments []string
+	// Steps is how many simulated steps a new deploy runs.
+	Steps int
+}
+
+func (s *Server) needsApproval(environment string) bool {
+	return slices.Contains(s.ApprovalEnvironments, environment)
+}
+
+// accepted is the 202 of a new deploy: the controller takes it from the queue.
+func accepted(d Deploy) idem.Result {
+	return idem.Result{
+		Status:   http.StatusAccepted,
+		Body:     d,
+		Header:   http.Header{"Location": {"/v1/deploys/" + d.ID}},
+		Resource: &opstatus.Resource{Type: "deploy", ID: d.ID},
+		State:    opstatus.StateQueued,
+	}
+}
+
+func (s *Server) createDeploy(c *gin.Context) {
+	var cmd CreateDeploy
+	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	account := auth.From(c).AccountID
+	guard := s.Approvals.Guard(c, s.needsApproval(cmd.Environment))
+	s.Idem.Do(c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard},
+		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+			d, err := s.Store.CreateDeploy(ctx, tx, NewDeploy{
+				AccountID: account, OperationID: op.ID, Kind: KindForward, Service: cmd.Service,
+				Environment: cmd.Environment, Reference: cmd.Reference,
+				ExpectedEnvironmentVersion: cmd.ExpectedEnvironmentVersion, StepsTotal: s.Steps,
+			})
+			if err != nil {
+				return idem.Result{}, err // refused (locked, version moved): nothing stored, the key stays free
+			}
+			return accepted(d), nil
+		})
+}
+
+func (s *Server) rollbackDeploy(c *gin.Context) {
+	var cmd RollbackDeploy
+	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	account, id := auth.From(c).AccountID, c.Param("id")
+	// Only what never changes is read before the claim (a deploy's environment), so that a retry of a
+	// rollback that already happened still reaches its stored answer.
+	of, err := s.Store.Deploy(c.Request.Context(), s.DB, account, id)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	guard := s.Approvals.Guard(c, s.needsApproval(of.Environment))
+	s.Idem.Do(c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard},
+		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+			plan, err := s.Store.RollbackPlan(ctx, tx, account, id)
+			if err != nil {
+				return idem.Result{}, err
+			}
+			d, err := s.Store.CreateDeploy(ctx, tx, NewDeploy{
+				AccountID: account, OperationID: op.ID, Kind: KindRollBack, Service: plan.Of.Service,
+				Environment: plan.Of.Environment, Reference: plan.To.Reference(), RollsBackDeployID: &plan.Of.ID,
+				ExpectedEnvironmentVersion: cmd.ExpectedEnvironmentVersion, StepsTotal: s.Steps,
+			})
+			if err != nil {
+				return idem.Result{}, err
+			}
+			return accepted(d), nil
+		})
+}
+
+// cancelDeploy declares the deploy cancelled. Like a PUT it is idempotent by itself and needs no
+// Idempotency-Key: cancelling a cancelled deploy answers it again and records nothing new.
+func (s *Server) cancelDeploy(c *gin.Context) {
+	p := auth.From(c)
+	ctx := c.Request.Context()
+	var d Deploy
+	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var err error
+		d, _, err = s.Store.Cancel(ctx, tx, p.AccountID, c.Param("id"), p.Actor())
+		return err
+	})
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	s.writeStatus(c, d)
+}
+
+func (s *Server) getDeploy(c *gin.Context) {
+	d, err := s.Store.Deploy(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	s.writeStatus(c, d)
+}
+
+// writeStatus answers a deploy with the history of its operation.
+func (s *Server) writeStatus(c *gin.Context, d Deploy) {
+	op, err := opstatus.Get(c.Request.Context(), s.DB, auth.From(c).AccountID, d.OperationID)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, Status{Deploy: d, History: op.Events})
+}
+
+func (s *Server) getEnvironment(c *gin.Context) {
+	env, err := s.Store.Environment(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("name"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, env)
+}
+
+// describeDeploy is the approval.Route.Describe of POST /v1/deploys: the same decoding and validation as
+// createDeploy, and what a person must see to decide.
+func (s *Server) describeDeploy(ctx context.Context, accountID string, _ map[string]string, body json.RawMessage) (any, map[string]any, error) {
+	var cmd CreateDeploy
+	if err := httpserver.DecodeJSONBytes(body, &cmd); err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Validate(); err != nil {
+		return nil, nil, err
+	}
+	summary := map[string]any{"action": "deploy", "service": cmd.Service, "environment": cmd.Environment}
+	addReference(summary, cmd.Reference)
+	if cmd.ExpectedEnvironmentVersion != nil {
+		summary["expected_environment_version"] = *cmd.ExpectedEnvironmentVersion
+	}
+	if env, err := s.Store.Environment(ctx, s.DB, accountID, cmd.Environment); err == nil {
+		summary["environment_version"] = env.Version
+		summary["replaces_deploy_id"] = env.CurrentDeployID
+	}
+	return cmd, summary, nil
+}
+
+// describeRollback is the approval.Route.Describe of POST /v1/deploys/{id}/rollback; its summary names the
+// rollback target.
+func (s *Server) describeRollback(ctx context.Context, accountID string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
+	var cmd RollbackDeploy
+	if err := httpserver.DecodeJSONBytes(body, &cmd); err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Validate(); err != nil {
+		return nil, nil, err
+	}
+	plan, err := s.Store.RollbackPlan(ctx, s.DB, accountID, params["id"])
+	if err != nil {
+		return nil, nil, err
+	}
+	summary := map[string]any{
+		"action": "rollback", "service": plan.Of.Service, "environment": plan.Of.Environment,
+		"rolls_back_deploy_id": plan.Of.ID, "rolls_back_reference": plan.Of.Reference().String(),
+		"rollback_target_deploy_id": plan.To.ID, "rollback_target": plan.To.Reference().String(),
+	}
+	addReference(summary, plan.To.Reference())
+	if cmd.ExpectedEnvironmentVersion != nil {
+		summary["expected_environment_version"] = *cmd.ExpectedEnvironmentVersion
+	}
+	return cmd, summary, nil
+}
+
+// addReference names what will be deployed the way the request does: artifact or commit_sha.
+func addReference(summary map[string]any, ref Reference) {
+	if ref.Artifact != "" {
+		summary["artifact"] = ref.Artifact
+	} else {
+		summary["commit_sha"] = ref.CommitSHA
+	}
+}

@@ -1,0 +1,74 @@
+package deploys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// Reconciler settles deploys whose operation became unknown (their controller died, its leases ran out) from
+// the target's marker, never by running them again: activated means succeeded (the environment moves to the
+// deploy), not activated means failed; either way the lock is released and the evidence is recorded as the
+// operation's reconciled event.
+//
+// Before it reads the marker it takes the lock over with a new fencing token and shows that token to the
+// target, so the old worker, if it is only slow and not dead, can neither write nor activate any more: the
+// marker it reads is final.
+type Reconciler struct {
+	DB     *gorm.DB
+	Store  Store
+	Target Target
+	// Now is the clock the lease is judged by (time.Now when nil).
+	Now func() time.Time
+}
+
+var _ opstatus.Reconciler = (*Reconciler)(nil)
+
+const reconcilerActor = "system:reconcile:deploys"
+
+// Reconcile implements opstatus.Reconciler. An error leaves the operation unknown for a later pass.
+func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error {
+	d, err := r.Store.DeployByOperation(ctx, r.DB, op.AccountID, op.ID)
+	if err != nil {
+		return fmt.Errorf("deploys: reconcile %s: %w", op.ID, err)
+	}
+	now := time.Now
+	if r.Now != nil {
+		now = r.Now
+	}
+	var claim Claim
+	err = r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		claim, err = r.Store.TakeOver(ctx, tx, d, now())
+		return err
+	})
+	if errors.Is(err, ErrLockLost) {
+		// The deploy no longer holds the lock: its worker or a cancel settled it after the lease ran out.
+		if latest, lerr := r.Store.DeployByOperation(ctx, r.DB, op.AccountID, op.ID); lerr == nil && latest.State != StateUnknown {
+			return nil
+		}
+		return fmt.Errorf("deploys: reconcile %s: deploy %s is unknown but does not hold its environment's lock", op.ID, d.ID)
+	}
+	if err != nil {
+		return fmt.Errorf("deploys: reconcile %s: %w", op.ID, err)
+	}
+	if err := r.Target.Fence(ctx, d.AccountID, d.Environment, claim.Token); err != nil {
+		return err
+	}
+	marker, activated, err := r.Target.Activation(ctx, d.ID)
+	if err != nil {
+		return err
+	}
+	evidence := map[string]any{"target_marker": nil, "fencing_token": claim.Token,
+		"activation_started": d.ActivationStarted != nil}
+	if activated {
+		evidence["target_marker"] = marker
+	}
+	return r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		return r.Store.Finish(ctx, tx, claim, activated, reconcilerActor, opstatus.EventReconciled, evidence)
+	})
+}

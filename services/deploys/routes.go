@@ -1,0 +1,36 @@
+package deploys
+
+import (
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// Routes of the writes that take approvals; ApprovalRoutes and Routes share them.
+const (
+	pathDeploys  = "/v1/deploys"
+	pathRollback = "/v1/deploys/:id/rollback"
+)
+
+// Routes registers every endpoint of the deploys service on r, which must be behind auth.Middleware: deploys,
+// environments, operations, and the approvals of its own writes.
+func Routes(r gin.IRouter, s *Server) {
+	r.POST(pathDeploys, s.createDeploy)
+	r.GET("/v1/deploys/:id", s.getDeploy)
+	r.POST("/v1/deploys/:id/cancel", s.cancelDeploy)
+	r.POST(pathRollback, s.rollbackDeploy)
+	r.GET("/v1/environments/:name", s.getEnvironment)
+	opstatus.Routes(r, s.DB)
+	approval.Routes(r, s.Approvals)
+}
+
+// ApprovalRoutes are the writes of the service that can need a person's approval, for approval.New.
+func (s *Server) ApprovalRoutes() []approval.Route {
+	return []approval.Route{
+		{Method: http.MethodPost, Path: pathDeploys, Describe: s.describeDeploy},
+		{Method: http.MethodPost, Path: pathRollback, Describe: s.describeRollback},
+	}
+}

@@ -1,0 +1,103 @@
+package deploys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Target is where deploys take effect: a remote system, outside the deploys' transactions. It keeps, per
+// deploy id, a marker of what it activated, so that after a crash the reconciler can ask it what happened
+// instead of activating again, and it honours fencing tokens, so that a worker that lost its lock cannot
+// activate anything once a newer token has been shown to it.
+type Target interface {
+	// Activate makes the deploy's reference live in its environment, at most once per deploy id (a repeated
+	// call returns the first activation). Returns ErrFenced when a newer fencing token was seen for the
+	// environment.
+	Activate(ctx context.Context, d Deploy, token int64) (Activation, error)
+	// Fence refuses, from now on, activations in the environment with a token older than token.
+	Fence(ctx context.Context, accountID, environment string, token int64) error
+	// Activation returns the marker of a deploy; found is false when the target never activated it.
+	Activation(ctx context.Context, deployID string) (a Activation, found bool, err error)
+}
+
+// ErrFenced is the target's refusal of a stale fencing token.
+var ErrFenced = errors.New("deploys: target refused a stale fencing token")
+
+// Activation is the target's marker: what it activated for one deploy.
+type Activation struct {
+	DeployID     string    `json:"deploy_id"`
+	Environment  string    `json:"environment"`
+	Service      string    `json:"service"`
+	Artifact     *string   `json:"artifact,omitempty"`
+	CommitSHA    *string   `json:"commit_sha,omitempty" gorm:"column:commit_sha"`
+	FencingToken int64     `json:"fencing_token"`
+	Calls        int       `json:"calls"`
+	ActivatedAt  time.Time `json:"activated_at"`
+}
+
+// SimulatedTarget is a Target kept in its own tables (deploy_target_activations, deploy_target_fences), each
+// call its own transaction, as a remote system's would be.
+type SimulatedTarget struct {
+	DB *gorm.DB
+}
+
+var _ Target = SimulatedTarget{}
+
+const activationColumns = `deploy_id, environment, service, artifact, commit_sha, fencing_token, calls, activated_at`
+
+// Activate implements Target. One statement: raise the environment's fence to token unless a newer one is
+// there, and only then record the activation. A second call for the same deploy counts the call and changes
+// nothing else.
+func (t SimulatedTarget) Activate(ctx context.Context, d Deploy, token int64) (Activation, error) {
+	var rows []Activation
+	err := t.DB.WithContext(ctx).Raw(`
+WITH fence AS (
+    INSERT INTO deploy_target_fences AS f (account_id, environment, fencing_token) VALUES (?, ?, ?)
+    ON CONFLICT (account_id, environment) DO UPDATE SET fencing_token = EXCLUDED.fencing_token
+    WHERE f.fencing_token <= EXCLUDED.fencing_token
+    RETURNING 1
+)
+INSERT INTO deploy_target_activations AS a (deploy_id, account_id, environment, service, artifact, commit_sha, fencing_token)
+SELECT ?, ?, ?, ?, ?, ?, ? FROM fence
+ON CONFLICT (deploy_id) DO UPDATE SET calls = a.calls + 1
+RETURNING `+activationColumns,
+		d.AccountID, d.Environment, token,
+		d.ID, d.AccountID, d.Environment, d.Service, d.Artifact, d.CommitSHA, token).Scan(&rows).Error
+	if err != nil {
+		return Activation{}, fmt.Errorf("deploys: target: activate %s: %w", d.ID, err)
+	}
+	if len(rows) == 0 {
+		return Activation{}, ErrFenced
+	}
+	return rows[0], nil
+}
+
+// Fence implements Target.
+func (t SimulatedTarget) Fence(ctx context.Context, accountID, environment string, token int64) error {
+	err := t.DB.WithContext(ctx).Exec(`
+INSERT INTO deploy_target_fences AS f (account_id, environment, fencing_token) VALUES (?, ?, ?)
+ON CONFLICT (account_id, environment) DO UPDATE SET fencing_token = GREATEST(f.fencing_token, EXCLUDED.fencing_token)`,
+		accountID, environment, token).Error
+	if err != nil {
+		return fmt.Errorf("deploys: target: fence %s: %w", environment, err)
+	}
+	return nil
+}
+
+// Activation implements Target.
+func (t SimulatedTarget) Activation(ctx context.Context, deployID string) (Activation, bool, error) {
+	var rows []Activation
+	err := t.DB.WithContext(ctx).Raw(`SELECT `+activationColumns+` FROM deploy_target_activations WHERE deploy_id = ?`,
+		deployID).Scan(&rows).Error
+	if err != nil {
+		return Activation{}, false, fmt.Errorf("deploys: target: marker of %s: %w", deployID, err)
+	}
+	if len(rows) == 0 {
+		return Activation{}, false, nil
+	}
+	return rows[0], true, nil
+}

@@ -1,0 +1,420 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/services/provider"
+)
+
+// Config is what New builds the service from; cmd/retrysafe fills it from the environment.
+type Config struct {
+	DB       *gorm.DB
+	Store    Store
+	Idem     *idem.Handler
+	Provider Provider
+	// ApprovalThresholds maps a currency to the amount, in minor units, above which a capture or a refund needs
+	// a person's approval. A currency missing from the map never needs one.
+	ApprovalThresholds map[string]int64
+	// ApprovalTTL is how long an approval may be used after it is requested.
+	ApprovalTTL time.Duration
+}
+
+// Server is the HTTP adapter of the payments service.
+type Server struct {
+	cfg       Config
+	approvals *approval.Service
+}
+
+// New returns the service. Register its routes with Routes and its reconcilers (Reconcilers) with the
+// recovery worker.
+func New(cfg Config) *Server {
+	s := &Server{cfg: cfg}
+	s.approvals = approval.New(cfg.DB, cfg.Idem, cfg.ApprovalTTL,
+		approval.Route{Method: http.MethodPost, Path: routeCapture, Describe: s.describeCapture},
+		approval.Route{Method: http.MethodPost, Path: routeRefunds, Describe: s.describeRefund},
+	)
+	return s
+}
+
+// needsApproval reports whether moving minor units of currency needs a person's approval.
+func (s *Server) needsApproval(currency string, minor int64) bool {
+	limit, ok := s.cfg.ApprovalThresholds[currency]
+	return ok && minor > limit
+}
+
+// reconcilerActor names the reconciler in the events it writes.
+const reconcilerActor = "system:payments-reconciler"
+
+// errNotExecuted is the outcome of a call the provider never executed: a reconciler found nothing under its
+// downstream key after the lease that bounds the call ran out.
+var errNotExecuted = errors.New("payments: the provider never executed the call")
+
+// refusal turns a definite outcome other than success into the problem stored for the operation. An error it
+// does not know is returned as is: the outcome stays unrecorded and the recovery worker settles it later.
+func refusal(callErr error, action string) (*problem.Error, error) {
+	if errors.Is(callErr, errNotExecuted) {
+		return problem.New(problem.CodeProviderUnavailable,
+			"the %s never reached the payment provider and nothing happened; send it again with a new Idempotency-Key", action), nil
+	}
+	var pe *provider.Error
+	if !errors.As(callErr, &pe) || errors.Is(callErr, provider.ErrOutcomeUnknown) {
+		return nil, callErr
+	}
+	var p *problem.Error
+	switch pe.Code {
+	case provider.CodeAmountTooLarge:
+		p = problem.New(problem.CodeAmountTooLarge, "the payment provider refused the %s: %s", action, pe.Detail)
+	case provider.CodeAlreadyCaptured, provider.CodeInvalidState:
+		p = problem.New(problem.CodeInvalidState, "the payment provider refused the %s: %s", action, pe.Detail)
+	default:
+		p = problem.New(problem.CodeProviderDeclined, "the payment provider declined the %s: %s", action, pe.Detail)
+	}
+	return p.With("provider_code", pe.Code), nil
+}
+
+// recorded maps a store's ErrNotReserved to idem.ErrAlreadySettled: the reservation is gone because another
+// worker recorded this operation's outcome first.
+func recorded(err error) error {
+	if errors.Is(err, ErrNotReserved) {
+		return fmt.Errorf("%w: %w", idem.ErrAlreadySettled, err)
+	}
+	return err
+}
+
+// unknown marks a provider answer that was lost or late, for idem to leave the operation unknown.
+func unknown(err error) error {
+	if errors.Is(err, provider.ErrOutcomeUnknown) {
+		return fmt.Errorf("%w: %w", idem.ErrOutcomeUnknown, err)
+	}
+	return err
+}
+
+// callContext bounds a provider call by the operation's lease: once the lease is over the reconciler may
+// conclude from an empty lookup that the call never executed, so the call must not start or run after it.
+func callContext(ctx context.Context, op opstatus.Operation) (context.Context, context.CancelFunc) {
+	if op.LeaseExpiresAt == nil {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, *op.LeaseExpiresAt)
+}
+
+func withResource(res idem.Result, typ, id string) idem.Result {
+	res.Resource = &opstatus.Resource{Type: typ, ID: id}
+	return res
+}
+
+// --- create ---
+
+func (s *Server) createIntent(c *gin.Context) {
+	var req CreateIntentRequest
+	if err := httpserver.DecodeJSON(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	cmd, err := req.Command()
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	account := auth.From(c).AccountID
+	s.cfg.Idem.DoExternal(c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps{
+		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			_, err := s.cfg.Store.BeginIntent(ctx, tx, account, op.ID, cmd)
+			return err
+		},
+		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+			ctx, cancel := callContext(ctx, op)
+			defer cancel()
+			a, err := s.cfg.Provider.Authorize(ctx, DownstreamKey(op.ID), provider.AuthorizeRequest{
+				AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, Reference: op.ID,
+			})
+			return a, unknown(err)
+		},
+		Record: s.recordCreate,
+	})
+}
+
+// recordCreate records the authorization's outcome: the handler and the reconciler both go through it.
+func (s *Server) recordCreate(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
+	if callErr != nil {
+		p, err := refusal(callErr, "authorization")
+		if err != nil {
+			return idem.Result{}, err
+		}
+		in, err := s.cfg.Store.AuthorizationFailed(ctx, tx, op.ID)
+		if err != nil {
+			return idem.Result{}, recorded(err)
+		}
+		return withResource(idem.ProblemResult(p.With("intent_id", in.ID), opstatus.StateFailed), "payment_intent", in.ID), nil
+	}
+	a, ok := outcome.(provider.Authorization)
+	if !ok {
+		return idem.Result{}, fmt.Errorf("payments: record create: outcome is %T", outcome)
+	}
+	in, err := s.cfg.Store.Authorized(ctx, tx, op.ID, a.ID)
+	if err != nil {
+		return idem.Result{}, recorded(err)
+	}
+	return withResource(idem.Result{Status: http.StatusCreated, Body: in,
+		Header: http.Header{"Location": {"/v1/payment_intents/" + in.ID}}}, "payment_intent", in.ID), nil
+}
+
+// --- capture ---
+
+// captureCommand turns a capture body into its command; the handler and the approval's Describe share it so
+// the fingerprint an approver binds is the one the write computes.
+func (s *Server) captureCommand(ctx context.Context, account, intentID string, req CaptureRequest) (Capture, Intent, error) {
+	in, err := s.cfg.Store.Intent(ctx, s.cfg.DB, account, intentID)
+	if err != nil {
+		return Capture{}, Intent{}, err
+	}
+	cmd, err := req.Command(in)
+	return cmd, in, err
+}
+
+func (s *Server) describeCapture(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
+	var req CaptureRequest
+	if err := httpserver.DecodeJSONBytes(body, &req); err != nil {
+		return nil, nil, err
+	}
+	cmd, in, err := s.captureCommand(ctx, account, params["id"], req)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cmd, map[string]any{
+		"action": "capture", "intent_id": in.ID, "order_id": in.OrderID, "currency": cmd.Currency,
+		"amount": format(cmd.Currency, cmd.AmountMinor), "amount_minor": cmd.AmountMinor,
+	}, nil
+}
+
+func (s *Server) capture(c *gin.Context) {
+	var req CaptureRequest
+	if err := decodeOptional(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	account, intentID := auth.From(c).AccountID, c.Param("id")
+	cmd, _, err := s.captureCommand(c.Request.Context(), account, intentID, req)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	var reserved Intent
+	s.cfg.Idem.DoExternal(c, idem.Request{
+		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
+	}, idem.ExternalSteps{
+		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			var err error
+			reserved, err = s.cfg.Store.BeginCapture(ctx, tx, account, intentID, op.ID)
+			return err
+		},
+		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+			ctx, cancel := callContext(ctx, op)
+			defer cancel()
+			cp, err := s.cfg.Provider.Capture(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
+			return cp, unknown(err)
+		},
+		Record: s.recordCapture,
+	})
+}
+
+// recordCapture records a capture's outcome: a capture captures the intent, anything else releases it.
+func (s *Server) recordCapture(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
+	if callErr != nil {
+		return s.release(ctx, tx, op, callErr, "capture")
+	}
+	cp, ok := outcome.(provider.Capture)
+	if !ok {
+		return idem.Result{}, fmt.Errorf("payments: record capture: outcome is %T", outcome)
+	}
+	in, err := s.cfg.Store.Captured(ctx, tx, op.ID, cp.AmountMinor)
+	if err != nil {
+		return idem.Result{}, recorded(err)
+	}
+	return withResource(idem.Result{Status: http.StatusOK, Body: in}, "payment_intent", in.ID), nil
+}
+
+// release records a capture or void that did not happen and returns the intent to requires_capture.
+func (s *Server) release(ctx context.Context, tx *gorm.DB, op opstatus.Operation, callErr error, action string) (idem.Result, error) {
+	p, err := refusal(callErr, action)
+	if err != nil {
+		return idem.Result{}, err
+	}
+	in, err := s.cfg.Store.Release(ctx, tx, op.ID)
+	if err != nil {
+		return idem.Result{}, recorded(err)
+	}
+	return withResource(idem.ProblemResult(p.With("intent_id", in.ID), opstatus.StateFailed), "payment_intent", in.ID), nil
+}
+
+// --- cancel ---
+
+func (s *Server) cancel(c *gin.Context) {
+	var req CancelRequest
+	if err := decodeOptional(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	account, intentID := auth.From(c).AccountID, c.Param("id")
+	var reserved Intent
+	s.cfg.Idem.DoExternal(c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps{
+		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			var err error
+			reserved, err = s.cfg.Store.BeginCancel(ctx, tx, account, intentID, op.ID)
+			return err
+		},
+		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+			ctx, cancel := callContext(ctx, op)
+			defer cancel()
+			a, err := s.cfg.Provider.Void(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID)
+			return a, unknown(err)
+		},
+		Record: s.recordCancel,
+	})
+}
+
+// recordCancel records a void's outcome.
+func (s *Server) recordCancel(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
+	if callErr != nil {
+		return s.release(ctx, tx, op, callErr, "cancel")
+	}
+	in, err := s.cfg.Store.Canceled(ctx, tx, op.ID)
+	if err != nil {
+		return idem.Result{}, recorded(err)
+	}
+	return withResource(idem.Result{Status: http.StatusOK, Body: in}, "payment_intent", in.ID), nil
+}
+
+// --- refunds ---
+
+func (s *Server) refundCommand(ctx context.Context, account, intentID string, req CreateRefundRequest) (CreateRefund, Intent, error) {
+	in, err := s.cfg.Store.Intent(ctx, s.cfg.DB, account, intentID)
+	if err != nil {
+		return CreateRefund{}, Intent{}, err
+	}
+	cmd, err := req.Command(in)
+	return cmd, in, err
+}
+
+func (s *Server) describeRefund(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
+	var req CreateRefundRequest
+	if err := httpserver.DecodeJSONBytes(body, &req); err != nil {
+		return nil, nil, err
+	}
+	cmd, in, err := s.refundCommand(ctx, account, params["id"], req)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cmd, map[string]any{
+		"action": "refund", "intent_id": in.ID, "order_id": in.OrderID, "currency": cmd.Currency,
+		"amount": format(cmd.Currency, cmd.AmountMinor), "amount_minor": cmd.AmountMinor, "reason": cmd.Reason,
+	}, nil
+}
+
+func (s *Server) createRefund(c *gin.Context) {
+	var req CreateRefundRequest
+	if err := httpserver.DecodeJSON(c, &req); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	account, intentID := auth.From(c).AccountID, c.Param("id")
+	cmd, _, err := s.refundCommand(c.Request.Context(), account, intentID, req)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	var reserved Intent
+	s.cfg.Idem.DoExternal(c, idem.Request{
+		Kind: KindRefund, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
+	}, idem.ExternalSteps{
+		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			var err error
+			_, reserved, err = s.cfg.Store.ReserveRefund(ctx, tx, account, intentID, op.ID, cmd)
+			return err
+		},
+		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+			ctx, cancel := callContext(ctx, op)
+			defer cancel()
+			rf, err := s.cfg.Provider.Refund(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
+			return rf, unknown(err)
+		},
+		Record: s.recordRefund,
+	})
+}
+
+// recordRefund records a refund's outcome: a refund adds to the intent's refunded total, anything else
+// releases the reserved amount.
+func (s *Server) recordRefund(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
+	if callErr != nil {
+		p, err := refusal(callErr, "refund")
+		if err != nil {
+			return idem.Result{}, err
+		}
+		rf, err := s.cfg.Store.RefundFailed(ctx, tx, op.ID)
+		if err != nil {
+			return idem.Result{}, recorded(err)
+		}
+		return withResource(idem.ProblemResult(p.With("refund_id", rf.ID), opstatus.StateFailed), "refund", rf.ID), nil
+	}
+	prf, ok := outcome.(provider.Refund)
+	if !ok {
+		return idem.Result{}, fmt.Errorf("payments: record refund: outcome is %T", outcome)
+	}
+	rf, err := s.cfg.Store.RefundSucceeded(ctx, tx, op.ID, prf.ID)
+	if err != nil {
+		return idem.Result{}, recorded(err)
+	}
+	return withResource(idem.Result{Status: http.StatusCreated, Body: rf,
+		Header: http.Header{"Location": {"/v1/refunds/" + rf.ID}}}, "refund", rf.ID), nil
+}
+
+// --- reads ---
+
+func (s *Server) getIntent(c *gin.Context) {
+	in, err := s.cfg.Store.Intent(c.Request.Context(), s.cfg.DB, auth.From(c).AccountID, c.Param("id"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, in)
+}
+
+func (s *Server) listRefunds(c *gin.Context) {
+	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.cfg.DB, auth.From(c).AccountID, c.Param("id"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"items": rs})
+}
+
+func (s *Server) getRefund(c *gin.Context) {
+	rf, err := s.cfg.Store.Refund(c.Request.Context(), s.cfg.DB, auth.From(c).AccountID, c.Param("id"))
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, rf)
+}
+
+// decodeOptional decodes a body whose fields are all optional: no body at all means {}.
+func decodeOptional(c *gin.Context, v any) error {
+	if c.Request.ContentLength == 0 || c.Request.Body == nil || c.Request.Body == http.NoBody {
+		return nil
+	}
+	return httpserver.DecodeJSON(c, v)
+}

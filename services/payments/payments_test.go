@@ -1,0 +1,579 @@
+package payments_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/proctest"
+	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/services/payments"
+	"github.com/retrysafe/retrysafe/services/provider"
+)
+
+// TestPayments starts one real provider process (`retrysafe provider` with fault injection) for the package's
+// tests, which run as parallel subtests against it. Each subtest is its own merchant (its own bearer secret),
+// so provider counters and faults never leak between tests.
+func TestPayments(t *testing.T) {
+	bin := proctest.Build(t)
+	prov := proctest.Start(t, bin, []string{"provider"}, map[string]string{"PROVIDER_FAULT_INJECTION": "true"}, "PROVIDER_ADDR")
+	h := &harness{bin: bin, providerURL: prov.URL}
+	tests := []struct {
+		name string
+		run  func(t *testing.T, h *harness)
+	}{
+		{"LostCaptureAnswerSettlesIntoOneCapture", testLostCaptureAnswer},
+		{"ConcurrentCapturesOneKey", testConcurrentCapturesOneKey},
+		{"ConcurrentCapturesDifferentKeys", testConcurrentCapturesDifferentKeys},
+		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, "idem.external.before_call") }},
+		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, "idem.external.after_call") }},
+		{"AmountSpellingsAreOneRequest", testAmountSpellings},
+		{"ConcurrentRefundsNeverExceedCaptured", testConcurrentRefunds},
+		{"RacingIntentsForOneOrder", testRacingIntents},
+		{"AmountValidation", testAmountValidation},
+		{"ApprovalAboveThreshold", testApproval},
+		{"CancelAndScope", testCancelAndScope},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.run(t, h)
+		})
+	}
+}
+
+type harness struct {
+	bin         string
+	providerURL string
+}
+
+// bundle is one payments service under test, its own provider merchant and the recovery worker of its schema.
+type bundle struct {
+	agent, approver, other *apitest.Client
+	provider               *provider.Client
+	db                     *testdb.DB
+	recovery               *opstatus.RecoveryWorker
+}
+
+func merchantSecret(t *testing.T) string { return "sk_test_" + strings.ReplaceAll(t.Name(), "/", "_") }
+
+func (h *harness) setup(t *testing.T) *bundle {
+	t.Helper()
+	env := servicetest.New(t)
+	client := provider.NewClient(h.providerURL, merchantSecret(t), 2*time.Second)
+	svc := payments.New(payments.Config{
+		DB: env.DB.DB, Store: payments.PostgresStore{}, Idem: env.Idem, Provider: client,
+		ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
+	})
+	payments.Routes(env.API, svc)
+	agent := env.Start(t)
+	return &bundle{
+		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
+		provider: client, db: env.DB,
+		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger},
+	}
+}
+
+// intent is the part of a PaymentIntent the tests read.
+type intent struct {
+	ID            string `json:"id"`
+	OrderID       string `json:"order_id"`
+	Status        string `json:"status"`
+	AmountMinor   int64  `json:"amount_minor"`
+	Amount        string `json:"amount"`
+	CapturedMinor int64  `json:"captured_minor"`
+	Captured      string `json:"captured"`
+	RefundedMinor int64  `json:"refunded_minor"`
+	Refunded      string `json:"refunded"`
+}
+
+func (b *bundle) createIntent(t *testing.T, order, body string) intent {
+	t.Helper()
+	var in intent
+	b.agent.Post("/v1/payment_intents", body, apitest.Key("create-"+order)).Status(t, http.StatusCreated).Decode(t, &in)
+	return in
+}
+
+func (b *bundle) getIntent(t *testing.T, id string) intent {
+	t.Helper()
+	var in intent
+	b.agent.Get("/v1/payment_intents/"+id).Status(t, http.StatusOK).Decode(t, &in)
+	return in
+}
+
+func (b *bundle) assertCounters(t *testing.T, want map[string]int64) {
+	t.Helper()
+	got, err := b.provider.Counters(t.Context())
+	if err != nil {
+		t.Fatalf("provider counters: %v", err)
+	}
+	for _, kind := range []string{"authorize", "capture", "void", "refund"} {
+		if got[kind] != want[kind] {
+			t.Errorf("provider executed %s %d times; want %d (all: %v)", kind, got[kind], want[kind], got)
+		}
+	}
+}
+
+// operation reads the operation started under key.
+func operation(t *testing.T, c *apitest.Client, key string) opstatus.Operation {
+	t.Helper()
+	var res struct {
+		Items []opstatus.Operation `json:"items"`
+	}
+	c.Get("/v1/operations?idempotency_key="+key).Status(t, http.StatusOK).Decode(t, &res)
+	if len(res.Items) != 1 {
+		t.Fatalf("operations under key %q: %d; want 1", key, len(res.Items))
+	}
+	return res.Items[0]
+}
+
+func hasEvent(op opstatus.Operation, typ string) (opstatus.Event, bool) {
+	for _, ev := range op.Events {
+		if ev.Type == typ {
+			return ev, true
+		}
+	}
+	return opstatus.Event{}, false
+}
+
+func code(t *testing.T, r *apitest.Response) string {
+	t.Helper()
+	return r.Str(t, "code")
+}
+
+// race runs n requests at once behind a start barrier and returns their responses.
+func race(n int, do func(i int) *apitest.Response) []*apitest.Response {
+	out := make([]*apitest.Response, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			out[i] = do(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+// testLostCaptureAnswer: the provider executes the capture and drops the connection. The caller gets 202 with
+// the operation unknown, a retry gets the same (no second capture), the reconciler settles it from the
+// provider's record, and the retry then replays the capture. The provider captured once.
+func testLostCaptureAnswer(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-lost", `{"order_id":"o-lost","amount":"25.00","currency":"USD"}`)
+	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindCapture, Mode: provider.FaultDrop, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	first := b.agent.Post(path, `{}`, apitest.Key("cap-1")).Status(t, http.StatusAccepted)
+	var op opstatus.Operation
+	first.Decode(t, &op)
+	if op.State != opstatus.StateUnknown || op.Kind != payments.KindCapture || first.Header.Get("Operation-Id") != op.ID {
+		t.Fatalf("202 operation = %+v (Operation-Id %q); want the capture, unknown", op, first.Header.Get("Operation-Id"))
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+
+	// A retry before reconciliation must not capture again.
+	b.agent.Post(path, `{}`, apitest.Key("cap-1")).Status(t, http.StatusAccepted)
+	if got := b.getIntent(t, in.ID).Status; got != "capturing" {
+		t.Fatalf("intent status while unknown = %q; want capturing", got)
+	}
+
+	settled, err := b.recovery.RunOnce(t.Context())
+	if err != nil || settled != 1 {
+		t.Fatalf("RunOnce = %d, %v; want 1 settled", settled, err)
+	}
+	retry := b.agent.Post(path, `{}`, apitest.Key("cap-1")).Status(t, http.StatusOK)
+	var captured intent
+	retry.Decode(t, &captured)
+	if retry.Header.Get("Idempotent-Replayed") != "true" || captured.Status != "succeeded" || captured.CapturedMinor != 2500 || captured.Captured != "25.00" {
+		t.Fatalf("retry after settlement = %s (replayed %q); want the stored capture", retry.Body, retry.Header.Get("Idempotent-Replayed"))
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+
+	got := operation(t, b.agent, "cap-1")
+	if got.State != opstatus.StateSucceeded {
+		t.Fatalf("operation state = %s; want succeeded", got.State)
+	}
+	ev, ok := hasEvent(got, payments.EventProviderLookup)
+	if !ok || !strings.Contains(string(ev.Detail), `"found": true`) && !strings.Contains(string(ev.Detail), `"found":true`) {
+		t.Fatalf("no provider_lookup evidence with found=true in %+v", got.Events)
+	}
+	if _, ok := hasEvent(got, opstatus.EventReconciled); !ok {
+		t.Fatalf("no reconciled event in %+v", got.Events)
+	}
+}
+
+// testConcurrentCapturesOneKey: 100 captures of one intent under one key at once capture once.
+func testConcurrentCapturesOneKey(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-100", `{"order_id":"o-100","amount_minor":5000,"currency":"USD"}`)
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	res := race(100, func(int) *apitest.Response { return b.agent.Post(path, `{}`, apitest.Key("same-key")) })
+	ok := 0
+	for _, r := range res {
+		switch {
+		case r.Code == http.StatusOK:
+			ok++
+		case r.Code == http.StatusConflict && code(t, r) == "request_in_progress":
+		default:
+			t.Errorf("capture: %d %s; want 200 or 409 request_in_progress", r.Code, r.Body)
+		}
+	}
+	if ok == 0 {
+		t.Error("no capture succeeded")
+	}
+	b.agent.Post(path, `{}`, apitest.Key("same-key")).Status(t, http.StatusOK)
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+	if got := b.getIntent(t, in.ID); got.Status != "succeeded" || got.CapturedMinor != 5000 {
+		t.Fatalf("intent = %+v; want succeeded, 5000 captured", got)
+	}
+}
+
+// testConcurrentCapturesDifferentKeys: 20 captures of one intent under 20 keys at once: one captures, the
+// others are refused with invalid_state and leave their keys free.
+func testConcurrentCapturesDifferentKeys(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-20", `{"order_id":"o-20","amount_minor":5000,"currency":"USD"}`)
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	res := race(20, func(i int) *apitest.Response {
+		return b.agent.Post(path, `{"amount_minor":4000}`, apitest.Key(fmt.Sprintf("key-%d", i)))
+	})
+	ok := 0
+	for _, r := range res {
+		switch {
+		case r.Code == http.StatusOK:
+			ok++
+		case r.Code == http.StatusConflict && code(t, r) == "invalid_state":
+		default:
+			t.Errorf("capture: %d %s; want 200 or 409 invalid_state", r.Code, r.Body)
+		}
+	}
+	if ok != 1 {
+		t.Errorf("%d captures succeeded; want exactly 1", ok)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+	if got := b.getIntent(t, in.ID); got.Status != "succeeded" || got.CapturedMinor != 4000 {
+		t.Fatalf("intent = %+v; want succeeded, 4000 captured (the rest released)", got)
+	}
+}
+
+// testCrash kills `retrysafe serve payments` (SIGKILL) at failpoint, after the claim and before or after the
+// provider call. A restarted process's recovery worker settles the operation from the provider's record; the
+// provider captured once at most, and a retry with the same key gets the settled result.
+func testCrash(t *testing.T, h *harness, failpoint string) {
+	db := testdb.Schema(t)
+	env := map[string]string{
+		"DATABASE_URL": db.DSN, "PROVIDER_URL": h.providerURL, "PROVIDER_SECRET": merchantSecret(t),
+		"OPERATION_LEASE": "2s", "RECOVERY_INTERVAL": "200ms", "PROVIDER_TIMEOUT": "1s",
+	}
+	start := func(failpoints string) *proctest.Process {
+		e := map[string]string{"RETRYSAFE_FAILPOINTS": failpoints}
+		for k, v := range env {
+			e[k] = v
+		}
+		return proctest.Start(t, h.bin, []string{"serve", "payments"}, e, "PAYMENTS_ADDR")
+	}
+	prov := provider.NewClient(h.providerURL, merchantSecret(t), 2*time.Second)
+	counters := func() map[string]int64 {
+		c, err := prov.Counters(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	// The intent is created by a process without failpoints (creating is an external call too).
+	p0 := start("")
+	var in intent
+	apitest.New(t, p0.URL, servicetest.AgentSecret).
+		Post("/v1/payment_intents", `{"order_id":"o-crash","amount":"40.00","currency":"USD"}`, apitest.Key("create")).
+		Status(t, http.StatusCreated).Decode(t, &in)
+	p0.Kill(t)
+
+	p1 := start(failpoint + "=pause")
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	done := make(chan error, 1)
+	go func() {
+		_, err := apitest.New(t, p1.URL, servicetest.AgentSecret).Try(http.MethodPost, path, `{}`, apitest.Key("cap"))
+		done <- err
+	}()
+	p1.WaitFor(t, "failpoint "+failpoint+" reached")
+	p1.Kill(t)
+	if err := <-done; err == nil {
+		t.Fatal("the capture was answered although the process was killed before answering")
+	}
+	wantCaptures := int64(1)
+	if failpoint == "idem.external.before_call" {
+		wantCaptures = 0
+	}
+	if got := counters()["capture"]; got != wantCaptures {
+		t.Fatalf("captures at the provider after the kill = %d; want %d", got, wantCaptures)
+	}
+
+	p2 := start("")
+	agent := apitest.New(t, p2.URL, servicetest.AgentSecret)
+	var op opstatus.Operation
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		op = operation(t, agent, "cap")
+		if op.State.Final() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("operation not settled by the restarted process: %+v", op)
+		}
+	}
+	if _, ok := hasEvent(op, payments.EventProviderLookup); !ok {
+		t.Fatalf("no provider_lookup evidence in %+v", op.Events)
+	}
+
+	retry := agent.Post(path, `{}`, apitest.Key("cap"))
+	if retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry = %d %s; want the settled result replayed", retry.Code, retry.Body)
+	}
+	var got intent
+	agent.Get("/v1/payment_intents/"+in.ID).Status(t, http.StatusOK).Decode(t, &got)
+	if wantCaptures == 1 {
+		retry.Status(t, http.StatusOK)
+		if op.State != opstatus.StateSucceeded || got.Status != "succeeded" || got.CapturedMinor != 4000 {
+			t.Fatalf("after restart: operation %s, intent %+v; want succeeded, 4000 captured", op.State, got)
+		}
+	} else {
+		retry.Status(t, http.StatusBadGateway)
+		if code(t, retry) != "provider_unavailable" || op.State != opstatus.StateFailed || got.Status != "requires_capture" {
+			t.Fatalf("after restart: %s, operation %s, intent %+v; want provider_unavailable, failed, requires_capture", retry.Body, op.State, got)
+		}
+		// The reservation is released: a new capture under a new key captures, once.
+		agent.Post(path, `{}`, apitest.Key("cap-again")).Status(t, http.StatusOK)
+		wantCaptures = 1
+	}
+	if got := counters()["capture"]; got != wantCaptures {
+		t.Fatalf("captures at the provider = %d; want %d", got, wantCaptures)
+	}
+}
+
+// testAmountSpellings: "12.3", "12.30" and amount_minor 1230 are one request under one key; a changed amount
+// under the same key is idempotency_key_reused.
+func testAmountSpellings(t *testing.T, h *harness) {
+	b := h.setup(t)
+	first := b.agent.Post("/v1/payment_intents", `{"order_id":"o-sp","amount":"12.3","currency":"USD"}`, apitest.Key("k")).
+		Status(t, http.StatusCreated)
+	for _, body := range []string{
+		`{"order_id":"o-sp","amount":"12.30","currency":"USD"}`,
+		`{"currency":"USD","amount_minor":1230,"order_id":"o-sp"}`,
+	} {
+		r := b.agent.Post("/v1/payment_intents", body, apitest.Key("k")).Status(t, http.StatusCreated)
+		if r.Header.Get("Idempotent-Replayed") != "true" || string(r.Body) != string(first.Body) {
+			t.Fatalf("%s: not a byte-for-byte replay: %s", body, r.Body)
+		}
+	}
+	r := b.agent.Post("/v1/payment_intents", `{"order_id":"o-sp","amount":"12.31","currency":"USD"}`, apitest.Key("k")).
+		Status(t, http.StatusUnprocessableEntity)
+	if code(t, r) != "idempotency_key_reused" || r.Str(t, "operation_id") == "" {
+		t.Fatalf("changed amount: %s; want idempotency_key_reused with operation_id", r.Body)
+	}
+	var in intent
+	first.Decode(t, &in)
+	if in.AmountMinor != 1230 || in.Amount != "12.30" || in.Status != "requires_capture" {
+		t.Fatalf("intent = %+v; want 1230 minor, \"12.30\", requires_capture", in)
+	}
+
+	// The same holds for a capture: "5" and amount_minor 500 are one capture.
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	b.agent.Post(path, `{"amount":"5"}`, apitest.Key("c")).Status(t, http.StatusOK)
+	b.agent.Post(path, `{"amount_minor":500}`, apitest.Key("c")).Status(t, http.StatusOK)
+	r = b.agent.Post(path, `{"amount_minor":501}`, apitest.Key("c")).Status(t, http.StatusUnprocessableEntity)
+	if code(t, r) != "idempotency_key_reused" {
+		t.Fatalf("changed capture amount: %s; want idempotency_key_reused", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+}
+
+// testConcurrentRefunds: ten refunds of 3.00 against 10.00 captured, at once under ten keys: three succeed,
+// seven are amount_too_large, and the refunded total is 9.00 here and at the provider.
+func testConcurrentRefunds(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-ref", `{"order_id":"o-ref","amount":"10.00","currency":"USD"}`)
+	b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap")).Status(t, http.StatusOK)
+	res := race(10, func(i int) *apitest.Response {
+		return b.agent.Post("/v1/payment_intents/"+in.ID+"/refunds", `{"amount":"3.00","reason":"partial"}`,
+			apitest.Key(fmt.Sprintf("refund-%d", i)))
+	})
+	ok := 0
+	for _, r := range res {
+		switch {
+		case r.Code == http.StatusCreated:
+			ok++
+		case r.Code == http.StatusUnprocessableEntity && code(t, r) == "amount_too_large":
+		default:
+			t.Errorf("refund: %d %s; want 201 or 422 amount_too_large", r.Code, r.Body)
+		}
+	}
+	if ok != 3 {
+		t.Errorf("%d refunds succeeded; want 3", ok)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 3})
+	if got := b.getIntent(t, in.ID); got.RefundedMinor != 900 || got.Refunded != "9.00" {
+		t.Fatalf("intent = %+v; want 900 refunded", got)
+	}
+	var list struct {
+		Items []struct {
+			ID          string `json:"id"`
+			AmountMinor int64  `json:"amount_minor"`
+			Status      string `json:"status"`
+		} `json:"items"`
+	}
+	b.agent.Get("/v1/payment_intents/"+in.ID+"/refunds").Status(t, http.StatusOK).Decode(t, &list)
+	if len(list.Items) != 3 {
+		t.Fatalf("refunds = %+v; want 3", list.Items)
+	}
+	for _, rf := range list.Items {
+		if rf.Status != "succeeded" || rf.AmountMinor != 300 {
+			t.Errorf("refund %+v; want succeeded, 300", rf)
+		}
+		b.agent.Get("/v1/refunds/"+rf.ID).Status(t, http.StatusOK)
+		b.other.Get("/v1/refunds/"+rf.ID).Status(t, http.StatusNotFound)
+	}
+	// 1.00 is left: more is refused, exactly that is refunded.
+	b.agent.Post("/v1/payment_intents/"+in.ID+"/refunds", `{"amount_minor":101}`, apitest.Key("r-over")).Status(t, http.StatusUnprocessableEntity)
+	b.agent.Post("/v1/payment_intents/"+in.ID+"/refunds", `{"amount_minor":100}`, apitest.Key("r-rest")).Status(t, http.StatusCreated)
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 4})
+}
+
+// testRacingIntents: ten creates for one order under ten keys at once make one intent and one authorization;
+// the others name it.
+func testRacingIntents(t *testing.T, h *harness) {
+	b := h.setup(t)
+	res := race(10, func(i int) *apitest.Response {
+		return b.agent.Post("/v1/payment_intents", `{"order_id":"o-race","amount":"9.99","currency":"EUR"}`,
+			apitest.Key(fmt.Sprintf("create-%d", i)))
+	})
+	var winner string
+	var existing []string
+	for _, r := range res {
+		switch {
+		case r.Code == http.StatusCreated:
+			if winner != "" {
+				t.Errorf("a second intent was created: %s", r.Body)
+			}
+			winner = r.Str(t, "id")
+		case r.Code == http.StatusConflict && code(t, r) == "order_has_active_intent":
+			existing = append(existing, r.Str(t, "existing_intent_id"))
+		default:
+			t.Errorf("create: %d %s; want 201 or 409 order_has_active_intent", r.Code, r.Body)
+		}
+	}
+	for _, id := range existing {
+		if id != winner {
+			t.Errorf("existing_intent_id = %q; want %q", id, winner)
+		}
+	}
+	var n int64
+	if err := b.db.Raw(`SELECT count(*) FROM payment_intents WHERE order_id = 'o-race'`).Scan(&n).Error; err != nil || n != 1 {
+		t.Fatalf("intents for the order = %d, %v; want 1", n, err)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+}
+
+// testAmountValidation: wrong JSON types are 400 invalid_request, unacceptable values 422 validation_failed;
+// neither reaches the provider nor burns the key.
+func testAmountValidation(t *testing.T, h *harness) {
+	b := h.setup(t)
+	for _, tt := range []struct {
+		body   string
+		status int
+		field  string
+	}{
+		{`{"order_id":"o","amount_minor":12.5,"currency":"USD"}`, 400, ""},
+		{`{"order_id":"o","amount":12.30,"currency":"USD"}`, 400, ""},
+		{`{"order_id":"o","amount":"12.30","currency":"USD","extra":1}`, 400, ""},
+		{`{"order_id":"o","amount":"12.345","currency":"USD"}`, 422, "amount"},
+		{`{"order_id":"o","amount":"1.5","currency":"JPY"}`, 422, "amount"},
+		{`{"order_id":"o","amount":"0","currency":"USD"}`, 422, "amount"},
+		{`{"order_id":"o","amount":"-1","currency":"USD"}`, 422, "amount"},
+		{`{"order_id":"o","amount":"1e3","currency":"USD"}`, 422, "amount"},
+		{`{"order_id":"o","amount_minor":9007199254740992,"currency":"USD"}`, 422, "amount_minor"},
+		{`{"order_id":"o","amount":"1.00","currency":"XXX"}`, 422, "currency"},
+		{`{"order_id":"o","amount":"1.00","amount_minor":100,"currency":"USD"}`, 422, "amount"},
+		{`{"order_id":"","amount":"1.00","currency":"USD"}`, 422, "order_id"},
+	} {
+		r := b.agent.Post("/v1/payment_intents", tt.body, apitest.Key("same")).Status(t, tt.status)
+		if tt.field != "" && !strings.Contains(string(r.Body), `"field":"`+tt.field+`"`) {
+			t.Errorf("%s: %s; want an error on %s", tt.body, r.Body, tt.field)
+		}
+	}
+	// The key stayed free, and amounts come back formatted in the currency's decimals.
+	jpy := b.agent.Post("/v1/payment_intents", `{"order_id":"o","amount":"1000","currency":"JPY"}`, apitest.Key("same")).Status(t, http.StatusCreated)
+	kwd := b.createIntent(t, "o-kwd", `{"order_id":"o-kwd","amount_minor":1500,"currency":"KWD"}`)
+	if jpy.Str(t, "amount") != "1000" || kwd.Amount != "1.500" {
+		t.Fatalf("formatted amounts %q JPY, %q KWD; want 1000 and 1.500", jpy.Str(t, "amount"), kwd.Amount)
+	}
+	// A capture above the authorized amount never reaches the provider.
+	r := b.agent.Post("/v1/payment_intents/"+kwd.ID+"/capture", `{"amount":"1.501"}`, apitest.Key("c")).Status(t, http.StatusUnprocessableEntity)
+	if code(t, r) != "amount_too_large" {
+		t.Fatalf("capture above authorized: %s", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 2})
+}
+
+// testApproval: a capture above the USD threshold needs an approved approval bound to its key and body.
+func testApproval(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-big", `{"order_id":"o-big","amount":"2500.00","currency":"USD"}`)
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	r := b.agent.Post(path, `{}`, apitest.Key("big")).Status(t, http.StatusPreconditionRequired)
+	if code(t, r) != "approval_required" {
+		t.Fatalf("capture without approval: %s", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+
+	req, _ := json.Marshal(map[string]any{"method": "POST", "path": path, "idempotency_key": "big", "body": map[string]any{}})
+	apv := b.agent.Post("/v1/approvals", string(req), apitest.Key("apv-1")).Status(t, http.StatusCreated)
+	id := apv.Str(t, "id")
+	// Pending is not enough.
+	b.agent.Post(path, `{}`, apitest.Key("big"), apitest.Header("Approval-Id", id)).Status(t, http.StatusForbidden)
+	b.approver.Post("/v1/approvals/"+id+"/approve", `{}`).Status(t, http.StatusOK)
+	// A changed body does not match the approved fingerprint.
+	b.agent.Post(path, `{"amount":"2000.00"}`, apitest.Key("big"), apitest.Header("Approval-Id", id)).Status(t, http.StatusForbidden)
+	b.agent.Post(path, `{}`, apitest.Key("big"), apitest.Header("Approval-Id", id)).Status(t, http.StatusOK)
+	// A replay needs no new approval.
+	b.agent.Post(path, `{}`, apitest.Key("big")).Status(t, http.StatusOK)
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+
+	// Below the threshold a refund needs none.
+	b.agent.Post("/v1/payment_intents/"+in.ID+"/refunds", `{"amount":"10.00"}`, apitest.Key("small-refund")).Status(t, http.StatusCreated)
+}
+
+// testCancelAndScope: cancel voids once and frees the order; a canceled intent cannot be captured; another
+// account sees nothing.
+func testCancelAndScope(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-cancel", `{"order_id":"o-cancel","amount":"5.00","currency":"USD"}`)
+	b.other.Get("/v1/payment_intents/"+in.ID).Status(t, http.StatusNotFound)
+	b.other.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("x")).Status(t, http.StatusNotFound)
+	b.other.Post("/v1/payment_intents/"+in.ID+"/cancel", `{}`, apitest.Key("x")).Status(t, http.StatusNotFound)
+
+	var canceled intent
+	b.agent.Do(http.MethodPost, "/v1/payment_intents/"+in.ID+"/cancel", nil, apitest.Key("cancel")).Status(t, http.StatusOK).Decode(t, &canceled)
+	if canceled.Status != "canceled" {
+		t.Fatalf("canceled intent = %+v", canceled)
+	}
+	b.agent.Do(http.MethodPost, "/v1/payment_intents/"+in.ID+"/cancel", nil, apitest.Key("cancel")).Status(t, http.StatusOK)
+	r := b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap")).Status(t, http.StatusConflict)
+	if code(t, r) != "invalid_state" {
+		t.Fatalf("capture after cancel: %s", r.Body)
+	}
+	// The order is free again.
+	b.agent.Post("/v1/payment_intents", `{"order_id":"o-cancel","amount":"5.00","currency":"USD"}`, apitest.Key("again")).Status(t, http.StatusCreated)
+	b.assertCounters(t, map[string]int64{"authorize": 2, "void": 1})
+}

@@ -1,0 +1,81 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/services/provider"
+)
+
+// EventProviderLookup is the operation event that records what the provider answered when a reconciler asked
+// about the operation's downstream key: the evidence a settlement rests on.
+const EventProviderLookup = "provider_lookup"
+
+// recordFunc is the Record step of one kind; handler and reconciler share it.
+type recordFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error)
+
+// Reconcilers returns the reconciler of every payments operation kind, for the recovery worker.
+func (s *Server) Reconcilers() map[string]opstatus.Reconciler {
+	return map[string]opstatus.Reconciler{
+		KindCreateIntent: reconciler[provider.Authorization](s, s.recordCreate),
+		KindCapture:      reconciler[provider.Capture](s, s.recordCapture),
+		KindCancel:       reconciler[provider.Authorization](s, s.recordCancel),
+		KindRefund:       reconciler[provider.Refund](s, s.recordRefund),
+	}
+}
+
+// errLeaseRunning leaves an operation unknown for a later pass.
+var errLeaseRunning = errors.New("payments: the operation's lease has not ended; its provider call may still arrive")
+
+// reconciler settles an unknown operation from the provider's record of its downstream key. T is the type of
+// the provider's answer to the kind's call. It never calls the provider's write endpoints: a capture is sent by
+// the handler once, or never.
+func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
+	return opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
+		key := DownstreamKey(op.ID)
+		res, err := s.cfg.Provider.Lookup(ctx, key)
+		if err != nil {
+			// Unreachable provider, or the call is still running there: ask again on a later pass.
+			return fmt.Errorf("payments: reconcile %s: lookup %s: %w", op.ID, key, err)
+		}
+		var (
+			outcome any
+			callErr error
+		)
+		if res.Found {
+			var answer T
+			if callErr = res.Answer(&answer); callErr == nil {
+				outcome = answer
+			}
+		} else {
+			// Nothing under the key proves the call never executed only once our own call can no longer
+			// arrive: it is bounded by the lease (callContext).
+			if op.LeaseExpiresAt != nil && time.Now().Before(*op.LeaseExpiresAt) {
+				return errLeaseRunning
+			}
+			callErr = errNotExecuted
+		}
+		evidence := map[string]any{"downstream_key": key, "found": res.Found}
+		if res.Found {
+			evidence["status"] = res.Status
+			evidence["body"] = json.RawMessage(res.Body)
+		}
+		if err := opstatus.Append(ctx, s.cfg.DB, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+			return err
+		}
+		err = s.cfg.Idem.Settle(ctx, op, reconcilerActor, func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
+			return record(ctx, tx, op, outcome, callErr)
+		})
+		if errors.Is(err, idem.ErrAlreadySettled) {
+			return nil
+		}
+		return err
+	})
+}

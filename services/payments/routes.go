@@ -1,0 +1,28 @@
+package payments
+
+import (
+	"github.com/gin-gonic/gin"
+
+	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// Route templates that approvals bind to.
+const (
+	routeCapture = "/v1/payment_intents/:id/capture"
+	routeRefunds = "/v1/payment_intents/:id/refunds"
+)
+
+// Routes registers every endpoint of the payments service on r, which must be behind auth.Middleware: payment
+// intents, refunds, operations, and the approvals of its captures and refunds.
+func Routes(r gin.IRouter, s *Server) {
+	r.POST("/v1/payment_intents", s.createIntent)
+	r.GET("/v1/payment_intents/:id", s.getIntent)
+	r.POST(routeCapture, s.capture)
+	r.POST("/v1/payment_intents/:id/cancel", s.cancel)
+	r.POST(routeRefunds, s.createRefund)
+	r.GET(routeRefunds, s.listRefunds)
+	r.GET("/v1/refunds/:id", s.getRefund)
+	opstatus.Routes(r, s.cfg.DB)
+	approval.Routes(r, s.approvals)
+}

@@ -1,0 +1,248 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// PostgresStore is the Store on gorm + PostgreSQL (migrations/00004_payments.sql).
+type PostgresStore struct{}
+
+var _ Store = PostgresStore{}
+
+func newID(prefix string) string { return prefix + uuid.Must(uuid.NewV7()).String() }
+
+const intentColumns = `id, account_id, order_id, currency, amount_minor, description, status, captured_minor,
+refunded_minor, provider_authorization_id, created_at, updated_at`
+
+const refundColumns = `id, account_id, intent_id, currency, amount_minor, reason, status, provider_refund_id,
+created_at, updated_at`
+
+// BeginIntent implements Store. The partial unique index payment_intents_active_order decides between
+// concurrent creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads
+// the winner, so the transaction is never aborted by a unique violation.
+func (PostgresStore) BeginIntent(ctx context.Context, tx *gorm.DB, accountID, opID string, cmd CreateIntent) (Intent, error) {
+	var rows []Intent
+	err := tx.WithContext(ctx).Raw(`
+INSERT INTO payment_intents (id, account_id, order_id, currency, amount_minor, description, status, create_operation_id)
+VALUES (?, ?, ?, ?, ?, ?, 'authorizing', ?)
+ON CONFLICT (account_id, order_id) WHERE status NOT IN ('failed', 'canceled') DO NOTHING
+RETURNING `+intentColumns,
+		newID("pi_"), accountID, cmd.OrderID, cmd.Currency, cmd.AmountMinor, cmd.Description, opID).Scan(&rows).Error
+	if err != nil {
+		return Intent{}, fmt.Errorf("payments: begin intent: %w", err)
+	}
+	if len(rows) == 1 {
+		return rows[0], nil
+	}
+	var existing []Intent
+	err = tx.WithContext(ctx).Raw(`SELECT `+intentColumns+` FROM payment_intents
+WHERE account_id = ? AND order_id = ? AND status NOT IN ('failed', 'canceled')`, accountID, cmd.OrderID).Scan(&existing).Error
+	if err != nil {
+		return Intent{}, fmt.Errorf("payments: begin intent: existing: %w", err)
+	}
+	if len(existing) == 0 {
+		// The winner failed or was canceled between the two statements; the caller may simply retry.
+		return Intent{}, problem.New(problem.CodeOrderHasActiveIntent, "order %q had an active payment intent a moment ago; retry", cmd.OrderID)
+	}
+	return Intent{}, problem.New(problem.CodeOrderHasActiveIntent,
+		"order %q already has an active payment intent; capture or cancel it instead of creating another", cmd.OrderID).
+		With("existing_intent_id", existing[0].ID)
+}
+
+// moveIntent applies set to the intent matched by where (args fill both, in order) and returns it. A where
+// that matches nothing (the intent is not in the state the move starts from) is ErrNotReserved.
+func moveIntent(ctx context.Context, tx *gorm.DB, what, set, where string, args ...any) (Intent, error) {
+	var rows []Intent
+	err := tx.WithContext(ctx).Raw(`UPDATE payment_intents SET `+set+`, updated_at = now() WHERE `+where+
+		` RETURNING `+intentColumns, args...).Scan(&rows).Error
+	if err != nil {
+		return Intent{}, fmt.Errorf("payments: %s: %w", what, err)
+	}
+	if len(rows) == 0 {
+		return Intent{}, fmt.Errorf("payments: %s: %w", what, ErrNotReserved)
+	}
+	return rows[0], nil
+}
+
+// Authorized implements Store.
+func (PostgresStore) Authorized(ctx context.Context, tx *gorm.DB, opID, authorizationID string) (Intent, error) {
+	return moveIntent(ctx, tx, "authorized", `status = 'requires_capture', provider_authorization_id = ?`,
+		`create_operation_id = ? AND status = 'authorizing'`, authorizationID, opID)
+}
+
+// AuthorizationFailed implements Store.
+func (PostgresStore) AuthorizationFailed(ctx context.Context, tx *gorm.DB, opID string) (Intent, error) {
+	return moveIntent(ctx, tx, "authorization failed", `status = 'failed'`,
+		`create_operation_id = ? AND status = 'authorizing'`, opID)
+}
+
+// BeginCapture implements Store.
+func (s PostgresStore) BeginCapture(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string) (Intent, error) {
+	return s.reserve(ctx, tx, accountID, intentID, opID, StatusCapturing, "captured")
+}
+
+// BeginCancel implements Store.
+func (s PostgresStore) BeginCancel(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string) (Intent, error) {
+	return s.reserve(ctx, tx, accountID, intentID, opID, StatusCanceling, "canceled")
+}
+
+// reserve moves an intent from requires_capture to status for opID in one conditional statement: a concurrent
+// reservation waits on the row and then finds it no longer in requires_capture.
+func (s PostgresStore) reserve(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, status IntentStatus, verb string) (Intent, error) {
+	in, err := moveIntent(ctx, tx, "reserve "+string(status), `status = ?, pending_operation_id = ?`,
+		`id = ? AND account_id = ? AND status = 'requires_capture'`, status, opID, intentID, accountID)
+	if !errors.Is(err, ErrNotReserved) {
+		return in, err
+	}
+	current, gerr := s.Intent(ctx, tx, accountID, intentID)
+	if gerr != nil {
+		return Intent{}, gerr
+	}
+	return Intent{}, problem.New(problem.CodeInvalidState, "payment intent %s is %s and cannot be %s", intentID, current.Status, verb).
+		With("status", current.Status)
+}
+
+// Captured implements Store.
+func (PostgresStore) Captured(ctx context.Context, tx *gorm.DB, opID string, capturedMinor int64) (Intent, error) {
+	return moveIntent(ctx, tx, "captured", `status = 'succeeded', captured_minor = ?, pending_operation_id = NULL`,
+		`pending_operation_id = ? AND status = 'capturing'`, capturedMinor, opID)
+}
+
+// Canceled implements Store.
+func (PostgresStore) Canceled(ctx context.Context, tx *gorm.DB, opID string) (Intent, error) {
+	return moveIntent(ctx, tx, "canceled", `status = 'canceled', pending_operation_id = NULL`,
+		`pending_operation_id = ? AND status = 'canceling'`, opID)
+}
+
+// Release implements Store.
+func (PostgresStore) Release(ctx context.Context, tx *gorm.DB, opID string) (Intent, error) {
+	return moveIntent(ctx, tx, "release", `status = 'requires_capture', pending_operation_id = NULL`,
+		`pending_operation_id = ? AND status IN ('capturing', 'canceling')`, opID)
+}
+
+// ReserveRefund implements Store. The intent row lock serializes every refund reservation of one intent. The
+// sum is read by a statement of its own, after the lock is held: in READ COMMITTED a statement that waited for
+// a lock still reads with the snapshot it started with, so a sum read in the locking statement could miss the
+// refund the previous lock holder just committed.
+func (s PostgresStore) ReserveRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund) (Refund, Intent, error) {
+	var locked []Intent
+	err := tx.WithContext(ctx).Raw(`SELECT `+intentColumns+` FROM payment_intents WHERE id = ? AND account_id = ? FOR UPDATE`,
+		intentID, accountID).Scan(&locked).Error
+	if err != nil {
+		return Refund{}, Intent{}, fmt.Errorf("payments: reserve refund: lock intent: %w", err)
+	}
+	if len(locked) == 0 {
+		return Refund{}, Intent{}, problem.NotFound("payment intent")
+	}
+	var held int64
+	err = tx.WithContext(ctx).Raw(`SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
+WHERE intent_id = ? AND status <> 'failed'`, intentID).Scan(&held).Error
+	if err != nil {
+		return Refund{}, Intent{}, fmt.Errorf("payments: reserve refund: refunded so far: %w", err)
+	}
+	in := locked[0]
+	if in.Status != StatusSucceeded {
+		return Refund{}, Intent{}, problem.New(problem.CodeInvalidState, "payment intent %s is %s; only a captured intent can be refunded", in.ID, in.Status).
+			With("status", in.Status)
+	}
+	if available := in.CapturedMinor - held; cmd.AmountMinor > available {
+		return Refund{}, Intent{}, problem.New(problem.CodeAmountTooLarge,
+			"a refund of %s %s exceeds the %s %s captured and not yet refunded or being refunded",
+			format(in.Currency, cmd.AmountMinor), in.Currency, format(in.Currency, max(available, 0)), in.Currency).
+			With("available_minor", max(available, 0))
+	}
+	var rows []Refund
+	err = tx.WithContext(ctx).Raw(`
+INSERT INTO payment_refunds (id, account_id, intent_id, currency, amount_minor, reason, status, operation_id)
+VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)
+RETURNING `+refundColumns, newID("re_"), accountID, in.ID, in.Currency, cmd.AmountMinor, cmd.Reason, opID).Scan(&rows).Error
+	if err != nil {
+		return Refund{}, Intent{}, fmt.Errorf("payments: reserve refund: insert: %w", err)
+	}
+	return rows[0], in, nil
+}
+
+// RefundSucceeded implements Store: the refund and the intent's refunded total change in one statement.
+func (PostgresStore) RefundSucceeded(ctx context.Context, tx *gorm.DB, opID, providerRefundID string) (Refund, error) {
+	var rows []Refund
+	err := tx.WithContext(ctx).Raw(`
+WITH r AS (
+    UPDATE payment_refunds SET status = 'succeeded', provider_refund_id = ?, updated_at = now()
+    WHERE operation_id = ? AND status = 'pending'
+    RETURNING `+refundColumns+`
+), i AS (
+    UPDATE payment_intents SET refunded_minor = refunded_minor + r.amount_minor, updated_at = now()
+    FROM r WHERE payment_intents.id = r.intent_id
+)
+SELECT * FROM r`, providerRefundID, opID).Scan(&rows).Error
+	if err != nil {
+		return Refund{}, fmt.Errorf("payments: refund succeeded: %w", err)
+	}
+	if len(rows) == 0 {
+		return Refund{}, fmt.Errorf("payments: refund succeeded: %w", ErrNotReserved)
+	}
+	return rows[0], nil
+}
+
+// RefundFailed implements Store.
+func (PostgresStore) RefundFailed(ctx context.Context, tx *gorm.DB, opID string) (Refund, error) {
+	var rows []Refund
+	err := tx.WithContext(ctx).Raw(`UPDATE payment_refunds SET status = 'failed', updated_at = now()
+WHERE operation_id = ? AND status = 'pending' RETURNING `+refundColumns, opID).Scan(&rows).Error
+	if err != nil {
+		return Refund{}, fmt.Errorf("payments: refund failed: %w", err)
+	}
+	if len(rows) == 0 {
+		return Refund{}, fmt.Errorf("payments: refund failed: %w", ErrNotReserved)
+	}
+	return rows[0], nil
+}
+
+// Intent implements Store.
+func (PostgresStore) Intent(ctx context.Context, db *gorm.DB, accountID, id string) (Intent, error) {
+	var rows []Intent
+	err := db.WithContext(ctx).Raw(`SELECT `+intentColumns+` FROM payment_intents WHERE id = ? AND account_id = ?`,
+		id, accountID).Scan(&rows).Error
+	if err != nil {
+		return Intent{}, fmt.Errorf("payments: get intent: %w", err)
+	}
+	if len(rows) == 0 {
+		return Intent{}, problem.NotFound("payment intent")
+	}
+	return rows[0], nil
+}
+
+// Refund implements Store.
+func (PostgresStore) Refund(ctx context.Context, db *gorm.DB, accountID, id string) (Refund, error) {
+	var rows []Refund
+	err := db.WithContext(ctx).Raw(`SELECT `+refundColumns+` FROM payment_refunds WHERE id = ? AND account_id = ?`,
+		id, accountID).Scan(&rows).Error
+	if err != nil {
+		return Refund{}, fmt.Errorf("payments: get refund: %w", err)
+	}
+	if len(rows) == 0 {
+		return Refund{}, problem.NotFound("refund")
+	}
+	return rows[0], nil
+}
+
+// Refunds implements Store.
+func (s PostgresStore) Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string) ([]Refund, error) {
+	if _, err := s.Intent(ctx, db, accountID, intentID); err != nil {
+		return nil, err
+	}
+	rows := []Refund{}
+	err := db.WithContext(ctx).Raw(`SELECT `+refundColumns+` FROM payment_refunds
+WHERE intent_id = ? AND account_id = ? ORDER BY created_at, id`, intentID, accountID).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("payments: list refunds: %w", err)
+	}
+	return rows, nil
+}
