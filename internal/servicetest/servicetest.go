@@ -80,3 +80,16 @@ func Logger() *slog.Logger {
 	}
 	return slog.New(slog.NewJSONHandler(io.Discard, nil))
 }
+
+// Eventually polls cond until it holds, failing the test after 30 s. It is a synchronisation point with another
+// goroutine or process (a worker, a restarted server), never a timing assertion.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within 30s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -29,12 +29,12 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"github.com/google/uuid"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -284,7 +284,7 @@ func (s *Service) create(c *gin.Context) {
 INSERT INTO approvals (id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by, expires_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?::jsonb, 'pending', ?, ?)
 RETURNING `+columns,
-				"apv_"+uuid.Must(uuid.NewV7()).String(), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
+				ids.New("apv_"), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
 				b.Fingerprint, string(summary), p.Actor(), s.now().Add(s.ttl)).Scan(&a).Error
 			if err != nil {
 				return idem.Result{}, fmt.Errorf("approval: create: %w", err)

@@ -23,9 +23,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -93,7 +93,7 @@ type Event struct {
 
 // NewID returns a new operation id: "op_" and a time-ordered UUID.
 func NewID() string {
-	return "op_" + uuid.Must(uuid.NewV7()).String()
+	return ids.New("op_")
 }
 
 // Create inserts op in state op.State (queued or running) with its first event, EventClaimed.

@@ -159,15 +159,3 @@ func (b *bundle) approved(t *testing.T, path, key, body string) string {
 }
 
 func approvalID(id string) apitest.Option { return apitest.Header("Approval-Id", id) }
-
-// waitFor polls cond for up to 10 s; it is a synchronisation point, not a timing assertion.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

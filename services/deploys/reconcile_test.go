@@ -162,7 +162,7 @@ func TestStoppedControllerRequeuesADeployNotYetActivating(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	waitFor(t, func() bool {
+	servicetest.Eventually(t, "the deploy settles", func() bool {
 		return count(t, b.db, `SELECT count(*) FROM deploys WHERE id = ? AND state = 'running'`, d.ID) == 1
 	})
 	cancel()

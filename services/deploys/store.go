@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -69,7 +69,7 @@ func (s PostgresStore) CreateDeploy(ctx context.Context, tx *gorm.DB, nd NewDepl
 			"deploy %s is no longer the current deploy of environment %s", *nd.RollsBackDeployID, nd.Environment)
 	}
 
-	id := "dep_" + uuid.Must(uuid.NewV7()).String()
+	id := ids.New("dep_")
 	var token []int64
 	err := db.Raw(`
 INSERT INTO environment_locks (account_id, environment, holder_deploy_id, fencing_token, acquired_at)

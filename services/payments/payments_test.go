@@ -324,15 +324,10 @@ func testCrash(t *testing.T, h *harness, failpoint string) {
 	p2 := start("")
 	agent := apitest.New(t, p2.URL, servicetest.AgentSecret)
 	var op opstatus.Operation
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	servicetest.Eventually(t, "the restarted process settles the operation", func() bool {
 		op = operation(t, agent, "cap")
-		if op.State.Final() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("operation not settled by the restarted process: %+v", op)
-		}
-	}
+		return op.State.Final()
+	})
 	if _, ok := hasEvent(op, payments.EventProviderLookup); !ok {
 		t.Fatalf("no provider_lookup evidence in %+v", op.Events)
 	}

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/google/uuid"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -15,8 +15,6 @@ import (
 type PostgresStore struct{}
 
 var _ Store = PostgresStore{}
-
-func newID(prefix string) string { return prefix + uuid.Must(uuid.NewV7()).String() }
 
 const intentColumns = `id, account_id, order_id, currency, amount_minor, description, status, captured_minor,
 refunded_minor, provider_authorization_id, created_at, updated_at`
@@ -34,7 +32,7 @@ INSERT INTO payment_intents (id, account_id, order_id, currency, amount_minor, d
 VALUES (?, ?, ?, ?, ?, ?, 'authorizing', ?)
 ON CONFLICT (account_id, order_id) WHERE status NOT IN ('failed', 'canceled') DO NOTHING
 RETURNING `+intentColumns,
-		newID("pi_"), accountID, cmd.OrderID, cmd.Currency, cmd.AmountMinor, cmd.Description, opID).Scan(&rows).Error
+		ids.New("pi_"), accountID, cmd.OrderID, cmd.Currency, cmd.AmountMinor, cmd.Description, opID).Scan(&rows).Error
 	if err != nil {
 		return Intent{}, fmt.Errorf("payments: begin intent: %w", err)
 	}
@@ -162,7 +160,7 @@ WHERE intent_id = ? AND status <> 'failed'`, intentID).Scan(&held).Error
 	err = tx.WithContext(ctx).Raw(`
 INSERT INTO payment_refunds (id, account_id, intent_id, currency, amount_minor, reason, status, operation_id)
 VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)
-RETURNING `+refundColumns, newID("re_"), accountID, in.ID, in.Currency, cmd.AmountMinor, cmd.Reason, opID).Scan(&rows).Error
+RETURNING `+refundColumns, ids.New("re_"), accountID, in.ID, in.Currency, cmd.AmountMinor, cmd.Reason, opID).Scan(&rows).Error
 	if err != nil {
 		return Refund{}, Intent{}, fmt.Errorf("payments: reserve refund: insert: %w", err)
 	}

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/google/uuid"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -14,8 +14,6 @@ import (
 type PostgresStore struct{}
 
 var _ Store = PostgresStore{}
-
-func newID(prefix string) string { return prefix + uuid.Must(uuid.NewV7()).String() }
 
 const ticketColumns = `id, account_id, project, title, description, priority, status, source_event_id, created_at, updated_at`
 
@@ -28,7 +26,7 @@ INSERT INTO tickets (id, account_id, project, title, description, priority, stat
 VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
 ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING
 RETURNING `+ticketColumns,
-		newID("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID).Scan(&rows).Error
+		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID).Scan(&rows).Error
 	if err != nil {
 		return Ticket{}, false, fmt.Errorf("tickets: create: %w", err)
 	}
@@ -78,7 +76,7 @@ func (PostgresStore) AddComment(ctx context.Context, tx *gorm.DB, accountID, tic
 	err := tx.WithContext(ctx).Raw(`
 INSERT INTO ticket_comments (id, ticket_id, account_id, body)
 SELECT ?, id, account_id, ? FROM tickets WHERE id = ? AND account_id = ?
-RETURNING id, ticket_id, body, created_at`, newID("cmt_"), cmd.Body, ticketID, accountID).Scan(&rows).Error
+RETURNING id, ticket_id, body, created_at`, ids.New("cmt_"), cmd.Body, ticketID, accountID).Scan(&rows).Error
 	if err != nil {
 		return Comment{}, fmt.Errorf("tickets: add comment: %w", err)
 	}

@@ -115,7 +115,7 @@ func TestResponseLostThenRetryReplays(t *testing.T) {
 		t.Fatal("the proxy relayed a response; the test cannot show a lost answer")
 	}
 	// The server finished: the ticket exists although the caller never heard.
-	waitFor(t, func() bool { return count(t, env, `SELECT count(*) FROM tickets`) == 1 })
+	servicetest.Eventually(t, "the server finished the lost request", func() bool { return count(t, env, `SELECT count(*) FROM tickets`) == 1 })
 
 	res := c.Post("/v1/tickets", ticketBody, apitest.Key("lost-1")).Status(t, http.StatusCreated)
 	if res.Header.Get(idem.HeaderReplayed) != "true" {
