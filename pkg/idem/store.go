@@ -118,7 +118,10 @@ func (r keyRow) record() (Record, error) {
 // mode: the write failed or the process died) the key is free again and the waiting claim takes it.
 func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string) (Record, bool, error) {
 	for attempt := 0; attempt < 3; attempt++ {
-		var inserted []keyRow
+		// The last SELECT also returns the stored key when the insert found one already committed, so a retry
+		// learns what to answer in the same round trip; only a key committed while this statement waited is
+		// outside its snapshot and needs the Lookup below.
+		var rows []claimRow
 		err := tx.WithContext(ctx).Raw(`
 WITH claim AS (
     INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
@@ -133,18 +136,29 @@ WITH claim AS (
     INSERT INTO operation_events (operation_id, account_id, type, to_state, actor)
     SELECT id, account_id, ?, state, ? FROM op
 )
-SELECT account_id, idempotency_key, fingerprint, operation_id, state, created_at FROM claim`,
+SELECT true AS claimed, account_id, idempotency_key, fingerprint, operation_id, state, NULL::integer AS response_status,
+       NULL::text AS response_headers, NULL::bytea AS response_body, NULL::text AS operation_state, created_at
+FROM claim
+UNION ALL
+SELECT false, k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, k.response_status,
+       k.response_headers::text, k.response_body, o.state, k.created_at
+FROM idempotency_keys k LEFT JOIN operations o ON o.id = k.operation_id
+WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM claim)`,
 			op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID, op.Kind, op.State, op.LeaseExpiresAt,
-			opstatus.EventClaimed, actor).Scan(&inserted).Error
+			opstatus.EventClaimed, actor, op.AccountID, op.IdempotencyKey).Scan(&rows).Error
 		if err != nil {
 			return Record{}, false, fmt.Errorf("idem: claim: %w", err)
 		}
-		if len(inserted) == 1 {
-			r, err := inserted[0].record()
-			r.OperationState = op.State
-			return r, true, err
+		if len(rows) == 1 {
+			row := rows[0]
+			r, err := keyRow{row.AccountID, row.IdempotencyKey, row.Fingerprint, row.OperationID, row.State,
+				row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.OperationState, row.CreatedAt}.record()
+			if row.Claimed {
+				r.OperationState = op.State
+			}
+			return r, row.Claimed, err
 		}
-		// The key exists and is committed; a new statement sees it.
+		// The key was committed by a transaction this statement waited for; a new statement sees it.
 		stored, err := PostgresStore{}.Lookup(ctx, tx, op.AccountID, op.IdempotencyKey)
 		if err == nil {
 			return stored, false, nil
@@ -155,6 +169,21 @@ SELECT account_id, idempotency_key, fingerprint, operation_id, state, created_at
 		// Pruned between the two statements: claim again.
 	}
 	return Record{}, false, fmt.Errorf("idem: claim: key vanished three times while claiming")
+}
+
+// claimRow is a keyRow and whether this statement inserted it (gorm does not scan into embedded structs).
+type claimRow struct {
+	Claimed         bool
+	AccountID       string
+	IdempotencyKey  string
+	Fingerprint     string
+	OperationID     string
+	State           KeyState
+	ResponseStatus  *int
+	ResponseHeaders *string
+	ResponseBody    []byte
+	OperationState  *string
+	CreatedAt       time.Time
 }
 
 // Lookup implements Store.
