@@ -220,3 +220,39 @@ func (r *Response) Str(t testing.TB, name string) string {
 	s, _ := r.JSON(t)[name].(string)
 	return s
 }
+
+// Transport is an http.RoundTripper that validates every response it carries against the spec, for tests that
+// talk through another client (the provider client that payments uses). A transport error passes through.
+func Transport(t testing.TB, next http.RoundTripper) http.RoundTripper {
+	if _, err := router(); err != nil {
+		t.Fatalf("apitest: api/openapi.yaml: %v", err)
+	}
+	return roundTripper{t: t, next: next}
+}
+
+type roundTripper struct {
+	t    testing.TB
+	next http.RoundTripper
+}
+
+func (rt roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := rt.next.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	data, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(data))
+	if err := Validate(req, &Response{Code: resp.StatusCode, Header: resp.Header, Body: data}); err != nil {
+		rt.t.Errorf("apitest: %s %s -> %d does not match api/openapi.yaml: %v\nbody: %s", req.Method, req.URL.Path, resp.StatusCode, err, data)
+	}
+	return resp, nil
+}
+
+// HTTPClient is an http.Client whose every response is validated against the spec (see Transport).
+func HTTPClient(t testing.TB, timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout, Transport: Transport(t, http.DefaultTransport.(*http.Transport).Clone())}
+}

@@ -67,7 +67,7 @@ func merchantSecret(t *testing.T) string { return "sk_test_" + strings.ReplaceAl
 func (h *harness) setup(t *testing.T) *bundle {
 	t.Helper()
 	env := servicetest.New(t)
-	client := provider.NewClient(h.providerURL, merchantSecret(t), 2*time.Second)
+	client := provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))
 	svc := payments.New(payments.Config{
 		DB: env.DB.DB, Store: payments.PostgresStore{}, Idem: env.Idem, Provider: client,
 		ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
@@ -284,7 +284,7 @@ func testCrash(t *testing.T, h *harness, failpoint string) {
 		}
 		return proctest.Start(t, h.bin, []string{"serve", "payments"}, e, "PAYMENTS_ADDR")
 	}
-	prov := provider.NewClient(h.providerURL, merchantSecret(t), 2*time.Second)
+	prov := provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))
 	counters := func() map[string]int64 {
 		c, err := prov.Counters(t.Context())
 		if err != nil {

@@ -34,11 +34,13 @@ type Client struct {
 // "http://127.0.0.1:8090") for the merchant holding secret. timeout bounds
 // each call, connection to last byte; a call cut by it has ErrOutcomeUnknown.
 func NewClient(baseURL, secret string, timeout time.Duration) *Client {
-	return &Client{
-		baseURL: strings.TrimRight(baseURL, "/"),
-		secret:  secret,
-		http:    &http.Client{Timeout: timeout},
-	}
+	return NewClientHTTP(baseURL, secret, &http.Client{Timeout: timeout})
+}
+
+// NewClientHTTP is NewClient with the caller's http.Client (its Timeout bounds each call); tests use it to check
+// every answer against api/openapi.yaml on the way.
+func NewClientHTTP(baseURL, secret string, hc *http.Client) *Client {
+	return &Client{baseURL: strings.TrimRight(baseURL, "/"), secret: secret, http: hc}
 }
 
 // Authorize places a hold of req.AmountMinor on the card.

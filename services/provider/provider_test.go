@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
@@ -25,7 +26,7 @@ func setup(t *testing.T, cfg provider.Config) (*provider.Client, *testBundle) {
 	srv := httptest.NewServer(provider.NewServer(cfg, nil).Handler())
 	t.Cleanup(srv.Close)
 	tb := &testBundle{url: srv.URL, secret: "sk_test_" + t.Name()}
-	return provider.NewClient(srv.URL, tb.secret, 5*time.Second), tb
+	return provider.NewClientHTTP(srv.URL, tb.secret, apitest.HTTPClient(t, 5*time.Second)), tb
 }
 
 // send makes a raw call, for what the client hides: headers and exact bodies.
@@ -336,7 +337,7 @@ func TestAuthenticationAndMerchantScope(t *testing.T) {
 	resp, body = anonymous.send(t, "GET", "/admin/counters", "", "")
 	assertProblem(t, resp, body, http.StatusUnauthorized, "unauthorized")
 
-	other := provider.NewClient(tb.url, "sk_test_other", 5*time.Second)
+	other := provider.NewClientHTTP(tb.url, "sk_test_other", apitest.HTTPClient(t, 5*time.Second))
 	_, err := other.GetAuthorization(t.Context(), a.ID)
 	assertRefusal(t, err, http.StatusNotFound, "not_found")
 	_, err = other.Capture(t.Context(), "cap", a.ID, 1000)
@@ -446,7 +447,7 @@ func TestFaultDelayOutlastsTheCaller(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	impatient := provider.NewClient(tb.url, tb.secret, 200*time.Millisecond)
+	impatient := provider.NewClientHTTP(tb.url, tb.secret, apitest.HTTPClient(t, 200*time.Millisecond))
 	_, err := impatient.Void(t.Context(), "void", a.ID)
 	if !errors.Is(err, provider.ErrOutcomeUnknown) {
 		t.Fatalf("Void under delay = %v; want ErrOutcomeUnknown", err)
@@ -548,7 +549,7 @@ func TestDelayedAnswerIsReplayedAtOnce(t *testing.T) {
 	if err := c.InjectFault(t.Context(), provider.Fault{Kind: provider.KindCapture, Mode: provider.FaultDelay, Count: 1, DelayMS: 60_000}); err != nil {
 		t.Fatal(err)
 	}
-	impatient := provider.NewClient(tb.url, tb.secret, 200*time.Millisecond)
+	impatient := provider.NewClientHTTP(tb.url, tb.secret, apitest.HTTPClient(t, 200*time.Millisecond))
 	if _, err := impatient.Capture(t.Context(), "cap", a.ID, 1000); !errors.Is(err, provider.ErrOutcomeUnknown) {
 		t.Fatalf("Capture = %v; want ErrOutcomeUnknown", err)
 	}
