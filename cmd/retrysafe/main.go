@@ -190,6 +190,9 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 		for kind, r := range s.reconcilers {
 			reconcilers[kind] = r
 		}
+	}
+	d.idem.Reconcilers = reconcilers // before anything runs: a retry of an unknown operation settles it at once
+	for _, s := range services {
 		for _, w := range s.workers {
 			wg.Go(func() { w(ctx) })
 		}

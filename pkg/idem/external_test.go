@@ -255,3 +255,32 @@ func TestExpiredLeaseBecomesUnknownAndLateAnswerDefers(t *testing.T) {
 		t.Fatalf("%d outcome events, want exactly 1", completed)
 	}
 }
+
+// TestRetryOfUnknownSettlesAtOnce: with the kind's reconciler on the handler, a retry after a lost answer asks
+// the other side right away and gets the settled result, without waiting for the recovery worker.
+func TestRetryOfUnknownSettlesAtOnce(t *testing.T) {
+	t.Parallel()
+	e := setupExternal(t, 5*time.Second)
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (any, error) {
+		return nil, fmt.Errorf("read: connection reset: %w", idem.ErrOutcomeUnknown)
+	}
+	var asked atomic.Int64
+	e.env.Idem.Reconcilers = map[string]opstatus.Reconciler{
+		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
+			asked.Add(1)
+			return e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
+				return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": "found at provider"}}, nil
+			})
+		}),
+	}
+	if first := e.post(t, "lost", `{"amount":5}`); first.status != 202 {
+		t.Fatalf("lost answer: %d %v", first.status, first.body)
+	}
+	retry := e.post(t, "lost", `{"amount":5}`)
+	if retry.status != 200 || retry.body["outcome"] != "found at provider" || retry.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %v", retry.status, retry.body)
+	}
+	if asked.Load() != 1 || e.effect.calls.Load() != 1 {
+		t.Fatalf("reconciler asked %d times, effect ran %d times", asked.Load(), e.effect.calls.Load())
+	}
+}

@@ -111,6 +111,9 @@ type Handler struct {
 	RetryAfter int
 	// MaxWait caps Prefer: wait=N (30 s when zero).
 	MaxWait time.Duration
+	// Reconcilers, by operation kind, let a retry of an unknown operation settle it at once (see reconcileNow);
+	// cmd/retrysafe gives the handler the same ones the recovery worker uses.
+	Reconcilers map[string]opstatus.Reconciler
 }
 
 type call struct {
@@ -280,12 +283,15 @@ func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 	if wait := h.preferWait(c); wait > 0 && stored.State == KeyRunning && stored.OperationState != opstatus.StateUnknown {
 		stored = h.waitFor(ctx, stored, wait)
 	}
+	if stored.OperationState == opstatus.StateUnknown {
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, map[string]any{"state": stored.OperationState})
+		stored = h.reconcileNow(ctx, stored)
+	}
 	switch {
 	case stored.State == KeyCompleted && stored.Response != nil:
 		h.appendEvent(ctx, stored.OperationID, opstatus.EventReplayed, actor, nil)
 		writeResponse(c, stored.OperationID, *stored.Response, true)
 	case stored.OperationState == opstatus.StateUnknown:
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, map[string]any{"state": stored.OperationState})
 		h.answerUnknown(c, cl.principal.AccountID, stored.OperationID)
 	default:
 		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, map[string]any{"state": stored.OperationState})
@@ -296,6 +302,28 @@ func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 			Extensions: map[string]any{"operation_id": stored.OperationID, "state": stored.OperationState},
 		})
 	}
+}
+
+// reconcileNow asks the reconciler of the operation's kind to settle it while the caller waits, so a retry after
+// a lost answer learns the outcome as soon as the other side can tell, not at the recovery worker's next pass.
+// Whatever the reconciler decides, it decides from the other side's records; it never repeats the effect.
+func (h *Handler) reconcileNow(ctx context.Context, stored Record) Record {
+	op, err := opstatus.Get(ctx, h.DB, stored.AccountID, stored.OperationID)
+	if err != nil || op.State != opstatus.StateUnknown {
+		return stored
+	}
+	rec, ok := h.Reconcilers[op.Kind]
+	if !ok {
+		return stored
+	}
+	if err := rec.Reconcile(ctx, op); err != nil {
+		h.Logger.InfoContext(ctx, "retry could not settle the operation yet", "operation_id", op.ID, "error", err.Error())
+		return stored
+	}
+	if latest, err := h.Store.Lookup(ctx, h.DB, stored.AccountID, stored.Key); err == nil {
+		return latest
+	}
+	return stored
 }
 
 // answerUnknown is the 202 for an operation whose outcome is not known: the caller must not start a new
