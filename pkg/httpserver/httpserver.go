@@ -24,6 +24,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -47,7 +48,7 @@ func NewRouter(o Options) *gin.Engine {
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
 	r.ContextWithFallback = true
-	r.Use(accessLog(o.Logger), recovery(o.Logger), bodyLimit(limit))
+	r.Use(attempt, accessLog(o.Logger), recovery(o.Logger), bodyLimit(limit))
 	r.NoRoute(func(c *gin.Context) { problem.Write(c, problem.New(problem.CodeNotFound, "no such route")) })
 	r.NoMethod(func(c *gin.Context) {
 		problem.Write(c, problem.New(problem.CodeMethodNotAllowed, "method not allowed on this route"))
@@ -82,6 +83,38 @@ func ready(ctx context.Context, o Options) error {
 	return nil
 }
 
+// HeaderAttemptID names one HTTP attempt. A caller may send its own (the agent's att_01, att_02 of one
+// operation); otherwise the server makes one. It is echoed on the response, written in the access log and in
+// the operation events the attempt causes, so an investigation can tell attempts of one action apart.
+const HeaderAttemptID = "Attempt-Id"
+
+const attemptKey = "retrysafe.attempt"
+
+func attempt(c *gin.Context) {
+	id := c.GetHeader(HeaderAttemptID)
+	if !validAttemptID(id) {
+		id = ids.New("att_")
+	}
+	c.Set(attemptKey, id)
+	c.Header(HeaderAttemptID, id)
+	c.Next()
+}
+
+func validAttemptID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= 0x20 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// AttemptID is the attempt id of the request ("" outside NewRouter's middleware).
+func AttemptID(c *gin.Context) string { return c.GetString(attemptKey) }
+
 // accessLog writes one JSON line per request: never a body, never a header value that could hold a secret.
 func accessLog(logger *slog.Logger) gin.HandlerFunc {
 	return func(c *gin.Context) {
@@ -89,7 +122,7 @@ func accessLog(logger *slog.Logger) gin.HandlerFunc {
 		c.Next()
 		attrs := []any{
 			"method", c.Request.Method, "route", c.FullPath(), "status", c.Writer.Status(),
-			"duration_ms", time.Since(start).Milliseconds(),
+			"duration_ms", time.Since(start).Milliseconds(), "attempt_id", AttemptID(c),
 		}
 		if op := c.Writer.Header().Get("Operation-Id"); op != "" {
 			attrs = append(attrs, "operation_id", op)

@@ -119,7 +119,7 @@ func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor strin
 func (h *Handler) markUnknown(ctx context.Context, cl call, cause error) {
 	_, err := opstatus.Transition(ctx, h.DB, cl.op.ID, opstatus.StateUnknown, cl.principal.Actor(),
 		opstatus.From(opstatus.StateRunning),
-		opstatus.WithEvent("outcome_unknown", map[string]any{"reason": cause.Error()}))
+		opstatus.WithEvent("outcome_unknown", cl.withAttempt(map[string]any{"reason": cause.Error()})))
 	if err != nil {
 		// The lease still runs out and the recovery worker marks it unknown then.
 		h.Logger.WarnContext(ctx, "operation not marked unknown", "operation_id", cl.op.ID, "error", err.Error())

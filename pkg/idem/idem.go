@@ -54,6 +54,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -120,7 +121,20 @@ type call struct {
 	key         string
 	fingerprint string
 	principal   auth.Principal
+	attempt     string // the HTTP attempt (httpserver.AttemptID), recorded in the events it causes
 	op          opstatus.Operation
+}
+
+// withAttempt adds the call's attempt id to an event detail.
+func (cl call) withAttempt(detail map[string]any) map[string]any {
+	if cl.attempt == "" {
+		return detail
+	}
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	detail["attempt_id"] = cl.attempt
+	return detail
 }
 
 // begin validates the key and computes the fingerprint. It writes the problem and returns false on failure.
@@ -144,7 +158,7 @@ func (h *Handler) begin(c *gin.Context, req Request, state opstatus.State) (call
 		problem.Write(c, err)
 		return call{}, false
 	}
-	return call{key: key, fingerprint: fp, principal: p, op: opstatus.Operation{
+	return call{key: key, fingerprint: fp, principal: p, attempt: httpserver.AttemptID(c), op: opstatus.Operation{
 		ID: opstatus.NewID(), AccountID: p.AccountID, Kind: req.Kind, State: state,
 		IdempotencyKey: key, Fingerprint: fp,
 	}}, true
@@ -158,7 +172,7 @@ func (errClaimTaken) Error() string { return "idem: key already claimed" }
 // claim runs in tx: claim the key, create the operation, run the guard and prepare. It returns errClaimTaken
 // when the key existed.
 func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) error {
-	stored, claimed, err := h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor())
+	stored, claimed, err := h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor(), cl.withAttempt(nil))
 	if err != nil {
 		return err
 	}
@@ -220,7 +234,7 @@ func (h *Handler) store(ctx context.Context, tx *gorm.DB, cl call, res Result, e
 	}
 	err = h.Store.Complete(ctx, tx, Completion{
 		AccountID: cl.op.AccountID, Key: cl.key, OperationID: cl.op.ID, Response: resp,
-		State: state, Resource: res.Resource, Event: event, Actor: actor,
+		State: state, Resource: res.Resource, Event: event, Actor: actor, AttemptID: cl.attempt,
 	})
 	return resp, err
 }
@@ -274,7 +288,7 @@ func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 	ctx := c.Request.Context()
 	actor := cl.principal.Actor()
 	if stored.Fingerprint != cl.fingerprint {
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventConflictRejected, actor, map[string]any{"fingerprint": cl.fingerprint})
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventConflictRejected, actor, cl.withAttempt(map[string]any{"fingerprint": cl.fingerprint}))
 		problem.Write(c, problem.New(problem.CodeIdempotencyKeyReused,
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").
 			With("operation_id", stored.OperationID).With("state", stored.OperationState))
@@ -284,17 +298,17 @@ func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 		stored = h.waitFor(ctx, stored, wait)
 	}
 	if stored.OperationState == opstatus.StateUnknown {
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, map[string]any{"state": stored.OperationState})
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, cl.withAttempt(map[string]any{"state": stored.OperationState}))
 		stored = h.reconcileNow(ctx, stored)
 	}
 	switch {
 	case stored.State == KeyCompleted && stored.Response != nil:
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventReplayed, actor, nil)
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventReplayed, actor, cl.withAttempt(nil))
 		writeResponse(c, stored.OperationID, *stored.Response, true)
 	case stored.OperationState == opstatus.StateUnknown:
 		h.answerUnknown(c, cl.principal.AccountID, stored.OperationID)
 	default:
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, map[string]any{"state": stored.OperationState})
+		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, cl.withAttempt(map[string]any{"state": stored.OperationState}))
 		problem.Write(c, &problem.Error{
 			Code:       problem.CodeRequestInProgress,
 			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",

@@ -49,7 +49,8 @@ type Store interface {
 	// Claim inserts a running key for (op.AccountID, op.IdempotencyKey) with op.Fingerprint, and op itself with
 	// its claimed event, unless the key already exists, atomically: of many concurrent claims exactly one returns
 	// claimed=true. When the key exists, Claim returns the stored record and claimed=false and inserts nothing.
-	Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string) (stored Record, claimed bool, err error)
+	// detail goes into the claimed event (the attempt that claimed).
+	Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string, detail map[string]any) (stored Record, claimed bool, err error)
 	// Lookup returns the record of (account, key). Returns an error matching problem.ErrNotFound if there is none.
 	Lookup(ctx context.Context, db *gorm.DB, accountID, key string) (Record, error)
 	// Complete stores the response of a running key and moves its operation, if it is running or unknown, to
@@ -69,9 +70,11 @@ type Completion struct {
 	Response    Response
 	State       opstatus.State
 	Resource    *opstatus.Resource
-	// Event is the type of the operation event (completed, reconciled), Actor who records it.
-	Event string
-	Actor string
+	// Event is the type of the operation event (completed, reconciled), Actor who records it, AttemptID the
+	// HTTP attempt that carried it ("" for a worker).
+	Event     string
+	Actor     string
+	AttemptID string
 }
 
 // PostgresStore is the Store on PostgreSQL (the idempotency_keys table of migrations/).
@@ -116,13 +119,17 @@ func (r keyRow) record() (Record, error) {
 // (account_id, key), and, only for a new claim, the operation and its claimed event. A concurrent claimer waits
 // on the row until the first transaction ends; if the first commits it gets the conflict, if it rolls back (local
 // mode: the write failed or the process died) the key is free again and the waiting claim takes it.
-func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string) (Record, bool, error) {
+func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string, detail map[string]any) (Record, bool, error) {
+	rawDetail, err := json.Marshal(detail)
+	if err != nil || detail == nil {
+		rawDetail = []byte("{}")
+	}
 	for attempt := 0; attempt < 3; attempt++ {
 		// The last SELECT also returns the stored key when the insert found one already committed, so a retry
 		// learns what to answer in the same round trip; only a key committed while this statement waited is
 		// outside its snapshot and needs the Lookup below.
 		var rows []claimRow
-		err := tx.WithContext(ctx).Raw(`
+		err = tx.WithContext(ctx).Raw(`
 WITH claim AS (
     INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
     VALUES (?, ?, ?, ?, 'running')
@@ -133,8 +140,8 @@ WITH claim AS (
     SELECT operation_id, account_id, ?, ?, idempotency_key, fingerprint, ? FROM claim
     RETURNING id, account_id, state
 ), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, to_state, actor)
-    SELECT id, account_id, ?, state, ? FROM op
+    INSERT INTO operation_events (operation_id, account_id, type, to_state, actor, detail)
+    SELECT id, account_id, ?, state, ?, ?::jsonb FROM op
 )
 SELECT true AS claimed, account_id, idempotency_key, fingerprint, operation_id, state, NULL::integer AS response_status,
        NULL::text AS response_headers, NULL::bytea AS response_body, NULL::text AS operation_state, created_at
@@ -145,7 +152,7 @@ SELECT false, k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.
 FROM idempotency_keys k LEFT JOIN operations o ON o.id = k.operation_id
 WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM claim)`,
 			op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID, op.Kind, op.State, op.LeaseExpiresAt,
-			opstatus.EventClaimed, actor, op.AccountID, op.IdempotencyKey).Scan(&rows).Error
+			opstatus.EventClaimed, actor, string(rawDetail), op.AccountID, op.IdempotencyKey).Scan(&rows).Error
 		if err != nil {
 			return Record{}, false, fmt.Errorf("idem: claim: %w", err)
 		}
@@ -210,7 +217,11 @@ func (PostgresStore) Complete(ctx context.Context, tx *gorm.DB, c Completion) er
 	if err != nil {
 		return fmt.Errorf("idem: complete: headers: %w", err)
 	}
-	detail, err := json.Marshal(map[string]any{"status": c.Response.Status})
+	evDetail := map[string]any{"status": c.Response.Status}
+	if c.AttemptID != "" {
+		evDetail["attempt_id"] = c.AttemptID
+	}
+	detail, err := json.Marshal(evDetail)
 	if err != nil {
 		return fmt.Errorf("idem: complete: %w", err)
 	}

@@ -458,3 +458,35 @@ func TestOversizedBodyIsRefusedAndHealthEndpoints(t *testing.T) {
 	anon.Get("/healthz").Status(t, http.StatusOK)
 	anon.Get("/readyz").Status(t, http.StatusOK)
 }
+
+// TestAttemptsOfOneOperationAreToldApart: each HTTP attempt has an id (the caller's own, or one the server
+// makes), echoed back and written in the events it causes, so the history says which attempt did what.
+func TestAttemptsOfOneOperationAreToldApart(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	first := c.Post("/v1/tickets", ticketBody, apitest.Key("op-7f2c"), apitest.Header("Attempt-Id", "att_01")).Status(t, 201)
+	if first.Header.Get("Attempt-Id") != "att_01" {
+		t.Errorf("Attempt-Id echoed as %q", first.Header.Get("Attempt-Id"))
+	}
+	second := c.Post("/v1/tickets", ticketBody, apitest.Key("op-7f2c"), apitest.Header("Attempt-Id", "att_02")).Status(t, 201)
+	third := c.Post("/v1/tickets", ticketBody, apitest.Key("op-7f2c")).Status(t, 201) // no id: the server makes one
+	made := third.Header.Get("Attempt-Id")
+	if !strings.HasPrefix(made, "att_") || second.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("server-made attempt id %q", made)
+	}
+	var op struct {
+		Events []struct {
+			Type   string         `json:"type"`
+			Detail map[string]any `json:"detail"`
+		} `json:"events"`
+	}
+	c.Get("/v1/operations/"+first.Header.Get(idem.HeaderOperationID)).Status(t, 200).Decode(t, &op)
+	var got []string
+	for _, ev := range op.Events {
+		got = append(got, fmt.Sprintf("%s:%v", ev.Type, ev.Detail["attempt_id"]))
+	}
+	want := "claimed:att_01,completed:att_01,replayed:att_02,replayed:" + made
+	if strings.Join(got, ",") != want {
+		t.Fatalf("history %v, want %s", got, want)
+	}
+}

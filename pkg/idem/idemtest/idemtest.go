@@ -34,7 +34,7 @@ func Exercise(t *testing.T, newStore NewStore) {
 		if rec.State != idem.KeyRunning || rec.Fingerprint != "fp1" {
 			t.Fatalf("claimed record = %+v", rec)
 		}
-		stored, claimed, err := s.Claim(ctx, db, newOp("acct", "k1", "fp2"), "test")
+		stored, claimed, err := s.Claim(ctx, db, newOp("acct", "k1", "fp2"), "test", nil)
 		if err != nil || claimed {
 			t.Fatalf("second claim: claimed=%v err=%v", claimed, err)
 		}
@@ -77,7 +77,7 @@ func Exercise(t *testing.T, newStore NewStore) {
 			wg.Go(func() {
 				<-start
 				err := db.Transaction(func(tx *gorm.DB) error {
-					_, claimed, err := s.Claim(context.Background(), tx, newOp("acct", "race", "fp"), "test")
+					_, claimed, err := s.Claim(context.Background(), tx, newOp("acct", "race", "fp"), "test", nil)
 					if err != nil || !claimed {
 						return err
 					}
@@ -105,7 +105,7 @@ func Exercise(t *testing.T, newStore NewStore) {
 		s, db := newStore(t)
 		boom := errors.New("write failed")
 		err := db.Transaction(func(tx *gorm.DB) error {
-			if _, _, err := s.Claim(context.Background(), tx, newOp("acct", "k", "fp"), "test"); err != nil {
+			if _, _, err := s.Claim(context.Background(), tx, newOp("acct", "k", "fp"), "test", nil); err != nil {
 				return err
 			}
 			return boom
@@ -192,7 +192,7 @@ func newOp(account, key, fp string) opstatus.Operation {
 // claimCommitted claims a key and commits, as external mode does.
 func claimCommitted(t *testing.T, s idem.Store, db *gorm.DB, account, key, fp string) idem.Record {
 	t.Helper()
-	rec, claimed, err := s.Claim(context.Background(), db, newOp(account, key, fp), "test")
+	rec, claimed, err := s.Claim(context.Background(), db, newOp(account, key, fp), "test", map[string]any{"attempt_id": "att_test"})
 	if err != nil || !claimed {
 		t.Fatalf("claim %s/%s: claimed=%v err=%v", account, key, claimed, err)
 	}
