@@ -33,7 +33,7 @@ type ExternalSteps struct {
 // operation becomes unknown and the caller gets 202 with the operation; the kind's Reconciler settles it later,
 // and a retry with the same key then replays the settled result.
 func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
-	cl, ok := h.begin(c, req, opstatus.StateRunning)
+	cl, ok := h.begin(c, req)
 	if !ok {
 		return
 	}

@@ -138,7 +138,7 @@ func (cl call) withAttempt(detail map[string]any) map[string]any {
 }
 
 // begin validates the key and computes the fingerprint. It writes the problem and returns false on failure.
-func (h *Handler) begin(c *gin.Context, req Request, state opstatus.State) (call, bool) {
+func (h *Handler) begin(c *gin.Context, req Request) (call, bool) {
 	values := c.Request.Header.Values(HeaderKey)
 	key, err := ParseKey(c.Request.Header.Get(HeaderKey), len(values) > 0)
 	if err == nil && len(values) > 1 {
@@ -159,7 +159,7 @@ func (h *Handler) begin(c *gin.Context, req Request, state opstatus.State) (call
 		return call{}, false
 	}
 	return call{key: key, fingerprint: fp, principal: p, attempt: httpserver.AttemptID(c), op: opstatus.Operation{
-		ID: opstatus.NewID(), AccountID: p.AccountID, Kind: req.Kind, State: state,
+		ID: opstatus.NewID(), AccountID: p.AccountID, Kind: req.Kind, State: opstatus.StateRunning,
 		IdempotencyKey: key, Fingerprint: fp,
 	}}, true
 }
@@ -191,7 +191,7 @@ func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) 
 // result, the stored one, or a problem. write runs inside the transaction that holds the claim; if it returns an
 // error nothing is stored and the key stays free.
 func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
-	cl, ok := h.begin(c, req, opstatus.StateRunning)
+	cl, ok := h.begin(c, req)
 	if !ok {
 		return
 	}
