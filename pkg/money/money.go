@@ -36,10 +36,10 @@ const (
 	FieldCurrency    = "currency"
 )
 
-// maxDecimalLen bounds the decimal strings ParseDecimal reads. The longest
+// MaxDecimalLen bounds the decimal strings ParseDecimal reads (longer is a validation failure). The longest
 // accepted amount (MaxMinor with three decimals) has 17 characters; the slack
 // allows leading zeros without letting a caller hand over a megabyte of digits.
-const maxDecimalLen = 64
+const MaxDecimalLen = 64
 
 // exponents is the ISO 4217 minor-unit exponent of every supported currency.
 // It is pinned on purpose: adding a currency is a reviewed change, not a lookup.
@@ -198,8 +198,8 @@ func checkPlainDecimal(currency, s string, exp int) error {
 	if s == "" {
 		return amountError(FieldAmount, "must not be empty")
 	}
-	if len(s) > maxDecimalLen {
-		return amountError(FieldAmount, fmt.Sprintf("must be at most %d characters", maxDecimalLen))
+	if len(s) > MaxDecimalLen {
+		return amountError(FieldAmount, fmt.Sprintf("must be at most %d characters", MaxDecimalLen))
 	}
 	intDigits, fracDigits, seenDot := 0, 0, false
 	for i := range len(s) {
