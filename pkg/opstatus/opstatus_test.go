@@ -98,16 +98,18 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 	alive := create(t, db, opstatus.StateRunning, &future)
 	fails := true
 	var asked []string
-	w := &opstatus.RecoveryWorker{DB: db.DB, Logger: servicetest.Logger(), Reconcilers: map[string]opstatus.Reconciler{
-		"test.kind": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
-			asked = append(asked, op.ID)
-			if fails {
-				return errors.New("the other side is down")
-			}
-			_, err := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateSucceeded, "reconciler", opstatus.From(opstatus.StateUnknown))
-			return err
-		}),
-	}}
+	clock := time.Now()
+	w := &opstatus.RecoveryWorker{DB: db.DB, Logger: servicetest.Logger(), Interval: time.Second, Now: func() time.Time { return clock },
+		Reconcilers: map[string]opstatus.Reconciler{
+			"test.kind": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
+				asked = append(asked, op.ID)
+				if fails {
+					return errors.New("the other side is down")
+				}
+				_, err := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateSucceeded, "reconciler", opstatus.From(opstatus.StateUnknown))
+				return err
+			}),
+		}}
 	if n, err := w.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("first pass settled %d (%v)", n, err)
 	}
@@ -118,9 +120,14 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 	if got, _ := opstatus.Get(ctx, db.DB, "acct", alive.ID); got.State != opstatus.StateRunning {
 		t.Fatalf("an operation with a live lease became %s", got.State)
 	}
+	// A failed reconcile backs off: a pass within the backoff does not ask again.
 	fails = false
+	if n, err := w.RunOnce(ctx); err != nil || n != 0 || len(asked) != 1 {
+		t.Fatalf("a pass within the backoff settled %d, asked %d times (%v)", n, len(asked), err)
+	}
+	clock = clock.Add(time.Second)
 	if n, err := w.RunOnce(ctx); err != nil || n != 1 {
-		t.Fatalf("second pass settled %d (%v)", n, err)
+		t.Fatalf("pass after the backoff settled %d (%v)", n, err)
 	}
 	if len(asked) != 2 || asked[0] != expired.ID || asked[1] != expired.ID {
 		t.Fatalf("reconciler asked about %v", asked)

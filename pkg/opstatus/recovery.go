@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -23,22 +24,74 @@ func (f ReconcilerFunc) Reconcile(ctx context.Context, op Operation) error { ret
 
 // RecoveryWorker marks operations whose lease expired as unknown and asks the reconciler of their kind to
 // settle them. Operations of a kind without a reconciler stay unknown for a person to look at.
+//
+// A reconciler that fails (the other side is down, or cannot tell yet) is asked again after a backoff that
+// doubles from Interval up to 8 x Interval, per operation, so a long outage costs a few lookups a minute, not
+// one per pass per operation. A retry of the operation's request still asks at once (idem.Handler.Reconcilers).
 type RecoveryWorker struct {
 	DB          *gorm.DB
 	Reconcilers map[string]Reconciler
 	Interval    time.Duration
 	Logger      *slog.Logger
+	// Now is the clock (time.Now when nil); tests move it.
+	Now func() time.Time
+
+	mu      sync.Mutex
+	backoff map[string]retryAt
+}
+
+type retryAt struct {
+	failures int
+	at       time.Time
+}
+
+func (w *RecoveryWorker) now() time.Time {
+	if w.Now != nil {
+		return w.Now()
+	}
+	return time.Now()
+}
+
+func (w *RecoveryWorker) interval() time.Duration {
+	if w.Interval <= 0 {
+		return 5 * time.Second
+	}
+	return w.Interval
+}
+
+// due reports whether operation id may be offered to its reconciler now.
+func (w *RecoveryWorker) due(id string, now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b, ok := w.backoff[id]
+	return !ok || !now.Before(b.at)
+}
+
+// failed schedules the next attempt for id and returns how many attempts have failed.
+func (w *RecoveryWorker) failed(id string, now time.Time) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.backoff == nil {
+		w.backoff = map[string]retryAt{}
+	}
+	b := w.backoff[id]
+	b.failures++
+	b.at = now.Add(w.interval() << min(b.failures-1, 3))
+	w.backoff[id] = b
+	return b.failures
+}
+
+func (w *RecoveryWorker) forget(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.backoff, id)
 }
 
 const recoveryActor = "system:recovery"
 
 // Run works until ctx ends.
 func (w *RecoveryWorker) Run(ctx context.Context) {
-	interval := w.Interval
-	if interval <= 0 {
-		interval = 5 * time.Second
-	}
-	t := time.NewTicker(interval)
+	t := time.NewTicker(w.interval())
 	defer t.Stop()
 	for {
 		if _, err := w.RunOnce(ctx); err != nil && ctx.Err() == nil {
@@ -52,10 +105,11 @@ func (w *RecoveryWorker) Run(ctx context.Context) {
 	}
 }
 
-// RunOnce expires leases, then offers every unknown operation to its reconciler. It returns how many
-// operations it settled (left the unknown state).
+// RunOnce expires leases, then offers every unknown operation that is not backing off to its reconciler. It
+// returns how many operations it settled (left the unknown state).
 func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
-	if _, err := ExpireLeases(ctx, w.DB, time.Now()); err != nil {
+	now := w.now()
+	if _, err := ExpireLeases(ctx, w.DB, now); err != nil {
 		return 0, err
 	}
 	var rows []operationRow
@@ -67,15 +121,17 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 	for _, r := range rows {
 		op := r.operation()
 		rec, ok := w.Reconcilers[op.Kind]
-		if !ok {
+		if !ok || !w.due(op.ID, now) {
 			continue
 		}
 		if err := rec.Reconcile(ctx, op); err != nil {
-			w.Logger.WarnContext(ctx, "reconcile failed", "operation_id", op.ID, "kind", op.Kind, "error", err.Error())
+			n := w.failed(op.ID, now)
+			w.Logger.WarnContext(ctx, "reconcile failed", "operation_id", op.ID, "kind", op.Kind, "attempt", n, "error", err.Error())
 			continue
 		}
 		after, err := Get(ctx, w.DB, op.AccountID, op.ID)
 		if err == nil && after.State != StateUnknown {
+			w.forget(op.ID)
 			settled++
 			w.Logger.InfoContext(ctx, "operation reconciled", "operation_id", op.ID, "kind", op.Kind, "state", after.State)
 		}
