@@ -83,6 +83,7 @@ type PostgresStore struct{}
 var _ Store = PostgresStore{}
 
 type keyRow struct {
+	Claimed         bool // set only by Claim: this statement inserted the row
 	AccountID       string
 	IdempotencyKey  string
 	Fingerprint     string
@@ -128,7 +129,7 @@ func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operati
 		// The last SELECT also returns the stored key when the insert found one already committed, so a retry
 		// learns what to answer in the same round trip; only a key committed while this statement waited is
 		// outside its snapshot and needs the Lookup below.
-		var rows []claimRow
+		var rows []keyRow
 		err = tx.WithContext(ctx).Raw(`
 WITH claim AS (
     INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
@@ -158,8 +159,7 @@ WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM c
 		}
 		if len(rows) == 1 {
 			row := rows[0]
-			r, err := keyRow{row.AccountID, row.IdempotencyKey, row.Fingerprint, row.OperationID, row.State,
-				row.ResponseStatus, row.ResponseHeaders, row.ResponseBody, row.OperationState, row.CreatedAt}.record()
+			r, err := row.record()
 			if row.Claimed {
 				r.OperationState = op.State
 			}
@@ -176,21 +176,6 @@ WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM c
 		// Pruned between the two statements: claim again.
 	}
 	return Record{}, false, fmt.Errorf("idem: claim: key vanished three times while claiming")
-}
-
-// claimRow is a keyRow and whether this statement inserted it (gorm does not scan into embedded structs).
-type claimRow struct {
-	Claimed         bool
-	AccountID       string
-	IdempotencyKey  string
-	Fingerprint     string
-	OperationID     string
-	State           KeyState
-	ResponseStatus  *int
-	ResponseHeaders *string
-	ResponseBody    []byte
-	OperationState  *string
-	CreatedAt       time.Time
 }
 
 // Lookup implements Store.

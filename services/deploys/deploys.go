@@ -40,23 +40,18 @@ const (
 	KindRollBack Kind = "rollback"
 )
 
-// State of a deploy. StateUnknown is never stored on the deploy: it is reported while the deploy's operation is
-// unknown (its worker died) and the reconciler has not settled it.
-type State string
+// State of a deploy: the states of its operation. StateUnknown is never stored on the deploy: it is reported
+// while the deploy's operation is unknown (its worker died) and the reconciler has not settled it.
+type State = opstatus.State
 
 const (
-	StateQueued    State = "queued"
-	StateRunning   State = "running"
-	StateSucceeded State = "succeeded"
-	StateFailed    State = "failed"
-	StateCancelled State = "cancelled"
-	StateUnknown   State = "unknown"
+	StateQueued    = opstatus.StateQueued
+	StateRunning   = opstatus.StateRunning
+	StateSucceeded = opstatus.StateSucceeded
+	StateFailed    = opstatus.StateFailed
+	StateCancelled = opstatus.StateCancelled
+	StateUnknown   = opstatus.StateUnknown
 )
-
-// Final reports whether the deploy is over.
-func (s State) Final() bool {
-	return s == StateSucceeded || s == StateFailed || s == StateCancelled
-}
 
 // Reference is what a deploy activates: exactly one of an artifact pinned by digest or a full commit SHA.
 type Reference struct {
