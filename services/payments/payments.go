@@ -17,9 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"gorm.io/gorm"
 
@@ -148,11 +146,11 @@ type CreateIntent struct {
 // Command validates the request.
 func (r CreateIntentRequest) Command() (CreateIntent, error) {
 	var errs []problem.FieldError
-	errs = checkText(errs, "order_id", r.OrderID, 255, true)
+	errs = problem.CheckText(errs, "order_id", r.OrderID, 255, true)
 	desc := ""
 	if r.Description != nil {
 		desc = *r.Description
-		errs = checkText(errs, "description", desc, 1000, false)
+		errs = problem.CheckText(errs, "description", desc, 1000, false)
 	}
 	a, err := money.Resolve(r.Currency, r.Amount, r.AmountMinor)
 	errs = appendMoneyError(errs, err)
@@ -222,7 +220,7 @@ func (r CreateRefundRequest) Command(in Intent) (CreateRefund, error) {
 	reason := ""
 	if r.Reason != nil {
 		reason = *r.Reason
-		errs = checkText(errs, "reason", reason, 500, false)
+		errs = problem.CheckText(errs, "reason", reason, 500, false)
 	}
 	a, err := resolveIn(in.Currency, r.Amount, r.AmountMinor)
 	var fe *problem.Error
@@ -250,20 +248,6 @@ func appendMoneyError(errs []problem.FieldError, err error) []problem.FieldError
 	var fe *money.FieldError
 	if errors.As(err, &fe) {
 		return append(errs, problem.FieldError{Field: fe.Field, Message: fe.Message})
-	}
-	return errs
-}
-
-func checkText(errs []problem.FieldError, field, value string, maxLen int, required bool) []problem.FieldError {
-	switch {
-	case required && strings.TrimSpace(value) == "":
-		return append(errs, problem.FieldError{Field: field, Message: "is required"})
-	case !utf8.ValidString(value):
-		return append(errs, problem.FieldError{Field: field, Message: "must be valid UTF-8"})
-	case utf8.RuneCountInString(value) > maxLen:
-		return append(errs, problem.FieldError{Field: field, Message: "is too long"})
-	case strings.ContainsRune(value, 0):
-		return append(errs, problem.FieldError{Field: field, Message: "must not contain NUL"})
 	}
 	return errs
 }

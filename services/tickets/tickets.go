@@ -7,9 +7,7 @@ package tickets
 
 import (
 	"context"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"gorm.io/gorm"
 
@@ -78,12 +76,12 @@ type CreateTicket struct {
 // Validate checks the command and applies defaults (priority normal, empty description).
 func (cmd *CreateTicket) Validate() error {
 	var errs []problem.FieldError
-	errs = checkText(errs, "project", cmd.Project, 100, true)
-	errs = checkText(errs, "title", cmd.Title, 200, true)
+	errs = problem.CheckText(errs, "project", cmd.Project, 100, true)
+	errs = problem.CheckText(errs, "title", cmd.Title, 200, true)
 	if cmd.Description == nil {
 		cmd.Description = new(string)
 	}
-	errs = checkText(errs, "description", *cmd.Description, 10000, false)
+	errs = problem.CheckText(errs, "description", *cmd.Description, 10000, false)
 	if cmd.Priority == nil {
 		p := PriorityNormal
 		cmd.Priority = &p
@@ -94,7 +92,7 @@ func (cmd *CreateTicket) Validate() error {
 		errs = append(errs, problem.FieldError{Field: "priority", Message: "must be one of low, normal, high, urgent"})
 	}
 	if cmd.SourceEventID != nil {
-		errs = checkText(errs, "source_event_id", *cmd.SourceEventID, 255, true)
+		errs = problem.CheckText(errs, "source_event_id", *cmd.SourceEventID, 255, true)
 	}
 	if len(errs) > 0 {
 		return problem.Validation(errs...)
@@ -109,7 +107,7 @@ type AddComment struct {
 
 // Validate checks the command.
 func (cmd *AddComment) Validate() error {
-	if errs := checkText(nil, "body", cmd.Body, 10000, true); len(errs) > 0 {
+	if errs := problem.CheckText(nil, "body", cmd.Body, 10000, true); len(errs) > 0 {
 		return problem.Validation(errs...)
 	}
 	return nil
@@ -127,20 +125,6 @@ func (cmd *SetStatus) Validate() error {
 		return nil
 	}
 	return problem.Validation(problem.FieldError{Field: "status", Message: "must be one of open, resolved, closed"})
-}
-
-func checkText(errs []problem.FieldError, field, value string, maxLen int, required bool) []problem.FieldError {
-	switch {
-	case required && strings.TrimSpace(value) == "":
-		return append(errs, problem.FieldError{Field: field, Message: "is required"})
-	case !utf8.ValidString(value):
-		return append(errs, problem.FieldError{Field: field, Message: "must be valid UTF-8"})
-	case utf8.RuneCountInString(value) > maxLen:
-		return append(errs, problem.FieldError{Field: field, Message: "is too long"})
-	case strings.ContainsRune(value, 0):
-		return append(errs, problem.FieldError{Field: field, Message: "must not contain NUL"})
-	}
-	return errs
 }
 
 // Store keeps tickets. Methods that write take the caller's transaction (the one holding the idempotency
