@@ -175,7 +175,7 @@ func TestExternalUnknownOutcomeIsReconciled(t *testing.T) {
 		return nil, fmt.Errorf("connection reset: %w", idem.ErrOutcomeUnknown)
 	}
 	first := e.post(t, "lost", `{"amount":5}`)
-	if first.status != 202 || first.body["state"] != "unknown" || first.header.Get("Operation-Id") == "" {
+	if first.status != 202 || first.body["state"] != "unknown" || first.header.Get("Operation-Id") == "" || first.body["operation_id"] != first.header.Get("Operation-Id") {
 		t.Fatalf("lost answer: %d %v", first.status, first.body)
 	}
 	// A retry while unknown neither repeats the effect nor pretends to know.

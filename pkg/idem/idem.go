@@ -351,7 +351,11 @@ func (h *Handler) answerUnknown(c *gin.Context, accountID, opID string) {
 	c.Header(HeaderOperationID, opID)
 	c.Header("Location", "/v1/operations/"+opID)
 	c.Header("Retry-After", "5")
-	c.JSON(http.StatusAccepted, op)
+	// The operation itself, and operation_id as CONVENTIONS.md names it in every answer about an operation.
+	c.JSON(http.StatusAccepted, struct {
+		opstatus.Operation
+		OperationID string `json:"operation_id"`
+	}{op, opID})
 }
 
 func (h *Handler) appendEvent(ctx context.Context, opID, eventType, actor string, detail any) {
