@@ -9,7 +9,7 @@ PG_ADMIN_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 export DATABASE_URL TEST_DATABASE_URL
 
-.PHONY: run build test bench fuzz vet lint db migrate provider compose-check
+.PHONY: run build test bench fuzz db migrate generate
 
 build:
 	$(GO) build -o bin/retrysafe ./cmd/retrysafe
@@ -38,3 +38,8 @@ bench:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseDecimal -fuzztime 60s ./pkg/money/
+
+# Regenerates the Go client in api/client from api/openapi.yaml (oapi-codegen) and records the spec's digest.
+generate:
+	cd api/client && $(GO) generate ./...
+	sed -i "s/const SpecSHA256 = \".*\"/const SpecSHA256 = \"$$(sha256sum api/openapi.yaml | cut -d' ' -f1)\"/" api/client/generate.go
