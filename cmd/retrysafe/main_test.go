@@ -165,3 +165,33 @@ func TestComposeFileMatchesTheContract(t *testing.T) {
 		t.Error("no postgres service")
 	}
 }
+
+// TestReadyOnlyAfterMigrate: with MIGRATE_ON_START=false on an empty database the process is healthy but not
+// ready; `retrysafe migrate` makes it ready.
+func TestReadyOnlyAfterMigrate(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.EmptySchema(t)
+	addr := proctest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
+			"DATABASE_URL": dsn, "TICKETS_ADDR": addr, "MIGRATE_ON_START": "false", "LOG_LEVEL": "error",
+		}), &syncWriter{w: &out})
+	}()
+	base := "http://" + addr
+	waitHealthy(t, base+"/healthz", done)
+	if resp, err := http.Get(base + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readyz before migrating: %v %v", resp, err)
+	}
+	if err := run(context.Background(), []string{"migrate"}, env(map[string]string{"DATABASE_URL": dsn, "LOG_LEVEL": "error"}), &out); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	waitHealthy(t, base+"/readyz", done)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}

@@ -170,3 +170,34 @@ func packagePrefix() string {
 	sum := sha256.Sum256([]byte(dir))
 	return "t_" + nonIdent.ReplaceAllString(strings.ToLower(name), "_") + "_" + hex.EncodeToString(sum[:3])
 }
+
+var emptyMade int
+
+// EmptySchema creates a schema with nothing in it, not even migrations, and returns a DSN that uses it; it is
+// dropped when the test ends. For tests of migrating and of readiness before migrations.
+func EmptySchema(t testing.TB) string {
+	t.Helper()
+	mu.Lock()
+	emptyMade++
+	name := fmt.Sprintf("%s_empty_%d", packagePrefix(), emptyMade)
+	mu.Unlock()
+	admin, err := sql.Open("pgx", URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(`DROP SCHEMA IF EXISTS ` + name + ` CASCADE; CREATE SCHEMA ` + name); err != nil {
+		t.Fatalf("testdb: empty schema: %v", err)
+	}
+	t.Cleanup(func() {
+		if admin, err := sql.Open("pgx", URL()); err == nil {
+			_, _ = admin.Exec(`DROP SCHEMA IF EXISTS ` + name + ` CASCADE`)
+			admin.Close()
+		}
+	})
+	dsn, err := withSearchPath(URL(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
