@@ -1,43 +1,56 @@
-# retrysafe: `make run` starts every service on a local PostgreSQL; `make test` runs every test.
+# retrysafe: `make run` starts every service; `make test` runs every test. Both need only Go: with DATABASE_URL /
+# TEST_DATABASE_URL unset they use the PostgreSQL on 127.0.0.1:5432, or start a project-local one
+# (scripts/devdb.sh; `make stop-db` stops it).
 SHELL := /bin/bash
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable
-# Where `make db` connects to create the retrysafe database.
-PG_ADMIN_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
-TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
-export DATABASE_URL TEST_DATABASE_URL
-
-.PHONY: run build test bench fuzz db migrate generate
+.PHONY: run build test bench fuzz db stop-db migrate generate ci-fresh
 
 build:
 	$(GO) build -o bin/retrysafe ./cmd/retrysafe
 
-# Creates the database if it is missing, then serves tickets :8081, payments :8082, deploys :8083 and the payment
-# provider sandbox :8090 (payments calls it over HTTP).
-run: build db
-	@trap 'kill 0' EXIT INT TERM; \
-	PROVIDER_FAULT_INJECTION=$${PROVIDER_FAULT_INJECTION:-true} ./bin/retrysafe provider & \
-	./bin/retrysafe serve all
+# Serves tickets :8081, payments :8082, deploys :8083 and the payment provider sandbox :8090 (payments calls it over
+# HTTP). DATABASE_URL, when set, is used as it is; otherwise the `retrysafe` database is created if missing on the
+# PostgreSQL that scripts/devdb.sh finds or starts.
+run: build
+	@if [ -z "$$DATABASE_URL" ]; then \
+	  base=$$(scripts/devdb.sh url) && scripts/devdb.sh createdb retrysafe && \
+	  export DATABASE_URL="$$base/retrysafe?sslmode=disable"; \
+	fi && scripts/run.sh
 
+# Creates the retrysafe database on the development PostgreSQL (make run does this itself).
 db:
-	@psql "$(PG_ADMIN_URL)" -tAc "SELECT 1 FROM pg_database WHERE datname = 'retrysafe'" | grep -q 1 || \
-	 psql "$(PG_ADMIN_URL)" -c "CREATE DATABASE retrysafe"
+	@scripts/devdb.sh createdb retrysafe
+
+# Stops the project-local PostgreSQL cluster that make run or make test started (the system one is left alone).
+stop-db:
+	@scripts/devdb.sh stop
 
 migrate: build
-	./bin/retrysafe migrate
+	@if [ -z "$$DATABASE_URL" ]; then \
+	  base=$$(scripts/devdb.sh url) && scripts/devdb.sh createdb retrysafe && \
+	  export DATABASE_URL="$$base/retrysafe?sslmode=disable"; \
+	fi && ./bin/retrysafe migrate
 
-# Every test, on a real PostgreSQL (TEST_DATABASE_URL); fuzz targets run their seed corpus.
+# Every test, on a real PostgreSQL: TEST_DATABASE_URL, or the `test` database (created by the tests when missing)
+# on the PostgreSQL that scripts/devdb.sh finds or starts. Fuzz targets run their seed corpus.
 test:
 	$(GO) vet ./...
-	$(GO) test -count=1 -p 2 -timeout 20m ./...
+	@if [ -z "$$TEST_DATABASE_URL" ]; then \
+	  export TEST_DATABASE_URL="$$(scripts/devdb.sh url)/test?sslmode=disable"; \
+	fi && $(GO) test -count=1 -p 2 -timeout 20m ./...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3s -benchmem ./services/tickets/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseDecimal -fuzztime 60s ./pkg/money/
+
+# What CI does, from a fresh clone of this checkout's HEAD; DROP=1 also drops the retrysafe and test databases
+# first, as on a new machine (do not use it while other test runs share this PostgreSQL).
+ci-fresh:
+	@scripts/ci-fresh.sh
 
 # Regenerates the Go client in api/client from api/openapi.yaml (oapi-codegen) and records the spec's digest.
 generate:

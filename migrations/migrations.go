@@ -6,9 +6,12 @@ package migrations
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"embed"
+	"encoding/hex"
 	"fmt"
+	"io/fs"
 
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -53,4 +56,17 @@ func provider(db *sql.DB) (*goose.Provider, error) {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
 	return p, nil
+}
+
+// Digest is a short hash of every migration file: two databases migrated by binaries with the same Digest have
+// the same schema. Test schemas are named with it, so a schema is reused only by code that expects its tables.
+func Digest() string {
+	sum := sha256.New()
+	names, _ := fs.Glob(files, "*.sql")
+	for _, name := range names {
+		raw, _ := files.ReadFile(name)
+		fmt.Fprintf(sum, "%s %d\n", name, len(raw))
+		sum.Write(raw)
+	}
+	return hex.EncodeToString(sum.Sum(nil))[:8]
 }

@@ -2,17 +2,26 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/failpoint"
 )
 
-// config is read once, here, from the environment; nothing below cmd/ reads the environment.
+// config is read once, here, from the environment; nothing below cmd/ reads the environment. loadConfig checks
+// every variable before the program opens anything, so a bad value is one error naming it and nothing else
+// happens.
 type config struct {
 	DatabaseURL    string
 	MigrateOnStart bool
 	DBMaxConns     int
-	APIKeys        string // secret: never printed
+	APIKeys        string     // secret: never printed
+	Keys           *auth.Keys // API_KEYS parsed; the demo keys when it is unset
+	DemoKeys       bool
 	LogLevel       string
 	BodyLimit      int64
 
@@ -44,21 +53,26 @@ type config struct {
 	DeployWorkers              int
 }
 
+// configError is a bad configuration value: the program stops before any effect, with exit code 2.
+type configError struct{ msg string }
+
+func (e configError) Error() string { return "config: " + e.msg }
+
 func loadConfig(getenv func(string) string) (config, error) {
 	r := envReader{getenv: getenv}
 	cfg := config{
-		DatabaseURL:    r.str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable"),
+		DatabaseURL:    r.postgresURL("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable"),
 		MigrateOnStart: r.boolean("MIGRATE_ON_START", true),
-		DBMaxConns:     r.integer("DB_MAX_CONNS", 20),
+		DBMaxConns:     r.integer("DB_MAX_CONNS", 20, 1, 1000),
 		APIKeys:        getenv("API_KEYS"),
-		LogLevel:       r.str("LOG_LEVEL", "info"),
-		BodyLimit:      int64(r.integer("BODY_LIMIT_BYTES", 1<<20)),
+		LogLevel:       r.oneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
+		BodyLimit:      int64(r.integer("BODY_LIMIT_BYTES", 1<<20, 1024, 1<<30)),
 
-		TicketsAddr:  r.str("TICKETS_ADDR", ":8081"),
-		PaymentsAddr: r.str("PAYMENTS_ADDR", ":8082"),
-		DeploysAddr:  r.str("DEPLOYS_ADDR", ":8083"),
-		ProviderAddr: r.str("PROVIDER_ADDR", ":8090"),
-		ProviderURL:  r.str("PROVIDER_URL", "http://127.0.0.1:8090"),
+		TicketsAddr:  r.addr("TICKETS_ADDR", ":8081"),
+		PaymentsAddr: r.addr("PAYMENTS_ADDR", ":8082"),
+		DeploysAddr:  r.addr("DEPLOYS_ADDR", ":8083"),
+		ProviderAddr: r.addr("PROVIDER_ADDR", ":8090"),
+		ProviderURL:  r.httpURL("PROVIDER_URL", "http://127.0.0.1:8090"),
 
 		IdempotencyRetention: r.duration("IDEMPOTENCY_RETENTION", 72*time.Hour),
 		PruneInterval:        r.duration("PRUNE_INTERVAL", 10*time.Minute),
@@ -72,22 +86,51 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ProviderTimeout: r.duration("PROVIDER_TIMEOUT", 5*time.Second),
 		ApprovalTTL:     r.duration("APPROVAL_TTL", time.Hour),
 
-		DeploySteps:                r.integer("DEPLOY_STEPS", 3),
+		DeploySteps:                r.integer("DEPLOY_STEPS", 3, 1, 100),
 		DeployStepDuration:         r.duration("DEPLOY_STEP_DURATION", 2*time.Second),
 		DeployApprovalEnvironments: splitList(r.str("DEPLOY_APPROVAL_ENVIRONMENTS", "production")),
 		DeployLockLease:            r.duration("DEPLOY_LOCK_LEASE", 30*time.Second),
 		DeployHeartbeat:            r.duration("DEPLOY_HEARTBEAT_INTERVAL", 5*time.Second),
 		DeployPollInterval:         r.duration("DEPLOY_POLL_INTERVAL", time.Second),
-		DeployWorkers:              r.integer("DEPLOY_WORKERS", 2),
+		DeployWorkers:              r.integer("DEPLOY_WORKERS", 2, 1, 64),
 	}
-	cfg.PaymentsApprovalThresholds, r.err = parseThresholds(r.str("PAYMENTS_APPROVAL_THRESHOLDS", defaultApprovalThresholds), r.err)
+	cfg.PaymentsApprovalThresholds = r.thresholds("PAYMENTS_APPROVAL_THRESHOLDS", defaultApprovalThresholds)
 	if r.err != nil {
 		return config{}, r.err
 	}
-	if cfg.IdempotencyRetention < 24*time.Hour {
-		return config{}, fmt.Errorf("config: IDEMPOTENCY_RETENTION must be at least 24h, got %s", cfg.IdempotencyRetention)
+	if _, err := failpoint.Parse(cfg.Failpoints); err != nil {
+		return config{}, configError{"RETRYSAFE_FAILPOINTS: " + err.Error()}
+	}
+	keySpec := cfg.APIKeys
+	if keySpec == "" {
+		keySpec, cfg.DemoKeys = auth.DemoKeys, true
+	}
+	keys, err := auth.ParseKeys(keySpec)
+	if err != nil {
+		return config{}, configError{"API_KEYS: " + err.Error()}
+	}
+	cfg.Keys = keys
+	if err := cfg.check(); err != nil {
+		return config{}, err
 	}
 	return cfg, nil
+}
+
+// check holds the rules that tie two variables together.
+func (c config) check() error {
+	switch {
+	case c.IdempotencyRetention < 24*time.Hour:
+		return configError{fmt.Sprintf("IDEMPOTENCY_RETENTION must be at least 24h, got %s", c.IdempotencyRetention)}
+	case c.ProviderTimeout >= c.OperationLease:
+		// The lease bounds how long a provider call may run before the reconciler may conclude it never
+		// executed; a call allowed to outlive it could execute after that conclusion.
+		return configError{fmt.Sprintf("PROVIDER_TIMEOUT (%s) must be below OPERATION_LEASE (%s)", c.ProviderTimeout, c.OperationLease)}
+	case 2*c.DeployHeartbeat > c.DeployLockLease:
+		// Two heartbeats fit in a lease, so one slow database round trip does not cost a running deploy its lock.
+		return configError{fmt.Sprintf("DEPLOY_HEARTBEAT_INTERVAL (%s) must be at most half of DEPLOY_LOCK_LEASE (%s)",
+			c.DeployHeartbeat, c.DeployLockLease)}
+	}
+	return nil
 }
 
 // String prints the configuration with secrets masked.
@@ -113,9 +156,27 @@ func maskURL(u string) string {
 	return scheme + "://" + user + ":***@" + host
 }
 
+// splitList reads a comma-separated list such as DEPLOY_APPROVAL_ENVIRONMENTS, dropping empty entries.
+func splitList(spec string) []string {
+	var out []string
+	for _, item := range strings.Split(spec, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
+// envReader reads typed variables and keeps the first error, which names its variable.
 type envReader struct {
 	getenv func(string) string
 	err    error
+}
+
+func (r *envReader) fail(name, format string, args ...any) {
+	if r.err == nil {
+		r.err = configError{name + ": " + fmt.Sprintf(format, args...)}
+	}
 }
 
 func (r *envReader) str(name, def string) string {
@@ -125,14 +186,26 @@ func (r *envReader) str(name, def string) string {
 	return def
 }
 
-func (r *envReader) integer(name string, def int) int {
+func (r *envReader) oneOf(name, def string, allowed ...string) string {
+	v := r.str(name, def)
+	for _, a := range allowed {
+		if v == a {
+			return v
+		}
+	}
+	r.fail(name, "%q is not one of %s", v, strings.Join(allowed, ", "))
+	return def
+}
+
+func (r *envReader) integer(name string, def, lo, hi int) int {
 	v := r.getenv(name)
 	if v == "" {
 		return def
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil && r.err == nil {
-		r.err = fmt.Errorf("config: %s: %w", name, err)
+	if err != nil || n < lo || n > hi {
+		r.fail(name, "%q is not a whole number from %d to %d", v, lo, hi)
+		return def
 	}
 	return n
 }
@@ -143,20 +216,55 @@ func (r *envReader) boolean(name string, def bool) bool {
 		return def
 	}
 	b, err := strconv.ParseBool(v)
-	if err != nil && r.err == nil {
-		r.err = fmt.Errorf("config: %s: %w", name, err)
+	if err != nil {
+		r.fail(name, "%q is not true or false", v)
+		return def
 	}
 	return b
 }
 
+// duration reads a positive Go duration such as 30s or 5m.
 func (r *envReader) duration(name string, def time.Duration) time.Duration {
 	v := r.getenv(name)
 	if v == "" {
 		return def
 	}
 	d, err := time.ParseDuration(v)
-	if err != nil && r.err == nil {
-		r.err = fmt.Errorf("config: %s: %w", name, err)
+	if err != nil || d <= 0 {
+		r.fail(name, "%q is not a positive duration such as 30s or 5m", v)
+		return def
 	}
 	return d
+}
+
+// addr reads a listen address, host:port or :port.
+func (r *envReader) addr(name, def string) string {
+	v := r.str(name, def)
+	_, port, err := net.SplitHostPort(v)
+	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+		r.fail(name, "%q is not a listen address such as :8081 or 127.0.0.1:8081", v)
+		return def
+	}
+	return v
+}
+
+func (r *envReader) postgresURL(name, def string) string {
+	v := r.str(name, def)
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+		// The value may hold a password: name the variable, never echo it.
+		r.fail(name, "not a postgres://user@host:port/database URL")
+		return def
+	}
+	return v
+}
+
+func (r *envReader) httpURL(name, def string) string {
+	v := r.str(name, def)
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		r.fail(name, "%q is not an http:// or https:// URL", v)
+		return def
+	}
+	return v
 }

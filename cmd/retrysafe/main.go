@@ -4,10 +4,14 @@
 //	retrysafe serve [tickets|payments|deploys|all]   (default all)
 //	retrysafe migrate
 //	retrysafe provider
+//	retrysafe help [COMMAND], retrysafe version
+//
+// Every command checks its arguments and the whole configuration before it opens anything.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -34,17 +38,47 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "retrysafe:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
-const usage = `usage: retrysafe serve [tickets|payments|deploys|all] | migrate | provider`
+// exitCode is 2 for a bad invocation or configuration (nothing was done), the code a command chose for its
+// verdict, and 1 for any other failure.
+func exitCode(err error) int {
+	var ce configError
+	var ue usageError
+	var ee exitError
+	switch {
+	case errors.As(err, &ce), errors.As(err, &ue):
+		return 2
+	case errors.As(err, &ee):
+		return ee.code
+	default:
+		return 1
+	}
+}
 
 // run is the whole program; tests call it with their own arguments and environment.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	cmd, rest, err := parseArgs(args)
+	if err != nil {
+		return err
+	}
+	if cmd.name == "help" || wantsHelp(rest) {
+		return printHelp(stdout, cmd, rest)
+	}
+	if cmd.check != nil {
+		if err := cmd.check(rest); err != nil {
+			return err
+		}
+	}
+	if cmd.noConfig {
+		return cmd.run(ctx, invocation{args: rest, getenv: getenv, stdout: stdout})
+	}
 	cfg, err := loadConfig(getenv)
 	if err != nil {
 		return err
@@ -54,27 +88,39 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := failpoint.Configure(cfg.Failpoints); err != nil {
 		return err
 	}
-	if len(args) == 0 {
-		return fmt.Errorf("%s", usage)
+	return cmd.run(ctx, invocation{args: rest, getenv: getenv, stdout: stdout, cfg: cfg, logger: logger})
+}
+
+func runMigrate(ctx context.Context, inv invocation) error {
+	db, err := openDB(inv.cfg)
+	if err != nil {
+		return err
 	}
-	switch args[0] {
-	case "migrate":
-		db, err := openDB(cfg)
-		if err != nil {
-			return err
-		}
-		return migrate(ctx, db, logger)
-	case "serve":
-		which := "all"
-		if len(args) > 1 {
-			which = args[1]
-		}
-		return serve(ctx, cfg, which, logger)
-	case "provider":
-		return serveProvider(ctx, cfg, logger)
-	default:
-		return fmt.Errorf("unknown command %q; %s", args[0], usage)
+	return migrate(ctx, db, inv.logger)
+}
+
+func runServe(ctx context.Context, inv invocation) error {
+	which := "all"
+	if len(inv.args) > 0 {
+		which = inv.args[0]
 	}
+	return serve(ctx, inv.cfg, which, inv.logger)
+}
+
+// checkServe refuses an unknown service name before anything is opened or migrated.
+func checkServe(args []string) error {
+	if len(args) > 1 {
+		return usageError{"serve takes one service name; see retrysafe help serve"}
+	}
+	if len(args) == 0 || args[0] == "all" {
+		return nil
+	}
+	for _, b := range builders {
+		if b.name == args[0] {
+			return nil
+		}
+	}
+	return usageError{fmt.Sprintf("unknown service %q: want tickets, payments, deploys or all", args[0])}
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
@@ -153,17 +199,11 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 			return err
 		}
 	}
-	keySpec := cfg.APIKeys
-	if keySpec == "" {
+	if cfg.DemoKeys {
 		logger.Warn("API_KEYS is unset: using the documented demo keys; never do this outside development")
-		keySpec = auth.DemoKeys
-	}
-	keys, err := auth.ParseKeys(keySpec)
-	if err != nil {
-		return err
 	}
 	logger.Info("starting", "config", cfg.String(), "services", which)
-	d := deps{cfg: cfg, db: db, keys: keys, logger: logger, idem: &idem.Handler{
+	d := deps{cfg: cfg, db: db, keys: cfg.Keys, logger: logger, idem: &idem.Handler{
 		DB: db, Store: idem.PostgresStore{}, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1,
 	}}
 
@@ -177,9 +217,6 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 			return fmt.Errorf("build %s: %w", b.name, err)
 		}
 		services = append(services, s)
-	}
-	if len(services) == 0 {
-		return fmt.Errorf("unknown service %q; %s", which, usage)
 	}
 
 	ctx, cancel := context.WithCancel(ctx)

@@ -87,24 +87,81 @@ func waitHealthy(t *testing.T, url string, done chan error) {
 	t.Fatalf("%s not ready within 30s", url)
 }
 
+// TestRunRejectsBadInvocations: a bad command, argument or variable is one error naming it, exit code 2, and
+// nothing is opened: DATABASE_URL points at a port where nothing listens, so any I/O would fail differently.
 func TestRunRejectsBadInvocations(t *testing.T) {
 	t.Parallel()
-	var out bytes.Buffer
+	nowhere := "postgres://postgres@127.0.0.1:1/none?sslmode=disable"
 	for _, tc := range []struct {
 		args []string
 		vars map[string]string
 		want string
 	}{
-		{nil, nil, "usage"},
+		{nil, nil, "no command"},
 		{[]string{"launch"}, nil, "unknown command"},
-		{[]string{"serve", "tickets"}, map[string]string{"IDEMPOTENCY_RETENTION": "1h"}, "at least 24h"},
+		{[]string{"serve", "nope"}, nil, "unknown service"},
+		{[]string{"serve", "tickets", "extra"}, nil, "one service name"},
+		{[]string{"migrate", "now"}, nil, "no arguments"},
+		{[]string{"provider", "x"}, nil, "no arguments"},
+		{[]string{"help", "launch"}, nil, "unknown command"},
+		{[]string{"serve", "tickets"}, map[string]string{"IDEMPOTENCY_RETENTION": "1h"}, "IDEMPOTENCY_RETENTION"},
 		{[]string{"serve", "tickets"}, map[string]string{"OPERATION_LEASE": "soon"}, "OPERATION_LEASE"},
-		{[]string{"serve", "tickets"}, map[string]string{"API_KEYS": "acct:admin:s"}, "role"},
-		{[]string{"serve", "tickets"}, map[string]string{"RETRYSAFE_FAILPOINTS": "x=explode"}, "failpoint"},
+		{[]string{"serve", "tickets"}, map[string]string{"OPERATION_LEASE": "-5s"}, "OPERATION_LEASE"},
+		{[]string{"serve", "tickets"}, map[string]string{"API_KEYS": "acct:admin:s"}, "API_KEYS"},
+		{[]string{"serve", "tickets"}, map[string]string{"RETRYSAFE_FAILPOINTS": "x=explode"}, "RETRYSAFE_FAILPOINTS"},
+		{[]string{"serve", "tickets"}, map[string]string{"DB_MAX_CONNS": "0"}, "DB_MAX_CONNS"},
+		{[]string{"serve", "tickets"}, map[string]string{"TICKETS_ADDR": "8081"}, "TICKETS_ADDR"},
+		{[]string{"serve", "tickets"}, map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+		{[]string{"serve", "tickets"}, map[string]string{"MIGRATE_ON_START": "yes please"}, "MIGRATE_ON_START"},
+		{[]string{"serve", "tickets"}, map[string]string{"PROVIDER_URL": "ftp://x"}, "PROVIDER_URL"},
+		{[]string{"serve", "tickets"}, map[string]string{"DEPLOY_HEARTBEAT_INTERVAL": "20s"}, "DEPLOY_HEARTBEAT_INTERVAL"},
+		{[]string{"migrate"}, map[string]string{"DATABASE_URL": "mysql://root@x/db"}, "DATABASE_URL"},
 	} {
-		err := run(context.Background(), tc.args, env(tc.vars), &out)
+		vars := map[string]string{"DATABASE_URL": nowhere}
+		for k, v := range tc.vars {
+			vars[k] = v
+		}
+		var out bytes.Buffer
+		err := run(context.Background(), tc.args, env(vars), &out)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("run(%v, %v) = %v, want an error mentioning %q", tc.args, tc.vars, err, tc.want)
+			continue
+		}
+		if code := exitCode(err); code != 2 {
+			t.Errorf("run(%v, %v): exit code %d, want 2", tc.args, tc.vars, code)
+		}
+		if strings.Contains(err.Error(), "connect") || out.Len() > 0 {
+			t.Errorf("run(%v, %v) did something before refusing: %v; output %q", tc.args, tc.vars, err, out.String())
+		}
+	}
+}
+
+// TestHelpAndVersion: help on every command, with the variables it reads, and a version; none of them opens
+// anything (DATABASE_URL points nowhere, and provider --help must not bind its port).
+func TestHelpAndVersion(t *testing.T) {
+	t.Parallel()
+	vars := env(map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/none?sslmode=disable"})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--help"}, "Commands:"},
+		{[]string{"-h"}, "Commands:"},
+		{[]string{"help"}, "Commands:"},
+		{[]string{"help", "serve"}, "API_KEYS"},
+		{[]string{"serve", "--help"}, "OPERATION_LEASE"},
+		{[]string{"migrate", "--help"}, "DATABASE_URL"},
+		{[]string{"provider", "-h"}, "PROVIDER_ADDR"},
+		{[]string{"--version"}, "retrysafe "},
+		{[]string{"version"}, "retrysafe "},
+	} {
+		var out bytes.Buffer
+		if err := run(context.Background(), tc.args, vars, &out); err != nil {
+			t.Errorf("run(%v) = %v", tc.args, err)
+			continue
+		}
+		if !strings.Contains(out.String(), tc.want) {
+			t.Errorf("run(%v) printed %q, want it to mention %q", tc.args, out.String(), tc.want)
 		}
 	}
 }

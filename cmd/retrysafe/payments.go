@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -15,11 +14,10 @@ import (
 // not listed never needs one.
 const defaultApprovalThresholds = "USD:100000,EUR:100000,GBP:100000,CHF:100000,CAD:100000,AUD:100000,JPY:100000,KRW:1000000"
 
-// parseThresholds reads "USD:100000,JPY:100000" (minor units per ISO 4217 currency). It keeps the first error
-// of the config reader, prev, when there is one.
-func parseThresholds(spec string, prev error) (map[string]int64, error) {
+// thresholds reads PAYMENTS_APPROVAL_THRESHOLDS: "USD:100000,JPY:100000" (minor units per ISO 4217 currency).
+func (r *envReader) thresholds(name, def string) map[string]int64 {
 	out := map[string]int64{}
-	for _, entry := range strings.Split(spec, ",") {
+	for _, entry := range strings.Split(r.str(name, def), ",") {
 		entry = strings.TrimSpace(entry)
 		if entry == "" {
 			continue
@@ -27,23 +25,15 @@ func parseThresholds(spec string, prev error) (map[string]int64, error) {
 		currency, limit, ok := strings.Cut(entry, ":")
 		n, err := strconv.ParseInt(limit, 10, 64)
 		if _, known := money.Exponent(currency); !ok || !known || err != nil || n < 0 || n > money.MaxMinor {
-			if prev == nil {
-				prev = fmt.Errorf("config: PAYMENTS_APPROVAL_THRESHOLDS entry %q is not CURRENCY:minor_units (such as USD:100000)", entry)
-			}
+			r.fail(name, "entry %q is not CURRENCY:minor_units (such as USD:100000)", entry)
 			continue
 		}
 		out[currency] = n
 	}
-	return out, prev
+	return out
 }
 
 func buildPayments(d deps) (service, error) {
-	// The lease bounds how long a provider call may run before the reconciler may conclude it never executed;
-	// a call allowed to outlive it could execute after that conclusion.
-	if d.cfg.ProviderTimeout <= 0 || d.cfg.ProviderTimeout >= d.cfg.OperationLease {
-		return service{}, fmt.Errorf("PROVIDER_TIMEOUT (%s) must be positive and below OPERATION_LEASE (%s)",
-			d.cfg.ProviderTimeout, d.cfg.OperationLease)
-	}
 	r, err := router(d)
 	if err != nil {
 		return service{}, err

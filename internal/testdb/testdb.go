@@ -1,6 +1,12 @@
 // Package testdb gives tests a real PostgreSQL, fast: one lazily opened connection per package from
 // TEST_DATABASE_URL, schemas migrated once and reused.
 //
+// Nothing has to exist beforehand but a reachable server: the database of TEST_DATABASE_URL is created when it
+// is missing. Schemas are named after the test package and the migrations' digest, and each one in use is held
+// by a session advisory lock of this process, so the next run of the package reuses them (no pile of schemas
+// per clone), two test processes never share one, and schemas of an older migration set that nobody holds are
+// dropped.
+//
 //   - Tx(t) is a transaction in the package's base schema, rolled back at cleanup: for tests that never need
 //     another connection to see their writes.
 //   - Schema(t) lends a whole migrated schema, emptied when lent, for tests that must commit: concurrency,
@@ -9,9 +15,8 @@ package testdb
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -22,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -52,7 +58,6 @@ type DB struct {
 var (
 	mu   sync.Mutex
 	free []*DB
-	made int
 )
 
 // MaxConnsPerSchema is the pool size of each lent schema; keep the sum modest on a 2-core machine.
@@ -65,17 +70,17 @@ func Schema(t testing.TB) *DB {
 	var db *DB
 	if n := len(free); n > 0 {
 		db, free = free[n-1], free[:n-1]
-	} else {
-		made++
-		name := fmt.Sprintf("%s_%d", packagePrefix(), made)
 		mu.Unlock()
-		var err error
-		if db, err = open(name); err != nil {
+	} else {
+		mu.Unlock()
+		name, err := claimName(packagePrefix() + "_")
+		if err == nil {
+			db, err = open(name)
+		}
+		if err != nil {
 			t.Fatalf("testdb: %v", err)
 		}
-		mu.Lock()
 	}
-	mu.Unlock()
 	if err := truncate(db.DB); err != nil {
 		t.Fatalf("testdb: empty schema %s: %v", db.Schema, err)
 	}
@@ -96,7 +101,12 @@ var (
 // Tx returns a transaction in the package's base schema that is rolled back when the test ends.
 func Tx(t testing.TB) *gorm.DB {
 	t.Helper()
-	baseOnce.Do(func() { base, baseErr = open(packagePrefix() + "_base") })
+	baseOnce.Do(func() {
+		var name string
+		if name, baseErr = claimName(packagePrefix() + "_base_"); baseErr == nil {
+			base, baseErr = open(name)
+		}
+	})
 	if baseErr != nil {
 		t.Fatalf("testdb: %v", baseErr)
 	}
@@ -108,6 +118,134 @@ func Tx(t testing.TB) *gorm.DB {
 	return tx
 }
 
+// The session that holds this process's schema locks, for as long as the process lives.
+var (
+	holderOnce sync.Once
+	holder     *sql.Conn
+	holderErr  error
+	// held are the names this process claimed: advisory locks are re-entrant within one session, so the lock
+	// alone would hand a name to two tests of this process.
+	heldMu sync.Mutex
+	held   = map[string]bool{}
+)
+
+// lockClass namespaces testdb's advisory locks (pg_try_advisory_lock(class, hashtext(schema))).
+const lockClass = 0x7274
+
+// claimName takes the advisory lock of the first free schema name prefix1, prefix2, ... and returns it; the
+// schema may already exist from an earlier run, to be reused.
+func claimName(prefix string) (string, error) {
+	holderOnce.Do(func() { holder, holderErr = openHolder() })
+	if holderErr != nil {
+		return "", holderErr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	heldMu.Lock()
+	defer heldMu.Unlock()
+	for n := 1; n <= 200; n++ {
+		name := fmt.Sprintf("%s%d", prefix, n)
+		if held[name] {
+			continue
+		}
+		var got bool
+		if err := holder.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, lockClass, name).Scan(&got); err != nil {
+			return "", fmt.Errorf("lock schema %s: %w", name, err)
+		}
+		if got {
+			held[name] = true
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("no free schema named %s1..200", prefix)
+}
+
+// openHolder connects, creating the test database if it is missing, and drops the schemas that a test process
+// made for another set of migrations and that no process holds now.
+func openHolder() (*sql.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := ensureDatabase(ctx); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("pgx", URL())
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxIdleConns(1)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect (is PostgreSQL running at %s?): %w", redact(URL()), err)
+	}
+	rows, err := conn.QueryContext(ctx, `SELECT nspname FROM pg_namespace WHERE nspname ~ '^t_.*_m[0-9a-f]{8}_'`)
+	if err != nil {
+		return nil, err
+	}
+	var stale []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if !strings.Contains(name, "_m"+migrations.Digest()+"_") {
+			stale = append(stale, name)
+		}
+	}
+	rows.Close()
+	for _, name := range stale {
+		var got bool
+		if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, lockClass, name).Scan(&got); err != nil || !got {
+			continue // another process uses it
+		}
+		_, _ = conn.ExecContext(ctx, `DROP SCHEMA IF EXISTS `+quoteIdent(name)+` CASCADE`)
+		_, _ = conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, lockClass, name)
+	}
+	return conn, nil
+}
+
+// ensureDatabase creates the database of URL() when the server says it does not exist.
+func ensureDatabase(ctx context.Context) error {
+	probe, err := sql.Open("pgx", URL())
+	if err != nil {
+		return fmt.Errorf("TEST_DATABASE_URL: %w", err)
+	}
+	defer probe.Close()
+	err = probe.PingContext(ctx)
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
+		return nil // reachable, or a failure the first real query reports
+	}
+	u, err := url.Parse(URL())
+	if err != nil {
+		return err
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	u.Path = "/postgres"
+	admin, err := sql.Open("pgx", u.String())
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if _, err := admin.ExecContext(ctx, `CREATE DATABASE `+quoteIdent(name)); err != nil {
+		if errors.As(err, &pgErr) && pgErr.Code == "42P04" {
+			return nil // another test process created it first
+		}
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
+func quoteIdent(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
+
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "(TEST_DATABASE_URL)"
+	}
+	return u.Redacted()
+}
+
 func open(schema string) (*DB, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -117,7 +255,7 @@ func open(schema string) (*DB, error) {
 	}
 	defer admin.Close()
 	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema); err != nil {
-		return nil, fmt.Errorf("create schema %s (is PostgreSQL running at %s?): %w", schema, URL(), err)
+		return nil, fmt.Errorf("create schema %s (is PostgreSQL running at %s?): %w", schema, redact(URL()), err)
 	}
 	dsn, err := withSearchPath(URL(), schema)
 	if err != nil {
@@ -162,25 +300,24 @@ func withSearchPath(dsn, schema string) (string, error) {
 
 var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
 
-// packagePrefix names this test binary's schemas after the package and the checkout it runs in, so packages
-// testing in parallel, and two checkouts testing at once, never share a schema.
+// packagePrefix names this test binary's schemas after the package and the migrations they hold; the advisory
+// locks of claimName keep two processes (two checkouts testing at once) apart.
 func packagePrefix() string {
 	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")
-	dir, _ := os.Getwd()
-	sum := sha256.Sum256([]byte(dir))
-	return "t_" + nonIdent.ReplaceAllString(strings.ToLower(name), "_") + "_" + hex.EncodeToString(sum[:3])
+	return "t_" + nonIdent.ReplaceAllString(strings.ToLower(name), "_") + "_m" + migrations.Digest()
 }
 
 var emptyMade int
 
 // EmptySchema creates a schema with nothing in it, not even migrations, and returns a DSN that uses it; it is
-// dropped when the test ends. For tests of migrating and of readiness before migrations.
+// dropped when the test ends (or, if the process dies first, by a later run). For tests of migrating and of
+// readiness before migrations.
 func EmptySchema(t testing.TB) string {
 	t.Helper()
-	mu.Lock()
-	emptyMade++
-	name := fmt.Sprintf("%s_empty_%d", packagePrefix(), emptyMade)
-	mu.Unlock()
+	name, err := claimName(packagePrefix() + "_empty_")
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
 	admin, err := sql.Open("pgx", URL())
 	if err != nil {
 		t.Fatal(err)

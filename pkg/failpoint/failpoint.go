@@ -13,17 +13,30 @@ import (
 
 var actions = map[string]string{}
 
-// Configure sets the failpoints from a spec like "a=pause,b=exit"; cmd/retrysafe calls it once at start.
-func Configure(spec string) error {
+// Parse checks a spec like "a=pause,b=exit" and returns its actions by name, changing nothing.
+func Parse(spec string) (map[string]string, error) {
+	out := map[string]string{}
 	for _, entry := range strings.Split(spec, ",") {
 		entry = strings.TrimSpace(entry)
 		if entry == "" {
 			continue
 		}
 		name, action, ok := strings.Cut(entry, "=")
-		if !ok || (action != "pause" && action != "exit") {
-			return fmt.Errorf("failpoint: %q is not name=pause or name=exit", entry)
+		if !ok || name == "" || (action != "pause" && action != "exit") {
+			return nil, fmt.Errorf("failpoint: %q is not name=pause or name=exit", entry)
 		}
+		out[name] = action
+	}
+	return out, nil
+}
+
+// Configure sets the failpoints from a spec like "a=pause,b=exit"; cmd/retrysafe calls it once at start.
+func Configure(spec string) error {
+	parsed, err := Parse(spec)
+	if err != nil {
+		return err
+	}
+	for name, action := range parsed {
 		actions[name] = action
 	}
 	return nil

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+)
+
+// version is set at build time (-ldflags "-X main.version=v1.2.3"); otherwise the VCS revision Go recorded.
+var version = ""
+
+// usageError is a bad invocation: exit code 2, nothing done.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg + " (retrysafe help lists the commands)" }
+
+// exitError carries a command's own exit code (audit verify: 1 for a broken chain), with its message.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }
+
+// invocation is what a command runs with; cfg and logger are set unless the command has noConfig.
+type invocation struct {
+	args   []string
+	getenv func(string) string
+	stdout io.Writer
+	cfg    config
+	logger *slog.Logger
+}
+
+// command is one subcommand: its help text lists the environment variables it reads.
+type command struct {
+	name     string
+	synopsis string
+	summary  string
+	env      string
+	// check refuses bad arguments before the configuration is read or anything is opened.
+	check    func(args []string) error
+	noConfig bool
+	run      func(ctx context.Context, inv invocation) error
+}
+
+const commonEnv = `  LOG_LEVEL                 debug, info (default), warn or error; JSON logs on stdout
+  RETRYSAFE_FAILPOINTS      crash points for tests, name=pause|exit,...`
+
+const databaseEnv = `  DATABASE_URL              postgres:// URL (default postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable)
+  DB_MAX_CONNS              connection pool size (default 20)`
+
+var commands []command
+
+func init() {
+	commands = []command{
+		{
+			name: "serve", synopsis: "serve [tickets|payments|deploys|all]",
+			summary: "serve the write APIs (default all), migrating the database first",
+			check:   checkServe, run: runServe,
+			env: databaseEnv + `
+  MIGRATE_ON_START          apply migrations at start (default true)
+  API_KEYS                  account_id:role:secret,... role agent or approver (unset: the demo keys, development only)
+  TICKETS_ADDR PAYMENTS_ADDR DEPLOYS_ADDR   listen addresses (default :8081 :8082 :8083)
+  BODY_LIMIT_BYTES          largest request body (default 1048576)
+  IDEMPOTENCY_RETENTION     how long finished keys are kept (default 72h, at least 24h)
+  PRUNE_INTERVAL            how often finished keys are pruned (default 10m)
+  OPERATION_LEASE           how long an external effect may run before it is called unknown (default 30s)
+  RECOVERY_INTERVAL         how often expired leases are looked for (default 5s)
+  PROVIDER_URL              the payment provider (default http://127.0.0.1:8090)
+  PROVIDER_SECRET           our merchant secret at the provider (masked in logs)
+  PROVIDER_TIMEOUT          bound of one provider call, below OPERATION_LEASE (default 5s)
+  PAYMENTS_APPROVAL_THRESHOLDS   CURRENCY:minor_units,... above which captures and refunds need approval
+  APPROVAL_TTL              how long an approval can be used (default 1h)
+  DEPLOY_STEPS DEPLOY_STEP_DURATION   simulated deploy steps (default 3 of 2s)
+  DEPLOY_APPROVAL_ENVIRONMENTS        environments whose deploys need approval (default production)
+  DEPLOY_LOCK_LEASE DEPLOY_HEARTBEAT_INTERVAL   release lock lease (30s) and heartbeat (5s, at most half of it)
+  DEPLOY_POLL_INTERVAL DEPLOY_WORKERS           controller polling (1s) and concurrency (2)
+` + commonEnv,
+		},
+		{
+			name: "migrate", synopsis: "migrate", summary: "apply the database migrations and exit",
+			check: noArgs("migrate"), run: runMigrate, env: databaseEnv + "\n" + commonEnv,
+		},
+		{
+			name: "provider", synopsis: "provider", summary: "serve the payment provider sandbox that payments calls",
+			check: noArgs("provider"), run: func(ctx context.Context, inv invocation) error { return serveProvider(ctx, inv.cfg, inv.logger) },
+			env: `  PROVIDER_ADDR             listen address (default :8090)
+  PROVIDER_FAULT_INJECTION  enable /admin/faults and /admin/reset (default false)
+` + commonEnv,
+		},
+		{
+			name: "version", synopsis: "version", summary: "print the version", noConfig: true,
+			check: noArgs("version"),
+			run: func(_ context.Context, inv invocation) error {
+				_, err := fmt.Fprintln(inv.stdout, "retrysafe", versionString())
+				return err
+			},
+		},
+		{name: "help", synopsis: "help [COMMAND]", summary: "describe the commands, or one command and the variables it reads", noConfig: true},
+	}
+}
+
+func noArgs(name string) func(args []string) error {
+	return func(args []string) error {
+		if len(args) > 0 {
+			return usageError{fmt.Sprintf("%s takes no arguments, got %q", name, strings.Join(args, " "))}
+		}
+		return nil
+	}
+}
+
+func findCommand(name string) (command, bool) {
+	for _, c := range commands {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+// parseArgs finds the command; --help, -h and --version work in place of one.
+func parseArgs(args []string) (command, []string, error) {
+	if len(args) == 0 {
+		return command{}, nil, usageError{"no command given"}
+	}
+	name := args[0]
+	switch name {
+	case "--help", "-h", "-help":
+		name = "help"
+	case "--version", "-version":
+		name = "version"
+	}
+	cmd, ok := findCommand(name)
+	if !ok {
+		return command{}, nil, usageError{fmt.Sprintf("unknown command %q", args[0])}
+	}
+	return cmd, args[1:], nil
+}
+
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		if a == "--help" || a == "-h" || a == "-help" {
+			return true
+		}
+	}
+	return false
+}
+
+// printHelp prints the command list, or one command's help when cmd is not help itself or help names one.
+func printHelp(w io.Writer, cmd command, args []string) error {
+	if cmd.name == "help" && len(args) > 0 && !wantsHelp(args[:1]) {
+		c, ok := findCommand(args[0])
+		if !ok {
+			return usageError{fmt.Sprintf("no help for unknown command %q", args[0])}
+		}
+		cmd = c
+	}
+	if cmd.name != "help" {
+		fmt.Fprintf(w, "usage: retrysafe %s\n\n%s.\n", cmd.synopsis, cmd.summary)
+		if cmd.env != "" {
+			fmt.Fprintf(w, "\nEnvironment:\n%s\n", cmd.env)
+		}
+		return nil
+	}
+	fmt.Fprintf(w, "retrysafe %s: write APIs that AI agents can retry without duplicating effects.\n\nCommands:\n", versionString())
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-40s %s\n", c.synopsis, c.summary)
+	}
+	fmt.Fprintln(w, "\nretrysafe COMMAND --help lists the environment variables a command reads.")
+	fmt.Fprintln(w, "Exit codes: 0 done, 1 failed, 2 bad invocation or configuration (nothing was done).")
+	return nil
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(devel)"
+	}
+	v := info.Main.Version
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+		if s.Key == "vcs.modified" && s.Value == "true" {
+			v += "+dirty"
+		}
+	}
+	return v
+}
