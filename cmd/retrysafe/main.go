@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -28,11 +27,10 @@ import (
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/migrations"
-	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
-	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
@@ -161,32 +159,15 @@ func migrate(ctx context.Context, db *gorm.DB, logger *slog.Logger) error {
 	return nil
 }
 
-// deps is what every service is built from.
-type deps struct {
-	cfg    config
-	db     *gorm.DB
-	keys   *auth.Keys
-	logger *slog.Logger
-	idem   *idem.Handler
-}
-
-// service is one HTTP service of the process and the background work it brings.
-type service struct {
-	name        string
-	addr        string
-	handler     http.Handler
-	reconcilers map[string]opstatus.Reconciler
-	workers     []func(ctx context.Context)
-}
-
-// builders lists the services `serve` knows, in start order.
+// builders lists the services `serve` knows, in start order, each built through the contract of pkg/service.
 var builders = []struct {
 	name  string
-	build func(d deps) (service, error)
+	addr  func(cfg config) string
+	build func(cfg config, d service.Deps) (service.Service, error)
 }{
-	{"tickets", buildTickets},
-	{"payments", buildPayments},
-	{"deploys", buildDeploys},
+	{"tickets", func(c config) string { return c.TicketsAddr }, buildTickets},
+	{"payments", func(c config) string { return c.PaymentsAddr }, buildPayments},
+	{"deploys", func(c config) string { return c.DeploysAddr }, buildDeploys},
 }
 
 func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) error {
@@ -203,52 +184,48 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 		logger.Warn("API_KEYS is unset: using the documented demo keys; never do this outside development")
 	}
 	logger.Info("starting", "config", cfg.String(), "services", which)
-	d := deps{cfg: cfg, db: db, keys: cfg.Keys, logger: logger, idem: &idem.Handler{
+	d := service.Deps{DB: db, Logger: logger, Idem: &idem.Handler{
 		DB: db, Store: idem.PostgresStore{}, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1,
 	}}
+	httpStack, err := httpStack(cfg, db)
+	if err != nil {
+		return err
+	}
 
-	var services []service
+	var svcs []service.Service
+	var addrs []string
 	for _, b := range builders {
 		if which != "all" && which != b.name {
 			continue
 		}
-		s, err := b.build(d)
+		s, err := b.build(cfg, d)
 		if err != nil {
 			return fmt.Errorf("build %s: %w", b.name, err)
 		}
-		services = append(services, s)
+		svcs, addrs = append(svcs, s), append(addrs, b.addr(cfg))
 	}
+	// Before anything runs: a retry of an unknown operation settles it at once.
+	d.Idem.Reconcilers = service.Reconcilers(svcs...)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	waitWorkers := service.Start(ctx, service.Workers(d, service.Background{
+		RecoveryInterval: cfg.RecoveryInterval, Retention: cfg.IdempotencyRetention, PruneInterval: cfg.PruneInterval,
+	}, svcs...))
 	var wg sync.WaitGroup
-	reconcilers := map[string]opstatus.Reconciler{}
-	for _, s := range services {
-		for kind, r := range s.reconcilers {
-			reconcilers[kind] = r
-		}
-	}
-	d.idem.Reconcilers = reconcilers // before anything runs: a retry of an unknown operation settles it at once
-	for _, s := range services {
-		for _, w := range s.workers {
-			wg.Go(func() { w(ctx) })
-		}
-	}
-	recovery := &opstatus.RecoveryWorker{DB: db, Reconcilers: reconcilers, Interval: cfg.RecoveryInterval, Logger: logger}
-	pruner := &idem.Pruner{DB: db, Store: d.idem.Store, Retention: cfg.IdempotencyRetention, Interval: cfg.PruneInterval, Logger: logger}
-	wg.Go(func() { recovery.Run(ctx) })
-	wg.Go(func() { pruner.Run(ctx) })
-
-	errc := make(chan error, len(services))
-	for _, s := range services {
+	errc := make(chan error, len(svcs))
+	for i, s := range svcs {
+		handler := service.Handler(d, httpStack, s)
 		wg.Go(func() {
-			if err := httpserver.Serve(ctx, s.addr, s.handler, logger.With("service", s.name)); err != nil {
-				errc <- fmt.Errorf("%s: %w", s.name, err)
+			if err := httpserver.Serve(ctx, addrs[i], handler, logger.With("service", s.Name())); err != nil {
+				errc <- fmt.Errorf("%s: %w", s.Name(), err)
 				cancel()
 			}
 		})
 	}
 	wg.Wait()
+	cancel()
+	waitWorkers()
 	close(errc)
 	var errs []string
 	for err := range errc {
@@ -261,14 +238,14 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	return nil
 }
 
-// router is the shared HTTP stack of a service; routes go on the returned authenticated group.
-func router(d deps) (*httpserverRouter, error) {
-	sqlDB, err := d.db.DB()
+// httpStack is the shared HTTP configuration of every service: keys, body limit, readiness after migrations.
+func httpStack(cfg config, db *gorm.DB) (service.HTTP, error) {
+	sqlDB, err := db.DB()
 	if err != nil {
-		return nil, err
+		return service.HTTP{}, err
 	}
-	r := httpserver.NewRouter(httpserver.Options{
-		Logger: d.logger, DB: d.db, BodyLimit: d.cfg.BodyLimit,
+	return service.HTTP{
+		Keys: cfg.Keys, BodyLimit: cfg.BodyLimit,
 		Ready: func(ctx context.Context) error {
 			pending, err := migrations.Pending(ctx, sqlDB)
 			if err != nil {
@@ -279,15 +256,9 @@ func router(d deps) (*httpserverRouter, error) {
 			}
 			return nil
 		},
-	})
-	return &httpserverRouter{Engine: r, API: r.Group("", auth.Middleware(d.keys))}, nil
+	}, nil
 }
 
-func buildTickets(d deps) (service, error) {
-	r, err := router(d)
-	if err != nil {
-		return service{}, err
-	}
-	tickets.Routes(r.API, &tickets.Server{DB: d.db, Store: tickets.PostgresStore{}, Idem: d.idem})
-	return service{name: "tickets", addr: d.cfg.TicketsAddr, handler: r.Engine}, nil
+func buildTickets(_ config, d service.Deps) (service.Service, error) {
+	return tickets.New(d, tickets.Config{})
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/retrysafe/retrysafe/pkg/money"
+	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -33,19 +34,10 @@ func (r *envReader) thresholds(name, def string) map[string]int64 {
 	return out
 }
 
-func buildPayments(d deps) (service, error) {
-	r, err := router(d)
-	if err != nil {
-		return service{}, err
-	}
-	s := payments.New(payments.Config{
-		DB:                 d.db,
-		Store:              payments.PostgresStore{},
-		Idem:               d.idem,
-		Provider:           provider.NewClient(d.cfg.ProviderURL, d.cfg.ProviderSecret, d.cfg.ProviderTimeout),
-		ApprovalThresholds: d.cfg.PaymentsApprovalThresholds,
-		ApprovalTTL:        d.cfg.ApprovalTTL,
+func buildPayments(cfg config, d service.Deps) (service.Service, error) {
+	return payments.New(d, payments.Config{
+		Provider:           provider.NewClient(cfg.ProviderURL, cfg.ProviderSecret, cfg.ProviderTimeout),
+		ApprovalThresholds: cfg.PaymentsApprovalThresholds,
+		ApprovalTTL:        cfg.ApprovalTTL,
 	})
-	payments.Routes(r.API, s)
-	return service{name: "payments", addr: d.cfg.PaymentsAddr, handler: r.Engine, reconcilers: s.Reconcilers()}, nil
 }

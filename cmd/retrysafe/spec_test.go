@@ -5,13 +5,12 @@ import (
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
-	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/api"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
-	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 var ginParam = regexp.MustCompile(`:([A-Za-z_]+)`)
@@ -29,25 +28,22 @@ func TestEveryRouteIsInTheSpec(t *testing.T) {
 		t.Fatalf("api/openapi.yaml is not valid OpenAPI: %v", err)
 	}
 	db := testdb.Schema(t)
-	keys, err := auth.ParseKeys(auth.DemoKeys)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg, err := loadConfig(env(map[string]string{"DATABASE_URL": db.DSN}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := deps{cfg: cfg, db: db.DB, keys: keys, logger: servicetest.Logger(),
-		idem: &idem.Handler{DB: db.DB, Store: idem.PostgresStore{}, Logger: servicetest.Logger()}}
+	d := service.Deps{DB: db.DB, Logger: servicetest.Logger(),
+		Idem: &idem.Handler{DB: db.DB, Store: idem.PostgresStore{}, Logger: servicetest.Logger()}}
+	stack, err := httpStack(cfg, db.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, b := range builders {
-		s, err := b.build(d)
+		s, err := b.build(cfg, d)
 		if err != nil {
 			t.Fatalf("build %s: %v", b.name, err)
 		}
-		engine, ok := s.handler.(*gin.Engine)
-		if !ok {
-			t.Fatalf("%s: handler is %T, want *gin.Engine", b.name, s.handler)
-		}
+		engine := service.Handler(d, stack, s)
 		for _, r := range engine.Routes() {
 			path := ginParam.ReplaceAllString(r.Path, "{$1}")
 			item := doc.Paths.Find(path)

@@ -1,12 +1,14 @@
-// Package servicetest assembles a service under test the way cmd/retrysafe does: the shared router, the demo
-// API keys, an idem.Handler on a lent test schema, and an httptest server in front.
+// Package servicetest builds a service under test exactly as `retrysafe serve` does, through the contract of
+// pkg/service: the demo API keys, an idem.Handler on a lent test schema, service.Handler in front, the
+// service's reconcilers given to idem, and an httptest server.
 //
 //	env := servicetest.New(t)
-//	tickets.Routes(env.API, &tickets.Server{DB: env.DB.DB, Store: tickets.PostgresStore{}, Idem: env.Idem})
-//	agent := env.Start(t) // an apitest.Client as the demo agent
+//	svc, err := tickets.New(env.Deps, tickets.Config{})
+//	agent := env.Serve(t, svc) // an apitest.Client as the demo agent
 package servicetest
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -20,8 +22,9 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/auth"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 // The demo secrets of auth.DemoKeys.
@@ -38,16 +41,15 @@ var defaultLogger sync.Once
 
 // Env is one service under test.
 type Env struct {
+	Deps   service.Deps
 	DB     *testdb.DB
-	Engine *gin.Engine
-	API    *gin.RouterGroup
 	Idem   *idem.Handler
 	Logger *slog.Logger
 	Keys   *auth.Keys
 	URL    string
 }
 
-// New prepares a router on a fresh schema; register routes on env.API, then call Start.
+// New prepares the dependencies of a service on a fresh schema; build the service from env.Deps, then Serve it.
 func New(t testing.TB) *Env {
 	t.Helper()
 	db := testdb.Schema(t)
@@ -57,21 +59,42 @@ func New(t testing.TB) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db.DB})
+	h := &idem.Handler{DB: db.DB, Store: idem.PostgresStore{}, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1}
 	return &Env{
-		DB: db, Engine: r, API: r.Group("", auth.Middleware(keys)), Logger: logger, Keys: keys,
-		Idem: &idem.Handler{DB: db.DB, Store: idem.PostgresStore{}, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1},
+		Deps: service.Deps{DB: db.DB, Idem: h, Logger: logger}, DB: db, Idem: h, Logger: logger, Keys: keys,
 	}
 }
 
-// Start serves the router and returns a client as the demo agent.
-func (e *Env) Start(t testing.TB) *apitest.Client {
+// Serve wires svc as `retrysafe serve` does (service.Handler; its reconcilers given to the idem.Handler) and
+// serves it until the test ends. It returns a client as the demo agent.
+func (e *Env) Serve(t testing.TB, svc service.Service) *apitest.Client {
 	t.Helper()
-	srv := httptest.NewServer(e.Engine)
+	e.Idem.Reconcilers = service.Reconcilers(svc)
+	srv := httptest.NewServer(service.Handler(e.Deps, service.HTTP{Keys: e.Keys}, svc))
 	t.Cleanup(srv.Close)
 	e.URL = srv.URL
 	return apitest.New(t, srv.URL, AgentSecret)
 }
+
+// RunWorkers runs what `retrysafe serve` runs in the background for svcs (their workers; recovery and pruning
+// when b sets their intervals) until the test ends. Its cleanup is registered after the schema's, so the
+// workers stop before the schema is lent again.
+func (e *Env) RunWorkers(t testing.TB, b service.Background, svcs ...service.Service) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	wait := service.Start(ctx, service.Workers(e.Deps, b, svcs...))
+	t.Cleanup(func() { cancel(); wait() })
+}
+
+// Routes is a service made of routes alone, for tests of the mechanisms under pkg/.
+type Routes func(api gin.IRouter)
+
+var _ service.Service = Routes(nil)
+
+func (r Routes) Name() string                                { return "test" }
+func (r Routes) Routes(api gin.IRouter)                      { r(api) }
+func (r Routes) Reconcilers() map[string]opstatus.Reconciler { return nil }
+func (r Routes) Workers() []service.Worker                   { return nil }
 
 // Logger discards logs unless TEST_LOG=1.
 func Logger() *slog.Logger {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,7 +57,7 @@ func setupExternal(t *testing.T, lease time.Duration) *externalEnv {
 		}
 		return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": outcome}}, nil
 	}
-	env.API.POST("/charges", func(c *gin.Context) {
+	charges := func(c *gin.Context) {
 		var cmd chargeCommand
 		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
 			problem.Write(c, err)
@@ -77,10 +76,9 @@ func setupExternal(t *testing.T, lease time.Duration) *externalEnv {
 			},
 			Record: record,
 		})
-	})
-	srv := httptest.NewServer(env.Engine)
-	t.Cleanup(srv.Close)
-	return &externalEnv{env: env, effect: fx, url: srv.URL}
+	}
+	env.Serve(t, servicetest.Routes(func(api gin.IRouter) { api.POST("/charges", charges) }))
+	return &externalEnv{env: env, effect: fx, url: env.URL}
 }
 
 type reply struct {

@@ -89,7 +89,7 @@ func TestRollbackIsItsOwnOperation(t *testing.T) {
 
 	res := b.agent.Post("/v1/deploys/"+bd.ID+"/rollback", `{}`, apitest.Key("rb")).Status(t, 202)
 	rb := decodeDeploy(t, res)
-	if rb.Kind != deploys.KindRollBack || rb.RollsBackDeployID == nil || *rb.RollsBackDeployID != bd.ID ||
+	if rb.Kind != deploys.DeployRollback || rb.RollsBackDeployID == nil || *rb.RollsBackDeployID != bd.ID ||
 		rb.Artifact == nil || *rb.Artifact != artifact(1) || rb.OperationID == bd.OperationID || rb.EnvironmentVersion != 2 {
 		t.Fatalf("rollback: %+v", rb.Deploy)
 	}
@@ -148,7 +148,7 @@ func TestProductionRollbackNeedsItsOwnApproval(t *testing.T) {
 	}
 	b.approver.Post("/v1/approvals/"+req["id"].(string)+"/approve", nil).Status(t, 200)
 	rb := decodeDeploy(t, b.agent.Post(path, `{}`, apitest.Key("rb"), approvalID(req["id"].(string))).Status(t, 202))
-	if rb.Kind != deploys.KindRollBack || rb.OperationID == p2.OperationID || *rb.Artifact != artifact(1) {
+	if rb.Kind != deploys.DeployRollback || rb.OperationID == p2.OperationID || *rb.Artifact != artifact(1) {
 		t.Fatalf("rollback: %+v", rb.Deploy)
 	}
 	b.runOnce(t)

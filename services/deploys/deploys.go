@@ -32,12 +32,12 @@ const (
 	KindRollback = "deploys.rollback"
 )
 
-// Kind of a deploy.
-type Kind string
+// DeployKind tells a deploy forward from a rollback (not to be confused with the operation kinds above).
+type DeployKind string
 
 const (
-	KindForward  Kind = "deploy"
-	KindRollBack Kind = "rollback"
+	DeployForward  DeployKind = "deploy"
+	DeployRollback DeployKind = "rollback"
 )
 
 // State of a deploy: the states of its operation. StateUnknown is never stored on the deploy: it is reported
@@ -72,7 +72,7 @@ type Deploy struct {
 	ID                 string     `json:"id"`
 	AccountID          string     `json:"-"`
 	OperationID        string     `json:"operation_id"`
-	Kind               Kind       `json:"kind"`
+	Kind               DeployKind `json:"kind"`
 	Service            string     `json:"service"`
 	Environment        string     `json:"environment"`
 	Artifact           *string    `json:"artifact"`
@@ -235,7 +235,7 @@ func checkExpectedVersion(errs []problem.FieldError, v *int64) []problem.FieldEr
 type NewDeploy struct {
 	AccountID   string
 	OperationID string
-	Kind        Kind
+	Kind        DeployKind
 	Service     string
 	Environment string
 	Reference

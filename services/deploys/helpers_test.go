@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
-	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
 
@@ -41,23 +40,19 @@ func setup(t *testing.T, o options) *bundle {
 	t.Helper()
 	env := servicetest.New(t)
 	b := &bundle{env: env, db: env.DB.DB, target: deploys.SimulatedTarget{DB: env.DB.DB}}
-	srv := &deploys.Server{DB: b.db, Store: b.store, Idem: env.Idem, ApprovalEnvironments: []string{"production"}, Steps: 2}
-	srv.Approvals = approval.New(b.db, env.Idem, time.Hour, srv.ApprovalRoutes()...)
-	deploys.Routes(env.API, srv)
-	b.ctrl = &deploys.Controller{
-		DB: b.db, Store: b.store, Target: b.target, Logger: env.Logger,
-		Steps: 2, StepDuration: 20 * time.Millisecond, Lease: 5 * time.Second, Heartbeat: 10 * time.Millisecond,
+	svc, err := deploys.New(env.Deps, deploys.Config{
+		Store: b.store, Target: b.target, ApprovalEnvironments: []string{"production"}, ApprovalTTL: time.Hour,
+		Steps: 2, StepDuration: 20 * time.Millisecond, LockLease: 5 * time.Second, Heartbeat: 10 * time.Millisecond,
 		PollInterval: 10 * time.Millisecond, Workers: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	b.recon = &deploys.Reconciler{DB: b.db, Store: b.store, Target: b.target}
+	b.ctrl, b.recon = svc.Controller, svc.Reconciler
 	if o.background {
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		wg.Go(func() { b.ctrl.Run(ctx) })
-		// Registered after the schema's cleanup, so it runs first: the controller stops before the schema is reused.
-		t.Cleanup(func() { cancel(); wg.Wait() })
+		env.RunWorkers(t, service.Background{}, svc)
 	}
-	b.agent = env.Start(t)
+	b.agent = env.Serve(t, svc)
 	b.approver = b.agent.As(servicetest.ApproverSecret)
 	return b
 }

@@ -56,7 +56,7 @@ func (s *Server) createDeploy(c *gin.Context) {
 	s.Idem.Do(c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			d, err := s.Store.CreateDeploy(ctx, tx, NewDeploy{
-				AccountID: account, OperationID: op.ID, Kind: KindForward, Service: cmd.Service,
+				AccountID: account, OperationID: op.ID, Kind: DeployForward, Service: cmd.Service,
 				Environment: cmd.Environment, Reference: cmd.Reference,
 				ExpectedEnvironmentVersion: cmd.ExpectedEnvironmentVersion, StepsTotal: s.Steps,
 			})
@@ -89,7 +89,7 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 				return idem.Result{}, err
 			}
 			d, err := s.Store.CreateDeploy(ctx, tx, NewDeploy{
-				AccountID: account, OperationID: op.ID, Kind: KindRollBack, Service: plan.Of.Service,
+				AccountID: account, OperationID: op.ID, Kind: DeployRollback, Service: plan.Of.Service,
 				Environment: plan.Of.Environment, Reference: plan.To.Reference(), RollsBackDeployID: &plan.Of.ID,
 				ExpectedEnvironmentVersion: cmd.ExpectedEnvironmentVersion, StepsTotal: s.Steps,
 			})

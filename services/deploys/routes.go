@@ -17,7 +17,7 @@ const (
 
 // Routes registers every endpoint of the deploys service on r, which must be behind auth.Middleware: deploys,
 // environments, operations, and the approvals of its own writes.
-func Routes(r gin.IRouter, s *Server) {
+func (s *Server) Routes(r gin.IRouter) {
 	r.POST(pathDeploys, s.createDeploy)
 	r.GET("/v1/deploys/:id", s.getDeploy)
 	r.POST("/v1/deploys/:id/cancel", s.cancelDeploy)

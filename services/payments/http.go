@@ -17,38 +17,60 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
-// Config is what New builds the service from; cmd/retrysafe fills it from the environment.
+// Config configures the payments service; cmd/retrysafe fills it from the environment.
 type Config struct {
-	DB       *gorm.DB
-	Store    Store
-	Idem     *idem.Handler
+	// Store is PostgresStore when nil.
+	Store Store
+	// Provider is the payment provider's client (required).
 	Provider Provider
 	// ApprovalThresholds maps a currency to the amount, in minor units, above which a capture or a refund needs
 	// a person's approval. A currency missing from the map never needs one.
 	ApprovalThresholds map[string]int64
-	// ApprovalTTL is how long an approval may be used after it is requested.
+	// ApprovalTTL is how long an approval may be used after it is requested (required).
 	ApprovalTTL time.Duration
 }
 
-// Server is the HTTP adapter of the payments service.
+// Server is the payments service: its HTTP adapter, reconcilers and approvals.
 type Server struct {
 	cfg       Config
+	db        *gorm.DB
+	idem      *idem.Handler
 	approvals *approval.Service
 }
 
-// New returns the service. Register its routes with Routes and its reconcilers (Reconcilers) with the
-// recovery worker.
-func New(cfg Config) *Server {
-	s := &Server{cfg: cfg}
-	s.approvals = approval.New(cfg.DB, cfg.Idem, cfg.ApprovalTTL,
+// New returns the payments service after checking cfg.
+func New(d service.Deps, cfg Config) (*Server, error) {
+	switch {
+	case d.DB == nil || d.Idem == nil:
+		return nil, errors.New("payments: Deps.DB and Deps.Idem are required")
+	case cfg.Provider == nil:
+		return nil, errors.New("payments: Config.Provider is required")
+	case cfg.ApprovalTTL <= 0:
+		return nil, errors.New("payments: Config.ApprovalTTL must be positive")
+	}
+	if cfg.Store == nil {
+		cfg.Store = PostgresStore{}
+	}
+	s := &Server{cfg: cfg, db: d.DB, idem: d.Idem}
+	s.approvals = approval.New(d.DB, d.Idem, cfg.ApprovalTTL,
 		approval.Route{Method: http.MethodPost, Path: routeCapture, Describe: s.describeCapture},
 		approval.Route{Method: http.MethodPost, Path: routeRefunds, Describe: s.describeRefund},
 	)
-	return s
+	return s, nil
 }
+
+var _ service.Service = (*Server)(nil)
+
+// Name implements service.Service.
+func (s *Server) Name() string { return "payments" }
+
+// Workers implements service.Service: payments has no loop of its own (the recovery worker runs its
+// reconcilers).
+func (s *Server) Workers() []service.Worker { return nil }
 
 // needsApproval reports whether moving minor units of currency needs a person's approval.
 func (s *Server) needsApproval(currency string, minor int64) bool {
@@ -131,7 +153,7 @@ func (s *Server) createIntent(c *gin.Context) {
 		return
 	}
 	account := auth.From(c).AccountID
-	s.cfg.Idem.DoExternal(c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps{
+	s.idem.DoExternal(c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			_, err := s.cfg.Store.BeginIntent(ctx, tx, account, op.ID, cmd)
 			return err
@@ -178,7 +200,7 @@ func (s *Server) recordCreate(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 // captureCommand turns a capture body into its command; the handler and the approval's Describe share it so
 // the fingerprint an approver binds is the one the write computes.
 func (s *Server) captureCommand(ctx context.Context, account, intentID string, req CaptureRequest) (Capture, Intent, error) {
-	in, err := s.cfg.Store.Intent(ctx, s.cfg.DB, account, intentID)
+	in, err := s.cfg.Store.Intent(ctx, s.db, account, intentID)
 	if err != nil {
 		return Capture{}, Intent{}, err
 	}
@@ -214,7 +236,7 @@ func (s *Server) capture(c *gin.Context) {
 		return
 	}
 	var reserved Intent
-	s.cfg.Idem.DoExternal(c, idem.Request{
+	s.idem.DoExternal(c, idem.Request{
 		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
 	}, idem.ExternalSteps{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
@@ -271,7 +293,7 @@ func (s *Server) cancel(c *gin.Context) {
 	}
 	account, intentID := auth.From(c).AccountID, c.Param("id")
 	var reserved Intent
-	s.cfg.Idem.DoExternal(c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps{
+	s.idem.DoExternal(c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
 			reserved, err = s.cfg.Store.BeginCancel(ctx, tx, account, intentID, op.ID)
@@ -302,7 +324,7 @@ func (s *Server) recordCancel(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 // --- refunds ---
 
 func (s *Server) refundCommand(ctx context.Context, account, intentID string, req CreateRefundRequest) (CreateRefund, Intent, error) {
-	in, err := s.cfg.Store.Intent(ctx, s.cfg.DB, account, intentID)
+	in, err := s.cfg.Store.Intent(ctx, s.db, account, intentID)
 	if err != nil {
 		return CreateRefund{}, Intent{}, err
 	}
@@ -338,7 +360,7 @@ func (s *Server) createRefund(c *gin.Context) {
 		return
 	}
 	var reserved Intent
-	s.cfg.Idem.DoExternal(c, idem.Request{
+	s.idem.DoExternal(c, idem.Request{
 		Kind: KindRefund, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
 	}, idem.ExternalSteps{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
@@ -385,7 +407,7 @@ func (s *Server) recordRefund(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 // --- reads ---
 
 func (s *Server) getIntent(c *gin.Context) {
-	in, err := s.cfg.Store.Intent(c.Request.Context(), s.cfg.DB, auth.From(c).AccountID, c.Param("id"))
+	in, err := s.cfg.Store.Intent(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
 	if err != nil {
 		problem.Write(c, err)
 		return
@@ -394,7 +416,7 @@ func (s *Server) getIntent(c *gin.Context) {
 }
 
 func (s *Server) listRefunds(c *gin.Context) {
-	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.cfg.DB, auth.From(c).AccountID, c.Param("id"))
+	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
 	if err != nil {
 		problem.Write(c, err)
 		return
@@ -403,7 +425,7 @@ func (s *Server) listRefunds(c *gin.Context) {
 }
 
 func (s *Server) getRefund(c *gin.Context) {
-	rf, err := s.cfg.Store.Refund(c.Request.Context(), s.cfg.DB, auth.From(c).AccountID, c.Param("id"))
+	rf, err := s.cfg.Store.Refund(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
 	if err != nil {
 		problem.Write(c, err)
 		return

@@ -68,12 +68,13 @@ func (h *harness) setup(t *testing.T) *bundle {
 	t.Helper()
 	env := servicetest.New(t)
 	client := provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))
-	svc := payments.New(payments.Config{
-		DB: env.DB.DB, Store: payments.PostgresStore{}, Idem: env.Idem, Provider: client,
-		ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
+	svc, err := payments.New(env.Deps, payments.Config{
+		Provider: client, ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
 	})
-	payments.Routes(env.API, svc)
-	agent := env.Start(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := env.Serve(t, svc)
 	return &bundle{
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
@@ -165,8 +166,8 @@ func race(n int, do func(i int) *apitest.Response) []*apitest.Response {
 }
 
 // testLostCaptureAnswer: the provider executes the capture and drops the connection. The caller gets 202 with
-// the operation unknown, a retry gets the same (no second capture), the reconciler settles it from the
-// provider's record, and the retry then replays the capture. The provider captured once.
+// the operation unknown; a retry with the same key hands the operation to the capture reconciler (as serve wires
+// it), which settles it from the provider's record, and the retry replays the capture. The provider captured once.
 func testLostCaptureAnswer(t *testing.T, h *harness) {
 	b := h.setup(t)
 	in := b.createIntent(t, "o-lost", `{"order_id":"o-lost","amount":"25.00","currency":"USD"}`)
@@ -182,22 +183,19 @@ func testLostCaptureAnswer(t *testing.T, h *harness) {
 		t.Fatalf("202 operation = %+v (Operation-Id %q); want the capture, unknown", op, first.Header.Get("Operation-Id"))
 	}
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
-
-	// A retry before reconciliation must not capture again.
-	b.agent.Post(path, `{}`, apitest.Key("cap-1")).Status(t, http.StatusAccepted)
 	if got := b.getIntent(t, in.ID).Status; got != "capturing" {
 		t.Fatalf("intent status while unknown = %q; want capturing", got)
 	}
 
-	settled, err := b.recovery.RunOnce(t.Context())
-	if err != nil || settled != 1 {
-		t.Fatalf("RunOnce = %d, %v; want 1 settled", settled, err)
-	}
+	// The retry settles the operation from the provider's record; it never captures again.
 	retry := b.agent.Post(path, `{}`, apitest.Key("cap-1")).Status(t, http.StatusOK)
 	var captured intent
 	retry.Decode(t, &captured)
 	if retry.Header.Get("Idempotent-Replayed") != "true" || captured.Status != "succeeded" || captured.CapturedMinor != 2500 || captured.Captured != "25.00" {
-		t.Fatalf("retry after settlement = %s (replayed %q); want the stored capture", retry.Body, retry.Header.Get("Idempotent-Replayed"))
+		t.Fatalf("retry = %s (replayed %q); want the stored capture", retry.Body, retry.Header.Get("Idempotent-Replayed"))
+	}
+	if settled, err := b.recovery.RunOnce(t.Context()); err != nil || settled != 0 {
+		t.Fatalf("recovery RunOnce after the retry settled it = %d, %v; want nothing left to settle", settled, err)
 	}
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
 

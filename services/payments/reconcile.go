@@ -67,10 +67,10 @@ func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
 			evidence["status"] = res.Status
 			evidence["body"] = json.RawMessage(res.Body)
 		}
-		if err := opstatus.Append(ctx, s.cfg.DB, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+		if err := opstatus.Append(ctx, s.db, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 			return err
 		}
-		err = s.cfg.Idem.Settle(ctx, op, reconcilerActor, func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
+		err = s.idem.Settle(ctx, op, reconcilerActor, func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 			return record(ctx, tx, op, outcome, callErr)
 		})
 		if errors.Is(err, idem.ErrAlreadySettled) {

@@ -15,7 +15,7 @@ const (
 
 // Routes registers every endpoint of the payments service on r, which must be behind auth.Middleware: payment
 // intents, refunds, operations, and the approvals of its captures and refunds.
-func Routes(r gin.IRouter, s *Server) {
+func (s *Server) Routes(r gin.IRouter) {
 	r.POST("/v1/payment_intents", s.createIntent)
 	r.GET("/v1/payment_intents/:id", s.getIntent)
 	r.POST(routeCapture, s.capture)
@@ -23,6 +23,6 @@ func Routes(r gin.IRouter, s *Server) {
 	r.POST(routeRefunds, s.createRefund)
 	r.GET(routeRefunds, s.listRefunds)
 	r.GET("/v1/refunds/:id", s.getRefund)
-	opstatus.Routes(r, s.cfg.DB)
+	opstatus.Routes(r, s.db)
 	approval.Routes(r, s.approvals)
 }

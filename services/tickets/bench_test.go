@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
@@ -19,7 +20,11 @@ func BenchmarkCreateTicket(b *testing.B) {
 	for _, mode := range []string{"idempotent", "bypassed", "replay"} {
 		b.Run(mode, func(b *testing.B) {
 			env := servicetest.New(b)
-			tickets.Routes(env.API, &tickets.Server{DB: env.DB.DB, Store: tickets.PostgresStore{}, Idem: env.Idem, Bypass: mode == "bypassed"})
+			svc, err := tickets.New(env.Deps, tickets.Config{Bypass: mode == "bypassed"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			handler := service.Handler(env.Deps, service.HTTP{Keys: env.Keys}, svc)
 			var seq atomic.Int64
 			post := func(key string) int {
 				req := httptest.NewRequest(http.MethodPost, "/v1/tickets",
@@ -28,7 +33,7 @@ func BenchmarkCreateTicket(b *testing.B) {
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("Idempotency-Key", key)
 				rec := httptest.NewRecorder()
-				env.Engine.ServeHTTP(rec, req)
+				handler.ServeHTTP(rec, req)
 				return rec.Code
 			}
 			if mode == "replay" && post("replayed-key") != http.StatusCreated {

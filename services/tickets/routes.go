@@ -7,7 +7,7 @@ import (
 )
 
 // Routes registers every endpoint of the tickets service on r, which must be behind auth.Middleware.
-func Routes(r gin.IRouter, s *Server) {
+func (s *Server) Routes(r gin.IRouter) {
 	r.POST("/v1/tickets", s.createTicket)
 	r.GET("/v1/tickets", s.listTickets)
 	r.GET("/v1/tickets/:id", s.getTicket)

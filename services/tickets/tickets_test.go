@@ -23,8 +23,11 @@ import (
 func setup(t *testing.T) (*apitest.Client, *servicetest.Env) {
 	t.Helper()
 	env := servicetest.New(t)
-	tickets.Routes(env.API, &tickets.Server{DB: env.DB.DB, Store: tickets.PostgresStore{}, Idem: env.Idem})
-	return env.Start(t), env
+	svc, err := tickets.New(env.Deps, tickets.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env.Serve(t, svc), env
 }
 
 // count runs a SELECT count(*) in the test's schema.
@@ -410,9 +413,12 @@ func TestStoreDownIs503AndNothingElse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env.Idem.DB = down
-	tickets.Routes(env.API, &tickets.Server{DB: down, Store: tickets.PostgresStore{}, Idem: env.Idem})
-	c := env.Start(t)
+	env.Idem.DB, env.Deps.DB = down, down
+	svc, err := tickets.New(env.Deps, tickets.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := env.Serve(t, svc)
 	res := c.Post("/v1/tickets", ticketBody, apitest.Key("k")).Status(t, http.StatusServiceUnavailable)
 	if res.Str(t, "code") != "store_unavailable" || res.Header.Get("Retry-After") == "" {
 		t.Errorf("store down answered %s %v", res.Body, res.Header)

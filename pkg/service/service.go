@@ -1,0 +1,135 @@
+// Package service is the contract every retrysafe service follows, and the one place that turns services into
+// running HTTP handlers and background work. cmd/retrysafe and the tests call the same functions, so a service
+// under test is wired exactly as `retrysafe serve` wires it.
+//
+// A service package has a Config (validated by its New), and New(deps, cfg) returns a value with:
+//
+//   - Name, the name `retrysafe serve NAME` knows it by;
+//   - Routes, which registers every endpoint on the authenticated group (in the service's routes.go);
+//   - Reconcilers, by operation kind, which settle the service's unknown operations;
+//   - Workers, its background loops (the deploy controller), run until their context ends.
+//
+// Then:
+//
+//	svc, err := tickets.New(deps, tickets.Config{})
+//	engine := service.Handler(deps, service.HTTP{Keys: keys}, svc)
+//	recon := service.Reconcilers(svc)       // also given to deps.Idem, so a retry settles an unknown operation
+//	err = service.RunWorkers(ctx, deps, service.Background{...}, svc)
+package service
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// Deps is what every service is built from: the database, the idempotency handler every write goes through,
+// and the logger.
+type Deps struct {
+	DB     *gorm.DB
+	Idem   *idem.Handler
+	Logger *slog.Logger
+}
+
+// Log returns d.Logger, or a logger that discards when it is nil.
+func (d Deps) Log() *slog.Logger {
+	if d.Logger == nil {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return d.Logger
+}
+
+// Service is one retrysafe service.
+type Service interface {
+	Name() string
+	// Routes registers every endpoint of the service on api, which is behind auth.Middleware.
+	Routes(api gin.IRouter)
+	// Reconcilers settle the service's unknown operations, by operation kind.
+	Reconcilers() map[string]opstatus.Reconciler
+	// Workers are the service's background loops; each returns once ctx ends.
+	Workers() []Worker
+}
+
+// Worker is a named background loop.
+type Worker struct {
+	Name string
+	Run  func(ctx context.Context)
+}
+
+// HTTP is the shared HTTP stack of a service.
+type HTTP struct {
+	Keys *auth.Keys
+	// BodyLimit caps request bodies (httpserver's default when zero).
+	BodyLimit int64
+	// Ready, when set, is an extra readiness check (pending migrations).
+	Ready func(ctx context.Context) error
+	// Middleware runs before authentication on every route (metrics).
+	Middleware []gin.HandlerFunc
+}
+
+// Handler is the gin engine of svc: the shared router (access log, recovery, body limit, health), then the
+// service's routes behind authentication.
+func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
+	r := httpserver.NewRouter(httpserver.Options{Logger: d.Log(), DB: d.DB, BodyLimit: h.BodyLimit, Ready: h.Ready})
+	r.Use(h.Middleware...)
+	svc.Routes(r.Group("", auth.Middleware(h.Keys)))
+	return r
+}
+
+// Reconcilers merges the reconcilers of svcs. Give the result to the idem.Handler (so a retry of an unknown
+// operation settles it at once) and to the recovery worker.
+func Reconcilers(svcs ...Service) map[string]opstatus.Reconciler {
+	out := map[string]opstatus.Reconciler{}
+	for _, s := range svcs {
+		for kind, r := range s.Reconcilers() {
+			out[kind] = r
+		}
+	}
+	return out
+}
+
+// Background configures the process-wide workers that every set of services runs beside its own.
+type Background struct {
+	// RecoveryInterval is how often expired leases are looked for; Retention and PruneInterval govern pruning
+	// of finished idempotency keys. A zero interval leaves that worker out (tests that drive recovery by hand).
+	RecoveryInterval time.Duration
+	Retention        time.Duration
+	PruneInterval    time.Duration
+}
+
+// Workers lists everything that runs in the background for svcs: each service's own workers, the recovery
+// worker over all their reconcilers, and the pruner.
+func Workers(d Deps, b Background, svcs ...Service) []Worker {
+	var out []Worker
+	for _, s := range svcs {
+		out = append(out, s.Workers()...)
+	}
+	if b.RecoveryInterval > 0 {
+		recovery := &opstatus.RecoveryWorker{DB: d.DB, Reconcilers: Reconcilers(svcs...), Interval: b.RecoveryInterval, Logger: d.Log()}
+		out = append(out, Worker{Name: "recovery", Run: recovery.Run})
+	}
+	if b.PruneInterval > 0 {
+		pruner := &idem.Pruner{DB: d.DB, Store: d.Idem.Store, Retention: b.Retention, Interval: b.PruneInterval, Logger: d.Log()}
+		out = append(out, Worker{Name: "pruner", Run: pruner.Run})
+	}
+	return out
+}
+
+// Start runs workers until ctx ends; the returned function waits for all of them to return.
+func Start(ctx context.Context, workers []Worker) (wait func()) {
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() { w.Run(ctx) })
+	}
+	return wg.Wait
+}
