@@ -61,9 +61,9 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 
 	// From here on the claim is committed: whatever happens, the operation exists and nothing may run twice.
 	effectCtx := context.WithoutCancel(ctx)
-	failpoint.Hit("idem.external.before_call")
+	failpoint.Hit(FailpointBeforeExternalCall)
 	outcome, callErr := steps.Call(effectCtx, cl.op)
-	failpoint.Hit("idem.external.after_call")
+	failpoint.Hit(FailpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
 		h.markUnknown(effectCtx, cl, callErr)
 		h.answerUnknown(c, cl.principal.AccountID, cl.op.ID)
@@ -84,10 +84,10 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 	case err != nil:
 		// The effect happened (or definitely failed) but could not be recorded: the operation keeps its lease and
 		// the recovery worker will settle it. A retry with the same key is safe.
-		h.Logger.ErrorContext(effectCtx, "external outcome not recorded", "operation_id", cl.op.ID, "kind", req.Kind, "error", err.Error())
+		h.log().ErrorContext(effectCtx, "external outcome not recorded", "operation_id", cl.op.ID, "kind", req.Kind, "error", err.Error())
 		problem.Write(c, err)
 	default:
-		h.Logger.InfoContext(effectCtx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
+		h.log().InfoContext(effectCtx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
 			"account_id", cl.principal.AccountID, "status", resp.Status)
 		writeResponse(c, cl.op.ID, resp, false)
 	}
@@ -100,7 +100,7 @@ func (h *Handler) settle(ctx context.Context, cl call, write func(ctx context.Co
 		if err != nil {
 			return err
 		}
-		resp, err = h.store(ctx, tx, cl, res, event, actor)
+		resp, err = h.storeResult(ctx, tx, cl, res, event, actor)
 		return err
 	})
 	return resp, err
@@ -122,6 +122,6 @@ func (h *Handler) markUnknown(ctx context.Context, cl call, cause error) {
 		opstatus.WithEvent("outcome_unknown", cl.withAttempt(map[string]any{"reason": cause.Error()})))
 	if err != nil {
 		// The lease still runs out and the recovery worker marks it unknown then.
-		h.Logger.WarnContext(ctx, "operation not marked unknown", "operation_id", cl.op.ID, "error", err.Error())
+		h.log().WarnContext(ctx, "operation not marked unknown", "operation_id", cl.op.ID, "error", err.Error())
 	}
 }

@@ -6,31 +6,17 @@
 // same key with another request is refused with 422 idempotency_key_reused. Each claim is an operation of package
 // opstatus, so a caller that timed out can ask what happened.
 //
+// Who writes the operations table: the Store, in the claim's own statement (key, operation and claimed event in
+// one round trip) and in the completion's (stored response, final state and event); every other change of an
+// operation goes through opstatus (Transition, Append). A lifted copy keeps that split.
+//
 // Local mode, for effects that live in the same database: the claim, the business write and the stored response
 // commit in one transaction, so a crash leaves nothing behind and the key free. A concurrent copy of the request
 // waits on the claimed row until that transaction ends and then replays its result (or, if it rolled back, takes
 // the key itself); 409 request_in_progress is what copies see while an external effect is in flight, because
 // only there is a running claim committed and visible.
 //
-//	func (s *Server) createTicket(c *gin.Context) {
-//		var cmd CreateTicket
-//		if err := httpserver.DecodeJSON(c, &cmd); err != nil {
-//			problem.Write(c, err)
-//			return
-//		}
-//		if err := cmd.Validate(); err != nil { // before Do: a refused request never burns the key
-//			problem.Write(c, err)
-//			return
-//		}
-//		s.idem.Do(c, idem.Request{Kind: "tickets.create", Command: cmd},
-//			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
-//				t, err := s.store.CreateTicket(ctx, tx, auth.From(c).AccountID, cmd)
-//				if err != nil {
-//					return idem.Result{}, err // rolls the claim back: the key stays free
-//				}
-//				return idem.Result{Status: http.StatusCreated, Body: t, Resource: &opstatus.Resource{Type: "ticket", ID: t.ID}}, nil
-//			})
-//	}
+// Example (Handler.Do) shows a whole handler; Example (Handler.DoExternal) the external mode.
 //
 // External mode (DoExternal), for effects that leave the process (a payment provider, a deploy target): the
 // claim commits first with a lease, the effect runs outside any transaction, and its result is recorded after.
@@ -57,6 +43,14 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Failpoints of idem (package failpoint), for crash tests: right after a claim (in local mode, before the
+// write; in external mode, inside the claim's transaction), and just before and after an external call.
+const (
+	FailpointAfterClaim         = "idem.after_claim"
+	FailpointBeforeExternalCall = "idem.external.before_call"
+	FailpointAfterExternalCall  = "idem.external.after_call"
 )
 
 // Response headers of the contract.
@@ -100,7 +94,7 @@ type Result struct {
 // WriteFunc does a local write inside tx, the transaction that holds the claim.
 type WriteFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (Result, error)
 
-// Handler runs idempotent writes. Its zero value is not usable; set DB and Store.
+// Handler runs idempotent writes. Its zero value is not usable; set DB and Store (a nil Logger discards).
 type Handler struct {
 	DB     *gorm.DB
 	Store  Store
@@ -116,6 +110,16 @@ type Handler struct {
 	// cmd/retrysafe gives the handler the same ones the recovery worker uses.
 	Reconcilers map[string]opstatus.Reconciler
 }
+
+// log is h.Logger, or a logger that discards.
+func (h *Handler) log() *slog.Logger {
+	if h.Logger == nil {
+		return discard
+	}
+	return h.Logger
+}
+
+var discard = slog.New(slog.DiscardHandler)
 
 type call struct {
 	key         string
@@ -201,12 +205,12 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		if err := h.claim(ctx, tx, cl, req); err != nil {
 			return err
 		}
-		failpoint.Hit("idem.after_claim")
+		failpoint.Hit(FailpointAfterClaim)
 		res, err := write(ctx, tx, cl.op)
 		if err != nil {
 			return err
 		}
-		resp, err = h.store(ctx, tx, cl, res, opstatus.EventCompleted, cl.principal.Actor())
+		resp, err = h.storeResult(ctx, tx, cl, res, opstatus.EventCompleted, cl.principal.Actor())
 		return err
 	})
 	var taken errClaimTaken
@@ -216,14 +220,14 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 	case err != nil:
 		problem.Write(c, err)
 	default:
-		h.Logger.InfoContext(ctx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
+		h.log().InfoContext(ctx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
 			"account_id", cl.principal.AccountID, "status", resp.Status)
 		writeResponse(c, cl.op.ID, resp, false)
 	}
 }
 
-// store marshals res, stores it as the key's response and moves the operation to its state, all in tx.
-func (h *Handler) store(ctx context.Context, tx *gorm.DB, cl call, res Result, event, actor string) (Response, error) {
+// storeResult marshals res, stores it as the key's response and moves the operation to its state, all in tx.
+func (h *Handler) storeResult(ctx context.Context, tx *gorm.DB, cl call, res Result, event, actor string) (Response, error) {
 	resp, err := response(res)
 	if err != nil {
 		return Response{}, err
@@ -331,7 +335,7 @@ func (h *Handler) reconcileNow(ctx context.Context, stored Record) Record {
 		return stored
 	}
 	if err := rec.Reconcile(ctx, op); err != nil {
-		h.Logger.InfoContext(ctx, "retry could not settle the operation yet", "operation_id", op.ID, "error", err.Error())
+		h.log().InfoContext(ctx, "retry could not settle the operation yet", "operation_id", op.ID, "error", err.Error())
 		return stored
 	}
 	if latest, err := h.Store.Lookup(ctx, h.DB, stored.AccountID, stored.Key); err == nil {
@@ -361,7 +365,7 @@ func (h *Handler) answerUnknown(c *gin.Context, accountID, opID string) {
 func (h *Handler) appendEvent(ctx context.Context, opID, eventType, actor string, detail any) {
 	// The audit trail of a replay or a refusal is worth a row but never worth failing the answer for.
 	if err := opstatus.AppendNoWait(ctx, h.DB, opID, eventType, actor, detail); err != nil {
-		h.Logger.WarnContext(ctx, "operation event not recorded", "operation_id", opID, "type", eventType, "error", err.Error())
+		h.log().WarnContext(ctx, "operation event not recorded", "operation_id", opID, "type", eventType, "error", err.Error())
 	}
 }
 

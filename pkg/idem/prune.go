@@ -31,12 +31,20 @@ func (p *Pruner) Run(ctx context.Context) {
 		n, err := p.Store.Prune(ctx, p.DB, time.Now().Add(-p.Retention))
 		if err != nil {
 			if ctx.Err() == nil {
-				p.Logger.WarnContext(ctx, "idempotency key pruning failed", "error", err.Error())
+				p.log().WarnContext(ctx, "idempotency key pruning failed", "error", err.Error())
 			}
 			continue
 		}
 		if n > 0 {
-			p.Logger.InfoContext(ctx, "idempotency keys pruned", "count", n, "retention", p.Retention.String())
+			p.log().InfoContext(ctx, "idempotency keys pruned", "count", n, "retention", p.Retention.String())
 		}
 	}
+}
+
+// log is the Logger, or a logger that discards when it is nil.
+func (p *Pruner) log() *slog.Logger {
+	if p.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return p.Logger
 }

@@ -1,20 +1,17 @@
 // Package opstatus records operations: one row per intended action, with a state and an append-only history of
 // events, so a caller that timed out can ask what happened instead of guessing.
 //
+// Who writes what: an operation is born in the same statement that claims its idempotency key
+// (idem.Store.Claim inserts the key, the operation and its claimed event in one round trip), and idem records its
+// result (idem.Store.Complete moves it to its final state with the stored response). Everything after the claim
+// goes through this package: Transition for a change of state (a deploy controller moving queued to running, the
+// recovery worker marking an expired lease unknown), Append for evidence that changes no state (a provider
+// lookup, an approval check). Reads (Get, FindByKey, GET /v1/operations) are here too.
+//
 // Writes take the caller's transaction, so an operation changes state in the same commit as the business row it
-// describes:
-//
-//	err := db.Transaction(func(tx *gorm.DB) error {
-//		if err := deploys.MarkRunning(ctx, tx, id); err != nil {
-//			return err
-//		}
-//		_, err := opstatus.Transition(ctx, tx, opID, opstatus.StateRunning, "worker:deploys",
-//			opstatus.From(opstatus.StateQueued))
-//		return err
-//	})
-//
-// Routes serves GET /v1/operations/{id} and GET /v1/operations?idempotency_key=K; RecoveryWorker marks
-// operations whose lease expired as unknown and hands them to the Reconciler registered for their kind.
+// describes (see the package example). Routes serves GET /v1/operations/{id} and GET
+// /v1/operations?idempotency_key=K; RecoveryWorker marks operations whose lease expired as unknown and hands them
+// to the Reconciler registered for their kind.
 package opstatus
 
 import (
@@ -94,30 +91,6 @@ type Event struct {
 // NewID returns a new operation id: "op_" and a time-ordered UUID.
 func NewID() string {
 	return ids.New("op_")
-}
-
-// Create inserts op in state op.State (queued or running) with its first event, EventClaimed.
-func Create(ctx context.Context, tx *gorm.DB, op Operation, actor string) error {
-	var resType, resID *string
-	if op.Resource != nil {
-		resType, resID = &op.Resource.Type, &op.Resource.ID
-	}
-	// One round trip: the operation and its first event.
-	err := tx.WithContext(ctx).Exec(`
-WITH op AS (
-    INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
-                            lease_expires_at)
-    VALUES (?, ?, ?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)
-    RETURNING id, account_id, state
-)
-INSERT INTO operation_events (operation_id, account_id, type, to_state, actor)
-SELECT id, account_id, ?, state, ? FROM op`,
-		op.ID, op.AccountID, op.Kind, op.State, op.IdempotencyKey, op.Fingerprint, resType, resID, op.LeaseExpiresAt,
-		EventClaimed, actor).Error
-	if err != nil {
-		return fmt.Errorf("opstatus: create %s: %w", op.ID, err)
-	}
-	return nil
 }
 
 // TransitionOption narrows or enriches a Transition.

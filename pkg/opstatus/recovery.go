@@ -95,7 +95,7 @@ func (w *RecoveryWorker) Run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		if _, err := w.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			w.Logger.WarnContext(ctx, "recovery pass failed", "error", err.Error())
+			w.log().WarnContext(ctx, "recovery pass failed", "error", err.Error())
 		}
 		select {
 		case <-ctx.Done():
@@ -126,14 +126,14 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 		}
 		if err := rec.Reconcile(ctx, op); err != nil {
 			n := w.failed(op.ID, now)
-			w.Logger.WarnContext(ctx, "reconcile failed", "operation_id", op.ID, "kind", op.Kind, "attempt", n, "error", err.Error())
+			w.log().WarnContext(ctx, "reconcile failed", "operation_id", op.ID, "kind", op.Kind, "attempt", n, "error", err.Error())
 			continue
 		}
 		after, err := Get(ctx, w.DB, op.AccountID, op.ID)
 		if err == nil && after.State != StateUnknown {
 			w.forget(op.ID)
 			settled++
-			w.Logger.InfoContext(ctx, "operation reconciled", "operation_id", op.ID, "kind", op.Kind, "state", after.State)
+			w.log().InfoContext(ctx, "operation reconciled", "operation_id", op.ID, "kind", op.Kind, "state", after.State)
 		}
 	}
 	return settled, nil
@@ -169,4 +169,12 @@ SELECT id, account_id, kind, state, idempotency_key, fingerprint, resource_type,
 		ops[i] = r.operation()
 	}
 	return ops, nil
+}
+
+// log is the Logger, or a logger that discards when it is nil.
+func (w *RecoveryWorker) log() *slog.Logger {
+	if w.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return w.Logger
 }

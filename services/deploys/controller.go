@@ -38,7 +38,7 @@ type Controller struct {
 	Workers      int
 }
 
-const controllerActor = "worker:deploys"
+const controllerActor = "system:deploys.controller"
 
 // Failpoints of the controller, for crash tests.
 const (

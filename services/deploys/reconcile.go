@@ -29,7 +29,7 @@ type Reconciler struct {
 
 var _ opstatus.Reconciler = (*Reconciler)(nil)
 
-const reconcilerActor = "system:reconcile:deploys"
+const reconcilerActor = "system:deploys.reconciler"
 
 // Reconcile implements opstatus.Reconciler. An error leaves the operation unknown for a later pass.
 func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error {

@@ -79,7 +79,7 @@ func (s *Server) needsApproval(currency string, minor int64) bool {
 }
 
 // reconcilerActor names the reconciler in the events it writes.
-const reconcilerActor = "system:payments-reconciler"
+const reconcilerActor = "system:payments.reconciler"
 
 // errNotExecuted is the outcome of a call the provider never executed: a reconciler found nothing under its
 // downstream key after the lease that bounds the call ran out.

@@ -13,6 +13,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
@@ -32,8 +33,8 @@ func TestPayments(t *testing.T) {
 		{"LostCaptureAnswerSettlesIntoOneCapture", testLostCaptureAnswer},
 		{"ConcurrentCapturesOneKey", testConcurrentCapturesOneKey},
 		{"ConcurrentCapturesDifferentKeys", testConcurrentCapturesDifferentKeys},
-		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, "idem.external.before_call") }},
-		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, "idem.external.after_call") }},
+		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointBeforeExternalCall) }},
+		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointAfterExternalCall) }},
 		{"AmountSpellingsAreOneRequest", testAmountSpellings},
 		{"ConcurrentRefundsNeverExceedCaptured", testConcurrentRefunds},
 		{"RacingIntentsForOneOrder", testRacingIntents},
@@ -312,7 +313,7 @@ func testCrash(t *testing.T, h *harness, failpoint string) {
 		t.Fatal("the capture was answered although the process was killed before answering")
 	}
 	wantCaptures := int64(1)
-	if failpoint == "idem.external.before_call" {
+	if failpoint == idem.FailpointBeforeExternalCall {
 		wantCaptures = 0
 	}
 	if got := counters()["capture"]; got != wantCaptures {

@@ -21,14 +21,14 @@ func TestKilledAfterClaimLeavesNothing(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": db.DSN}
 
 	crashing := proctest.Start(t, bin, []string{"serve", "tickets"},
-		map[string]string{"DATABASE_URL": db.DSN, "RETRYSAFE_FAILPOINTS": "idem.after_claim=pause"}, "TICKETS_ADDR")
+		map[string]string{"DATABASE_URL": db.DSN, "RETRYSAFE_FAILPOINTS": idem.FailpointAfterClaim + "=pause"}, "TICKETS_ADDR")
 	c := apitest.New(t, crashing.URL, servicetest.AgentSecret)
 	sent := make(chan error, 1)
 	go func() {
 		_, err := c.Try(http.MethodPost, "/v1/tickets", ticketBody, apitest.Key("crash-1"))
 		sent <- err
 	}()
-	crashing.WaitFor(t, "failpoint idem.after_claim reached")
+	crashing.WaitFor(t, "failpoint "+idem.FailpointAfterClaim+" reached")
 	crashing.Kill(t)
 	if err := <-sent; err == nil {
 		t.Fatal("the caller got an answer from a killed server")

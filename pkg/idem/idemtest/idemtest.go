@@ -52,6 +52,39 @@ func Exercise(t *testing.T, newStore NewStore) {
 		}
 	})
 
+	// The Store owns the insert of operations (see package idem); what Claim writes must read back through
+	// opstatus exactly as claimed, or GET /v1/operations would tell a caller something else than the claim.
+	t.Run("ClaimedOperationReadsBackThroughOpstatus", func(t *testing.T) {
+		t.Parallel()
+		s, db := newStore(t)
+		ctx := context.Background()
+		lease := time.Now().Add(time.Minute).Round(time.Microsecond)
+		op := newOp("acct", "k-read", "fp-read")
+		op.Kind, op.LeaseExpiresAt = "test.external", &lease
+		if _, claimed, err := s.Claim(ctx, db, op, "agent:k1", map[string]any{"attempt_id": "att_1"}); err != nil || !claimed {
+			t.Fatalf("claim: claimed=%v err=%v", claimed, err)
+		}
+		got, err := opstatus.Get(ctx, db, "acct", op.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ID != op.ID || got.Kind != "test.external" || got.State != opstatus.StateRunning || got.IdempotencyKey != "k-read" ||
+			got.Fingerprint != "fp-read" || got.LeaseExpiresAt == nil || !got.LeaseExpiresAt.Equal(lease) {
+			t.Fatalf("opstatus.Get = %+v, want the claimed operation %+v", got, op)
+		}
+		if len(got.Events) != 1 || got.Events[0].Type != opstatus.EventClaimed || got.Events[0].Actor != "agent:k1" ||
+			got.Events[0].ToState != opstatus.StateRunning {
+			t.Fatalf("events = %+v, want one claimed event by agent:k1", got.Events)
+		}
+		if _, err := opstatus.Get(ctx, db, "other-acct", op.ID); !errors.Is(err, problem.ErrNotFound) {
+			t.Fatalf("another account reads the operation: %v", err)
+		}
+		byKey, err := opstatus.FindByKey(ctx, db, "acct", "k-read")
+		if err != nil || len(byKey) != 1 || byKey[0].ID != op.ID {
+			t.Fatalf("opstatus.FindByKey = %+v, %v", byKey, err)
+		}
+	})
+
 	t.Run("KeysAreScopedToAccounts", func(t *testing.T) {
 		t.Parallel()
 		s, db := newStore(t)
