@@ -11,6 +11,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/metricstest"
 	"github.com/retrysafe/retrysafe/internal/proctest"
+	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -156,5 +157,53 @@ func TestMetricsCountALostProviderAnswer(t *testing.T) {
 	counters, err := prov.Counters(t.Context())
 	if err != nil || counters["capture"] != 1 {
 		t.Errorf("provider captures = %v, %v; want exactly 1", counters, err)
+	}
+}
+
+// TestMetricsCountADeploy runs the real deploys service: a deploy the controller finishes shows as a finished
+// operation and as calls to the deploy target; a cancelled one as a cancelled operation.
+func TestMetricsCountADeploy(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	addr := proctest.FreeAddr(t)
+	startRun(t, []string{"serve", "deploys"}, map[string]string{
+		"DATABASE_URL": db.DSN, "DEPLOYS_ADDR": addr, "API_KEYS": "acct_metrics:agent:metrics-agent",
+		// One step of 2s: the cancel below lands long before activation could start.
+		"DEPLOY_STEPS": "1", "DEPLOY_STEP_DURATION": "2s", "DEPLOY_POLL_INTERVAL": "20ms",
+	}, "http://"+addr+"/readyz")
+	c := apitest.New(t, "http://"+addr, "metrics-agent")
+	before := metricstest.Scrape(t, c)
+
+	const artifact = "registry.example.com/shop/api@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	var cancelled struct{ ID, State string }
+	c.Post("/v1/deploys", `{"service":"shop","environment":"qa","artifact":"`+artifact+`"}`, apitest.Key("dep-metrics-cancel")).
+		Status(t, http.StatusAccepted).Decode(t, &cancelled)
+	c.Post("/v1/deploys/"+cancelled.ID+"/cancel", nil).Status(t, http.StatusOK).Decode(t, &cancelled)
+	if cancelled.State != "cancelled" {
+		t.Fatalf("deploy after cancel is %s; want cancelled", cancelled.State)
+	}
+	c.Post("/v1/deploys/"+cancelled.ID+"/cancel", nil).Status(t, http.StatusOK) // cancelling again finishes nothing
+
+	var d struct{ ID, State string }
+	c.Post("/v1/deploys", `{"service":"shop","environment":"staging","artifact":"`+artifact+`"}`, apitest.Key("dep-metrics")).
+		Status(t, http.StatusAccepted).Decode(t, &d)
+	servicetest.Eventually(t, "deploy succeeded", func() bool {
+		c.Get("/v1/deploys/"+d.ID).Status(t, http.StatusOK).Decode(t, &d)
+		return d.State == "succeeded"
+	})
+	after := metricstest.Scrape(t, c)
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"retrysafe_idempotency_requests_total", []string{"kind", "deploys.create", "outcome", "created"}, 2},
+		{"retrysafe_operations_finished_total", []string{"kind", "deploys.create", "state", "cancelled"}, 1},
+		{"retrysafe_operations_finished_total", []string{"kind", "deploys.create", "state", "succeeded"}, 1},
+		{"retrysafe_downstream_request_duration_seconds", []string{"target", "deploy_target", "outcome", "ok"}, 1},
+	} {
+		if got := after.Delta(before, tc.name, tc.labels...); got != tc.want {
+			t.Errorf("%s%v moved by %v; want %v", tc.name, tc.labels, got, tc.want)
+		}
 	}
 }
