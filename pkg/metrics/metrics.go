@@ -2,15 +2,17 @@
 // template, idempotency decisions, finished and unknown operations, reconciles and downstream calls.
 //
 // One Metrics per process, on its own registry (never the global default one, so tests can build several in one
-// process). It implements idem.Observer and opstatus.Observer; hand it to the handler, the recovery worker and
-// the services, add its middleware to each service's router, and serve Handler on GET /metrics:
+// process). It implements idem.Observer and opstatus.Observer. cmd/retrysafe wires it through pkg/service, which
+// adds the middleware to each service's router and serves Handler on GET /metrics:
 //
 //	m := metrics.New()
-//	m.WatchOperations(db, 2*time.Second)
-//	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, Middleware: []gin.HandlerFunc{m.Middleware("tickets")}})
-//	r.GET("/metrics", gin.WrapH(m.Handler()))
-//	h := &idem.Handler{DB: db, Store: idem.PostgresStore{}, Observer: m}
+//	m.WatchOperations(db, 2*time.Second) // the gauges of unknown operations
+//	d := service.Deps{DB: db, Logger: logger, Metrics: m,
+//		Idem: &idem.Handler{DB: db, Store: idem.PostgresStore{}, Observer: m}}
 //	client := provider.NewClient(url, secret, timeout).WithObserver(m.Downstream("provider"))
+//
+// Without pkg/service: httpserver.Options{Middleware: []gin.HandlerFunc{m.Middleware("tickets")}} and
+// r.GET("/metrics", gin.WrapH(m.Handler())).
 //
 // Labels never carry an account, a key, an id or a raw path: only kinds, route templates, states and outcomes
 // from fixed lists, so the number of series stays bounded whatever callers send.
