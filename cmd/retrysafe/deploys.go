@@ -7,6 +7,7 @@ import (
 
 func buildDeploys(cfg config, d service.Deps) (service.Service, error) {
 	return deploys.New(d, deploys.Config{
+		Target:               deploys.ObserveTarget(deploys.SimulatedTarget{DB: d.DB}, d.Metrics.Downstream("deploy_target")),
 		ApprovalEnvironments: cfg.DeployApprovalEnvironments, ApprovalTTL: cfg.ApprovalTTL,
 		Steps: cfg.DeploySteps, StepDuration: cfg.DeployStepDuration,
 		LockLease: cfg.DeployLockLease, Heartbeat: cfg.DeployHeartbeat,

@@ -30,6 +30,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
@@ -184,8 +185,11 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 		logger.Warn("API_KEYS is unset: using the documented demo keys; never do this outside development")
 	}
 	logger.Info("starting", "config", cfg.String(), "services", which)
-	d := service.Deps{DB: db, Logger: logger, Idem: &idem.Handler{
-		DB: db, Store: idem.PostgresStore{}, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1,
+	// One registry for the process: every service's port serves all of it on GET /metrics.
+	m := metrics.New()
+	m.WatchOperations(db, 2*time.Second)
+	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: &idem.Handler{
+		DB: db, Store: idem.PostgresStore{}, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m,
 	}}
 	httpStack, err := httpStack(cfg, db)
 	if err != nil {

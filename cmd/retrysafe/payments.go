@@ -36,7 +36,8 @@ func (r *envReader) thresholds(name, def string) map[string]int64 {
 
 func buildPayments(cfg config, d service.Deps) (service.Service, error) {
 	return payments.New(d, payments.Config{
-		Provider:           provider.NewClient(cfg.ProviderURL, cfg.ProviderSecret, cfg.ProviderTimeout),
+		Provider: provider.NewClient(cfg.ProviderURL, cfg.ProviderSecret, cfg.ProviderTimeout).
+			WithObserver(d.Metrics.Downstream("provider")),
 		ApprovalThresholds: cfg.PaymentsApprovalThresholds,
 		ApprovalTTL:        cfg.ApprovalTTL,
 	})

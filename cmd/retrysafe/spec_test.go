@@ -10,6 +10,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
@@ -32,7 +33,7 @@ func TestEveryRouteIsInTheSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := service.Deps{DB: db.DB, Logger: servicetest.Logger(),
+	d := service.Deps{DB: db.DB, Logger: servicetest.Logger(), Metrics: metrics.New(),
 		Idem: &idem.Handler{DB: db.DB, Store: idem.PostgresStore{}, Logger: servicetest.Logger()}}
 	stack, err := httpStack(cfg, db.DB)
 	if err != nil {

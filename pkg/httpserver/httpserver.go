@@ -36,6 +36,9 @@ type Options struct {
 	Ready func(ctx context.Context) error
 	// BodyLimit caps request bodies in bytes (1 MiB when zero).
 	BodyLimit int64
+	// Middleware runs on every request, routes and health endpoints included, after the access log and
+	// outside panic recovery, so a panic is seen as the 500 it becomes (metrics).
+	Middleware []gin.HandlerFunc
 }
 
 // NewRouter returns a gin engine with the shared middleware and /healthz, /readyz.
@@ -48,7 +51,9 @@ func NewRouter(o Options) *gin.Engine {
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
 	r.ContextWithFallback = true
-	r.Use(attempt, accessLog(o.Logger), recovery(o.Logger), bodyLimit(limit))
+	r.Use(attempt, accessLog(o.Logger))
+	r.Use(o.Middleware...)
+	r.Use(recovery(o.Logger), bodyLimit(limit))
 	r.NoRoute(func(c *gin.Context) { problem.Write(c, problem.New(problem.CodeNotFound, "no such route")) })
 	r.NoMethod(func(c *gin.Context) {
 		problem.Write(c, problem.New(problem.CodeMethodNotAllowed, "method not allowed on this route"))

@@ -55,6 +55,7 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 		return
 	}
 	if err != nil {
+		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
 		problem.Write(c, err)
 		return
 	}
@@ -65,6 +66,7 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 	outcome, callErr := steps.Call(effectCtx, cl.op)
 	failpoint.Hit(FailpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
+		h.observe(req.Kind, OutcomeUnknown)
 		h.markUnknown(effectCtx, cl, callErr)
 		h.answerUnknown(c, cl.principal.AccountID, cl.op.ID)
 		return
@@ -77,6 +79,7 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 		// The recovery worker got there first; answer with what it stored.
 		stored, lerr := h.Store.Lookup(effectCtx, h.DB, cl.principal.AccountID, cl.key)
 		if lerr != nil {
+			h.observe(req.Kind, failureOutcome(lerr, OutcomeUnknown))
 			problem.Write(c, lerr)
 			return
 		}
@@ -85,8 +88,10 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 		// The effect happened (or definitely failed) but could not be recorded: the operation keeps its lease and
 		// the recovery worker will settle it. A retry with the same key is safe.
 		h.log().ErrorContext(effectCtx, "external outcome not recorded", "operation_id", cl.op.ID, "kind", req.Kind, "error", err.Error())
+		h.observe(req.Kind, failureOutcome(err, OutcomeUnknown))
 		problem.Write(c, err)
 	default:
+		h.observe(req.Kind, OutcomeCreated)
 		h.log().InfoContext(effectCtx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
 			"account_id", cl.principal.AccountID, "status", resp.Status)
 		writeResponse(c, cl.op.ID, resp, false)
@@ -94,15 +99,22 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 }
 
 func (h *Handler) settle(ctx context.Context, cl call, write func(ctx context.Context, tx *gorm.DB) (Result, error), event, actor string) (Response, error) {
-	var resp Response
+	var (
+		resp  Response
+		state opstatus.State
+	)
 	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		res, err := write(ctx, tx)
 		if err != nil {
 			return err
 		}
+		state = resultState(res)
 		resp, err = h.storeResult(ctx, tx, cl, res, event, actor)
 		return err
 	})
+	if err == nil {
+		opstatus.ObserveFinished(h.OperationObserver(), cl.op.Kind, state)
+	}
 	return resp, err
 }
 

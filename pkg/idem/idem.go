@@ -109,6 +109,8 @@ type Handler struct {
 	// Reconcilers, by operation kind, let a retry of an unknown operation settle it at once (see reconcileNow);
 	// cmd/retrysafe gives the handler the same ones the recovery worker uses.
 	Reconcilers map[string]opstatus.Reconciler
+	// Observer, when set, is told each request's outcome and each operation the handler settles (metrics).
+	Observer Observer
 }
 
 // log is h.Logger, or a logger that discards.
@@ -149,6 +151,7 @@ func (h *Handler) begin(c *gin.Context, req Request) (call, bool) {
 		err = problem.New(problem.CodeIdempotencyKeyInvalid, "send exactly one Idempotency-Key header")
 	}
 	if err != nil {
+		h.observe(req.Kind, OutcomeRefused)
 		problem.Write(c, err)
 		return call{}, false
 	}
@@ -159,6 +162,7 @@ func (h *Handler) begin(c *gin.Context, req Request) (call, bool) {
 	}
 	fp, err := Fingerprint(c.Request.Method, c.FullPath(), params, p.AccountID, req.Command)
 	if err != nil {
+		h.observe(req.Kind, OutcomeRefused)
 		problem.Write(c, err)
 		return call{}, false
 	}
@@ -200,7 +204,10 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		return
 	}
 	ctx := c.Request.Context()
-	var resp Response
+	var (
+		resp  Response
+		state opstatus.State
+	)
 	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := h.claim(ctx, tx, cl, req); err != nil {
 			return err
@@ -210,6 +217,7 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		if err != nil {
 			return err
 		}
+		state = resultState(res)
 		resp, err = h.storeResult(ctx, tx, cl, res, opstatus.EventCompleted, cl.principal.Actor())
 		return err
 	})
@@ -218,8 +226,11 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 	case errors.As(err, &taken):
 		h.answerExisting(c, cl, taken.stored)
 	case err != nil:
+		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
 		problem.Write(c, err)
 	default:
+		h.observe(req.Kind, OutcomeCreated)
+		opstatus.ObserveFinished(h.OperationObserver(), req.Kind, state)
 		h.log().InfoContext(ctx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
 			"account_id", cl.principal.AccountID, "status", resp.Status)
 		writeResponse(c, cl.op.ID, resp, false)
@@ -232,15 +243,19 @@ func (h *Handler) storeResult(ctx context.Context, tx *gorm.DB, cl call, res Res
 	if err != nil {
 		return Response{}, err
 	}
-	state := res.State
-	if state == "" {
-		state = opstatus.StateSucceeded
-	}
 	err = h.Store.Complete(ctx, tx, Completion{
 		AccountID: cl.op.AccountID, Key: cl.key, OperationID: cl.op.ID, Response: resp,
-		State: state, Resource: res.Resource, Event: event, Actor: actor, AttemptID: cl.attempt,
+		State: resultState(res), Resource: res.Resource, Event: event, Actor: actor, AttemptID: cl.attempt,
 	})
 	return resp, err
+}
+
+// resultState is the operation's state once res is stored: succeeded unless res says otherwise.
+func resultState(res Result) opstatus.State {
+	if res.State == "" {
+		return opstatus.StateSucceeded
+	}
+	return res.State
 }
 
 // ErrAlreadySettled is returned by Settle when another worker recorded the operation's outcome first.
@@ -291,7 +306,9 @@ func writeResponse(c *gin.Context, opID string, resp Response, replayed bool) {
 func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 	ctx := c.Request.Context()
 	actor := cl.principal.Actor()
+	kind := cl.op.Kind
 	if stored.Fingerprint != cl.fingerprint {
+		h.observe(kind, OutcomeConflict)
 		h.appendEvent(ctx, stored.OperationID, opstatus.EventConflictRejected, actor, cl.withAttempt(map[string]any{"fingerprint": cl.fingerprint}))
 		problem.Write(c, problem.New(problem.CodeIdempotencyKeyReused,
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").
@@ -307,11 +324,14 @@ func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 	}
 	switch {
 	case stored.State == KeyCompleted && stored.Response != nil:
+		h.observe(kind, OutcomeReplayed)
 		h.appendEvent(ctx, stored.OperationID, opstatus.EventReplayed, actor, cl.withAttempt(nil))
 		writeResponse(c, stored.OperationID, *stored.Response, true)
 	case stored.OperationState == opstatus.StateUnknown:
+		h.observe(kind, OutcomeUnknown)
 		h.answerUnknown(c, cl.principal.AccountID, stored.OperationID)
 	default:
+		h.observe(kind, OutcomeInProgress)
 		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, cl.withAttempt(map[string]any{"state": stored.OperationState}))
 		problem.Write(c, &problem.Error{
 			Code:       problem.CodeRequestInProgress,
@@ -335,13 +355,20 @@ func (h *Handler) reconcileNow(ctx context.Context, stored Record) Record {
 		return stored
 	}
 	if err := rec.Reconcile(ctx, op); err != nil {
+		opstatus.ObserveReconciled(h.OperationObserver(), op.Kind, opstatus.ReconcileError)
 		h.log().InfoContext(ctx, "retry could not settle the operation yet", "operation_id", op.ID, "error", err.Error())
 		return stored
 	}
-	if latest, err := h.Store.Lookup(ctx, h.DB, stored.AccountID, stored.Key); err == nil {
-		return latest
+	latest, err := h.Store.Lookup(ctx, h.DB, stored.AccountID, stored.Key)
+	if err != nil {
+		return stored
 	}
-	return stored
+	result := opstatus.ReconcileSettled
+	if latest.OperationState == opstatus.StateUnknown {
+		result = opstatus.ReconcileStillUnknown
+	}
+	opstatus.ObserveReconciled(h.OperationObserver(), op.Kind, result)
+	return latest
 }
 
 // answerUnknown is the 202 for an operation whose outcome is not known: the caller must not start a new

@@ -33,6 +33,9 @@ type RecoveryWorker struct {
 	Reconcilers map[string]Reconciler
 	Interval    time.Duration
 	Logger      *slog.Logger
+	// Observer, when set, is told what each reconcile achieved (metrics). Finished operations are reported by
+	// whoever records them (idem.Handler.Settle, a service's own store), not here, so none is counted twice.
+	Observer Observer
 	// Now is the clock (time.Now when nil); tests move it.
 	Now func() time.Time
 
@@ -125,12 +128,19 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 			continue
 		}
 		if err := rec.Reconcile(ctx, op); err != nil {
+			ObserveReconciled(w.Observer, op.Kind, ReconcileError)
 			n := w.failed(op.ID, now)
 			w.log().WarnContext(ctx, "reconcile failed", "operation_id", op.ID, "kind", op.Kind, "attempt", n, "error", err.Error())
 			continue
 		}
 		after, err := Get(ctx, w.DB, op.AccountID, op.ID)
-		if err == nil && after.State != StateUnknown {
+		if err != nil {
+			continue
+		}
+		if after.State == StateUnknown {
+			ObserveReconciled(w.Observer, op.Kind, ReconcileStillUnknown)
+		} else {
+			ObserveReconciled(w.Observer, op.Kind, ReconcileSettled)
 			w.forget(op.ID)
 			settled++
 			w.log().InfoContext(ctx, "operation reconciled", "operation_id", op.ID, "kind", op.Kind, "state", after.State)

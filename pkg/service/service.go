@@ -30,15 +30,19 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
-// and the logger.
+// the logger and the process's metrics.
 type Deps struct {
 	DB     *gorm.DB
 	Idem   *idem.Handler
 	Logger *slog.Logger
+	// Metrics, when set, counts every request (Handler serves it on GET /metrics) and downstream call; give it
+	// to Idem.Observer too. Nil means no metrics.
+	Metrics *metrics.Metrics
 }
 
 // Log returns d.Logger, or a logger that discards when it is nil.
@@ -73,15 +77,23 @@ type HTTP struct {
 	BodyLimit int64
 	// Ready, when set, is an extra readiness check (pending migrations).
 	Ready func(ctx context.Context) error
-	// Middleware runs before authentication on every route (metrics).
+	// Middleware runs before authentication on every route, health endpoints included.
 	Middleware []gin.HandlerFunc
 }
 
-// Handler is the gin engine of svc: the shared router (access log, recovery, body limit, health), then the
-// service's routes behind authentication.
+// Handler is the gin engine of svc: the shared router (access log, metrics, recovery, body limit, health,
+// GET /metrics without a key when d.Metrics is set), then the service's routes behind authentication.
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
-	r := httpserver.NewRouter(httpserver.Options{Logger: d.Log(), DB: d.DB, BodyLimit: h.BodyLimit, Ready: h.Ready})
-	r.Use(h.Middleware...)
+	middleware := h.Middleware
+	if d.Metrics != nil {
+		middleware = append([]gin.HandlerFunc{d.Metrics.Middleware(svc.Name())}, middleware...)
+	}
+	r := httpserver.NewRouter(httpserver.Options{
+		Logger: d.Log(), DB: d.DB, BodyLimit: h.BodyLimit, Ready: h.Ready, Middleware: middleware,
+	})
+	if d.Metrics != nil {
+		r.GET("/metrics", gin.WrapH(d.Metrics.Handler()))
+	}
 	svc.Routes(r.Group("", auth.Middleware(h.Keys)))
 	return r
 }
@@ -115,7 +127,8 @@ func Workers(d Deps, b Background, svcs ...Service) []Worker {
 		out = append(out, s.Workers()...)
 	}
 	if b.RecoveryInterval > 0 {
-		recovery := &opstatus.RecoveryWorker{DB: d.DB, Reconcilers: Reconcilers(svcs...), Interval: b.RecoveryInterval, Logger: d.Log()}
+		recovery := &opstatus.RecoveryWorker{DB: d.DB, Reconcilers: Reconcilers(svcs...), Interval: b.RecoveryInterval,
+			Logger: d.Log(), Observer: d.Idem.OperationObserver()}
 		out = append(out, Worker{Name: "recovery", Run: recovery.Run})
 	}
 	if b.PruneInterval > 0 {

@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Controller is the background worker that runs queued deploys: it claims one (FOR UPDATE SKIP LOCKED, so
@@ -36,6 +37,8 @@ type Controller struct {
 	// different environments) run at once.
 	PollInterval time.Duration
 	Workers      int
+	// Observer, when set, is told of every deploy the controller finishes (metrics).
+	Observer opstatus.Observer
 }
 
 const controllerActor = "system:deploys.controller"
@@ -124,9 +127,13 @@ func (c *Controller) execute(ctx context.Context, claim Claim) error {
 	if err != nil {
 		return err
 	}
-	return c.tx(ctx, func(tx *gorm.DB) error {
+	if err := c.tx(ctx, func(tx *gorm.DB) error {
 		return c.Store.Finish(ctx, tx, claim, true, controllerActor, EventActivated, map[string]any{"marker": marker})
-	})
+	}); err != nil {
+		return err
+	}
+	opstatus.ObserveFinished(c.Observer, claim.Deploy.OperationKind(), StateSucceeded)
+	return nil
 }
 
 // stop handles an error before activation: a controller shutting down puts the deploy back in the queue, so a

@@ -90,6 +90,14 @@ type Deploy struct {
 	UpdatedAt          time.Time  `json:"updated_at"`
 }
 
+// OperationKind is the kind of the deploy's operation: KindRollback for a rollback, KindDeploy otherwise.
+func (d Deploy) OperationKind() string {
+	if d.Kind == DeployRollback {
+		return KindRollback
+	}
+	return KindDeploy
+}
+
 // Reference returns what the deploy activates.
 func (d Deploy) Reference() Reference {
 	var r Reference

@@ -105,15 +105,21 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 func (s *Server) cancelDeploy(c *gin.Context) {
 	p := auth.From(c)
 	ctx := c.Request.Context()
-	var d Deploy
+	var (
+		d         Deploy
+		cancelled bool
+	)
 	err := s.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
-		d, _, err = s.Store.Cancel(ctx, tx, p.AccountID, c.Param("id"), p.Actor())
+		d, cancelled, err = s.Store.Cancel(ctx, tx, p.AccountID, c.Param("id"), p.Actor())
 		return err
 	})
 	if err != nil {
 		problem.Write(c, err)
 		return
+	}
+	if cancelled {
+		opstatus.ObserveFinished(s.Idem.OperationObserver(), d.OperationKind(), StateCancelled)
 	}
 	s.writeStatus(c, d)
 }

@@ -25,6 +25,8 @@ type Reconciler struct {
 	Target Target
 	// Now is the clock the lease is judged by (time.Now when nil).
 	Now func() time.Time
+	// Observer, when set, is told of every deploy the reconciler settles (metrics).
+	Observer opstatus.Observer
 }
 
 var _ opstatus.Reconciler = (*Reconciler)(nil)
@@ -68,7 +70,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	if activated {
 		evidence["target_marker"] = marker
 	}
-	return r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	if err := r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		return r.Store.Finish(ctx, tx, claim, activated, reconcilerActor, opstatus.EventReconciled, evidence)
-	})
+	}); err != nil {
+		return err
+	}
+	state := StateFailed
+	if activated {
+		state = StateSucceeded
+	}
+	opstatus.ObserveFinished(r.Observer, op.Kind, state)
+	return nil
 }

@@ -76,8 +76,9 @@ func New(d service.Deps, cfg Config) (*Service, error) {
 			DB: d.DB, Store: cfg.Store, Target: cfg.Target, Logger: d.Log().With("service", "deploys"),
 			Steps: cfg.Steps, StepDuration: cfg.StepDuration, Lease: cfg.LockLease,
 			Heartbeat: cfg.Heartbeat, PollInterval: cfg.PollInterval, Workers: cfg.Workers,
+			Observer: d.Idem.OperationObserver(),
 		},
-		Reconciler: &Reconciler{DB: d.DB, Store: cfg.Store, Target: cfg.Target},
+		Reconciler: &Reconciler{DB: d.DB, Store: cfg.Store, Target: cfg.Target, Observer: d.Idem.OperationObserver()},
 	}, nil
 }
 

@@ -101,3 +101,50 @@ func (t SimulatedTarget) Activation(ctx context.Context, deployID string) (Activ
 	}
 	return rows[0], true, nil
 }
+
+// ObserveTarget returns t reporting every call to observe (metrics): its duration and its outcome, "ok",
+// "refused" (ErrFenced: nothing activated) or "unknown" (an error: an activation may or may not have happened).
+// A nil observe returns t itself.
+func ObserveTarget(t Target, observe func(outcome string, d time.Duration)) Target {
+	if observe == nil {
+		return t
+	}
+	return observedTarget{t: t, observe: observe}
+}
+
+type observedTarget struct {
+	t       Target
+	observe func(outcome string, d time.Duration)
+}
+
+func (o observedTarget) report(start time.Time, err error) {
+	outcome := "ok"
+	switch {
+	case errors.Is(err, ErrFenced):
+		outcome = "refused"
+	case err != nil:
+		outcome = "unknown"
+	}
+	o.observe(outcome, time.Since(start))
+}
+
+func (o observedTarget) Activate(ctx context.Context, d Deploy, token int64) (Activation, error) {
+	start := time.Now()
+	a, err := o.t.Activate(ctx, d, token)
+	o.report(start, err)
+	return a, err
+}
+
+func (o observedTarget) Fence(ctx context.Context, accountID, environment string, token int64) error {
+	start := time.Now()
+	err := o.t.Fence(ctx, accountID, environment, token)
+	o.report(start, err)
+	return err
+}
+
+func (o observedTarget) Activation(ctx context.Context, deployID string) (Activation, bool, error) {
+	start := time.Now()
+	a, found, err := o.t.Activation(ctx, deployID)
+	o.report(start, err)
+	return a, found, err
+}

@@ -28,6 +28,7 @@ type Client struct {
 	baseURL string
 	secret  string
 	http    *http.Client
+	observe func(outcome string, d time.Duration)
 }
 
 // NewClient returns a client of the provider at baseURL (such as
@@ -41,6 +42,15 @@ func NewClient(baseURL, secret string, timeout time.Duration) *Client {
 // every answer against api/openapi.yaml on the way.
 func NewClientHTTP(baseURL, secret string, hc *http.Client) *Client {
 	return &Client{baseURL: strings.TrimRight(baseURL, "/"), secret: secret, http: hc}
+}
+
+// WithObserver returns a copy of c that reports every call to observe (metrics): its duration, connection to
+// last byte, and its outcome: "ok" (2xx), "refused" (a 4xx: nothing executed; for Lookup a 404 means no call
+// under the key) or "unknown" (no answer, a 5xx or an unreadable one: the call may have executed).
+func (c *Client) WithObserver(observe func(outcome string, d time.Duration)) *Client {
+	cp := *c
+	cp.observe = observe
+	return &cp
 }
 
 // Authorize places a hold of req.AmountMinor on the card.
@@ -148,6 +158,23 @@ func (c *Client) Reset(ctx context.Context) error {
 // do sends one call with in as its JSON body (none when nil) and decodes a 2xx
 // answer into out (ignored when nil).
 func (c *Client) do(ctx context.Context, method, path, key string, in, out any) error {
+	if c.observe == nil {
+		return c.send(ctx, method, path, key, in, out)
+	}
+	start := time.Now()
+	err := c.send(ctx, method, path, key, in, out)
+	outcome := "ok"
+	switch {
+	case errors.Is(err, ErrOutcomeUnknown):
+		outcome = "unknown"
+	case err != nil:
+		outcome = "refused"
+	}
+	c.observe(outcome, time.Since(start))
+	return err
+}
+
+func (c *Client) send(ctx context.Context, method, path, key string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)

@@ -1,0 +1,163 @@
+package metrics_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
+
+	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/metricstest"
+	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/metrics"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// serve puts m behind the shared router, with routes of its own, and returns a client of it.
+func serve(t *testing.T, m *metrics.Metrics, routes func(r *gin.Engine)) *apitest.Client {
+	t.Helper()
+	r := httpserver.NewRouter(httpserver.Options{Logger: servicetest.Logger(), Middleware: []gin.HandlerFunc{m.Middleware("things")}})
+	r.GET("/metrics", gin.WrapH(m.Handler()))
+	routes(r)
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	return apitest.New(t, srv.URL, "")
+}
+
+func TestMiddlewareLabelsByRouteTemplate(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	c := serve(t, m, func(r *gin.Engine) {
+		r.GET("/v1/things/:id", func(c *gin.Context) { c.Status(http.StatusNoContent) })
+		r.GET("/v1/boom", func(c *gin.Context) { panic("boom") })
+	})
+	for _, req := range []struct{ method, path string }{
+		{"GET", "/v1/things/thing_1"}, {"GET", "/v1/things/thing_2"}, {"GET", "/v1/boom"},
+		{"GET", "/nowhere/thing_3"}, {"DELETE", "/v1/things/thing_4"}, {"BREW", "/v1/things/thing_5"},
+	} {
+		r, err := http.NewRequest(req.method, c.BaseURL+req.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+	}
+	s := metricstest.Scrape(t, c)
+	for _, tc := range []struct {
+		labels []string
+		want   float64
+	}{
+		{[]string{"service", "things", "route", "/v1/things/:id", "method", "GET", "code", "204"}, 2},
+		{[]string{"route", "/v1/boom", "code", "500"}, 1}, // a panic is counted as the 500 it becomes
+		{[]string{"route", metrics.UnmatchedRoute, "method", "GET", "code", "404"}, 1},
+		{[]string{"route", metrics.UnmatchedRoute, "method", "DELETE", "code", "405"}, 1},
+		{[]string{"route", metrics.UnmatchedRoute, "method", "other"}, 1}, // invented methods add no series
+	} {
+		if got := s.Value("retrysafe_http_requests_total", tc.labels...); got != tc.want {
+			t.Errorf("retrysafe_http_requests_total%v = %v; want %v", tc.labels, got, tc.want)
+		}
+	}
+	if strings.Contains(s.Body, "thing_") || strings.Contains(s.Body, "BREW") {
+		t.Errorf("a raw path or method became a label:\n%s", s.Body)
+	}
+}
+
+func TestObserversCount(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	c := serve(t, m, func(*gin.Engine) {})
+	var observer idem.Observer = m
+	observer.IdempotencyOutcome("things.create", idem.OutcomeInProgress)
+	observer.IdempotencyOutcome("things.create", idem.OutcomeStoreUnavailable)
+	opstatus.ObserveFinished(m, "things.create", opstatus.StateFailed)
+	opstatus.ObserveFinished(m, "things.create", opstatus.StateQueued) // not final: not counted
+	opstatus.ObserveReconciled(m, "things.create", opstatus.ReconcileError)
+	m.Downstream("target")("refused", 20*time.Millisecond)
+	s := metricstest.Scrape(t, c)
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"retrysafe_idempotency_requests_total", []string{"outcome", "in_progress"}, 1},
+		{"retrysafe_idempotency_requests_total", []string{"outcome", "store_unavailable"}, 1},
+		{"retrysafe_operations_finished_total", []string{"kind", "things.create", "state", "failed"}, 1},
+		{"retrysafe_operations_finished_total", nil, 1},
+		{"retrysafe_reconcile_total", []string{"kind", "things.create", "result", "error"}, 1},
+		{"retrysafe_downstream_request_duration_seconds", []string{"target", "target", "outcome", "refused"}, 1},
+	} {
+		if got := s.Value(tc.name, tc.labels...); got != tc.want {
+			t.Errorf("%s%v = %v; want %v", tc.name, tc.labels, got, tc.want)
+		}
+	}
+}
+
+func TestUnknownOperationGauges(t *testing.T) {
+	t.Parallel()
+	tx := testdb.Tx(t)
+	ctx := t.Context()
+	m := metrics.New()
+	m.WatchOperations(tx, 2*time.Second)
+	c := serve(t, m, func(*gin.Engine) {})
+	if s := metricstest.Scrape(t, c); s.Value("retrysafe_operations_unknown") != 0 || !s.Has("retrysafe_operation_oldest_unknown_seconds") {
+		t.Fatalf("with no operations: unknown %v, oldest present %v; want 0 and present",
+			s.Value("retrysafe_operations_unknown"), s.Has("retrysafe_operation_oldest_unknown_seconds"))
+	}
+	for i := range 3 {
+		op := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct_gauge", Kind: "things.create", State: opstatus.StateRunning,
+			IdempotencyKey: fmt.Sprintf("k%d", i), Fingerprint: "fp"}
+		if _, claimed, err := (idem.PostgresStore{}).Claim(ctx, tx, op, "test", nil); err != nil || !claimed {
+			t.Fatalf("claim: %v (claimed %v)", err, claimed)
+		}
+		if i == 2 {
+			continue // still running: not unknown
+		}
+		if _, err := opstatus.Transition(ctx, tx, op.ID, opstatus.StateUnknown, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := metricstest.Scrape(t, c)
+	if got := s.Value("retrysafe_operations_unknown"); got != 2 {
+		t.Errorf("retrysafe_operations_unknown = %v; want 2", got)
+	}
+	if got := s.Value("retrysafe_operation_oldest_unknown_seconds"); got < 0 {
+		t.Errorf("retrysafe_operation_oldest_unknown_seconds = %v; want >= 0", got)
+	}
+	if strings.Contains(s.Body, "acct_gauge") {
+		t.Error("an account reached /metrics")
+	}
+}
+
+// TestScrapeSurvivesAnUnreachableDatabase: the gauges that need the database drop out, the rest is served.
+func TestScrapeSurvivesAnUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	db, err := gorm.Open(postgres.Open("postgres://postgres@127.0.0.1:1/nowhere?sslmode=disable&connect_timeout=1"),
+		&gorm.Config{Logger: gormlogger.Discard, DisableAutomaticPing: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New()
+	m.WatchOperations(db, time.Second)
+	c := serve(t, m, func(*gin.Engine) {})
+	m.IdempotencyOutcome("things.create", idem.OutcomeCreated)
+	s := metricstest.Scrape(t, c)
+	if s.Has("retrysafe_operations_unknown") {
+		t.Error("retrysafe_operations_unknown served without a database")
+	}
+	if s.Value("retrysafe_idempotency_requests_total") != 1 {
+		t.Error("the counters were not served when the database was unreachable")
+	}
+}
