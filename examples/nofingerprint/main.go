@@ -1,0 +1,182 @@
+// Command nofingerprint is the orders API of examples/naive with the claim and the stored response done right,
+// and one thing left out: it does not fingerprint the request. A retry gets the first answer again, marked
+// Idempotent-Replayed, and concurrent copies wait for the first; but the same key with a different order is
+// answered with the first order too, as if it had been done. `retrysafe conformance` fails it on case 4
+// (changed payload) only.
+//
+//	DATABASE_URL=postgres://... SHOP_TOKEN=secret ADDR=:8096 go run ./examples/nofingerprint
+//
+// Its tables are nofp_orders and nofp_keys.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
+)
+
+// Order is one order.
+type Order struct {
+	ID        int64     `json:"id" gorm:"primaryKey"`
+	Customer  string    `json:"customer"`
+	SKU       string    `json:"sku"`
+	Quantity  int       `json:"quantity"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// TableName keeps the example's table apart from everything else in the schema.
+func (Order) TableName() string { return "nofp_orders" }
+
+// Key is a claimed idempotency key and, once the order is made, the answer to replay. Nothing here says what
+// request the key was first used for: that is the missing fingerprint.
+type Key struct {
+	Key    string `gorm:"primaryKey"`
+	Status int
+	Body   []byte
+	Done   bool
+}
+
+// TableName keeps the example's table apart from everything else in the schema.
+func (Key) TableName() string { return "nofp_keys" }
+
+type createOrder struct {
+	Customer string `json:"customer" binding:"required,max=100"`
+	SKU      string `json:"sku" binding:"required,max=100"`
+	Quantity int    `json:"quantity" binding:"required,min=1,max=1000"`
+}
+
+// newServer serves POST /v1/orders and GET /v1/orders?customer=; token, when not empty, is the bearer secret.
+func newServer(db *gorm.DB, token string) http.Handler {
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.Use(gin.Recovery(), bearer(token))
+	r.POST("/v1/orders", func(c *gin.Context) {
+		key, ok := c.Request.Header["Idempotency-Key"]
+		if !ok || !validKey(key[0]) {
+			c.JSON(http.StatusBadRequest, gin.H{"code": "idempotency_key_invalid"})
+			return
+		}
+		var cmd createOrder
+		if err := c.ShouldBindJSON(&cmd); err != nil {
+			c.JSON(http.StatusBadRequest, gin.H{"code": "invalid_request"})
+			return
+		}
+		var body []byte
+		replay := false
+		err := db.WithContext(c).Transaction(func(tx *gorm.DB) error {
+			// The claim, atomic: a concurrent copy waits here until this transaction ends.
+			res := tx.Exec(`INSERT INTO nofp_keys (key, status, done) VALUES (?, 0, false) ON CONFLICT (key) DO NOTHING`, key[0])
+			if res.Error != nil {
+				return res.Error
+			}
+			if res.RowsAffected == 0 {
+				replay = true
+				return nil
+			}
+			o := Order{Customer: cmd.Customer, SKU: cmd.SKU, Quantity: cmd.Quantity}
+			if err := tx.Create(&o).Error; err != nil {
+				return err
+			}
+			var err error
+			if body, err = json.Marshal(o); err != nil {
+				return err
+			}
+			return tx.Model(&Key{}).Where("key = ?", key[0]).Updates(map[string]any{"status": http.StatusCreated, "body": body, "done": true}).Error
+		})
+		if err != nil {
+			c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
+			return
+		}
+		if !replay {
+			c.Data(http.StatusCreated, "application/json", body)
+			return
+		}
+		var stored Key
+		if err := db.WithContext(c).Where("key = ?", key[0]).First(&stored).Error; err != nil {
+			c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
+			return
+		}
+		if !stored.Done {
+			c.Header("Retry-After", "1")
+			c.JSON(http.StatusConflict, gin.H{"code": "request_in_progress"})
+			return
+		}
+		// The mistake: the stored answer is replayed whatever this request asks for.
+		c.Header("Idempotent-Replayed", "true")
+		c.Data(stored.Status, "application/json", stored.Body)
+	})
+	r.GET("/v1/orders", func(c *gin.Context) {
+		orders := []Order{}
+		if err := db.WithContext(c).Where("customer = ?", c.Query("customer")).Order("id").Limit(1000).Find(&orders).Error; err != nil {
+			c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
+			return
+		}
+		c.JSON(http.StatusOK, gin.H{"items": orders})
+	})
+	return r
+}
+
+func bearer(token string) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if token != "" && c.GetHeader("Authorization") != "Bearer "+token {
+			c.AbortWithStatusJSON(http.StatusUnauthorized, gin.H{"code": "unauthorized"})
+		}
+	}
+}
+
+// validKey: 1 to 255 printable ASCII characters.
+func validKey(k string) bool {
+	if k == "" || len(k) > 255 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func migrate(db *gorm.DB) error { return db.AutoMigrate(&Order{}, &Key{}) }
+
+func main() {
+	dsn := os.Getenv("DATABASE_URL")
+	if dsn == "" {
+		log.Fatal("nofingerprint: DATABASE_URL is required")
+	}
+	addr := os.Getenv("ADDR")
+	if addr == "" {
+		addr = ":8096"
+	}
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: gormlogger.Discard})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := migrate(db); err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv := &http.Server{Addr: addr, Handler: newServer(db, os.Getenv("SHOP_TOKEN")), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	log.Printf("nofingerprint orders API on %s", addr)
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,111 @@
+package conformance
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// callerState is what a caller stores before it sends a write, so that after a restart it can retry with the
+// same key. Header values keep their ${NAME} references: secrets are never written to the file.
+type callerState struct {
+	Target    string            `json:"target"`
+	Method    string            `json:"method"`
+	Path      string            `json:"path"`
+	Headers   map[string]string `json:"headers"`
+	KeyHeader string            `json:"key_header"`
+	Key       string            `json:"key"`
+	Body      json.RawMessage   `json:"body"`
+}
+
+// resumed is the answer a new caller process prints, one JSON line.
+type resumed struct {
+	Status    int             `json:"status,omitempty"`
+	Header    http.Header     `json:"header,omitempty"`
+	Body      []byte          `json:"body,omitempty"`
+	ElapsedMS int64           `json:"elapsed_ms,omitempty"`
+	Error     string          `json:"error,omitempty"`
+}
+
+// saveState writes the caller's state file (mode 0600, in a new temporary directory) for case 3.
+func (r *runner) saveState(c *caseRun, key string, body []byte) (string, func(), error) {
+	path, err := fill(r.spec.Path, c.vars, func(s string) string { return s })
+	if err != nil {
+		return "", nil, err
+	}
+	headers := map[string]string{}
+	for k, v := range r.spec.Headers {
+		if headers[k], err = fill(v, c.vars, func(s string) string { return s }); err != nil {
+			return "", nil, err
+		}
+	}
+	st := callerState{
+		Target: r.target.String(), Method: r.spec.Method, Path: path, Headers: headers,
+		KeyHeader: r.spec.KeyHeader, Key: key, Body: body,
+	}
+	data, err := json.Marshal(st)
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "retrysafe-conformance-")
+	if err != nil {
+		return "", nil, err
+	}
+	file := filepath.Join(dir, "caller.json")
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return file, func() { os.RemoveAll(dir) }, nil
+}
+
+// Resume is the new caller process of case 3: it reads the state file a previous caller stored, retries that
+// write with the same key against the same target (and nothing else) until it gets an answer other than
+// in-progress, within settle, and prints the answer as one JSON line on out. `retrysafe conformance --resume
+// FILE` calls it.
+func Resume(ctx context.Context, stateFile string, getenv func(string) string, out io.Writer) error {
+	a, err := resume(ctx, stateFile, getenv, 10*time.Second, 15*time.Second)
+	res := resumed{Status: a.status, Header: a.header, Body: a.body, ElapsedMS: a.elapsed.Milliseconds()}
+	if err != nil {
+		res = resumed{Error: err.Error()}
+	}
+	return json.NewEncoder(out).Encode(res)
+}
+
+func resume(ctx context.Context, stateFile string, getenv func(string) string, timeout, settle time.Duration) (response, error) {
+	data, err := os.ReadFile(stateFile)
+	if err != nil {
+		return response{}, err
+	}
+	var st callerState
+	if err := json.Unmarshal(data, &st); err != nil {
+		return response{}, fmt.Errorf("state file: %w", err)
+	}
+	spec := Spec{
+		Method: st.Method, Path: st.Path, Headers: st.Headers, KeyHeader: st.KeyHeader,
+		Body: st.Body, Variant: json.RawMessage(`{"conformance":"resume"}`),
+	}
+	if err := spec.check(); err != nil {
+		return response{}, fmt.Errorf("state file: %w", err)
+	}
+	// A fresh runner: its own HTTP client and transport, no connection or state shared with the first caller.
+	r, err := newRunner(spec, Options{
+		Target: st.Target, Getenv: getenv, RequestTimeout: timeout, SettleTimeout: settle,
+		Counter: func(context.Context, map[string]string) (int64, error) { return 0, nil },
+	})
+	if err != nil {
+		return response{}, err
+	}
+	defer r.close()
+	c := &caseRun{n: CaseRestartedCaller, vars: map[string]string{}}
+	a, _ := r.settle(ctx, c, st.Key, st.Body)
+	if a.err != nil {
+		return a, a.err
+	}
+	return a, nil
+}

@@ -1,0 +1,217 @@
+package conformance
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"os"
+	"regexp"
+	"strings"
+)
+
+// Spec describes one write to check; it is the request file, in JSON.
+//
+// Strings in path, headers, body, variant, setup and count may hold placeholders: {{unique}} is a token of
+// lowercase letters, digits and a dash, new for every case, so each case creates its own resource (a new order
+// id, a new environment); {{name}} is a value a setup step saved. Header values may name environment variables
+// as ${NAME}: that is the only way to pass a secret. An Authorization header written out in the file is refused.
+type Spec struct {
+	// Name is what the report calls the write; by default "METHOD path".
+	Name    string            `json:"name,omitempty"`
+	Method  string            `json:"method"`
+	Path    string            `json:"path"`
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body is the request body, a JSON value. Variant is the same write with a different intent (another
+	// amount, another title): sent under the same key it must be refused.
+	Body    json.RawMessage `json:"body"`
+	Variant json.RawMessage `json:"variant"`
+	// Count tells how many effects exist; see Count.
+	Count Count `json:"count"`
+	// Setup runs before every case, for writes that need a resource of their own (a capture needs an intent).
+	Setup []Step `json:"setup,omitempty"`
+	// KeyHeader is the idempotency key header; default Idempotency-Key.
+	KeyHeader string `json:"key_header,omitempty"`
+	// ReplayMarker is the header that marks a replay, "Name" or "Name: value"; default "Idempotent-Replayed: true".
+	ReplayMarker string `json:"replay_marker,omitempty"`
+	// Copies is how many copies case 2 sends at once; default 50, at most 500.
+	Copies int `json:"copies,omitempty"`
+	// KillHook, when set, is a shell command that kills the worker after it claimed the key (and brings the
+	// service back); without it case 7 is reported as not checked.
+	KillHook string `json:"kill_hook,omitempty"`
+}
+
+// Count is how the effect is counted, by one of:
+//   - a GET (URL: a path on the target, or an absolute URL on an address named with Options.Allow) whose JSON
+//     answer holds a list (Length: a dotted path to it, "." for the whole answer) or a number (Field);
+//   - a shell Command that prints one integer.
+type Count struct {
+	URL     string            `json:"url,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Length  string            `json:"length,omitempty"`
+	Field   string            `json:"field,omitempty"`
+	Command string            `json:"command,omitempty"`
+}
+
+// Step is one setup request. Save names values of its JSON answer (dotted paths) to use as {{name}} later.
+type Step struct {
+	Method  string            `json:"method"`
+	Path    string            `json:"path"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    json.RawMessage   `json:"body,omitempty"`
+	Save    map[string]string `json:"save,omitempty"`
+}
+
+// LoadSpec reads and checks a request file.
+func LoadSpec(path string) (Spec, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Spec{}, err
+	}
+	return ParseSpec(data)
+}
+
+// ParseSpec decodes a request file strictly (unknown fields are errors) and checks it.
+func ParseSpec(data []byte) (Spec, error) {
+	var s Spec
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return Spec{}, fmt.Errorf("request file: %w", err)
+	}
+	if err := s.check(); err != nil {
+		return Spec{}, fmt.Errorf("request file: %w", err)
+	}
+	return s, nil
+}
+
+const (
+	defaultCopies = 50
+	maxCopies     = 500
+	maxSetupSteps = 10
+)
+
+func (s *Spec) check() error {
+	s.Method = strings.ToUpper(s.Method)
+	switch s.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+	default:
+		return fmt.Errorf("method %q: a write is POST, PUT, PATCH or DELETE", s.Method)
+	}
+	if !strings.HasPrefix(s.Path, "/") {
+		return fmt.Errorf("path %q must start with /", s.Path)
+	}
+	if !json.Valid(s.Body) {
+		return fmt.Errorf("body must be a JSON value")
+	}
+	if !json.Valid(s.Variant) {
+		return fmt.Errorf("variant must be a JSON value (the same write with a different intent)")
+	}
+	if jsonEqual(s.Body, s.Variant) {
+		return fmt.Errorf("variant must differ from body")
+	}
+	if err := checkHeaders(s.Headers); err != nil {
+		return err
+	}
+	if err := checkHeaders(s.Count.Headers); err != nil {
+		return fmt.Errorf("count: %w", err)
+	}
+	kinds := 0
+	if s.Count.URL != "" {
+		kinds++
+		if (s.Count.Length == "") == (s.Count.Field == "") {
+			return fmt.Errorf("count: with url, name exactly one of length (a list) or field (a number)")
+		}
+	}
+	if s.Count.Command != "" {
+		kinds++
+	}
+	if kinds > 1 {
+		return fmt.Errorf("count: url or command, not both")
+	}
+	if len(s.Setup) > maxSetupSteps {
+		return fmt.Errorf("setup: at most %d steps", maxSetupSteps)
+	}
+	for i := range s.Setup {
+		st := &s.Setup[i]
+		st.Method = strings.ToUpper(st.Method)
+		if st.Method == "" || !strings.HasPrefix(st.Path, "/") {
+			return fmt.Errorf("setup %d: method and a path starting with / are required", i+1)
+		}
+		if len(st.Body) > 0 && !json.Valid(st.Body) {
+			return fmt.Errorf("setup %d: body must be a JSON value", i+1)
+		}
+		if err := checkHeaders(st.Headers); err != nil {
+			return fmt.Errorf("setup %d: %w", i+1, err)
+		}
+	}
+	if s.KeyHeader == "" {
+		s.KeyHeader = "Idempotency-Key"
+	}
+	s.KeyHeader = textproto.CanonicalMIMEHeaderKey(s.KeyHeader)
+	if s.ReplayMarker == "" {
+		s.ReplayMarker = "Idempotent-Replayed: true"
+	}
+	if s.Copies == 0 {
+		s.Copies = defaultCopies
+	}
+	if s.Copies < 2 || s.Copies > maxCopies {
+		return fmt.Errorf("copies must be 2 to %d", maxCopies)
+	}
+	if s.Name == "" {
+		s.Name = s.Method + " " + s.Path
+	}
+	return nil
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// checkHeaders refuses credentials written into the file: they belong in the environment.
+func checkHeaders(h map[string]string) error {
+	for name, value := range h {
+		switch textproto.CanonicalMIMEHeaderKey(name) {
+		case "Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key":
+			if !envRef.MatchString(value) {
+				return fmt.Errorf("header %s must take its secret from the environment, as ${NAME}", name)
+			}
+		}
+	}
+	return nil
+}
+
+var placeholder = regexp.MustCompile(`\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}`)
+
+// fill replaces {{name}} placeholders with vars, escaping each value with esc.
+func fill(s string, vars map[string]string, esc func(string) string) (string, error) {
+	var missing []string
+	out := placeholder.ReplaceAllStringFunc(s, func(m string) string {
+		name := placeholder.FindStringSubmatch(m)[1]
+		v, ok := vars[name]
+		if !ok {
+			missing = append(missing, name)
+			return m
+		}
+		return esc(v)
+	})
+	if len(missing) > 0 {
+		return "", fmt.Errorf("no value for {{%s}} (a setup step saves values with save)", missing[0])
+	}
+	return out, nil
+}
+
+// jsonString escapes a value for use inside a JSON string.
+func jsonString(v string) string {
+	b, _ := json.Marshal(v)
+	return string(b[1 : len(b)-1])
+}
+
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return bytes.Equal(a, b)
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return bytes.Equal(xa, ya)
+}
