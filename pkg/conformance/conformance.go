@@ -344,7 +344,9 @@ type caseRun struct {
 	keys     int
 }
 
-func (c *caseRun) note(format string, args ...any) { c.evidence = append(c.evidence, fmt.Sprintf(format, args...)) }
+func (c *caseRun) note(format string, args ...any) {
+	c.evidence = append(c.evidence, fmt.Sprintf(format, args...))
+}
 
 // fail records a failed check; the case keeps running to gather evidence unless the caller returns.
 func (c *caseRun) fail(format string, args ...any) {

@@ -25,11 +25,11 @@ type callerState struct {
 
 // resumed is the answer a new caller process prints, one JSON line.
 type resumed struct {
-	Status    int             `json:"status,omitempty"`
-	Header    http.Header     `json:"header,omitempty"`
-	Body      []byte          `json:"body,omitempty"`
-	ElapsedMS int64           `json:"elapsed_ms,omitempty"`
-	Error     string          `json:"error,omitempty"`
+	Status    int         `json:"status,omitempty"`
+	Header    http.Header `json:"header,omitempty"`
+	Body      []byte      `json:"body,omitempty"`
+	ElapsedMS int64       `json:"elapsed_ms,omitempty"`
+	Error     string      `json:"error,omitempty"`
 }
 
 // saveState writes the caller's state file (mode 0600, in a new temporary directory) for case 3.
