@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 )
 
 const conformanceUsage = `usage: retrysafe conformance --target URL --request FILE [--report FILE.xml] [--allow HOST:PORT]...
-       [--copies N] [--timeout D] [--settle D]
+       [--copies N] [--cases 1,2,...] [--timeout D] [--settle D]
 
 Runs the seven fault cases of a retry-safe write against the API at URL, counting the effect before and after each,
 prints a table and, with --report, writes JUnit XML. Exit status 0 when every checked case passes, 1 otherwise.
@@ -45,6 +46,7 @@ func runConformance(ctx context.Context, args []string, getenv func(string) stri
 	timeout := fs.Duration("timeout", 10*time.Second, "bound of one HTTP request")
 	settle := fs.Duration("settle", 15*time.Second, "bound of the retries that wait for a final answer")
 	resume := fs.String("resume", "", "") // internal: the new caller process of case 3
+	cases := fs.String("cases", "", "run only these cases, e.g. 1,2,4")
 	var allow multiFlag
 	fs.Var(&allow, "allow", "another host:port the run may contact (a count URL's); repeatable")
 	if err := fs.Parse(args); err != nil {
@@ -56,6 +58,10 @@ func runConformance(ctx context.Context, args []string, getenv func(string) stri
 	if *target == "" || *request == "" || fs.NArg() > 0 {
 		return fmt.Errorf("%s", conformanceUsage)
 	}
+	only, err := parseCases(*cases)
+	if err != nil {
+		return err
+	}
 	spec, err := conformance.LoadSpec(*request)
 	if err != nil {
 		return err
@@ -66,7 +72,7 @@ func runConformance(ctx context.Context, args []string, getenv func(string) stri
 	}
 	rep, err := conformance.Run(ctx, spec, conformance.Options{
 		Target: *target, Allow: allow, Getenv: getenv, Copies: *copies,
-		RequestTimeout: *timeout, SettleTimeout: *settle, RestartCommand: restart,
+		RequestTimeout: *timeout, SettleTimeout: *settle, RestartCommand: restart, Cases: only,
 	})
 	if err != nil {
 		return err
@@ -91,6 +97,21 @@ func runConformance(ctx context.Context, args []string, getenv func(string) stri
 		return errConformanceFailed
 	}
 	return nil
+}
+
+func parseCases(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("--cases: %q is not a case number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 type multiFlag []string

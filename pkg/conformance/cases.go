@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"sort"
 	"strings"
@@ -259,6 +260,13 @@ func (r *runner) resumeInProcess(ctx context.Context, state string) (response, e
 	defer cancel()
 	args := append(append([]string{}, r.opts.RestartCommand[1:]...), state)
 	cmd := exec.CommandContext(ctx, r.opts.RestartCommand[0], args...)
+	// The new caller finds its secrets where the first found them: in the environment, never in the state file.
+	cmd.Env = append(os.Environ(), r.opts.Env...)
+	for _, v := range r.spec.Headers {
+		for _, m := range envRef.FindAllStringSubmatch(v, -1) {
+			cmd.Env = append(cmd.Env, m[1]+"="+r.opts.Getenv(m[1]))
+		}
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -453,6 +461,7 @@ func (r *runner) runKillHook(ctx context.Context) error {
 		return r.opts.KillHook(ctx)
 	}
 	cmd := exec.CommandContext(ctx, "sh", "-c", r.spec.KillHook)
+	cmd.Env = append(os.Environ(), r.opts.Env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%v: %s", err, lastLine(string(out)))

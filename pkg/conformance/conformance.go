@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,6 +56,10 @@ type Options struct {
 	// KillHook, when set, replaces the spec's kill_hook command: it must kill the worker serving the request in
 	// flight after its claim, and return once the service can answer again.
 	KillHook func(ctx context.Context) error
+	// Env is added to the environment of the count command and the kill hook command.
+	Env []string
+	// Cases, when not empty, runs only these cases (numbers 1 to 7); the others are left out of the report.
+	Cases []int
 	// RestartCommand is the new caller process of case 3: it is run with the path of a state file appended and
 	// must print Resume's answer (`retrysafe conformance --resume` does). Without it case 3 retries from a new
 	// HTTP client and transport in this process, and says so in its evidence.
@@ -151,6 +156,9 @@ func Run(ctx context.Context, spec Spec, opts Options) (*Report, error) {
 		CaseKilledWorker:     r.killedWorker,
 	}
 	for n := CaseLostResponse; n <= CaseKilledWorker; n++ {
+		if len(opts.Cases) > 0 && !slices.Contains(opts.Cases, n) {
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -191,6 +199,11 @@ func newRunner(spec Spec, opts Options) (*runner, error) {
 	}
 	if opts.HookTimeout <= 0 {
 		opts.HookTimeout = 60 * time.Second
+	}
+	for _, n := range opts.Cases {
+		if n < CaseLostResponse || n > CaseKilledWorker {
+			return nil, fmt.Errorf("case %d: cases are numbered 1 to 7", n)
+		}
 	}
 	target, err := parseBase(opts.Target)
 	if err != nil {

@@ -70,7 +70,7 @@ func (r *runner) countCommand(ctx context.Context, c *caseRun) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "sh", "-c", script)
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), r.opts.Env...)
 	for k, v := range c.vars {
 		cmd.Env = append(cmd.Env, "CONFORMANCE_"+strings.ToUpper(k)+"="+v)
 	}
