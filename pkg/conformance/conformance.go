@@ -551,8 +551,8 @@ func inProgress(a response) bool {
 	return a.err == nil && a.status == http.StatusConflict && a.header.Get("Retry-After") != ""
 }
 
-// settle retries the write with key until it gets an answer other than in-progress or no answer (the service
-// may be restarting), within SettleTimeout and at most 50 attempts.
+// settle retries the write with key until it gets an answer other than in-progress, no answer or a gateway's
+// 502/503/504 (the service may be restarting), within SettleTimeout and at most 50 attempts.
 func (r *runner) settle(ctx context.Context, c *caseRun, key string, body []byte) (response, int) {
 	deadline := time.Now().Add(r.opts.SettleTimeout)
 	var a response
@@ -560,7 +560,7 @@ func (r *runner) settle(ctx context.Context, c *caseRun, key string, body []byte
 	for attempts < 50 {
 		attempts++
 		a = r.write(ctx, c, keyOf(key), body)
-		if a.err == nil && !inProgress(a) {
+		if a.err == nil && !inProgress(a) && !unavailable(a) {
 			return a, attempts
 		}
 		wait := 200 * time.Millisecond
@@ -579,6 +579,10 @@ func (r *runner) settle(ctx context.Context, c *caseRun, key string, body []byte
 		}
 	}
 	return a, attempts
+}
+
+func unavailable(a response) bool {
+	return a.status == http.StatusBadGateway || a.status == http.StatusServiceUnavailable || a.status == http.StatusGatewayTimeout
 }
 
 func is2xx(a response) bool { return a.err == nil && a.status >= 200 && a.status <= 299 }

@@ -27,22 +27,28 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	var pass, fail, skip int
+	var pass, fail, errs, skip int
 	for _, res := range r.Results {
 		switch res.Verdict {
 		case Pass:
 			pass++
 		case NotChecked:
 			skip++
-		default:
+		case Fail:
 			fail++
+		default:
+			errs++
 		}
 	}
 	outcome := "PASS"
-	if fail > 0 {
+	if !r.Passed() {
 		outcome = "FAIL"
 	}
-	_, err := fmt.Fprintf(w, "\n%s: %d passed, %d failed, %d not checked (%s)\n", outcome, pass, fail, skip, seconds(r.Elapsed))
+	could := ""
+	if errs > 0 {
+		could = fmt.Sprintf(", %d could not run", errs)
+	}
+	_, err := fmt.Fprintf(w, "\n%s: %d passed, %d failed%s, %d not checked (%s)\n", outcome, pass, fail, could, skip, seconds(r.Elapsed))
 	return err
 }
 
