@@ -465,6 +465,7 @@ func (r *runner) runKillHook(ctx context.Context) error {
 	}
 	cmd := exec.CommandContext(ctx, "sh", "-c", r.spec.KillHook)
 	cmd.Env = append(os.Environ(), r.opts.Env...)
+	cmd.WaitDelay = 5 * time.Second // a service the hook restarts may keep the hook's output open
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%v: %s", err, lastLine(string(out)))

@@ -492,6 +492,9 @@ func (r *runner) send(ctx context.Context, client *http.Client, base *url.URL, m
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+		// net/http resends a request with an Idempotency-Key by itself when a reused connection breaks; each
+		// attempt here must be exactly one, so the body cannot be rewound.
+		req.GetBody = nil
 	}
 	for name, v := range headers {
 		v, err := fill(v, vars, func(s string) string { return s })

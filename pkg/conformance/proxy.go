@@ -62,6 +62,7 @@ func (r *runner) forward(in *http.Request, client *http.Client) response {
 		return response{err: err}
 	}
 	out.Header = in.Header.Clone()
+	out.GetBody = nil // one attempt, never resent by the transport (see send)
 	resp, err := client.Do(out)
 	if err != nil {
 		return response{err: errors.New(r.mask(shortError(err))), elapsed: time.Since(start)}
