@@ -92,6 +92,7 @@ func init() {
   PROVIDER_FAULT_INJECTION  enable /admin/faults and /admin/reset (default false)
 ` + commonEnv,
 		},
+		conformanceCommand,
 		{
 			name: "version", synopsis: "version", summary: "print the version", noConfig: true,
 			check: noArgs("version"),

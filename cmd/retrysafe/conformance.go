@@ -14,13 +14,27 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/conformance"
 )
 
-const conformanceUsage = `usage: retrysafe conformance --target URL --request FILE [--report FILE.xml] [--allow HOST:PORT]...
-       [--copies N] [--cases 1,2,...] [--timeout D] [--settle D]
+// conformanceCommand is `retrysafe conformance`: it reads no configuration, only the variables the request file
+// names, so it runs anywhere without DATABASE_URL.
+var conformanceCommand = command{
+	name: "conformance", synopsis: "conformance --target URL --request FILE [--report FILE.xml]",
+	summary:  "check that a write endpoint of any HTTP API can be retried safely (docs/conformance.md)",
+	noConfig: true,
+	check: func(args []string) error {
+		_, err := parseConformanceFlags(args)
+		return err
+	},
+	run: func(ctx context.Context, inv invocation) error {
+		return runConformance(ctx, inv.args, inv.getenv, inv.stdout)
+	},
+	env: `  ${NAME}                   each variable the request file's headers name (a secret): read, never printed
+  Flags: ` + conformanceFlagsHelp,
+}
 
-Runs the seven fault cases of a retry-safe write against the API at URL, counting the effect before and after each,
-prints a table and, with --report, writes JUnit XML. Exit status 0 when every checked case passes, 1 otherwise.
-Header values in FILE name secrets as ${ENV_VAR}; their values are never printed. Only URL and the --allow
-addresses are contacted.`
+const conformanceFlagsHelp = `--target URL --request FILE [--report FILE.xml] [--allow HOST:PORT]... [--copies N]
+         [--cases 1,2,...] [--timeout 10s] [--settle 15s]
+  Exit 0 when every checked case passed, 1 when one failed, 2 when the invocation or the request file is wrong
+  (nothing was sent). Only URL and the --allow addresses are contacted.`
 
 // restartCommand is the new caller process of case 3: this binary again, reading the state file the first caller
 // stored. Tests that run `run` inside a test binary point it at a built retrysafe binary.
@@ -32,71 +46,99 @@ var restartCommand = func() ([]string, error) {
 	return []string{exe, "conformance", "--resume"}, nil
 }
 
-// errConformanceFailed is returned when a case failed, so the process exits 1 after the report is printed.
+// errConformanceFailed is returned (exit code 1) when a checked case did not pass, after the report is printed.
 var errConformanceFailed = errors.New("conformance: not every checked case passed")
 
-// runConformance is `retrysafe conformance`. It reads no configuration but the variables the request file names.
-func runConformance(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+type conformanceFlags struct {
+	target, request, report, resume string
+	copies                          int
+	timeout, settle                 time.Duration
+	cases                           []int
+	allow                           []string
+}
+
+func parseConformanceFlags(args []string) (conformanceFlags, error) {
+	var f conformanceFlags
 	fs := flag.NewFlagSet("conformance", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	target := fs.String("target", "", "base URL of the API")
-	request := fs.String("request", "", "request file (JSON)")
-	report := fs.String("report", "", "write JUnit XML here")
-	copies := fs.Int("copies", 0, "concurrent copies in case 2 (default: the file's, else 50)")
-	timeout := fs.Duration("timeout", 10*time.Second, "bound of one HTTP request")
-	settle := fs.Duration("settle", 15*time.Second, "bound of the retries that wait for a final answer")
-	resume := fs.String("resume", "", "") // internal: the new caller process of case 3
+	fs.StringVar(&f.target, "target", "", "base URL of the API")
+	fs.StringVar(&f.request, "request", "", "request file (JSON)")
+	fs.StringVar(&f.report, "report", "", "write JUnit XML here")
+	fs.IntVar(&f.copies, "copies", 0, "concurrent copies in case 2 (default: the file's, else 50)")
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound of one HTTP request")
+	fs.DurationVar(&f.settle, "settle", 15*time.Second, "bound of the retries that wait for a final answer")
+	fs.StringVar(&f.resume, "resume", "", "") // internal: the new caller process of case 3
 	cases := fs.String("cases", "", "run only these cases, e.g. 1,2,4")
 	var allow multiFlag
 	fs.Var(&allow, "allow", "another host:port the run may contact (a count URL's); repeatable")
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%v\n%s", err, conformanceUsage)
+		return f, usageError{"conformance: " + err.Error()}
 	}
-	if *resume != "" {
-		return conformance.Resume(ctx, *resume, getenv, stdout)
+	f.allow = allow
+	if f.resume != "" {
+		return f, nil
 	}
-	if *target == "" || *request == "" || fs.NArg() > 0 {
-		return fmt.Errorf("%s", conformanceUsage)
+	if f.target == "" || f.request == "" || fs.NArg() > 0 {
+		return f, usageError{"usage: retrysafe conformance " + conformanceFlagsHelp}
 	}
-	only, err := parseCases(*cases)
+	var err error
+	if f.cases, err = parseCases(*cases); err != nil {
+		return f, usageError{err.Error()}
+	}
+	return f, nil
+}
+
+// runConformance is `retrysafe conformance`.
+func runConformance(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	f, err := parseConformanceFlags(args)
 	if err != nil {
 		return err
 	}
-	spec, err := conformance.LoadSpec(*request)
+	if f.resume != "" {
+		return conformance.Resume(ctx, f.resume, getenv, stdout)
+	}
+	spec, err := conformance.LoadSpec(f.request)
 	if err != nil {
-		return err
+		return exitError{code: 2, err: err}
 	}
 	restart, err := restartCommand()
 	if err != nil {
 		return err
 	}
 	rep, err := conformance.Run(ctx, spec, conformance.Options{
-		Target: *target, Allow: allow, Getenv: getenv, Copies: *copies,
-		RequestTimeout: *timeout, SettleTimeout: *settle, RestartCommand: restart, Cases: only,
+		Target: f.target, Allow: f.allow, Getenv: getenv, Copies: f.copies,
+		RequestTimeout: f.timeout, SettleTimeout: f.settle, RestartCommand: restart, Cases: f.cases,
 	})
 	if err != nil {
-		return err
+		if ctx.Err() != nil {
+			return err
+		}
+		return exitError{code: 2, err: err} // refused before anything was sent
 	}
 	if err := rep.WriteTable(stdout); err != nil {
 		return err
 	}
-	if *report != "" {
-		f, err := os.Create(*report)
-		if err != nil {
-			return err
-		}
-		if err := rep.WriteJUnit(f); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
+	if f.report != "" {
+		if err := writeJUnit(f.report, rep); err != nil {
 			return err
 		}
 	}
 	if !rep.Passed() {
-		return errConformanceFailed
+		return exitError{code: 1, err: errConformanceFailed}
 	}
 	return nil
+}
+
+func writeJUnit(path string, rep *conformance.Report) error {
+	file, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteJUnit(file); err != nil {
+		file.Close()
+		return err
+	}
+	return file.Close()
 }
 
 func parseCases(s string) ([]int, error) {

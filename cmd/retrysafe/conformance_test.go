@@ -25,14 +25,17 @@ func TestConformanceCommand(t *testing.T) {
 	t.Cleanup(func() { restartCommand = saved })
 
 	svc := servicetest.New(t)
-	tickets.Routes(svc.API, &tickets.Server{DB: svc.DB.DB, Store: tickets.PostgresStore{}, Idem: svc.Idem})
-	svc.Start(t)
+	ticketsSvc, err := tickets.New(svc.Deps, tickets.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Serve(t, ticketsSvc)
 	vars := env(map[string]string{"RETRYSAFE_TOKEN": servicetest.AgentSecret})
 	dir := t.TempDir()
 
 	var out bytes.Buffer
 	report := filepath.Join(dir, "report.xml")
-	err := run(context.Background(), []string{"conformance", "--target", svc.URL,
+	err = run(context.Background(), []string{"conformance", "--target", svc.URL,
 		"--request", "../../examples/conformance/tickets.json", "--report", report, "--copies", "20"}, vars, &out)
 	if err != nil {
 		t.Fatalf("conformance against tickets: %v\n%s", err, out.String())
@@ -59,8 +62,8 @@ func TestConformanceCommand(t *testing.T) {
 	out.Reset()
 	err = run(context.Background(), []string{"conformance", "--target", svc.URL, "--request", marked,
 		"--report", report, "--cases", "1,6"}, vars, &out)
-	if !errors.Is(err, errConformanceFailed) {
-		t.Fatalf("conformance with a marker tickets does not send = %v; want errConformanceFailed\n%s", err, out.String())
+	if !errors.Is(err, errConformanceFailed) || exitCode(err) != 1 {
+		t.Fatalf("conformance with a marker tickets does not send = %v; want errConformanceFailed, exit 1\n%s", err, out.String())
 	}
 	suite = readJUnit(t, report)
 	if suite.Tests != 2 || suite.Failures != 1 || suite.Cases[0].Failure == nil ||
@@ -104,7 +107,7 @@ type junitSuite struct {
 }
 
 // TestConformanceRefuses: bad invocations and request files that would contact an unnamed address or carry a
-// secret are refused before anything is sent.
+// secret are refused before anything is sent, with exit code 2; no configuration is needed (no DATABASE_URL).
 func TestConformanceRefuses(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -132,8 +135,8 @@ func TestConformanceRefuses(t *testing.T) {
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), tc.args, env(nil), &out)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("run(%v) = %v; want an error mentioning %q", tc.args, err, tc.want)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || exitCode(err) != 2 {
+			t.Errorf("run(%v) = %v; want an error mentioning %q, exit 2", tc.args, err, tc.want)
 			continue
 		}
 		if strings.Contains(err.Error()+out.String(), "sk_live_123") {

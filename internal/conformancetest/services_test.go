@@ -13,7 +13,6 @@ import (
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
-	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/conformance"
 	"github.com/retrysafe/retrysafe/services/deploys"
 	"github.com/retrysafe/retrysafe/services/payments"
@@ -101,8 +100,11 @@ func run(t *testing.T, spec conformance.Spec, opts conformance.Options, secrets 
 
 func startTickets(t *testing.T, o *conformance.Options, _ map[string]string) {
 	env := servicetest.New(t)
-	tickets.Routes(env.API, &tickets.Server{DB: env.DB.DB, Store: tickets.PostgresStore{}, Idem: env.Idem})
-	env.Start(t)
+	svc, err := tickets.New(env.Deps, tickets.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Serve(t, svc)
 	o.Target = env.URL
 }
 
@@ -113,12 +115,13 @@ func startPayments(providerURL string) func(t *testing.T, o *conformance.Options
 		merchant := "sk_test_" + strings.ReplaceAll(t.Name(), "/", "_")
 		secrets["PROVIDER_SECRET"] = merchant
 		client := provider.NewClientHTTP(providerURL, merchant, apitest.HTTPClient(t, 2*time.Second))
-		svc := payments.New(payments.Config{
-			DB: env.DB.DB, Store: payments.PostgresStore{}, Idem: env.Idem, Provider: client,
-			ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
+		svc, err := payments.New(env.Deps, payments.Config{
+			Provider: client, ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
 		})
-		payments.Routes(env.API, svc)
-		env.Start(t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.Serve(t, svc)
 		o.Target = env.URL
 	}
 }
@@ -127,10 +130,15 @@ func startPayments(providerURL string) func(t *testing.T, o *conformance.Options
 // The request file counts rows with psql, which gets the schema through DATABASE_URL.
 func startDeploys(t *testing.T, o *conformance.Options, _ map[string]string) {
 	env := servicetest.New(t)
-	srv := &deploys.Server{DB: env.DB.DB, Store: deploys.PostgresStore{}, Idem: env.Idem, ApprovalEnvironments: []string{"production"}, Steps: 2}
-	srv.Approvals = approval.New(env.DB.DB, env.Idem, time.Hour, srv.ApprovalRoutes()...)
-	deploys.Routes(env.API, srv)
-	env.Start(t)
+	svc, err := deploys.New(env.Deps, deploys.Config{
+		ApprovalEnvironments: []string{"production"}, ApprovalTTL: time.Hour,
+		Steps: 2, StepDuration: 20 * time.Millisecond, LockLease: 5 * time.Second, Heartbeat: 10 * time.Millisecond,
+		PollInterval: 10 * time.Millisecond, Workers: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Serve(t, svc)
 	o.Target = env.URL
 	o.Env = append(o.Env, "DATABASE_URL="+libpqURL(t, env.DB))
 }
