@@ -227,7 +227,7 @@ func (r *runner) restartedCaller(ctx context.Context, c *caseRun) {
 		}
 		c.note("new process %s read the key from its state file", shortCommand(r.opts.RestartCommand))
 	} else {
-		retry, err = resume(ctx, state, r.opts.Getenv, r.opts.RequestTimeout, r.opts.SettleTimeout)
+		retry, err = resume(ctx, state, r.opts.Getenv)
 		if err != nil {
 			c.error("new caller: %v", err)
 			return
@@ -442,12 +442,11 @@ func (r *runner) killedWorker(ctx context.Context, c *caseRun) {
 		c.error("kill hook: %v", r.mask(err.Error()))
 		return
 	}
+	answered := false
 	select {
 	case a := <-inflight:
 		c.note("request in flight: %s", a.describe())
-		if is2xx(a) {
-			c.note("it was answered: the hook may not have killed the worker that held the claim")
-		}
+		answered = is2xx(a)
 	case <-time.After(r.opts.RequestTimeout):
 		c.note("request in flight: no answer within %s", r.opts.RequestTimeout)
 	}
@@ -457,6 +456,11 @@ func (r *runner) killedWorker(ctx context.Context, c *caseRun) {
 		c.fail("retries with the same key did not settle into a result within %s", r.opts.SettleTimeout)
 	}
 	r.effects(ctx, c, n0, 1)
+	if answered && c.verdict == Pass {
+		// The worker finished the request: nothing was killed after the claim, so nothing was checked.
+		c.verdict = NotChecked
+		c.note("the request in flight was answered: the hook did not kill the worker while it held the claim")
+	}
 }
 
 func (r *runner) runKillHook(ctx context.Context) error {

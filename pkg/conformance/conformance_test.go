@@ -3,9 +3,12 @@ package conformance
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -136,5 +139,120 @@ func TestOnlyTheNamedAddresses(t *testing.T) {
 	t.Logf("\n%s", out.String())
 	if !strings.Contains(out.String(), "effect 3 -> 3") {
 		t.Errorf("the count command's number is not in the table:\n%s", out.String())
+	}
+}
+
+// memoryTarget is a correct retry-safe write kept in memory: a claim per key, the stored answer replayed, a
+// changed request refused. It lets the cases run without a database.
+type memoryTarget struct {
+	mu      sync.Mutex
+	stored  map[string]memoryAnswer
+	effects atomic.Int64
+}
+
+type memoryAnswer struct {
+	request string
+	body    []byte
+}
+
+func (m *memoryTarget) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet {
+		fmt.Fprintf(w, `{"effects":%d}`, m.effects.Load())
+		return
+	}
+	key, ok := r.Header["Idempotency-Key"]
+	if !ok || key[0] == "" || len(key[0]) > 255 || strings.ContainsFunc(key[0], func(c rune) bool { return c < 0x20 || c > 0x7e }) {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	var v any
+	if err := json.NewDecoder(r.Body).Decode(&v); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	canonical, _ := json.Marshal(v)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if a, ok := m.stored[key[0]]; ok {
+		if a.request != string(canonical) {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			fmt.Fprint(w, `{"code":"idempotency_key_reused"}`)
+			return
+		}
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(a.body)
+		return
+	}
+	n := m.effects.Add(1)
+	body := []byte(fmt.Sprintf(`{"id":"res_%04d"}`, n))
+	m.stored[key[0]] = memoryAnswer{string(canonical), body}
+	w.WriteHeader(http.StatusCreated)
+	w.Write(body)
+}
+
+// TestKillHookCommand: case 7 runs the file's kill_hook with sh; a hook that kills nothing (the request in flight
+// is answered) leaves the case not checked, and a hook that fails makes it an error; neither is a pass. The state file of case 3 keeps ${NAME}, not the secret.
+func TestKillHookCommand(t *testing.T) {
+	t.Parallel()
+	target := httptest.NewServer(&memoryTarget{stored: map[string]memoryAnswer{}})
+	t.Cleanup(target.Close)
+	for _, tc := range []struct {
+		hook string
+		want Verdict
+	}{
+		{`test "$MARK" = on`, NotChecked}, // runs with Options.Env, but kills nothing: never a pass
+		{`echo broken >&2; exit 3`, Error},
+	} {
+		spec, err := ParseSpec([]byte(`{"method":"POST","path":"/w","headers":{"Authorization":"Bearer ${TOKEN}"},
+			"body":{"a":1,"b":[1,2]},"variant":{"a":2,"b":[1,2]},"count":{"url":"/count","field":"effects"},
+			"kill_hook":` + mustJSON(t, tc.hook) + `}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Run(context.Background(), spec, Options{
+			Target: target.URL, Getenv: func(string) string { return "tok-secret" }, Copies: 10, Env: []string{"MARK=on"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		rep.WriteTable(&out)
+		t.Logf("\n%s", out.String())
+		for n, v := range rep.Verdicts() {
+			want := Pass
+			if n == CaseKilledWorker {
+				want = tc.want
+			}
+			if v != want {
+				t.Errorf("hook %q: case %d %s; want %s", tc.hook, n, v, want)
+			}
+		}
+	}
+}
+
+func TestStateFileKeepsNoSecret(t *testing.T) {
+	t.Parallel()
+	spec, err := ParseSpec([]byte(`{"method":"POST","path":"/w/{{unique}}","headers":{"Authorization":"Bearer ${TOKEN}"},
+		"body":{"a":1},"variant":{"a":2},"count":{"command":"echo 0"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRunner(spec, Options{Target: "http://127.0.0.1:1", Getenv: func(string) string { return "tok-secret" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &caseRun{n: CaseRestartedCaller, vars: map[string]string{"unique": "u-3"}}
+	file, cleanup, err := r.saveState(c, "key-1", []byte(`{"a":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(data), "tok-secret") || !strings.Contains(string(data), "${TOKEN}") || !strings.Contains(string(data), "/w/u-3") {
+		t.Errorf("state file: %s", data)
 	}
 }

@@ -21,6 +21,9 @@ type callerState struct {
 	KeyHeader string            `json:"key_header"`
 	Key       string            `json:"key"`
 	Body      json.RawMessage   `json:"body"`
+	// TimeoutMS and SettleMS are the first caller's bounds, kept by the new one.
+	TimeoutMS int64 `json:"timeout_ms"`
+	SettleMS  int64 `json:"settle_ms"`
 }
 
 // resumed is the answer a new caller process prints, one JSON line.
@@ -47,6 +50,7 @@ func (r *runner) saveState(c *caseRun, key string, body []byte) (string, func(),
 	st := callerState{
 		Target: r.target.String(), Method: r.spec.Method, Path: path, Headers: headers,
 		KeyHeader: r.spec.KeyHeader, Key: key, Body: body,
+		TimeoutMS: r.opts.RequestTimeout.Milliseconds(), SettleMS: r.opts.SettleTimeout.Milliseconds(),
 	}
 	data, err := json.Marshal(st)
 	if err != nil {
@@ -69,7 +73,7 @@ func (r *runner) saveState(c *caseRun, key string, body []byte) (string, func(),
 // in-progress, within settle, and prints the answer as one JSON line on out. `retrysafe conformance --resume
 // FILE` calls it.
 func Resume(ctx context.Context, stateFile string, getenv func(string) string, out io.Writer) error {
-	a, err := resume(ctx, stateFile, getenv, 10*time.Second, 15*time.Second)
+	a, err := resume(ctx, stateFile, getenv)
 	res := resumed{Status: a.status, Header: a.header, Body: a.body, ElapsedMS: a.elapsed.Milliseconds()}
 	if err != nil {
 		res = resumed{Error: err.Error()}
@@ -77,7 +81,7 @@ func Resume(ctx context.Context, stateFile string, getenv func(string) string, o
 	return json.NewEncoder(out).Encode(res)
 }
 
-func resume(ctx context.Context, stateFile string, getenv func(string) string, timeout, settle time.Duration) (response, error) {
+func resume(ctx context.Context, stateFile string, getenv func(string) string) (response, error) {
 	data, err := os.ReadFile(stateFile)
 	if err != nil {
 		return response{}, err
@@ -95,7 +99,8 @@ func resume(ctx context.Context, stateFile string, getenv func(string) string, t
 	}
 	// A fresh runner: its own HTTP client and transport, no connection or state shared with the first caller.
 	r, err := newRunner(spec, Options{
-		Target: st.Target, Getenv: getenv, RequestTimeout: timeout, SettleTimeout: settle,
+		Target: st.Target, Getenv: getenv,
+		RequestTimeout: time.Duration(st.TimeoutMS) * time.Millisecond, SettleTimeout: time.Duration(st.SettleMS) * time.Millisecond,
 		Counter: func(context.Context, map[string]string) (int64, error) { return 0, nil },
 	})
 	if err != nil {
