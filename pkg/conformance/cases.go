@@ -332,9 +332,16 @@ func (r *runner) changedPayload(ctx context.Context, c *caseRun) {
 			}
 		}
 	}
-	r.effects(ctx, c, n0, 1)
-	if n2, err := r.count(ctx, c); err == nil && n2 != n1 {
+	n2, err := r.count(ctx, c)
+	switch {
+	case err != nil:
+		c.error("%v", err)
+	case n1-n0 != 1:
+		c.fail("effect %d -> %d after the first request: want 1 new", n0, n1)
+	case n2 != n1:
 		c.fail("the variant ran: effect %d -> %d", n1, n2)
+	default:
+		c.note("effect %d -> %d, none from the variant", n0, n2)
 	}
 }
 
