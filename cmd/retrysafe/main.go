@@ -4,6 +4,7 @@
 //	retrysafe serve [tickets|payments|deploys|all]   (default all)
 //	retrysafe migrate
 //	retrysafe provider
+//	retrysafe conformance --target URL --request FILE   (the seeds' fault tests against any HTTP API)
 //	retrysafe help [COMMAND], retrysafe version
 //
 // Every command checks its arguments and the whole configuration before it opens anything.
