@@ -570,7 +570,7 @@ type PaymentIntentStatus string
 
 // Problem RFC 9457 problem details with a machine-readable code.
 type Problem struct {
-	// Code invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, store_unavailable, approval_required, approval_invalid, and the codes of each service.
+	// Code invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service.
 	Code   string `json:"code"`
 	Detail string `json:"detail"`
 	Errors *[]struct {
@@ -5177,7 +5177,8 @@ type PostV1ApprovalsResponse409Headers struct {
 
 // PostV1ApprovalsResponse503Headers the declared response headers of an HTTP 503 response for PostV1Approvals
 type PostV1ApprovalsResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1ApprovalsResponse struct {
@@ -5912,7 +5913,8 @@ type PostV1DeploysResponse409Headers struct {
 
 // PostV1DeploysResponse503Headers the declared response headers of an HTTP 503 response for PostV1Deploys
 type PostV1DeploysResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1DeploysResponse struct {
@@ -6027,7 +6029,8 @@ func (r PostV1DeploysResponse) ContentType() string {
 
 // GetV1DeploysIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1DeploysId
 type GetV1DeploysIdResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1DeploysIdResponse struct {
@@ -6101,7 +6104,8 @@ type PostV1DeploysIdCancelResponse409Headers struct {
 
 // PostV1DeploysIdCancelResponse503Headers the declared response headers of an HTTP 503 response for PostV1DeploysIdCancel
 type PostV1DeploysIdCancelResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1DeploysIdCancelResponse struct {
@@ -6191,7 +6195,8 @@ type PostV1DeploysIdRollbackResponse409Headers struct {
 
 // PostV1DeploysIdRollbackResponse503Headers the declared response headers of an HTTP 503 response for PostV1DeploysIdRollback
 type PostV1DeploysIdRollbackResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1DeploysIdRollbackResponse struct {
@@ -6313,7 +6318,8 @@ func (r PostV1DeploysIdRollbackResponse) ContentType() string {
 
 // GetV1EnvironmentsNameResponse503Headers the declared response headers of an HTTP 503 response for GetV1EnvironmentsName
 type GetV1EnvironmentsNameResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1EnvironmentsNameResponse struct {
@@ -6451,7 +6457,8 @@ func (r GetV1IdempotencyKeyResponse) ContentType() string {
 
 // GetV1OperationsResponse503Headers the declared response headers of an HTTP 503 response for GetV1Operations
 type GetV1OperationsResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1OperationsResponse struct {
@@ -6524,7 +6531,8 @@ func (r GetV1OperationsResponse) ContentType() string {
 
 // GetV1OperationsIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1OperationsId
 type GetV1OperationsIdResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1OperationsIdResponse struct {
@@ -6612,7 +6620,8 @@ type PostV1PaymentIntentsResponse409Headers struct {
 
 // PostV1PaymentIntentsResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntents
 type PostV1PaymentIntentsResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1PaymentIntentsResponse struct {
@@ -6729,7 +6738,8 @@ func (r PostV1PaymentIntentsResponse) ContentType() string {
 
 // GetV1PaymentIntentsIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1PaymentIntentsId
 type GetV1PaymentIntentsIdResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1PaymentIntentsIdResponse struct {
@@ -6816,7 +6826,8 @@ type PostV1PaymentIntentsIdCancelResponse409Headers struct {
 
 // PostV1PaymentIntentsIdCancelResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdCancel
 type PostV1PaymentIntentsIdCancelResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1PaymentIntentsIdCancelResponse struct {
@@ -6958,7 +6969,8 @@ type PostV1PaymentIntentsIdCaptureResponse409Headers struct {
 
 // PostV1PaymentIntentsIdCaptureResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdCapture
 type PostV1PaymentIntentsIdCaptureResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1PaymentIntentsIdCaptureResponse struct {
@@ -7096,7 +7108,8 @@ func (r PostV1PaymentIntentsIdCaptureResponse) ContentType() string {
 
 // GetV1PaymentIntentsIdRefundsResponse503Headers the declared response headers of an HTTP 503 response for GetV1PaymentIntentsIdRefunds
 type GetV1PaymentIntentsIdRefundsResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1PaymentIntentsIdRefundsResponse struct {
@@ -7188,7 +7201,8 @@ type PostV1PaymentIntentsIdRefundsResponse409Headers struct {
 
 // PostV1PaymentIntentsIdRefundsResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdRefunds
 type PostV1PaymentIntentsIdRefundsResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1PaymentIntentsIdRefundsResponse struct {
@@ -7326,7 +7340,8 @@ func (r PostV1PaymentIntentsIdRefundsResponse) ContentType() string {
 
 // GetV1RefundsIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1RefundsId
 type GetV1RefundsIdResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1RefundsIdResponse struct {
@@ -7395,7 +7410,8 @@ func (r GetV1RefundsIdResponse) ContentType() string {
 
 // GetV1TicketsResponse503Headers the declared response headers of an HTTP 503 response for GetV1Tickets
 type GetV1TicketsResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1TicketsResponse struct {
@@ -7480,7 +7496,8 @@ type PostV1TicketsResponse409Headers struct {
 
 // PostV1TicketsResponse503Headers the declared response headers of an HTTP 503 response for PostV1Tickets
 type PostV1TicketsResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1TicketsResponse struct {
@@ -7590,7 +7607,8 @@ func (r PostV1TicketsResponse) ContentType() string {
 
 // GetV1TicketsIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1TicketsId
 type GetV1TicketsIdResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type GetV1TicketsIdResponse struct {
@@ -7729,7 +7747,8 @@ type PostV1TicketsIdCommentsResponse409Headers struct {
 
 // PostV1TicketsIdCommentsResponse503Headers the declared response headers of an HTTP 503 response for PostV1TicketsIdComments
 type PostV1TicketsIdCommentsResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PostV1TicketsIdCommentsResponse struct {
@@ -7823,7 +7842,8 @@ func (r PostV1TicketsIdCommentsResponse) ContentType() string {
 
 // PutV1TicketsIdStatusResponse503Headers the declared response headers of an HTTP 503 response for PutV1TicketsIdStatus
 type PutV1TicketsIdStatusResponse503Headers struct {
-	RetryAfter *int
+	OperationId *string
+	RetryAfter  *int
 }
 
 type PutV1TicketsIdStatusResponse struct {
@@ -9107,6 +9127,13 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1ApprovalsResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -9797,6 +9824,13 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -9857,6 +9891,13 @@ func ParseGetV1DeploysIdResponse(rsp *http.Response) (*GetV1DeploysIdResponse, e
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1DeploysIdResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -9934,6 +9975,13 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysIdCancelResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10077,6 +10125,13 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysIdRollbackResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10137,6 +10192,13 @@ func ParseGetV1EnvironmentsNameResponse(rsp *http.Response) (*GetV1EnvironmentsN
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1EnvironmentsNameResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10259,6 +10321,13 @@ func ParseGetV1OperationsResponse(rsp *http.Response) (*GetV1OperationsResponse,
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1OperationsResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10319,6 +10388,13 @@ func ParseGetV1OperationsIdResponse(rsp *http.Response) (*GetV1OperationsIdRespo
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1OperationsIdResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10479,6 +10555,13 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10539,6 +10622,13 @@ func ParseGetV1PaymentIntentsIdResponse(rsp *http.Response) (*GetV1PaymentIntent
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1PaymentIntentsIdResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10699,6 +10789,13 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdCancelResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10873,6 +10970,13 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdCaptureResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10935,6 +11039,13 @@ func ParseGetV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*GetV1Paymen
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1PaymentIntentsIdRefundsResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11116,6 +11227,13 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdRefundsResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11176,6 +11294,13 @@ func ParseGetV1RefundsIdResponse(rsp *http.Response) (*GetV1RefundsIdResponse, e
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1RefundsIdResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11231,6 +11356,13 @@ func ParseGetV1TicketsResponse(rsp *http.Response) (*GetV1TicketsResponse, error
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1TicketsResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11384,6 +11516,13 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1TicketsResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11444,6 +11583,13 @@ func ParseGetV1TicketsIdResponse(rsp *http.Response) (*GetV1TicketsIdResponse, e
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1TicketsIdResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11594,6 +11740,13 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 		response.Headers409 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1TicketsIdCommentsResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11668,6 +11821,13 @@ func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatu
 	switch {
 	case rsp.StatusCode == 503:
 		var headers PutV1TicketsIdStatusResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

@@ -19,11 +19,15 @@ type config struct {
 	DatabaseURL    string
 	MigrateOnStart bool
 	DBMaxConns     int
-	APIKeys        string     // secret: never printed
-	Keys           *auth.Keys // API_KEYS parsed; the demo keys when it is unset
-	DemoKeys       bool
-	LogLevel       string
-	BodyLimit      int64
+	// Bounds on the database waits (pkg/database): a frozen or restarting database is a prompt 503, not a hang.
+	DBConnectTimeout   time.Duration
+	DBAcquireTimeout   time.Duration
+	DBStatementTimeout time.Duration
+	APIKeys            string     // secret: never printed
+	Keys               *auth.Keys // API_KEYS parsed; the demo keys when it is unset
+	DemoKeys           bool
+	LogLevel           string
+	BodyLimit          int64
 
 	TicketsAddr  string
 	PaymentsAddr string
@@ -61,12 +65,15 @@ func (e configError) Error() string { return "config: " + e.msg }
 func loadConfig(getenv func(string) string) (config, error) {
 	r := envReader{getenv: getenv}
 	cfg := config{
-		DatabaseURL:    r.postgresURL("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable"),
-		MigrateOnStart: r.boolean("MIGRATE_ON_START", true),
-		DBMaxConns:     r.integer("DB_MAX_CONNS", 20, 1, 1000),
-		APIKeys:        getenv("API_KEYS"),
-		LogLevel:       r.oneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
-		BodyLimit:      int64(r.integer("BODY_LIMIT_BYTES", 1<<20, 1024, 1<<30)),
+		DatabaseURL:        r.postgresURL("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable"),
+		MigrateOnStart:     r.boolean("MIGRATE_ON_START", true),
+		DBMaxConns:         r.integer("DB_MAX_CONNS", 20, 1, 1000),
+		DBConnectTimeout:   r.duration("DB_CONNECT_TIMEOUT", 3*time.Second),
+		DBAcquireTimeout:   r.duration("DB_ACQUIRE_TIMEOUT", 3*time.Second),
+		DBStatementTimeout: r.duration("DB_STATEMENT_TIMEOUT", 5*time.Second),
+		APIKeys:            getenv("API_KEYS"),
+		LogLevel:           r.oneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
+		BodyLimit:          int64(r.integer("BODY_LIMIT_BYTES", 1<<20, 1024, 1<<30)),
 
 		TicketsAddr:  r.addr("TICKETS_ADDR", ":8081"),
 		PaymentsAddr: r.addr("PAYMENTS_ADDR", ":8082"),
@@ -139,8 +146,8 @@ func (c config) String() string {
 	if c.APIKeys != "" {
 		keys = fmt.Sprintf("(%d entries, masked)", strings.Count(c.APIKeys, ",")+1)
 	}
-	return fmt.Sprintf("database=%s api_keys=%s retention=%s lease=%s provider_url=%s provider_secret=(masked) provider_timeout=%s",
-		maskURL(c.DatabaseURL), keys, c.IdempotencyRetention, c.OperationLease, c.ProviderURL, c.ProviderTimeout)
+	return fmt.Sprintf("database=%s db_timeouts=connect:%s,acquire:%s,statement:%s api_keys=%s retention=%s lease=%s provider_url=%s provider_secret=(masked) provider_timeout=%s",
+		maskURL(c.DatabaseURL), c.DBConnectTimeout, c.DBAcquireTimeout, c.DBStatementTimeout, keys, c.IdempotencyRetention, c.OperationLease, c.ProviderURL, c.ProviderTimeout)
 }
 
 func maskURL(u string) string {

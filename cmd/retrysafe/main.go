@@ -23,11 +23,10 @@ import (
 	"syscall"
 	"time"
 
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/migrations"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
@@ -92,11 +91,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 func runMigrate(ctx context.Context, inv invocation) error {
-	db, err := openDB(inv.cfg)
-	if err != nil {
-		return err
-	}
-	return migrate(ctx, db, inv.logger)
+	return migrate(ctx, inv.cfg, inv.logger)
 }
 
 func runServe(ctx context.Context, inv invocation) error {
@@ -131,29 +126,30 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
 }
 
+// openDB opens the pool the services run on, every wait bounded (pkg/database).
 func openDB(cfg config) (*gorm.DB, error) {
-	db, err := gorm.Open(postgres.Open(cfg.DatabaseURL), &gorm.Config{
-		Logger:                 gormlogger.Discard,
-		SkipDefaultTransaction: true,
+	db, err := database.Open(cfg.DatabaseURL, database.Options{
+		MaxConns: cfg.DBMaxConns, ConnectTimeout: cfg.DBConnectTimeout, AcquireTimeout: cfg.DBAcquireTimeout,
+		StatementTimeout: cfg.DBStatementTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", maskURL(cfg.DatabaseURL), err)
 	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return nil, err
-	}
-	sqlDB.SetMaxOpenConns(cfg.DBMaxConns)
-	sqlDB.SetMaxIdleConns(cfg.DBMaxConns)
-	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
 	return db, nil
 }
 
-func migrate(ctx context.Context, db *gorm.DB, logger *slog.Logger) error {
+// migrate applies the migrations on a connection of its own, without the statement timeout of the services'
+// pool: building an index on a large table may take longer than any request should.
+func migrate(ctx context.Context, cfg config, logger *slog.Logger) error {
+	db, err := database.Open(cfg.DatabaseURL, database.Options{MaxConns: 1, ConnectTimeout: cfg.DBConnectTimeout})
+	if err != nil {
+		return fmt.Errorf("open database %s: %w", maskURL(cfg.DatabaseURL), err)
+	}
 	sqlDB, err := db.DB()
 	if err != nil {
 		return err
 	}
+	defer sqlDB.Close()
 	if err := migrations.Up(ctx, sqlDB); err != nil {
 		return err
 	}
@@ -178,7 +174,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 		return err
 	}
 	if cfg.MigrateOnStart {
-		if err := migrate(ctx, db, logger); err != nil {
+		if err := migrate(ctx, cfg, logger); err != nil {
 			return err
 		}
 	}
@@ -191,6 +187,8 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	m.WatchOperations(db, 2*time.Second)
 	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: &idem.Handler{
 		DB: db, Store: idem.PostgresStore{}, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m,
+		// An effect is sent only with time for a whole provider call left in its lease.
+		DispatchMargin: cfg.ProviderTimeout,
 	}}
 	httpStack, err := httpStack(cfg, db)
 	if err != nil {

@@ -252,3 +252,18 @@ func TestReadyOnlyAfterMigrate(t *testing.T) {
 		t.Fatalf("run: %v", err)
 	}
 }
+
+func TestConfigDatabaseBounds(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(env(nil))
+	if err != nil || cfg.DBConnectTimeout != 3*time.Second || cfg.DBAcquireTimeout != 3*time.Second || cfg.DBStatementTimeout != 5*time.Second {
+		t.Fatalf("defaults = %s %s %s, %v", cfg.DBConnectTimeout, cfg.DBAcquireTimeout, cfg.DBStatementTimeout, err)
+	}
+	cfg, err = loadConfig(env(map[string]string{"DB_CONNECT_TIMEOUT": "1s", "DB_ACQUIRE_TIMEOUT": "2s", "DB_STATEMENT_TIMEOUT": "10s"}))
+	if err != nil || cfg.DBConnectTimeout != time.Second || cfg.DBAcquireTimeout != 2*time.Second || cfg.DBStatementTimeout != 10*time.Second {
+		t.Fatalf("set = %s %s %s, %v", cfg.DBConnectTimeout, cfg.DBAcquireTimeout, cfg.DBStatementTimeout, err)
+	}
+	if _, err := loadConfig(env(map[string]string{"DB_STATEMENT_TIMEOUT": "0s"})); err == nil {
+		t.Fatal("a zero statement timeout was accepted")
+	}
+}

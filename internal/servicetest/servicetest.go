@@ -12,16 +12,20 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/faultproxy"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/service"
@@ -41,16 +45,50 @@ var defaultLogger sync.Once
 
 // Env is one service under test.
 type Env struct {
-	Deps   service.Deps
-	DB     *testdb.DB
-	Idem   *idem.Handler
-	Logger *slog.Logger
-	Keys   *auth.Keys
-	URL    string
+	Deps service.Deps
+	// DB is the lent schema, reached directly: tests assert rows through it even while the service's own
+	// connections are cut.
+	DB *testdb.DB
+	// ServiceDB is the pool the service runs on (Deps.DB, Idem.DB): DB itself, or with ThroughProxy a pool that
+	// reaches the same schema through Proxy.
+	ServiceDB *gorm.DB
+	Proxy     *faultproxy.Proxy
+	Idem      *idem.Handler
+	Logger    *slog.Logger
+	Keys      *auth.Keys
+	URL       string
+}
+
+// Option changes how New assembles the service's dependencies.
+type Option func(t testing.TB, e *Env)
+
+// ThroughProxy makes the service reach its schema through a faultproxy (env.Proxy), on a pool with the bounds
+// of o, so a test can cut, refuse or stall the service's database while it runs.
+func ThroughProxy(o database.Options) Option {
+	return func(t testing.TB, e *Env) {
+		u, err := url.Parse(e.DB.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Proxy = faultproxy.Start(t, u.Host)
+		if o.MaxConns == 0 {
+			o.MaxConns = 6
+		}
+		db, err := database.Open(e.Proxy.DSN(e.DB.DSN), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if sqlDB, err := db.DB(); err == nil {
+				sqlDB.Close()
+			}
+		})
+		e.ServiceDB = db
+	}
 }
 
 // New prepares the dependencies of a service on a fresh schema; build the service from env.Deps, then Serve it.
-func New(t testing.TB) *Env {
+func New(t testing.TB, opts ...Option) *Env {
 	t.Helper()
 	db := testdb.Schema(t)
 	logger := Logger()
@@ -59,10 +97,13 @@ func New(t testing.TB) *Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &idem.Handler{DB: db.DB, Store: idem.PostgresStore{}, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1}
-	return &Env{
-		Deps: service.Deps{DB: db.DB, Idem: h, Logger: logger}, DB: db, Idem: h, Logger: logger, Keys: keys,
+	e := &Env{DB: db, ServiceDB: db.DB, Logger: logger, Keys: keys}
+	for _, opt := range opts {
+		opt(t, e)
 	}
+	e.Idem = &idem.Handler{DB: e.ServiceDB, Store: idem.PostgresStore{}, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1}
+	e.Deps = service.Deps{DB: e.ServiceDB, Idem: e.Idem, Logger: logger}
+	return e
 }
 
 // Serve wires svc as `retrysafe serve` does (service.Handler; its reconcilers given to the idem.Handler) and

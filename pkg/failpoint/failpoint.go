@@ -1,17 +1,25 @@
-// Package failpoint lets crash tests stop a real process at a named point, so a test can SIGKILL it there.
+// Package failpoint lets crash tests stop a real process at a named point, so a test can SIGKILL it there, and
+// lets in-process tests run their own code at that point (cut a connection, hang up a client).
 //
 // A process started with RETRYSAFE_FAILPOINTS=idem.after_claim=pause (comma-separated name=action) prints
 // "failpoint <name> reached" to stderr when it gets there and then waits forever (pause) or exits at once
-// without cleanup (exit). With the variable unset, Hit costs one map lookup on an empty map.
+// without cleanup (exit). With nothing configured, Hit costs one atomic load.
 package failpoint
 
 import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
-var actions = map[string]string{}
+var (
+	mu      sync.RWMutex
+	actions = map[string]string{}
+	hooks   = map[string][]*hook{}
+	armed   atomic.Bool
+)
 
 // Parse checks a spec like "a=pause,b=exit" and returns its actions by name, changing nothing.
 func Parse(spec string) (map[string]string, error) {
@@ -36,15 +44,56 @@ func Configure(spec string) error {
 	if err != nil {
 		return err
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	for name, action := range parsed {
 		actions[name] = action
+		armed.Store(true)
 	}
 	return nil
 }
 
-// Hit stops the process at name if a failpoint is configured there.
-func Hit(name string) {
+// Set runs fn, in the goroutine that gets there, each time name is hit, until the returned function is called;
+// fn gets the detail Hit passes (idem passes the operation). For tests in one process: every function set at a
+// name runs, so tests that run at the same time must each act only on what they own (their keys).
+func Set(name string, fn func(detail any)) (unset func()) {
+	h := &hook{fn: fn}
+	mu.Lock()
+	hooks[name] = append(hooks[name], h)
+	armed.Store(true)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		kept := hooks[name][:0:0]
+		for _, other := range hooks[name] {
+			if other != h {
+				kept = append(kept, other)
+			}
+		}
+		hooks[name] = kept
+	}
+}
+
+type hook struct{ fn func(detail any) }
+
+// Hit stops the process at name if a failpoint is configured there, or runs the function Set there with the
+// first detail, if any.
+func Hit(name string, detail ...any) {
+	if !armed.Load() {
+		return
+	}
+	mu.RLock()
 	action, ok := actions[name]
+	run := hooks[name]
+	mu.RUnlock()
+	var d any
+	if len(detail) > 0 {
+		d = detail[0]
+	}
+	for _, h := range run {
+		h.fn(d)
+	}
 	if !ok {
 		return
 	}

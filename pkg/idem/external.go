@@ -24,30 +24,48 @@ type ExternalSteps struct {
 	// effect. Return an error matching ErrOutcomeUnknown when the answer was lost or late.
 	Call func(ctx context.Context, op opstatus.Operation) (any, error)
 	// Record writes what Call returned (or the definite error it returned) in one transaction with the stored
-	// response and the operation's final state. Reconcilers record through Settle with the same code.
+	// response and the operation's final state. Reconcilers record through Settle with the same code. A callErr
+	// matching ErrNotSent means Call never ran: Record undoes Prepare's reservation, and its Result is dropped.
 	Record func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (Result, error)
 }
 
 // DoExternal runs an effect that leaves the process, once per Idempotency-Key: the claim commits first with a
-// lease of h.Lease, the effect runs, the result is recorded after. When the effect's answer is lost the
-// operation becomes unknown and the caller gets 202 with the operation; the kind's Reconciler settles it later,
-// and a retry with the same key then replays the settled result.
+// lease of h.Lease counted from its commit, the effect runs, the result is recorded after. When the effect's
+// answer is lost the operation becomes unknown and the caller gets 202 with the operation; the kind's Reconciler
+// settles it later, and a retry with the same key then replays the settled result. When the effect may have
+// happened but the database cannot record it, the caller gets 503 outcome_unknown naming the operation.
 func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 	cl, ok := h.begin(c, req)
 	if !ok {
 		return
 	}
-	lease := time.Now().Add(h.Lease)
+	claimStart := time.Now()
+	lease := claimStart.Add(h.Lease)
 	cl.op.LeaseExpiresAt = &lease
-	ctx := c.Request.Context()
+	// The claim does not stop half way when the caller hangs up: a COMMIT cut short by a cancelled context may
+	// still have committed, and the operation would be stranded, claimed but never run. It is bounded by the
+	// lease instead. Once it commits the operation is the server's to finish, whoever still listens.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), h.Lease)
+	defer cancel()
 	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := h.claim(ctx, tx, cl, req); err != nil {
 			return err
 		}
-		if steps.Prepare == nil {
-			return nil
+		if steps.Prepare != nil {
+			if err := steps.Prepare(ctx, tx, cl.op); err != nil {
+				return err
+			}
 		}
-		return steps.Prepare(ctx, tx, cl.op)
+		// The lease is the effect's time, counted from the claim's commit: a claim that waited on a row lock
+		// (another request holding the same order) must not hand the effect a lease already spent.
+		if time.Since(claimStart) > h.Lease/20 {
+			lease = time.Now().Add(h.Lease)
+			if _, err := opstatus.ExtendLease(ctx, tx, cl.op.ID, lease); err != nil {
+				return err
+			}
+		}
+		failpoint.Hit(FailpointExternalClaimed, cl.op)
+		return nil
 	})
 	var taken errClaimTaken
 	if errors.As(err, &taken) {
@@ -61,7 +79,15 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 	}
 
 	// From here on the claim is committed: whatever happens, the operation exists and nothing may run twice.
-	effectCtx := context.WithoutCancel(ctx)
+	// Its steps run detached from the caller's connection, bounded by the lease and as long again to record the
+	// outcome (the recording refuses to settle twice, so a late one is harmless).
+	effectCtx, cancelEffect := context.WithDeadline(context.WithoutCancel(c.Request.Context()), lease.Add(h.Lease))
+	defer cancelEffect()
+	if left := time.Until(lease); left < h.dispatchMargin() {
+		h.observe(req.Kind, OutcomeStoreUnavailable)
+		h.releaseUnsent(effectCtx, c, cl, steps, left)
+		return
+	}
 	failpoint.Hit(FailpointBeforeExternalCall)
 	outcome, callErr := steps.Call(effectCtx, cl.op)
 	failpoint.Hit(FailpointAfterExternalCall)
@@ -79,23 +105,68 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 		// The recovery worker got there first; answer with what it stored.
 		stored, lerr := h.Store.Lookup(effectCtx, h.DB, cl.principal.AccountID, cl.key)
 		if lerr != nil {
-			h.observe(req.Kind, failureOutcome(lerr, OutcomeUnknown))
-			problem.Write(c, lerr)
+			h.observe(req.Kind, OutcomeUnknown)
+			problem.Write(c, problem.OutcomeUnknown(cl.op.ID, lerr))
 			return
 		}
 		h.answerExisting(c, cl, stored)
 	case err != nil:
 		// The effect happened (or definitely failed) but could not be recorded: the operation keeps its lease and
-		// the recovery worker will settle it. A retry with the same key is safe.
+		// the recovery worker will settle it. The caller must hear that it may have happened and retry with the
+		// same key only: "nothing was done" would invite a second effect under a new key.
 		h.log().ErrorContext(effectCtx, "external outcome not recorded", "operation_id", cl.op.ID, "kind", req.Kind, "error", err.Error())
-		h.observe(req.Kind, failureOutcome(err, OutcomeUnknown))
-		problem.Write(c, err)
+		h.observe(req.Kind, OutcomeUnknown)
+		problem.Write(c, problem.OutcomeUnknown(cl.op.ID, err))
 	default:
 		h.observe(req.Kind, OutcomeCreated)
 		h.log().InfoContext(effectCtx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
 			"account_id", cl.principal.AccountID, "status", resp.Status)
 		writeResponse(c, cl.op.ID, resp, false)
 	}
+}
+
+// ErrNotSent is the call error Record gets for an effect that was never sent because too little of the lease
+// was left when the claim committed: Record must undo what Prepare reserved; its Result is not stored.
+var ErrNotSent = errors.New("idem: the effect was not sent")
+
+// EventNotSent is the operation event of a claim released before its effect was sent.
+const EventNotSent = "not_sent"
+
+func (h *Handler) dispatchMargin() time.Duration {
+	if h.DispatchMargin > 0 {
+		return h.DispatchMargin
+	}
+	return h.Lease / 4
+}
+
+// releaseUnsent gives up an effect before sending it, when the claim's commit took so long that the effect
+// could outlive the lease (and the recovery worker would then judge a call still in flight). Nothing has left
+// the process, so the claim is released: Prepare's reservation undone, the operation cancelled with a not_sent
+// event, the key deleted, so a retry with the same key claims again. If the release cannot be written the
+// claim stays and the recovery worker settles it when its lease ends; nothing was sent either way.
+func (h *Handler) releaseUnsent(ctx context.Context, c *gin.Context, cl call, steps ExternalSteps, left time.Duration) {
+	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		moved, err := opstatus.Transition(ctx, tx, cl.op.ID, opstatus.StateCancelled, cl.principal.Actor(),
+			opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
+			opstatus.WithEvent(EventNotSent, cl.withAttempt(map[string]any{"reason": "lease_too_short", "lease_left_ms": left.Milliseconds()})))
+		if err != nil {
+			return err
+		}
+		if !moved {
+			return ErrAlreadySettled
+		}
+		if _, err := steps.Record(ctx, tx, cl.op, nil, ErrNotSent); err != nil {
+			return err
+		}
+		return h.Store.Release(ctx, tx, cl.op.AccountID, cl.key, cl.op.ID)
+	})
+	if err != nil {
+		h.log().WarnContext(ctx, "unsent operation not released; the recovery worker settles it", "operation_id", cl.op.ID, "error", err.Error())
+	} else {
+		h.log().InfoContext(ctx, "effect not sent: too little lease left after the claim", "operation_id", cl.op.ID, "lease_left_ms", left.Milliseconds())
+	}
+	problem.Write(c, &problem.Error{Code: problem.CodeStoreUnavailable, RetryAfter: 1,
+		Detail: "the database was too slow to start this action safely; it was not sent; retry with the same Idempotency-Key"})
 }
 
 func (h *Handler) settle(ctx context.Context, cl call, write func(ctx context.Context, tx *gorm.DB) (Result, error), event, actor string) (Response, error) {

@@ -27,6 +27,8 @@ import (
 type fakeEffect struct {
 	calls atomic.Int64
 	call  func(ctx context.Context, op opstatus.Operation) (any, error)
+	// prepare, when set, runs in the claim's transaction (to make the claim wait on a lock).
+	prepare func(ctx context.Context, tx *gorm.DB) error
 }
 
 type chargeCommand struct {
@@ -44,11 +46,14 @@ type externalEnv struct {
 	env    *servicetest.Env
 	effect *fakeEffect
 	url    string
+	// requests holds each request's context by Idempotency-Key, so a test can see the server notice a caller
+	// that hung up.
+	requests *sync.Map
 }
 
-func setupExternal(t *testing.T, lease time.Duration) *externalEnv {
+func setupExternal(t *testing.T, lease time.Duration, opts ...servicetest.Option) *externalEnv {
 	t.Helper()
-	env := servicetest.New(t)
+	env := servicetest.New(t, opts...)
 	env.Idem.Lease = lease
 	fx := &fakeEffect{call: func(context.Context, opstatus.Operation) (any, error) { return "charged", nil }}
 	record := func(_ context.Context, _ *gorm.DB, op opstatus.Operation, outcome any, err error) (idem.Result, error) {
@@ -57,7 +62,9 @@ func setupExternal(t *testing.T, lease time.Duration) *externalEnv {
 		}
 		return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": outcome}}, nil
 	}
+	requests := &sync.Map{}
 	charges := func(c *gin.Context) {
+		requests.Store(c.GetHeader("Idempotency-Key"), c.Request.Context())
 		var cmd chargeCommand
 		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
 			problem.Write(c, err)
@@ -67,6 +74,9 @@ func setupExternal(t *testing.T, lease time.Duration) *externalEnv {
 			Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 				if cmd.Amount == 13 {
 					return problem.New(problem.CodeInvalidState, "unlucky")
+				}
+				if fx.prepare != nil {
+					return fx.prepare(ctx, tx)
 				}
 				return nil
 			},
@@ -78,7 +88,7 @@ func setupExternal(t *testing.T, lease time.Duration) *externalEnv {
 		})
 	}
 	env.Serve(t, servicetest.Routes(func(api gin.IRouter) { api.POST("/charges", charges) }))
-	return &externalEnv{env: env, effect: fx, url: env.URL}
+	return &externalEnv{env: env, effect: fx, url: env.URL, requests: requests}
 }
 
 type reply struct {
@@ -89,7 +99,14 @@ type reply struct {
 
 func (e *externalEnv) post(t *testing.T, key, body string, headers ...string) reply {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, e.url+"/charges", strings.NewReader(body))
+	return postJSON(t, e.url+"/charges", key, body, headers...)
+}
+
+// postJSON posts body as the demo agent under key; routes of these tests are not in api/openapi.yaml, so
+// answers are not validated against it.
+func postJSON(t *testing.T, url, key, body string, headers ...string) reply {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+servicetest.AgentSecret)
 	req.Header.Set("Idempotency-Key", key)
 	for i := 0; i+1 < len(headers); i += 2 {

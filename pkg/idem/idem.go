@@ -46,11 +46,15 @@ import (
 )
 
 // Failpoints of idem (package failpoint), for crash tests: right after a claim (in local mode, before the
-// write; in external mode, inside the claim's transaction), and just before and after an external call.
+// write), just before and after an external call, and right before the commit of a local write
+// (FailpointBeforeCommit) or of an external claim, after Prepare (FailpointExternalClaimed); those two pass the
+// operation to functions set with failpoint.Set.
 const (
 	FailpointAfterClaim         = "idem.after_claim"
 	FailpointBeforeExternalCall = "idem.external.before_call"
 	FailpointAfterExternalCall  = "idem.external.after_call"
+	FailpointBeforeCommit       = "idem.before_commit"
+	FailpointExternalClaimed    = "idem.external.claimed"
 )
 
 // Response headers of the contract.
@@ -99,9 +103,12 @@ type Handler struct {
 	DB     *gorm.DB
 	Store  Store
 	Logger *slog.Logger
-	// Lease is how long an external effect may run before the recovery worker calls its outcome unknown.
-	// It must be longer than the effect's own timeout.
+	// Lease is how long an external effect may run before the recovery worker calls its outcome unknown,
+	// counted from the claim's commit. It must be longer than the effect's own timeout.
 	Lease time.Duration
+	// DispatchMargin is the least lease an external effect must have left when its claim commits to be sent
+	// at all; with less the claim is released unsent. Give it the effect's own timeout (Lease/4 when zero).
+	DispatchMargin time.Duration
 	// RetryAfter is the Retry-After, in seconds, of a 409 request_in_progress.
 	RetryAfter int
 	// MaxWait caps Prefer: wait=N (30 s when zero).
@@ -205,8 +212,9 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 	}
 	ctx := c.Request.Context()
 	var (
-		resp  Response
-		state opstatus.State
+		resp       Response
+		state      opstatus.State
+		committing bool
 	)
 	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := h.claim(ctx, tx, cl, req); err != nil {
@@ -219,12 +227,23 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		}
 		state = resultState(res)
 		resp, err = h.storeResult(ctx, tx, cl, res, opstatus.EventCompleted, cl.principal.Actor())
-		return err
+		if err != nil {
+			return err
+		}
+		failpoint.Hit(FailpointBeforeCommit, cl.op)
+		committing = true
+		return nil
 	})
 	var taken errClaimTaken
 	switch {
 	case errors.As(err, &taken):
 		h.answerExisting(c, cl, taken.stored)
+	case committing && problem.IsStoreUnavailable(err):
+		// The connection went away during COMMIT: the write may have committed. Only the same key can tell.
+		// (pgconn.SafeToRetry is no proof that the COMMIT never left: pgx v5.12 reports a connection that
+		// dropped under a simple-protocol statement as "conn closed", safe to retry.)
+		h.observe(req.Kind, OutcomeUnknown)
+		problem.Write(c, problem.OutcomeUnknown(cl.op.ID, err))
 	case err != nil:
 		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
 		problem.Write(c, err)
@@ -376,7 +395,8 @@ func (h *Handler) reconcileNow(ctx context.Context, stored Record) Record {
 func (h *Handler) answerUnknown(c *gin.Context, accountID, opID string) {
 	op, err := opstatus.Get(c.Request.Context(), h.DB, accountID, opID)
 	if err != nil {
-		problem.Write(c, err)
+		// Still unknown, only not readable now: the same answer without the operation's details.
+		problem.Write(c, problem.OutcomeUnknown(opID, err))
 		return
 	}
 	c.Header(HeaderOperationID, opID)

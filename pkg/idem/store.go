@@ -57,6 +57,10 @@ type Store interface {
 	// c.State with one event. Returns ErrAlreadySettled, changing nothing, if the operation was already moved
 	// out of running or unknown, and an error matching problem.ErrNotFound if the key is not running.
 	Complete(ctx context.Context, tx *gorm.DB, c Completion) error
+	// Release deletes the running key of (accountID, key) claimed by operation opID, so the key is free for a
+	// new claim; the operation stays, settled by the caller in the same transaction. Returns ErrAlreadySettled,
+	// changing nothing, if the key is no longer running under opID.
+	Release(ctx context.Context, tx *gorm.DB, accountID, key, opID string) error
 	// Prune deletes completed keys finished before cutoff whose operation is final. Keys of running, queued
 	// and unknown operations are kept whatever their age.
 	Prune(ctx context.Context, db *gorm.DB, cutoff time.Time) (int64, error)
@@ -246,6 +250,19 @@ SELECT (SELECT count(*) FROM op) AS moved, (SELECT count(*) FROM key) AS complet
 	}
 	if res.Completed == 0 {
 		return fmt.Errorf("idem: complete: %w", problem.NotFound("running idempotency key"))
+	}
+	return nil
+}
+
+// Release implements Store.
+func (PostgresStore) Release(ctx context.Context, tx *gorm.DB, accountID, key, opID string) error {
+	res := tx.WithContext(ctx).Exec(`DELETE FROM idempotency_keys
+WHERE account_id = ? AND idempotency_key = ? AND operation_id = ? AND state = 'running'`, accountID, key, opID)
+	if res.Error != nil {
+		return fmt.Errorf("idem: release: %w", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return ErrAlreadySettled
 	}
 	return nil
 }

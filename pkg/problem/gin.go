@@ -10,10 +10,17 @@ import (
 )
 
 // Write renders err as problem+json on c and aborts the handler chain. Store failures are translated to
-// store_unavailable here as well, so a handler needs no special case for a database that went away.
+// store_unavailable here as well, so a handler needs no special case for a database that went away; an *Error
+// that already names its code (outcome_unknown with a lost connection as its cause) keeps it.
 func Write(c *gin.Context, err error) {
-	if IsStoreUnavailable(err) {
+	var named *Error
+	if !errors.As(err, &named) && IsStoreUnavailable(err) {
 		err = &Error{Code: CodeStoreUnavailable, Err: err}
+	}
+	if errors.As(err, &named) && named.Code == CodeOutcomeUnknown {
+		if id, ok := named.Extensions["operation_id"].(string); ok && c.Writer.Header().Get("Operation-Id") == "" {
+			c.Header("Operation-Id", id)
+		}
 	}
 	status, doc := Render(err)
 	var e *Error

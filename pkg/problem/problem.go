@@ -73,7 +73,7 @@ var codes = map[Code]codeInfo{
 	CodeIdempotencyKeyInvalid: {http.StatusBadRequest, "Idempotency-Key header invalid"},
 	CodeIdempotencyKeyReused:  {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request"},
 	CodeRequestInProgress:     {http.StatusConflict, "Request with this Idempotency-Key is still in progress"},
-	CodeOutcomeUnknown:        {http.StatusConflict, "Outcome of this operation is not known yet"},
+	CodeOutcomeUnknown:        {http.StatusServiceUnavailable, "Outcome of this operation is not known yet"},
 	CodeStoreUnavailable:      {http.StatusServiceUnavailable, "Store unavailable"},
 	CodeInternal:              {http.StatusInternalServerError, "Internal error"},
 
@@ -156,6 +156,21 @@ var (
 	ErrStoreUnavailable = &Error{Code: CodeStoreUnavailable}
 )
 
+// StoreUnavailableDetail is the detail of a store_unavailable answer. It speaks of this attempt only: when the
+// database is down the server cannot tell whether an earlier attempt with the same key had an effect.
+const StoreUnavailableDetail = "the database is unavailable and this attempt changed nothing; retry later with the same Idempotency-Key"
+
+// OutcomeUnknownDetail is the detail of an outcome_unknown answer.
+const OutcomeUnknownDetail = "the action may already have taken effect, but its outcome could not be recorded yet; " +
+	"retry with the same Idempotency-Key (or ask GET /v1/operations/{operation_id}); never send it with a new key"
+
+// OutcomeUnknown is the 503 outcome_unknown for operation opID, whose effect may have left the process while
+// the database that records it is unavailable; cause is kept for the log.
+func OutcomeUnknown(opID string, cause error) *Error {
+	return &Error{Code: CodeOutcomeUnknown, RetryAfter: 5, Err: cause,
+		Extensions: map[string]any{"operation_id": opID, "state": "unknown"}}
+}
+
 // NotFound is the 404 for a resource that does not exist in the caller's account.
 func NotFound(resource string) *Error {
 	return New(CodeNotFound, "%s not found", resource)
@@ -176,7 +191,12 @@ func Render(err error) (int, Document) {
 		e = &Error{Code: CodeInternal, Detail: "the server could not finish the request; the error is logged"}
 	}
 	if e.Code == CodeStoreUnavailable && e.Detail == "" {
-		e = &Error{Code: CodeStoreUnavailable, Detail: "the database is unavailable; nothing was done, retry later", RetryAfter: 5}
+		e = &Error{Code: CodeStoreUnavailable, Detail: StoreUnavailableDetail, RetryAfter: 5}
+	}
+	if e.Code == CodeOutcomeUnknown && e.Detail == "" {
+		copied := *e
+		copied.Detail = OutcomeUnknownDetail
+		e = &copied
 	}
 	info, ok := codes[e.Code]
 	if !ok {
@@ -211,7 +231,7 @@ func Headers(err error) http.Header {
 	var e *Error
 	if errors.As(err, &e) {
 		retry := e.RetryAfter
-		if e.Code == CodeStoreUnavailable && retry == 0 {
+		if (e.Code == CodeStoreUnavailable || e.Code == CodeOutcomeUnknown) && retry == 0 {
 			retry = 5
 		}
 		if retry > 0 {

@@ -3,6 +3,7 @@ package deploys
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Controller is the background worker that runs queued deploys: it claims one (FOR UPDATE SKIP LOCKED, so
@@ -78,8 +80,9 @@ func (c *Controller) work(ctx context.Context) {
 func (c *Controller) RunOnce(ctx context.Context) (ran bool, err error) {
 	var claim Claim
 	var ok bool
+	claimedUntil := c.leaseUntil()
 	err = c.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		claim, ok, err = c.Store.ClaimQueued(ctx, tx, c.leaseUntil(), controllerActor)
+		claim, ok, err = c.Store.ClaimQueued(ctx, tx, claimedUntil, controllerActor)
 		return err
 	})
 	if err != nil || !ok {
@@ -88,7 +91,8 @@ func (c *Controller) RunOnce(ctx context.Context) (ran bool, err error) {
 	log := c.Logger.With("deploy_id", claim.Deploy.ID, "operation_id", claim.Deploy.OperationID,
 		"environment", claim.Deploy.Environment, "fencing_token", claim.Token)
 	log.InfoContext(ctx, "deploy started")
-	switch err := c.execute(ctx, claim); {
+	r := &run{claim: claim, leaseEnd: claimedUntil, log: log}
+	switch err := c.execute(ctx, r); {
 	case errors.Is(err, ErrLockLost):
 		// Cancelled, or taken over after our lease ran out: whoever did it owns the deploy now.
 		log.InfoContext(ctx, "deploy no longer ours; stopped", "reason", err.Error())
@@ -99,19 +103,34 @@ func (c *Controller) RunOnce(ctx context.Context) (ran bool, err error) {
 	return true, nil
 }
 
-func (c *Controller) execute(ctx context.Context, claim Claim) error {
+// run is one deploy in the hands of this controller: its claim and how long the leases last that its last
+// successful write took.
+type run struct {
+	claim    Claim
+	leaseEnd time.Time
+	log      *slog.Logger
+}
+
+func (c *Controller) execute(ctx context.Context, r *run) error {
+	claim := r.claim
 	for step := 1; step <= claim.Deploy.StepsTotal; step++ {
-		if err := c.wait(ctx, claim, c.StepDuration); err != nil {
+		if err := c.wait(ctx, r, c.StepDuration); err != nil {
 			return c.stop(ctx, claim, err)
 		}
-		if err := c.tx(ctx, func(tx *gorm.DB) error {
-			return c.Store.CompleteStep(ctx, tx, claim, step, c.leaseUntil(), controllerActor)
+		if err := c.write(ctx, r, "complete step", func(ctx context.Context, tx *gorm.DB, until time.Time) error {
+			return c.Store.CompleteStep(ctx, tx, claim, step, until, controllerActor)
 		}); err != nil {
 			return c.stop(ctx, claim, err)
 		}
 	}
-	if err := c.tx(ctx, func(tx *gorm.DB) error {
-		return c.Store.BeginActivation(ctx, tx, claim, c.leaseUntil(), controllerActor)
+	if err := c.write(ctx, r, "begin activation", func(ctx context.Context, tx *gorm.DB, until time.Time) error {
+		err := c.Store.BeginActivation(ctx, tx, claim, until, controllerActor)
+		if errors.Is(err, ErrLockLost) {
+			// An earlier attempt may have committed although its answer was lost: then activation has begun
+			// under our token and the lock is still ours, which is success.
+			return c.activationBegun(ctx, tx, claim, until, err)
+		}
+		return err
 	}); err != nil {
 		return c.stop(ctx, claim, err)
 	}
@@ -119,7 +138,13 @@ func (c *Controller) execute(ctx context.Context, claim Claim) error {
 	// The point of no return: finish what was started even if ctx ends now.
 	ctx = context.WithoutCancel(ctx)
 	failpoint.Hit(FailpointBeforeActivate)
-	marker, err := c.Target.Activate(ctx, claim.Deploy, claim.Token)
+	var marker Activation
+	err := c.retry(ctx, r, "activate", func(ctx context.Context) error {
+		// The target activates a deploy at most once and refuses stale tokens, so asking again is safe.
+		var err error
+		marker, err = c.Target.Activate(ctx, claim.Deploy, claim.Token)
+		return err
+	})
 	failpoint.Hit(FailpointAfterActivate)
 	if errors.Is(err, ErrFenced) {
 		return ErrLockLost
@@ -127,13 +152,69 @@ func (c *Controller) execute(ctx context.Context, claim Claim) error {
 	if err != nil {
 		return err
 	}
-	if err := c.tx(ctx, func(tx *gorm.DB) error {
-		return c.Store.Finish(ctx, tx, claim, true, controllerActor, EventActivated, map[string]any{"marker": marker})
+	if err := c.retry(ctx, r, "finish", func(ctx context.Context) error {
+		return c.tx(ctx, func(tx *gorm.DB) error {
+			return c.Store.Finish(ctx, tx, claim, true, controllerActor, EventActivated, map[string]any{"marker": marker})
+		})
 	}); err != nil {
 		return err
 	}
 	opstatus.ObserveFinished(c.Observer, claim.Deploy.OperationKind(), StateSucceeded)
 	return nil
+}
+
+// activationBegun is BeginActivation's answer to a retry: lost is returned unless the deploy's activation has
+// already begun and a renewal under its token still succeeds.
+func (c *Controller) activationBegun(ctx context.Context, tx *gorm.DB, claim Claim, until time.Time, lost error) error {
+	d, err := c.Store.Deploy(ctx, tx, claim.Deploy.AccountID, claim.Deploy.ID)
+	if err != nil || d.ActivationStarted == nil || d.State != StateRunning {
+		return lost
+	}
+	if err := c.Store.Renew(ctx, tx, claim, until); err != nil {
+		return lost
+	}
+	return nil
+}
+
+// write runs one fenced write of the deploy in a transaction, renewing the leases to a fresh deadline, and
+// retries it (retry) while the database is unavailable.
+func (c *Controller) write(ctx context.Context, r *run, what string, fn func(ctx context.Context, tx *gorm.DB, until time.Time) error) error {
+	return c.retry(ctx, r, what, func(ctx context.Context) error {
+		until := c.leaseUntil()
+		if err := c.tx(ctx, func(tx *gorm.DB) error { return fn(ctx, tx, until) }); err != nil {
+			return err
+		}
+		r.leaseEnd = until
+		return nil
+	})
+}
+
+// retry runs do until it succeeds or fails for good. A database that is unavailable (a restart, a cut
+// connection) is waited out with backoff for as long as the leases this controller holds last: until then no
+// one else may take the deploy over, so trying again is safe and giving up would fail a healthy deploy. Only
+// a lost lease (ErrLockLost: the fencing token no longer matches), another kind of error, the end of ctx or
+// the end of the lease stop it.
+func (c *Controller) retry(ctx context.Context, r *run, what string, do func(ctx context.Context) error) error {
+	backoff := 20 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := do(ctx)
+		if err == nil || !problem.IsStoreUnavailable(err) || ctx.Err() != nil {
+			return err
+		}
+		wait := min(backoff, max(c.Heartbeat, 20*time.Millisecond))
+		backoff *= 2
+		// Leave the last part of the lease to the reconciler's judgement rather than write into it.
+		if time.Now().Add(wait).After(r.leaseEnd.Add(-wait)) {
+			return fmt.Errorf("deploys: %s: the database stayed unavailable until the lease ran out: %w", what, err)
+		}
+		r.log.WarnContext(ctx, "deploy write failed; retrying within the lease", "write", what, "attempt", attempt,
+			"retry_in", wait.String(), "lease_left", time.Until(r.leaseEnd).String(), "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // stop handles an error before activation: a controller shutting down puts the deploy back in the queue, so a
@@ -154,7 +235,7 @@ func (c *Controller) stop(ctx context.Context, claim Claim, err error) error {
 }
 
 // wait sleeps d while renewing the leases every Heartbeat.
-func (c *Controller) wait(ctx context.Context, claim Claim, d time.Duration) error {
+func (c *Controller) wait(ctx context.Context, r *run, d time.Duration) error {
 	done := time.NewTimer(d)
 	defer done.Stop()
 	beat := time.NewTicker(max(c.Heartbeat, time.Millisecond))
@@ -166,8 +247,8 @@ func (c *Controller) wait(ctx context.Context, claim Claim, d time.Duration) err
 		case <-done.C:
 			return nil
 		case <-beat.C:
-			if err := c.tx(ctx, func(tx *gorm.DB) error {
-				return c.Store.Renew(ctx, tx, claim, c.leaseUntil())
+			if err := c.write(ctx, r, "heartbeat", func(ctx context.Context, tx *gorm.DB, until time.Time) error {
+				return c.Store.Renew(ctx, tx, r.claim, until)
 			}); err != nil {
 				return err
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
@@ -33,16 +34,30 @@ type bundle struct {
 type options struct {
 	// background starts the controller; otherwise tests drive it with b.runOnce.
 	background bool
+	// throughProxy runs the service, its controller and target on a pool through env.Proxy (b.db stays direct).
+	throughProxy bool
+	// stepDuration replaces the 20 ms steps.
+	stepDuration time.Duration
 }
 
 // setup serves the deploys service on a lent schema, as cmd/retrysafe wires it, with short steps and leases.
 func setup(t *testing.T, o options) *bundle {
 	t.Helper()
-	env := servicetest.New(t)
-	b := &bundle{env: env, db: env.DB.DB, target: deploys.SimulatedTarget{DB: env.DB.DB}}
+	var opts []servicetest.Option
+	if o.throughProxy {
+		opts = append(opts, servicetest.ThroughProxy(database.Options{
+			MaxConns: 6, ConnectTimeout: 500 * time.Millisecond, AcquireTimeout: time.Second, StatementTimeout: 2 * time.Second,
+		}))
+	}
+	env := servicetest.New(t, opts...)
+	b := &bundle{env: env, db: env.DB.DB, target: deploys.SimulatedTarget{DB: env.ServiceDB}}
+	step := 20 * time.Millisecond
+	if o.stepDuration > 0 {
+		step = o.stepDuration
+	}
 	svc, err := deploys.New(env.Deps, deploys.Config{
 		Store: b.store, Target: b.target, ApprovalEnvironments: []string{"production"}, ApprovalTTL: time.Hour,
-		Steps: 2, StepDuration: 20 * time.Millisecond, LockLease: 5 * time.Second, Heartbeat: 10 * time.Millisecond,
+		Steps: 2, StepDuration: step, LockLease: 5 * time.Second, Heartbeat: 10 * time.Millisecond,
 		PollInterval: 10 * time.Millisecond, Workers: 2,
 	})
 	if err != nil {

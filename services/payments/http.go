@@ -88,7 +88,7 @@ var errNotExecuted = errors.New("payments: the provider never executed the call"
 // refusal turns a definite outcome other than success into the problem stored for the operation. An error it
 // does not know is returned as is: the outcome stays unrecorded and the recovery worker settles it later.
 func refusal(callErr error, action string) (*problem.Error, error) {
-	if errors.Is(callErr, errNotExecuted) {
+	if errors.Is(callErr, errNotExecuted) || errors.Is(callErr, idem.ErrNotSent) {
 		return problem.New(problem.CodeProviderUnavailable,
 			"the %s never reached the payment provider and nothing happened; send it again with a new Idempotency-Key", action), nil
 	}

@@ -41,6 +41,10 @@ func TestPayments(t *testing.T) {
 		{"AmountValidation", testAmountValidation},
 		{"ApprovalAboveThreshold", testApproval},
 		{"CancelAndScope", testCancelAndScope},
+		{"RefundRecordLostWhileDatabaseDown", testRefundRecordLost},
+		{"CallerHangsUpDuringClaim", testCallerHangsUpDuringClaim},
+		{"UnsentWhenLeaseSpentAtCommit", testUnsentWhenLeaseSpentAtCommit},
+		{"FrozenDatabaseBeforeEffect", testFrozenDatabaseBeforeEffect},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -183,6 +183,28 @@ func Exercise(t *testing.T, newStore NewStore) {
 		}
 	})
 
+	t.Run("ReleaseFreesOnlyItsOwnRunningKey", func(t *testing.T) {
+		t.Parallel()
+		s, db := newStore(t)
+		ctx := context.Background()
+		rec := claimCommitted(t, s, db, "acct", "unsent", "fp")
+		if err := s.Release(ctx, db, "acct", "unsent", "op_someone_else"); !errors.Is(err, idem.ErrAlreadySettled) {
+			t.Fatalf("release under another operation = %v; want ErrAlreadySettled", err)
+		}
+		if err := s.Release(ctx, db, "acct", "unsent", rec.OperationID); err != nil {
+			t.Fatalf("release: %v", err)
+		}
+		again := claimCommitted(t, s, db, "acct", "unsent", "fp")
+		if again.OperationID == rec.OperationID {
+			t.Fatal("the released key was claimed by its old operation")
+		}
+		done := claimCommitted(t, s, db, "acct", "done", "fp")
+		complete(t, s, db, done, opstatus.StateSucceeded)
+		if err := s.Release(ctx, db, "acct", "done", done.OperationID); !errors.Is(err, idem.ErrAlreadySettled) {
+			t.Fatalf("release of a completed key = %v; want ErrAlreadySettled", err)
+		}
+	})
+
 	t.Run("PruneKeepsWhatIsStillOwed", func(t *testing.T) {
 		t.Parallel()
 		s, db := newStore(t)
