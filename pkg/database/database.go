@@ -108,11 +108,21 @@ func (c *boundedConn) Write(b []byte) (int, error) {
 }
 
 // acquireBound is the pool as gorm sees it, with a bound on waiting for a free connection: database/sql waits
-// for one as long as the context lets it, and a request context has no deadline. It reserves a connection with
-// its own deadline first, then runs the statement on it with the caller's context.
+// for one as long as the context lets it, and a request context has no deadline. When the pool is full it
+// reserves a connection with its own deadline first, then runs the statement on it with the caller's context.
+// While a connection is idle or may still be opened (bounded by the connect timeout) it goes straight to the
+// pool: the reservation costs about as much as the round trip itself. Two statements racing for the last idle
+// connection may leave one waiting unbounded, but then only for a statement to finish, which the statement
+// timeout bounds.
 type acquireBound struct {
 	*sql.DB
 	timeout time.Duration
+}
+
+// full reports whether a statement would have to wait for a connection.
+func (p *acquireBound) full() bool {
+	st := p.DB.Stats()
+	return st.Idle == 0 && st.OpenConnections >= st.MaxOpenConnections
 }
 
 var (
@@ -135,6 +145,9 @@ func (p *acquireBound) conn(ctx context.Context) (*sql.Conn, error) {
 func release(c *sql.Conn) { go c.Close() }
 
 func (p *acquireBound) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if !p.full() {
+		return p.DB.ExecContext(ctx, query, args...)
+	}
 	c, err := p.conn(ctx)
 	if err != nil {
 		return nil, err
@@ -144,6 +157,9 @@ func (p *acquireBound) ExecContext(ctx context.Context, query string, args ...an
 }
 
 func (p *acquireBound) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if !p.full() {
+		return p.DB.QueryContext(ctx, query, args...)
+	}
 	c, err := p.conn(ctx)
 	if err != nil {
 		return nil, err
@@ -154,10 +170,16 @@ func (p *acquireBound) QueryContext(ctx context.Context, query string, args ...a
 }
 
 func (p *acquireBound) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if !p.full() {
+		return p.DB.QueryRowContext(ctx, query, args...)
+	}
 	c, err := p.conn(ctx)
 	if err != nil {
-		// *sql.Row carries its error only from a query; this one fails the same way at Scan.
-		return p.DB.QueryRowContext(canceled(ctx, err), query, args...)
+		// A *sql.Row carries an error only from a query: this one, on a context already past its deadline, fails
+		// at Scan with context.DeadlineExceeded, which is a store failure as the acquire timeout is.
+		expired, cancel := context.WithDeadline(ctx, time.Time{})
+		defer cancel()
+		return p.DB.QueryRowContext(expired, query, args...)
 	}
 	row := c.QueryRowContext(ctx, query, args...)
 	release(c)
@@ -169,6 +191,9 @@ func (p *acquireBound) PrepareContext(ctx context.Context, query string) (*sql.S
 }
 
 func (p *acquireBound) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+	if !p.full() {
+		return p.DB.BeginTx(ctx, opts)
+	}
 	c, err := p.conn(ctx)
 	if err != nil {
 		return nil, err
@@ -183,10 +208,3 @@ func (p *acquireBound) PingContext(ctx context.Context) error { return p.DB.Ping
 
 // GetDBConn is how gorm's DB() finds the *sql.DB under a wrapped pool.
 func (p *acquireBound) GetDBConn() (*sql.DB, error) { return p.DB, nil }
-
-// canceled is a context that is already done with cause err.
-func canceled(ctx context.Context, err error) context.Context {
-	c, cancel := context.WithCancelCause(ctx)
-	cancel(err)
-	return c
-}

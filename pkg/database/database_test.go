@@ -100,3 +100,43 @@ func TestAcquireIsBounded(t *testing.T) {
 		t.Fatalf("after the connection is free: %d, %v", n, err)
 	}
 }
+
+// BenchmarkPool compares a round trip and a small transaction on the bounded pool with the same pool without
+// bounds, to show what the acquire bound (a reserved connection per statement) costs.
+func BenchmarkPool(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		o    database.Options
+	}{
+		{"unbounded", database.Options{MaxConns: 4}},
+		{"statement", database.Options{MaxConns: 4, StatementTimeout: 5 * time.Second}},
+		{"acquire", database.Options{MaxConns: 4, AcquireTimeout: 3 * time.Second}},
+		{"bounded", database.Options{MaxConns: 4, ConnectTimeout: 3 * time.Second, AcquireTimeout: 3 * time.Second, StatementTimeout: 5 * time.Second}},
+	} {
+		db, err := database.Open(testdb.URL(), tc.o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(tc.name+"/select", func(b *testing.B) {
+			var n int
+			for b.Loop() {
+				if err := db.Raw(`SELECT ?::int`, 1).Scan(&n).Error; err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(tc.name+"/tx", func(b *testing.B) {
+			for b.Loop() {
+				err := db.Transaction(func(tx *gorm.DB) error {
+					var n int
+					return tx.Raw(`SELECT ?::int`, 1).Scan(&n).Error
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		sqlDB, _ := db.DB()
+		sqlDB.Close()
+	}
+}
