@@ -51,7 +51,10 @@ const commonEnv = `  LOG_LEVEL                 debug, info (default), warn or er
   RETRYSAFE_FAILPOINTS      crash points for tests, name=pause|exit,...`
 
 const databaseEnv = `  DATABASE_URL              postgres:// URL (default postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable)
-  DB_MAX_CONNS              connection pool size (default 20)`
+  DB_MAX_CONNS              connection pool size (default 20)
+  DB_CONNECT_TIMEOUT        bound on opening a connection (default 3s)
+  DB_ACQUIRE_TIMEOUT        bound on waiting for a free pooled connection (default 3s)
+  DB_STATEMENT_TIMEOUT      bound on each statement, client and server side (default 5s; not for migrations)`
 
 var commands []command
 
