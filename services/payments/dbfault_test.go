@@ -5,9 +5,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
@@ -16,16 +19,19 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
 // proxiedBundle is a payments service whose database connections go through a fault proxy; b.db and the
-// recovery worker still reach the schema directly.
+// recovery worker still reach the schema directly. requests holds each request's context by Idempotency-Key,
+// so a test can see the server notice a caller that hung up.
 type proxiedBundle struct {
 	*bundle
-	proxy *faultproxy.Proxy
-	env   *servicetest.Env
+	proxy    *faultproxy.Proxy
+	env      *servicetest.Env
+	requests *sync.Map
 }
 
 func (h *harness) setupProxied(t *testing.T, lease time.Duration) *proxiedBundle {
@@ -35,13 +41,25 @@ func (h *harness) setupProxied(t *testing.T, lease time.Duration) *proxiedBundle
 	}))
 	env.Idem.Lease = lease
 	client := provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))
-	svc := payments.New(payments.Config{
-		DB: env.ServiceDB, Store: payments.PostgresStore{}, Idem: env.Idem, Provider: client,
-		ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
+	svc, err := payments.New(env.Deps, payments.Config{
+		Provider: client, ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
 	})
-	payments.Routes(env.API, svc)
-	agent := env.Start(t)
-	return &proxiedBundle{proxy: env.Proxy, env: env, bundle: &bundle{
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As env.Serve does, with one more middleware that records each request's context.
+	requests := &sync.Map{}
+	capture := func(c *gin.Context) {
+		if key := c.GetHeader("Idempotency-Key"); key != "" {
+			requests.Store(key, c.Request.Context())
+		}
+	}
+	env.Idem.Reconcilers = service.Reconcilers(svc)
+	srv := httptest.NewServer(service.Handler(env.Deps, service.HTTP{Keys: env.Keys, Middleware: []gin.HandlerFunc{capture}}, svc))
+	t.Cleanup(srv.Close)
+	env.URL = srv.URL
+	agent := apitest.New(t, srv.URL, servicetest.AgentSecret)
+	return &proxiedBundle{proxy: env.Proxy, env: env, requests: requests, bundle: &bundle{
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
 		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger},
@@ -120,7 +138,6 @@ func testCallerHangsUpDuringClaim(t *testing.T, h *harness) {
 	hungUp := make(chan struct{})
 	clientCtx, hangUp := context.WithCancel(t.Context())
 	defer hangUp()
-	var serverCtx atomic.Value
 	unset := failpoint.Set(idem.FailpointExternalClaimed, func(detail any) {
 		if op, ok := detail.(opstatus.Operation); !ok || op.IdempotencyKey != key || op.Kind != payments.KindCreateIntent {
 			return
@@ -131,24 +148,15 @@ func testCallerHangsUpDuringClaim(t *testing.T, h *harness) {
 			servicetest.Eventually(t, "the COMMIT leaves the service", func() bool { return b.proxy.Held() > 0 })
 			hangUp()
 			servicetest.Eventually(t, "the server sees the caller gone", func() bool {
-				ctx, ok := serverCtx.Load().(context.Context)
-				return ok && ctx.Err() != nil
+				ctx, ok := b.requests.Load(key)
+				return ok && ctx.(context.Context).Err() != nil
 			})
 			b.proxy.Stall(false)
 		}()
 	})
 	defer unset()
-	captured := b.env.Engine.Handler()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Idempotency-Key") == key {
-			serverCtx.Store(r.Context())
-		}
-		captured.ServeHTTP(w, r)
-	}))
-	defer srv.Close()
-
 	body := `{"order_id":"o-hangup","amount":"12.00","currency":"USD"}`
-	req, _ := http.NewRequestWithContext(clientCtx, http.MethodPost, srv.URL+"/v1/payment_intents", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(clientCtx, http.MethodPost, b.env.URL+"/v1/payment_intents", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+servicetest.AgentSecret)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
