@@ -141,7 +141,10 @@ func (v *Verifier) check(name string, recs []Record) *Problem {
 			case r.Seq < expectSeq:
 				return bad(OutOfOrder, "stored after seq %d", expectSeq-1)
 			default:
-				return bad(Missing, "records %d to %d of the chain are missing before it", expectSeq, r.Seq-1)
+				if r.Seq-1 == expectSeq {
+					return bad(Missing, "record %d of the chain, right before it, is missing", expectSeq)
+				}
+				return bad(Missing, "records %d to %d of the chain, right before it, are missing", expectSeq, r.Seq-1)
 			}
 		}
 		h, err := r.Compute()

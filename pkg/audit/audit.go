@@ -1,0 +1,143 @@
+// Package audit keeps retrysafe's server-side audit chain in PostgreSQL, in the format of package auditchain.
+//
+// The links are written by triggers (migrations/00006_audit_chain.sql) in the same statement that inserts an
+// operation event or an approval decision, so every write path is chained without a round trip of its own: one
+// chain per operation, one per approval, each serialized on its own head row. This package adds the rest:
+//
+//   - CheckpointWorker seals the heads of the chains that moved, every interval, optionally signed; any number
+//     of replicas may run it and one chain of checkpoints results.
+//
+//   - Verify reads everything back in one snapshot, read-only, and reports the first bad record of each chain.
+//
+//     w := &audit.CheckpointWorker{DB: db, Signer: signer, Interval: 10 * time.Second, Logger: logger}
+//     go w.Run(ctx)
+//     report, err := audit.Verify(ctx, db, audit.VerifyOptions{PublicKey: pub})
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
+)
+
+// checkpointLock is the advisory lock that makes checkpoint writers of all replicas take turns.
+const checkpointLock = 0x72735f6175646974 // "rs_audit"
+
+// CheckpointWorker writes a checkpoint over the heads of every chain that moved since the last one.
+type CheckpointWorker struct {
+	DB *gorm.DB
+	// Signer signs each checkpoint; nil leaves them unsigned.
+	Signer   *auditchain.Signer
+	Interval time.Duration
+	Logger   *slog.Logger
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// Run writes checkpoints until ctx ends.
+func (w *CheckpointWorker) Run(ctx context.Context) {
+	interval := w.Interval
+	if interval <= 0 {
+		interval = 10 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := w.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			w.Logger.WarnContext(ctx, "audit checkpoint failed", "error", err.Error())
+		}
+	}
+}
+
+// RunOnce writes one checkpoint if some chain moved, and returns it (nil when nothing moved).
+func (w *CheckpointWorker) RunOnce(ctx context.Context) (*auditchain.Checkpoint, error) {
+	now := time.Now
+	if w.Now != nil {
+		now = w.Now
+	}
+	var written *auditchain.Checkpoint
+	err := w.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec(`SELECT pg_advisory_xact_lock(?)`, int64(checkpointLock)).Error; err != nil {
+			return err
+		}
+		var prevRows []checkpointRow
+		if err := tx.Raw(`SELECT ` + checkpointColumns + ` FROM audit_checkpoints ORDER BY seq DESC LIMIT 1`).Scan(&prevRows).Error; err != nil {
+			return err
+		}
+		// Heads a writer holds are skipped: its commit marks them moved again, for the next checkpoint.
+		var heads []auditchain.Head
+		err := tx.Raw(`
+WITH moved AS (
+    SELECT chain FROM audit_chain_heads WHERE NOT checkpointed ORDER BY chain LIMIT 50000 FOR UPDATE SKIP LOCKED
+)
+UPDATE audit_chain_heads h SET checkpointed = true FROM moved WHERE h.chain = moved.chain
+RETURNING h.chain, h.seq, h.hash`).Scan(&heads).Error
+		if err != nil || len(heads) == 0 {
+			return err
+		}
+		var prev *auditchain.Checkpoint
+		if len(prevRows) == 1 {
+			p, err := prevRows[0].checkpoint()
+			if err != nil {
+				return err
+			}
+			prev = &p
+		}
+		cp, err := auditchain.NextCheckpoint(prev, now(), heads, w.Signer)
+		if err != nil {
+			return err
+		}
+		rawHeads, err := json.Marshal(cp.Heads)
+		if err != nil {
+			return err
+		}
+		var sig *string
+		if cp.Signature != "" {
+			sig = &cp.Signature
+		}
+		err = tx.Exec(`INSERT INTO audit_checkpoints (seq, prev_hash, created_at, heads, hash, signature) VALUES (?, ?, ?, ?::jsonb, ?, ?)`,
+			cp.Seq, cp.Prev, cp.At, string(rawHeads), cp.Hash, sig).Error
+		if err != nil {
+			return err
+		}
+		written = &cp
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("audit: checkpoint: %w", err)
+	}
+	return written, nil
+}
+
+const checkpointColumns = `seq, prev_hash, created_at, heads::text AS heads, hash, signature`
+
+type checkpointRow struct {
+	Seq       int64
+	PrevHash  string
+	CreatedAt time.Time
+	Heads     string
+	Hash      string
+	Signature *string
+}
+
+func (r checkpointRow) checkpoint() (auditchain.Checkpoint, error) {
+	cp := auditchain.Checkpoint{Seq: r.Seq, Prev: r.PrevHash, At: r.CreatedAt, Hash: r.Hash}
+	if r.Signature != nil {
+		cp.Signature = *r.Signature
+	}
+	if err := json.Unmarshal([]byte(r.Heads), &cp.Heads); err != nil {
+		return auditchain.Checkpoint{}, fmt.Errorf("audit: checkpoint %d: heads: %w", r.Seq, err)
+	}
+	return cp, nil
+}
