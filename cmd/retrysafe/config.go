@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 )
@@ -55,6 +56,9 @@ type config struct {
 	DeployHeartbeat            time.Duration
 	DeployPollInterval         time.Duration
 	DeployWorkers              int
+
+	AuditCheckpointInterval time.Duration
+	AuditSigningKey         *auditchain.Signer // AUDIT_SIGNING_KEY parsed (nil: unsigned checkpoints); never printed
 }
 
 // configError is a bad configuration value: the program stops before any effect, with exit code 2.
@@ -100,6 +104,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DeployHeartbeat:            r.duration("DEPLOY_HEARTBEAT_INTERVAL", 5*time.Second),
 		DeployPollInterval:         r.duration("DEPLOY_POLL_INTERVAL", time.Second),
 		DeployWorkers:              r.integer("DEPLOY_WORKERS", 2, 1, 64),
+	}
+	cfg.AuditCheckpointInterval = r.duration("AUDIT_CHECKPOINT_INTERVAL", 10*time.Second)
+	if v := getenv("AUDIT_SIGNING_KEY"); v != "" {
+		signer, err := auditchain.ParseSigningKey(v)
+		if err != nil && r.err == nil {
+			r.err = configError{"AUDIT_SIGNING_KEY: " + strings.TrimPrefix(err.Error(), "auditchain: signing key: ")}
+		}
+		cfg.AuditSigningKey = signer
 	}
 	cfg.PaymentsApprovalThresholds = r.thresholds("PAYMENTS_APPROVAL_THRESHOLDS", defaultApprovalThresholds)
 	if r.err != nil {

@@ -5,6 +5,7 @@
 //	retrysafe migrate
 //	retrysafe provider
 //	retrysafe conformance --target URL --request FILE   (the seeds' fault tests against any HTTP API)
+//	retrysafe audit verify|public-key|timeline
 //	retrysafe help [COMMAND], retrysafe version
 //
 // Every command checks its arguments and the whole configuration before it opens anything.
@@ -212,9 +213,11 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	waitWorkers := service.Start(ctx, service.Workers(d, service.Background{
+	workers := service.Workers(d, service.Background{
 		RecoveryInterval: cfg.RecoveryInterval, Retention: cfg.IdempotencyRetention, PruneInterval: cfg.PruneInterval,
-	}, svcs...))
+	}, svcs...)
+	workers = append(workers, service.Worker{Name: "audit-checkpoints", Run: checkpointWorker(cfg, db, logger).Run})
+	waitWorkers := service.Start(ctx, workers)
 	var wg sync.WaitGroup
 	errc := make(chan error, len(svcs))
 	for i, s := range svcs {
