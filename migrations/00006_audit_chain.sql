@@ -70,6 +70,8 @@ CREATE TABLE audit_chain_heads (
     hash         text        NOT NULL,
     prev_hash    text        NOT NULL,
     checkpointed boolean     NOT NULL DEFAULT false,
+    -- How many attempt records the chain holds: numbers them under the same lock as the links.
+    attempts     bigint      NOT NULL DEFAULT 0,
     updated_at   timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX audit_chain_heads_moved ON audit_chain_heads (chain) WHERE NOT checkpointed;
@@ -105,7 +107,17 @@ $$;
 CREATE FUNCTION operation_events_chain() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     link record;
+    n    bigint;
 BEGIN
+    -- An attempt record (one HTTP attempt at a write: its detail has an outcome) gets the next attempt number
+    -- of its operation. Taking it locks the chain's head, so number and link come from one writer's turn.
+    IF NEW.detail ? 'outcome' AND NEW.detail ? 'attempt_id' THEN
+        INSERT INTO audit_chain_heads AS h (chain, seq, hash, prev_hash, attempts)
+        VALUES (NEW.operation_id, 0, repeat('0', 64), repeat('0', 64), 1)
+        ON CONFLICT (chain) DO UPDATE SET attempts = h.attempts + 1
+        RETURNING h.attempts INTO n;
+        NEW.detail := NEW.detail || jsonb_build_object('attempt', n);
+    END IF;
     link := audit_append(NEW.operation_id, operation_event_record(NEW));
     NEW.chain_seq := link.seq;
     NEW.prev_hash := link.prev_hash;

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"net/http"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -148,7 +149,7 @@ func (h *Handler) releaseUnsent(ctx context.Context, c *gin.Context, cl call, st
 	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		moved, err := opstatus.Transition(ctx, tx, cl.op.ID, opstatus.StateCancelled, cl.principal.Actor(),
 			opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
-			opstatus.WithEvent(EventNotSent, cl.withAttempt(map[string]any{"reason": "lease_too_short", "lease_left_ms": left.Milliseconds()})))
+			opstatus.WithEvent(EventNotSent, cl.lineage.identity(map[string]any{"reason": "lease_too_short", "lease_left_ms": left.Milliseconds()})))
 		if err != nil {
 			return err
 		}
@@ -200,9 +201,12 @@ func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor strin
 }
 
 func (h *Handler) markUnknown(ctx context.Context, cl call, cause error) {
+	// The record carries a reason from a fixed list; the error's own words go to the log only.
+	h.log().InfoContext(ctx, "outcome unknown", "operation_id", cl.op.ID, "error", cause.Error())
 	_, err := opstatus.Transition(ctx, h.DB, cl.op.ID, opstatus.StateUnknown, cl.principal.Actor(),
 		opstatus.From(opstatus.StateRunning),
-		opstatus.WithEvent("outcome_unknown", cl.withAttempt(map[string]any{"reason": cause.Error()})))
+		opstatus.WithEvent(opstatus.EventOutcomeUnknown, cl.record(AttemptUnknown, http.StatusAccepted,
+			map[string]any{"reason": opstatus.ReasonNoDefiniteAnswer})))
 	if err != nil {
 		// The lease still runs out and the recovery worker marks it unknown then.
 		h.log().WarnContext(ctx, "operation not marked unknown", "operation_id", cl.op.ID, "error", err.Error())

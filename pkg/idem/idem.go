@@ -33,6 +33,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -40,7 +41,6 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -118,6 +118,9 @@ type Handler struct {
 	Reconcilers map[string]opstatus.Reconciler
 	// Observer, when set, is told each request's outcome and each operation the handler settles (metrics).
 	Observer Observer
+
+	groupOnce sync.Once
+	group     *opstatus.GroupAppender
 }
 
 // log is h.Logger, or a logger that discards.
@@ -134,20 +137,10 @@ type call struct {
 	key         string
 	fingerprint string
 	principal   auth.Principal
-	attempt     string // the HTTP attempt (httpserver.AttemptID), recorded in the events it causes
-	op          opstatus.Operation
-}
-
-// withAttempt adds the call's attempt id to an event detail.
-func (cl call) withAttempt(detail map[string]any) map[string]any {
-	if cl.attempt == "" {
-		return detail
-	}
-	if detail == nil {
-		detail = map[string]any{}
-	}
-	detail["attempt_id"] = cl.attempt
-	return detail
+	// lineage is the HTTP attempt (Attempt-Id and the headers that place it), recorded in the events it
+	// causes; empty for a worker's settlement.
+	lineage lineage
+	op      opstatus.Operation
 }
 
 // begin validates the key and computes the fingerprint. It writes the problem and returns false on failure.
@@ -173,7 +166,12 @@ func (h *Handler) begin(c *gin.Context, req Request) (call, bool) {
 		problem.Write(c, err)
 		return call{}, false
 	}
-	return call{key: key, fingerprint: fp, principal: p, attempt: httpserver.AttemptID(c), op: opstatus.Operation{
+	lin, err := parseLineage(c)
+	if err != nil {
+		problem.Write(c, err)
+		return call{}, false
+	}
+	return call{key: key, fingerprint: fp, principal: p, lineage: lin, op: opstatus.Operation{
 		ID: opstatus.NewID(), AccountID: p.AccountID, Kind: req.Kind, State: opstatus.StateRunning,
 		IdempotencyKey: key, Fingerprint: fp,
 	}}, true
@@ -187,12 +185,19 @@ func (errClaimTaken) Error() string { return "idem: key already claimed" }
 // claim runs in tx: claim the key, create the operation, run the guard and prepare. It returns errClaimTaken
 // when the key existed.
 func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) error {
-	stored, claimed, err := h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor(), cl.withAttempt(nil))
+	detail := cl.lineage.identity(nil)
+	if cl.lineage.supersedes != "" {
+		detail["supersedes_operation_id"] = cl.lineage.supersedes
+	}
+	stored, claimed, err := h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor(), detail)
 	if err != nil {
 		return err
 	}
 	if !claimed {
 		return errClaimTaken{stored}
+	}
+	if err := h.checkClaimLineage(ctx, tx, cl); err != nil {
+		return err
 	}
 	if req.Guard != nil {
 		if err := req.Guard(ctx, tx, cl.op, cl.fingerprint); err != nil {
@@ -262,9 +267,14 @@ func (h *Handler) storeResult(ctx context.Context, tx *gorm.DB, cl call, res Res
 	if err != nil {
 		return Response{}, err
 	}
+	var detail map[string]any
+	if cl.lineage.attempt != "" {
+		// The attempt that claimed the key: this event is its attempt record, in the commit of its result.
+		detail = cl.record(AttemptCreatedOrRefused(resp.Status), resp.Status, nil)
+	}
 	err = h.Store.Complete(ctx, tx, Completion{
 		AccountID: cl.op.AccountID, Key: cl.key, OperationID: cl.op.ID, Response: resp,
-		State: resultState(res), Resource: res.Resource, Event: event, Actor: actor, AttemptID: cl.attempt,
+		State: resultState(res), Resource: res.Resource, Event: event, Actor: actor, Detail: detail,
 	})
 	return resp, err
 }
@@ -322,13 +332,37 @@ func writeResponse(c *gin.Context, opID string, resp Response, replayed bool) {
 }
 
 // answerExisting answers a request whose key was already claimed: replay, conflict, in progress or unknown.
+// Each answer is preceded by the attempt's record, durably: a retry whose evidence cannot be written gets an
+// error, never an answer the record does not show.
 func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 	ctx := c.Request.Context()
-	actor := cl.principal.Actor()
 	kind := cl.op.Kind
+	if cl.lineage.retryOf != "" {
+		known, err := h.knownAttempt(ctx, stored.OperationID, cl.lineage.retryOf)
+		if err != nil {
+			h.observe(kind, failureOutcome(err, OutcomeRefused))
+			problem.Write(c, err)
+			return
+		}
+		if !known {
+			h.observe(kind, OutcomeRefused)
+			refusal := headerProblem(HeaderRetryOf, "names no earlier attempt of this operation")
+			if err := h.recordAttempt(ctx, stored.OperationID, opstatus.EventAttemptRefused, cl, AttemptRefused,
+				http.StatusBadRequest, map[string]any{"refusal": "unknown_retry_of"}); err != nil {
+				refusal = err
+			}
+			problem.Write(c, refusal)
+			return
+		}
+	}
 	if stored.Fingerprint != cl.fingerprint {
 		h.observe(kind, OutcomeConflict)
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventConflictRejected, actor, cl.withAttempt(map[string]any{"fingerprint": cl.fingerprint}))
+		err := h.recordAttempt(ctx, stored.OperationID, opstatus.EventConflictRejected, cl, AttemptConflictRejected,
+			http.StatusUnprocessableEntity, map[string]any{"prior_fingerprint": stored.Fingerprint})
+		if err != nil {
+			problem.Write(c, err)
+			return
+		}
 		problem.Write(c, problem.New(problem.CodeIdempotencyKeyReused,
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").
 			With("operation_id", stored.OperationID).With("state", stored.OperationState))
@@ -338,20 +372,30 @@ func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 		stored = h.waitFor(ctx, stored, wait)
 	}
 	if stored.OperationState == opstatus.StateUnknown {
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, cl.withAttempt(map[string]any{"state": stored.OperationState}))
 		stored = h.reconcileNow(ctx, stored)
 	}
 	switch {
 	case stored.State == KeyCompleted && stored.Response != nil:
 		h.observe(kind, OutcomeReplayed)
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventReplayed, actor, cl.withAttempt(nil))
+		if err := h.recordAttempt(ctx, stored.OperationID, opstatus.EventReplayed, cl, AttemptReplayed, stored.Response.Status, nil); err != nil {
+			problem.Write(c, err)
+			return
+		}
 		writeResponse(c, stored.OperationID, *stored.Response, true)
 	case stored.OperationState == opstatus.StateUnknown:
 		h.observe(kind, OutcomeUnknown)
+		if err := h.recordAttempt(ctx, stored.OperationID, opstatus.EventRetried, cl, AttemptUnknown, http.StatusAccepted, nil); err != nil {
+			problem.Write(c, err)
+			return
+		}
 		h.answerUnknown(c, cl.principal.AccountID, stored.OperationID)
 	default:
 		h.observe(kind, OutcomeInProgress)
-		h.appendEvent(ctx, stored.OperationID, opstatus.EventRetried, actor, cl.withAttempt(map[string]any{"state": stored.OperationState}))
+		if err := h.recordAttempt(ctx, stored.OperationID, opstatus.EventRetried, cl, AttemptInProgress, http.StatusConflict,
+			map[string]any{"state": stored.OperationState}); err != nil {
+			problem.Write(c, err)
+			return
+		}
 		problem.Write(c, &problem.Error{
 			Code:       problem.CodeRequestInProgress,
 			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
@@ -407,13 +451,6 @@ func (h *Handler) answerUnknown(c *gin.Context, accountID, opID string) {
 		opstatus.Operation
 		OperationID string `json:"operation_id"`
 	}{op, opID})
-}
-
-func (h *Handler) appendEvent(ctx context.Context, opID, eventType, actor string, detail any) {
-	// The audit trail of a replay or a refusal is worth a row but never worth failing the answer for.
-	if err := opstatus.AppendNoWait(ctx, h.DB, opID, eventType, actor, detail); err != nil {
-		h.log().WarnContext(ctx, "operation event not recorded", "operation_id", opID, "type", eventType, "error", err.Error())
-	}
 }
 
 // preferWait parses `Prefer: wait=N` (RFC 7240), capped at MaxWait.

@@ -74,11 +74,12 @@ type Completion struct {
 	Response    Response
 	State       opstatus.State
 	Resource    *opstatus.Resource
-	// Event is the type of the operation event (completed, reconciled), Actor who records it, AttemptID the
-	// HTTP attempt that carried it ("" for a worker).
-	Event     string
-	Actor     string
-	AttemptID string
+	// Event is the type of the operation event (completed, reconciled) and Actor who records it. Detail is the
+	// event's detail: the attempt record of the HTTP attempt that carried the result, or nil for a worker's
+	// settlement ({"status": ...} then).
+	Event  string
+	Actor  string
+	Detail map[string]any
 }
 
 // PostgresStore is the Store on PostgreSQL (the idempotency_keys table of migrations/).
@@ -206,9 +207,9 @@ func (PostgresStore) Complete(ctx context.Context, tx *gorm.DB, c Completion) er
 	if err != nil {
 		return fmt.Errorf("idem: complete: headers: %w", err)
 	}
-	evDetail := map[string]any{"status": c.Response.Status}
-	if c.AttemptID != "" {
-		evDetail["attempt_id"] = c.AttemptID
+	evDetail := c.Detail
+	if evDetail == nil {
+		evDetail = map[string]any{"status": c.Response.Status}
 	}
 	detail, err := json.Marshal(evDetail)
 	if err != nil {

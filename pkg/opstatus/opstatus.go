@@ -54,6 +54,17 @@ const (
 	EventStateChanged     = "state_changed"
 	EventLeaseExpired     = "lease_expired"
 	EventReconciled       = "reconciled"
+	EventOutcomeUnknown   = "outcome_unknown" // an effect's call ended without a definite answer
+	EventAttemptRefused   = "attempt_refused" // a retry refused after its key was found (an unknown Retry-Of)
+	EventSuperseded       = "superseded"      // a later operation of the account replaces this one's intent
+)
+
+// Reasons an operation's outcome became unknown: the reason of its outcome_unknown event. Records carry only
+// these; the underlying error goes to the log.
+const (
+	// ReasonNoDefiniteAnswer: the effect's call ended without an answer that settles it (a timeout, a
+	// dropped connection): it may or may not have happened.
+	ReasonNoDefiniteAnswer = "no_definite_answer"
 )
 
 // Resource names what an operation created or acted on.

@@ -1,0 +1,199 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Lineage headers a caller may send on any write (CONVENTIONS.md, "Attempts, lineage and evidence").
+const (
+	HeaderAgentRunID  = "Agent-Run-Id"
+	HeaderRetryOf     = "Retry-Of"
+	HeaderRetryReason = "Retry-Reason"
+	HeaderSupersedes  = "Supersedes-Operation-Id"
+)
+
+// RetryReasons is the fixed list a Retry-Reason must come from: reasons that can be grouped and checked, never
+// an agent's free-text explanation.
+var RetryReasons = []string{
+	"connection_not_established", "rate_limited", "destination_5xx", "response_lost_after_dispatch",
+	"credential_refreshed", "operator_requested",
+}
+
+// Outcomes of an attempt, as its record says (the outcome field of an attempt record; Outcome is the metrics'
+// view of the same decisions).
+const (
+	AttemptCreated          = "created"           // it claimed the key and its result was stored
+	AttemptReplayed         = "replayed"          // the stored result was sent again
+	AttemptConflictRejected = "conflict_rejected" // same key, another request: 422
+	AttemptInProgress       = "in_progress"       // the first attempt was still running: 409
+	AttemptUnknown          = "unknown"           // the outcome is not known yet: 202
+	AttemptRefused          = "refused"           // refused after the key was found (a bad Retry-Of), or a stored failure
+)
+
+// lineage is what an attempt says about itself.
+type lineage struct {
+	attempt     string
+	agentRun    string
+	retryOf     string
+	retryReason string
+	supersedes  string
+	start       time.Time
+}
+
+// printable reports whether v is 1 to 128 printable ASCII characters without spaces.
+func printable(v string) bool {
+	if v == "" || len(v) > 128 {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] <= 0x20 || v[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func headerProblem(name, detail string) error {
+	return problem.New(problem.CodeInvalidRequest, "the %s header %s", name, detail).With("header", name)
+}
+
+// parseLineage validates the lineage headers; a malformed one is 400 invalid_request naming it.
+func parseLineage(c *gin.Context) (lineage, error) {
+	h := c.Request.Header
+	l := lineage{attempt: httpserver.AttemptID(c), start: time.Now()}
+	one := func(name string) (string, bool, error) {
+		vs := h.Values(name)
+		switch {
+		case len(vs) == 0:
+			return "", false, nil
+		case len(vs) > 1:
+			return "", true, headerProblem(name, "must be sent once")
+		}
+		return vs[0], true, nil
+	}
+	for _, f := range []struct {
+		name  string
+		dst   *string
+		check func(string) bool
+		want  string
+	}{
+		{httpserver.HeaderAttemptID, nil, printable, "must be 1 to 128 printable ASCII characters"},
+		{HeaderAgentRunID, &l.agentRun, printable, "must be 1 to 128 printable ASCII characters"},
+		{HeaderRetryOf, &l.retryOf, printable, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
+		{HeaderRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
+			"must be one of connection_not_established, rate_limited, destination_5xx, response_lost_after_dispatch, credential_refreshed, operator_requested"},
+		{HeaderSupersedes, &l.supersedes, func(v string) bool { return printable(v) && len(v) > 3 && v[:3] == "op_" },
+			"must be an operation id (op_...)"},
+	} {
+		v, present, err := one(f.name)
+		if err != nil {
+			return lineage{}, err
+		}
+		if !present {
+			continue
+		}
+		if !f.check(v) {
+			return lineage{}, headerProblem(f.name, f.want)
+		}
+		if f.dst != nil {
+			*f.dst = v
+		}
+	}
+	if l.retryReason != "" && l.retryOf == "" {
+		return lineage{}, headerProblem(HeaderRetryReason, "needs Retry-Of: the attempt this one retries")
+	}
+	return l, nil
+}
+
+// identity is what every event an attempt causes says about it.
+func (l lineage) identity(detail map[string]any) map[string]any {
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	if l.attempt != "" {
+		detail["attempt_id"] = l.attempt
+	}
+	if l.agentRun != "" {
+		detail["agent_run_id"] = l.agentRun
+	}
+	if l.retryOf != "" {
+		detail["retry_of"] = l.retryOf
+		detail["retry_reason"] = l.retryReason
+	}
+	return detail
+}
+
+// record is an attempt record's detail: its identity, its outcome and answer, and how long it took so far.
+// The database numbers it within the operation (the attempt field) when it is written.
+func (cl call) record(outcome string, status int, extra map[string]any) map[string]any {
+	d := cl.lineage.identity(extra)
+	d["outcome"] = outcome
+	d["status"] = status
+	d["fingerprint"] = cl.fingerprint
+	d["duration_ms"] = time.Since(cl.lineage.start).Milliseconds()
+	return d
+}
+
+// checkClaimLineage runs in the claim's transaction of a new operation: a new operation has no earlier attempt
+// to retry, and the operation it supersedes must be one of the same account, which learns of the link.
+func (h *Handler) checkClaimLineage(ctx context.Context, tx *gorm.DB, cl call) error {
+	if cl.lineage.retryOf != "" {
+		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
+	}
+	if cl.lineage.supersedes == "" {
+		return nil
+	}
+	var n int64
+	err := tx.WithContext(ctx).Raw(`SELECT count(*) FROM operations WHERE id = ? AND account_id = ?`,
+		cl.lineage.supersedes, cl.op.AccountID).Scan(&n).Error
+	if err != nil {
+		return fmt.Errorf("idem: supersedes: %w", err)
+	}
+	if n == 0 {
+		return headerProblem(HeaderSupersedes, "names no operation of this account")
+	}
+	return opstatus.Append(ctx, tx, cl.lineage.supersedes, opstatus.EventSuperseded, cl.principal.Actor(),
+		map[string]any{"superseded_by": cl.op.ID, "attempt_id": cl.lineage.attempt})
+}
+
+// knownAttempt reports whether attempt is one of operation opID's attempts.
+func (h *Handler) knownAttempt(ctx context.Context, opID, attempt string) (bool, error) {
+	var n int64
+	err := h.DB.WithContext(ctx).Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND detail->>'attempt_id' = ?`,
+		opID, attempt).Scan(&n).Error
+	if err != nil {
+		return false, fmt.Errorf("idem: retry-of: %w", err)
+	}
+	return n > 0, nil
+}
+
+// recordAttempt writes the attempt record of a request that found its key claimed, durably, before the answer:
+// the evidence of a duplicate attempt must not be lost in a crash. Concurrent attempts at one operation share
+// one commit (opstatus.GroupAppender).
+func (h *Handler) recordAttempt(ctx context.Context, opID, eventType string, cl call, outcome string, status int, extra map[string]any) error {
+	return h.events().Append(ctx, opID, eventType, cl.principal.Actor(), cl.record(outcome, status, extra))
+}
+
+func (h *Handler) events() *opstatus.GroupAppender {
+	h.groupOnce.Do(func() { h.group = &opstatus.GroupAppender{DB: h.DB} })
+	return h.group
+}
+
+// AttemptCreatedOrRefused is the outcome of the attempt that claimed the key, from the status it stored.
+func AttemptCreatedOrRefused(status int) string {
+	if status >= http.StatusBadRequest {
+		return AttemptRefused
+	}
+	return AttemptCreated
+}

@@ -1,0 +1,123 @@
+package opstatus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+
+	"gorm.io/gorm"
+)
+
+// GroupAppender appends events durably, and concurrent appends to one operation together: one INSERT and one
+// commit for all the events that arrived while the previous group was being written. Events of one operation
+// are chained one after another (each waits for the operation's chain head), so a storm of retries of one
+// request would otherwise wait for one disk flush each; grouped, it waits for a few.
+//
+// Its zero value is not usable; set DB.
+type GroupAppender struct {
+	DB *gorm.DB
+	// MaxGroup bounds one INSERT (256 when zero).
+	MaxGroup int
+
+	mu     sync.Mutex
+	queues map[string]*groupQueue
+}
+
+type groupQueue struct {
+	pending []*groupItem
+}
+
+type groupItem struct {
+	eventType, actor string
+	detail           []byte
+	done             chan error
+	// lead is closed, instead of done being sent to, when this item's caller must write the next group.
+	lead chan struct{}
+}
+
+// Append adds an event to operation id, committed (with synchronous_commit on) when it returns nil.
+func (g *GroupAppender) Append(ctx context.Context, id, eventType, actor string, detail any) error {
+	raw := []byte("{}")
+	if detail != nil {
+		var err error
+		if raw, err = json.Marshal(detail); err != nil {
+			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
+		}
+	}
+	it := &groupItem{eventType: eventType, actor: actor, detail: raw, done: make(chan error, 1), lead: make(chan struct{})}
+	g.mu.Lock()
+	if g.queues == nil {
+		g.queues = map[string]*groupQueue{}
+	}
+	q, busy := g.queues[id]
+	if !busy {
+		q = &groupQueue{}
+		g.queues[id] = q
+	}
+	q.pending = append(q.pending, it)
+	g.mu.Unlock()
+	if busy {
+		// Another caller is writing a group of this operation: ours goes in the next one, which we may have to
+		// write ourselves.
+		select {
+		case err := <-it.done:
+			return err
+		case <-it.lead:
+		}
+	}
+	g.writeGroups(ctx, id, q)
+	return <-it.done
+}
+
+// writeGroups writes the pending group of q, then hands the queue to the first caller of the next group (or
+// removes it when nobody is waiting), so no caller writes more than one group.
+func (g *GroupAppender) writeGroups(ctx context.Context, id string, q *groupQueue) {
+	limit := g.MaxGroup
+	if limit <= 0 {
+		limit = 256
+	}
+	g.mu.Lock()
+	n := min(len(q.pending), limit)
+	group := q.pending[:n:n]
+	q.pending = q.pending[n:]
+	g.mu.Unlock()
+
+	err := g.insert(ctx, id, group)
+	for _, it := range group {
+		it.done <- err
+	}
+
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(q.pending) == 0 {
+		delete(g.queues, id)
+		return
+	}
+	close(q.pending[0].lead)
+}
+
+func (g *GroupAppender) insert(ctx context.Context, id string, group []*groupItem) error {
+	var sb strings.Builder
+	args := make([]any, 0, 3*len(group)+1)
+	for i, it := range group {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "(%d, ?, ?, ?::jsonb)", i)
+		args = append(args, it.eventType, it.actor, string(it.detail))
+	}
+	args = append(args, id)
+	// The caller that writes may have hung up; the others still wait for their events.
+	err := g.DB.WithContext(context.WithoutCancel(ctx)).Exec(`
+INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
+SELECT o.id, o.account_id, v.type, v.actor, v.detail
+FROM (VALUES `+sb.String()+`) AS v(ord, type, actor, detail), operations o
+WHERE o.id = ?
+ORDER BY v.ord`, args...).Error
+	if err != nil {
+		return fmt.Errorf("opstatus: append to %s: %w", id, err)
+	}
+	return nil
+}
