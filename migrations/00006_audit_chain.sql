@@ -12,13 +12,24 @@
 -- to 2^53, which is what records carry; other numbers go through float8 and may differ from RFC 8785's form
 -- (verification then reports the record as changed: a false alarm, never a missed edit).
 -- +goose StatementBegin
+CREATE FUNCTION audit_number(v jsonb) RETURNS text LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT CASE WHEN v::text ~ '^-?[0-9]{1,15}$' THEN v::text
+                WHEN v::text ~ '^-?[0-9]{16}$' AND abs(v::text::numeric) <= 9007199254740992 THEN v::text
+                ELSE (v::text::float8)::text END
+$$;
+-- +goose StatementEnd
+-- +goose StatementBegin
 CREATE FUNCTION audit_canonical(v jsonb) RETURNS text LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
     out text;
 BEGIN
     CASE jsonb_typeof(v)
     WHEN 'object' THEN
-        SELECT '{' || coalesce(string_agg(to_json(e.key)::text || ':' || audit_canonical(e.value), ',' ORDER BY e.key COLLATE "C"), '') || '}'
+        -- Scalars inline; only nested objects and arrays recurse.
+        SELECT '{' || coalesce(string_agg(to_json(e.key)::text || ':' || CASE jsonb_typeof(e.value)
+                   WHEN 'object' THEN audit_canonical(e.value) WHEN 'array' THEN audit_canonical(e.value)
+                   WHEN 'number' THEN audit_number(e.value) ELSE e.value::text END,
+               ',' ORDER BY e.key COLLATE "C"), '') || '}'
         INTO out FROM jsonb_each(v) AS e;
         RETURN out;
     WHEN 'array' THEN
@@ -26,11 +37,7 @@ BEGIN
         INTO out FROM jsonb_array_elements(v) WITH ORDINALITY AS e(value, ord);
         RETURN out;
     WHEN 'number' THEN
-        out := v::text;
-        IF out ~ '^-?[0-9]{1,16}$' THEN
-            RETURN out::numeric::text;
-        END IF;
-        RETURN (out::float8)::text;
+        RETURN audit_number(v);
     ELSE
         RETURN v::text;
     END CASE;
@@ -63,62 +70,82 @@ $$;
 -- +goose StatementEnd
 
 -- The head of every chain: its last seq and hash. checkpointed is false while the chain moved since the last
--- checkpoint sealed it.
+-- checkpoint sealed it. attempts counts the chain's attempt records, to number them under the same lock.
 CREATE TABLE audit_chain_heads (
     chain        text PRIMARY KEY,
-    seq          bigint      NOT NULL,
-    hash         text        NOT NULL,
-    prev_hash    text        NOT NULL,
-    checkpointed boolean     NOT NULL DEFAULT false,
-    -- How many attempt records the chain holds: numbers them under the same lock as the links.
-    attempts     bigint      NOT NULL DEFAULT 0,
-    updated_at   timestamptz NOT NULL DEFAULT now()
+    seq          bigint  NOT NULL,
+    hash         text    NOT NULL,
+    prev_hash    text    NOT NULL,
+    checkpointed boolean NOT NULL DEFAULT false,
+    attempts     bigint  NOT NULL DEFAULT 0
 );
 CREATE INDEX audit_chain_heads_moved ON audit_chain_heads (chain) WHERE NOT checkpointed;
 
--- audit_append links record (canonical JSON) as the next record of chain and returns its seq, prev and hash.
--- The upsert takes the chain's head row lock until the transaction ends: the chain's writers go one by one.
+-- audit_append links the next record of a chain and returns its seq, prev and hash. The record is
+-- p_head || N || p_tail, where N is the record's attempt number within the chain when p_attempt, else p_none:
+-- so numbering and linking happen in one statement, under the head row's lock, which the chain's writers take
+-- one after another until their transactions end.
 -- +goose StatementBegin
-CREATE FUNCTION audit_append(p_chain text, p_record text, OUT seq bigint, OUT prev_hash text, OUT hash text)
+CREATE FUNCTION audit_append(p_chain text, p_head text, p_tail text, p_attempt boolean, p_none text,
+                             OUT seq bigint, OUT prev_hash text, OUT hash text, OUT attempt bigint)
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO audit_chain_heads AS h (chain, seq, hash, prev_hash)
-    VALUES (p_chain, 1, audit_link(p_chain, 1, repeat('0', 64), p_record), repeat('0', 64))
-    ON CONFLICT (chain) DO UPDATE
-        SET seq = h.seq + 1, prev_hash = h.hash, hash = audit_link(h.chain, h.seq + 1, h.hash, p_record),
-            checkpointed = false, updated_at = now()
-    RETURNING h.seq, h.prev_hash, h.hash INTO seq, prev_hash, hash;
+    UPDATE audit_chain_heads h
+    SET seq = h.seq + 1, prev_hash = h.hash, attempts = h.attempts + p_attempt::int, checkpointed = false,
+        hash = audit_link(h.chain, h.seq + 1, h.hash,
+                          p_head || CASE WHEN p_attempt THEN (h.attempts + 1)::text ELSE p_none END || p_tail)
+    WHERE h.chain = p_chain
+    RETURNING h.seq, h.prev_hash, h.hash, CASE WHEN p_attempt THEN h.attempts END INTO seq, prev_hash, hash, attempt;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    -- A new chain: its first record is written in the transaction that creates its subject, which no one else
+    -- sees yet, so no concurrent first record can race this insert.
+    seq := 1;
+    prev_hash := repeat('0', 64);
+    attempt := CASE WHEN p_attempt THEN 1 END;
+    hash := audit_link(p_chain, 1, prev_hash, p_head || coalesce(attempt::text, p_none) || p_tail);
+    INSERT INTO audit_chain_heads (chain, seq, hash, prev_hash, attempts)
+    VALUES (p_chain, 1, hash, prev_hash, coalesce(attempt, 0));
 END
 $$;
 -- +goose StatementEnd
 
-ALTER TABLE operation_events ADD COLUMN chain_seq bigint, ADD COLUMN prev_hash text, ADD COLUMN hash text;
+-- attempt numbers the attempt records of an operation (one HTTP attempt at a write: its detail has an
+-- attempt_id and an outcome); the other events have none.
+ALTER TABLE operation_events ADD COLUMN attempt bigint, ADD COLUMN chain_seq bigint, ADD COLUMN prev_hash text,
+    ADD COLUMN hash text;
 
--- operation_event_record is the hashed content of an operation event (audit.EventRecord in Go builds the same).
+-- operation_event_parts splits the canonical JSON of an operation event around its attempt number: the hashed
+-- record is head || attempt-or-null || tail (audit.Verify builds the same object in Go).
+-- +goose StatementBegin
+CREATE FUNCTION operation_event_parts(e operation_events, OUT head text, OUT tail text, OUT is_attempt boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT '{"account_id":' || to_json(e.account_id)::text || ',"actor":' || to_json(e.actor)::text || ',"attempt":',
+           ',"created_at":"' || audit_time(e.created_at) || '","detail":' || audit_canonical(e.detail)
+           || ',"from_state":' || coalesce(to_json(e.from_state)::text, 'null')
+           || ',"operation_id":' || to_json(e.operation_id)::text
+           || ',"to_state":' || coalesce(to_json(e.to_state)::text, 'null') || ',"type":' || to_json(e.type)::text || '}',
+           e.detail ? 'outcome' AND e.detail ? 'attempt_id'
+$$;
+-- +goose StatementEnd
+
+-- operation_event_record is the hashed record of a stored event, for tools and tests.
 -- +goose StatementBegin
 CREATE FUNCTION operation_event_record(e operation_events) RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT audit_canonical(jsonb_build_object(
-        'account_id', e.account_id, 'actor', e.actor, 'created_at', audit_time(e.created_at), 'detail', e.detail,
-        'from_state', e.from_state, 'operation_id', e.operation_id, 'to_state', e.to_state, 'type', e.type))
+    SELECT p.head || coalesce(e.attempt::text, 'null') || p.tail FROM operation_event_parts(e) AS p
 $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
 CREATE FUNCTION operation_events_chain() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
+    p    record;
     link record;
-    n    bigint;
 BEGIN
-    -- An attempt record (one HTTP attempt at a write: its detail has an outcome) gets the next attempt number
-    -- of its operation. Taking it locks the chain's head, so number and link come from one writer's turn.
-    IF NEW.detail ? 'outcome' AND NEW.detail ? 'attempt_id' THEN
-        INSERT INTO audit_chain_heads AS h (chain, seq, hash, prev_hash, attempts)
-        VALUES (NEW.operation_id, 0, repeat('0', 64), repeat('0', 64), 1)
-        ON CONFLICT (chain) DO UPDATE SET attempts = h.attempts + 1
-        RETURNING h.attempts INTO n;
-        NEW.detail := NEW.detail || jsonb_build_object('attempt', n);
-    END IF;
-    link := audit_append(NEW.operation_id, operation_event_record(NEW));
+    p := operation_event_parts(NEW);
+    link := audit_append(NEW.operation_id, p.head, p.tail, p.is_attempt, 'null');
+    NEW.attempt := link.attempt;
     NEW.chain_seq := link.seq;
     NEW.prev_hash := link.prev_hash;
     NEW.hash := link.hash;
@@ -133,11 +160,14 @@ ALTER TABLE operation_events DISABLE TRIGGER operation_events_append_only;
 DO $$
 DECLARE
     e operation_events;
+    p record;
     link record;
 BEGIN
     FOR e IN SELECT * FROM operation_events ORDER BY operation_id, id LOOP
-        link := audit_append(e.operation_id, operation_event_record(e));
-        UPDATE operation_events SET chain_seq = link.seq, prev_hash = link.prev_hash, hash = link.hash WHERE id = e.id;
+        p := operation_event_parts(e);
+        link := audit_append(e.operation_id, p.head, p.tail, p.is_attempt, 'null');
+        UPDATE operation_events SET attempt = link.attempt, chain_seq = link.seq, prev_hash = link.prev_hash,
+            hash = link.hash WHERE id = e.id;
     END LOOP;
 END
 $$;
@@ -179,7 +209,7 @@ CREATE FUNCTION approval_events_chain() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     link record;
 BEGIN
-    link := audit_append(NEW.approval_id, approval_event_record(NEW));
+    link := audit_append(NEW.approval_id, approval_event_record(NEW), '', false, '');
     NEW.chain_seq := link.seq;
     NEW.prev_hash := link.prev_hash;
     NEW.hash := link.hash;
@@ -237,10 +267,12 @@ DROP FUNCTION approval_event_record(approval_events);
 DROP TRIGGER operation_events_chain ON operation_events;
 DROP FUNCTION operation_events_chain();
 DROP FUNCTION operation_event_record(operation_events);
-ALTER TABLE operation_events DROP COLUMN chain_seq, DROP COLUMN prev_hash, DROP COLUMN hash;
-DROP FUNCTION audit_append(text, text);
+DROP FUNCTION operation_event_parts(operation_events);
+ALTER TABLE operation_events DROP COLUMN attempt, DROP COLUMN chain_seq, DROP COLUMN prev_hash, DROP COLUMN hash;
+DROP FUNCTION audit_append(text, text, text, boolean, text);
 DROP TABLE audit_chain_heads;
 DROP FUNCTION audit_link(text, bigint, text, text);
 DROP FUNCTION audit_time(timestamptz);
 DROP FUNCTION audit_canonical(jsonb);
+DROP FUNCTION audit_number(jsonb);
 DROP FUNCTION audit_append_only();

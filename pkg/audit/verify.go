@@ -55,6 +55,7 @@ type recordRow struct {
 	Detail    string
 	FromState *string
 	ToState   *string
+	Attempt   *int64
 	CreatedAt time.Time
 	ChainSeq  int64
 	PrevHash  string
@@ -64,10 +65,10 @@ type recordRow struct {
 var sources = []chainSource{
 	{
 		table: "operation_events", chainColumn: "operation_id",
-		columns: `id, operation_id AS chain, account_id, type, actor, detail::text AS detail, from_state, to_state, created_at, chain_seq, prev_hash, hash`,
+		columns: `id, operation_id AS chain, account_id, type, actor, detail::text AS detail, from_state, to_state, attempt, created_at, chain_seq, prev_hash, hash`,
 		record: func(r recordRow) map[string]any {
 			return map[string]any{
-				"account_id": r.AccountID, "actor": r.Actor, "created_at": auditchain.FormatTime(r.CreatedAt),
+				"account_id": r.AccountID, "actor": r.Actor, "attempt": r.Attempt, "created_at": auditchain.FormatTime(r.CreatedAt),
 				"detail": json.RawMessage(r.Detail), "from_state": r.FromState, "operation_id": r.Chain,
 				"to_state": r.ToState, "type": r.Type,
 			}

@@ -135,7 +135,7 @@ func (l lineage) identity(detail map[string]any) map[string]any {
 }
 
 // record is an attempt record's detail: its identity, its outcome and answer, and how long it took so far.
-// The database numbers it within the operation (the attempt field) when it is written.
+// The database numbers it within the operation (operation_events.attempt) when it is written.
 func (cl call) record(outcome string, status int, extra map[string]any) map[string]any {
 	d := cl.lineage.identity(extra)
 	d["outcome"] = outcome

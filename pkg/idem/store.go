@@ -220,9 +220,11 @@ func (PostgresStore) Complete(ctx context.Context, tx *gorm.DB, c Completion) er
 		resType, resID = &c.Resource.Type, &c.Resource.ID
 	}
 	var res struct{ Moved, Completed int }
+	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert holds its chain head (audit trigger) and then takes KEY
+	// SHARE on the operation for its foreign key; FOR UPDATE would conflict with that and deadlock.
 	err = tx.WithContext(ctx).Raw(`
 WITH prev AS (
-    SELECT id, state FROM operations WHERE id = ? FOR UPDATE
+    SELECT id, state FROM operations WHERE id = ? FOR NO KEY UPDATE
 ), op AS (
     UPDATE operations o
     SET state = ?, updated_at = now(), lease_expires_at = NULL,

@@ -170,9 +170,11 @@ func Transition(ctx context.Context, tx *gorm.DB, id string, to State, actor str
 		resType, resID = &t.resource.Type, &t.resource.ID
 	}
 	var n int64
+	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert holds its chain head (audit trigger) and then takes KEY
+	// SHARE on the operation for its foreign key; FOR UPDATE would conflict with that and deadlock.
 	err := tx.WithContext(ctx).Raw(`
 WITH prev AS (
-    SELECT id, state FROM operations WHERE id = ? FOR UPDATE
+    SELECT id, state FROM operations WHERE id = ? FOR NO KEY UPDATE
 ), op AS (
     UPDATE operations o
     SET state = ?, updated_at = now(),

@@ -159,7 +159,7 @@ WITH expired AS (
     WHERE state IN ('queued', 'running') AND lease_expires_at < ?
     ORDER BY lease_expires_at
     LIMIT 100
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), op AS (
     UPDATE operations o SET state = 'unknown', updated_at = now()
     FROM expired WHERE o.id = expired.id

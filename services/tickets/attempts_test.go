@@ -16,23 +16,25 @@ import (
 )
 
 type attemptRecord struct {
-	Type   string
-	Detail map[string]any
+	Type    string
+	Attempt int64
+	Detail  map[string]any
 }
 
 // attempts returns the attempt records of an operation (events whose detail has an outcome), in chain order.
 func attempts(t *testing.T, env *servicetest.Env, opID string) []attemptRecord {
 	t.Helper()
 	var rows []struct {
-		Type   string
-		Detail string
+		Type    string
+		Attempt int64
+		Detail  string
 	}
-	if err := env.DB.Raw(`SELECT type, detail::text AS detail FROM operation_events WHERE operation_id = ? AND detail ? 'outcome' ORDER BY chain_seq`, opID).Scan(&rows).Error; err != nil {
+	if err := env.DB.Raw(`SELECT type, attempt, detail::text AS detail FROM operation_events WHERE operation_id = ? AND attempt IS NOT NULL ORDER BY chain_seq`, opID).Scan(&rows).Error; err != nil {
 		t.Fatal(err)
 	}
 	out := make([]attemptRecord, len(rows))
 	for i, r := range rows {
-		out[i].Type = r.Type
+		out[i].Type, out[i].Attempt = r.Type, r.Attempt
 		if err := json.Unmarshal([]byte(r.Detail), &out[i].Detail); err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +74,7 @@ func TestAttemptsAreRecordsWithLineage(t *testing.T) {
 	}
 	for i, w := range want {
 		d := recs[i].Detail
-		if recs[i].Type != w.typ || d["attempt_id"] != w.id || d["outcome"] != w.outcome || d["attempt"] != float64(i+1) {
+		if recs[i].Type != w.typ || d["attempt_id"] != w.id || d["outcome"] != w.outcome || recs[i].Attempt != int64(i+1) {
 			t.Errorf("attempt %d: %s %v", i+1, recs[i].Type, d)
 		}
 		if run, _ := d["agent_run_id"].(string); run != w.run {
@@ -183,8 +185,8 @@ func TestStormAttemptsAreAllRecorded(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for i, r := range recs {
-		if r.Detail["attempt"] != float64(i+1) {
-			t.Fatalf("attempt numbers: record %d says %v", i, r.Detail["attempt"])
+		if r.Attempt != int64(i+1) {
+			t.Fatalf("attempt numbers: record %d says %v", i, r.Attempt)
 		}
 		seen[r.Detail["attempt_id"].(string)] = true
 	}
