@@ -314,6 +314,63 @@ func (e TicketStatus) Valid() bool {
 	}
 }
 
+// Defines values for TimelineEntryCategory.
+const (
+	TimelineEntryCategoryApproval    TimelineEntryCategory = "approval"
+	TimelineEntryCategoryAttempt     TimelineEntryCategory = "attempt"
+	TimelineEntryCategoryDispatch    TimelineEntryCategory = "dispatch"
+	TimelineEntryCategoryObservation TimelineEntryCategory = "observation"
+	TimelineEntryCategoryState       TimelineEntryCategory = "state"
+)
+
+// Valid indicates whether the value is a known member of the TimelineEntryCategory enum.
+func (e TimelineEntryCategory) Valid() bool {
+	switch e {
+	case TimelineEntryCategoryApproval:
+		return true
+	case TimelineEntryCategoryAttempt:
+		return true
+	case TimelineEntryCategoryDispatch:
+		return true
+	case TimelineEntryCategoryObservation:
+		return true
+	case TimelineEntryCategoryState:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TimelineEntryOutcome.
+const (
+	TimelineEntryOutcomeConflictRejected TimelineEntryOutcome = "conflict_rejected"
+	TimelineEntryOutcomeCreated          TimelineEntryOutcome = "created"
+	TimelineEntryOutcomeInProgress       TimelineEntryOutcome = "in_progress"
+	TimelineEntryOutcomeRefused          TimelineEntryOutcome = "refused"
+	TimelineEntryOutcomeReplayed         TimelineEntryOutcome = "replayed"
+	TimelineEntryOutcomeUnknown          TimelineEntryOutcome = "unknown"
+)
+
+// Valid indicates whether the value is a known member of the TimelineEntryOutcome enum.
+func (e TimelineEntryOutcome) Valid() bool {
+	switch e {
+	case TimelineEntryOutcomeConflictRejected:
+		return true
+	case TimelineEntryOutcomeCreated:
+		return true
+	case TimelineEntryOutcomeInProgress:
+		return true
+	case TimelineEntryOutcomeRefused:
+		return true
+	case TimelineEntryOutcomeReplayed:
+		return true
+	case TimelineEntryOutcomeUnknown:
+		return true
+	default:
+		return false
+	}
+}
+
 // Approval defines model for Approval.
 type Approval struct {
 	CreatedAt      time.Time     `json:"created_at"`
@@ -525,14 +582,20 @@ type Operation struct {
 
 // OperationEvent defines model for OperationEvent.
 type OperationEvent struct {
-	Actor     string                  `json:"actor"`
+	Actor string `json:"actor"`
+
+	// Attempt On attempt records (one HTTP attempt at a write): its number within the operation.
+	Attempt   *int                    `json:"attempt,omitempty"`
 	CreatedAt time.Time               `json:"created_at"`
 	Detail    *map[string]interface{} `json:"detail,omitempty"`
 	FromState *OperationState         `json:"from_state,omitempty"`
 	Id        int                     `json:"id"`
-	ToState   *OperationState         `json:"to_state,omitempty"`
 
-	// Type claimed, completed, replayed, conflict_rejected, failed, state_changed, lease_expired, outcome_unknown, reconciled, ...
+	// Seq The event's place in the operation's hash-chained audit record.
+	Seq     *int            `json:"seq,omitempty"`
+	ToState *OperationState `json:"to_state,omitempty"`
+
+	// Type claimed, completed, replayed, conflict_rejected, retried, attempt_refused, superseded, failed, state_changed, lease_expired, outcome_unknown, reconciled, ...
 	Type string `json:"type"`
 }
 
@@ -702,6 +765,73 @@ type TicketPriority string
 
 // TicketStatus defines model for TicketStatus.
 type TicketStatus string
+
+// Timeline defines model for Timeline.
+type Timeline struct {
+	Approvals []struct {
+		ApprovalId    string     `json:"approval_id"`
+		DecidedAt     *time.Time `json:"decided_at"`
+		DecidedBy     *string    `json:"decided_by"`
+		RequestedAt   time.Time  `json:"requested_at"`
+		RequestedBy   string     `json:"requested_by"`
+		State         string     `json:"state"`
+		UsedByAttempt *string    `json:"used_by_attempt,omitempty"`
+	} `json:"approvals"`
+	Chain struct {
+		Checkpoints int      `json:"checkpoints"`
+		Intact      bool     `json:"intact"`
+		Problems    []string `json:"problems"`
+		Records     int      `json:"records"`
+	} `json:"chain"`
+	Entries        []TimelineEntry `json:"entries"`
+	Fingerprint    *string         `json:"fingerprint,omitempty"`
+	IdempotencyKey *string         `json:"idempotency_key,omitempty"`
+	Kind           string          `json:"kind"`
+	OperationId    string          `json:"operation_id"`
+	Resource       *struct {
+		Id   string `json:"id"`
+		Type string `json:"type"`
+	} `json:"resource"`
+	SettledAt *time.Time `json:"settled_at"`
+
+	// SettledBy Actor of the event that moved the operation to its final state.
+	SettledBy *string `json:"settled_by"`
+
+	// Start The first attempt's time: every offset_ms counts from it.
+	Start                 time.Time      `json:"start"`
+	State                 OperationState `json:"state"`
+	SupersededBy          []string       `json:"superseded_by"`
+	SupersedesOperationId *string        `json:"supersedes_operation_id"`
+}
+
+// TimelineEntry defines model for TimelineEntry.
+type TimelineEntry struct {
+	Actor           string                  `json:"actor"`
+	AgentRunId      *string                 `json:"agent_run_id,omitempty"`
+	At              time.Time               `json:"at"`
+	Attempt         *int                    `json:"attempt,omitempty"`
+	AttemptId       *string                 `json:"attempt_id,omitempty"`
+	Category        TimelineEntryCategory   `json:"category"`
+	Detail          *map[string]interface{} `json:"detail,omitempty"`
+	DurationMs      *int                    `json:"duration_ms,omitempty"`
+	FromState       *OperationState         `json:"from_state,omitempty"`
+	OffsetMs        int                     `json:"offset_ms"`
+	Outcome         *TimelineEntryOutcome   `json:"outcome,omitempty"`
+	Reason          *string                 `json:"reason,omitempty"`
+	RetryOf         *string                 `json:"retry_of,omitempty"`
+	RetryReason     *string                 `json:"retry_reason,omitempty"`
+	SameFingerprint *bool                   `json:"same_fingerprint,omitempty"`
+	Seq             int                     `json:"seq"`
+	Status          *int                    `json:"status,omitempty"`
+	ToState         *OperationState         `json:"to_state,omitempty"`
+	Type            string                  `json:"type"`
+}
+
+// TimelineEntryCategory defines model for TimelineEntry.Category.
+type TimelineEntryCategory string
+
+// TimelineEntryOutcome defines model for TimelineEntry.Outcome.
+type TimelineEntryOutcome string
 
 // ApprovalId defines model for ApprovalId.
 type ApprovalId = string
@@ -1429,6 +1559,16 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/operations/{id} (the `GetV1OperationsId` operationId).
 	GetV1OperationsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetV1OperationsIdTimeline One operation's story for an investigator, with its audit chain verified.
+	//
+	// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+	// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
+	// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
+	// replace it; who settled it; and whether the chain verifies against the checkpoints.
+	//
+	// Corresponds with GET /v1/operations/{id}/timeline (the `GetV1OperationsIdTimeline` operationId).
+	GetV1OperationsIdTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1PaymentIntentsWithBody Create a payment intent and place an authorization at the provider.
 	//
@@ -2168,6 +2308,26 @@ func (c *Client) GetV1Operations(ctx context.Context, params *GetV1OperationsPar
 // Corresponds with GET /v1/operations/{id} (the `GetV1OperationsId` operationId).
 func (c *Client) GetV1OperationsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetV1OperationsIdRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetV1OperationsIdTimeline One operation's story for an investigator, with its audit chain verified.
+//
+// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
+// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
+// replace it; who settled it; and whether the chain verifies against the checkpoints.
+//
+// Corresponds with GET /v1/operations/{id}/timeline (the `GetV1OperationsIdTimeline` operationId).
+func (c *Client) GetV1OperationsIdTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetV1OperationsIdTimelineRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -3555,6 +3715,40 @@ func NewGetV1OperationsIdRequest(server string, id string) (*http.Request, error
 	return req, nil
 }
 
+// NewGetV1OperationsIdTimelineRequest constructs an http.Request for the GetV1OperationsIdTimeline method
+func NewGetV1OperationsIdTimelineRequest(server string, id string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/operations/%s/timeline", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewPostV1PaymentIntentsRequest calls the generic PostV1PaymentIntents builder with application/json body
 func NewPostV1PaymentIntentsRequest(server string, params *PostV1PaymentIntentsParams, body PostV1PaymentIntentsJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -4629,6 +4823,18 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/operations/{id} (the `GetV1OperationsId` operationId).
 	GetV1OperationsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1OperationsIdResponse, error)
+
+	// GetV1OperationsIdTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
+	//
+	// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+	// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
+	// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
+	// replace it; who settled it; and whether the chain verifies against the checkpoints.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/operations/{id}/timeline (the `GetV1OperationsIdTimeline` operationId).
+	GetV1OperationsIdTimelineWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1OperationsIdTimelineResponse, error)
 
 	// PostV1PaymentIntentsWithBodyWithResponse Create a payment intent and place an authorization at the provider.
 	//
@@ -6599,6 +6805,76 @@ func (r GetV1OperationsIdResponse) ContentType() string {
 	return ""
 }
 
+// GetV1OperationsIdTimelineResponse503Headers the declared response headers of an HTTP 503 response for GetV1OperationsIdTimeline
+type GetV1OperationsIdTimelineResponse503Headers struct {
+	OperationId *string
+	RetryAfter  *int
+}
+
+type GetV1OperationsIdTimelineResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Timeline
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetV1OperationsIdTimelineResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetV1OperationsIdTimelineResponse) GetJSON200() *Timeline {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetV1OperationsIdTimelineResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetV1OperationsIdTimelineResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetV1OperationsIdTimelineResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetV1OperationsIdTimelineResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetV1OperationsIdTimelineResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetV1OperationsIdTimelineResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetV1OperationsIdTimelineResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // PostV1PaymentIntentsResponse201Headers the declared response headers of an HTTP 201 response for PostV1PaymentIntents
 type PostV1PaymentIntentsResponse201Headers struct {
 	IdempotentReplayed *string
@@ -8469,6 +8745,24 @@ func (c *ClientWithResponses) GetV1OperationsIdWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseGetV1OperationsIdResponse(rsp)
+}
+
+// GetV1OperationsIdTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
+//
+// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
+// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
+// replace it; who settled it; and whether the chain verifies against the checkpoints.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/operations/{id}/timeline (the `GetV1OperationsIdTimeline` operationId).
+func (c *ClientWithResponses) GetV1OperationsIdTimelineWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1OperationsIdTimelineResponse, error) {
+	rsp, err := c.GetV1OperationsIdTimeline(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetV1OperationsIdTimelineResponse(rsp)
 }
 
 // PostV1PaymentIntentsWithBodyWithResponse Create a payment intent and place an authorization at the provider.
@@ -10388,6 +10682,73 @@ func ParseGetV1OperationsIdResponse(rsp *http.Response) (*GetV1OperationsIdRespo
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetV1OperationsIdResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetV1OperationsIdTimelineResponse parses an HTTP response from a GetV1OperationsIdTimelineWithResponse call
+func ParseGetV1OperationsIdTimelineResponse(rsp *http.Response) (*GetV1OperationsIdTimelineResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetV1OperationsIdTimelineResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Timeline
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest StoreUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 503:
+		var headers GetV1OperationsIdTimelineResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

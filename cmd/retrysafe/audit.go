@@ -8,12 +8,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"text/tabwriter"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // auditCommand is `retrysafe audit verify|public-key|timeline`.
@@ -153,6 +156,101 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 	return exitError{code: 1, err: fmt.Errorf("audit verify: %d broken chains", len(rep.Problems))}
 }
 
+// runAuditTimeline prints an operation's timeline for a person: aligned columns, times relative to the first
+// attempt. It reads any account's operation: it is an operator's tool, run with database access.
 func runAuditTimeline(ctx context.Context, inv invocation, operationID string) error {
-	return exitError{code: 2, err: fmt.Errorf("audit timeline %s: not implemented yet", operationID)}
+	db, err := openDB(inv.cfg)
+	if err != nil {
+		return exitError{code: 2, err: err}
+	}
+	var accounts []string
+	if err := db.WithContext(ctx).Raw(`SELECT account_id FROM operations WHERE id = ?`, operationID).Scan(&accounts).Error; err != nil {
+		return exitError{code: 2, err: fmt.Errorf("audit timeline: %w", err)}
+	}
+	if len(accounts) == 0 {
+		return exitError{code: 1, err: fmt.Errorf("audit timeline: no operation %s", operationID)}
+	}
+	tl, err := opstatus.GetTimeline(ctx, db, accounts[0], operationID)
+	if err != nil {
+		return exitError{code: 2, err: fmt.Errorf("audit timeline: %w", err)}
+	}
+	printTimeline(inv.stdout, tl)
+	if !tl.Chain.Intact {
+		return exitError{code: 1, err: fmt.Errorf("audit timeline: the chain of %s is broken", operationID)}
+	}
+	return nil
+}
+
+func printTimeline(out io.Writer, tl opstatus.Timeline) {
+	orDash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	settled := "not settled"
+	if tl.SettledBy != nil {
+		settled = fmt.Sprintf("settled by %s at %s", *tl.SettledBy, offset(tl.SettledAt.Sub(tl.Start)))
+	}
+	fmt.Fprintf(out, "operation %s (%s, Idempotency-Key %q): %s, %s\n", tl.OperationID, tl.Kind, tl.IdempotencyKey, tl.State, settled)
+	if tl.Supersedes != nil {
+		fmt.Fprintf(out, "supersedes %s\n", *tl.Supersedes)
+	}
+	for _, by := range tl.SupersededBy {
+		fmt.Fprintf(out, "superseded by %s\n", by)
+	}
+	chain := "INTACT"
+	if !tl.Chain.Intact {
+		chain = "BROKEN: " + strings.Join(tl.Chain.Problems, "; ")
+	}
+	fmt.Fprintf(out, "chain: %s (%d records, %d checkpoints)\n", chain, tl.Chain.Records, tl.Chain.Checkpoints)
+	fmt.Fprintf(out, "times are relative to the first attempt, at %s\n\n", tl.Start.UTC().Format(time.RFC3339Nano))
+
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "TIME\tSEQ\tWHAT\tTYPE\tATTEMPT\tAGENT RUN\tRETRY OF\tREASON\tSAME REQUEST\tOUTCOME\tSTATUS\tTOOK\tSTATE\tACTOR")
+	for _, e := range tl.Entries {
+		attempt, status, took, same := "-", "-", "-", "-"
+		if e.Attempt != nil {
+			attempt = fmt.Sprintf("#%d %s", *e.Attempt, e.AttemptID)
+		} else if e.AttemptID != "" {
+			attempt = e.AttemptID
+		}
+		if e.Status != nil {
+			status = fmt.Sprint(*e.Status)
+		}
+		if e.DurationMS != nil {
+			took = fmt.Sprintf("%dms", *e.DurationMS)
+		}
+		if e.SameFingerprint != nil {
+			same = map[bool]string{true: "yes", false: "NO"}[*e.SameFingerprint]
+		}
+		state := "-"
+		if e.ToState != "" {
+			state = fmt.Sprintf("%s -> %s", orDash(string(e.FromState)), e.ToState)
+		}
+		reason := orDash(e.RetryReason)
+		if e.Reason != "" {
+			reason = e.Reason
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", offset(e.At.Sub(tl.Start)), e.Seq, e.Category,
+			e.Type, attempt, orDash(e.AgentRunID), orDash(e.RetryOf), reason, same, orDash(e.Outcome), status, took, state, e.Actor)
+	}
+	w.Flush()
+	for _, a := range tl.Approvals {
+		decided := "undecided"
+		if a.DecidedBy != nil && a.DecidedAt != nil {
+			decided = fmt.Sprintf("%s by %s at %s", a.State, *a.DecidedBy, offset(a.DecidedAt.Sub(tl.Start)))
+		}
+		fmt.Fprintf(out, "approval %s: requested by %s at %s, %s, used by attempt %s\n", a.ApprovalID, a.RequestedBy,
+			offset(a.RequestedAt.Sub(tl.Start)), decided, orDash(a.UsedByAttempt))
+	}
+}
+
+// offset renders a time relative to the first attempt: +1.234s, or -0.500s for what came before it.
+func offset(d time.Duration) string {
+	sign := "+"
+	if d < 0 {
+		sign, d = "-", -d
+	}
+	return fmt.Sprintf("%s%d.%03ds", sign, int64(d/time.Second), int64(d%time.Second/time.Millisecond))
 }

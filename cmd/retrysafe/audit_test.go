@@ -68,6 +68,17 @@ func TestAuditVerifyCommand(t *testing.T) {
 		t.Fatalf("without a key: exit %d\n%s", code, text)
 	}
 
+	var opID string
+	if err := db.Raw(`SELECT id FROM operations`).Scan(&opID).Error; err != nil {
+		t.Fatal(err)
+	}
+	code, text := run2(t, db.DSN, "audit", "timeline", opID)
+	if code != 0 || !strings.Contains(text, "chain: INTACT") || !strings.Contains(text, "replayed") ||
+		!strings.Contains(text, "conflict_rejected") || !strings.Contains(text, "TIME  ") {
+		t.Fatalf("timeline: exit %d\n%s", code, text)
+	}
+	t.Logf("timeline:\n%s", text)
+
 	err := db.Exec(`ALTER TABLE operation_events DISABLE TRIGGER USER`).Error
 	if err == nil {
 		err = db.Exec(`UPDATE operation_events SET detail = '{"status":200}' WHERE type = 'completed'`).Error
@@ -78,13 +89,16 @@ func TestAuditVerifyCommand(t *testing.T) {
 	if err := db.Exec(`ALTER TABLE operation_events ENABLE TRIGGER USER`).Error; err != nil {
 		t.Fatal(err)
 	}
-	code, text := verify("--public-key", signer.PublicKey())
+	code, text = verify("--public-key", signer.PublicKey())
 	if code != 1 || !strings.Contains(text, "BROKEN changed: op_") {
 		t.Fatalf("after an edit: exit %d\n%s", code, text)
 	}
 	rep, err := audit.Verify(context.Background(), db.DB, audit.VerifyOptions{})
 	if err != nil || rep.Intact() {
 		t.Fatalf("%v %v", rep, err)
+	}
+	if code, text := run2(t, db.DSN, "audit", "timeline", opID); code != 1 || !strings.Contains(text, "chain: BROKEN") {
+		t.Fatalf("timeline of a broken chain: exit %d\n%s", code, text)
 	}
 	if code, _ := run2(t, db.DSN, "audit", "verify", "--operation", "op_missing"); code != 2 {
 		t.Fatalf("an unknown operation could not be checked: exit 2, got %d", code)

@@ -10,7 +10,8 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// Routes registers GET /v1/operations/{id} and GET /v1/operations?idempotency_key=K on r, which must be
+// Routes registers GET /v1/operations/{id}, GET /v1/operations/{id}/timeline and
+// GET /v1/operations?idempotency_key=K on r, which must be
 // behind auth.Middleware: a caller only ever sees its own account's operations.
 func Routes(r gin.IRouter, db *gorm.DB) {
 	r.GET("/v1/operations/:id", func(c *gin.Context) {
@@ -20,6 +21,14 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 			return
 		}
 		c.JSON(http.StatusOK, op)
+	})
+	r.GET("/v1/operations/:id/timeline", func(c *gin.Context) {
+		tl, err := GetTimeline(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
+		if err != nil {
+			problem.Write(c, err)
+			return
+		}
+		c.JSON(http.StatusOK, tl)
 	})
 	r.GET("/v1/operations", func(c *gin.Context) {
 		key := c.Query("idempotency_key")

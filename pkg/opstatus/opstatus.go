@@ -90,7 +90,10 @@ type Operation struct {
 
 // Event is one entry of an operation's history. Events are never updated or deleted (a trigger enforces it).
 type Event struct {
-	ID        int64           `json:"id"`
+	ID int64 `json:"id"`
+	// Seq is the event's place in the operation's audit chain; Attempt numbers the attempt records.
+	Seq       int64           `json:"seq"`
+	Attempt   *int64          `json:"attempt,omitempty"`
 	Type      string          `json:"type"`
 	FromState State           `json:"from_state,omitempty"`
 	ToState   State           `json:"to_state,omitempty"`
@@ -302,6 +305,8 @@ func FindByKey(ctx context.Context, db *gorm.DB, accountID, key string) ([]Opera
 func events(ctx context.Context, db *gorm.DB, opID string) ([]Event, error) {
 	var rows []struct {
 		ID        int64
+		ChainSeq  int64
+		Attempt   *int64
 		Type      string
 		FromState *string
 		ToState   *string
@@ -309,14 +314,14 @@ func events(ctx context.Context, db *gorm.DB, opID string) ([]Event, error) {
 		Detail    string
 		CreatedAt time.Time
 	}
-	err := db.WithContext(ctx).Raw(`SELECT id, type, from_state, to_state, actor, detail::text AS detail, created_at
+	err := db.WithContext(ctx).Raw(`SELECT id, chain_seq, attempt, type, from_state, to_state, actor, detail::text AS detail, created_at
 FROM operation_events WHERE operation_id = ? ORDER BY id`, opID).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("opstatus: events of %s: %w", opID, err)
 	}
 	evs := make([]Event, 0, len(rows))
 	for _, r := range rows {
-		ev := Event{ID: r.ID, Type: r.Type, Actor: r.Actor, CreatedAt: r.CreatedAt}
+		ev := Event{ID: r.ID, Seq: r.ChainSeq, Attempt: r.Attempt, Type: r.Type, Actor: r.Actor, CreatedAt: r.CreatedAt}
 		if r.FromState != nil {
 			ev.FromState = State(*r.FromState)
 		}

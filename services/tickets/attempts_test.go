@@ -195,3 +195,64 @@ func TestStormAttemptsAreAllRecorded(t *testing.T) {
 	}
 	mustIntact(t, env)
 }
+
+func TestTimelineTellsTheStory(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	opID := c.Post("/v1/tickets", ticketBody, apitest.Key("story-1"), apitest.Header("Attempt-Id", "att_01"),
+		apitest.Header("Agent-Run-Id", "run-1")).Status(t, http.StatusCreated).Header.Get(idem.HeaderOperationID)
+	c.Post("/v1/tickets", ticketBody, apitest.Key("story-1"), apitest.Header("Attempt-Id", "att_02"),
+		apitest.Header("Agent-Run-Id", "run-2"), apitest.Header("Retry-Of", "att_01"),
+		apitest.Header("Retry-Reason", "response_lost_after_dispatch")).Status(t, http.StatusCreated)
+	c.Post("/v1/tickets", `{"project":"ops","title":"another plan"}`, apitest.Key("story-1"),
+		apitest.Header("Attempt-Id", "att_03")).Status(t, http.StatusUnprocessableEntity)
+
+	var tl struct {
+		OperationID string `json:"operation_id"`
+		State       string
+		SettledBy   *string `json:"settled_by"`
+		Entries     []struct {
+			Category, Type, Outcome string
+			Attempt                 *int
+			AttemptID               string `json:"attempt_id"`
+			RetryOf                 string `json:"retry_of"`
+			RetryReason             string `json:"retry_reason"`
+			SameFingerprint         *bool  `json:"same_fingerprint"`
+			OffsetMS                int64  `json:"offset_ms"`
+		}
+		Chain struct {
+			Intact  bool
+			Records int
+		}
+	}
+	c.Get("/v1/operations/"+opID+"/timeline").Status(t, http.StatusOK).Decode(t, &tl)
+	if tl.OperationID != opID || tl.State != "succeeded" || tl.SettledBy == nil || !tl.Chain.Intact || tl.Chain.Records != len(tl.Entries) {
+		t.Fatalf("timeline %+v", tl)
+	}
+	var got []string
+	for _, e := range tl.Entries {
+		s := e.Category + ":" + e.Type
+		if e.Attempt != nil {
+			s += fmt.Sprintf("#%d/%s/%s/%v", *e.Attempt, e.AttemptID, e.Outcome, *e.SameFingerprint)
+		}
+		if e.RetryOf != "" {
+			s += "<-" + e.RetryOf + "(" + e.RetryReason + ")"
+		}
+		if e.OffsetMS < 0 {
+			t.Errorf("entry %s before the first attempt: %d ms", s, e.OffsetMS)
+		}
+		got = append(got, s)
+	}
+	want := []string{
+		"state:claimed",
+		"attempt:completed#1/att_01/created/true",
+		"attempt:replayed#2/att_02/replayed/true<-att_01(response_lost_after_dispatch)",
+		"attempt:conflict_rejected#3/att_03/conflict_rejected/false",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("timeline entries:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Another account sees nothing.
+	c.As(servicetest.OtherAgentSecret).Get("/v1/operations/"+opID+"/timeline").Status(t, http.StatusNotFound)
+	_ = env
+}

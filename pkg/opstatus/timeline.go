@@ -1,0 +1,210 @@
+package opstatus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/audit"
+)
+
+// Timeline is one operation's story for an investigator: every attempt, dispatch, observation and state change
+// in chain order, the approvals it used, the operations it replaces or that replace it, who settled it, and
+// whether its audit chain is intact.
+type Timeline struct {
+	OperationID    string    `json:"operation_id"`
+	Kind           string    `json:"kind"`
+	State          State     `json:"state"`
+	IdempotencyKey string    `json:"idempotency_key,omitempty"`
+	Fingerprint    string    `json:"fingerprint,omitempty"`
+	Resource       *Resource `json:"resource"`
+	// SettledBy is the actor of the event that moved the operation to its final state, if it has one.
+	SettledBy    *string    `json:"settled_by"`
+	SettledAt    *time.Time `json:"settled_at"`
+	Supersedes   *string    `json:"supersedes_operation_id"`
+	SupersededBy []string   `json:"superseded_by"`
+	// Start is the time of the first attempt (or the first record); every offset_ms counts from it.
+	Start     time.Time          `json:"start"`
+	Entries   []TimelineEntry    `json:"entries"`
+	Approvals []TimelineApproval `json:"approvals"`
+	Chain     ChainCheck         `json:"chain"`
+}
+
+// TimelineEntry is one record of the operation's chain.
+type TimelineEntry struct {
+	Seq      int64     `json:"seq"`
+	At       time.Time `json:"at"`
+	OffsetMS int64     `json:"offset_ms"`
+	// Category is attempt, dispatch, observation, approval or state.
+	Category  string `json:"category"`
+	Type      string `json:"type"`
+	Actor     string `json:"actor"`
+	FromState State  `json:"from_state,omitempty"`
+	ToState   State  `json:"to_state,omitempty"`
+	// Attempt fields, set on attempt records.
+	Attempt     *int64 `json:"attempt,omitempty"`
+	AttemptID   string `json:"attempt_id,omitempty"`
+	AgentRunID  string `json:"agent_run_id,omitempty"`
+	RetryOf     string `json:"retry_of,omitempty"`
+	RetryReason string `json:"retry_reason,omitempty"`
+	Outcome     string `json:"outcome,omitempty"`
+	Status      *int   `json:"status,omitempty"`
+	DurationMS  *int64 `json:"duration_ms,omitempty"`
+	// SameFingerprint says whether the attempt sent the request the first attempt sent.
+	SameFingerprint *bool `json:"same_fingerprint,omitempty"`
+	// Reason is the fixed-list reason of an outcome_unknown, failed or reconciled record.
+	Reason string          `json:"reason,omitempty"`
+	Detail json.RawMessage `json:"detail,omitempty"`
+}
+
+// TimelineApproval is an approval the operation used.
+type TimelineApproval struct {
+	ApprovalID  string     `json:"approval_id"`
+	State       string     `json:"state"`
+	RequestedBy string     `json:"requested_by"`
+	RequestedAt time.Time  `json:"requested_at"`
+	DecidedBy   *string    `json:"decided_by"`
+	DecidedAt   *time.Time `json:"decided_at"`
+	// UsedByAttempt is the attempt whose claim used the approval.
+	UsedByAttempt string `json:"used_by_attempt,omitempty"`
+}
+
+// ChainCheck is the verification of the operation's chain (and its approvals' chains) against the checkpoints.
+type ChainCheck struct {
+	Intact      bool     `json:"intact"`
+	Records     int      `json:"records"`
+	Checkpoints int      `json:"checkpoints"`
+	Problems    []string `json:"problems"`
+}
+
+// observationTypes are the events that record evidence gathered from outside (a provider lookup, a target's
+// marker) rather than something this process did.
+var observationTypes = map[string]bool{"provider_lookup": true, "target_lookup": true, "observed": true}
+
+func category(ev Event) string {
+	switch {
+	case ev.Attempt != nil:
+		return "attempt"
+	case strings.HasPrefix(ev.Type, "dispatch_"):
+		return "dispatch"
+	case observationTypes[ev.Type]:
+		return "observation"
+	case strings.HasPrefix(ev.Type, "approval_"):
+		return "approval"
+	}
+	return "state"
+}
+
+// GetTimeline returns the timeline of operation id of account. Returns an error matching problem.ErrNotFound
+// if the operation does not exist in that account.
+func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeline, error) {
+	op, err := Get(ctx, db, accountID, id)
+	if err != nil {
+		return Timeline{}, err
+	}
+	tl := Timeline{
+		OperationID: op.ID, Kind: op.Kind, State: op.State, IdempotencyKey: op.IdempotencyKey,
+		Fingerprint: op.Fingerprint, Resource: op.Resource, SupersededBy: []string{},
+		Entries: make([]TimelineEntry, 0, len(op.Events)), Approvals: []TimelineApproval{},
+	}
+	tl.Start = op.CreatedAt
+	for _, ev := range op.Events {
+		if ev.Attempt != nil {
+			tl.Start = ev.CreatedAt
+			break
+		}
+	}
+	if len(op.Events) > 0 && op.Events[0].CreatedAt.Before(tl.Start) {
+		tl.Start = op.Events[0].CreatedAt
+	}
+	var firstFingerprint string
+	for _, ev := range op.Events {
+		var d struct {
+			AttemptID             string `json:"attempt_id"`
+			AgentRunID            string `json:"agent_run_id"`
+			RetryOf               string `json:"retry_of"`
+			RetryReason           string `json:"retry_reason"`
+			Outcome               string `json:"outcome"`
+			Status                *int   `json:"status"`
+			DurationMS            *int64 `json:"duration_ms"`
+			Fingerprint           string `json:"fingerprint"`
+			Reason                string `json:"reason"`
+			SupersedesOperationID string `json:"supersedes_operation_id"`
+			SupersededBy          string `json:"superseded_by"`
+		}
+		if len(ev.Detail) > 0 {
+			_ = json.Unmarshal(ev.Detail, &d) // a detail of another shape still shows as detail
+		}
+		e := TimelineEntry{
+			Seq: ev.Seq, At: ev.CreatedAt, OffsetMS: ev.CreatedAt.Sub(tl.Start).Milliseconds(), Category: category(ev),
+			Type: ev.Type, Actor: ev.Actor, FromState: ev.FromState, ToState: ev.ToState, Attempt: ev.Attempt,
+			AttemptID: d.AttemptID, AgentRunID: d.AgentRunID, RetryOf: d.RetryOf, RetryReason: d.RetryReason,
+			Outcome: d.Outcome, Status: d.Status, DurationMS: d.DurationMS, Reason: d.Reason, Detail: ev.Detail,
+		}
+		if ev.Attempt != nil && d.Fingerprint != "" {
+			if firstFingerprint == "" {
+				firstFingerprint = d.Fingerprint
+			}
+			same := d.Fingerprint == firstFingerprint
+			e.SameFingerprint = &same
+		}
+		if d.SupersedesOperationID != "" {
+			tl.Supersedes = &d.SupersedesOperationID
+		}
+		if d.SupersededBy != "" {
+			tl.SupersededBy = append(tl.SupersededBy, d.SupersededBy)
+		}
+		if ev.ToState.Final() {
+			actor, at := ev.Actor, ev.CreatedAt
+			tl.SettledBy, tl.SettledAt = &actor, &at
+		}
+		tl.Entries = append(tl.Entries, e)
+	}
+	if tl.Approvals, err = usedApprovals(ctx, db, accountID, id); err != nil {
+		return Timeline{}, err
+	}
+
+	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{OperationID: id})
+	if err != nil {
+		return Timeline{}, fmt.Errorf("opstatus: timeline of %s: %w", id, err)
+	}
+	tl.Chain = ChainCheck{Intact: rep.Intact(), Records: rep.Records, Checkpoints: rep.Checkpoints, Problems: []string{}}
+	for _, p := range rep.Problems {
+		tl.Chain.Problems = append(tl.Chain.Problems, p.String())
+	}
+	return tl, nil
+}
+
+func usedApprovals(ctx context.Context, db *gorm.DB, accountID, opID string) ([]TimelineApproval, error) {
+	var rows []struct {
+		ID          string
+		State       string
+		RequestedBy string
+		CreatedAt   time.Time
+		DecidedBy   *string
+		DecidedAt   *time.Time
+		Attempt     *string
+	}
+	err := db.WithContext(ctx).Raw(`
+SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at,
+       (SELECT e.detail->>'attempt_id' FROM operation_events e
+        WHERE e.operation_id = a.used_by_operation_id AND e.type = 'claimed' LIMIT 1) AS attempt
+FROM approvals a WHERE a.used_by_operation_id = ? AND a.account_id = ? ORDER BY a.created_at`, opID, accountID).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("opstatus: approvals of %s: %w", opID, err)
+	}
+	out := make([]TimelineApproval, 0, len(rows))
+	for _, r := range rows {
+		a := TimelineApproval{ApprovalID: r.ID, State: r.State, RequestedBy: r.RequestedBy, RequestedAt: r.CreatedAt,
+			DecidedBy: r.DecidedBy, DecidedAt: r.DecidedAt}
+		if r.Attempt != nil {
+			a.UsedByAttempt = *r.Attempt
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
