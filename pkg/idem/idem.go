@@ -93,6 +93,9 @@ type Result struct {
 	// State is the operation's state once the result is stored: succeeded when empty. A write that hands work
 	// to a background worker (a queued deploy) says queued.
 	State opstatus.State
+	// Reason says, from a fixed list, why the operation ended the way it did: ProblemResult sets the problem's
+	// code. It goes into the completion event, never an error's text.
+	Reason string
 }
 
 // WriteFunc does a local write inside tx, the transaction that holds the claim.
@@ -272,6 +275,12 @@ func (h *Handler) storeResult(ctx context.Context, tx *gorm.DB, cl call, res Res
 		// The attempt that claimed the key: this event is its attempt record, in the commit of its result.
 		detail = cl.record(AttemptCreatedOrRefused(resp.Status), resp.Status, nil)
 	}
+	if res.Reason != "" {
+		if detail == nil {
+			detail = map[string]any{"status": resp.Status}
+		}
+		detail["reason"] = res.Reason
+	}
 	err = h.Store.Complete(ctx, tx, Completion{
 		AccountID: cl.op.AccountID, Key: cl.key, OperationID: cl.op.ID, Response: resp,
 		State: resultState(res), Resource: res.Resource, Event: event, Actor: actor, Detail: detail,
@@ -312,7 +321,8 @@ func response(res Result) (Response, error) {
 // good replay the same problem instead of trying again.
 func ProblemResult(err error, state opstatus.State) Result {
 	status, doc := problem.Render(err)
-	return Result{Status: status, Body: doc, State: state}
+	reason, _ := doc["code"].(string)
+	return Result{Status: status, Body: doc, State: state, Reason: string(reason)}
 }
 
 func writeResponse(c *gin.Context, opID string, resp Response, replayed bool) {

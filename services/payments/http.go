@@ -88,7 +88,7 @@ var errNotExecuted = errors.New("payments: the provider never executed the call"
 // refusal turns a definite outcome other than success into the problem stored for the operation. An error it
 // does not know is returned as is: the outcome stays unrecorded and the recovery worker settles it later.
 func refusal(callErr error, action string) (*problem.Error, error) {
-	if errors.Is(callErr, errNotExecuted) || errors.Is(callErr, idem.ErrNotSent) {
+	if errors.Is(callErr, errNotExecuted) || errors.Is(callErr, idem.ErrNotSent) || errors.Is(callErr, provider.ErrNotSent) {
 		return problem.New(problem.CodeProviderUnavailable,
 			"the %s never reached the payment provider and nothing happened; send it again with a new Idempotency-Key", action), nil
 	}
@@ -127,7 +127,9 @@ func unknown(err error) error {
 
 // callContext bounds a provider call by the operation's lease: once the lease is over the reconciler may
 // conclude from an empty lookup that the call never executed, so the call must not start or run after it.
-func callContext(ctx context.Context, op opstatus.Operation) (context.Context, context.CancelFunc) {
+// Every keyed call made with it is recorded in the operation's history (dispatchRecorder).
+func (s *Server) callContext(ctx context.Context, op opstatus.Operation) (context.Context, context.CancelFunc) {
+	ctx = provider.WithDispatchObserver(ctx, dispatchRecorder{db: s.db, opID: op.ID, actor: "system:payments", s: s})
 	if op.LeaseExpiresAt == nil {
 		return context.WithCancel(ctx)
 	}
@@ -159,7 +161,7 @@ func (s *Server) createIntent(c *gin.Context) {
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
-			ctx, cancel := callContext(ctx, op)
+			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
 			a, err := s.cfg.Provider.Authorize(ctx, DownstreamKey(op.ID), provider.AuthorizeRequest{
 				AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, Reference: op.ID,
@@ -245,7 +247,7 @@ func (s *Server) capture(c *gin.Context) {
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
-			ctx, cancel := callContext(ctx, op)
+			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
 			cp, err := s.cfg.Provider.Capture(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
 			return cp, unknown(err)
@@ -300,7 +302,7 @@ func (s *Server) cancel(c *gin.Context) {
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
-			ctx, cancel := callContext(ctx, op)
+			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
 			a, err := s.cfg.Provider.Void(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID)
 			return a, unknown(err)
@@ -369,7 +371,7 @@ func (s *Server) createRefund(c *gin.Context) {
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
-			ctx, cancel := callContext(ctx, op)
+			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
 			rf, err := s.cfg.Provider.Refund(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
 			return rf, unknown(err)

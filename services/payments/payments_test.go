@@ -1,6 +1,7 @@
 package payments_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -45,6 +46,8 @@ func TestPayments(t *testing.T) {
 		{"CallerHangsUpDuringClaim", testCallerHangsUpDuringClaim},
 		{"UnsentWhenLeaseSpentAtCommit", testUnsentWhenLeaseSpentAtCommit},
 		{"FrozenDatabaseBeforeEffect", testFrozenDatabaseBeforeEffect},
+		{"UnreachableProviderIsNotSent", testUnreachableProviderIsNotSent},
+		{"ProviderSaysItReplayed", testProviderSaysItReplayed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,8 +74,14 @@ func merchantSecret(t *testing.T) string { return "sk_test_" + strings.ReplaceAl
 
 func (h *harness) setup(t *testing.T) *bundle {
 	t.Helper()
+	return h.setupWith(t, h.providerURL)
+}
+
+// setupWith is setup against the provider at url.
+func (h *harness) setupWith(t *testing.T, url string) *bundle {
+	t.Helper()
 	env := servicetest.New(t)
-	client := provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))
+	client := provider.NewClientHTTP(url, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))
 	svc, err := payments.New(env.Deps, payments.Config{
 		Provider: client, ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour,
 	})
@@ -215,7 +224,80 @@ func testLostCaptureAnswer(t *testing.T, h *harness) {
 	if _, ok := hasEvent(got, opstatus.EventReconciled); !ok {
 		t.Fatalf("no reconciled event in %+v", got.Events)
 	}
+
+	// The timeline tells the story: the call left, its answer was lost, the lookup found the capture.
+	var tl opstatus.Timeline
+	b.agent.Get("/v1/operations/"+got.ID+"/timeline").Status(t, http.StatusOK).Decode(t, &tl)
+	var story []string
+	for _, e := range tl.Entries {
+		s := e.Type
+		if e.Outcome != "" {
+			s += "/" + e.Outcome
+		}
+		story = append(story, s)
+	}
+	want := []string{"claimed", "dispatch_started", "dispatch_sent_no_response", "outcome_unknown/unknown", "retried/unknown",
+		"provider_lookup", "reconciled", "replayed/replayed"}
+	if strings.Join(story, " ") != strings.Join(want, " ") || !tl.Chain.Intact {
+		t.Fatalf("timeline %v (chain intact %v); want %v", story, tl.Chain.Intact, want)
+	}
+	for _, e := range tl.Entries {
+		if e.Type == "dispatch_sent_no_response" && !strings.Contains(string(e.Detail), `"reason":"connection_closed"`) {
+			t.Errorf("the lost answer's reason: %s", e.Detail)
+		}
+	}
 }
+
+// testUnreachableProviderIsNotSent: a call that never connects is not_sent, a definite failure that names
+// no unknown outcome, and the provider executed nothing.
+func testUnreachableProviderIsNotSent(t *testing.T, h *harness) {
+	b := h.setupWith(t, "http://"+proctest.FreeAddr(t))
+	res := b.agent.Post("/v1/payment_intents", `{"order_id":"o-down","amount":"5.00","currency":"USD"}`, apitest.Key("down-1")).
+		Status(t, http.StatusBadGateway)
+	if code(t, res) != "provider_unavailable" {
+		t.Fatalf("code %s", code(t, res))
+	}
+	got := operation(t, b.agent, "down-1")
+	ev, ok := hasEvent(got, "dispatch_not_sent")
+	if got.State != opstatus.StateFailed || !ok || !strings.Contains(string(ev.Detail), `"reason":"connection_refused"`) {
+		t.Fatalf("operation %s with events %+v", got.State, got.Events)
+	}
+	if _, ok := hasEvent(got, opstatus.EventOutcomeUnknown); ok {
+		t.Fatal("a call that never left was called unknown")
+	}
+	if ev, ok := hasEvent(got, opstatus.EventCompleted); !ok || !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
+		t.Errorf("the failure's reason is not recorded: %+v", ev)
+	}
+}
+
+// testProviderSaysItReplayed: a second call with one key is answered from the provider's stored answer, and
+// the dispatch record says so.
+func testProviderSaysItReplayed(t *testing.T, h *harness) {
+	b := h.setup(t)
+	var seen []provider.Dispatch
+	var mu sync.Mutex
+	ctx := provider.WithDispatchObserver(t.Context(), observerFunc(func(d provider.Dispatch) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, d)
+	}))
+	req := provider.AuthorizeRequest{AmountMinor: 700, Currency: "USD"}
+	for range 2 {
+		if _, err := b.provider.Authorize(ctx, "replay-key-1", req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != 2 || seen[0].Replayed || !seen[1].Replayed || seen[0].RemoteRef == "" || seen[0].RemoteRef != seen[1].RemoteRef ||
+		seen[0].BodySHA256 != seen[1].BodySHA256 || seen[1].State != provider.DispatchResponseReceived || seen[1].Status != http.StatusCreated && seen[1].Status != http.StatusOK {
+		t.Fatalf("dispatches %+v", seen)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+}
+
+type observerFunc func(provider.Dispatch)
+
+func (f observerFunc) Started(context.Context, provider.Dispatch) error { return nil }
+func (f observerFunc) Finished(_ context.Context, d provider.Dispatch)  { f(d) }
 
 // testConcurrentCapturesOneKey: 100 captures of one intent under one key at once capture once.
 func testConcurrentCapturesOneKey(t *testing.T, h *harness) {

@@ -41,8 +41,14 @@ func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
 	return opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 		key := DownstreamKey(op.ID)
 		res, err := s.cfg.Provider.Lookup(ctx, key)
+		evidence := map[string]any{"downstream_key": key, "endpoint": "GET /v1/idempotency/{key}"}
 		if err != nil {
-			// Unreachable provider, or the call is still running there: ask again on a later pass.
+			// Unreachable provider, or the call is still running there: ask again on a later pass. The failed
+			// lookup is evidence too: it says when someone asked and could not learn.
+			evidence["result"], evidence["reason"] = "failed", lookupFailure(err)
+			if aerr := opstatus.Append(ctx, s.db, op.ID, EventProviderLookup, reconcilerActor, evidence); aerr != nil {
+				return aerr
+			}
 			return fmt.Errorf("payments: reconcile %s: lookup %s: %w", op.ID, key, err)
 		}
 		var (
@@ -58,12 +64,18 @@ func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
 			// Nothing under the key proves the call never executed only once our own call can no longer
 			// arrive: it is bounded by the lease (callContext).
 			if op.LeaseExpiresAt != nil && time.Now().Before(*op.LeaseExpiresAt) {
+				// A negative answer while our call may still arrive proves nothing, but it is recorded.
+				evidence["found"], evidence["result"], evidence["lease_running"] = false, "not_found", true
+				if err := opstatus.Append(ctx, s.db, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+					return err
+				}
 				return errLeaseRunning
 			}
 			callErr = errNotExecuted
 		}
-		evidence := map[string]any{"downstream_key": key, "found": res.Found}
+		evidence["found"], evidence["result"] = res.Found, "not_found"
 		if res.Found {
+			evidence["result"] = "found"
 			evidence["status"] = res.Status
 			evidence["body"] = json.RawMessage(res.Body)
 		}
@@ -78,4 +90,20 @@ func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
 		}
 		return err
 	})
+}
+
+// lookupFailure names, from a fixed list, why a lookup learned nothing; the error itself goes to the log.
+func lookupFailure(err error) string {
+	var pe *provider.Error
+	switch {
+	case errors.Is(err, provider.ErrNotSent):
+		return "provider_unreachable"
+	case errors.As(err, &pe) && pe.Code == provider.CodeRequestInProgress:
+		return "call_in_progress"
+	case errors.Is(err, provider.ErrOutcomeUnknown):
+		return "no_answer"
+	case errors.As(err, &pe):
+		return "refused"
+	}
+	return "lookup_failed"
 }

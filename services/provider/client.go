@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,7 +23,11 @@ import (
 //     ErrOutcomeUnknown: the provider refused the call (4xx), nothing executed;
 //   - errors.Is(err, ErrOutcomeUnknown): the call may or may not have executed.
 //     Retry with the same idempotency key, or ask Lookup. A 5xx also carries
-//     its *Error.
+//     its *Error;
+//   - errors.Is(err, ErrNotSent): the call never left this process (no
+//     connection was established): nothing executed.
+//
+// With WithDispatchObserver, every keyed call is also reported as a Dispatch.
 //
 // A Client is safe for concurrent use.
 type Client struct {
@@ -156,7 +162,8 @@ func (c *Client) Reset(ctx context.Context) error {
 }
 
 // do sends one call with in as its JSON body (none when nil) and decodes a 2xx
-// answer into out (ignored when nil).
+// answer into out (ignored when nil). A keyed call is reported to the
+// context's DispatchObserver, if any, before it is written and once it ends.
 func (c *Client) do(ctx context.Context, method, path, key string, in, out any) error {
 	if c.observe == nil {
 		return c.send(ctx, method, path, key, in, out)
@@ -175,17 +182,35 @@ func (c *Client) do(ctx context.Context, method, path, key string, in, out any) 
 }
 
 func (c *Client) send(ctx context.Context, method, path, key string, in, out any) error {
+	obs := observerFrom(ctx)
+	if key == "" {
+		obs = nil
+	}
+	d := Dispatch{Method: method, Path: path, Key: key}
+	finish := func(d Dispatch) {
+		if obs != nil {
+			obs.Finished(ctx, d)
+		}
+	}
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
-			return fmt.Errorf("provider: encoding %s %s: %w", method, path, err)
+			d.State, d.Reason = DispatchExecutionError, ReasonRequestNotBuilt
+			finish(d)
+			return fmt.Errorf("provider: encoding %s %s: %w: %w", method, path, ErrNotSent, err)
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, body)
+	// The connection trace tells "never connected" (nothing left: not sent) from "connected" (the request may
+	// have reached the provider), which a transport error alone does not.
+	var connected atomic.Bool
+	traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
+	req, err := http.NewRequestWithContext(traced, method, c.baseURL+path, body)
 	if err != nil {
-		return fmt.Errorf("provider: %s %s: %w", method, path, err)
+		d.State, d.Reason = DispatchExecutionError, ReasonRequestNotBuilt
+		finish(d)
+		return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrNotSent, err)
 	}
 	// Without GetBody, net/http never resends the request by itself (it would
 	// for a request with an Idempotency-Key on a reused connection): a lost
@@ -199,31 +224,55 @@ func (c *Client) send(ctx context.Context, method, path, key string, in, out any
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	if obs != nil {
+		if err := obs.Started(ctx, d); err != nil {
+			// Without the record of the dispatch, the call is not made: a later reader could not tell it left.
+			d.State, d.Reason = DispatchNotSent, ReasonEvidenceNotRecorded
+			finish(d)
+			return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrNotSent, err)
+		}
+	}
 
 	resp, err := c.http.Do(req)
 	if err != nil {
+		if !connected.Load() {
+			d.State, d.Reason = DispatchNotSent, notSentReason(err)
+			finish(d)
+			return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrNotSent, err)
+		}
+		d.State, d.Reason = DispatchSentNoResponse, sentReason(err)
+		finish(d)
 		return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrOutcomeUnknown, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBodyBytes))
 	if err != nil {
+		d.State, d.Reason, d.Status = DispatchSentNoResponse, ReasonResponseCut, resp.StatusCode
+		finish(d)
 		return fmt.Errorf("provider: %s %s: reading the answer: %w: %w", method, path, ErrOutcomeUnknown, err)
 	}
+	d = received(d, resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true", b)
 
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		if out == nil || resp.StatusCode == http.StatusNoContent {
+			finish(d)
 			return nil
 		}
 		if err := json.Unmarshal(b, out); err != nil {
 			// It executed, but we cannot tell the caller what it did.
+			d.Reason = ReasonResponseNotUnderstood
+			finish(d)
 			return fmt.Errorf("provider: %s %s: decoding the %d answer: %w: %w", method, path, resp.StatusCode, ErrOutcomeUnknown, err)
 		}
+		finish(d)
 		return nil
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
+		finish(d)
 		return decodeError(resp.StatusCode, b)
 	default:
 		// 5xx, or a status this client does not expect: the call may have run.
+		finish(d)
 		return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrOutcomeUnknown, decodeError(resp.StatusCode, b))
 	}
 }
