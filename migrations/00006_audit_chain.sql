@@ -178,6 +178,12 @@ ALTER TABLE operation_events ALTER COLUMN chain_seq SET NOT NULL, ALTER COLUMN p
 CREATE TRIGGER operation_events_chain BEFORE INSERT ON operation_events
     FOR EACH ROW EXECUTE FUNCTION operation_events_chain();
 
+-- An operation whose effect the other side executed more than once ends in duplicate_effect_confirmed: neither
+-- succeeded nor failed, and nothing retries it (a person corrects it, as a new operation).
+ALTER TABLE operations DROP CONSTRAINT operations_state_check;
+ALTER TABLE operations ADD CONSTRAINT operations_state_check
+    CHECK (state IN ('queued', 'running', 'succeeded', 'failed', 'cancelled', 'unknown', 'duplicate_effect_confirmed'));
+
 -- Approval decisions: requested, approved, denied, used. The approvals row is the current state; these are its
 -- history, written by a trigger on approvals so no path that changes an approval can skip them.
 CREATE TABLE approval_events (
@@ -258,6 +264,9 @@ CREATE TRIGGER audit_checkpoints_append_only BEFORE UPDATE OR DELETE ON audit_ch
     FOR EACH ROW EXECUTE FUNCTION audit_append_only();
 
 -- +goose Down
+ALTER TABLE operations DROP CONSTRAINT operations_state_check;
+ALTER TABLE operations ADD CONSTRAINT operations_state_check
+    CHECK (state IN ('queued', 'running', 'succeeded', 'failed', 'cancelled', 'unknown'));
 DROP TABLE audit_checkpoints;
 DROP TRIGGER approvals_audit ON approvals;
 DROP FUNCTION approvals_audit();

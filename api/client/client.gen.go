@@ -106,18 +106,21 @@ func (e DeployStatusKind) Valid() bool {
 
 // Defines values for OperationState.
 const (
-	OperationStateCancelled OperationState = "cancelled"
-	OperationStateFailed    OperationState = "failed"
-	OperationStateQueued    OperationState = "queued"
-	OperationStateRunning   OperationState = "running"
-	OperationStateSucceeded OperationState = "succeeded"
-	OperationStateUnknown   OperationState = "unknown"
+	OperationStateCancelled                OperationState = "cancelled"
+	OperationStateDuplicateEffectConfirmed OperationState = "duplicate_effect_confirmed"
+	OperationStateFailed                   OperationState = "failed"
+	OperationStateQueued                   OperationState = "queued"
+	OperationStateRunning                  OperationState = "running"
+	OperationStateSucceeded                OperationState = "succeeded"
+	OperationStateUnknown                  OperationState = "unknown"
 )
 
 // Valid indicates whether the value is a known member of the OperationState enum.
 func (e OperationState) Valid() bool {
 	switch e {
 	case OperationStateCancelled:
+		return true
+	case OperationStateDuplicateEffectConfirmed:
 		return true
 	case OperationStateFailed:
 		return true
@@ -214,9 +217,10 @@ func (e ProviderFaultKind) Valid() bool {
 
 // Defines values for ProviderFaultMode.
 const (
-	Delay ProviderFaultMode = "delay"
-	Drop  ProviderFaultMode = "drop"
-	Fail  ProviderFaultMode = "fail"
+	Delay     ProviderFaultMode = "delay"
+	Drop      ProviderFaultMode = "drop"
+	Duplicate ProviderFaultMode = "duplicate"
+	Fail      ProviderFaultMode = "fail"
 )
 
 // Valid indicates whether the value is a known member of the ProviderFaultMode enum.
@@ -225,6 +229,8 @@ func (e ProviderFaultMode) Valid() bool {
 	case Delay:
 		return true
 	case Drop:
+		return true
+	case Duplicate:
 		return true
 	case Fail:
 		return true
@@ -690,11 +696,14 @@ type ProviderFaultMode string
 
 // ProviderLookup defines model for ProviderLookup.
 type ProviderLookup struct {
-	Body   map[string]interface{} `json:"body"`
-	Key    string                 `json:"key"`
-	Method string                 `json:"method"`
-	Path   string                 `json:"path"`
-	Status int                    `json:"status"`
+	Body map[string]interface{} `json:"body"`
+
+	// Effects The ids of what the call created or changed, one per execution; more than one means it executed more than once.
+	Effects *[]string `json:"effects,omitempty"`
+	Key     string    `json:"key"`
+	Method  string    `json:"method"`
+	Path    string    `json:"path"`
+	Status  int       `json:"status"`
 }
 
 // ProviderMovement A capture (cap_...) or a refund (ref_...).

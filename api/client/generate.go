@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "da6930f272d588607c47eff6e2d2fcb8b195f5c019bb8c24ed24ea8e74f1cd0b"
+const SpecSHA256 = "6187baf0a2b5ca9866f9d953a3a3b849c40edd1c42891eb36144adcf26618535"

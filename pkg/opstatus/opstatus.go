@@ -36,11 +36,14 @@ const (
 	StateFailed    State = "failed"
 	StateCancelled State = "cancelled"
 	StateUnknown   State = "unknown"
+	// StateDuplicateEffect: the other side's records show the effect executed more than once. Final: nothing
+	// retries it; correcting it is a new operation.
+	StateDuplicateEffect State = "duplicate_effect_confirmed"
 )
 
 // Final reports whether no transition leaves s.
 func (s State) Final() bool {
-	return s == StateSucceeded || s == StateFailed || s == StateCancelled
+	return s == StateSucceeded || s == StateFailed || s == StateCancelled || s == StateDuplicateEffect
 }
 
 // Event types written by retrysafe. Services may add their own.

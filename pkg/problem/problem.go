@@ -47,6 +47,7 @@ const (
 	CodeAmountTooLarge       Code = "amount_too_large"
 	CodeProviderDeclined     Code = "provider_declined"
 	CodeProviderUnavailable  Code = "provider_unavailable"
+	CodeDuplicateEffect      Code = "duplicate_effect_confirmed"
 
 	// deploys
 	CodeMutableReference           Code = "mutable_reference"
@@ -85,6 +86,7 @@ var codes = map[Code]codeInfo{
 	CodeAmountTooLarge:       {http.StatusUnprocessableEntity, "Amount too large"},
 	CodeProviderDeclined:     {http.StatusUnprocessableEntity, "Payment provider declined"},
 	CodeProviderUnavailable:  {http.StatusBadGateway, "Payment provider unavailable"},
+	CodeDuplicateEffect:      {http.StatusConflict, "Duplicate effect confirmed"},
 
 	CodeMutableReference:           {http.StatusUnprocessableEntity, "Mutable reference"},
 	CodeEnvironmentLocked:          {http.StatusConflict, "Environment locked"},

@@ -47,6 +47,7 @@ func TestPayments(t *testing.T) {
 		{"UnsentWhenLeaseSpentAtCommit", testUnsentWhenLeaseSpentAtCommit},
 		{"FrozenDatabaseBeforeEffect", testFrozenDatabaseBeforeEffect},
 		{"UnreachableProviderIsNotSent", testUnreachableProviderIsNotSent},
+		{"DuplicateEffectConfirmed", testDuplicateEffect},
 		{"ProviderSaysItReplayed", testProviderSaysItReplayed},
 	}
 	for _, tt := range tests {
@@ -656,4 +657,40 @@ func testCancelAndScope(t *testing.T, h *harness) {
 	// The order is free again.
 	b.agent.Post("/v1/payment_intents", `{"order_id":"o-cancel","amount":"5.00","currency":"USD"}`, apitest.Key("again")).Status(t, http.StatusCreated)
 	b.assertCounters(t, map[string]int64{"authorize": 2, "void": 1})
+}
+
+// testDuplicateEffect: the provider executes one authorization twice and loses the answer. The lookup shows
+// both: the operation ends duplicate_effect_confirmed with both remote ids, and nothing is retried.
+func testDuplicateEffect(t *testing.T, h *harness) {
+	b := h.setup(t)
+	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindAuthorize, Mode: provider.FaultDuplicate, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"order_id":"o-dup","amount":"9.00","currency":"USD"}`
+	b.agent.Post("/v1/payment_intents", body, apitest.Key("dup-1")).Status(t, http.StatusAccepted)
+	b.assertCounters(t, map[string]int64{"authorize": 2})
+	if _, err := b.recovery.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	got := operation(t, b.agent, "dup-1")
+	if got.State != opstatus.StateDuplicateEffect {
+		t.Fatalf("state %s, events %+v", got.State, got.Events)
+	}
+	retry := b.agent.Post("/v1/payment_intents", body, apitest.Key("dup-1")).Status(t, http.StatusConflict)
+	var p struct {
+		Code      string   `json:"code"`
+		RemoteIDs []string `json:"remote_ids"`
+	}
+	retry.Decode(t, &p)
+	if p.Code != "duplicate_effect_confirmed" || len(p.RemoteIDs) != 2 || p.RemoteIDs[0] == p.RemoteIDs[1] {
+		t.Fatalf("replayed answer %s", retry.Body)
+	}
+	if _, err := b.recovery.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 2})
+	ev, ok := hasEvent(got, opstatus.EventReconciled)
+	if !ok || !strings.Contains(string(ev.Detail), `"reason":"duplicate_effect_confirmed"`) {
+		t.Errorf("reconciled event %+v", ev)
+	}
 }

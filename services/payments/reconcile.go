@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
@@ -79,12 +81,26 @@ func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
 			evidence["status"] = res.Status
 			evidence["body"] = json.RawMessage(res.Body)
 		}
+		if res.Found {
+			evidence["effects"] = res.Effects
+		}
 		if err := opstatus.Append(ctx, s.db, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 			return err
 		}
-		err = s.idem.Settle(ctx, op, reconcilerActor, func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
+		write := func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 			return record(ctx, tx, op, outcome, callErr)
-		})
+		}
+		if len(res.Effects) > 1 {
+			// The provider executed the call more than once: not a success, not a failure, and never retried.
+			// The intent keeps its reservation for the person who corrects it.
+			write = func(context.Context, *gorm.DB) (idem.Result, error) {
+				p := problem.New(problem.CodeDuplicateEffect,
+					"the payment provider executed this request %d times (%s); nothing will be retried: correct it with a new operation",
+					len(res.Effects), strings.Join(res.Effects, ", ")).With("remote_ids", res.Effects)
+				return idem.ProblemResult(p, opstatus.StateDuplicateEffect), nil
+			}
+		}
+		err = s.idem.Settle(ctx, op, reconcilerActor, write)
 		if errors.Is(err, idem.ErrAlreadySettled) {
 			return nil
 		}

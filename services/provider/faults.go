@@ -18,8 +18,8 @@ func (f Fault) validate() *fieldError {
 	switch {
 	case !validKind(f.Kind):
 		return &fieldError{Field: "kind", Message: "must be one of authorize, capture, void, refund"}
-	case f.Mode != FaultFail && f.Mode != FaultDrop && f.Mode != FaultDelay:
-		return &fieldError{Field: "mode", Message: "must be one of fail, drop, delay"}
+	case f.Mode != FaultFail && f.Mode != FaultDrop && f.Mode != FaultDelay && f.Mode != FaultDuplicate:
+		return &fieldError{Field: "mode", Message: "must be one of fail, drop, delay, duplicate"}
 	case f.Count < 1:
 		return &fieldError{Field: "count", Message: "must be at least 1"}
 	case f.Mode == FaultDelay && (f.DelayMS < 1 || f.DelayMS > maxFaultDelayMS):

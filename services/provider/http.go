@@ -114,7 +114,8 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 	var res LookupResult
 	inProgress := ok && e.stored == nil
 	if ok && e.stored != nil {
-		res = LookupResult{Key: key, Method: e.method, Path: e.path, Status: e.stored.status, Body: e.stored.body}
+		res = LookupResult{Key: key, Method: e.method, Path: e.path, Status: e.stored.status, Body: e.stored.body,
+			Effects: append([]string{}, e.effects...)}
 	}
 	s.mu.Unlock()
 	switch {

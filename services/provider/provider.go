@@ -97,6 +97,9 @@ type LookupResult struct {
 	Path   string          `json:"path"`
 	Status int             `json:"status"`
 	Body   json.RawMessage `json:"body"`
+	// Effects are the ids of what the call created or changed, one per
+	// execution: more than one means the call executed more than once.
+	Effects []string `json:"effects"`
 }
 
 // FaultMode is what an armed fault does to a call.
@@ -111,6 +114,11 @@ const (
 	// FaultDelay executes the call, stores its answer, then waits DelayMS
 	// before answering (or until the caller gives up).
 	FaultDelay FaultMode = "delay"
+	// FaultDuplicate is a provider bug on purpose: it executes the call twice
+	// (two authorizations, two refunds), stores the first answer under the
+	// key with both effects (LookupResult.Effects), and closes the connection
+	// without answering.
+	FaultDuplicate FaultMode = "duplicate"
 )
 
 // Fault is the body of POST /admin/faults: the next Count executions of Kind

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -84,6 +85,8 @@ type keyEntry struct {
 	method, path string
 	done         chan struct{}
 	stored       *answer
+	// effects are the ids of what each execution under the key created or changed.
+	effects []string
 }
 
 // claimResult is what claimKey found for a call.
@@ -181,12 +184,16 @@ func (s *Server) serveWrite(w http.ResponseWriter, r *http.Request, kind Kind, f
 	}
 	ans := exec(m)
 	e.stored = &ans
+	e.effects = appendEffect(e.effects, ans)
+	if fault.mode == FaultDuplicate {
+		e.effects = appendEffect(e.effects, exec(m))
+	}
 	s.mu.Unlock()
 	close(e.done)
 	logger.Info("executed", "status", ans.status)
 
 	switch fault.mode {
-	case FaultDrop:
+	case FaultDrop, FaultDuplicate:
 		logger.Info("fault injected: dropping the connection after executing")
 		dropConnection(w)
 		return
@@ -214,4 +221,18 @@ func dropConnection(w http.ResponseWriter) {
 // newID returns prefix followed by 26 random base32 characters.
 func newID(prefix string) string {
 	return prefix + strings.ToLower(rand.Text())
+}
+
+// appendEffect adds the id of what a successful execution created or changed.
+func appendEffect(effects []string, a answer) []string {
+	if a.status < 200 || a.status >= 300 {
+		return effects
+	}
+	var ref struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(a.body, &ref) == nil && ref.ID != "" {
+		effects = append(effects, ref.ID)
+	}
+	return effects
 }
