@@ -60,6 +60,13 @@ const (
 	EventOutcomeUnknown   = "outcome_unknown" // an effect's call ended without a definite answer
 	EventAttemptRefused   = "attempt_refused" // a retry refused after its key was found (an unknown Retry-Of)
 	EventSuperseded       = "superseded"      // a later operation of the account replaces this one's intent
+	// EventDispatchStarted is committed before a call that leaves the process is written; one of the
+	// Dispatch* events follows with what the caller observed.
+	EventDispatchStarted          = "dispatch_started"
+	EventDispatchNotSent          = "dispatch_not_sent"          // no connection: nothing reached the other side
+	EventDispatchResponseReceived = "dispatch_response_received" // an answer came back, whatever it said
+	EventDispatchSentNoResponse   = "dispatch_sent_no_response"  // sent, no usable answer: it may have happened
+	EventDispatchExecutionError   = "dispatch_execution_error"   // this process failed to carry out the call
 )
 
 // Reasons an operation's outcome became unknown: the reason of its outcome_unknown event. Records carry only

@@ -138,6 +138,14 @@ func (c *Controller) execute(ctx context.Context, r *run) error {
 	// The point of no return: finish what was started even if ctx ends now.
 	ctx = context.WithoutCancel(ctx)
 	failpoint.Hit(FailpointBeforeActivate)
+	call := map[string]any{"target": "deploy_target", "call": "activate", "deploy_id": claim.Deploy.ID, "fencing_token": claim.Token}
+	if err := c.retry(ctx, r, "record dispatch", func(ctx context.Context) error {
+		return opstatus.Append(ctx, c.DB, claim.Deploy.OperationID, opstatus.EventDispatchStarted, controllerActor, call)
+	}); err != nil {
+		// Without the record of the dispatch the call is not made; the lease runs out and the reconciler,
+		// finding no marker, settles the deploy.
+		return err
+	}
 	var marker Activation
 	err := c.retry(ctx, r, "activate", func(ctx context.Context) error {
 		// The target activates a deploy at most once and refuses stale tokens, so asking again is safe.
@@ -146,6 +154,7 @@ func (c *Controller) execute(ctx context.Context, r *run) error {
 		return err
 	})
 	failpoint.Hit(FailpointAfterActivate)
+	c.recordDispatch(ctx, claim, call, marker, err)
 	if errors.Is(err, ErrFenced) {
 		return ErrLockLost
 	}
@@ -214,6 +223,26 @@ func (c *Controller) retry(ctx context.Context, r *run, what string, do func(ctx
 			return ctx.Err()
 		case <-time.After(wait):
 		}
+	}
+}
+
+// recordDispatch records what the controller observed of its activation call. The simulated target answers
+// through the database, so a failed call may have committed there: sent_no_response, never not_sent.
+func (c *Controller) recordDispatch(ctx context.Context, claim Claim, call map[string]any, marker Activation, err error) {
+	event := opstatus.EventDispatchResponseReceived
+	switch {
+	case errors.Is(err, ErrFenced):
+		call["state"], call["result"] = "response_received", "fenced"
+	case err != nil:
+		event = opstatus.EventDispatchSentNoResponse
+		call["state"], call["reason"] = "sent_no_response", "target_error"
+	default:
+		call["state"], call["result"], call["remote_ref"] = "response_received", "activated", marker.DeployID
+		// The target counts calls per deploy: more than one means it answered from its earlier activation.
+		call["replayed"] = marker.Calls > 1
+	}
+	if rerr := opstatus.Append(ctx, c.DB, claim.Deploy.OperationID, event, controllerActor, call); rerr != nil {
+		c.Logger.WarnContext(ctx, "dispatch outcome not recorded", "deploy_id", claim.Deploy.ID, "error", rerr.Error())
 	}
 }
 

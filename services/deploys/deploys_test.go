@@ -211,7 +211,8 @@ func TestControllerRunsADeployToSuccess(t *testing.T) {
 	for _, ev := range final.History {
 		types = append(types, ev.Type)
 	}
-	want := []string{"claimed", "completed", "state_changed", "step_completed", "step_completed", "activation_started", "activated"}
+	want := []string{"claimed", "completed", "state_changed", "step_completed", "step_completed", "activation_started",
+		"dispatch_started", "dispatch_response_received", "activated"}
 	if !slices.Equal(types, want) {
 		t.Fatalf("history %v, want %v", types, want)
 	}

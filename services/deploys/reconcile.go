@@ -33,6 +33,9 @@ var _ opstatus.Reconciler = (*Reconciler)(nil)
 
 const reconcilerActor = "system:deploys.reconciler"
 
+// EventTargetLookup records what the deploy target's marker said when the reconciler asked: an observation.
+const EventTargetLookup = "target_lookup"
+
 // Reconcile implements opstatus.Reconciler. An error leaves the operation unknown for a later pass.
 func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error {
 	d, err := r.Store.DeployByOperation(ctx, r.DB, op.AccountID, op.ID)
@@ -62,7 +65,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 		return err
 	}
 	marker, activated, err := r.Target.Activation(ctx, d.ID)
+	lookup := map[string]any{"target": "deploy_target", "call": "activation", "deploy_id": d.ID}
 	if err != nil {
+		// A failed lookup is recorded too: when someone asked, and that they could not learn.
+		lookup["result"], lookup["reason"] = "failed", "target_error"
+		if aerr := opstatus.Append(ctx, r.DB, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
+			return errors.Join(err, aerr)
+		}
+		return err
+	}
+	lookup["found"], lookup["result"] = activated, "not_found"
+	if activated {
+		lookup["result"], lookup["marker"] = "found", marker
+	}
+	if err := opstatus.Append(ctx, r.DB, op.ID, EventTargetLookup, reconcilerActor, lookup); err != nil {
 		return err
 	}
 	evidence := map[string]any{"target_marker": nil, "fencing_token": claim.Token,

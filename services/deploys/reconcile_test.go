@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,6 +73,15 @@ func TestReconcilerFencesOutAStalledWorkerAndFailsANeverActivatedDeploy(t *testi
 	}
 	if ev := reconciledEvidence(t, s); ev["target_marker"] != nil || ev["fencing_token"] != float64(2) {
 		t.Fatalf("evidence: %v", ev)
+	}
+	var lookups int
+	for _, ev := range s.History {
+		if ev.Type == deploys.EventTargetLookup && strings.Contains(string(ev.Detail), `"result":"not_found"`) {
+			lookups++
+		}
+	}
+	if lookups != 1 {
+		t.Fatalf("the negative marker lookup is not recorded: %+v", s.History)
 	}
 	if env := environment(t, b.agent, "staging"); env.Lock != nil || env.Version != 0 {
 		t.Fatalf("environment: %+v", env)

@@ -9,13 +9,6 @@ import (
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
-// Dispatch events of an operation's provider call: dispatch_started is committed before the request is
-// written, then exactly one of the others says what this process observed (provider.DispatchState).
-const (
-	EventDispatchStarted = "dispatch_started"
-	eventDispatchPrefix  = "dispatch_"
-)
-
 // dispatchRecorder writes an operation's provider calls into its chained history.
 type dispatchRecorder struct {
 	db    *gorm.DB
@@ -27,13 +20,14 @@ type dispatchRecorder struct {
 var _ provider.DispatchObserver = dispatchRecorder{}
 
 func (r dispatchRecorder) Started(ctx context.Context, d provider.Dispatch) error {
-	return opstatus.Append(ctx, r.db, r.opID, EventDispatchStarted, r.actor, d)
+	return opstatus.Append(ctx, r.db, r.opID, opstatus.EventDispatchStarted, r.actor, d)
 }
 
 func (r dispatchRecorder) Finished(ctx context.Context, d provider.Dispatch) {
 	// The call's own deadline may be what ended it; the record of how it ended must still be written.
 	ctx = context.WithoutCancel(ctx)
-	if err := opstatus.Append(ctx, r.db, r.opID, eventDispatchPrefix+string(d.State), r.actor, d); err != nil {
+	// opstatus.EventDispatch* are "dispatch_" and the state.
+	if err := opstatus.Append(ctx, r.db, r.opID, "dispatch_"+string(d.State), r.actor, d); err != nil {
 		if l := r.s.idem.Logger; l != nil {
 			l.WarnContext(ctx, "dispatch outcome not recorded", "operation_id", r.opID,
 				"state", string(d.State), "error", err.Error())
