@@ -113,6 +113,15 @@ func TestIntactChainsVerify(t *testing.T) {
 	if !rep.Intact() || rep.Chains != 1 || rep.Records != 3 {
 		t.Fatalf("one operation: %+v", rep)
 	}
+	// --since: only the second checkpoint and what it sealed, plus chains with records since.
+	rep = mustVerify(t, db.DB, audit.VerifyOptions{Since: cp2.At, PublicKey: pub})
+	if !rep.Intact() || rep.Checkpoints != 1 || rep.Chains != 1 || rep.Records != 4 {
+		t.Fatalf("since the second checkpoint: %+v", rep)
+	}
+	exec(t, db.DB, `DELETE FROM operation_events WHERE operation_id = ? AND chain_seq = 4`, ops[1])
+	if rep = mustVerify(t, db.DB, audit.VerifyOptions{Since: cp2.At, PublicKey: pub}); rep.Intact() || rep.Problems[0].Kind != auditchain.Missing {
+		t.Fatalf("since, after deleting the sealed tail: %+v", rep)
+	}
 }
 
 // TestSQLCanonicalMatchesRFC8785 compares the canonical JSON the triggers hash with the one Go computes.

@@ -77,6 +77,16 @@ const (
 	ReasonNoDefiniteAnswer = "no_definite_answer"
 )
 
+// Reasons a reconciler settled an operation (the reason of its reconciled event) besides the problem code of a
+// stored failure (provider_unavailable, provider_declined, duplicate_effect_confirmed, ...).
+const (
+	// ReasonRemoteRecordFound: the other side's record of the operation (a provider's stored answer, a deploy
+	// target's marker) shows the effect happened.
+	ReasonRemoteRecordFound = "remote_record_found"
+	// ReasonRemoteRecordAbsent: the other side has no record, and our call can no longer arrive.
+	ReasonRemoteRecordAbsent = "remote_record_absent"
+)
+
 // Resource names what an operation created or acted on.
 type Resource struct {
 	Type string `json:"type"`

@@ -83,8 +83,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	}
 	evidence := map[string]any{"target_marker": nil, "fencing_token": claim.Token,
 		"activation_started": d.ActivationStarted != nil}
+	evidence["reason"] = opstatus.ReasonRemoteRecordAbsent
 	if activated {
-		evidence["target_marker"] = marker
+		evidence["target_marker"], evidence["reason"] = marker, opstatus.ReasonRemoteRecordFound
 	}
 	if err := r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		return r.Store.Finish(ctx, tx, claim, activated, reconcilerActor, opstatus.EventReconciled, evidence)

@@ -88,7 +88,11 @@ func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
 			return err
 		}
 		write := func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
-			return record(ctx, tx, op, outcome, callErr)
+			res, err := record(ctx, tx, op, outcome, callErr)
+			if res.Reason == "" {
+				res.Reason = opstatus.ReasonRemoteRecordFound
+			}
+			return res, err
 		}
 		if len(res.Effects) > 1 {
 			// The provider executed the call more than once: not a success, not a failure, and never retried.
