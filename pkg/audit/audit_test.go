@@ -41,7 +41,12 @@ func history(t *testing.T, db *gorm.DB, n int) []string {
 	for i := range n {
 		op := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct_a", Kind: "tickets.create", State: opstatus.StateRunning,
 			IdempotencyKey: fmt.Sprintf("key-%d", i), Fingerprint: "sha256:abc"}
-		if err := opstatus.Create(ctx, db, op, "agent:a"); err != nil {
+		err := db.Exec(`WITH op AS (
+    INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint) VALUES (?, ?, ?, ?, ?, ?) RETURNING id, account_id, state
+)
+INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) SELECT id, account_id, 'claimed', state, 'agent:a' FROM op`,
+			op.ID, op.AccountID, op.Kind, op.State, op.IdempotencyKey, op.Fingerprint).Error
+		if err != nil {
 			t.Fatal(err)
 		}
 		detail := map[string]any{

@@ -237,7 +237,7 @@ func testLostCaptureAnswer(t *testing.T, h *harness) {
 		}
 		story = append(story, s)
 	}
-	want := []string{"claimed", "dispatch_started", "dispatch_sent_no_response", "outcome_unknown/unknown", "retried/unknown",
+	want := []string{"claimed", "dispatch_started", "dispatch_sent_no_response", "outcome_unknown/unknown",
 		"provider_lookup", "reconciled", "replayed/replayed"}
 	if strings.Join(story, " ") != strings.Join(want, " ") || !tl.Chain.Intact {
 		t.Fatalf("timeline %v (chain intact %v); want %v", story, tl.Chain.Intact, want)
