@@ -28,7 +28,11 @@ BEGIN
         -- Scalars inline; only nested objects and arrays recurse.
         SELECT '{' || coalesce(string_agg(to_json(e.key)::text || ':' || CASE jsonb_typeof(e.value)
                    WHEN 'object' THEN audit_canonical(e.value) WHEN 'array' THEN audit_canonical(e.value)
-                   WHEN 'number' THEN audit_number(e.value) ELSE e.value::text END,
+                   -- audit_number written out: a call of it would not be inlined (it is STRICT, its CASE is not).
+                   WHEN 'number' THEN CASE WHEN e.value::text ~ '^-?[0-9]{1,15}$' THEN e.value::text
+                                           WHEN e.value::text ~ '^-?[0-9]{16}$' AND abs(e.value::text::numeric) <= 9007199254740992 THEN e.value::text
+                                           ELSE (e.value::text::float8)::text END
+                   ELSE e.value::text END,
                ',' ORDER BY e.key COLLATE "C"), '') || '}'
         INTO out FROM jsonb_each(v) AS e;
         RETURN out;
@@ -140,11 +144,17 @@ $$;
 -- +goose StatementBegin
 CREATE FUNCTION operation_events_chain() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    p    record;
     link record;
 BEGIN
-    p := operation_event_parts(NEW);
-    link := audit_append(NEW.operation_id, p.head, p.tail, p.is_attempt, 'null');
+    -- operation_event_parts, written out: plpgsql keeps these expressions' plans for the session, where a call
+    -- of the SQL function would be planned again in every transaction.
+    link := audit_append(NEW.operation_id,
+        '{"account_id":' || to_json(NEW.account_id)::text || ',"actor":' || to_json(NEW.actor)::text || ',"attempt":',
+        ',"created_at":"' || to_char(NEW.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '","detail":'
+        || audit_canonical(NEW.detail) || ',"from_state":' || coalesce(to_json(NEW.from_state)::text, 'null')
+        || ',"operation_id":' || to_json(NEW.operation_id)::text
+        || ',"to_state":' || coalesce(to_json(NEW.to_state)::text, 'null') || ',"type":' || to_json(NEW.type)::text || '}',
+        NEW.detail ? 'outcome' AND NEW.detail ? 'attempt_id', 'null');
     NEW.attempt := link.attempt;
     NEW.chain_seq := link.seq;
     NEW.prev_hash := link.prev_hash;
