@@ -270,6 +270,8 @@ CREATE TABLE audit_checkpoints (
     hash       text        NOT NULL,
     signature  text
 );
+-- Finds the checkpoints that sealed one chain (a timeline, verify --operation) without reading them all.
+CREATE INDEX audit_checkpoints_heads ON audit_checkpoints USING gin (heads jsonb_path_ops);
 CREATE TRIGGER audit_checkpoints_append_only BEFORE UPDATE OR DELETE ON audit_checkpoints
     FOR EACH ROW EXECUTE FUNCTION audit_append_only();
 

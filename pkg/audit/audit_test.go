@@ -209,6 +209,13 @@ WHERE h.chain = ? AND e.operation_id = h.chain AND e.chain_seq = 2`, ops[1])
 			if rep.Intact() || rep.Problems[0].Kind != tt.kind {
 				t.Fatalf("want %s first, got %v", tt.kind, rep.Problems)
 			}
+			// The operation's own check (a timeline's) sees it too, from the checkpoints that sealed it.
+			if !strings.Contains(tt.name, "approval") {
+				one := mustVerify(t, db.DB, audit.VerifyOptions{OperationID: ops[1], PublicKey: pub})
+				if one.Intact() {
+					t.Fatalf("verify --operation %s: intact after %s", ops[1], tt.name)
+				}
+			}
 			t.Logf("verify: %v", rep.Problems)
 		})
 	}

@@ -18,7 +18,8 @@ type VerifyOptions struct {
 	// Since, when set, checks the chains with records written at or after it and the checkpoints written at or
 	// after it (the first of which is trusted as a starting point).
 	Since time.Time
-	// OperationID, when set, checks that operation's chain (and every checkpoint).
+	// OperationID, when set, checks that operation's chain against the checkpoints that sealed it (each one's
+	// hash and signature; whether a checkpoint was removed is what a verification without it checks).
 	OperationID string
 	// PublicKey, when set, requires every checkpoint checked to carry a valid signature by its key.
 	PublicKey ed25519.PublicKey
@@ -103,7 +104,15 @@ func Verify(ctx context.Context, db *gorm.DB, opt VerifyOptions) (Report, error)
 func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) error {
 	q := `SELECT ` + checkpointColumns + ` FROM audit_checkpoints`
 	var args []any
-	if !opt.Since.IsZero() {
+	switch {
+	case opt.OperationID != "":
+		q += ` WHERE heads @> ?::jsonb`
+		seal, err := json.Marshal([]map[string]string{{"chain": opt.OperationID}})
+		if err != nil {
+			return err
+		}
+		args = append(args, string(seal))
+	case !opt.Since.IsZero():
 		q += ` WHERE created_at >= ?`
 		args = append(args, opt.Since)
 	}
@@ -125,7 +134,11 @@ func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) 
 	if len(cps) > 0 {
 		rep.LastCheckpoint = &cps[len(cps)-1]
 	}
-	want, p := auditchain.VerifyCheckpoints(cps, opt.PublicKey)
+	verifyCheckpoints := auditchain.VerifyCheckpoints
+	if opt.OperationID != "" {
+		verifyCheckpoints = auditchain.VerifySeals
+	}
+	want, p := verifyCheckpoints(cps, opt.PublicKey)
 	if p != nil {
 		rep.Problems = append(rep.Problems, *p)
 	}

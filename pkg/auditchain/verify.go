@@ -92,6 +92,32 @@ func VerifyCheckpoints(cps []Checkpoint, pub ed25519.PublicKey) (map[string]Expe
 	return want, nil
 }
 
+// VerifySeals checks checkpoints one by one, not as a chain: each one's hash and, when pub is not nil, its
+// signature. It is for checking one subject's chain against the checkpoints that sealed it, without reading
+// every checkpoint; VerifyCheckpoints checks that none was removed or reordered.
+func VerifySeals(cps []Checkpoint, pub ed25519.PublicKey) (map[string]Expectation, *Problem) {
+	want := map[string]Expectation{}
+	for _, cp := range cps {
+		ref := fmt.Sprintf("checkpoint %d", cp.Seq)
+		h, err := cp.Compute()
+		switch {
+		case err != nil || h != cp.Hash:
+			return want, &Problem{Kind: Changed, Chain: CheckpointChain, Seq: cp.Seq, Ref: ref, Detail: "its content does not match its hash"}
+		case pub != nil && cp.Signature == "":
+			return want, &Problem{Kind: BadSignature, Chain: CheckpointChain, Seq: cp.Seq, Ref: ref, Detail: "it is not signed"}
+		case pub != nil && !verifySignature(pub, cp):
+			return want, &Problem{Kind: BadSignature, Chain: CheckpointChain, Seq: cp.Seq, Ref: ref,
+				Detail: "its signature does not verify with the given public key"}
+		}
+		for _, hd := range cp.Heads {
+			if e, ok := want[hd.Chain]; !ok || hd.Seq >= e.Seq {
+				want[hd.Chain] = Expectation{Head: hd, Source: ref}
+			}
+		}
+	}
+	return want, nil
+}
+
 // Verifier checks chains one by one against the expectations gathered before (VerifyCheckpoints, head tables).
 type Verifier struct {
 	Chains   int
