@@ -40,6 +40,13 @@ func checkpointWorker(cfg config, db *gorm.DB, logger *slog.Logger) *audit.Check
 	return &audit.CheckpointWorker{DB: db, Signer: cfg.AuditSigningKey, Interval: cfg.AuditCheckpointInterval, Logger: logger}
 }
 
+// openAuditDB opens the database for a read of the whole record: one statement streams every chain, so
+// DB_STATEMENT_TIMEOUT, the bound of a request's statements, does not apply.
+func openAuditDB(cfg config) (*gorm.DB, error) {
+	cfg.DBStatementTimeout = 0
+	return openDB(cfg)
+}
+
 type verifyFlags struct {
 	since     time.Time
 	operation string
@@ -129,7 +136,7 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 	case pub == nil:
 		keyNote = "not checked (no public key given): a rewrite that recomputes every hash would pass"
 	}
-	db, err := openDB(inv.cfg)
+	db, err := openAuditDB(inv.cfg)
 	if err != nil {
 		return exitError{code: 2, err: err}
 	}
@@ -159,7 +166,7 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 // runAuditTimeline prints an operation's timeline for a person: aligned columns, times relative to the first
 // attempt. It reads any account's operation: it is an operator's tool, run with database access.
 func runAuditTimeline(ctx context.Context, inv invocation, operationID string) error {
-	db, err := openDB(inv.cfg)
+	db, err := openAuditDB(inv.cfg)
 	if err != nil {
 		return exitError{code: 2, err: err}
 	}
