@@ -82,6 +82,9 @@ func details(s approval.Summary) []Field {
 		out = append(out, Field{Label: "Can be rolled back", Value: answer})
 	}
 	for _, k := range keys {
+		if k == "can_roll_back" {
+			continue // said in words above
+		}
 		v := s[k]
 		text := "—"
 		switch v := v.(type) {
