@@ -239,6 +239,9 @@ func TestApproveProductionDeploy(t *testing.T) {
 		}
 	}
 	consoletest.Screenshot(t, approverTab, "environment")
+	if list := page(t, approverTab, base, "/console/environments"); !strings.Contains(list, "production") || !strings.Contains(list, artifact(2)) {
+		t.Fatalf("environments page:\n%s", list)
+	}
 	opPage := page(t, approverTab, base, "/console/operations/"+opID)
 	for _, want := range []string{"approval_checked", "succeeded", "intact", second} {
 		if !strings.Contains(opPage, want) {

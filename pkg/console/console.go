@@ -97,9 +97,11 @@ type Table struct {
 	Next string
 }
 
-// Cell is one table cell; Link, when set, makes it a link (a console path).
+// Cell is one table cell; Link, when set, makes it a link (a console path). Mono sets an identifier or a
+// digest in monospace, broken anywhere to fit.
 type Cell struct {
 	Text, Link string
+	Mono       bool
 }
 
 //go:embed templates/*.html
