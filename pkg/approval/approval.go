@@ -389,23 +389,35 @@ RETURNING `+columns, to, p.Actor(), a.ID).Scan(&a).Error
 	return a, err
 }
 
-// List returns up to limit approvals of account in state, newest first, created before the cursor
-// (created_at, id) when before is not nil; unexpired restricts it to those that have not expired.
-func List(ctx context.Context, db *gorm.DB, accountID string, state State, unexpired bool, before *Cursor, limit int) ([]Approval, error) {
+// ListFilter selects the approvals List returns.
+type ListFilter struct {
+	State State
+	// Unexpired keeps those that have not expired; Unused those no write has used yet.
+	Unexpired, Unused bool
+	// Before, when set, keeps those before it in List's order (the last one of the previous page).
+	Before *Cursor
+	Limit  int
+}
+
+// List returns approvals of account, newest first (on the approvals_account_state index).
+func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) ([]Approval, error) {
 	q := `SELECT ` + columns + ` FROM approvals WHERE account_id = ? AND state = ?`
-	args := []any{accountID, state}
-	if unexpired {
+	args := []any{accountID, f.State}
+	if f.Unexpired {
 		q += ` AND expires_at > now()`
 	}
-	if before != nil {
+	if f.Unused {
+		q += ` AND used_by_operation_id IS NULL`
+	}
+	if f.Before != nil {
 		q += ` AND (created_at, id) < (?, ?)`
-		args = append(args, before.CreatedAt, before.ID)
+		args = append(args, f.Before.CreatedAt, f.Before.ID)
 	}
 	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
-	args = append(args, limit)
+	args = append(args, f.Limit)
 	var out []Approval
 	if err := db.WithContext(ctx).Raw(q, args...).Scan(&out).Error; err != nil {
-		return nil, fmt.Errorf("approval: list %s: %w", state, err)
+		return nil, fmt.Errorf("approval: list %s: %w", f.State, err)
 	}
 	return out, nil
 }

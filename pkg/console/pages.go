@@ -124,7 +124,9 @@ func (c *console) approvals(ctx *gin.Context) {
 			return
 		}
 	}
-	pending, err := approval.List(ctx, c.o.DB, s.AccountID, approval.StatePending, true, before, c.o.PageSize+1)
+	pending, err := approval.List(ctx, c.o.DB, s.AccountID, approval.ListFilter{
+		State: approval.StatePending, Unexpired: true, Before: before, Limit: c.o.PageSize + 1,
+	})
 	if err != nil {
 		c.fail(ctx, err)
 		return
@@ -134,17 +136,13 @@ func (c *console) approvals(ctx *gin.Context) {
 		pending = pending[:c.o.PageSize]
 		next = Prefix + "/approvals?before=" + url.QueryEscape(approvalCursor(pending[len(pending)-1]))
 	}
-	// Approved but not yet used: the ones a revoke can still stop.
-	approved, err := approval.List(ctx, c.o.DB, s.AccountID, approval.StateApproved, true, nil, c.o.PageSize)
+	// Approved but not yet used: the ones a revoke can still stop (the newest page of them).
+	unused, err := approval.List(ctx, c.o.DB, s.AccountID, approval.ListFilter{
+		State: approval.StateApproved, Unexpired: true, Unused: true, Limit: c.o.PageSize,
+	})
 	if err != nil {
 		c.fail(ctx, err)
 		return
-	}
-	unused := approved[:0]
-	for _, a := range approved {
-		if a.UsedByOperationID == nil {
-			unused = append(unused, a)
-		}
 	}
 	c.render(ctx, http.StatusOK, "approvals", map[string]any{
 		"Title": "Approvals", "Pending": c.items(s, pending), "Approved": c.items(s, unused), "Next": next,
