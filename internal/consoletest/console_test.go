@@ -249,6 +249,24 @@ func TestApproveProductionDeploy(t *testing.T) {
 		}
 	}
 
+	// An approval granted but not used yet can be revoked from the inbox; a request of the approver's own key
+	// shows no button to it.
+	third := requestApproval(t, agent, "deploy-3", deployBody(3))
+	approver.Post("/v1/approvals/"+third+"/approve", nil).Status(t, http.StatusOK)
+	own := requestApproval(t, approver, "deploy-own", deployBody(4))
+	inbox = page(t, approverTab, base, "/console/approvals")
+	if !strings.Contains(inbox, "You asked for this one") || exists(t, approverTab, "#approve-"+own) {
+		t.Fatalf("the approver's own request offers a decision:\n%s", inbox)
+	}
+	consoletest.Run(t, approverTab,
+		chromedp.Click(chromedp.ID("revoke-"+third)),
+		chromedp.WaitVisible(chromedp.ID("done")),
+	)
+	if got := approvalState(t, env, third); got != "revoked" {
+		t.Fatalf("approval after revoke is %s; want revoked", got)
+	}
+	agent.Post("/v1/deploys", deployBody(3), apitest.Key("deploy-3"), apitest.Header("Approval-Id", third)).Status(t, http.StatusForbidden)
+
 	// Another account: the approval, the operation and the environment are 404s.
 	signIn(t, otherTab, base, servicetest.OtherApproverSecret)
 	if p := page(t, otherTab, base, "/console/approvals"); strings.Contains(p, "deploy-2") || strings.Contains(p, second) {
@@ -336,7 +354,17 @@ func TestUnknownCaptureTimeline(t *testing.T) {
 		t.Fatalf("capture = %+v; want unknown", op)
 	}
 
+	// A capture above the approval threshold waits in the inbox, its amount, currency, intent and order first.
+	var big struct{ ID string }
+	agent.Post("/v1/payment_intents", `{"order_id":"o-big","amount":"2000.00","currency":"USD"}`, apitest.Key("create-o-big")).
+		Status(t, http.StatusCreated).Decode(t, &big)
+	agent.Post("/v1/approvals", `{"method":"POST","path":"/v1/payment_intents/`+big.ID+`/capture","idempotency_key":"cap-big","body":{}}`,
+		apitest.Key("approval-cap-big")).Status(t, http.StatusCreated)
+
 	signIn(t, tab, env.URL, servicetest.ApproverSecret)
+	if inbox := page(t, tab, env.URL, "/console/approvals"); !strings.Contains(inbox, "Capture 2000.00 USD of intent "+big.ID+" (order o-big)") {
+		t.Fatalf("inbox lacks the capture's summary:\n%s", inbox)
+	}
 	list := page(t, tab, env.URL, "/console/operations")
 	if i := strings.Index(list, op.ID); i < 0 || i > strings.Index(list, "create-o-lost") {
 		t.Fatalf("the unknown capture is not listed first:\n%s", list)
