@@ -152,7 +152,7 @@ func Mount(r gin.IRouter, o Options) error {
 	}
 
 	g := r.Group(Prefix, securityHeaders)
-	g.StaticFS("/static", http.FS(static))
+	g.StaticFileFS("/static/console.css", "console.css", http.FS(static))
 	g.GET("/signin", c.signinPage)
 	g.POST("/signin", c.signin)
 	in := g.Group("", c.session)

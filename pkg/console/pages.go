@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -146,9 +147,26 @@ func (c *console) approvals(ctx *gin.Context) {
 	}
 	c.render(ctx, http.StatusOK, "approvals", map[string]any{
 		"Title": "Approvals", "Pending": c.items(s, pending), "Approved": c.items(s, unused), "Next": next,
-		"Done": ctx.Query("done"),
+		"Done": doneNotice(ctx.Query("done")),
 	})
 }
+
+// doneNotice is the notice after a decision, or "" for anything a decision's redirect would not send: a link
+// from elsewhere cannot make the inbox say what it likes.
+func doneNotice(q string) string {
+	state, id, _ := strings.Cut(q, " ")
+	if !approvalID.MatchString(id) {
+		return ""
+	}
+	for _, s := range decisions {
+		if string(s) == state {
+			return q
+		}
+	}
+	return ""
+}
+
+var approvalID = regexp.MustCompile(`^apv_[A-Za-z0-9_-]{1,64}$`)
 
 var decisions = map[string]approval.State{
 	"approve": approval.StateApproved, "deny": approval.StateDenied, "revoke": approval.StateRevoked,

@@ -55,3 +55,15 @@ func TestApprovalCursorRoundTrips(t *testing.T) {
 		t.Fatal("a cursor the console did not issue was accepted")
 	}
 }
+
+func TestDoneNoticeOnlySaysDecisions(t *testing.T) {
+	t.Parallel()
+	for q, want := range map[string]string{
+		"approved apv_01a2-b": "approved apv_01a2-b", "revoked apv_x": "revoked apv_x",
+		"wire money to acct 42": "", "approved <b>x</b>": "", "pending apv_x": "", "": "",
+	} {
+		if got := doneNotice(q); got != want {
+			t.Errorf("doneNotice(%q) = %q; want %q", q, got, want)
+		}
+	}
+}
