@@ -5,7 +5,7 @@ SHELL := /bin/bash
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-.PHONY: run build test bench fuzz db stop-db migrate generate ci-fresh
+.PHONY: run build test bench fuzz db stop-db migrate generate ci-fresh screenshots
 
 build:
 	$(GO) build -o bin/retrysafe ./cmd/retrysafe
@@ -56,3 +56,10 @@ ci-fresh:
 generate:
 	cd api/client && $(GO) generate ./...
 	sed -i "s/const SpecSHA256 = \".*\"/const SpecSHA256 = \"$$(sha256sum api/openapi.yaml | cut -d' ' -f1)\"/" api/client/generate.go
+
+# PNGs of the console (the approvals inbox, an operation's timeline, an environment) into docs/screenshots/, taken
+# by the browser tests in headless chromium.
+screenshots:
+	@if [ -z "$$TEST_DATABASE_URL" ]; then \
+	  export TEST_DATABASE_URL="$$(scripts/devdb.sh url)/test?sslmode=disable"; \
+	fi && SCREENSHOTS_DIR="$(CURDIR)/docs/screenshots" $(GO) test -count=1 ./internal/consoletest/

@@ -22,6 +22,7 @@ const (
 	ApprovalStateApproved ApprovalState = "approved"
 	ApprovalStateDenied   ApprovalState = "denied"
 	ApprovalStatePending  ApprovalState = "pending"
+	ApprovalStateRevoked  ApprovalState = "revoked"
 )
 
 // Valid indicates whether the value is a known member of the ApprovalState enum.
@@ -32,6 +33,8 @@ func (e ApprovalState) Valid() bool {
 	case ApprovalStateDenied:
 		return true
 	case ApprovalStatePending:
+		return true
+	case ApprovalStateRevoked:
 		return true
 	default:
 		return false
@@ -1402,6 +1405,13 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
 	PostV1ApprovalsIdDeny(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PostV1ApprovalsIdRevoke Revoke an approval not yet used (role approver, not the requester).
+	//
+	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+	//
+	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
+	PostV1ApprovalsIdRevoke(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PostV1AuthorizationsWithBody Provider sandbox (:8090): place a hold on a card.
 	//
 	// The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
@@ -1970,6 +1980,23 @@ func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, reqEdi
 // Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
 func (c *Client) PostV1ApprovalsIdDeny(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPostV1ApprovalsIdDenyRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostV1ApprovalsIdRevoke Revoke an approval not yet used (role approver, not the requester).
+//
+// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+//
+// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
+func (c *Client) PostV1ApprovalsIdRevoke(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdRevokeRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -3076,6 +3103,40 @@ func NewPostV1ApprovalsIdDenyRequest(server string, id string) (*http.Request, e
 	}
 
 	operationPath := fmt.Sprintf("/v1/approvals/%s/deny", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPostV1ApprovalsIdRevokeRequest constructs an http.Request for the PostV1ApprovalsIdRevoke method
+func NewPostV1ApprovalsIdRevokeRequest(server string, id string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/approvals/%s/revoke", pathParam0)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -4650,6 +4711,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
 	PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
 
+	// PostV1ApprovalsIdRevokeWithResponse Revoke an approval not yet used (role approver, not the requester).
+	//
+	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
+	PostV1ApprovalsIdRevokeWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error)
+
 	// PostV1AuthorizationsWithBodyWithResponse Provider sandbox (:8090): place a hold on a card.
 	//
 	// The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
@@ -5686,6 +5756,82 @@ func (r PostV1ApprovalsIdDenyResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r PostV1ApprovalsIdDenyResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PostV1ApprovalsIdRevokeResponse409Headers the declared response headers of an HTTP 409 response for PostV1ApprovalsIdRevoke
+type PostV1ApprovalsIdRevokeResponse409Headers struct {
+	RetryAfter *int
+}
+
+type PostV1ApprovalsIdRevokeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Approval
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *PostV1ApprovalsIdRevokeResponse409Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PostV1ApprovalsIdRevokeResponse) GetJSON200() *Approval {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetBody returns the raw response body bytes
+func (r PostV1ApprovalsIdRevokeResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PostV1ApprovalsIdRevokeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PostV1ApprovalsIdRevokeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PostV1ApprovalsIdRevokeResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -8465,6 +8611,21 @@ func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithResponse(ctx context.Cont
 	return ParsePostV1ApprovalsIdDenyResponse(rsp)
 }
 
+// PostV1ApprovalsIdRevokeWithResponse Revoke an approval not yet used (role approver, not the requester).
+//
+// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
+func (c *ClientWithResponses) PostV1ApprovalsIdRevokeWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdRevoke(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostV1ApprovalsIdRevokeResponse(rsp)
+}
+
 // PostV1AuthorizationsWithBodyWithResponse Provider sandbox (:8090): place a hold on a card.
 //
 // The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
@@ -9611,6 +9772,73 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 	switch {
 	case rsp.StatusCode == 409:
 		var headers PostV1ApprovalsIdDenyResponse409Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers409 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePostV1ApprovalsIdRevokeResponse parses an HTTP response from a PostV1ApprovalsIdRevokeWithResponse call
+func ParsePostV1ApprovalsIdRevokeResponse(rsp *http.Response) (*PostV1ApprovalsIdRevokeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PostV1ApprovalsIdRevokeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Approval
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 409:
+		var headers PostV1ApprovalsIdRevokeResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "6187baf0a2b5ca9866f9d953a3a3b849c40edd1c42891eb36144adcf26618535"
+const SpecSHA256 = "dce09d69b7877ff043063d5891db988b213fd81e6861e07cc78f3fb1a1e66f1b"

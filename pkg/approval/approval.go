@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/gowebpki/jcs"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
@@ -49,6 +50,8 @@ const (
 	StatePending  State = "pending"
 	StateApproved State = "approved"
 	StateDenied   State = "denied"
+	// StateRevoked: approved, then withdrawn before the write used it; the guard refuses it like a denial.
+	StateRevoked State = "revoked"
 )
 
 // Route is a write route that may need approval.
@@ -104,6 +107,9 @@ type Approval struct {
 	ExpiresAt         time.Time  `json:"expires_at"`
 	UsedByOperationID *string    `json:"used_by_operation_id"`
 	CreatedAt         time.Time  `json:"created_at"`
+	// Body is the request body the write will send, RFC 8785 canonical (nil for approvals older than the
+	// column): what an approver reads in the console.
+	Body *string `json:"-"`
 }
 
 // Summary is what a person must see to decide: environment, service, artifact and rollback target; or amount,
@@ -178,6 +184,7 @@ type bound struct {
 	IdempotencyKey string         `json:"idempotency_key"`
 	Fingerprint    string         `json:"fingerprint"`
 	Summary        map[string]any `json:"-"`
+	Body           string         `json:"-"`
 }
 
 func (s *Service) bind(ctx context.Context, accountID string, req Request) (bound, error) {
@@ -201,7 +208,12 @@ func (s *Service) bind(ctx context.Context, accountID string, req Request) (boun
 		if err != nil {
 			return bound{}, err
 		}
-		return bound{Method: r.Method, Path: req.Path, Route: r.Path, IdempotencyKey: req.IdempotencyKey, Fingerprint: fp, Summary: summary}, nil
+		body, err := jcs.Transform(req.Body)
+		if err != nil {
+			return bound{}, problem.Validation(problem.FieldError{Field: "body", Message: "must be the JSON object the write will send"})
+		}
+		return bound{Method: r.Method, Path: req.Path, Route: r.Path, IdempotencyKey: req.IdempotencyKey, Fingerprint: fp,
+			Summary: summary, Body: string(body)}, nil
 	}
 	return bound{}, problem.Validation(problem.FieldError{Field: "path", Message: "this service has no write at this method and path that takes approvals"})
 }
@@ -251,7 +263,7 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 }
 
 const columns = `id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by,
-decided_by, decided_at, expires_at, used_by_operation_id, created_at`
+decided_by, decided_at, expires_at, used_by_operation_id, created_at, body`
 
 // Routes registers the approval endpoints on r, which must be behind auth.Middleware.
 func Routes(r gin.IRouter, s *Service) {
@@ -259,6 +271,7 @@ func Routes(r gin.IRouter, s *Service) {
 	r.GET("/v1/approvals/:id", s.get)
 	r.POST("/v1/approvals/:id/approve", func(c *gin.Context) { s.decide(c, StateApproved) })
 	r.POST("/v1/approvals/:id/deny", func(c *gin.Context) { s.decide(c, StateDenied) })
+	r.POST("/v1/approvals/:id/revoke", func(c *gin.Context) { s.decide(c, StateRevoked) })
 }
 
 func (s *Service) create(c *gin.Context) {
@@ -281,11 +294,11 @@ func (s *Service) create(c *gin.Context) {
 			}
 			var a Approval
 			err = tx.WithContext(ctx).Raw(`
-INSERT INTO approvals (id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by, expires_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?::jsonb, 'pending', ?, ?)
+INSERT INTO approvals (id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by, expires_at, body)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?::jsonb, 'pending', ?, ?, ?)
 RETURNING `+columns,
 				ids.New("apv_"), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
-				b.Fingerprint, string(summary), p.Actor(), s.now().Add(s.ttl)).Scan(&a).Error
+				b.Fingerprint, string(summary), p.Actor(), s.now().Add(s.ttl), b.Body).Scan(&a).Error
 			if err != nil {
 				return idem.Result{}, fmt.Errorf("approval: create: %w", err)
 			}
@@ -295,7 +308,7 @@ RETURNING `+columns,
 }
 
 func (s *Service) get(c *gin.Context) {
-	a, err := s.load(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), false)
+	a, err := load(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), false)
 	if err != nil {
 		problem.Write(c, err)
 		return
@@ -303,7 +316,7 @@ func (s *Service) get(c *gin.Context) {
 	c.JSON(http.StatusOK, a)
 }
 
-func (s *Service) load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {
+func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {
 	q := `SELECT ` + columns + ` FROM approvals WHERE id = ? AND account_id = ?`
 	if lock {
 		q += ` FOR UPDATE`
@@ -319,19 +332,42 @@ func (s *Service) load(ctx context.Context, db *gorm.DB, accountID, id string, l
 	return a, nil
 }
 
-// decide approves or denies. It is a declared state: repeating the same decision by the same approver answers
-// the approval again and changes nothing; a different or late decision is refused.
 func (s *Service) decide(c *gin.Context, to State) {
-	p := auth.From(c)
-	if p.Role != auth.RoleApprover {
-		problem.Write(c, problem.New(problem.CodeForbidden, "only a key with role approver can decide approvals"))
+	a, err := decide(c.Request.Context(), s.db, auth.From(c), c.Param("id"), to, s.now())
+	if err != nil {
+		problem.Write(c, err)
 		return
 	}
-	ctx := c.Request.Context()
+	c.JSON(http.StatusOK, a)
+}
+
+// Decide records p's decision on approval id of p's account: StateApproved or StateDenied for a pending
+// approval, StateRevoked for an approved one no write has used yet. It is a declared state: repeating the same
+// decision by the same approver returns the approval and changes nothing. The decision's audit record is
+// written by the database (approval_events), whatever path changed the row.
+//
+// Returns problem errors: forbidden unless p is an approver, not_found for another account's approval,
+// approval_invalid when p requested it or it expired, invalid_state when it is past that decision.
+func Decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to State) (Approval, error) {
+	return decide(ctx, db, p, id, to, time.Now())
+}
+
+func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to State, now time.Time) (Approval, error) {
+	if p.Role != auth.RoleApprover {
+		return Approval{}, problem.New(problem.CodeForbidden, "only a key with role approver can decide approvals")
+	}
+	from := StatePending
+	switch to {
+	case StateApproved, StateDenied:
+	case StateRevoked:
+		from = StateApproved
+	default:
+		return Approval{}, fmt.Errorf("approval: decide: %q is not a decision", to)
+	}
 	var a Approval
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
-		if a, err = s.load(ctx, tx, p.AccountID, c.Param("id"), true); err != nil {
+		if a, err = load(ctx, tx, p.AccountID, id, true); err != nil {
 			return err
 		}
 		switch {
@@ -339,17 +375,60 @@ func (s *Service) decide(c *gin.Context, to State) {
 			return problem.New(problem.CodeApprovalInvalid, "an approval must be decided by a key other than the requester's")
 		case a.State == to && a.DecidedBy != nil && *a.DecidedBy == p.Actor():
 			return nil // the same decision again
-		case a.State != StatePending:
+		case a.State != from:
 			return problem.New(problem.CodeInvalidState, "the approval is already %s", a.State)
-		case !s.now().Before(a.ExpiresAt):
+		case to == StateRevoked && a.UsedByOperationID != nil:
+			return problem.New(problem.CodeInvalidState, "the approval was already used by operation %s", *a.UsedByOperationID)
+		case !now.Before(a.ExpiresAt):
 			return problem.New(problem.CodeApprovalInvalid, "the approval expired at %s", a.ExpiresAt.UTC().Format(time.RFC3339))
 		}
+		// decided_by names the last decision (the revoker, for a revoke); approval_events keeps every one.
 		return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ?, decided_by = ?, decided_at = now() WHERE id = ?
 RETURNING `+columns, to, p.Actor(), a.ID).Scan(&a).Error
 	})
-	if err != nil {
-		problem.Write(c, err)
-		return
+	return a, err
+}
+
+// ListFilter selects the approvals List returns.
+type ListFilter struct {
+	State State
+	// Unexpired keeps those that have not expired; Unused those no write has used yet.
+	Unexpired, Unused bool
+	// Before, when set, keeps those before it in List's order (the last one of the previous page).
+	Before *Cursor
+	Limit  int
+}
+
+// List returns approvals of account, newest first (on the approvals_account_state index).
+func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) ([]Approval, error) {
+	q := `SELECT ` + columns + ` FROM approvals WHERE account_id = ? AND state = ?`
+	args := []any{accountID, f.State}
+	if f.Unexpired {
+		q += ` AND expires_at > now()`
 	}
-	c.JSON(http.StatusOK, a)
+	if f.Unused {
+		q += ` AND used_by_operation_id IS NULL`
+	}
+	if f.Before != nil {
+		q += ` AND (created_at, id) < (?, ?)`
+		args = append(args, f.Before.CreatedAt, f.Before.ID)
+	}
+	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
+	args = append(args, f.Limit)
+	var out []Approval
+	if err := db.WithContext(ctx).Raw(q, args...).Scan(&out).Error; err != nil {
+		return nil, fmt.Errorf("approval: list %s: %w", f.State, err)
+	}
+	return out, nil
+}
+
+// Cursor is the place of an approval in List's order.
+type Cursor struct {
+	CreatedAt time.Time
+	ID        string
+}
+
+// Get returns approval id of account. Returns an error matching problem.ErrNotFound if there is none.
+func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Approval, error) {
+	return load(ctx, db, accountID, id, false)
 }

@@ -123,3 +123,18 @@ func Middleware(ks *Keys) gin.HandlerFunc {
 func From(c *gin.Context) Principal {
 	return c.MustGet(principalKey).(Principal)
 }
+
+// ByKeyID returns the principal of the key with id keyID, if API_KEYS still has it: a console session names
+// its key by id, so removing a key ends its sessions at their next request.
+func (ks *Keys) ByKeyID(keyID string) (Principal, bool) {
+	for _, k := range ks.keys {
+		if k.principal.KeyID == keyID {
+			return k.principal, true
+		}
+	}
+	return Principal{}, false
+}
+
+// With stores p in c as Middleware does, so From works for routes that authenticate another way (the console's
+// session cookie).
+func With(c *gin.Context, p Principal) { c.Set(principalKey, p) }

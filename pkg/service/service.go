@@ -7,7 +7,9 @@
 //   - Name, the name `retrysafe serve NAME` knows it by;
 //   - Routes, which registers every endpoint on the authenticated group (in the service's routes.go);
 //   - Reconcilers, by operation kind, which settle the service's unknown operations;
-//   - Workers, its background loops (the deploy controller), run until their context ends.
+//   - Workers, its background loops (the deploy controller), run until their context ends;
+//   - optionally ConsolePages, the pages it adds to its browser console (pkg/console), which Handler serves
+//     at /console on every service.
 //
 // Then:
 //
@@ -28,6 +30,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
@@ -64,6 +67,11 @@ type Service interface {
 	Workers() []Worker
 }
 
+// ConsolePages is implemented by a service that adds pages to its console (deploys: its environments).
+type ConsolePages interface {
+	ConsolePages() []console.Page
+}
+
 // Worker is a named background loop.
 type Worker struct {
 	Name string
@@ -82,7 +90,8 @@ type HTTP struct {
 }
 
 // Handler is the gin engine of svc: the shared router (access log, metrics, recovery, body limit, health,
-// GET /metrics without a key when d.Metrics is set), then the service's routes behind authentication.
+// GET /metrics without a key when d.Metrics is set), the service's routes behind authentication, and the
+// browser console at /console (signed in by session cookie; the service's ConsolePages among its pages).
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	middleware := h.Middleware
 	if d.Metrics != nil {
@@ -95,6 +104,16 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		r.GET("/metrics", gin.WrapH(d.Metrics.Handler()))
 	}
 	svc.Routes(r.Group("", auth.Middleware(h.Keys)))
+	var pages []console.Page
+	if cp, ok := svc.(ConsolePages); ok {
+		pages = cp.ConsolePages()
+	}
+	if d.DB != nil && h.Keys != nil {
+		err := console.Mount(r, console.Options{DB: d.DB, Keys: h.Keys, Service: svc.Name(), Pages: pages, Logger: d.Log()})
+		if err != nil {
+			panic(err) // the templates are embedded: a template that does not parse is a bug no request can cause
+		}
+	}
 	return r
 }
 

@@ -59,6 +59,21 @@ func TestProductionDeploysNeedAnApprovalOfTheExactRequest(t *testing.T) {
 	otherKey := b.approved(t, "/v1/deploys", "key-a", prod(1))
 	refused("another key", b.agent.Post("/v1/deploys", prod(1), apitest.Key("key-b"), approvalID(otherKey)), 403, "approval_invalid")
 
+	// A revoked approval is refused like a denied one; the revoke is in the approval's audit chain, and one
+	// already used cannot be revoked.
+	revoked := b.approved(t, "/v1/deploys", "revoked", prod(1))
+	if code := b.agent.Post("/v1/approvals/"+revoked+"/revoke", nil).Status(t, 403).Str(t, "code"); code != "forbidden" {
+		t.Fatalf("agent revoke: %s", code)
+	}
+	if state := b.approver.Post("/v1/approvals/"+revoked+"/revoke", nil).Status(t, 200).Str(t, "state"); state != "revoked" {
+		t.Fatalf("revoked approval state %s", state)
+	}
+	b.approver.Post("/v1/approvals/"+revoked+"/revoke", nil).Status(t, 200) // the same decision again
+	refused("revoked", b.agent.Post("/v1/deploys", prod(1), apitest.Key("revoked"), approvalID(revoked)), 403, "approval_invalid")
+	if n := count(t, b.db, `SELECT count(*) FROM approval_events WHERE approval_id = ? AND type = 'revoked' AND actor LIKE 'approver:%'`, revoked); n != 1 {
+		t.Fatalf("%d revoked records in the approval's chain, want 1", n)
+	}
+
 	ok := b.approved(t, "/v1/deploys", "ok", prod(1))
 	first := b.agent.Post("/v1/deploys", prod(1), apitest.Key("ok"), approvalID(ok)).Status(t, 202)
 	replay := b.agent.Post("/v1/deploys", prod(1), apitest.Key("ok")).Status(t, 202)
@@ -74,6 +89,9 @@ func TestProductionDeploysNeedAnApprovalOfTheExactRequest(t *testing.T) {
 	}
 	if n := count(t, b.db, `SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = 'approval_checked'`, opID); n != 1 {
 		t.Fatalf("%d approval_checked events, want 1", n)
+	}
+	if code := b.approver.Post("/v1/approvals/"+ok+"/revoke", nil).Status(t, 409).Str(t, "code"); code != "invalid_state" {
+		t.Fatalf("revoke of a used approval: %s", code)
 	}
 	// Other environments need none.
 	b.agent.Post("/v1/deploys", deployBody("api", "staging", artifact(1)), apitest.Key("staging")).Status(t, 202)

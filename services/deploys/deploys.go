@@ -296,6 +296,10 @@ type Store interface {
 	DeployByOperation(ctx context.Context, db *gorm.DB, accountID, operationID string) (Deploy, error)
 	// Environment returns an environment with its lock holder. Returns an error matching problem.ErrNotFound.
 	Environment(ctx context.Context, db *gorm.DB, accountID, name string) (Environment, error)
+	// Environments returns up to limit environments of account named after after, by name, with their locks.
+	Environments(ctx context.Context, db *gorm.DB, accountID, after string, limit int) ([]Environment, error)
+	// RecentDeploys returns the limit newest deploys and rollbacks of an environment, newest first.
+	RecentDeploys(ctx context.Context, db *gorm.DB, accountID, environment string, limit int) ([]Deploy, error)
 	// RollbackPlan returns what rolling back deploy id would do. Returns problem.ErrNotFound, or invalid_state
 	// when the deploy is not its environment's current deploy or there is nothing before it.
 	RollbackPlan(ctx context.Context, db *gorm.DB, accountID, id string) (RollbackPlan, error)

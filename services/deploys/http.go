@@ -167,9 +167,12 @@ func (s *Server) describeDeploy(ctx context.Context, accountID string, _ map[str
 	if cmd.ExpectedEnvironmentVersion != nil {
 		summary["expected_environment_version"] = *cmd.ExpectedEnvironmentVersion
 	}
+	// Whether it can be rolled back: only to a deploy that runs there now.
+	summary["can_roll_back"] = false
 	if env, err := s.Store.Environment(ctx, s.DB, accountID, cmd.Environment); err == nil {
 		summary["environment_version"] = env.Version
 		summary["replaces_deploy_id"] = env.CurrentDeployID
+		summary["can_roll_back"] = env.CurrentDeployID != nil
 	}
 	return cmd, summary, nil
 }

@@ -143,6 +143,38 @@ func oneDeploy(ctx context.Context, db *gorm.DB, where string, args ...any) (dep
 
 // Environment implements Store.
 func (PostgresStore) Environment(ctx context.Context, db *gorm.DB, accountID, name string) (Environment, error) {
+	envs, err := environments(ctx, db, `e.account_id = ? AND e.name = ?`, []any{accountID, name}, 1)
+	if err != nil {
+		return Environment{}, err
+	}
+	if len(envs) == 0 {
+		return Environment{}, problem.New(problem.CodeNotFound, "environment %s has never been deployed to in this account", name)
+	}
+	return envs[0], nil
+}
+
+// Environments implements Store.
+func (PostgresStore) Environments(ctx context.Context, db *gorm.DB, accountID, after string, limit int) ([]Environment, error) {
+	return environments(ctx, db, `e.account_id = ? AND e.name > ?`, []any{accountID, after}, limit)
+}
+
+// RecentDeploys implements Store.
+func (PostgresStore) RecentDeploys(ctx context.Context, db *gorm.DB, accountID, environment string, limit int) ([]Deploy, error) {
+	var rows []deployRow
+	err := db.WithContext(ctx).Raw(selectDeploy+`WHERE d.account_id = ? AND d.environment = ? ORDER BY d.created_at DESC, d.id DESC LIMIT ?`,
+		accountID, environment, limit).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("deploys: recent deploys: %w", err)
+	}
+	out := make([]Deploy, len(rows))
+	for i, r := range rows {
+		out[i] = r.Deploy
+	}
+	return out, nil
+}
+
+// environments selects environments with their lock holder, by name.
+func environments(ctx context.Context, db *gorm.DB, where string, args []any, limit int) ([]Environment, error) {
 	var rows []struct {
 		Name             string
 		Version          int64
@@ -161,25 +193,25 @@ SELECT e.name, e.version, e.current_deploy_id, e.current_artifact, e.current_com
        e.updated_at, l.holder_deploy_id, l.fencing_token, l.acquired_at, l.lease_expires_at
 FROM environments e
 LEFT JOIN environment_locks l ON l.account_id = e.account_id AND l.environment = e.name
-WHERE e.account_id = ? AND e.name = ?`, accountID, name).Scan(&rows).Error
+WHERE `+where+` ORDER BY e.name LIMIT ?`, append(args, limit)...).Scan(&rows).Error
 	if err != nil {
-		return Environment{}, fmt.Errorf("deploys: environment: %w", err)
+		return nil, fmt.Errorf("deploys: environment: %w", err)
 	}
-	if len(rows) == 0 {
-		return Environment{}, problem.New(problem.CodeNotFound, "environment %s has never been deployed to in this account", name)
-	}
-	r := rows[0]
-	env := Environment{
-		Name: r.Name, Version: r.Version, CurrentDeployID: r.CurrentDeployID, CurrentArtifact: r.CurrentArtifact,
-		CurrentCommitSHA: r.CurrentCommitSHA, PreviousDeployID: r.PreviousDeployID, UpdatedAt: r.UpdatedAt,
-	}
-	if r.HolderDeployID != nil {
-		env.Lock = &Lock{HolderDeployID: *r.HolderDeployID, FencingToken: *r.FencingToken, LeaseExpiresAt: r.LeaseExpiresAt}
-		if r.AcquiredAt != nil {
-			env.Lock.AcquiredAt = *r.AcquiredAt
+	out := make([]Environment, 0, len(rows))
+	for _, r := range rows {
+		env := Environment{
+			Name: r.Name, Version: r.Version, CurrentDeployID: r.CurrentDeployID, CurrentArtifact: r.CurrentArtifact,
+			CurrentCommitSHA: r.CurrentCommitSHA, PreviousDeployID: r.PreviousDeployID, UpdatedAt: r.UpdatedAt,
 		}
+		if r.HolderDeployID != nil {
+			env.Lock = &Lock{HolderDeployID: *r.HolderDeployID, FencingToken: *r.FencingToken, LeaseExpiresAt: r.LeaseExpiresAt}
+			if r.AcquiredAt != nil {
+				env.Lock.AcquiredAt = *r.AcquiredAt
+			}
+		}
+		out = append(out, env)
 	}
-	return env, nil
+	return out, nil
 }
 
 // RollbackPlan implements Store.

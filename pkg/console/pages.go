@@ -1,0 +1,263 @@
+package console
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// pendingItem is an approval as the inbox shows it.
+type pendingItem struct {
+	approval.Approval
+	Headline string
+	Details  []Field
+	Body     string
+	// Own is true when the signed-in key asked for it: it cannot decide its own request.
+	Own bool
+}
+
+func (c *console) items(s Session, as []approval.Approval) []pendingItem {
+	out := make([]pendingItem, 0, len(as))
+	for _, a := range as {
+		it := pendingItem{Approval: a, Headline: headline(a.Summary), Details: details(a.Summary),
+			Own: a.RequestedBy == string(s.Role)+":"+s.KeyID}
+		if a.Body != nil {
+			it.Body = *a.Body
+		}
+		out = append(out, it)
+	}
+	return out
+}
+
+// headline is the one line a person reads first: what will run, where, for how much.
+func headline(s approval.Summary) string {
+	str := func(k string) string {
+		if v, ok := s[k]; ok && v != nil {
+			return fmt.Sprint(v)
+		}
+		return ""
+	}
+	ref := str("artifact")
+	if ref == "" {
+		ref = str("commit_sha")
+	}
+	switch action := str("action"); action {
+	case "deploy":
+		return fmt.Sprintf("Deploy %s %s to %s", str("service"), ref, str("environment"))
+	case "rollback":
+		return fmt.Sprintf("Roll back %s in %s to %s", str("service"), str("environment"), ref)
+	case "capture", "refund":
+		return fmt.Sprintf("%s %s %s of intent %s (order %s)", strings.ToUpper(action[:1])+action[1:],
+			str("amount"), str("currency"), str("intent_id"), str("order_id"))
+	default:
+		return action
+	}
+}
+
+// details lists every field of the summary, the rollback possibility said in words.
+func details(s approval.Summary) []Field {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]Field, 0, len(keys)+1)
+	if v, ok := s["can_roll_back"]; ok {
+		answer := "no: nothing runs in this environment before it"
+		if v == true {
+			answer = fmt.Sprintf("yes, to deploy %v", s["replaces_deploy_id"])
+		}
+		out = append(out, Field{Label: "Can be rolled back", Value: answer})
+	}
+	for _, k := range keys {
+		if k == "can_roll_back" {
+			continue // said in words above
+		}
+		v := s[k]
+		text := "—"
+		switch v := v.(type) {
+		case nil:
+		case string:
+			text = v
+		default:
+			b, _ := json.Marshal(v)
+			text = string(b)
+		}
+		out = append(out, Field{Label: k, Value: text})
+	}
+	return out
+}
+
+// cursor encodes an approval's place for the inbox's next-page link.
+func approvalCursor(a approval.Approval) string {
+	return a.CreatedAt.UTC().Format(time.RFC3339Nano) + "_" + a.ID
+}
+
+func parseApprovalCursor(s string) (*approval.Cursor, error) {
+	at, id, ok := strings.Cut(s, "_")
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if !ok || err != nil || id == "" {
+		return nil, problem.Validation(problem.FieldError{Field: "before", Message: "is not a cursor of this list"})
+	}
+	return &approval.Cursor{CreatedAt: t, ID: id}, nil
+}
+
+func (c *console) approvals(ctx *gin.Context) {
+	s := sessionOf(ctx)
+	var before *approval.Cursor
+	if v := ctx.Query("before"); v != "" {
+		var err error
+		if before, err = parseApprovalCursor(v); err != nil {
+			c.fail(ctx, err)
+			return
+		}
+	}
+	pending, err := approval.List(ctx, c.o.DB, s.AccountID, approval.ListFilter{
+		State: approval.StatePending, Unexpired: true, Before: before, Limit: c.o.PageSize + 1,
+	})
+	if err != nil {
+		c.fail(ctx, err)
+		return
+	}
+	next := ""
+	if len(pending) > c.o.PageSize {
+		pending = pending[:c.o.PageSize]
+		next = Prefix + "/approvals?before=" + url.QueryEscape(approvalCursor(pending[len(pending)-1]))
+	}
+	// Approved but not yet used: the ones a revoke can still stop (the newest page of them).
+	unused, err := approval.List(ctx, c.o.DB, s.AccountID, approval.ListFilter{
+		State: approval.StateApproved, Unexpired: true, Unused: true, Limit: c.o.PageSize,
+	})
+	if err != nil {
+		c.fail(ctx, err)
+		return
+	}
+	c.render(ctx, http.StatusOK, "approvals", map[string]any{
+		"Title": "Approvals", "Pending": c.items(s, pending), "Approved": c.items(s, unused), "Next": next,
+		"Done": doneNotice(ctx.Query("done")),
+	})
+}
+
+// doneNotice is the notice after a decision, or "" for anything a decision's redirect would not send: a link
+// from elsewhere cannot make the inbox say what it likes.
+func doneNotice(q string) string {
+	state, id, _ := strings.Cut(q, " ")
+	if !approvalID.MatchString(id) {
+		return ""
+	}
+	for _, s := range decisions {
+		if string(s) == state {
+			return q
+		}
+	}
+	return ""
+}
+
+var approvalID = regexp.MustCompile(`^apv_[A-Za-z0-9_-]{1,64}$`)
+
+var decisions = map[string]approval.State{
+	"approve": approval.StateApproved, "deny": approval.StateDenied, "revoke": approval.StateRevoked,
+}
+
+// decide goes through pkg/approval like the API: an agent key, the requester's own key or another account's
+// approval are refused there, whatever the page showed.
+func (c *console) decide(ctx *gin.Context) {
+	to, ok := decisions[ctx.Param("decision")]
+	if !ok {
+		c.fail(ctx, problem.New(problem.CodeNotFound, "no such decision"))
+		return
+	}
+	a, err := approval.Decide(ctx, c.o.DB, auth.From(ctx), ctx.Param("id"), to)
+	if err != nil {
+		c.fail(ctx, err)
+		return
+	}
+	ctx.Redirect(http.StatusSeeOther, Prefix+"/approvals?done="+url.QueryEscape(string(a.State)+" "+a.ID))
+}
+
+var states = []opstatus.State{
+	opstatus.StateUnknown, opstatus.StateQueued, opstatus.StateRunning, opstatus.StateSucceeded,
+	opstatus.StateFailed, opstatus.StateCancelled,
+}
+
+func (c *console) operations(ctx *gin.Context) {
+	s := sessionOf(ctx)
+	state, kind, q := ctx.Query("state"), strings.TrimSpace(ctx.Query("kind")), strings.TrimSpace(ctx.Query("q"))
+	if state != "" && !validState(state) {
+		c.fail(ctx, problem.Validation(problem.FieldError{Field: "state", Message: "is not an operation state"}))
+		return
+	}
+	data := map[string]any{"Title": "Operations", "States": states, "State": state, "Kind": kind, "Q": q}
+	if q != "" {
+		// A search: the operation with that id, and the operations started under that idempotency key.
+		var found []opstatus.Operation
+		op, err := opstatus.Get(ctx, c.o.DB, s.AccountID, q)
+		switch {
+		case err == nil:
+			found = append(found, op)
+		case !errors.Is(err, problem.ErrNotFound):
+			c.fail(ctx, err)
+			return
+		}
+		byKey, err := opstatus.FindByKey(ctx, c.o.DB, s.AccountID, q)
+		if err != nil {
+			c.fail(ctx, err)
+			return
+		}
+		data["Operations"] = append(found, byKey...)
+		c.render(ctx, http.StatusOK, "operations", data)
+		return
+	}
+	page, err := opstatus.List(ctx, c.o.DB, s.AccountID, opstatus.ListFilter{
+		State: opstatus.State(state), Kind: kind, After: ctx.Query("after"), Limit: c.o.PageSize,
+	})
+	if err != nil {
+		c.fail(ctx, err)
+		return
+	}
+	data["Operations"] = page.Operations
+	if page.Next != "" {
+		v := url.Values{"after": {page.Next}}
+		if state != "" {
+			v.Set("state", state)
+		}
+		if kind != "" {
+			v.Set("kind", kind)
+		}
+		data["Next"] = Prefix + "/operations?" + v.Encode()
+	}
+	c.render(ctx, http.StatusOK, "operations", data)
+}
+
+func validState(s string) bool {
+	for _, st := range states {
+		if string(st) == s {
+			return true
+		}
+	}
+	return false
+}
+
+// operation is one operation's page: the audit timeline (opstatus.GetTimeline, the same the API and
+// `retrysafe audit timeline` show) with its chain check.
+func (c *console) operation(ctx *gin.Context) {
+	tl, err := opstatus.GetTimeline(ctx, c.o.DB, sessionOf(ctx).AccountID, ctx.Param("id"))
+	if err != nil {
+		c.fail(ctx, err)
+		return
+	}
+	c.render(ctx, http.StatusOK, "operation", map[string]any{"Title": "Operation " + tl.OperationID, "T": tl})
+}
