@@ -66,6 +66,13 @@ func New(t testing.TB, baseURL, secret string) *Client {
 	return &Client{t: t, BaseURL: strings.TrimRight(baseURL, "/"), Secret: secret, HTTP: &http.Client{Timeout: 60 * time.Second}}
 }
 
+// For returns the client reporting to t instead (a fuzz target's t, for a client made with its f).
+func (c *Client) For(t testing.TB) *Client {
+	cp := *c
+	cp.t = t
+	return &cp
+}
+
 // As returns a client for the same service with another key.
 func (c *Client) As(secret string) *Client {
 	cp := *c

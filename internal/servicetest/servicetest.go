@@ -110,8 +110,18 @@ func New(t testing.TB, opts ...Option) *Env {
 // serves it until the test ends. It returns a client as the demo agent.
 func (e *Env) Serve(t testing.TB, svc service.Service) *apitest.Client {
 	t.Helper()
+	return e.ServeHTTP(t, service.HTTP{Keys: e.Keys}, svc)
+}
+
+// ServeHTTP is Serve with the shared HTTP stack h (keys, body limit, rate limits) as cmd/retrysafe builds it;
+// its Keys default to the demo keys.
+func (e *Env) ServeHTTP(t testing.TB, h service.HTTP, svc service.Service) *apitest.Client {
+	t.Helper()
+	if h.Keys == nil {
+		h.Keys = e.Keys
+	}
 	e.Idem.Reconcilers = service.Reconcilers(svc)
-	srv := httptest.NewServer(service.Handler(e.Deps, service.HTTP{Keys: e.Keys}, svc))
+	srv := httptest.NewServer(service.Handler(e.Deps, h, svc))
 	t.Cleanup(srv.Close)
 	e.URL = srv.URL
 	return apitest.New(t, srv.URL, AgentSecret)

@@ -42,6 +42,9 @@ import (
 // HeaderApprovalID is the request header that names the approval of a write.
 const HeaderApprovalID = "Approval-Id"
 
+// idPrefix starts every approval id (ids.New).
+const idPrefix = "apv_"
+
 // State of an approval.
 type State string
 
@@ -149,15 +152,18 @@ type Request struct {
 	Body           json.RawMessage `json:"body"`
 }
 
-// Validate checks the request's shape; Describe checks the body.
+// Longest method and path a Request may name; no route comes near them.
+const (
+	MaxMethodLength = 16
+	MaxPathLength   = 2048
+)
+
+// Validate checks the request's shape; Describe checks the body. The path is text a person reads and its
+// segments reach SQL through Describe, so it is held to problem.CheckText.
 func (r *Request) Validate() error {
 	var errs []problem.FieldError
-	if r.Method == "" {
-		errs = append(errs, problem.FieldError{Field: "method", Message: "is required"})
-	}
-	if r.Path == "" {
-		errs = append(errs, problem.FieldError{Field: "path", Message: "is required"})
-	}
+	errs = problem.CheckText(errs, "method", r.Method, MaxMethodLength, true)
+	errs = problem.CheckText(errs, "path", r.Path, MaxPathLength, true)
 	if _, err := idem.ParseKey(r.IdempotencyKey, true); err != nil {
 		errs = append(errs, problem.FieldError{Field: "idempotency_key", Message: "must be 1 to 255 printable ASCII characters"})
 	}
@@ -218,6 +224,10 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 			return problem.New(problem.CodeApprovalRequired,
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
 		}
+		if !ids.Valid(idPrefix, id) {
+			// Never looked up: a header value that no approval id can be (NUL, invalid UTF-8) must not reach SQL.
+			return problem.New(problem.CodeApprovalInvalid, "no such approval in this account")
+		}
 		var a Approval
 		res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE id = ? AND account_id = ? FOR UPDATE`, id, op.AccountID).Scan(&a)
 		if res.Error != nil {
@@ -256,9 +266,10 @@ decided_by, decided_at, expires_at, used_by_operation_id, created_at`
 // Routes registers the approval endpoints on r, which must be behind auth.Middleware.
 func Routes(r gin.IRouter, s *Service) {
 	r.POST("/v1/approvals", s.create)
-	r.GET("/v1/approvals/:id", s.get)
-	r.POST("/v1/approvals/:id/approve", func(c *gin.Context) { s.decide(c, StateApproved) })
-	r.POST("/v1/approvals/:id/deny", func(c *gin.Context) { s.decide(c, StateDenied) })
+	approval := httpserver.PathID("id", idPrefix, "approval")
+	r.GET("/v1/approvals/:id", approval, s.get)
+	r.POST("/v1/approvals/:id/approve", approval, func(c *gin.Context) { s.decide(c, StateApproved) })
+	r.POST("/v1/approvals/:id/deny", approval, func(c *gin.Context) { s.decide(c, StateDenied) })
 }
 
 func (s *Service) create(c *gin.Context) {
@@ -284,7 +295,7 @@ func (s *Service) create(c *gin.Context) {
 INSERT INTO approvals (id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by, expires_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?::jsonb, 'pending', ?, ?)
 RETURNING `+columns,
-				ids.New("apv_"), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
+				ids.New(idPrefix), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
 				b.Fingerprint, string(summary), p.Actor(), s.now().Add(s.ttl)).Scan(&a).Error
 			if err != nil {
 				return idem.Result{}, fmt.Errorf("approval: create: %w", err)

@@ -1,6 +1,7 @@
 // Package httpserver is the HTTP plumbing every retrysafe service shares: a gin engine with JSON access logs,
-// panic recovery into problem+json, a request body limit, health endpoints, strict JSON decoding, and a server
-// that shuts down gracefully when its context ends.
+// panic recovery into problem+json, a request body limit, CheckURL for every path parameter and query value
+// before a handler sees it, health endpoints, strict JSON decoding, and a server that shuts down gracefully when its
+// context ends.
 //
 //	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20})
 //	api := r.Group("", auth.Middleware(keys))
@@ -50,6 +51,8 @@ func NewRouter(o Options) *gin.Engine {
 	}
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
+	// An API answers the path it was asked: /v1/tickets/ is no resource, not a redirect to the list.
+	r.RedirectTrailingSlash = false
 	r.ContextWithFallback = true
 	r.Use(attempt, accessLog(o.Logger))
 	r.Use(o.Middleware...)

@@ -7,13 +7,14 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Routes registers GET /v1/operations/{id} and GET /v1/operations?idempotency_key=K on r, which must be
 // behind auth.Middleware: a caller only ever sees its own account's operations.
 func Routes(r gin.IRouter, db *gorm.DB) {
-	r.GET("/v1/operations/:id", func(c *gin.Context) {
+	r.GET("/v1/operations/:id", httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
 		op, err := Get(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
 		if err != nil {
 			problem.Write(c, err)
@@ -23,8 +24,8 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 	})
 	r.GET("/v1/operations", func(c *gin.Context) {
 		key := c.Query("idempotency_key")
-		if key == "" {
-			problem.Write(c, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: "is required"}))
+		if msg := checkKey(key); msg != "" {
+			problem.Write(c, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: msg}))
 			return
 		}
 		ops, err := FindByKey(c.Request.Context(), db, auth.From(c).AccountID, key)
@@ -34,4 +35,21 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 		}
 		c.JSON(http.StatusOK, gin.H{"items": ops})
 	})
+}
+
+// checkKey holds a looked-up key to the rules of the Idempotency-Key header (pkg/idem.ParseKey, which this
+// package cannot import): a value no write could have used is refused rather than looked up.
+func checkKey(key string) string {
+	if key == "" {
+		return "is required"
+	}
+	if len(key) > 255 {
+		return "must be 1 to 255 printable ASCII characters"
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return "must be 1 to 255 printable ASCII characters"
+		}
+	}
+	return ""
 }

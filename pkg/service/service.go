@@ -82,7 +82,8 @@ type HTTP struct {
 }
 
 // Handler is the gin engine of svc: the shared router (access log, metrics, recovery, body limit, health,
-// GET /metrics without a key when d.Metrics is set), then the service's routes behind authentication.
+// GET /metrics without a key when d.Metrics is set), then the service's routes behind authentication and
+// httpserver.CheckURL, so no path or query value a handler reads can be one SQL refuses.
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	middleware := h.Middleware
 	if d.Metrics != nil {
@@ -94,7 +95,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if d.Metrics != nil {
 		r.GET("/metrics", gin.WrapH(d.Metrics.Handler()))
 	}
-	svc.Routes(r.Group("", auth.Middleware(h.Keys)))
+	svc.Routes(r.Group("", auth.Middleware(h.Keys), httpserver.CheckURL))
 	return r
 }
 

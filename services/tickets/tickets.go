@@ -81,7 +81,7 @@ func (cmd *CreateTicket) Validate() error {
 	if cmd.Description == nil {
 		cmd.Description = new(string)
 	}
-	errs = problem.CheckText(errs, "description", *cmd.Description, 10000, false)
+	errs = problem.CheckMultilineText(errs, "description", *cmd.Description, 10000, false)
 	if cmd.Priority == nil {
 		p := PriorityNormal
 		cmd.Priority = &p
@@ -107,7 +107,7 @@ type AddComment struct {
 
 // Validate checks the command.
 func (cmd *AddComment) Validate() error {
-	if errs := problem.CheckText(nil, "body", cmd.Body, 10000, true); len(errs) > 0 {
+	if errs := problem.CheckMultilineText(nil, "body", cmd.Body, 10000, true); len(errs) > 0 {
 		return problem.Validation(errs...)
 	}
 	return nil

@@ -423,7 +423,7 @@ func TestStoreDownIs503AndNothingElse(t *testing.T) {
 	if res.Str(t, "code") != "store_unavailable" || res.Header.Get("Retry-After") == "" {
 		t.Errorf("store down answered %s %v", res.Body, res.Header)
 	}
-	c.Get("/v1/tickets/x").Status(t, http.StatusServiceUnavailable)
+	c.Get("/v1/tickets/tkt_0193c1c5-0000-7000-8000-000000000000").Status(t, http.StatusServiceUnavailable)
 }
 
 func TestProblemDocumentShape(t *testing.T) {
