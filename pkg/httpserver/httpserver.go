@@ -20,7 +20,9 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"reflect"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
@@ -168,8 +170,8 @@ func bodyLimit(limit int64) gin.HandlerFunc {
 	}
 }
 
-// DecodeJSON reads the request body into v strictly: a JSON object, no unknown fields, no trailing data, types
-// as declared. Any failure is 400 invalid_request, before anything is claimed or stored.
+// DecodeJSON reads the request body into v strictly (see DecodeJSONBytes): a JSON object, no unknown, duplicate
+// or case-folded member names, no trailing data, types as declared. Any failure is 400 invalid_request, before anything is claimed or stored.
 func DecodeJSON(c *gin.Context, v any) error {
 	if ct := c.GetHeader("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
@@ -189,10 +191,19 @@ func DecodeJSON(c *gin.Context, v any) error {
 }
 
 // DecodeJSONBytes is DecodeJSON for a body already read, such as the proposed body of an approval request, so
-// that it is held to exactly the rules its write will be.
+// that it is held to exactly the rules its write will be. Strict means: UTF-8, one JSON value, no unknown
+// member, no member twice in one object and no name that matches a field only by case, at any depth; so what
+// is decoded is the only way to read the body, and the fingerprint, an approver's summary and the write all
+// see the same request.
 func DecodeJSONBytes(body []byte, v any) error {
-	if len(bytes.TrimSpace(body)) == 0 {
+	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' {
 		return problem.New(problem.CodeInvalidRequest, "the request body must be a JSON object")
+	}
+	if !utf8.Valid(body) {
+		return problem.New(problem.CodeInvalidRequest, "malformed JSON: the body is not valid UTF-8")
+	}
+	if err := checkMemberNames(body, reflect.TypeOf(v)); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

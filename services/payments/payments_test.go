@@ -45,6 +45,7 @@ func TestPayments(t *testing.T) {
 		{"CallerHangsUpDuringClaim", testCallerHangsUpDuringClaim},
 		{"UnsentWhenLeaseSpentAtCommit", testUnsentWhenLeaseSpentAtCommit},
 		{"FrozenDatabaseBeforeEffect", testFrozenDatabaseBeforeEffect},
+		{"StrictJSON", testStrictJSON},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -574,4 +575,39 @@ func testCancelAndScope(t *testing.T, h *harness) {
 	// The order is free again.
 	b.agent.Post("/v1/payment_intents", `{"order_id":"o-cancel","amount":"5.00","currency":"USD"}`, apitest.Key("again")).Status(t, http.StatusCreated)
 	b.assertCounters(t, map[string]int64{"authorize": 2, "void": 1})
+}
+
+// testStrictJSON: a body that two readers could read as two requests (a member twice, a name that matches a
+// field only by case) is 400 naming the member, in a write and in the body an approval is asked for; nothing
+// reaches the provider, no approval is stored, and the key stays free.
+func testStrictJSON(t *testing.T, h *harness) {
+	b := h.setup(t)
+	for _, tt := range []struct{ body, field string }{
+		{`{"order_id":"o","amount":"1.00","amount":"9999.00","currency":"USD"}`, "amount"},
+		{`{"order_id":"o","AMOUNT":"7.00","currency":"USD"}`, "AMOUNT"},
+		{`{"order_id":"o","Order_Id":"p","amount":"7.00","currency":"USD"}`, "Order_Id"},
+	} {
+		r := b.agent.Post("/v1/payment_intents", tt.body, apitest.Key("strict")).Status(t, http.StatusBadRequest)
+		if code(t, r) != "invalid_request" || !strings.Contains(string(r.Body), `"field":"`+tt.field+`"`) {
+			t.Errorf("%s: %s; want invalid_request naming %s", tt.body, r.Body, tt.field)
+		}
+	}
+	in := b.createIntent(t, "o-strict", `{"order_id":"o-strict","amount":"2500.00","currency":"USD"}`)
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	r := b.agent.Post(path, `{"amount":"1.00","amount":"2500.00"}`, apitest.Key("cap")).Status(t, http.StatusBadRequest)
+	if code(t, r) != "invalid_request" {
+		t.Errorf("capture with a duplicate amount: %s", r.Body)
+	}
+	req := `{"method":"POST","path":"` + path + `","idempotency_key":"cap","body":{"amount":"1.00","amount":"2500.00"}}`
+	r = b.agent.Post("/v1/approvals", req, apitest.Key("apv")).Status(t, http.StatusBadRequest)
+	if !strings.Contains(string(r.Body), `"field":"body.amount"`) {
+		t.Errorf("approval of a body with a duplicate amount: %s", r.Body)
+	}
+	var approvals int64
+	if err := b.db.DB.Table("approvals").Count(&approvals).Error; err != nil || approvals != 0 {
+		t.Errorf("%d approvals stored (%v)", approvals, err)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+	// The key refused above was never claimed.
+	b.agent.Post("/v1/payment_intents", `{"order_id":"o","amount":"7.00","currency":"USD"}`, apitest.Key("strict")).Status(t, http.StatusCreated)
 }
