@@ -345,7 +345,9 @@ type ApprovalRequest struct {
 	// Method Example: POST
 	Method string `json:"method"`
 
-	// Path Example: /v1/deploys
+	// Path One line of text.
+	//
+	// Example: /v1/deploys
 	Path string `json:"path"`
 }
 
@@ -388,8 +390,12 @@ type CreatePaymentIntent struct {
 	Amount      *PaymentAmount `json:"amount,omitempty"`
 	AmountMinor *int64         `json:"amount_minor,omitempty"`
 	Currency    string         `json:"currency"`
-	Description *string        `json:"description,omitempty"`
-	OrderId     string         `json:"order_id"`
+
+	// Description One line of free text.
+	Description *string `json:"description,omitempty"`
+
+	// OrderId One line of free text.
+	OrderId string `json:"order_id"`
 }
 
 // CreateRefund Exactly one of amount and amount_minor, in the intent's currency.
@@ -397,18 +403,25 @@ type CreateRefund struct {
 	// Amount A decimal string with at most the currency's ISO 4217 decimals ("12.30" USD, "1000" JPY, "1.500" KWD).
 	Amount      *PaymentAmount `json:"amount,omitempty"`
 	AmountMinor *int64         `json:"amount_minor,omitempty"`
-	Reason      *string        `json:"reason,omitempty"`
+
+	// Reason One line of free text.
+	Reason *string `json:"reason,omitempty"`
 }
 
 // CreateTicket defines model for CreateTicket.
 type CreateTicket struct {
+	// Description Free text; line feed and tab allowed.
 	Description *string         `json:"description,omitempty"`
 	Priority    *TicketPriority `json:"priority,omitempty"`
-	Project     string          `json:"project"`
 
-	// SourceEventId The event that caused this ticket; one ticket per source event and account.
+	// Project One line of free text.
+	Project string `json:"project"`
+
+	// SourceEventId The event that caused this ticket; one ticket per source event and account. One line of free text.
 	SourceEventId *string `json:"source_event_id,omitempty"`
-	Title         string  `json:"title"`
+
+	// Title One line of free text.
+	Title string `json:"title"`
 }
 
 // Deploy defines model for Deploy.
@@ -876,6 +889,7 @@ type PostV1TicketsParams struct {
 
 // PostV1TicketsIdCommentsJSONBody defines parameters for PostV1TicketsIdComments.
 type PostV1TicketsIdCommentsJSONBody struct {
+	// Body Free text; line feed and tab allowed.
 	Body string `json:"body"`
 }
 
@@ -5275,6 +5289,8 @@ type GetV1ApprovalsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Approval
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -5284,6 +5300,11 @@ type GetV1ApprovalsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1ApprovalsIdResponse) GetJSON200() *Approval {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1ApprovalsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -5335,6 +5356,8 @@ type PostV1ApprovalsIdApproveResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Approval
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -5350,6 +5373,11 @@ type PostV1ApprovalsIdApproveResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r PostV1ApprovalsIdApproveResponse) GetJSON200() *Approval {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -5411,6 +5439,8 @@ type PostV1ApprovalsIdDenyResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Approval
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -5426,6 +5456,11 @@ type PostV1ApprovalsIdDenyResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r PostV1ApprovalsIdDenyResponse) GetJSON200() *Approval {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6038,6 +6073,8 @@ type GetV1DeploysIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *DeployStatus
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -6051,6 +6088,11 @@ type GetV1DeploysIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1DeploysIdResponse) GetJSON200() *DeployStatus {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1DeploysIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6113,6 +6155,8 @@ type PostV1DeploysIdCancelResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *DeployStatus
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -6130,6 +6174,11 @@ type PostV1DeploysIdCancelResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r PostV1DeploysIdCancelResponse) GetJSON200() *DeployStatus {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6327,6 +6376,8 @@ type GetV1EnvironmentsNameResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Environment
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -6340,6 +6391,11 @@ type GetV1EnvironmentsNameResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1EnvironmentsNameResponse) GetJSON200() *Environment {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1EnvironmentsNameResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6468,6 +6524,8 @@ type GetV1OperationsResponse struct {
 	JSON200 *struct {
 		Items []Operation `json:"items"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
@@ -6483,6 +6541,11 @@ func (r GetV1OperationsResponse) GetJSON200() *struct {
 	Items []Operation `json:"items"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1OperationsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6540,6 +6603,8 @@ type GetV1OperationsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Operation
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -6553,6 +6618,11 @@ type GetV1OperationsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1OperationsIdResponse) GetJSON200() *Operation {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1OperationsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6747,6 +6817,8 @@ type GetV1PaymentIntentsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *PaymentIntent
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -6760,6 +6832,11 @@ type GetV1PaymentIntentsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1PaymentIntentsIdResponse) GetJSON200() *PaymentIntent {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1PaymentIntentsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7119,6 +7196,8 @@ type GetV1PaymentIntentsIdRefundsResponse struct {
 	JSON200 *struct {
 		Items []Refund `json:"items"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -7134,6 +7213,11 @@ func (r GetV1PaymentIntentsIdRefundsResponse) GetJSON200() *struct {
 	Items []Refund `json:"items"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7349,6 +7433,8 @@ type GetV1RefundsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Refund
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -7362,6 +7448,11 @@ type GetV1RefundsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1RefundsIdResponse) GetJSON200() *Refund {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1RefundsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7421,6 +7512,8 @@ type GetV1TicketsResponse struct {
 	JSON200 *struct {
 		Items []Ticket `json:"items"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -7434,6 +7527,11 @@ func (r GetV1TicketsResponse) GetJSON200() *struct {
 	Items []Ticket `json:"items"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1TicketsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7616,6 +7714,8 @@ type GetV1TicketsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Ticket
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -7629,6 +7729,11 @@ type GetV1TicketsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1TicketsIdResponse) GetJSON200() *Ticket {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1TicketsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7682,6 +7787,8 @@ type GetV1TicketsIdCommentsResponse struct {
 	JSON200 *struct {
 		Items []Comment `json:"items"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -7693,6 +7800,11 @@ func (r GetV1TicketsIdCommentsResponse) GetJSON200() *struct {
 	Items []Comment `json:"items"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1TicketsIdCommentsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7936,6 +8048,8 @@ type GetV1TicketsIdStatusChangesResponse struct {
 			To        TicketStatus `json:"to"`
 		} `json:"items"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -7952,6 +8066,11 @@ func (r GetV1TicketsIdStatusChangesResponse) GetJSON200() *struct {
 	} `json:"items"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1TicketsIdStatusChangesResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -9168,6 +9287,13 @@ func ParseGetV1ApprovalsIdResponse(rsp *http.Response) (*GetV1ApprovalsIdRespons
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9207,6 +9333,13 @@ func ParsePostV1ApprovalsIdApproveResponse(rsp *http.Response) (*PostV1Approvals
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -9274,6 +9407,13 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -9865,6 +10005,13 @@ func ParseGetV1DeploysIdResponse(rsp *http.Response) (*GetV1DeploysIdResponse, e
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9931,6 +10078,13 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -10166,6 +10320,13 @@ func ParseGetV1EnvironmentsNameResponse(rsp *http.Response) (*GetV1EnvironmentsN
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10295,6 +10456,13 @@ func ParseGetV1OperationsResponse(rsp *http.Response) (*GetV1OperationsResponse,
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10361,6 +10529,13 @@ func ParseGetV1OperationsIdResponse(rsp *http.Response) (*GetV1OperationsIdRespo
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -10595,6 +10770,13 @@ func ParseGetV1PaymentIntentsIdResponse(rsp *http.Response) (*GetV1PaymentIntent
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -11013,6 +11195,13 @@ func ParseGetV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*GetV1Paymen
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11268,6 +11457,13 @@ func ParseGetV1RefundsIdResponse(rsp *http.Response) (*GetV1RefundsIdResponse, e
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11336,6 +11532,13 @@ func ParseGetV1TicketsResponse(rsp *http.Response) (*GetV1TicketsResponse, error
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -11557,6 +11760,13 @@ func ParseGetV1TicketsIdResponse(rsp *http.Response) (*GetV1TicketsIdResponse, e
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11625,6 +11835,13 @@ func ParseGetV1TicketsIdCommentsResponse(rsp *http.Response) (*GetV1TicketsIdCom
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -11868,6 +12085,13 @@ func ParseGetV1TicketsIdStatusChangesResponse(rsp *http.Response) (*GetV1Tickets
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "5eaa3ecfca5ec4262b92328f08947eca84e7a966cfa3d071d77d81a7797dedc2"
+const SpecSHA256 = "3e92bd10515dbf5b1ddd4cd0dce81a70b2a796e720e737131d9af7a6501253c0"

@@ -184,3 +184,17 @@ func TestHostileApprovalRequests(t *testing.T) {
 		t.Errorf("%d approvals and deploys stored from hostile requests", n)
 	}
 }
+
+// TestArtifactLengthIsBounded: an artifact of 10,000 characters is refused for its length, nothing queued.
+func TestArtifactLengthIsBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	long := strings.Repeat("a", 10000) + "@sha256:" + strings.Repeat("0", 64)
+	res := b.agent.Post("/v1/deploys", deployBody("api", "staging", long), apitest.Key("long")).Status(t, 422)
+	if fields := problemFields(t, res); len(fields) != 1 || fields[0] != "artifact" || !strings.Contains(string(res.Body), "at most 512") {
+		t.Errorf("long artifact: %s", res.Body)
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM deploys`); n != 0 {
+		t.Errorf("%d deploys queued", n)
+	}
+}

@@ -604,10 +604,32 @@ func testStrictJSON(t *testing.T, h *harness) {
 		t.Errorf("approval of a body with a duplicate amount: %s", r.Body)
 	}
 	var approvals int64
-	if err := b.db.DB.Table("approvals").Count(&approvals).Error; err != nil || approvals != 0 {
+	if err := b.db.DB.Table("approvals").Where("idempotency_key = 'cap'").Count(&approvals).Error; err != nil || approvals != 0 {
 		t.Errorf("%d approvals stored (%v)", approvals, err)
 	}
-	b.assertCounters(t, map[string]int64{"authorize": 1})
+	// Text a person reads (a refund's reason, an intent's description) refuses bidirectional and zero-width
+	// characters, before the provider is called.
+	b.agent.Post(path, `{}`, apitest.Key("cap-ok"), b.approval(t, path, "cap-ok", `{}`)).Status(t, http.StatusOK)
+	for _, reason := range []string{"refund \u202e00.0001", "dup\u200bli\u200bcate", "line\\nbreak"} {
+		r := b.agent.Post("/v1/payment_intents/"+in.ID+"/refunds", `{"amount":"1.00","reason":"`+reason+`"}`, apitest.Key("rf")).
+			Status(t, http.StatusUnprocessableEntity)
+		if !strings.Contains(string(r.Body), `"field":"reason"`) {
+			t.Errorf("reason %q: %s", reason, r.Body)
+		}
+	}
+	b.agent.Post("/v1/payment_intents", `{"order_id":"o-d","amount":"1.00","currency":"USD","description":"\u2067x"}`, apitest.Key("d")).
+		Status(t, http.StatusUnprocessableEntity)
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
 	// The key refused above was never claimed.
 	b.agent.Post("/v1/payment_intents", `{"order_id":"o","amount":"7.00","currency":"USD"}`, apitest.Key("strict")).Status(t, http.StatusCreated)
+}
+
+// approval requests an approval of POST path with key and body as the agent, grants it as the approver and
+// returns the Approval-Id header that names it.
+func (b *bundle) approval(t *testing.T, path, key, body string) apitest.Option {
+	t.Helper()
+	req := `{"method":"POST","path":"` + path + `","idempotency_key":"` + key + `","body":` + body + `}`
+	id := b.agent.Post("/v1/approvals", req, apitest.Key("approval-"+key)).Status(t, http.StatusCreated).Str(t, "id")
+	b.approver.Post("/v1/approvals/"+id+"/approve", nil).Status(t, http.StatusOK)
+	return apitest.Header("Approval-Id", id)
 }

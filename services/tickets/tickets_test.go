@@ -17,6 +17,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
@@ -494,5 +495,44 @@ func TestAttemptsOfOneOperationAreToldApart(t *testing.T) {
 	want := "claimed:att_01,completed:att_01,replayed:att_02,replayed:" + made
 	if strings.Join(got, ",") != want {
 		t.Fatalf("history %v, want %s", got, want)
+	}
+}
+
+// TestTextThatCouldMisleadAPersonIsRefused: control, bidirectional and zero-width characters in any free-text
+// field are 422 naming the field, with nothing stored and the key still free; line feed and tab are allowed in
+// the multi-line fields (description, comment body) and nowhere else.
+func TestTextThatCouldMisleadAPersonIsRefused(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	quote := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	for _, tc := range []struct{ body, field string }{
+		{`{"project":"ops","title":` + quote("refund \u202e01 erutpac") + `}`, "title"},
+		{`{"project":"ops","title":` + quote("a\u2066b\u2069") + `}`, "title"},
+		{`{"project":` + quote("o\u200bps") + `,"title":"t"}`, "project"},
+		{`{"project":"ops","title":` + quote("two\nlines") + `}`, "title"},
+		{`{"project":"ops","title":` + quote("bell\u0007") + `}`, "title"},
+		{`{"project":"ops","title":` + quote("c1\u009b31m") + `}`, "title"},
+		{`{"project":"ops","title":"t","description":` + quote("\ufeffhidden") + `}`, "description"},
+		{`{"project":"ops","title":"t","description":` + quote("carriage\rreturn") + `}`, "description"},
+		{`{"project":"ops","title":"t","source_event_id":` + quote("evt\u200d1") + `}`, "source_event_id"},
+		{`{"project":"ops","title":` + quote(strings.Repeat("t", 201)) + `}`, "title"},
+	} {
+		res := c.Post("/v1/tickets", tc.body, apitest.Key("text")).Status(t, http.StatusUnprocessableEntity)
+		var doc struct{ Errors []problem.FieldError }
+		res.Decode(t, &doc)
+		if len(doc.Errors) != 1 || doc.Errors[0].Field != tc.field {
+			t.Errorf("%s: %s; want one error naming %s", tc.body, res.Body, tc.field)
+		}
+	}
+	if n := count(t, env, `SELECT count(*) FROM tickets`) + count(t, env, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("%d tickets and keys stored from refused requests", n)
+	}
+	created := c.Post("/v1/tickets", `{"project":"ops","title":"t","description":"line one\n\tline two"}`, apitest.Key("text")).
+		Status(t, http.StatusCreated)
+	id := created.Str(t, "id")
+	c.Post("/v1/tickets/"+id+"/comments", `{"body":`+quote("see \u202eexe.txt")+`}`, apitest.Key("comment")).Status(t, http.StatusUnprocessableEntity)
+	c.Post("/v1/tickets/"+id+"/comments", `{"body":"first line\nsecond line"}`, apitest.Key("comment")).Status(t, http.StatusCreated)
+	if n := count(t, env, `SELECT count(*) FROM ticket_comments`); n != 1 {
+		t.Fatalf("%d comments, want the one with clean text", n)
 	}
 }
