@@ -21,6 +21,7 @@ import (
 const (
 	ApprovalStateApproved ApprovalState = "approved"
 	ApprovalStateDenied   ApprovalState = "denied"
+	ApprovalStateExpired  ApprovalState = "expired"
 	ApprovalStatePending  ApprovalState = "pending"
 )
 
@@ -30,6 +31,8 @@ func (e ApprovalState) Valid() bool {
 	case ApprovalStateApproved:
 		return true
 	case ApprovalStateDenied:
+		return true
+	case ApprovalStateExpired:
 		return true
 	case ApprovalStatePending:
 		return true
@@ -316,24 +319,26 @@ func (e TicketStatus) Valid() bool {
 
 // Approval defines model for Approval.
 type Approval struct {
-	CreatedAt      time.Time     `json:"created_at"`
-	DecidedAt      *time.Time    `json:"decided_at,omitempty"`
-	DecidedBy      *string       `json:"decided_by,omitempty"`
-	ExpiresAt      time.Time     `json:"expires_at"`
-	Fingerprint    string        `json:"fingerprint"`
-	Id             string        `json:"id"`
-	IdempotencyKey string        `json:"idempotency_key"`
-	Method         string        `json:"method"`
-	Path           string        `json:"path"`
-	RequestedBy    string        `json:"requested_by"`
-	State          ApprovalState `json:"state"`
+	CreatedAt      time.Time  `json:"created_at"`
+	DecidedAt      *time.Time `json:"decided_at,omitempty"`
+	DecidedBy      *string    `json:"decided_by,omitempty"`
+	ExpiresAt      time.Time  `json:"expires_at"`
+	Fingerprint    string     `json:"fingerprint"`
+	Id             string     `json:"id"`
+	IdempotencyKey string     `json:"idempotency_key"`
+	Method         string     `json:"method"`
+	Path           string     `json:"path"`
+	RequestedBy    string     `json:"requested_by"`
+
+	// State expired: past expires_at while pending, or approved and never used; it can no longer authorize a write.
+	State ApprovalState `json:"state"`
 
 	// Summary What a person must see to decide (environment, service, artifact, rollback target; or amount, currency, order).
 	Summary           map[string]interface{} `json:"summary"`
 	UsedByOperationId *string                `json:"used_by_operation_id,omitempty"`
 }
 
-// ApprovalState defines model for Approval.State.
+// ApprovalState expired: past expires_at while pending, or approved and never used; it can no longer authorize a write.
 type ApprovalState string
 
 // ApprovalRequest defines model for ApprovalRequest.

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "3e92bd10515dbf5b1ddd4cd0dce81a70b2a796e720e737131d9af7a6501253c0"
+const SpecSHA256 = "e59fbc5e1e75d05eb722c7502f379b5e8f8fd94692ad5fc677361a38d3989cf8"

@@ -66,8 +66,10 @@ func init() {
 			check:   checkServe, run: runServe,
 			env: databaseEnv + `
   MIGRATE_ON_START          apply migrations at start (default true)
-  API_KEYS                  account_id:role:secret,... role agent or approver (unset: the demo keys, development only)
-  TICKETS_ADDR PAYMENTS_ADDR DEPLOYS_ADDR   listen addresses (default :8081 :8082 :8083)
+  API_KEYS                  account_id:role:secret,... role agent or approver, secrets of 24 characters or more
+                            (unset: the demo keys, development only, listening on 127.0.0.1 only)
+  API_KEY_ID_SECRET         random, 32 characters or more, required with API_KEYS: keys the hash that makes key ids
+  TICKETS_ADDR PAYMENTS_ADDR DEPLOYS_ADDR   listen addresses (default :8081 :8082 :8083; 127.0.0.1 in demo mode)
   BODY_LIMIT_BYTES          largest request body (default 1048576)
   IDEMPOTENCY_RETENTION     how long finished keys are kept (default 72h, at least 24h)
   PRUNE_INTERVAL            how often finished keys are pruned (default 10m)
@@ -91,7 +93,7 @@ func init() {
 		{
 			name: "provider", synopsis: "provider", summary: "serve the payment provider sandbox that payments calls",
 			check: noArgs("provider"), run: func(ctx context.Context, inv invocation) error { return serveProvider(ctx, inv.cfg, inv.logger) },
-			env: `  PROVIDER_ADDR             listen address (default :8090)
+			env: `  PROVIDER_ADDR             listen address (default :8090; 127.0.0.1 only while API_KEYS is unset)
   PROVIDER_FAULT_INJECTION  enable /admin/faults and /admin/reset (default false)
 ` + commonEnv,
 		},

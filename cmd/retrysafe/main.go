@@ -179,7 +179,8 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 		}
 	}
 	if cfg.DemoKeys {
-		logger.Warn("API_KEYS is unset: using the documented demo keys; never do this outside development")
+		logger.Warn("API_KEYS is unset: using the documented demo keys and listening on 127.0.0.1 only; never do this outside development",
+			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
 	}
 	logger.Info("starting", "config", cfg.String(), "services", which)
 	// One registry for the process: every service's port serves all of it on GET /metrics.

@@ -93,10 +93,7 @@ func New(t testing.TB, opts ...Option) *Env {
 	db := testdb.Schema(t)
 	logger := Logger()
 	defaultLogger.Do(func() { slog.SetDefault(logger) })
-	keys, err := auth.ParseKeys(auth.DemoKeys)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := auth.Demo()
 	e := &Env{DB: db, ServiceDB: db.DB, Logger: logger, Keys: keys}
 	for _, opt := range opts {
 		opt(t, e)

@@ -52,7 +52,18 @@ const (
 	StatePending  State = "pending"
 	StateApproved State = "approved"
 	StateDenied   State = "denied"
+	// StateExpired is never stored: an approval pending, or approved and unused, past its expires_at reads
+	// expired, because it can no longer authorize anything.
+	StateExpired State = "expired"
 )
+
+// shown is a as callers read it at now: expired once it can no longer be used.
+func (a Approval) shown(now time.Time) Approval {
+	if (a.State == StatePending || (a.State == StateApproved && a.UsedByOperationID == nil)) && !now.Before(a.ExpiresAt) {
+		a.State = StateExpired
+	}
+	return a
+}
 
 // Route is a write route that may need approval.
 type Route struct {
@@ -218,8 +229,18 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 	if !required {
 		return nil
 	}
+	return s.GuardWhen(c, func(context.Context, *gorm.DB) (bool, error) { return true, nil })
+}
+
+// GuardWhen is Guard for a write whose need of approval depends on what is stored (a running total of
+// refunds): needed runs first, in the claim transaction, where it can lock what it reads, so the decision and
+// the write see the same state.
+func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
 	id := c.GetHeader(HeaderApprovalID)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
+		if need, err := needed(ctx, tx); err != nil || !need {
+			return err
+		}
 		if id == "" {
 			return problem.New(problem.CodeApprovalRequired,
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
@@ -237,6 +258,8 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 		switch {
 		case res.RowsAffected == 0:
 			reason = "no such approval in this account"
+		case a.shown(s.now()).State == StateExpired:
+			reason = "the approval expired"
 		case a.State != StateApproved:
 			reason = "the approval is " + string(a.State)
 		case !s.now().Before(a.ExpiresAt):
@@ -311,7 +334,7 @@ func (s *Service) get(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, a)
+	c.JSON(http.StatusOK, a.shown(s.now()))
 }
 
 func (s *Service) load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {

@@ -28,7 +28,8 @@ type Config struct {
 	// Provider is the payment provider's client (required).
 	Provider Provider
 	// ApprovalThresholds maps a currency to the amount, in minor units, above which a capture or a refund needs
-	// a person's approval. A currency missing from the map never needs one.
+	// a person's approval; for refunds the amount is the intent's running total of refunds. A currency missing
+	// from the map needs approval for any amount above zero: the rule fails closed.
 	ApprovalThresholds map[string]int64
 	// ApprovalTTL is how long an approval may be used after it is requested (required).
 	ApprovalTTL time.Duration
@@ -72,10 +73,10 @@ func (s *Server) Name() string { return "payments" }
 // reconcilers).
 func (s *Server) Workers() []service.Worker { return nil }
 
-// needsApproval reports whether moving minor units of currency needs a person's approval.
+// needsApproval reports whether moving minor units of currency needs a person's approval. An unlisted
+// currency has the threshold zero.
 func (s *Server) needsApproval(currency string, minor int64) bool {
-	limit, ok := s.cfg.ApprovalThresholds[currency]
-	return ok && minor > limit
+	return minor > s.cfg.ApprovalThresholds[currency]
 }
 
 // reconcilerActor names the reconciler in the events it writes.
@@ -341,9 +342,15 @@ func (s *Server) describeRefund(ctx context.Context, account string, params map[
 	if err != nil {
 		return nil, nil, err
 	}
+	held, err := s.cfg.Store.RefundsHeld(ctx, s.db, account, in.ID)
+	if err != nil {
+		return nil, nil, err
+	}
 	return cmd, map[string]any{
 		"action": "refund", "intent_id": in.ID, "order_id": in.OrderID, "currency": cmd.Currency,
 		"amount": format(cmd.Currency, cmd.AmountMinor), "amount_minor": cmd.AmountMinor, "reason": cmd.Reason,
+		// What the approver weighs: the refunds before this one, and the total with it.
+		"refunded_before": format(cmd.Currency, held), "refunded_total": format(cmd.Currency, held+cmd.AmountMinor),
 	}, nil
 }
 
@@ -359,9 +366,20 @@ func (s *Server) createRefund(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
+	// The threshold applies to the intent's running total of refunds, so splitting a large refund into small
+	// ones does not avoid approval. The total is read in the claim's transaction under the intent's row lock,
+	// which every refund reservation takes: two small refunds sent at once cannot both see the total without
+	// the other.
+	needed := func(ctx context.Context, tx *gorm.DB) (bool, error) {
+		held, err := s.cfg.Store.RefundsHeld(ctx, tx, account, intentID)
+		if err != nil {
+			return false, err
+		}
+		return s.needsApproval(cmd.Currency, held+cmd.AmountMinor), nil
+	}
 	var reserved Intent
 	s.idem.DoExternal(c, idem.Request{
-		Kind: KindRefund, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
+		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed),
 	}, idem.ExternalSteps{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error

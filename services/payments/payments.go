@@ -288,6 +288,9 @@ type Store interface {
 	// (else 422 amount_too_large) and inserts a pending refund for operation opID. It returns the refund and the
 	// intent. An intent that is not succeeded is a 409 invalid_state.
 	ReserveRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund) (Refund, Intent, error)
+	// RefundsHeld locks the intent (FOR UPDATE, in tx when tx is a transaction) and returns the sum of its
+	// refunds that are not failed: succeeded and pending. Returns problem.ErrNotFound.
+	RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error)
 	// RefundSucceeded marks the pending refund of opID succeeded and adds it to the intent's refunded_minor.
 	RefundSucceeded(ctx context.Context, tx *gorm.DB, opID, providerRefundID string) (Refund, error)
 	// RefundFailed marks the pending refund of opID failed, which releases its amount.

@@ -46,6 +46,8 @@ func TestPayments(t *testing.T) {
 		{"UnsentWhenLeaseSpentAtCommit", testUnsentWhenLeaseSpentAtCommit},
 		{"FrozenDatabaseBeforeEffect", testFrozenDatabaseBeforeEffect},
 		{"StrictJSON", testStrictJSON},
+		{"ApprovalsFailClosed", testApprovalsFailClosed},
+		{"ConcurrentSmallRefundsNeedApproval", testConcurrentSmallRefunds},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -632,4 +634,78 @@ func (b *bundle) approval(t *testing.T, path, key, body string) apitest.Option {
 	id := b.agent.Post("/v1/approvals", req, apitest.Key("approval-"+key)).Status(t, http.StatusCreated).Str(t, "id")
 	b.approver.Post("/v1/approvals/"+id+"/approve", nil).Status(t, http.StatusOK)
 	return apitest.Header("Approval-Id", id)
+}
+
+// testApprovalsFailClosed: a currency the thresholds do not list needs approval for any amount; refunds are
+// weighed by their running total, so a large refund split into small ones still needs approval; an approval
+// past its expiry reads expired.
+func testApprovalsFailClosed(t *testing.T, h *harness) {
+	b := h.setup(t)
+	sek := b.createIntent(t, "o-sek", `{"order_id":"o-sek","amount_minor":9007199254740991,"currency":"SEK"}`)
+	r := b.agent.Post("/v1/payment_intents/"+sek.ID+"/capture", `{"amount_minor":1}`, apitest.Key("sek")).Status(t, http.StatusPreconditionRequired)
+	if code(t, r) != "approval_required" {
+		t.Fatalf("capture in an unlisted currency: %s", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+
+	in := b.createIntent(t, "o-split", `{"order_id":"o-split","amount":"2500.00","currency":"USD"}`)
+	capture := "/v1/payment_intents/" + in.ID + "/capture"
+	b.agent.Post(capture, `{}`, apitest.Key("cap"), b.approval(t, capture, "cap", `{}`)).Status(t, http.StatusOK)
+	refunds := "/v1/payment_intents/" + in.ID + "/refunds"
+	// 600.00 alone is below the 1,000.00 threshold; a second 600.00 makes the total 1,200.00.
+	b.agent.Post(refunds, `{"amount":"600.00"}`, apitest.Key("rf-1")).Status(t, http.StatusCreated)
+	r = b.agent.Post(refunds, `{"amount":"600.00"}`, apitest.Key("rf-2")).Status(t, http.StatusPreconditionRequired)
+	if code(t, r) != "approval_required" {
+		t.Fatalf("second split refund: %s", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 2, "capture": 1, "refund": 1})
+	// The approver sees the running total.
+	req := `{"method":"POST","path":"` + refunds + `","idempotency_key":"rf-2","body":{"amount":"600.00"}}`
+	apv := b.agent.Post("/v1/approvals", req, apitest.Key("apv-rf-2")).Status(t, http.StatusCreated).JSON(t)
+	if summary := apv["summary"].(map[string]any); summary["refunded_before"] != "600.00" || summary["refunded_total"] != "1200.00" {
+		t.Errorf("refund approval summary: %v", summary)
+	}
+	id := apv["id"].(string)
+	b.approver.Post("/v1/approvals/"+id+"/approve", nil).Status(t, http.StatusOK)
+	b.agent.Post(refunds, `{"amount":"600.00"}`, apitest.Key("rf-2"), apitest.Header("Approval-Id", id)).Status(t, http.StatusCreated)
+	b.assertCounters(t, map[string]int64{"authorize": 2, "capture": 1, "refund": 2})
+
+	// Expired: pending, or approved and unused, past expires_at.
+	pending := b.agent.Post("/v1/approvals", strings.Replace(req, "rf-2", "rf-3", 1), apitest.Key("apv-rf-3")).Status(t, http.StatusCreated).Str(t, "id")
+	if err := b.db.DB.Exec(`UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = ?`, pending).Error; err != nil {
+		t.Fatal(err)
+	}
+	if state := b.agent.Get("/v1/approvals/"+pending).Status(t, http.StatusOK).Str(t, "state"); state != "expired" {
+		t.Errorf("an expired approval reads %q", state)
+	}
+	if state := b.agent.Get("/v1/approvals/"+id).Status(t, http.StatusOK).Str(t, "state"); state != "approved" {
+		t.Errorf("a used approval reads %q", state)
+	}
+}
+
+// testConcurrentSmallRefunds: refunds sent at once, each below the threshold and together above it, cannot
+// all pass without approval: the running total is read under the intent's lock.
+func testConcurrentSmallRefunds(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-race", `{"order_id":"o-race","amount":"2500.00","currency":"USD"}`)
+	capture := "/v1/payment_intents/" + in.ID + "/capture"
+	b.agent.Post(capture, `{}`, apitest.Key("cap"), b.approval(t, capture, "cap", `{}`)).Status(t, http.StatusOK)
+	results := race(8, func(i int) *apitest.Response {
+		return b.agent.Post("/v1/payment_intents/"+in.ID+"/refunds", `{"amount":"300.00"}`, apitest.Key(fmt.Sprintf("rf-%d", i)))
+	})
+	created := 0
+	for _, r := range results {
+		switch r.Code {
+		case http.StatusCreated:
+			created++
+		case http.StatusPreconditionRequired:
+		default:
+			t.Errorf("refund: %d %s", r.Code, r.Body)
+		}
+	}
+	// 3 x 300.00 = 900.00 fits under 1,000.00; a fourth would make 1,200.00.
+	if created != 3 {
+		t.Errorf("%d refunds of 300.00 passed without approval, want 3", created)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": int64(created)})
 }

@@ -167,6 +167,26 @@ RETURNING `+refundColumns, ids.New("re_"), accountID, in.ID, in.Currency, cmd.Am
 	return rows[0], in, nil
 }
 
+// RefundsHeld implements Store. As in ReserveRefund, the sum is a statement of its own after the lock.
+func (PostgresStore) RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error) {
+	var locked []string
+	err := tx.WithContext(ctx).Raw(`SELECT id FROM payment_intents WHERE id = ? AND account_id = ? FOR UPDATE`,
+		intentID, accountID).Scan(&locked).Error
+	if err != nil {
+		return 0, fmt.Errorf("payments: refunds held: lock intent: %w", err)
+	}
+	if len(locked) == 0 {
+		return 0, problem.NotFound("payment intent")
+	}
+	var held int64
+	err = tx.WithContext(ctx).Raw(`SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
+WHERE intent_id = ? AND status <> 'failed'`, intentID).Scan(&held).Error
+	if err != nil {
+		return 0, fmt.Errorf("payments: refunds held: %w", err)
+	}
+	return held, nil
+}
+
 // RefundSucceeded implements Store: the refund and the intent's refunded total change in one statement.
 func (PostgresStore) RefundSucceeded(ctx context.Context, tx *gorm.DB, opID, providerRefundID string) (Refund, error) {
 	var rows []Refund
