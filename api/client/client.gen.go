@@ -765,6 +765,9 @@ type OutcomeUnknown struct {
 // PreconditionRequired RFC 9457 problem details with a machine-readable code.
 type PreconditionRequired = Problem
 
+// RateLimited RFC 9457 problem details with a machine-readable code.
+type RateLimited = Problem
+
 // StoreUnavailable RFC 9457 problem details with a machine-readable code.
 type StoreUnavailable = Problem
 
@@ -5194,6 +5197,11 @@ type PostV1ApprovalsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1ApprovalsResponse429Headers the declared response headers of an HTTP 429 response for PostV1Approvals
+type PostV1ApprovalsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1ApprovalsResponse503Headers the declared response headers of an HTTP 503 response for PostV1Approvals
 type PostV1ApprovalsResponse503Headers struct {
 	OperationId *string
@@ -5215,12 +5223,16 @@ type PostV1ApprovalsResponse struct {
 	ApplicationproblemJSON409 *Conflict
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers201 the parsed response headers for an HTTP 201 response
 	Headers201 *PostV1ApprovalsResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1ApprovalsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1ApprovalsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1ApprovalsResponse503Headers
 }
@@ -5253,6 +5265,11 @@ func (r PostV1ApprovalsResponse) GetApplicationproblemJSON409() *Conflict {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1ApprovalsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1ApprovalsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -5356,6 +5373,11 @@ type PostV1ApprovalsIdApproveResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1ApprovalsIdApproveResponse429Headers the declared response headers of an HTTP 429 response for PostV1ApprovalsIdApprove
+type PostV1ApprovalsIdApproveResponse429Headers struct {
+	RetryAfter *int
+}
+
 type PostV1ApprovalsIdApproveResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5371,8 +5393,12 @@ type PostV1ApprovalsIdApproveResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1ApprovalsIdApproveResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1ApprovalsIdApproveResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -5403,6 +5429,11 @@ func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON404() *NotFou
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -5439,6 +5470,11 @@ type PostV1ApprovalsIdDenyResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1ApprovalsIdDenyResponse429Headers the declared response headers of an HTTP 429 response for PostV1ApprovalsIdDeny
+type PostV1ApprovalsIdDenyResponse429Headers struct {
+	RetryAfter *int
+}
+
 type PostV1ApprovalsIdDenyResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5454,8 +5490,12 @@ type PostV1ApprovalsIdDenyResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1ApprovalsIdDenyResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1ApprovalsIdDenyResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -5486,6 +5526,11 @@ func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON404() *NotFound 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -5951,6 +5996,11 @@ type PostV1DeploysResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1DeploysResponse429Headers the declared response headers of an HTTP 429 response for PostV1Deploys
+type PostV1DeploysResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1DeploysResponse503Headers the declared response headers of an HTTP 503 response for PostV1Deploys
 type PostV1DeploysResponse503Headers struct {
 	OperationId *string
@@ -5978,12 +6028,16 @@ type PostV1DeploysResponse struct {
 	ApplicationproblemJSON422 *ValidationFailed
 	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
 	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers202 the parsed response headers for an HTTP 202 response
 	Headers202 *PostV1DeploysResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1DeploysResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1DeploysResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1DeploysResponse503Headers
 }
@@ -6031,6 +6085,11 @@ func (r PostV1DeploysResponse) GetApplicationproblemJSON422() *ValidationFailed 
 // GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
 func (r PostV1DeploysResponse) GetApplicationproblemJSON428() *PreconditionRequired {
 	return r.ApplicationproblemJSON428
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1DeploysResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -6149,6 +6208,11 @@ type PostV1DeploysIdCancelResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1DeploysIdCancelResponse429Headers the declared response headers of an HTTP 429 response for PostV1DeploysIdCancel
+type PostV1DeploysIdCancelResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1DeploysIdCancelResponse503Headers the declared response headers of an HTTP 503 response for PostV1DeploysIdCancel
 type PostV1DeploysIdCancelResponse503Headers struct {
 	OperationId *string
@@ -6168,10 +6232,14 @@ type PostV1DeploysIdCancelResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1DeploysIdCancelResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1DeploysIdCancelResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1DeploysIdCancelResponse503Headers
 }
@@ -6199,6 +6267,11 @@ func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON404() *NotFound 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -6247,6 +6320,11 @@ type PostV1DeploysIdRollbackResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1DeploysIdRollbackResponse429Headers the declared response headers of an HTTP 429 response for PostV1DeploysIdRollback
+type PostV1DeploysIdRollbackResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1DeploysIdRollbackResponse503Headers the declared response headers of an HTTP 503 response for PostV1DeploysIdRollback
 type PostV1DeploysIdRollbackResponse503Headers struct {
 	OperationId *string
@@ -6276,12 +6354,16 @@ type PostV1DeploysIdRollbackResponse struct {
 	ApplicationproblemJSON422 *ValidationFailed
 	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
 	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers202 the parsed response headers for an HTTP 202 response
 	Headers202 *PostV1DeploysIdRollbackResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1DeploysIdRollbackResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1DeploysIdRollbackResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1DeploysIdRollbackResponse503Headers
 }
@@ -6334,6 +6416,11 @@ func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON422() *Validat
 // GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
 func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON428() *PreconditionRequired {
 	return r.ApplicationproblemJSON428
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -6693,6 +6780,11 @@ type PostV1PaymentIntentsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1PaymentIntentsResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntents
+type PostV1PaymentIntentsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1PaymentIntentsResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntents
 type PostV1PaymentIntentsResponse503Headers struct {
 	OperationId *string
@@ -6718,6 +6810,8 @@ type PostV1PaymentIntentsResponse struct {
 	ApplicationproblemJSON415 *BadRequest
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationproblemJSON502 *Problem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -6728,6 +6822,8 @@ type PostV1PaymentIntentsResponse struct {
 	Headers202 *PostV1PaymentIntentsResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1PaymentIntentsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1PaymentIntentsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1PaymentIntentsResponse503Headers
 }
@@ -6770,6 +6866,11 @@ func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON415() *BadRequest
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
@@ -6906,6 +7007,11 @@ type PostV1PaymentIntentsIdCancelResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1PaymentIntentsIdCancelResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdCancel
+type PostV1PaymentIntentsIdCancelResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1PaymentIntentsIdCancelResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdCancel
 type PostV1PaymentIntentsIdCancelResponse503Headers struct {
 	OperationId *string
@@ -6933,6 +7039,8 @@ type PostV1PaymentIntentsIdCancelResponse struct {
 	ApplicationproblemJSON415 *BadRequest
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationproblemJSON502 *Problem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -6943,6 +7051,8 @@ type PostV1PaymentIntentsIdCancelResponse struct {
 	Headers202 *PostV1PaymentIntentsIdCancelResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1PaymentIntentsIdCancelResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1PaymentIntentsIdCancelResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1PaymentIntentsIdCancelResponse503Headers
 }
@@ -6990,6 +7100,11 @@ func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON415() *Ba
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
@@ -7049,6 +7164,11 @@ type PostV1PaymentIntentsIdCaptureResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1PaymentIntentsIdCaptureResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdCapture
+type PostV1PaymentIntentsIdCaptureResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1PaymentIntentsIdCaptureResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdCapture
 type PostV1PaymentIntentsIdCaptureResponse503Headers struct {
 	OperationId *string
@@ -7080,6 +7200,8 @@ type PostV1PaymentIntentsIdCaptureResponse struct {
 	ApplicationproblemJSON422 *ValidationFailed
 	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
 	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationproblemJSON502 *Problem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -7090,6 +7212,8 @@ type PostV1PaymentIntentsIdCaptureResponse struct {
 	Headers202 *PostV1PaymentIntentsIdCaptureResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1PaymentIntentsIdCaptureResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1PaymentIntentsIdCaptureResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1PaymentIntentsIdCaptureResponse503Headers
 }
@@ -7147,6 +7271,11 @@ func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON422() *V
 // GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
 func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON428() *PreconditionRequired {
 	return r.ApplicationproblemJSON428
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
@@ -7288,6 +7417,11 @@ type PostV1PaymentIntentsIdRefundsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1PaymentIntentsIdRefundsResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdRefunds
+type PostV1PaymentIntentsIdRefundsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1PaymentIntentsIdRefundsResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdRefunds
 type PostV1PaymentIntentsIdRefundsResponse503Headers struct {
 	OperationId *string
@@ -7319,6 +7453,8 @@ type PostV1PaymentIntentsIdRefundsResponse struct {
 	ApplicationproblemJSON422 *ValidationFailed
 	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
 	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationproblemJSON502 *Problem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -7329,6 +7465,8 @@ type PostV1PaymentIntentsIdRefundsResponse struct {
 	Headers202 *PostV1PaymentIntentsIdRefundsResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1PaymentIntentsIdRefundsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1PaymentIntentsIdRefundsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1PaymentIntentsIdRefundsResponse503Headers
 }
@@ -7386,6 +7524,11 @@ func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON422() *V
 // GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
 func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON428() *PreconditionRequired {
 	return r.ApplicationproblemJSON428
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
@@ -7597,6 +7740,11 @@ type PostV1TicketsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1TicketsResponse429Headers the declared response headers of an HTTP 429 response for PostV1Tickets
+type PostV1TicketsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1TicketsResponse503Headers the declared response headers of an HTTP 503 response for PostV1Tickets
 type PostV1TicketsResponse503Headers struct {
 	OperationId *string
@@ -7622,6 +7770,8 @@ type PostV1TicketsResponse struct {
 	ApplicationproblemJSON415 *BadRequest
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
@@ -7630,6 +7780,8 @@ type PostV1TicketsResponse struct {
 	Headers201 *PostV1TicketsResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1TicketsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1TicketsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1TicketsResponse503Headers
 }
@@ -7672,6 +7824,11 @@ func (r PostV1TicketsResponse) GetApplicationproblemJSON415() *BadRequest {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1TicketsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1TicketsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -7862,6 +8019,11 @@ type PostV1TicketsIdCommentsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1TicketsIdCommentsResponse429Headers the declared response headers of an HTTP 429 response for PostV1TicketsIdComments
+type PostV1TicketsIdCommentsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1TicketsIdCommentsResponse503Headers the declared response headers of an HTTP 503 response for PostV1TicketsIdComments
 type PostV1TicketsIdCommentsResponse503Headers struct {
 	OperationId *string
@@ -7883,12 +8045,16 @@ type PostV1TicketsIdCommentsResponse struct {
 	ApplicationproblemJSON409 *Conflict
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers201 the parsed response headers for an HTTP 201 response
 	Headers201 *PostV1TicketsIdCommentsResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1TicketsIdCommentsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1TicketsIdCommentsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1TicketsIdCommentsResponse503Headers
 }
@@ -7921,6 +8087,11 @@ func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON409() *Conflic
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -7957,6 +8128,11 @@ func (r PostV1TicketsIdCommentsResponse) ContentType() string {
 	return ""
 }
 
+// PutV1TicketsIdStatusResponse429Headers the declared response headers of an HTTP 429 response for PutV1TicketsIdStatus
+type PutV1TicketsIdStatusResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PutV1TicketsIdStatusResponse503Headers the declared response headers of an HTTP 503 response for PutV1TicketsIdStatus
 type PutV1TicketsIdStatusResponse503Headers struct {
 	OperationId *string
@@ -7976,8 +8152,12 @@ type PutV1TicketsIdStatusResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutV1TicketsIdStatusResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PutV1TicketsIdStatusResponse503Headers
 }
@@ -8005,6 +8185,11 @@ func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON404() *NotFound {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -9205,6 +9390,13 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9249,6 +9441,16 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1ApprovalsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1ApprovalsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -9374,6 +9576,13 @@ func ParsePostV1ApprovalsIdApproveResponse(rsp *http.Response) (*PostV1Approvals
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	}
 
 	switch {
@@ -9387,6 +9596,16 @@ func ParsePostV1ApprovalsIdApproveResponse(rsp *http.Response) (*PostV1Approvals
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1ApprovalsIdApproveResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -9448,6 +9667,13 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	}
 
 	switch {
@@ -9461,6 +9687,16 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1ApprovalsIdDenyResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -9923,6 +10159,13 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 		}
 		response.ApplicationproblemJSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9967,6 +10210,16 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1DeploysResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -10112,6 +10365,13 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10132,6 +10392,16 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1DeploysIdCancelResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysIdCancelResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -10238,6 +10508,13 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 		}
 		response.ApplicationproblemJSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10282,6 +10559,16 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1DeploysIdRollbackResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysIdRollbackResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -10658,6 +10945,13 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10733,6 +11027,16 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1PaymentIntentsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -10906,6 +11210,13 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10974,6 +11285,16 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1PaymentIntentsIdCancelResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdCancelResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -11087,6 +11408,13 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.ApplicationproblemJSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11155,6 +11483,16 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1PaymentIntentsIdCaptureResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdCaptureResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -11344,6 +11682,13 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.ApplicationproblemJSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11419,6 +11764,16 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1PaymentIntentsIdRefundsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdRefundsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -11654,6 +12009,13 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11722,6 +12084,16 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1TicketsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1TicketsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -11923,6 +12295,13 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11960,6 +12339,16 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1TicketsIdCommentsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1TicketsIdCommentsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -12031,6 +12420,13 @@ func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatu
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12041,6 +12437,16 @@ func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatu
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers PutV1TicketsIdStatusResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PutV1TicketsIdStatusResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {

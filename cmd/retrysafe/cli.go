@@ -71,6 +71,8 @@ func init() {
   API_KEY_ID_SECRET         random, 32 characters or more, required with API_KEYS: keys the hash that makes key ids
   TICKETS_ADDR PAYMENTS_ADDR DEPLOYS_ADDR   listen addresses (default :8081 :8082 :8083; 127.0.0.1 in demo mode)
   BODY_LIMIT_BYTES          largest request body (default 1048576)
+  RATE_LIMIT_WRITES_PER_SECOND RATE_LIMIT_WRITE_BURST   each account's writes: a token bucket (default 50/s,
+                            bursts of 200; 0 per second turns it off); over it: 429 rate_limited with Retry-After
   IDEMPOTENCY_RETENTION     how long finished keys are kept (default 72h, at least 24h)
   PRUNE_INTERVAL            how often finished keys are pruned (default 10m)
   OPERATION_LEASE           how long an external effect may run before it is called unknown (default 30s)

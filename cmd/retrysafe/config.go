@@ -30,6 +30,10 @@ type config struct {
 	DemoKeys  bool
 	LogLevel  string
 	BodyLimit int64
+	// RateLimitWritesPerSecond and RateLimitWriteBurst are each account's write budget (a token bucket);
+	// zero per second turns the limit off.
+	RateLimitWritesPerSecond int
+	RateLimitWriteBurst      int
 
 	TicketsAddr  string
 	PaymentsAddr string
@@ -77,6 +81,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		APIKeyIDSecret:     getenv("API_KEY_ID_SECRET"),
 		LogLevel:           r.oneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		BodyLimit:          int64(r.integer("BODY_LIMIT_BYTES", 1<<20, 1024, 1<<30)),
+
+		RateLimitWritesPerSecond: r.integer("RATE_LIMIT_WRITES_PER_SECOND", 50, 0, 1_000_000),
+		RateLimitWriteBurst:      r.integer("RATE_LIMIT_WRITE_BURST", 200, 1, 1_000_000),
 
 		TicketsAddr:  r.addr("TICKETS_ADDR", ":8081"),
 		PaymentsAddr: r.addr("PAYMENTS_ADDR", ":8082"),

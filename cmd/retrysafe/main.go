@@ -31,6 +31,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
+	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
@@ -242,14 +243,19 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	return nil
 }
 
-// httpStack is the shared HTTP configuration of every service: keys, body limit, readiness after migrations.
+// httpStack is the shared HTTP configuration of every service: keys, body limit, one write limiter for the
+// process, readiness after migrations.
 func httpStack(cfg config, db *gorm.DB) (service.HTTP, error) {
 	sqlDB, err := db.DB()
 	if err != nil {
 		return service.HTTP{}, err
 	}
+	var limiter *ratelimit.Limiter
+	if cfg.RateLimitWritesPerSecond > 0 {
+		limiter = ratelimit.New(ratelimit.Limit{PerSecond: float64(cfg.RateLimitWritesPerSecond), Burst: cfg.RateLimitWriteBurst})
+	}
 	return service.HTTP{
-		Keys: cfg.Keys, BodyLimit: cfg.BodyLimit,
+		Keys: cfg.Keys, BodyLimit: cfg.BodyLimit, WriteLimiter: limiter,
 		Ready: func(ctx context.Context) error {
 			pending, err := migrations.Pending(ctx, sqlDB)
 			if err != nil {
