@@ -334,7 +334,7 @@ func (s *Service) get(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, a.shown(s.now()))
+	httpserver.JSON(c, http.StatusOK, a.shown(s.now()))
 }
 
 func (s *Service) load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {
@@ -385,5 +385,5 @@ RETURNING `+columns, to, p.Actor(), a.ID).Scan(&a).Error
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, a)
+	httpserver.JSON(c, http.StatusOK, a)
 }

@@ -63,16 +63,16 @@ func NewRouter(o Options) *gin.Engine {
 	r.NoMethod(func(c *gin.Context) {
 		problem.Write(c, problem.New(problem.CodeMethodNotAllowed, "method not allowed on this route"))
 	})
-	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.GET("/healthz", func(c *gin.Context) { JSON(c, http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", func(c *gin.Context) {
 		ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
 		defer cancel()
 		if err := ready(ctx, o); err != nil {
 			c.Header("Cache-Control", "no-store")
-			c.JSON(http.StatusServiceUnavailable, gin.H{"status": "unavailable", "detail": err.Error()})
+			JSON(c, http.StatusServiceUnavailable, gin.H{"status": "unavailable", "detail": err.Error()})
 			return
 		}
-		c.JSON(http.StatusOK, gin.H{"status": "ready"})
+		JSON(c, http.StatusOK, gin.H{"status": "ready"})
 	})
 	return r
 }
@@ -214,6 +214,29 @@ func DecodeJSONBytes(body []byte, v any) error {
 		return problem.New(problem.CodeInvalidRequest, "malformed JSON: data after the JSON object")
 	}
 	return nil
+}
+
+// JSON writes v as the JSON answer with status. Every JSON answer of retrysafe, stored, replayed or written
+// here, says Content-Type: application/json, without the charset parameter gin's c.JSON adds (JSON is UTF-8;
+// RFC 8259 defines no charset), so a client sees one media type for every answer.
+func JSON(c *gin.Context, status int, v any) {
+	c.Render(status, jsonRender{v})
+}
+
+type jsonRender struct{ v any }
+
+func (r jsonRender) Render(w http.ResponseWriter) error {
+	r.WriteContentType(w)
+	body, err := json.Marshal(r.v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(body)
+	return err
+}
+
+func (jsonRender) WriteContentType(w http.ResponseWriter) {
+	w.Header()["Content-Type"] = []string{"application/json"}
 }
 
 // Command is a request body that can check itself and apply its defaults.

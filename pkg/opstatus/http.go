@@ -20,7 +20,7 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 			problem.Write(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, op)
+		httpserver.JSON(c, http.StatusOK, op)
 	})
 	r.GET("/v1/operations", func(c *gin.Context) {
 		key := c.Query("idempotency_key")
@@ -33,7 +33,7 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 			problem.Write(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, gin.H{"items": ops})
+		httpserver.JSON(c, http.StatusOK, gin.H{"items": ops})
 	})
 }
 

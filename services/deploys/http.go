@@ -140,7 +140,7 @@ func (s *Server) writeStatus(c *gin.Context, d Deploy) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, Status{Deploy: d, History: op.Events})
+	httpserver.JSON(c, http.StatusOK, Status{Deploy: d, History: op.Events})
 }
 
 func (s *Server) getEnvironment(c *gin.Context) {
@@ -149,7 +149,7 @@ func (s *Server) getEnvironment(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, env)
+	httpserver.JSON(c, http.StatusOK, env)
 }
 
 // describeDeploy is the approval.Route.Describe of POST /v1/deploys: the same decoding and validation as

@@ -430,7 +430,7 @@ func (s *Server) getIntent(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, in)
+	httpserver.JSON(c, http.StatusOK, in)
 }
 
 func (s *Server) listRefunds(c *gin.Context) {
@@ -439,7 +439,7 @@ func (s *Server) listRefunds(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"items": rs})
+	httpserver.JSON(c, http.StatusOK, gin.H{"items": rs})
 }
 
 func (s *Server) getRefund(c *gin.Context) {
@@ -448,7 +448,7 @@ func (s *Server) getRefund(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, rf)
+	httpserver.JSON(c, http.StatusOK, rf)
 }
 
 // decodeOptional decodes a body whose fields are all optional: no body at all means {}.

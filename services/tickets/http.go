@@ -43,7 +43,7 @@ func (s *Server) createTicket(c *gin.Context) {
 			problem.Write(c, err)
 			return
 		}
-		c.JSON(res.Status, res.Body)
+		httpserver.JSON(c, res.Status, res.Body)
 		return
 	}
 	s.Idem.Do(c, idem.Request{Kind: "tickets.create", Command: cmd},
@@ -75,7 +75,7 @@ func (s *Server) getTicket(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, t)
+	httpserver.JSON(c, http.StatusOK, t)
 }
 
 func (s *Server) listTickets(c *gin.Context) {
@@ -88,7 +88,7 @@ func (s *Server) listTickets(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"items": ts})
+	httpserver.JSON(c, http.StatusOK, gin.H{"items": ts})
 }
 
 func (s *Server) addComment(c *gin.Context) {
@@ -114,7 +114,7 @@ func (s *Server) listComments(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"items": cs})
+	httpserver.JSON(c, http.StatusOK, gin.H{"items": cs})
 }
 
 // setStatus declares a status. PUT is idempotent by itself: the same status twice changes nothing the second
@@ -131,7 +131,7 @@ func (s *Server) setStatus(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, t)
+	httpserver.JSON(c, http.StatusOK, t)
 }
 
 func (s *Server) listStatusChanges(c *gin.Context) {
@@ -140,5 +140,5 @@ func (s *Server) listStatusChanges(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"items": changes})
+	httpserver.JSON(c, http.StatusOK, gin.H{"items": changes})
 }
