@@ -783,6 +783,12 @@ type PostV1ApprovalsParams struct {
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
+// PostV1ApprovalsIdApproveJSONBody defines parameters for PostV1ApprovalsIdApprove.
+type PostV1ApprovalsIdApproveJSONBody = map[string]interface{}
+
+// PostV1ApprovalsIdDenyJSONBody defines parameters for PostV1ApprovalsIdDeny.
+type PostV1ApprovalsIdDenyJSONBody = map[string]interface{}
+
 // PostV1AuthorizationsParams defines parameters for PostV1Authorizations.
 type PostV1AuthorizationsParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
@@ -818,6 +824,9 @@ type PostV1DeploysParams struct {
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
+
+// PostV1DeploysIdCancelJSONBody defines parameters for PostV1DeploysIdCancel.
+type PostV1DeploysIdCancelJSONBody = map[string]interface{}
 
 // PostV1DeploysIdRollbackParams defines parameters for PostV1DeploysIdRollback.
 type PostV1DeploysIdRollbackParams struct {
@@ -921,6 +930,12 @@ type PostAdminFaultsJSONRequestBody = ProviderFault
 // PostV1ApprovalsJSONRequestBody defines body for PostV1Approvals for application/json ContentType.
 type PostV1ApprovalsJSONRequestBody = ApprovalRequest
 
+// PostV1ApprovalsIdApproveJSONRequestBody defines body for PostV1ApprovalsIdApprove for application/json ContentType.
+type PostV1ApprovalsIdApproveJSONRequestBody = PostV1ApprovalsIdApproveJSONBody
+
+// PostV1ApprovalsIdDenyJSONRequestBody defines body for PostV1ApprovalsIdDeny for application/json ContentType.
+type PostV1ApprovalsIdDenyJSONRequestBody = PostV1ApprovalsIdDenyJSONBody
+
 // PostV1AuthorizationsJSONRequestBody defines body for PostV1Authorizations for application/json ContentType.
 type PostV1AuthorizationsJSONRequestBody = ProviderAuthorizeRequest
 
@@ -932,6 +947,9 @@ type PostV1AuthorizationsIdRefundsJSONRequestBody = ProviderAmountRequest
 
 // PostV1DeploysJSONRequestBody defines body for PostV1Deploys for application/json ContentType.
 type PostV1DeploysJSONRequestBody = CreateDeploy
+
+// PostV1DeploysIdCancelJSONRequestBody defines body for PostV1DeploysIdCancel for application/json ContentType.
+type PostV1DeploysIdCancelJSONRequestBody = PostV1DeploysIdCancelJSONBody
 
 // PostV1DeploysIdRollbackJSONRequestBody defines body for PostV1DeploysIdRollback for application/json ContentType.
 type PostV1DeploysIdRollbackJSONRequestBody = RollbackDeploy
@@ -1273,17 +1291,37 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/approvals/{id} (the `GetV1ApprovalsId` operationId).
 	GetV1ApprovalsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PostV1ApprovalsIdApproveWithBody Grant (role approver, not the requester).
+	//
+	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
+	PostV1ApprovalsIdApproveWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PostV1ApprovalsIdApprove Grant (role approver, not the requester).
 	//
 	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
 	//
+	// Takes a body of the `application/json` content type.
+	//
 	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-	PostV1ApprovalsIdApprove(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostV1ApprovalsIdApprove(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostV1ApprovalsIdDenyWithBody Deny (role approver, not the requester).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
+	PostV1ApprovalsIdDenyWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1ApprovalsIdDeny Deny (role approver, not the requester).
 	//
+	// Takes a body of the `application/json` content type.
+	//
 	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-	PostV1ApprovalsIdDeny(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostV1ApprovalsIdDeny(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1AuthorizationsWithBody Provider sandbox (:8090): place a hold on a card.
 	//
@@ -1395,14 +1433,27 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
 	GetV1DeploysId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PostV1DeploysIdCancelWithBody Stop a queued deploy, or a running one that has not started activating.
+	//
+	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+	// it again and records nothing. A deploy that already started activating on the target, or finished, is
+	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
+	PostV1DeploysIdCancelWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PostV1DeploysIdCancel Stop a queued deploy, or a running one that has not started activating.
 	//
 	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
 	// it again and records nothing. A deploy that already started activating on the target, or finished, is
 	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 	//
+	// Takes a body of the `application/json` content type.
+	//
 	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-	PostV1DeploysIdCancel(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostV1DeploysIdCancel(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1DeploysIdRollbackWithBody Roll back the environment's current deploy, as a new deploy and a new operation.
 	//
@@ -1821,13 +1872,51 @@ func (c *Client) GetV1ApprovalsId(ctx context.Context, id string, reqEditors ...
 	return c.Client.Do(req)
 }
 
+// PostV1ApprovalsIdApproveWithBody Grant (role approver, not the requester).
+//
+// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
+func (c *Client) PostV1ApprovalsIdApproveWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdApproveRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PostV1ApprovalsIdApprove Grant (role approver, not the requester).
 //
 // A declared decision; repeating it by the same approver answers the approval again and changes nothing.
 //
+// Takes a body of the `application/json` content type.
+//
 // Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdApproveRequest(c.Server, id)
+func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdApproveRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostV1ApprovalsIdDenyWithBody Deny (role approver, not the requester).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
+func (c *Client) PostV1ApprovalsIdDenyWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdDenyRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1840,9 +1929,11 @@ func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, reqEdi
 
 // PostV1ApprovalsIdDeny Deny (role approver, not the requester).
 //
+// Takes a body of the `application/json` content type.
+//
 // Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-func (c *Client) PostV1ApprovalsIdDeny(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdDenyRequest(c.Server, id)
+func (c *Client) PostV1ApprovalsIdDeny(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdDenyRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2073,15 +2164,38 @@ func (c *Client) GetV1DeploysId(ctx context.Context, id string, reqEditors ...Re
 	return c.Client.Do(req)
 }
 
+// PostV1DeploysIdCancelWithBody Stop a queued deploy, or a running one that has not started activating.
+//
+// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+// it again and records nothing. A deploy that already started activating on the target, or finished, is
+// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
+func (c *Client) PostV1DeploysIdCancelWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1DeploysIdCancelRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PostV1DeploysIdCancel Stop a queued deploy, or a running one that has not started activating.
 //
 // A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
 // it again and records nothing. A deploy that already started activating on the target, or finished, is
 // 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 //
+// Takes a body of the `application/json` content type.
+//
 // Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-func (c *Client) PostV1DeploysIdCancel(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1DeploysIdCancelRequest(c.Server, id)
+func (c *Client) PostV1DeploysIdCancel(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1DeploysIdCancelRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2878,8 +2992,19 @@ func NewGetV1ApprovalsIdRequest(server string, id string) (*http.Request, error)
 	return req, nil
 }
 
-// NewPostV1ApprovalsIdApproveRequest constructs an http.Request for the PostV1ApprovalsIdApprove method
-func NewPostV1ApprovalsIdApproveRequest(server string, id string) (*http.Request, error) {
+// NewPostV1ApprovalsIdApproveRequest calls the generic PostV1ApprovalsIdApprove builder with application/json body
+func NewPostV1ApprovalsIdApproveRequest(server string, id string, body PostV1ApprovalsIdApproveJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostV1ApprovalsIdApproveRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostV1ApprovalsIdApproveRequestWithBody constructs an http.Request for the PostV1ApprovalsIdApprove method, with any body, and a specified content type
+func NewPostV1ApprovalsIdApproveRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -2904,16 +3029,29 @@ func NewPostV1ApprovalsIdApproveRequest(server string, id string) (*http.Request
 		return nil, err
 	}
 
-	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
 	if err != nil {
 		return nil, err
 	}
 
+	req.Header.Add("Content-Type", contentType)
+
 	return req, nil
 }
 
-// NewPostV1ApprovalsIdDenyRequest constructs an http.Request for the PostV1ApprovalsIdDeny method
-func NewPostV1ApprovalsIdDenyRequest(server string, id string) (*http.Request, error) {
+// NewPostV1ApprovalsIdDenyRequest calls the generic PostV1ApprovalsIdDeny builder with application/json body
+func NewPostV1ApprovalsIdDenyRequest(server string, id string, body PostV1ApprovalsIdDenyJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostV1ApprovalsIdDenyRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostV1ApprovalsIdDenyRequestWithBody constructs an http.Request for the PostV1ApprovalsIdDeny method, with any body, and a specified content type
+func NewPostV1ApprovalsIdDenyRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -2938,10 +3076,12 @@ func NewPostV1ApprovalsIdDenyRequest(server string, id string) (*http.Request, e
 		return nil, err
 	}
 
-	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
 	if err != nil {
 		return nil, err
 	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -3309,8 +3449,19 @@ func NewGetV1DeploysIdRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewPostV1DeploysIdCancelRequest constructs an http.Request for the PostV1DeploysIdCancel method
-func NewPostV1DeploysIdCancelRequest(server string, id string) (*http.Request, error) {
+// NewPostV1DeploysIdCancelRequest calls the generic PostV1DeploysIdCancel builder with application/json body
+func NewPostV1DeploysIdCancelRequest(server string, id string, body PostV1DeploysIdCancelJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostV1DeploysIdCancelRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostV1DeploysIdCancelRequestWithBody constructs an http.Request for the PostV1DeploysIdCancel method, with any body, and a specified content type
+func NewPostV1DeploysIdCancelRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3335,10 +3486,12 @@ func NewPostV1DeploysIdCancelRequest(server string, id string) (*http.Request, e
 		return nil, err
 	}
 
-	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
 	if err != nil {
 		return nil, err
 	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -4453,21 +4606,37 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/approvals/{id} (the `GetV1ApprovalsId` operationId).
 	GetV1ApprovalsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1ApprovalsIdResponse, error)
 
+	// PostV1ApprovalsIdApproveWithBodyWithResponse Grant (role approver, not the requester).
+	//
+	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
+	PostV1ApprovalsIdApproveWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error)
+
 	// PostV1ApprovalsIdApproveWithResponse Grant (role approver, not the requester).
 	//
 	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
 	//
-	// Returns a wrapper object for the known response body format(s).
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-	PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error)
+	PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error)
+
+	// PostV1ApprovalsIdDenyWithBodyWithResponse Deny (role approver, not the requester).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
+	PostV1ApprovalsIdDenyWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
 
 	// PostV1ApprovalsIdDenyWithResponse Deny (role approver, not the requester).
 	//
-	// Returns a wrapper object for the known response body format(s).
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-	PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
+	PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
 
 	// PostV1AuthorizationsWithBodyWithResponse Provider sandbox (:8090): place a hold on a card.
 	//
@@ -4585,16 +4754,27 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
 	GetV1DeploysIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1DeploysIdResponse, error)
 
+	// PostV1DeploysIdCancelWithBodyWithResponse Stop a queued deploy, or a running one that has not started activating.
+	//
+	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+	// it again and records nothing. A deploy that already started activating on the target, or finished, is
+	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
+	PostV1DeploysIdCancelWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error)
+
 	// PostV1DeploysIdCancelWithResponse Stop a queued deploy, or a running one that has not started activating.
 	//
 	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
 	// it again and records nothing. A deploy that already started activating on the target, or finished, is
 	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 	//
-	// Returns a wrapper object for the known response body format(s).
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-	PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error)
+	PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error)
 
 	// PostV1DeploysIdRollbackWithBodyWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
 	//
@@ -8461,28 +8641,56 @@ func (c *ClientWithResponses) GetV1ApprovalsIdWithResponse(ctx context.Context, 
 	return ParseGetV1ApprovalsIdResponse(rsp)
 }
 
-// PostV1ApprovalsIdApproveWithResponse Grant (role approver, not the requester).
+// PostV1ApprovalsIdApproveWithBodyWithResponse Grant (role approver, not the requester).
 //
 // A declared decision; repeating it by the same approver answers the approval again and changes nothing.
 //
-// Returns a wrapper object for the known response body format(s).
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdApprove(ctx, id, reqEditors...)
+func (c *ClientWithResponses) PostV1ApprovalsIdApproveWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdApproveWithBody(ctx, id, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParsePostV1ApprovalsIdApproveResponse(rsp)
 }
 
-// PostV1ApprovalsIdDenyWithResponse Deny (role approver, not the requester).
+// PostV1ApprovalsIdApproveWithResponse Grant (role approver, not the requester).
 //
-// Returns a wrapper object for the known response body format(s).
+// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
+func (c *ClientWithResponses) PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdApprove(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostV1ApprovalsIdApproveResponse(rsp)
+}
+
+// PostV1ApprovalsIdDenyWithBodyWithResponse Deny (role approver, not the requester).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdDeny(ctx, id, reqEditors...)
+func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdDenyWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostV1ApprovalsIdDenyResponse(rsp)
+}
+
+// PostV1ApprovalsIdDenyWithResponse Deny (role approver, not the requester).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
+func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdDeny(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -8671,17 +8879,34 @@ func (c *ClientWithResponses) GetV1DeploysIdWithResponse(ctx context.Context, id
 	return ParseGetV1DeploysIdResponse(rsp)
 }
 
+// PostV1DeploysIdCancelWithBodyWithResponse Stop a queued deploy, or a running one that has not started activating.
+//
+// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+// it again and records nothing. A deploy that already started activating on the target, or finished, is
+// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
+func (c *ClientWithResponses) PostV1DeploysIdCancelWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error) {
+	rsp, err := c.PostV1DeploysIdCancelWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostV1DeploysIdCancelResponse(rsp)
+}
+
 // PostV1DeploysIdCancelWithResponse Stop a queued deploy, or a running one that has not started activating.
 //
 // A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
 // it again and records nothing. A deploy that already started activating on the target, or finished, is
 // 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 //
-// Returns a wrapper object for the known response body format(s).
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-func (c *ClientWithResponses) PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error) {
-	rsp, err := c.PostV1DeploysIdCancel(ctx, id, reqEditors...)
+func (c *ClientWithResponses) PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error) {
+	rsp, err := c.PostV1DeploysIdCancel(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}

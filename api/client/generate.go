@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "73fb1f33602c0e1f9ae6ba57035b0790892532de41be8f9c4c73fb7ca58de703"
+const SpecSHA256 = "bf3682c6569d26b7f6eabdba334a6fbb20e86e0850c61846814600cf36a737e2"

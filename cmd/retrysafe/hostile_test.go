@@ -213,3 +213,41 @@ func checkNotServerError(t *testing.T, name, method, target string, res *apitest
 		t.Errorf("%s: %s %s -> %d is not a problem with a code (%s): %s", name, method, short, res.Code, ct, res.Body)
 	}
 }
+
+// TestActionBodiesFollowOneRule: every action endpoint (capture, cancel, rollback, approve, deny) takes an
+// empty body or {} as {}, and refuses any other body that is not an object of its declared fields with 400
+// invalid_request, on every service; nothing is written either way (the ids name nothing).
+func TestActionBodiesFollowOneRule(t *testing.T) {
+	t.Parallel()
+	w := newRouteWalker(t)
+	missing := "00000000-0000-7000-8000-000000000000"
+	actions := map[string]string{
+		"POST /v1/payment_intents/{id}/capture": "/v1/payment_intents/pi_" + missing + "/capture",
+		"POST /v1/payment_intents/{id}/cancel":  "/v1/payment_intents/pi_" + missing + "/cancel",
+		"POST /v1/deploys/{id}/cancel":          "/v1/deploys/dep_" + missing + "/cancel",
+		"POST /v1/deploys/{id}/rollback":        "/v1/deploys/dep_" + missing + "/rollback",
+		"POST /v1/approvals/{id}/approve":       "/v1/approvals/apv_" + missing + "/approve",
+		"POST /v1/approvals/{id}/deny":          "/v1/approvals/apv_" + missing + "/deny",
+	}
+	for key, path := range actions {
+		if len(w.servedBy[key]) == 0 || w.servedBy[key][0].name == "provider" {
+			t.Fatalf("no service serves %s", key)
+		}
+		for _, srv := range w.servedBy[key] {
+			c := srv.client.For(t).As(servicetest.ApproverSecret)
+			for _, body := range []any{nil, "", " \n", "{}"} {
+				res := c.Post(path, body, apitest.Key("action-body"))
+				if res.Code != http.StatusNotFound {
+					t.Errorf("%s %s with body %q: %d %s, want 404 (the body is {})", srv.name, key, body, res.Code, res.Body)
+				}
+			}
+			for _, body := range []string{`{"x":1}`, `[]`, `null`, `"x"`, `{} {}`, `{"expected_environment_version":1,"expected_environment_version":2}`} {
+				res := c.Post(path, body, apitest.Key("action-body"))
+				if res.Code != http.StatusBadRequest || res.Str(t, "code") != "invalid_request" {
+					t.Errorf("%s %s with body %s: %d %s, want 400 invalid_request", srv.name, key, body, res.Code, res.Body)
+				}
+			}
+		}
+	}
+	w.checkNothingWritten(t)
+}

@@ -356,6 +356,11 @@ func (s *Service) load(ctx context.Context, db *gorm.DB, accountID, id string, l
 // decide approves or denies. It is a declared state: repeating the same decision by the same approver answers
 // the approval again and changes nothing; a different or late decision is refused.
 func (s *Service) decide(c *gin.Context, to State) {
+	var none struct{}
+	if err := httpserver.DecodeActionBody(c, &none); err != nil {
+		problem.Write(c, err)
+		return
+	}
 	p := auth.From(c)
 	if p.Role != auth.RoleApprover {
 		problem.Write(c, problem.New(problem.CodeForbidden, "only a key with role approver can decide approvals"))

@@ -239,6 +239,33 @@ func (jsonRender) WriteContentType(w http.ResponseWriter) {
 	w.Header()["Content-Type"] = []string{"application/json"}
 }
 
+// DecodeActionBody is the one rule for the body of an action endpoint (cancel, capture, rollback, approve,
+// deny), whose fields are all optional: an empty body (no bytes, or only white space) means {}; any other body
+// is decoded strictly into v as DecodeJSON does, so `{"x":1}` is 400 invalid_request like an unknown field
+// anywhere. An action without fields decodes into a struct{}.
+func DecodeActionBody(c *gin.Context, v any) error {
+	if c.Request.Body == nil || c.Request.Body == http.NoBody {
+		return nil
+	}
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		return DecodeJSON(c, v) // reports the read error as DecodeJSON does
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	c.Request.Body = io.NopCloser(bytes.NewReader(body))
+	return DecodeJSON(c, v)
+}
+
+// DecodeActionCommand is DecodeActionBody, then cmd.Validate (defaults apply to an empty body too).
+func DecodeActionCommand(c *gin.Context, cmd Command) error {
+	if err := DecodeActionBody(c, cmd); err != nil {
+		return err
+	}
+	return cmd.Validate()
+}
+
 // Command is a request body that can check itself and apply its defaults.
 type Command interface{ Validate() error }
 

@@ -226,7 +226,7 @@ func (s *Server) describeCapture(ctx context.Context, account string, params map
 
 func (s *Server) capture(c *gin.Context) {
 	var req CaptureRequest
-	if err := decodeOptional(c, &req); err != nil {
+	if err := httpserver.DecodeActionBody(c, &req); err != nil {
 		problem.Write(c, err)
 		return
 	}
@@ -288,7 +288,7 @@ func (s *Server) release(ctx context.Context, tx *gorm.DB, op opstatus.Operation
 
 func (s *Server) cancel(c *gin.Context) {
 	var req CancelRequest
-	if err := decodeOptional(c, &req); err != nil {
+	if err := httpserver.DecodeActionBody(c, &req); err != nil {
 		problem.Write(c, err)
 		return
 	}
@@ -449,12 +449,4 @@ func (s *Server) getRefund(c *gin.Context) {
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, rf)
-}
-
-// decodeOptional decodes a body whose fields are all optional: no body at all means {}.
-func decodeOptional(c *gin.Context, v any) error {
-	if c.Request.ContentLength == 0 || c.Request.Body == nil || c.Request.Body == http.NoBody {
-		return nil
-	}
-	return httpserver.DecodeJSON(c, v)
 }
