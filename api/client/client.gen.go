@@ -524,6 +524,9 @@ type Health struct {
 	Status string  `json:"status"`
 }
 
+// NextCursor Send it as `cursor` for the next page; null on the last page.
+type NextCursor = string
+
 // Operation defines model for Operation.
 type Operation struct {
 	CreatedAt      time.Time        `json:"created_at"`
@@ -724,8 +727,14 @@ type TicketStatus string
 // ApprovalId defines model for ApprovalId.
 type ApprovalId = string
 
+// Cursor defines model for Cursor.
+type Cursor = string
+
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
+
+// Limit defines model for Limit.
+type Limit = int
 
 // Prefer defines model for Prefer.
 type Prefer = string
@@ -842,7 +851,12 @@ type PostV1DeploysIdRollbackParams struct {
 
 // GetV1OperationsParams defines parameters for GetV1Operations.
 type GetV1OperationsParams struct {
-	IdempotencyKey string `form:"idempotency_key" json:"idempotency_key"`
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor         *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+	IdempotencyKey string  `form:"idempotency_key" json:"idempotency_key"`
 }
 
 // PostV1PaymentIntentsParams defines parameters for PostV1PaymentIntents.
@@ -878,6 +892,15 @@ type PostV1PaymentIntentsIdCaptureParams struct {
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
+// GetV1PaymentIntentsIdRefundsParams defines parameters for GetV1PaymentIntentsIdRefunds.
+type GetV1PaymentIntentsIdRefundsParams struct {
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
 // PostV1PaymentIntentsIdRefundsParams defines parameters for PostV1PaymentIntentsIdRefunds.
 type PostV1PaymentIntentsIdRefundsParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
@@ -892,6 +915,11 @@ type PostV1PaymentIntentsIdRefundsParams struct {
 
 // GetV1TicketsParams defines parameters for GetV1Tickets.
 type GetV1TicketsParams struct {
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor        *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 	SourceEventId *string `form:"source_event_id,omitempty" json:"source_event_id,omitempty"`
 }
 
@@ -902,6 +930,15 @@ type PostV1TicketsParams struct {
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
+}
+
+// GetV1TicketsIdCommentsParams defines parameters for GetV1TicketsIdComments.
+type GetV1TicketsIdCommentsParams struct {
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // PostV1TicketsIdCommentsJSONBody defines parameters for PostV1TicketsIdComments.
@@ -922,6 +959,15 @@ type PostV1TicketsIdCommentsParams struct {
 // PutV1TicketsIdStatusJSONBody defines parameters for PutV1TicketsIdStatus.
 type PutV1TicketsIdStatusJSONBody struct {
 	Status TicketStatus `json:"status"`
+}
+
+// GetV1TicketsIdStatusChangesParams defines parameters for GetV1TicketsIdStatusChanges.
+type GetV1TicketsIdStatusChangesParams struct {
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // PostAdminFaultsJSONRequestBody defines body for PostAdminFaults for application/json ContentType.
@@ -1579,7 +1625,7 @@ type ClientInterface interface {
 	// GetV1PaymentIntentsIdRefunds An intent's refunds, oldest first (pending, succeeded and failed).
 	//
 	// Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-	GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1PaymentIntentsIdRefundsWithBody Refund captured money; each refund is its own operation.
 	//
@@ -1641,7 +1687,7 @@ type ClientInterface interface {
 	// GetV1TicketsIdComments A ticket's comments, oldest first.
 	//
 	// Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-	GetV1TicketsIdComments(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetV1TicketsIdComments(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1TicketsIdCommentsWithBody Add a comment; a replay never adds a second one.
 	//
@@ -1680,7 +1726,7 @@ type ClientInterface interface {
 	// GetV1TicketsIdStatusChanges The status changes that actually happened, oldest first.
 	//
 	// Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-	GetV1TicketsIdStatusChanges(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetV1TicketsIdStatusChanges(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetAdminCounters Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
@@ -2460,8 +2506,8 @@ func (c *Client) PostV1PaymentIntentsIdCapture(ctx context.Context, id string, p
 // GetV1PaymentIntentsIdRefunds An intent's refunds, oldest first (pending, succeeded and failed).
 //
 // Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-func (c *Client) GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1PaymentIntentsIdRefundsRequest(c.Server, id)
+func (c *Client) GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetV1PaymentIntentsIdRefundsRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2602,8 +2648,8 @@ func (c *Client) GetV1TicketsId(ctx context.Context, id string, reqEditors ...Re
 // GetV1TicketsIdComments A ticket's comments, oldest first.
 //
 // Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-func (c *Client) GetV1TicketsIdComments(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1TicketsIdCommentsRequest(c.Server, id)
+func (c *Client) GetV1TicketsIdComments(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetV1TicketsIdCommentsRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2691,8 +2737,8 @@ func (c *Client) PutV1TicketsIdStatus(ctx context.Context, id string, body PutV1
 // GetV1TicketsIdStatusChanges The status changes that actually happened, oldest first.
 //
 // Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-func (c *Client) GetV1TicketsIdStatusChanges(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1TicketsIdStatusChangesRequest(c.Server, id)
+func (c *Client) GetV1TicketsIdStatusChanges(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetV1TicketsIdStatusChangesRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -3674,6 +3720,30 @@ func NewGetV1OperationsRequest(server string, params *GetV1OperationsParams) (*h
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "idempotency_key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
 		} else {
@@ -3982,7 +4052,7 @@ func NewPostV1PaymentIntentsIdCaptureRequestWithBody(server string, id string, p
 }
 
 // NewGetV1PaymentIntentsIdRefundsRequest constructs an http.Request for the GetV1PaymentIntentsIdRefunds method
-func NewGetV1PaymentIntentsIdRefundsRequest(server string, id string) (*http.Request, error) {
+func NewGetV1PaymentIntentsIdRefundsRequest(server string, id string, params *GetV1PaymentIntentsIdRefundsParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4005,6 +4075,45 @@ func NewGetV1PaymentIntentsIdRefundsRequest(server string, id string) (*http.Req
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -4159,6 +4268,30 @@ func NewGetV1TicketsRequest(server string, params *GetV1TicketsParams) (*http.Re
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.SourceEventId != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "source_event_id", *params.SourceEventId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -4284,7 +4417,7 @@ func NewGetV1TicketsIdRequest(server string, id string) (*http.Request, error) {
 }
 
 // NewGetV1TicketsIdCommentsRequest constructs an http.Request for the GetV1TicketsIdComments method
-func NewGetV1TicketsIdCommentsRequest(server string, id string) (*http.Request, error) {
+func NewGetV1TicketsIdCommentsRequest(server string, id string, params *GetV1TicketsIdCommentsParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4307,6 +4440,45 @@ func NewGetV1TicketsIdCommentsRequest(server string, id string) (*http.Request, 
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -4436,7 +4608,7 @@ func NewPutV1TicketsIdStatusRequestWithBody(server string, id string, contentTyp
 }
 
 // NewGetV1TicketsIdStatusChangesRequest constructs an http.Request for the GetV1TicketsIdStatusChanges method
-func NewGetV1TicketsIdStatusChangesRequest(server string, id string) (*http.Request, error) {
+func NewGetV1TicketsIdStatusChangesRequest(server string, id string, params *GetV1TicketsIdStatusChangesParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4459,6 +4631,45 @@ func NewGetV1TicketsIdStatusChangesRequest(server string, id string) (*http.Requ
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -4912,7 +5123,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-	GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error)
+	GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error)
 
 	// PostV1PaymentIntentsIdRefundsWithBodyWithResponse Refund captured money; each refund is its own operation.
 	//
@@ -4982,7 +5193,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-	GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error)
+	GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error)
 
 	// PostV1TicketsIdCommentsWithBodyWithResponse Add a comment; a replay never adds a second one.
 	//
@@ -5023,7 +5234,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-	GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error)
+	GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error)
 }
 
 type GetAdminCountersResponse struct {
@@ -6795,6 +7006,9 @@ type GetV1OperationsResponse struct {
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
 		Items []Operation `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *BadRequest
@@ -6811,6 +7025,9 @@ type GetV1OperationsResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1OperationsResponse) GetJSON200() *struct {
 	Items []Operation `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
 }
@@ -7509,6 +7726,9 @@ type GetV1PaymentIntentsIdRefundsResponse struct {
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
 		Items []Refund `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *BadRequest
@@ -7525,6 +7745,9 @@ type GetV1PaymentIntentsIdRefundsResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1PaymentIntentsIdRefundsResponse) GetJSON200() *struct {
 	Items []Refund `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
 }
@@ -7839,6 +8062,9 @@ type GetV1TicketsResponse struct {
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
 		Items []Ticket `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *BadRequest
@@ -7853,6 +8079,9 @@ type GetV1TicketsResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1TicketsResponse) GetJSON200() *struct {
 	Items []Ticket `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
 }
@@ -8128,6 +8357,9 @@ type GetV1TicketsIdCommentsResponse struct {
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
 		Items []Comment `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *BadRequest
@@ -8140,6 +8372,9 @@ type GetV1TicketsIdCommentsResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1TicketsIdCommentsResponse) GetJSON200() *struct {
 	Items []Comment `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
 }
@@ -8417,6 +8652,9 @@ type GetV1TicketsIdStatusChangesResponse struct {
 			From      TicketStatus `json:"from"`
 			To        TicketStatus `json:"to"`
 		} `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *BadRequest
@@ -8434,6 +8672,9 @@ func (r GetV1TicketsIdStatusChangesResponse) GetJSON200() *struct {
 		From      TicketStatus `json:"from"`
 		To        TicketStatus `json:"to"`
 	} `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
 }
@@ -9127,8 +9368,8 @@ func (c *ClientWithResponses) PostV1PaymentIntentsIdCaptureWithResponse(ctx cont
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-func (c *ClientWithResponses) GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error) {
-	rsp, err := c.GetV1PaymentIntentsIdRefunds(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error) {
+	rsp, err := c.GetV1PaymentIntentsIdRefunds(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -9245,8 +9486,8 @@ func (c *ClientWithResponses) GetV1TicketsIdWithResponse(ctx context.Context, id
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-func (c *ClientWithResponses) GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error) {
-	rsp, err := c.GetV1TicketsIdComments(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error) {
+	rsp, err := c.GetV1TicketsIdComments(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -9316,8 +9557,8 @@ func (c *ClientWithResponses) PutV1TicketsIdStatusWithResponse(ctx context.Conte
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-func (c *ClientWithResponses) GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error) {
-	rsp, err := c.GetV1TicketsIdStatusChanges(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error) {
+	rsp, err := c.GetV1TicketsIdStatusChanges(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -10967,6 +11208,9 @@ func ParseGetV1OperationsResponse(rsp *http.Response) (*GetV1OperationsResponse,
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
 			Items []Operation `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
@@ -11757,6 +12001,9 @@ func ParseGetV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*GetV1Paymen
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
 			Items []Refund `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
@@ -12112,6 +12359,9 @@ func ParseGetV1TicketsResponse(rsp *http.Response) (*GetV1TicketsResponse, error
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
 			Items []Ticket `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
@@ -12432,6 +12682,9 @@ func ParseGetV1TicketsIdCommentsResponse(rsp *http.Response) (*GetV1TicketsIdCom
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
 			Items []Comment `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
@@ -12716,6 +12969,9 @@ func ParseGetV1TicketsIdStatusChangesResponse(rsp *http.Response) (*GetV1Tickets
 				From      TicketStatus `json:"from"`
 				To        TicketStatus `json:"to"`
 			} `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err

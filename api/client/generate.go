@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "bf3682c6569d26b7f6eabdba334a6fbb20e86e0850c61846814600cf36a737e2"
+const SpecSHA256 = "3699b5d5c36eb307bea586ec67becf20a857ad95d4fb387d067ccf21d9bc3e02"

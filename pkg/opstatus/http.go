@@ -8,6 +8,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -28,12 +29,17 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 			problem.Write(c, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: msg}))
 			return
 		}
-		ops, err := FindByKey(c.Request.Context(), db, auth.From(c).AccountID, key)
+		p, err := page.FromQuery(c)
 		if err != nil {
 			problem.Write(c, err)
 			return
 		}
-		httpserver.JSON(c, http.StatusOK, gin.H{"items": ops})
+		ops, err := FindByKeyPage(c.Request.Context(), db, auth.From(c).AccountID, key, p)
+		if err != nil {
+			problem.Write(c, err)
+			return
+		}
+		httpserver.JSON(c, http.StatusOK, page.Of(ops, p, func(op Operation) page.Cursor { return page.Cursor{At: op.CreatedAt, ID: op.ID} }))
 	})
 }
 

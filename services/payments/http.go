@@ -16,6 +16,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/provider"
@@ -434,12 +435,17 @@ func (s *Server) getIntent(c *gin.Context) {
 }
 
 func (s *Server) listRefunds(c *gin.Context) {
-	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
+	p, err := page.FromQuery(c)
 	if err != nil {
 		problem.Write(c, err)
 		return
 	}
-	httpserver.JSON(c, http.StatusOK, gin.H{"items": rs})
+	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), p)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	httpserver.JSON(c, http.StatusOK, page.Of(rs, p, func(r Refund) page.Cursor { return page.Cursor{At: r.CreatedAt, ID: r.ID} }))
 }
 
 func (s *Server) getRefund(c *gin.Context) {

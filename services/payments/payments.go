@@ -22,6 +22,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/money"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -302,7 +303,8 @@ type Store interface {
 	Refund(ctx context.Context, db *gorm.DB, accountID, id string) (Refund, error)
 	// Refunds lists an intent's refunds, oldest first. Returns an error matching problem.ErrNotFound if the
 	// intent does not exist in the account.
-	Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string) ([]Refund, error)
+	// At most p.Fetch() of them, after p.After.
+	Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string, p page.Request) ([]Refund, error)
 }
 
 // Provider is the payment provider as payments uses it; *provider.Client implements it. Its errors follow

@@ -8,6 +8,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -252,13 +253,16 @@ func (PostgresStore) Refund(ctx context.Context, db *gorm.DB, accountID, id stri
 }
 
 // Refunds implements Store.
-func (s PostgresStore) Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string) ([]Refund, error) {
+func (s PostgresStore) Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string, p page.Request) ([]Refund, error) {
 	if _, err := s.Intent(ctx, db, accountID, intentID); err != nil {
 		return nil, err
 	}
+	q := db.WithContext(ctx).Table("payment_refunds").Select(refundColumns).Where("intent_id = ? AND account_id = ?", intentID, accountID)
+	if p.After != nil {
+		q = q.Where("(created_at, id) > (?, ?)", p.After.At, p.After.ID)
+	}
 	rows := []Refund{}
-	err := db.WithContext(ctx).Raw(`SELECT `+refundColumns+` FROM payment_refunds
-WHERE intent_id = ? AND account_id = ? ORDER BY created_at, id`, intentID, accountID).Scan(&rows).Error
+	err := q.Order("created_at, id").Limit(p.Fetch()).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("payments: list refunds: %w", err)
 	}

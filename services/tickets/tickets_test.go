@@ -536,3 +536,71 @@ func TestTextThatCouldMisleadAPersonIsRefused(t *testing.T) {
 		t.Fatalf("%d comments, want the one with clean text", n)
 	}
 }
+
+// TestListsPageWithACursor: every list pages by limit and an opaque cursor; walking the pages of tickets and of
+// comments gives every item once, in order, and the last page has no next_cursor; a bad limit or cursor is 400.
+func TestListsPageWithACursor(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	var ids []string
+	for i := range 5 {
+		res := c.Post("/v1/tickets", fmt.Sprintf(`{"project":"ops","title":"t%d"}`, i), apitest.Key(fmt.Sprint("page-", i))).Status(t, http.StatusCreated)
+		ids = append([]string{res.Str(t, "id")}, ids...) // newest first
+	}
+	walk := func(path string) []string {
+		var got []string
+		next := ""
+		for pages := 0; ; pages++ {
+			url := path + "?limit=2"
+			if next != "" {
+				url += "&cursor=" + next
+			}
+			var p struct {
+				Items      []struct{ ID string }
+				NextCursor *string `json:"next_cursor"`
+			}
+			c.Get(url).Status(t, http.StatusOK).Decode(t, &p)
+			if len(p.Items) > 2 || pages > 5 {
+				t.Fatalf("%s: page %d has %d items", path, pages, len(p.Items))
+			}
+			for _, it := range p.Items {
+				got = append(got, it.ID)
+			}
+			if p.NextCursor == nil {
+				return got
+			}
+			next = *p.NextCursor
+		}
+	}
+	if got := walk("/v1/tickets"); fmt.Sprint(got) != fmt.Sprint(ids) {
+		t.Errorf("tickets by page: %v, want %v", got, ids)
+	}
+	var comments []string
+	for i := range 3 {
+		comments = append(comments, c.Post("/v1/tickets/"+ids[0]+"/comments", fmt.Sprintf(`{"body":"c%d"}`, i), apitest.Key(fmt.Sprint("cm-", i))).
+			Status(t, http.StatusCreated).Str(t, "id"))
+	}
+	if got := walk("/v1/tickets/" + ids[0] + "/comments"); fmt.Sprint(got) != fmt.Sprint(comments) {
+		t.Errorf("comments by page: %v, want %v", got, comments)
+	}
+	for _, status := range []string{"resolved", "open", "closed"} {
+		c.Put("/v1/tickets/"+ids[0]+"/status", `{"status":"`+status+`"}`).Status(t, http.StatusOK)
+	}
+	var first, second struct {
+		Items      []tickets.StatusChange
+		NextCursor *string `json:"next_cursor"`
+	}
+	c.Get("/v1/tickets/"+ids[0]+"/status_changes?limit=2").Status(t, http.StatusOK).Decode(t, &first)
+	if len(first.Items) != 2 || first.NextCursor == nil || first.Items[0].To != tickets.StatusResolved {
+		t.Fatalf("first page of status changes: %+v", first)
+	}
+	c.Get("/v1/tickets/"+ids[0]+"/status_changes?limit=2&cursor="+*first.NextCursor).Status(t, http.StatusOK).Decode(t, &second)
+	if len(second.Items) != 1 || second.NextCursor != nil || second.Items[0].To != tickets.StatusClosed {
+		t.Fatalf("second page of status changes: %+v", second)
+	}
+	for _, q := range []string{"limit=0", "limit=101", "limit=x", "cursor=nope", "cursor=eyJ0IjoxfQ"} {
+		if code := c.Get("/v1/tickets?"+q).Status(t, http.StatusBadRequest).Str(t, "code"); code != "invalid_request" {
+			t.Errorf("%s: code %s", q, code)
+		}
+	}
+}
