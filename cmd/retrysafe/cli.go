@@ -68,6 +68,7 @@ func init() {
   MIGRATE_ON_START          apply migrations at start (default true)
   API_KEYS                  account_id:role:secret,... role agent or approver, secrets of 24 characters or more
                             (unset: the demo keys, development only, listening on 127.0.0.1 only)
+  DEMO_LISTEN_ANY           true: demo mode listens where the addresses say (a container publishing on 127.0.0.1)
   API_KEY_ID_SECRET         random, 32 characters or more, required with API_KEYS: keys the hash that makes key ids
   TICKETS_ADDR PAYMENTS_ADDR DEPLOYS_ADDR   listen addresses (default :8081 :8082 :8083; 127.0.0.1 in demo mode)
   BODY_LIMIT_BYTES          largest request body (default 1048576)

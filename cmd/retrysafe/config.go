@@ -26,10 +26,12 @@ type config struct {
 	APIKeys            string     // secret: never printed
 	APIKeyIDSecret     string     // keys the hash that makes key ids (API_KEY_ID_SECRET); secret: never printed
 	Keys               *auth.Keys // API_KEYS parsed; the demo keys when it is unset
-	// DemoKeys is demo mode: API_KEYS unset, the documented demo keys, and every listener on 127.0.0.1 only.
-	DemoKeys  bool
-	LogLevel  string
-	BodyLimit int64
+	// DemoKeys is demo mode: API_KEYS unset, the documented demo keys, and every listener on 127.0.0.1 only
+	// unless DemoListenAny (DEMO_LISTEN_ANY, for a container whose ports are published on the host's loopback).
+	DemoKeys      bool
+	DemoListenAny bool
+	LogLevel      string
+	BodyLimit     int64
 	// RateLimitWritesPerSecond and RateLimitWriteBurst are each account's write budget (a token bucket);
 	// zero per second turns the limit off.
 	RateLimitWritesPerSecond int
@@ -118,10 +120,16 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if _, err := failpoint.Parse(cfg.Failpoints); err != nil {
 		return config{}, configError{"RETRYSAFE_FAILPOINTS: " + err.Error()}
 	}
+	cfg.DemoListenAny = r.boolean("DEMO_LISTEN_ANY", false)
+	if r.err != nil {
+		return config{}, r.err
+	}
 	if cfg.APIKeys == "" {
 		cfg.Keys, cfg.DemoKeys = auth.Demo(), true
-		if err := cfg.loopbackOnly(); err != nil {
-			return config{}, err
+		if !cfg.DemoListenAny {
+			if err := cfg.loopbackOnly(); err != nil {
+				return config{}, err
+			}
 		}
 	} else {
 		if len(cfg.APIKeyIDSecret) < auth.MinIDSecretLength {
@@ -142,6 +150,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 // loopbackOnly makes demo mode listen on 127.0.0.1 only: its keys are published in the README, so a service
 // reachable from another machine would take writes from anyone. An address without a host (":8081") or with
 // an unspecified one (0.0.0.0, ::) becomes 127.0.0.1; any other host that is not loopback is a config error.
+// DEMO_LISTEN_ANY=true leaves the addresses as given, for a container: its network is its own, and the host
+// publishes its ports on 127.0.0.1 (docker-compose.yml).
 func (c *config) loopbackOnly() error {
 	for _, a := range []struct {
 		name string

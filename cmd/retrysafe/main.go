@@ -179,7 +179,10 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 			return err
 		}
 	}
-	if cfg.DemoKeys {
+	if cfg.DemoKeys && cfg.DemoListenAny {
+		logger.Warn("API_KEYS is unset: using the documented demo keys, listening where the addresses say because DEMO_LISTEN_ANY is set; publish the ports on 127.0.0.1 only, and never do this outside development",
+			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
+	} else if cfg.DemoKeys {
 		logger.Warn("API_KEYS is unset: using the documented demo keys and listening on 127.0.0.1 only; never do this outside development",
 			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
 	}

@@ -190,6 +190,10 @@ func TestDemoModeListensOnLoopbackOnly(t *testing.T) {
 		cfg.DeploysAddr != "[::1]:9003" || cfg.ProviderAddr != "127.0.0.1:8090" {
 		t.Errorf("demo mode listens on %s %s %s %s", cfg.TicketsAddr, cfg.PaymentsAddr, cfg.DeploysAddr, cfg.ProviderAddr)
 	}
+	cfg, err = loadConfig(env(map[string]string{"DEMO_LISTEN_ANY": "true", "TICKETS_ADDR": ":9001"}))
+	if err != nil || cfg.TicketsAddr != ":9001" {
+		t.Errorf("demo mode with DEMO_LISTEN_ANY (a container): %s, %v", cfg.TicketsAddr, err)
+	}
 	cfg, err = loadConfig(env(map[string]string{"API_KEYS": "a:agent:" + testSecret, "API_KEY_ID_SECRET": testIDSecret}))
 	if err != nil {
 		t.Fatal(err)
@@ -243,13 +247,13 @@ func TestComposeFileMatchesTheContract(t *testing.T) {
 	if !ok || strings.Join(app.Command, " ") != "serve all" {
 		t.Fatalf("retrysafe service = %+v", app)
 	}
-	if got := strings.Join(app.Ports, ","); got != "8081:8081,8082:8082,8083:8083" {
+	if got := strings.Join(app.Ports, ","); got != "127.0.0.1:8081:8081,127.0.0.1:8082:8082,127.0.0.1:8083:8083" {
 		t.Errorf("ports = %s", got)
 	}
 	if !strings.HasPrefix(app.Environment["DATABASE_URL"], "postgres://") || app.Environment["PROVIDER_URL"] != "http://provider:8090" {
 		t.Errorf("environment = %v", app.Environment)
 	}
-	if p := compose.Services["provider"]; strings.Join(p.Command, " ") != "provider" || strings.Join(p.Ports, ",") != "8090:8090" {
+	if p := compose.Services["provider"]; strings.Join(p.Command, " ") != "provider" || strings.Join(p.Ports, ",") != "127.0.0.1:8090:8090" {
 		t.Errorf("provider service = %+v", p)
 	}
 	if compose.Services["postgres"].Image == "" {
