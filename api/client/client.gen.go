@@ -830,7 +830,7 @@ type PostV1DeploysParams struct {
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
 
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
@@ -845,7 +845,7 @@ type PostV1DeploysIdRollbackParams struct {
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
 
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
@@ -888,7 +888,7 @@ type PostV1PaymentIntentsIdCaptureParams struct {
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
 
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
@@ -909,7 +909,7 @@ type PostV1PaymentIntentsIdRefundsParams struct {
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
 
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "3699b5d5c36eb307bea586ec67becf20a857ad95d4fb387d067ccf21d9bc3e02"
+const SpecSHA256 = "10cb279625803ab47a02b98bacf9c2cf7072649128456ce2c670221bb31754a3"
