@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"sort"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/retrysafe/retrysafe/api"
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/provider"
@@ -150,9 +152,11 @@ func (w *routeWalker) walk(t *testing.T, v string) {
 		op := w.doc.Paths.Find(path).GetOperation(method)
 		target := path
 		var query []string
+		hasPathParam := false
 		for _, p := range op.Parameters {
 			switch p.Value.In {
 			case openapi3.ParameterInPath:
+				hasPathParam = true
 				target = strings.ReplaceAll(target, "{"+p.Value.Name+"}", v)
 			case openapi3.ParameterInQuery:
 				query = append(query, p.Value.Name+"="+v)
@@ -179,9 +183,28 @@ func (w *routeWalker) walk(t *testing.T, v string) {
 					continue
 				}
 				checkNotServerError(t, srv.name, method, target, res)
+				// A read of a malformed id is 404, never 400 or 422. (A well-formed one is looked for, after its
+				// query is checked.)
+				if method == http.MethodGet && hasPathParam && srv.name != "provider" && !wellFormedID(v) && res.Code != http.StatusNotFound {
+					t.Errorf("%s: GET %.120s -> %d, want 404: %s", srv.name, target, res.Code, res.Body)
+				}
 			}
 		}
 	}
+}
+
+// wellFormedID reports whether the percent-encoded v decodes to an id ids.New could have made.
+func wellFormedID(v string) bool {
+	decoded, err := url.PathUnescape(v)
+	if err != nil {
+		return false
+	}
+	for _, prefix := range []string{"tkt_", "cmt_", "pi_", "re_", "dep_", "op_", "apv_"} {
+		if ids.Valid(prefix, decoded) {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *routeWalker) checkNothingWritten(t *testing.T) {

@@ -670,6 +670,28 @@ func testApprovalsFailClosed(t *testing.T, h *harness) {
 	b.agent.Post(refunds, `{"amount":"600.00"}`, apitest.Key("rf-2"), apitest.Header("Approval-Id", id)).Status(t, http.StatusCreated)
 	b.assertCounters(t, map[string]int64{"authorize": 2, "capture": 1, "refund": 2})
 
+	// The refunds list pages (and so does the list of operations under a key).
+	var first, second struct {
+		Items      []struct{ ID string }
+		NextCursor *string `json:"next_cursor"`
+	}
+	b.agent.Get(refunds+"?limit=1").Status(t, http.StatusOK).Decode(t, &first)
+	if len(first.Items) != 1 || first.NextCursor == nil {
+		t.Fatalf("first page of refunds: %+v", first)
+	}
+	b.agent.Get(refunds+"?limit=1&cursor="+*first.NextCursor).Status(t, http.StatusOK).Decode(t, &second)
+	if len(second.Items) != 1 || second.NextCursor != nil || second.Items[0].ID == first.Items[0].ID {
+		t.Fatalf("second page of refunds: %+v after %+v", second, first)
+	}
+	var ops struct {
+		Items      []struct{ ID string }
+		NextCursor *string `json:"next_cursor"`
+	}
+	b.agent.Get("/v1/operations?idempotency_key=rf-1&limit=1").Status(t, http.StatusOK).Decode(t, &ops)
+	if len(ops.Items) != 1 || ops.NextCursor != nil {
+		t.Fatalf("operations of rf-1: %+v", ops)
+	}
+
 	// Expired: pending, or approved and unused, past expires_at.
 	pending := b.agent.Post("/v1/approvals", strings.Replace(req, "rf-2", "rf-3", 1), apitest.Key("apv-rf-3")).Status(t, http.StatusCreated).Str(t, "id")
 	if err := b.db.DB.Exec(`UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = ?`, pending).Error; err != nil {
