@@ -44,8 +44,19 @@ test:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3s -benchmem ./services/tickets/
 
+# Runs every fuzz target of every package for FUZZTIME each (make test runs only their seed corpora). Targets
+# that serve requests use the test database, as make test does. A failing input is written under the package's
+# testdata/fuzz, where go test then runs it as a seed.
+FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseDecimal -fuzztime 60s ./pkg/money/
+	@if [ -z "$$TEST_DATABASE_URL" ]; then \
+	  export TEST_DATABASE_URL="$$(scripts/devdb.sh url)/test?sslmode=disable"; \
+	fi && set -e && for pkg in $$($(GO) list ./...); do \
+	  for target in $$($(GO) test -list '^Fuzz' "$$pkg" | grep '^Fuzz' || true); do \
+	    echo "== $$pkg $$target ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -parallel 2 "$$pkg"; \
+	  done; \
+	done
 
 # What CI does, from a fresh clone of this checkout's HEAD; DROP=1 also drops the retrysafe and test databases
 # first, as on a new machine (do not use it while other test runs share this PostgreSQL).

@@ -21,6 +21,7 @@ import (
 const (
 	ApprovalStateApproved ApprovalState = "approved"
 	ApprovalStateDenied   ApprovalState = "denied"
+	ApprovalStateExpired  ApprovalState = "expired"
 	ApprovalStatePending  ApprovalState = "pending"
 	ApprovalStateRevoked  ApprovalState = "revoked"
 )
@@ -31,6 +32,8 @@ func (e ApprovalState) Valid() bool {
 	case ApprovalStateApproved:
 		return true
 	case ApprovalStateDenied:
+		return true
+	case ApprovalStateExpired:
 		return true
 	case ApprovalStatePending:
 		return true
@@ -382,24 +385,26 @@ func (e TimelineEntryOutcome) Valid() bool {
 
 // Approval defines model for Approval.
 type Approval struct {
-	CreatedAt      time.Time     `json:"created_at"`
-	DecidedAt      *time.Time    `json:"decided_at,omitempty"`
-	DecidedBy      *string       `json:"decided_by,omitempty"`
-	ExpiresAt      time.Time     `json:"expires_at"`
-	Fingerprint    string        `json:"fingerprint"`
-	Id             string        `json:"id"`
-	IdempotencyKey string        `json:"idempotency_key"`
-	Method         string        `json:"method"`
-	Path           string        `json:"path"`
-	RequestedBy    string        `json:"requested_by"`
-	State          ApprovalState `json:"state"`
+	CreatedAt      time.Time  `json:"created_at"`
+	DecidedAt      *time.Time `json:"decided_at,omitempty"`
+	DecidedBy      *string    `json:"decided_by,omitempty"`
+	ExpiresAt      time.Time  `json:"expires_at"`
+	Fingerprint    string     `json:"fingerprint"`
+	Id             string     `json:"id"`
+	IdempotencyKey string     `json:"idempotency_key"`
+	Method         string     `json:"method"`
+	Path           string     `json:"path"`
+	RequestedBy    string     `json:"requested_by"`
+
+	// State revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write.
+	State ApprovalState `json:"state"`
 
 	// Summary What a person must see to decide (environment, service, artifact, rollback target; or amount, currency, order).
 	Summary           map[string]interface{} `json:"summary"`
 	UsedByOperationId *string                `json:"used_by_operation_id,omitempty"`
 }
 
-// ApprovalState defines model for Approval.State.
+// ApprovalState revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write.
 type ApprovalState string
 
 // ApprovalRequest defines model for ApprovalRequest.
@@ -411,7 +416,9 @@ type ApprovalRequest struct {
 	// Method Example: POST
 	Method string `json:"method"`
 
-	// Path Example: /v1/deploys
+	// Path One line of text.
+	//
+	// Example: /v1/deploys
 	Path string `json:"path"`
 }
 
@@ -454,8 +461,12 @@ type CreatePaymentIntent struct {
 	Amount      *PaymentAmount `json:"amount,omitempty"`
 	AmountMinor *int64         `json:"amount_minor,omitempty"`
 	Currency    string         `json:"currency"`
-	Description *string        `json:"description,omitempty"`
-	OrderId     string         `json:"order_id"`
+
+	// Description One line of free text.
+	Description *string `json:"description,omitempty"`
+
+	// OrderId One line of free text.
+	OrderId string `json:"order_id"`
 }
 
 // CreateRefund Exactly one of amount and amount_minor, in the intent's currency.
@@ -463,18 +474,25 @@ type CreateRefund struct {
 	// Amount A decimal string with at most the currency's ISO 4217 decimals ("12.30" USD, "1000" JPY, "1.500" KWD).
 	Amount      *PaymentAmount `json:"amount,omitempty"`
 	AmountMinor *int64         `json:"amount_minor,omitempty"`
-	Reason      *string        `json:"reason,omitempty"`
+
+	// Reason One line of free text.
+	Reason *string `json:"reason,omitempty"`
 }
 
 // CreateTicket defines model for CreateTicket.
 type CreateTicket struct {
+	// Description Free text; line feed and tab allowed.
 	Description *string         `json:"description,omitempty"`
 	Priority    *TicketPriority `json:"priority,omitempty"`
-	Project     string          `json:"project"`
 
-	// SourceEventId The event that caused this ticket; one ticket per source event and account.
+	// Project One line of free text.
+	Project string `json:"project"`
+
+	// SourceEventId The event that caused this ticket; one ticket per source event and account. One line of free text.
 	SourceEventId *string `json:"source_event_id,omitempty"`
-	Title         string  `json:"title"`
+
+	// Title One line of free text.
+	Title string `json:"title"`
 }
 
 // Deploy defines model for Deploy.
@@ -571,6 +589,9 @@ type Health struct {
 	Detail *string `json:"detail,omitempty"`
 	Status string  `json:"status"`
 }
+
+// NextCursor Send it as `cursor` for the next page; null on the last page.
+type NextCursor = string
 
 // Operation defines model for Operation.
 type Operation struct {
@@ -848,8 +869,14 @@ type TimelineEntryOutcome string
 // ApprovalId defines model for ApprovalId.
 type ApprovalId = string
 
+// Cursor defines model for Cursor.
+type Cursor = string
+
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
+
+// Limit defines model for Limit.
+type Limit = int
 
 // Prefer defines model for Prefer.
 type Prefer = string
@@ -889,6 +916,9 @@ type OutcomeUnknown struct {
 // PreconditionRequired RFC 9457 problem details with a machine-readable code.
 type PreconditionRequired = Problem
 
+// RateLimited RFC 9457 problem details with a machine-readable code.
+type RateLimited = Problem
+
 // StoreUnavailable RFC 9457 problem details with a machine-readable code.
 type StoreUnavailable = Problem
 
@@ -903,6 +933,15 @@ type PostV1ApprovalsParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
+
+// PostV1ApprovalsIdApproveJSONBody defines parameters for PostV1ApprovalsIdApprove.
+type PostV1ApprovalsIdApproveJSONBody = map[string]interface{}
+
+// PostV1ApprovalsIdDenyJSONBody defines parameters for PostV1ApprovalsIdDeny.
+type PostV1ApprovalsIdDenyJSONBody = map[string]interface{}
+
+// PostV1ApprovalsIdRevokeJSONBody defines parameters for PostV1ApprovalsIdRevoke.
+type PostV1ApprovalsIdRevokeJSONBody = map[string]interface{}
 
 // PostV1AuthorizationsParams defines parameters for PostV1Authorizations.
 type PostV1AuthorizationsParams struct {
@@ -936,9 +975,12 @@ type PostV1DeploysParams struct {
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
 
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
+
+// PostV1DeploysIdCancelJSONBody defines parameters for PostV1DeploysIdCancel.
+type PostV1DeploysIdCancelJSONBody = map[string]interface{}
 
 // PostV1DeploysIdRollbackParams defines parameters for PostV1DeploysIdRollback.
 type PostV1DeploysIdRollbackParams struct {
@@ -948,13 +990,18 @@ type PostV1DeploysIdRollbackParams struct {
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
 
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
 // GetV1OperationsParams defines parameters for GetV1Operations.
 type GetV1OperationsParams struct {
-	IdempotencyKey string `form:"idempotency_key" json:"idempotency_key"`
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor         *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+	IdempotencyKey string  `form:"idempotency_key" json:"idempotency_key"`
 }
 
 // PostV1PaymentIntentsParams defines parameters for PostV1PaymentIntents.
@@ -986,8 +1033,17 @@ type PostV1PaymentIntentsIdCaptureParams struct {
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
 
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+}
+
+// GetV1PaymentIntentsIdRefundsParams defines parameters for GetV1PaymentIntentsIdRefunds.
+type GetV1PaymentIntentsIdRefundsParams struct {
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
 // PostV1PaymentIntentsIdRefundsParams defines parameters for PostV1PaymentIntentsIdRefunds.
@@ -998,12 +1054,17 @@ type PostV1PaymentIntentsIdRefundsParams struct {
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
 
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint).
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
 // GetV1TicketsParams defines parameters for GetV1Tickets.
 type GetV1TicketsParams struct {
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor        *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 	SourceEventId *string `form:"source_event_id,omitempty" json:"source_event_id,omitempty"`
 }
 
@@ -1016,8 +1077,18 @@ type PostV1TicketsParams struct {
 	Prefer *Prefer `json:"Prefer,omitempty"`
 }
 
+// GetV1TicketsIdCommentsParams defines parameters for GetV1TicketsIdComments.
+type GetV1TicketsIdCommentsParams struct {
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
 // PostV1TicketsIdCommentsJSONBody defines parameters for PostV1TicketsIdComments.
 type PostV1TicketsIdCommentsJSONBody struct {
+	// Body Free text; line feed and tab allowed.
 	Body string `json:"body"`
 }
 
@@ -1035,11 +1106,29 @@ type PutV1TicketsIdStatusJSONBody struct {
 	Status TicketStatus `json:"status"`
 }
 
+// GetV1TicketsIdStatusChangesParams defines parameters for GetV1TicketsIdStatusChanges.
+type GetV1TicketsIdStatusChangesParams struct {
+	// Limit The most items of one page (default 50).
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor next_cursor of the page before, unchanged; absent for the first page. Opaque.
+	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
 // PostAdminFaultsJSONRequestBody defines body for PostAdminFaults for application/json ContentType.
 type PostAdminFaultsJSONRequestBody = ProviderFault
 
 // PostV1ApprovalsJSONRequestBody defines body for PostV1Approvals for application/json ContentType.
 type PostV1ApprovalsJSONRequestBody = ApprovalRequest
+
+// PostV1ApprovalsIdApproveJSONRequestBody defines body for PostV1ApprovalsIdApprove for application/json ContentType.
+type PostV1ApprovalsIdApproveJSONRequestBody = PostV1ApprovalsIdApproveJSONBody
+
+// PostV1ApprovalsIdDenyJSONRequestBody defines body for PostV1ApprovalsIdDeny for application/json ContentType.
+type PostV1ApprovalsIdDenyJSONRequestBody = PostV1ApprovalsIdDenyJSONBody
+
+// PostV1ApprovalsIdRevokeJSONRequestBody defines body for PostV1ApprovalsIdRevoke for application/json ContentType.
+type PostV1ApprovalsIdRevokeJSONRequestBody = PostV1ApprovalsIdRevokeJSONBody
 
 // PostV1AuthorizationsJSONRequestBody defines body for PostV1Authorizations for application/json ContentType.
 type PostV1AuthorizationsJSONRequestBody = ProviderAuthorizeRequest
@@ -1052,6 +1141,9 @@ type PostV1AuthorizationsIdRefundsJSONRequestBody = ProviderAmountRequest
 
 // PostV1DeploysJSONRequestBody defines body for PostV1Deploys for application/json ContentType.
 type PostV1DeploysJSONRequestBody = CreateDeploy
+
+// PostV1DeploysIdCancelJSONRequestBody defines body for PostV1DeploysIdCancel for application/json ContentType.
+type PostV1DeploysIdCancelJSONRequestBody = PostV1DeploysIdCancelJSONBody
 
 // PostV1DeploysIdRollbackJSONRequestBody defines body for PostV1DeploysIdRollback for application/json ContentType.
 type PostV1DeploysIdRollbackJSONRequestBody = RollbackDeploy
@@ -1393,24 +1485,55 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/approvals/{id} (the `GetV1ApprovalsId` operationId).
 	GetV1ApprovalsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PostV1ApprovalsIdApproveWithBody Grant (role approver, not the requester).
+	//
+	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
+	PostV1ApprovalsIdApproveWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PostV1ApprovalsIdApprove Grant (role approver, not the requester).
 	//
 	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
 	//
+	// Takes a body of the `application/json` content type.
+	//
 	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-	PostV1ApprovalsIdApprove(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostV1ApprovalsIdApprove(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostV1ApprovalsIdDenyWithBody Deny (role approver, not the requester).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
+	PostV1ApprovalsIdDenyWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1ApprovalsIdDeny Deny (role approver, not the requester).
 	//
+	// Takes a body of the `application/json` content type.
+	//
 	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-	PostV1ApprovalsIdDeny(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostV1ApprovalsIdDeny(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PostV1ApprovalsIdRevokeWithBody Revoke an approval not yet used (role approver, not the requester).
+	//
+	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
+	PostV1ApprovalsIdRevokeWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1ApprovalsIdRevoke Revoke an approval not yet used (role approver, not the requester).
 	//
 	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
 	//
+	// Takes a body of the `application/json` content type.
+	//
 	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-	PostV1ApprovalsIdRevoke(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostV1ApprovalsIdRevoke(ctx context.Context, id string, body PostV1ApprovalsIdRevokeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1AuthorizationsWithBody Provider sandbox (:8090): place a hold on a card.
 	//
@@ -1522,14 +1645,27 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
 	GetV1DeploysId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PostV1DeploysIdCancelWithBody Stop a queued deploy, or a running one that has not started activating.
+	//
+	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+	// it again and records nothing. A deploy that already started activating on the target, or finished, is
+	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
+	PostV1DeploysIdCancelWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PostV1DeploysIdCancel Stop a queued deploy, or a running one that has not started activating.
 	//
 	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
 	// it again and records nothing. A deploy that already started activating on the target, or finished, is
 	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 	//
+	// Takes a body of the `application/json` content type.
+	//
 	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-	PostV1DeploysIdCancel(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	PostV1DeploysIdCancel(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1DeploysIdRollbackWithBody Roll back the environment's current deploy, as a new deploy and a new operation.
 	//
@@ -1665,7 +1801,7 @@ type ClientInterface interface {
 	// GetV1PaymentIntentsIdRefunds An intent's refunds, oldest first (pending, succeeded and failed).
 	//
 	// Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-	GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1PaymentIntentsIdRefundsWithBody Refund captured money; each refund is its own operation.
 	//
@@ -1727,7 +1863,7 @@ type ClientInterface interface {
 	// GetV1TicketsIdComments A ticket's comments, oldest first.
 	//
 	// Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-	GetV1TicketsIdComments(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetV1TicketsIdComments(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PostV1TicketsIdCommentsWithBody Add a comment; a replay never adds a second one.
 	//
@@ -1766,7 +1902,7 @@ type ClientInterface interface {
 	// GetV1TicketsIdStatusChanges The status changes that actually happened, oldest first.
 	//
 	// Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-	GetV1TicketsIdStatusChanges(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetV1TicketsIdStatusChanges(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetAdminCounters Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
@@ -1958,13 +2094,51 @@ func (c *Client) GetV1ApprovalsId(ctx context.Context, id string, reqEditors ...
 	return c.Client.Do(req)
 }
 
+// PostV1ApprovalsIdApproveWithBody Grant (role approver, not the requester).
+//
+// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
+func (c *Client) PostV1ApprovalsIdApproveWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdApproveRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PostV1ApprovalsIdApprove Grant (role approver, not the requester).
 //
 // A declared decision; repeating it by the same approver answers the approval again and changes nothing.
 //
+// Takes a body of the `application/json` content type.
+//
 // Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdApproveRequest(c.Server, id)
+func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdApproveRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostV1ApprovalsIdDenyWithBody Deny (role approver, not the requester).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
+func (c *Client) PostV1ApprovalsIdDenyWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdDenyRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1977,9 +2151,30 @@ func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, reqEdi
 
 // PostV1ApprovalsIdDeny Deny (role approver, not the requester).
 //
+// Takes a body of the `application/json` content type.
+//
 // Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-func (c *Client) PostV1ApprovalsIdDeny(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdDenyRequest(c.Server, id)
+func (c *Client) PostV1ApprovalsIdDeny(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdDenyRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PostV1ApprovalsIdRevokeWithBody Revoke an approval not yet used (role approver, not the requester).
+//
+// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
+func (c *Client) PostV1ApprovalsIdRevokeWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdRevokeRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1994,9 +2189,11 @@ func (c *Client) PostV1ApprovalsIdDeny(ctx context.Context, id string, reqEditor
 //
 // The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
 //
+// Takes a body of the `application/json` content type.
+//
 // Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-func (c *Client) PostV1ApprovalsIdRevoke(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdRevokeRequest(c.Server, id)
+func (c *Client) PostV1ApprovalsIdRevoke(ctx context.Context, id string, body PostV1ApprovalsIdRevokeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1ApprovalsIdRevokeRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2227,15 +2424,38 @@ func (c *Client) GetV1DeploysId(ctx context.Context, id string, reqEditors ...Re
 	return c.Client.Do(req)
 }
 
+// PostV1DeploysIdCancelWithBody Stop a queued deploy, or a running one that has not started activating.
+//
+// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+// it again and records nothing. A deploy that already started activating on the target, or finished, is
+// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
+func (c *Client) PostV1DeploysIdCancelWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1DeploysIdCancelRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // PostV1DeploysIdCancel Stop a queued deploy, or a running one that has not started activating.
 //
 // A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
 // it again and records nothing. A deploy that already started activating on the target, or finished, is
 // 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 //
+// Takes a body of the `application/json` content type.
+//
 // Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-func (c *Client) PostV1DeploysIdCancel(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1DeploysIdCancelRequest(c.Server, id)
+func (c *Client) PostV1DeploysIdCancel(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPostV1DeploysIdCancelRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2520,8 +2740,8 @@ func (c *Client) PostV1PaymentIntentsIdCapture(ctx context.Context, id string, p
 // GetV1PaymentIntentsIdRefunds An intent's refunds, oldest first (pending, succeeded and failed).
 //
 // Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-func (c *Client) GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1PaymentIntentsIdRefundsRequest(c.Server, id)
+func (c *Client) GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetV1PaymentIntentsIdRefundsRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2662,8 +2882,8 @@ func (c *Client) GetV1TicketsId(ctx context.Context, id string, reqEditors ...Re
 // GetV1TicketsIdComments A ticket's comments, oldest first.
 //
 // Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-func (c *Client) GetV1TicketsIdComments(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1TicketsIdCommentsRequest(c.Server, id)
+func (c *Client) GetV1TicketsIdComments(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetV1TicketsIdCommentsRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2751,8 +2971,8 @@ func (c *Client) PutV1TicketsIdStatus(ctx context.Context, id string, body PutV1
 // GetV1TicketsIdStatusChanges The status changes that actually happened, oldest first.
 //
 // Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-func (c *Client) GetV1TicketsIdStatusChanges(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1TicketsIdStatusChangesRequest(c.Server, id)
+func (c *Client) GetV1TicketsIdStatusChanges(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetV1TicketsIdStatusChangesRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -3052,8 +3272,19 @@ func NewGetV1ApprovalsIdRequest(server string, id string) (*http.Request, error)
 	return req, nil
 }
 
-// NewPostV1ApprovalsIdApproveRequest constructs an http.Request for the PostV1ApprovalsIdApprove method
-func NewPostV1ApprovalsIdApproveRequest(server string, id string) (*http.Request, error) {
+// NewPostV1ApprovalsIdApproveRequest calls the generic PostV1ApprovalsIdApprove builder with application/json body
+func NewPostV1ApprovalsIdApproveRequest(server string, id string, body PostV1ApprovalsIdApproveJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostV1ApprovalsIdApproveRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostV1ApprovalsIdApproveRequestWithBody constructs an http.Request for the PostV1ApprovalsIdApprove method, with any body, and a specified content type
+func NewPostV1ApprovalsIdApproveRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3078,16 +3309,29 @@ func NewPostV1ApprovalsIdApproveRequest(server string, id string) (*http.Request
 		return nil, err
 	}
 
-	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
 	if err != nil {
 		return nil, err
 	}
 
+	req.Header.Add("Content-Type", contentType)
+
 	return req, nil
 }
 
-// NewPostV1ApprovalsIdDenyRequest constructs an http.Request for the PostV1ApprovalsIdDeny method
-func NewPostV1ApprovalsIdDenyRequest(server string, id string) (*http.Request, error) {
+// NewPostV1ApprovalsIdDenyRequest calls the generic PostV1ApprovalsIdDeny builder with application/json body
+func NewPostV1ApprovalsIdDenyRequest(server string, id string, body PostV1ApprovalsIdDenyJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostV1ApprovalsIdDenyRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostV1ApprovalsIdDenyRequestWithBody constructs an http.Request for the PostV1ApprovalsIdDeny method, with any body, and a specified content type
+func NewPostV1ApprovalsIdDenyRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3112,16 +3356,29 @@ func NewPostV1ApprovalsIdDenyRequest(server string, id string) (*http.Request, e
 		return nil, err
 	}
 
-	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
 	if err != nil {
 		return nil, err
 	}
 
+	req.Header.Add("Content-Type", contentType)
+
 	return req, nil
 }
 
-// NewPostV1ApprovalsIdRevokeRequest constructs an http.Request for the PostV1ApprovalsIdRevoke method
-func NewPostV1ApprovalsIdRevokeRequest(server string, id string) (*http.Request, error) {
+// NewPostV1ApprovalsIdRevokeRequest calls the generic PostV1ApprovalsIdRevoke builder with application/json body
+func NewPostV1ApprovalsIdRevokeRequest(server string, id string, body PostV1ApprovalsIdRevokeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostV1ApprovalsIdRevokeRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostV1ApprovalsIdRevokeRequestWithBody constructs an http.Request for the PostV1ApprovalsIdRevoke method, with any body, and a specified content type
+func NewPostV1ApprovalsIdRevokeRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3146,10 +3403,12 @@ func NewPostV1ApprovalsIdRevokeRequest(server string, id string) (*http.Request,
 		return nil, err
 	}
 
-	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
 	if err != nil {
 		return nil, err
 	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -3517,8 +3776,19 @@ func NewGetV1DeploysIdRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewPostV1DeploysIdCancelRequest constructs an http.Request for the PostV1DeploysIdCancel method
-func NewPostV1DeploysIdCancelRequest(server string, id string) (*http.Request, error) {
+// NewPostV1DeploysIdCancelRequest calls the generic PostV1DeploysIdCancel builder with application/json body
+func NewPostV1DeploysIdCancelRequest(server string, id string, body PostV1DeploysIdCancelJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPostV1DeploysIdCancelRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPostV1DeploysIdCancelRequestWithBody constructs an http.Request for the PostV1DeploysIdCancel method, with any body, and a specified content type
+func NewPostV1DeploysIdCancelRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3543,10 +3813,12 @@ func NewPostV1DeploysIdCancelRequest(server string, id string) (*http.Request, e
 		return nil, err
 	}
 
-	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
 	if err != nil {
 		return nil, err
 	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -3728,6 +4000,30 @@ func NewGetV1OperationsRequest(server string, params *GetV1OperationsParams) (*h
 		// styled parameters, preserving literal commas as delimiters
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
 
 		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "idempotency_key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 			return nil, err
@@ -4071,7 +4367,7 @@ func NewPostV1PaymentIntentsIdCaptureRequestWithBody(server string, id string, p
 }
 
 // NewGetV1PaymentIntentsIdRefundsRequest constructs an http.Request for the GetV1PaymentIntentsIdRefunds method
-func NewGetV1PaymentIntentsIdRefundsRequest(server string, id string) (*http.Request, error) {
+func NewGetV1PaymentIntentsIdRefundsRequest(server string, id string, params *GetV1PaymentIntentsIdRefundsParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4094,6 +4390,45 @@ func NewGetV1PaymentIntentsIdRefundsRequest(server string, id string) (*http.Req
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -4248,6 +4583,30 @@ func NewGetV1TicketsRequest(server string, params *GetV1TicketsParams) (*http.Re
 		// per the OpenAPI spec (e.g. "color=blue,black,brown").
 		var rawQueryFragments []string
 
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.SourceEventId != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "source_event_id", *params.SourceEventId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -4373,7 +4732,7 @@ func NewGetV1TicketsIdRequest(server string, id string) (*http.Request, error) {
 }
 
 // NewGetV1TicketsIdCommentsRequest constructs an http.Request for the GetV1TicketsIdComments method
-func NewGetV1TicketsIdCommentsRequest(server string, id string) (*http.Request, error) {
+func NewGetV1TicketsIdCommentsRequest(server string, id string, params *GetV1TicketsIdCommentsParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4396,6 +4755,45 @@ func NewGetV1TicketsIdCommentsRequest(server string, id string) (*http.Request, 
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -4525,7 +4923,7 @@ func NewPutV1TicketsIdStatusRequestWithBody(server string, id string, contentTyp
 }
 
 // NewGetV1TicketsIdStatusChangesRequest constructs an http.Request for the GetV1TicketsIdStatusChanges method
-func NewGetV1TicketsIdStatusChangesRequest(server string, id string) (*http.Request, error) {
+func NewGetV1TicketsIdStatusChangesRequest(server string, id string, params *GetV1TicketsIdStatusChangesParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4548,6 +4946,45 @@ func NewGetV1TicketsIdStatusChangesRequest(server string, id string) (*http.Requ
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -4695,30 +5132,55 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/approvals/{id} (the `GetV1ApprovalsId` operationId).
 	GetV1ApprovalsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1ApprovalsIdResponse, error)
 
+	// PostV1ApprovalsIdApproveWithBodyWithResponse Grant (role approver, not the requester).
+	//
+	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
+	PostV1ApprovalsIdApproveWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error)
+
 	// PostV1ApprovalsIdApproveWithResponse Grant (role approver, not the requester).
 	//
 	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
 	//
-	// Returns a wrapper object for the known response body format(s).
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-	PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error)
+	PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error)
+
+	// PostV1ApprovalsIdDenyWithBodyWithResponse Deny (role approver, not the requester).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
+	PostV1ApprovalsIdDenyWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
 
 	// PostV1ApprovalsIdDenyWithResponse Deny (role approver, not the requester).
 	//
-	// Returns a wrapper object for the known response body format(s).
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-	PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
+	PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
+
+	// PostV1ApprovalsIdRevokeWithBodyWithResponse Revoke an approval not yet used (role approver, not the requester).
+	//
+	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
+	PostV1ApprovalsIdRevokeWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error)
 
 	// PostV1ApprovalsIdRevokeWithResponse Revoke an approval not yet used (role approver, not the requester).
 	//
 	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
 	//
-	// Returns a wrapper object for the known response body format(s).
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-	PostV1ApprovalsIdRevokeWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error)
+	PostV1ApprovalsIdRevokeWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdRevokeJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error)
 
 	// PostV1AuthorizationsWithBodyWithResponse Provider sandbox (:8090): place a hold on a card.
 	//
@@ -4836,16 +5298,27 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
 	GetV1DeploysIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1DeploysIdResponse, error)
 
+	// PostV1DeploysIdCancelWithBodyWithResponse Stop a queued deploy, or a running one that has not started activating.
+	//
+	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+	// it again and records nothing. A deploy that already started activating on the target, or finished, is
+	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
+	PostV1DeploysIdCancelWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error)
+
 	// PostV1DeploysIdCancelWithResponse Stop a queued deploy, or a running one that has not started activating.
 	//
 	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
 	// it again and records nothing. A deploy that already started activating on the target, or finished, is
 	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 	//
-	// Returns a wrapper object for the known response body format(s).
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-	PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error)
+	PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error)
 
 	// PostV1DeploysIdRollbackWithBodyWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
 	//
@@ -4995,7 +5468,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-	GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error)
+	GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error)
 
 	// PostV1PaymentIntentsIdRefundsWithBodyWithResponse Refund captured money; each refund is its own operation.
 	//
@@ -5065,7 +5538,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-	GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error)
+	GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error)
 
 	// PostV1TicketsIdCommentsWithBodyWithResponse Add a comment; a replay never adds a second one.
 	//
@@ -5106,7 +5579,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-	GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error)
+	GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error)
 }
 
 type GetAdminCountersResponse struct {
@@ -5460,6 +5933,11 @@ type PostV1ApprovalsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1ApprovalsResponse429Headers the declared response headers of an HTTP 429 response for PostV1Approvals
+type PostV1ApprovalsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1ApprovalsResponse503Headers the declared response headers of an HTTP 503 response for PostV1Approvals
 type PostV1ApprovalsResponse503Headers struct {
 	OperationId *string
@@ -5481,12 +5959,16 @@ type PostV1ApprovalsResponse struct {
 	ApplicationproblemJSON409 *Conflict
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers201 the parsed response headers for an HTTP 201 response
 	Headers201 *PostV1ApprovalsResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1ApprovalsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1ApprovalsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1ApprovalsResponse503Headers
 }
@@ -5519,6 +6001,11 @@ func (r PostV1ApprovalsResponse) GetApplicationproblemJSON409() *Conflict {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1ApprovalsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1ApprovalsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -5560,6 +6047,8 @@ type GetV1ApprovalsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Approval
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -5569,6 +6058,11 @@ type GetV1ApprovalsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1ApprovalsIdResponse) GetJSON200() *Approval {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1ApprovalsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -5615,11 +6109,18 @@ type PostV1ApprovalsIdApproveResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1ApprovalsIdApproveResponse429Headers the declared response headers of an HTTP 429 response for PostV1ApprovalsIdApprove
+type PostV1ApprovalsIdApproveResponse429Headers struct {
+	RetryAfter *int
+}
+
 type PostV1ApprovalsIdApproveResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Approval
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -5628,13 +6129,22 @@ type PostV1ApprovalsIdApproveResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1ApprovalsIdApproveResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1ApprovalsIdApproveResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r PostV1ApprovalsIdApproveResponse) GetJSON200() *Approval {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -5655,6 +6165,11 @@ func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON404() *NotFou
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -5691,11 +6206,18 @@ type PostV1ApprovalsIdDenyResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1ApprovalsIdDenyResponse429Headers the declared response headers of an HTTP 429 response for PostV1ApprovalsIdDeny
+type PostV1ApprovalsIdDenyResponse429Headers struct {
+	RetryAfter *int
+}
+
 type PostV1ApprovalsIdDenyResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Approval
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -5704,13 +6226,22 @@ type PostV1ApprovalsIdDenyResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1ApprovalsIdDenyResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1ApprovalsIdDenyResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r PostV1ApprovalsIdDenyResponse) GetJSON200() *Approval {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -5731,6 +6262,11 @@ func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON404() *NotFound 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -5767,11 +6303,18 @@ type PostV1ApprovalsIdRevokeResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1ApprovalsIdRevokeResponse429Headers the declared response headers of an HTTP 429 response for PostV1ApprovalsIdRevoke
+type PostV1ApprovalsIdRevokeResponse429Headers struct {
+	RetryAfter *int
+}
+
 type PostV1ApprovalsIdRevokeResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Approval
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
@@ -5780,13 +6323,22 @@ type PostV1ApprovalsIdRevokeResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1ApprovalsIdRevokeResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1ApprovalsIdRevokeResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r PostV1ApprovalsIdRevokeResponse) GetJSON200() *Approval {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -5807,6 +6359,11 @@ func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON404() *NotFoun
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -6272,6 +6829,11 @@ type PostV1DeploysResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1DeploysResponse429Headers the declared response headers of an HTTP 429 response for PostV1Deploys
+type PostV1DeploysResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1DeploysResponse503Headers the declared response headers of an HTTP 503 response for PostV1Deploys
 type PostV1DeploysResponse503Headers struct {
 	OperationId *string
@@ -6299,12 +6861,16 @@ type PostV1DeploysResponse struct {
 	ApplicationproblemJSON422 *ValidationFailed
 	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
 	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers202 the parsed response headers for an HTTP 202 response
 	Headers202 *PostV1DeploysResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1DeploysResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1DeploysResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1DeploysResponse503Headers
 }
@@ -6354,6 +6920,11 @@ func (r PostV1DeploysResponse) GetApplicationproblemJSON428() *PreconditionRequi
 	return r.ApplicationproblemJSON428
 }
 
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1DeploysResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
 func (r PostV1DeploysResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
@@ -6399,6 +6970,8 @@ type GetV1DeploysIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *DeployStatus
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -6412,6 +6985,11 @@ type GetV1DeploysIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1DeploysIdResponse) GetJSON200() *DeployStatus {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1DeploysIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6463,6 +7041,11 @@ type PostV1DeploysIdCancelResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1DeploysIdCancelResponse429Headers the declared response headers of an HTTP 429 response for PostV1DeploysIdCancel
+type PostV1DeploysIdCancelResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1DeploysIdCancelResponse503Headers the declared response headers of an HTTP 503 response for PostV1DeploysIdCancel
 type PostV1DeploysIdCancelResponse503Headers struct {
 	OperationId *string
@@ -6474,16 +7057,22 @@ type PostV1DeploysIdCancelResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *DeployStatus
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1DeploysIdCancelResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1DeploysIdCancelResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1DeploysIdCancelResponse503Headers
 }
@@ -6491,6 +7080,11 @@ type PostV1DeploysIdCancelResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r PostV1DeploysIdCancelResponse) GetJSON200() *DeployStatus {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6506,6 +7100,11 @@ func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON404() *NotFound 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -6554,6 +7153,11 @@ type PostV1DeploysIdRollbackResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1DeploysIdRollbackResponse429Headers the declared response headers of an HTTP 429 response for PostV1DeploysIdRollback
+type PostV1DeploysIdRollbackResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1DeploysIdRollbackResponse503Headers the declared response headers of an HTTP 503 response for PostV1DeploysIdRollback
 type PostV1DeploysIdRollbackResponse503Headers struct {
 	OperationId *string
@@ -6583,12 +7187,16 @@ type PostV1DeploysIdRollbackResponse struct {
 	ApplicationproblemJSON422 *ValidationFailed
 	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
 	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers202 the parsed response headers for an HTTP 202 response
 	Headers202 *PostV1DeploysIdRollbackResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1DeploysIdRollbackResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1DeploysIdRollbackResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1DeploysIdRollbackResponse503Headers
 }
@@ -6643,6 +7251,11 @@ func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON428() *Precond
 	return r.ApplicationproblemJSON428
 }
 
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
 func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
@@ -6688,6 +7301,8 @@ type GetV1EnvironmentsNameResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Environment
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -6701,6 +7316,11 @@ type GetV1EnvironmentsNameResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1EnvironmentsNameResponse) GetJSON200() *Environment {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1EnvironmentsNameResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6828,7 +7448,12 @@ type GetV1OperationsResponse struct {
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
 		Items []Operation `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
@@ -6842,8 +7467,16 @@ type GetV1OperationsResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1OperationsResponse) GetJSON200() *struct {
 	Items []Operation `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1OperationsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -6901,6 +7534,8 @@ type GetV1OperationsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Operation
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -6914,6 +7549,11 @@ type GetV1OperationsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1OperationsIdResponse) GetJSON200() *Operation {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1OperationsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7049,6 +7689,11 @@ type PostV1PaymentIntentsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1PaymentIntentsResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntents
+type PostV1PaymentIntentsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1PaymentIntentsResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntents
 type PostV1PaymentIntentsResponse503Headers struct {
 	OperationId *string
@@ -7074,6 +7719,8 @@ type PostV1PaymentIntentsResponse struct {
 	ApplicationproblemJSON415 *BadRequest
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationproblemJSON502 *Problem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -7084,6 +7731,8 @@ type PostV1PaymentIntentsResponse struct {
 	Headers202 *PostV1PaymentIntentsResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1PaymentIntentsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1PaymentIntentsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1PaymentIntentsResponse503Headers
 }
@@ -7126,6 +7775,11 @@ func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON415() *BadRequest
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
@@ -7178,6 +7832,8 @@ type GetV1PaymentIntentsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *PaymentIntent
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -7191,6 +7847,11 @@ type GetV1PaymentIntentsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1PaymentIntentsIdResponse) GetJSON200() *PaymentIntent {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1PaymentIntentsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7255,6 +7916,11 @@ type PostV1PaymentIntentsIdCancelResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1PaymentIntentsIdCancelResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdCancel
+type PostV1PaymentIntentsIdCancelResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1PaymentIntentsIdCancelResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdCancel
 type PostV1PaymentIntentsIdCancelResponse503Headers struct {
 	OperationId *string
@@ -7282,6 +7948,8 @@ type PostV1PaymentIntentsIdCancelResponse struct {
 	ApplicationproblemJSON415 *BadRequest
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationproblemJSON502 *Problem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -7292,6 +7960,8 @@ type PostV1PaymentIntentsIdCancelResponse struct {
 	Headers202 *PostV1PaymentIntentsIdCancelResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1PaymentIntentsIdCancelResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1PaymentIntentsIdCancelResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1PaymentIntentsIdCancelResponse503Headers
 }
@@ -7339,6 +8009,11 @@ func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON415() *Ba
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
@@ -7398,6 +8073,11 @@ type PostV1PaymentIntentsIdCaptureResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1PaymentIntentsIdCaptureResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdCapture
+type PostV1PaymentIntentsIdCaptureResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1PaymentIntentsIdCaptureResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdCapture
 type PostV1PaymentIntentsIdCaptureResponse503Headers struct {
 	OperationId *string
@@ -7429,6 +8109,8 @@ type PostV1PaymentIntentsIdCaptureResponse struct {
 	ApplicationproblemJSON422 *ValidationFailed
 	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
 	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationproblemJSON502 *Problem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -7439,6 +8121,8 @@ type PostV1PaymentIntentsIdCaptureResponse struct {
 	Headers202 *PostV1PaymentIntentsIdCaptureResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1PaymentIntentsIdCaptureResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1PaymentIntentsIdCaptureResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1PaymentIntentsIdCaptureResponse503Headers
 }
@@ -7498,6 +8182,11 @@ func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON428() *P
 	return r.ApplicationproblemJSON428
 }
 
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
 func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON502() *Problem {
 	return r.ApplicationproblemJSON502
@@ -7549,7 +8238,12 @@ type GetV1PaymentIntentsIdRefundsResponse struct {
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
 		Items []Refund `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -7563,8 +8257,16 @@ type GetV1PaymentIntentsIdRefundsResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1PaymentIntentsIdRefundsResponse) GetJSON200() *struct {
 	Items []Refund `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7630,6 +8332,11 @@ type PostV1PaymentIntentsIdRefundsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1PaymentIntentsIdRefundsResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdRefunds
+type PostV1PaymentIntentsIdRefundsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1PaymentIntentsIdRefundsResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdRefunds
 type PostV1PaymentIntentsIdRefundsResponse503Headers struct {
 	OperationId *string
@@ -7661,6 +8368,8 @@ type PostV1PaymentIntentsIdRefundsResponse struct {
 	ApplicationproblemJSON422 *ValidationFailed
 	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
 	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
 	ApplicationproblemJSON502 *Problem
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -7671,6 +8380,8 @@ type PostV1PaymentIntentsIdRefundsResponse struct {
 	Headers202 *PostV1PaymentIntentsIdRefundsResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1PaymentIntentsIdRefundsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1PaymentIntentsIdRefundsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1PaymentIntentsIdRefundsResponse503Headers
 }
@@ -7730,6 +8441,11 @@ func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON428() *P
 	return r.ApplicationproblemJSON428
 }
 
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
 func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON502() *Problem {
 	return r.ApplicationproblemJSON502
@@ -7780,6 +8496,8 @@ type GetV1RefundsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Refund
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -7793,6 +8511,11 @@ type GetV1RefundsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1RefundsIdResponse) GetJSON200() *Refund {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1RefundsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7851,7 +8574,12 @@ type GetV1TicketsResponse struct {
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
 		Items []Ticket `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -7863,8 +8591,16 @@ type GetV1TicketsResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1TicketsResponse) GetJSON200() *struct {
 	Items []Ticket `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1TicketsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -7925,6 +8661,11 @@ type PostV1TicketsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1TicketsResponse429Headers the declared response headers of an HTTP 429 response for PostV1Tickets
+type PostV1TicketsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1TicketsResponse503Headers the declared response headers of an HTTP 503 response for PostV1Tickets
 type PostV1TicketsResponse503Headers struct {
 	OperationId *string
@@ -7950,6 +8691,8 @@ type PostV1TicketsResponse struct {
 	ApplicationproblemJSON415 *BadRequest
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
@@ -7958,6 +8701,8 @@ type PostV1TicketsResponse struct {
 	Headers201 *PostV1TicketsResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1TicketsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1TicketsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1TicketsResponse503Headers
 }
@@ -8000,6 +8745,11 @@ func (r PostV1TicketsResponse) GetApplicationproblemJSON415() *BadRequest {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1TicketsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1TicketsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -8047,6 +8797,8 @@ type GetV1TicketsIdResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Ticket
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -8060,6 +8812,11 @@ type GetV1TicketsIdResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1TicketsIdResponse) GetJSON200() *Ticket {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1TicketsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -8112,7 +8869,12 @@ type GetV1TicketsIdCommentsResponse struct {
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *struct {
 		Items []Comment `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -8122,8 +8884,16 @@ type GetV1TicketsIdCommentsResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetV1TicketsIdCommentsResponse) GetJSON200() *struct {
 	Items []Comment `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1TicketsIdCommentsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -8176,6 +8946,11 @@ type PostV1TicketsIdCommentsResponse409Headers struct {
 	RetryAfter *int
 }
 
+// PostV1TicketsIdCommentsResponse429Headers the declared response headers of an HTTP 429 response for PostV1TicketsIdComments
+type PostV1TicketsIdCommentsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PostV1TicketsIdCommentsResponse503Headers the declared response headers of an HTTP 503 response for PostV1TicketsIdComments
 type PostV1TicketsIdCommentsResponse503Headers struct {
 	OperationId *string
@@ -8197,12 +8972,16 @@ type PostV1TicketsIdCommentsResponse struct {
 	ApplicationproblemJSON409 *Conflict
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers201 the parsed response headers for an HTTP 201 response
 	Headers201 *PostV1TicketsIdCommentsResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *PostV1TicketsIdCommentsResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PostV1TicketsIdCommentsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PostV1TicketsIdCommentsResponse503Headers
 }
@@ -8235,6 +9014,11 @@ func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON409() *Conflic
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -8271,6 +9055,11 @@ func (r PostV1TicketsIdCommentsResponse) ContentType() string {
 	return ""
 }
 
+// PutV1TicketsIdStatusResponse429Headers the declared response headers of an HTTP 429 response for PutV1TicketsIdStatus
+type PutV1TicketsIdStatusResponse429Headers struct {
+	RetryAfter *int
+}
+
 // PutV1TicketsIdStatusResponse503Headers the declared response headers of an HTTP 503 response for PutV1TicketsIdStatus
 type PutV1TicketsIdStatusResponse503Headers struct {
 	OperationId *string
@@ -8290,8 +9079,12 @@ type PutV1TicketsIdStatusResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutV1TicketsIdStatusResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *PutV1TicketsIdStatusResponse503Headers
 }
@@ -8319,6 +9112,11 @@ func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON404() *NotFound {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -8366,7 +9164,12 @@ type GetV1TicketsIdStatusChangesResponse struct {
 			From      TicketStatus `json:"from"`
 			To        TicketStatus `json:"to"`
 		} `json:"items"`
+
+		// NextCursor Send it as `cursor` for the next page; null on the last page.
+		NextCursor *NextCursor `json:"next_cursor"`
 	}
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
@@ -8381,8 +9184,16 @@ func (r GetV1TicketsIdStatusChangesResponse) GetJSON200() *struct {
 		From      TicketStatus `json:"from"`
 		To        TicketStatus `json:"to"`
 	} `json:"items"`
+
+	// NextCursor Send it as `cursor` for the next page; null on the last page.
+	NextCursor *NextCursor `json:"next_cursor"`
 } {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetV1TicketsIdStatusChangesResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
@@ -8583,43 +9394,86 @@ func (c *ClientWithResponses) GetV1ApprovalsIdWithResponse(ctx context.Context, 
 	return ParseGetV1ApprovalsIdResponse(rsp)
 }
 
-// PostV1ApprovalsIdApproveWithResponse Grant (role approver, not the requester).
+// PostV1ApprovalsIdApproveWithBodyWithResponse Grant (role approver, not the requester).
 //
 // A declared decision; repeating it by the same approver answers the approval again and changes nothing.
 //
-// Returns a wrapper object for the known response body format(s).
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdApprove(ctx, id, reqEditors...)
+func (c *ClientWithResponses) PostV1ApprovalsIdApproveWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdApproveWithBody(ctx, id, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParsePostV1ApprovalsIdApproveResponse(rsp)
 }
 
-// PostV1ApprovalsIdDenyWithResponse Deny (role approver, not the requester).
+// PostV1ApprovalsIdApproveWithResponse Grant (role approver, not the requester).
 //
-// Returns a wrapper object for the known response body format(s).
+// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
+func (c *ClientWithResponses) PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdApprove(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostV1ApprovalsIdApproveResponse(rsp)
+}
+
+// PostV1ApprovalsIdDenyWithBodyWithResponse Deny (role approver, not the requester).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdDeny(ctx, id, reqEditors...)
+func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdDenyWithBody(ctx, id, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParsePostV1ApprovalsIdDenyResponse(rsp)
 }
 
+// PostV1ApprovalsIdDenyWithResponse Deny (role approver, not the requester).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
+func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdDeny(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostV1ApprovalsIdDenyResponse(rsp)
+}
+
+// PostV1ApprovalsIdRevokeWithBodyWithResponse Revoke an approval not yet used (role approver, not the requester).
+//
+// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
+func (c *ClientWithResponses) PostV1ApprovalsIdRevokeWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdRevokeWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostV1ApprovalsIdRevokeResponse(rsp)
+}
+
 // PostV1ApprovalsIdRevokeWithResponse Revoke an approval not yet used (role approver, not the requester).
 //
 // The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
 //
-// Returns a wrapper object for the known response body format(s).
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdRevokeWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdRevoke(ctx, id, reqEditors...)
+func (c *ClientWithResponses) PostV1ApprovalsIdRevokeWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdRevokeJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error) {
+	rsp, err := c.PostV1ApprovalsIdRevoke(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -8808,17 +9662,34 @@ func (c *ClientWithResponses) GetV1DeploysIdWithResponse(ctx context.Context, id
 	return ParseGetV1DeploysIdResponse(rsp)
 }
 
+// PostV1DeploysIdCancelWithBodyWithResponse Stop a queued deploy, or a running one that has not started activating.
+//
+// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+// it again and records nothing. A deploy that already started activating on the target, or finished, is
+// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
+func (c *ClientWithResponses) PostV1DeploysIdCancelWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error) {
+	rsp, err := c.PostV1DeploysIdCancelWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePostV1DeploysIdCancelResponse(rsp)
+}
+
 // PostV1DeploysIdCancelWithResponse Stop a queued deploy, or a running one that has not started activating.
 //
 // A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
 // it again and records nothing. A deploy that already started activating on the target, or finished, is
 // 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 //
-// Returns a wrapper object for the known response body format(s).
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-func (c *ClientWithResponses) PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error) {
-	rsp, err := c.PostV1DeploysIdCancel(ctx, id, reqEditors...)
+func (c *ClientWithResponses) PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error) {
+	rsp, err := c.PostV1DeploysIdCancel(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -9057,8 +9928,8 @@ func (c *ClientWithResponses) PostV1PaymentIntentsIdCaptureWithResponse(ctx cont
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-func (c *ClientWithResponses) GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error) {
-	rsp, err := c.GetV1PaymentIntentsIdRefunds(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error) {
+	rsp, err := c.GetV1PaymentIntentsIdRefunds(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -9175,8 +10046,8 @@ func (c *ClientWithResponses) GetV1TicketsIdWithResponse(ctx context.Context, id
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-func (c *ClientWithResponses) GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error) {
-	rsp, err := c.GetV1TicketsIdComments(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error) {
+	rsp, err := c.GetV1TicketsIdComments(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -9246,8 +10117,8 @@ func (c *ClientWithResponses) PutV1TicketsIdStatusWithResponse(ctx context.Conte
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-func (c *ClientWithResponses) GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error) {
-	rsp, err := c.GetV1TicketsIdStatusChanges(ctx, id, reqEditors...)
+func (c *ClientWithResponses) GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error) {
+	rsp, err := c.GetV1TicketsIdStatusChanges(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -9545,6 +10416,13 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9589,6 +10467,16 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1ApprovalsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1ApprovalsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -9632,6 +10520,13 @@ func ParseGetV1ApprovalsIdResponse(rsp *http.Response) (*GetV1ApprovalsIdRespons
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9672,6 +10567,13 @@ func ParsePostV1ApprovalsIdApproveResponse(rsp *http.Response) (*PostV1Approvals
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9700,6 +10602,13 @@ func ParsePostV1ApprovalsIdApproveResponse(rsp *http.Response) (*PostV1Approvals
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	}
 
 	switch {
@@ -9713,6 +10622,16 @@ func ParsePostV1ApprovalsIdApproveResponse(rsp *http.Response) (*PostV1Approvals
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1ApprovalsIdApproveResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -9739,6 +10658,13 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9767,6 +10693,13 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	}
 
 	switch {
@@ -9780,6 +10713,16 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1ApprovalsIdDenyResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -9806,6 +10749,13 @@ func ParsePostV1ApprovalsIdRevokeResponse(rsp *http.Response) (*PostV1ApprovalsI
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -9834,6 +10784,13 @@ func ParsePostV1ApprovalsIdRevokeResponse(rsp *http.Response) (*PostV1ApprovalsI
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	}
 
 	switch {
@@ -9847,6 +10804,16 @@ func ParsePostV1ApprovalsIdRevokeResponse(rsp *http.Response) (*PostV1ApprovalsI
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1ApprovalsIdRevokeResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -10309,6 +11276,13 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 		}
 		response.ApplicationproblemJSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10353,6 +11327,16 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1DeploysResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -10395,6 +11379,13 @@ func ParseGetV1DeploysIdResponse(rsp *http.Response) (*GetV1DeploysIdResponse, e
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -10463,6 +11454,13 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10484,6 +11482,13 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10504,6 +11509,16 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1DeploysIdCancelResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysIdCancelResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -10610,6 +11625,13 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 		}
 		response.ApplicationproblemJSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -10654,6 +11676,16 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1DeploysIdRollbackResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1DeploysIdRollbackResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -10696,6 +11728,13 @@ func ParseGetV1EnvironmentsNameResponse(rsp *http.Response) (*GetV1EnvironmentsN
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -10820,11 +11859,21 @@ func ParseGetV1OperationsResponse(rsp *http.Response) (*GetV1OperationsResponse,
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
 			Items []Operation `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -10892,6 +11941,13 @@ func ParseGetV1OperationsIdResponse(rsp *http.Response) (*GetV1OperationsIdRespo
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -11076,6 +12132,13 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11151,6 +12214,16 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1PaymentIntentsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -11193,6 +12266,13 @@ func ParseGetV1PaymentIntentsIdResponse(rsp *http.Response) (*GetV1PaymentIntent
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -11317,6 +12397,13 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11385,6 +12472,16 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1PaymentIntentsIdCancelResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdCancelResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -11498,6 +12595,13 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.ApplicationproblemJSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11566,6 +12670,16 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1PaymentIntentsIdCaptureResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdCaptureResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -11605,11 +12719,21 @@ func ParseGetV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*GetV1Paymen
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
 			Items []Refund `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -11748,6 +12872,13 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.ApplicationproblemJSON428 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -11823,6 +12954,16 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1PaymentIntentsIdRefundsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1PaymentIntentsIdRefundsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -11865,6 +13006,13 @@ func ParseGetV1RefundsIdResponse(rsp *http.Response) (*GetV1RefundsIdResponse, e
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -11929,11 +13077,21 @@ func ParseGetV1TicketsResponse(rsp *http.Response) (*GetV1TicketsResponse, error
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
 			Items []Ticket `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -12044,6 +13202,13 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12112,6 +13277,16 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1TicketsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1TicketsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -12154,6 +13329,13 @@ func ParseGetV1TicketsIdResponse(rsp *http.Response) (*GetV1TicketsIdResponse, e
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -12218,11 +13400,21 @@ func ParseGetV1TicketsIdCommentsResponse(rsp *http.Response) (*GetV1TicketsIdCom
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest struct {
 			Items []Comment `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized
@@ -12299,6 +13491,13 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12336,6 +13535,16 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers PostV1TicketsIdCommentsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PostV1TicketsIdCommentsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -12407,6 +13616,13 @@ func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatu
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12417,6 +13633,16 @@ func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatu
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers PutV1TicketsIdStatusResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers PutV1TicketsIdStatusResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -12461,11 +13687,21 @@ func ParseGetV1TicketsIdStatusChangesResponse(rsp *http.Response) (*GetV1Tickets
 				From      TicketStatus `json:"from"`
 				To        TicketStatus `json:"to"`
 			} `json:"items"`
+
+			// NextCursor Send it as `cursor` for the next page; null on the last page.
+			NextCursor *NextCursor `json:"next_cursor"`
 		}
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest Unauthorized

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "dce09d69b7877ff043063d5891db988b213fd81e6861e07cc78f3fb1a1e66f1b"
+const SpecSHA256 = "abac05d386127387994aa20fc7c6cfbf640c7125ff1daf2d649e6c2c3a7a7885"

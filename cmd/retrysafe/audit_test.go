@@ -23,14 +23,14 @@ func TestAuditVerifyCommand(t *testing.T) {
 	db := testdb.Schema(t)
 	addr := proctest.FreeAddr(t)
 	seed := base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
-	vars := map[string]string{"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_e2e:agent:e2e-secret",
-		"AUDIT_SIGNING_KEY": seed, "AUDIT_CHECKPOINT_INTERVAL": "100ms"}
+	vars := map[string]string{"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_e2e:agent:" + testSecret,
+		"API_KEY_ID_SECRET": testIDSecret, "AUDIT_SIGNING_KEY": seed, "AUDIT_CHECKPOINT_INTERVAL": "100ms"}
 	ctx, cancel := context.WithCancel(context.Background())
 	var out bytes.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"serve", "tickets"}, env(vars), &syncWriter{w: &out}) }()
 	waitHealthy(t, "http://"+addr+"/readyz", done)
-	c := apitest.New(t, "http://"+addr, "e2e-secret")
+	c := apitest.New(t, "http://"+addr, testSecret)
 	c.Post("/v1/tickets", `{"project":"ops","title":"audited"}`, apitest.Key("a1")).Status(t, http.StatusCreated)
 	c.Post("/v1/tickets", `{"project":"ops","title":"audited"}`, apitest.Key("a1")).Status(t, http.StatusCreated)
 	c.Post("/v1/tickets", `{"project":"ops","title":"other"}`, apitest.Key("a1")).Status(t, http.StatusUnprocessableEntity)

@@ -66,9 +66,14 @@ func init() {
 			check:   checkServe, run: runServe,
 			env: databaseEnv + `
   MIGRATE_ON_START          apply migrations at start (default true)
-  API_KEYS                  account_id:role:secret,... role agent or approver (unset: the demo keys, development only)
-  TICKETS_ADDR PAYMENTS_ADDR DEPLOYS_ADDR   listen addresses (default :8081 :8082 :8083)
+  API_KEYS                  account_id:role:secret,... role agent or approver, secrets of 24 characters or more
+                            (unset: the demo keys, development only, listening on 127.0.0.1 only)
+  DEMO_LISTEN_ANY           true: demo mode listens where the addresses say (a container publishing on 127.0.0.1)
+  API_KEY_ID_SECRET         random, 32 characters or more, required with API_KEYS: keys the hash that makes key ids
+  TICKETS_ADDR PAYMENTS_ADDR DEPLOYS_ADDR   listen addresses (default :8081 :8082 :8083; 127.0.0.1 in demo mode)
   BODY_LIMIT_BYTES          largest request body (default 1048576)
+  RATE_LIMIT_WRITES_PER_SECOND RATE_LIMIT_WRITE_BURST   each account's writes: a token bucket (default 50/s,
+                            bursts of 200; 0 per second turns it off); over it: 429 rate_limited with Retry-After
   IDEMPOTENCY_RETENTION     how long finished keys are kept (default 72h, at least 24h)
   PRUNE_INTERVAL            how often finished keys are pruned (default 10m)
   OPERATION_LEASE           how long an external effect may run before it is called unknown (default 30s)
@@ -93,7 +98,7 @@ func init() {
 		{
 			name: "provider", synopsis: "provider", summary: "serve the payment provider sandbox that payments calls",
 			check: noArgs("provider"), run: func(ctx context.Context, inv invocation) error { return serveProvider(ctx, inv.cfg, inv.logger) },
-			env: `  PROVIDER_ADDR             listen address (default :8090)
+			env: `  PROVIDER_ADDR             listen address (default :8090; 127.0.0.1 only while API_KEYS is unset)
   PROVIDER_FAULT_INJECTION  enable /admin/faults and /admin/reset (default false)
 ` + commonEnv,
 		},

@@ -25,10 +25,18 @@ type config struct {
 	DBAcquireTimeout   time.Duration
 	DBStatementTimeout time.Duration
 	APIKeys            string     // secret: never printed
+	APIKeyIDSecret     string     // keys the hash that makes key ids (API_KEY_ID_SECRET); secret: never printed
 	Keys               *auth.Keys // API_KEYS parsed; the demo keys when it is unset
-	DemoKeys           bool
-	LogLevel           string
-	BodyLimit          int64
+	// DemoKeys is demo mode: API_KEYS unset, the documented demo keys, and every listener on 127.0.0.1 only
+	// unless DemoListenAny (DEMO_LISTEN_ANY, for a container whose ports are published on the host's loopback).
+	DemoKeys      bool
+	DemoListenAny bool
+	LogLevel      string
+	BodyLimit     int64
+	// RateLimitWritesPerSecond and RateLimitWriteBurst are each account's write budget (a token bucket);
+	// zero per second turns the limit off.
+	RateLimitWritesPerSecond int
+	RateLimitWriteBurst      int
 
 	TicketsAddr  string
 	PaymentsAddr string
@@ -76,8 +84,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DBAcquireTimeout:   r.duration("DB_ACQUIRE_TIMEOUT", 3*time.Second),
 		DBStatementTimeout: r.duration("DB_STATEMENT_TIMEOUT", 5*time.Second),
 		APIKeys:            getenv("API_KEYS"),
+		APIKeyIDSecret:     getenv("API_KEY_ID_SECRET"),
 		LogLevel:           r.oneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
 		BodyLimit:          int64(r.integer("BODY_LIMIT_BYTES", 1<<20, 1024, 1<<30)),
+
+		RateLimitWritesPerSecond: r.integer("RATE_LIMIT_WRITES_PER_SECOND", 50, 0, 1_000_000),
+		RateLimitWriteBurst:      r.integer("RATE_LIMIT_WRITE_BURST", 200, 1, 1_000_000),
 
 		TicketsAddr:  r.addr("TICKETS_ADDR", ":8081"),
 		PaymentsAddr: r.addr("PAYMENTS_ADDR", ":8082"),
@@ -120,19 +132,55 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if _, err := failpoint.Parse(cfg.Failpoints); err != nil {
 		return config{}, configError{"RETRYSAFE_FAILPOINTS: " + err.Error()}
 	}
-	keySpec := cfg.APIKeys
-	if keySpec == "" {
-		keySpec, cfg.DemoKeys = auth.DemoKeys, true
+	cfg.DemoListenAny = r.boolean("DEMO_LISTEN_ANY", false)
+	if r.err != nil {
+		return config{}, r.err
 	}
-	keys, err := auth.ParseKeys(keySpec)
-	if err != nil {
-		return config{}, configError{"API_KEYS: " + err.Error()}
+	if cfg.APIKeys == "" {
+		cfg.Keys, cfg.DemoKeys = auth.Demo(), true
+		if !cfg.DemoListenAny {
+			if err := cfg.loopbackOnly(); err != nil {
+				return config{}, err
+			}
+		}
+	} else {
+		if len(cfg.APIKeyIDSecret) < auth.MinIDSecretLength {
+			return config{}, configError{fmt.Sprintf("API_KEY_ID_SECRET: set it to a random value of at least %d characters when API_KEYS is set (it keys the hash that makes key ids)", auth.MinIDSecretLength)}
+		}
+		keys, err := auth.ParseKeys(cfg.APIKeys, cfg.APIKeyIDSecret)
+		if err != nil {
+			return config{}, configError{"API_KEYS: " + err.Error()}
+		}
+		cfg.Keys = keys
 	}
-	cfg.Keys = keys
 	if err := cfg.check(); err != nil {
 		return config{}, err
 	}
 	return cfg, nil
+}
+
+// loopbackOnly makes demo mode listen on 127.0.0.1 only: its keys are published in the README, so a service
+// reachable from another machine would take writes from anyone. An address without a host (":8081") or with
+// an unspecified one (0.0.0.0, ::) becomes 127.0.0.1; any other host that is not loopback is a config error.
+// DEMO_LISTEN_ANY=true leaves the addresses as given, for a container: its network is its own, and the host
+// publishes its ports on 127.0.0.1 (docker-compose.yml).
+func (c *config) loopbackOnly() error {
+	for _, a := range []struct {
+		name string
+		addr *string
+	}{{"TICKETS_ADDR", &c.TicketsAddr}, {"PAYMENTS_ADDR", &c.PaymentsAddr}, {"DEPLOYS_ADDR", &c.DeploysAddr}, {"PROVIDER_ADDR", &c.ProviderAddr}} {
+		host, port, _ := net.SplitHostPort(*a.addr) // checked by envReader.addr
+		ip := net.ParseIP(host)
+		switch {
+		case host == "" || (ip != nil && ip.IsUnspecified()):
+			*a.addr = net.JoinHostPort("127.0.0.1", port)
+		case host == "localhost" || (ip != nil && ip.IsLoopback()):
+		default:
+			return configError{fmt.Sprintf("%s: %q is not a loopback address; with API_KEYS unset (the published demo keys) "+
+				"the services listen on 127.0.0.1 only: set API_KEYS and API_KEY_ID_SECRET to listen elsewhere", a.name, *a.addr)}
+		}
+	}
+	return nil
 }
 
 // check holds the rules that tie two variables together.
@@ -158,7 +206,7 @@ func (c config) String() string {
 	if c.APIKeys != "" {
 		keys = fmt.Sprintf("(%d entries, masked)", strings.Count(c.APIKeys, ",")+1)
 	}
-	return fmt.Sprintf("database=%s db_timeouts=connect:%s,acquire:%s,statement:%s api_keys=%s retention=%s lease=%s provider_url=%s provider_secret=(masked) provider_timeout=%s",
+	return fmt.Sprintf("database=%s db_timeouts=connect:%s,acquire:%s,statement:%s api_keys=%s api_key_id_secret=(masked) retention=%s lease=%s provider_url=%s provider_secret=(masked) provider_timeout=%s",
 		maskURL(c.DatabaseURL), c.DBConnectTimeout, c.DBAcquireTimeout, c.DBStatementTimeout, keys, c.IdempotencyRetention, c.OperationLease, c.ProviderURL, c.ProviderTimeout)
 }
 

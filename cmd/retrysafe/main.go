@@ -32,6 +32,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
+	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
@@ -179,8 +180,12 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 			return err
 		}
 	}
-	if cfg.DemoKeys {
-		logger.Warn("API_KEYS is unset: using the documented demo keys; never do this outside development")
+	if cfg.DemoKeys && cfg.DemoListenAny {
+		logger.Warn("API_KEYS is unset: using the documented demo keys, listening where the addresses say because DEMO_LISTEN_ANY is set; publish the ports on 127.0.0.1 only, and never do this outside development",
+			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
+	} else if cfg.DemoKeys {
+		logger.Warn("API_KEYS is unset: using the documented demo keys and listening on 127.0.0.1 only; never do this outside development",
+			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
 	}
 	logger.Info("starting", "config", cfg.String(), "services", which)
 	// One registry for the process: every service's port serves all of it on GET /metrics.
@@ -244,14 +249,19 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	return nil
 }
 
-// httpStack is the shared HTTP configuration of every service: keys, body limit, readiness after migrations.
+// httpStack is the shared HTTP configuration of every service: keys, body limit, one write limiter for the
+// process, readiness after migrations.
 func httpStack(cfg config, db *gorm.DB) (service.HTTP, error) {
 	sqlDB, err := db.DB()
 	if err != nil {
 		return service.HTTP{}, err
 	}
+	var limiter *ratelimit.Limiter
+	if cfg.RateLimitWritesPerSecond > 0 {
+		limiter = ratelimit.New(ratelimit.Limit{PerSecond: float64(cfg.RateLimitWritesPerSecond), Burst: cfg.RateLimitWriteBurst})
+	}
 	return service.HTTP{
-		Keys: cfg.Keys, BodyLimit: cfg.BodyLimit,
+		Keys: cfg.Keys, BodyLimit: cfg.BodyLimit, WriteLimiter: limiter,
 		Ready: func(ctx context.Context) error {
 			pending, err := migrations.Pending(ctx, sqlDB)
 			if err != nil {

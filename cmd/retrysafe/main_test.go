@@ -17,6 +17,12 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 )
 
+// A key id secret and an API key secret of the lengths config asks for, for tests that set API_KEYS.
+const (
+	testIDSecret = "test-key-id-secret-0123456789abcdef"
+	testSecret   = "test-secret-0123456789abcdef"
+)
+
 func env(vars map[string]string) func(string) string {
 	return func(name string) string { return vars[name] }
 }
@@ -32,13 +38,14 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
-			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_e2e:agent:e2e-secret", "LOG_LEVEL": "info",
+			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_e2e:agent:e2e-secret-0123456789abcdef",
+			"API_KEY_ID_SECRET": testIDSecret, "LOG_LEVEL": "info",
 		}), &syncWriter{w: &out})
 	}()
 	base := "http://" + addr
 	waitHealthy(t, base+"/readyz", done)
 
-	c := apitest.New(t, base, "e2e-secret")
+	c := apitest.New(t, base, "e2e-secret-0123456789abcdef")
 	first := c.Post("/v1/tickets", `{"project":"ops","title":"from run"}`, apitest.Key("e2e")).Status(t, http.StatusCreated)
 	again := c.Post("/v1/tickets", `{"title":"from run","project":"ops"}`, apitest.Key("e2e")).Status(t, http.StatusCreated)
 	if again.Header.Get("Idempotent-Replayed") != "true" || string(again.Body) != string(first.Body) {
@@ -56,7 +63,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 		t.Fatal("run did not stop within 15s of its context ending")
 	}
 	logs := out.String()
-	if strings.Contains(logs, "e2e-secret") {
+	if strings.Contains(logs, "e2e-secret") || strings.Contains(logs, testIDSecret) {
 		t.Error("a secret reached the log")
 	}
 	if !strings.Contains(logs, `"operation_id":"op_`) || !strings.Contains(logs, `"replayed":true`) {
@@ -107,7 +114,12 @@ func TestRunRejectsBadInvocations(t *testing.T) {
 		{[]string{"serve", "tickets"}, map[string]string{"IDEMPOTENCY_RETENTION": "1h"}, "IDEMPOTENCY_RETENTION"},
 		{[]string{"serve", "tickets"}, map[string]string{"OPERATION_LEASE": "soon"}, "OPERATION_LEASE"},
 		{[]string{"serve", "tickets"}, map[string]string{"OPERATION_LEASE": "-5s"}, "OPERATION_LEASE"},
-		{[]string{"serve", "tickets"}, map[string]string{"API_KEYS": "acct:admin:s"}, "API_KEYS"},
+		{[]string{"serve", "tickets"}, map[string]string{"API_KEYS": "acct:admin:s", "API_KEY_ID_SECRET": testIDSecret}, "API_KEYS"},
+		{[]string{"serve", "tickets"}, map[string]string{"API_KEYS": "acct:agent:secret-of-23-characters", "API_KEY_ID_SECRET": testIDSecret}, "API_KEYS"},
+		{[]string{"serve", "tickets"}, map[string]string{"API_KEYS": "acct:agent:" + testSecret}, "API_KEY_ID_SECRET"},
+		{[]string{"serve", "tickets"}, map[string]string{"API_KEYS": "acct:agent:" + testSecret, "API_KEY_ID_SECRET": "short"}, "API_KEY_ID_SECRET"},
+		{[]string{"serve", "tickets"}, map[string]string{"TICKETS_ADDR": "192.0.2.1:8081"}, "TICKETS_ADDR"},
+		{[]string{"provider"}, map[string]string{"PROVIDER_ADDR": "example.com:8090"}, "PROVIDER_ADDR"},
 		{[]string{"serve", "tickets"}, map[string]string{"RETRYSAFE_FAILPOINTS": "x=explode"}, "RETRYSAFE_FAILPOINTS"},
 		{[]string{"serve", "tickets"}, map[string]string{"DB_MAX_CONNS": "0"}, "DB_MAX_CONNS"},
 		{[]string{"serve", "tickets"}, map[string]string{"TICKETS_ADDR": "8081"}, "TICKETS_ADDR"},
@@ -166,16 +178,42 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 }
 
+// TestDemoModeListensOnLoopbackOnly: with API_KEYS unset the published demo keys are in use, so every listener,
+// the provider sandbox's too, is on 127.0.0.1; API_KEYS set leaves the addresses as given.
+func TestDemoModeListensOnLoopbackOnly(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(env(map[string]string{"TICKETS_ADDR": "0.0.0.0:9001", "DEPLOYS_ADDR": "[::1]:9003"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.DemoKeys || cfg.TicketsAddr != "127.0.0.1:9001" || cfg.PaymentsAddr != "127.0.0.1:8082" ||
+		cfg.DeploysAddr != "[::1]:9003" || cfg.ProviderAddr != "127.0.0.1:8090" {
+		t.Errorf("demo mode listens on %s %s %s %s", cfg.TicketsAddr, cfg.PaymentsAddr, cfg.DeploysAddr, cfg.ProviderAddr)
+	}
+	cfg, err = loadConfig(env(map[string]string{"DEMO_LISTEN_ANY": "true", "TICKETS_ADDR": ":9001"}))
+	if err != nil || cfg.TicketsAddr != ":9001" {
+		t.Errorf("demo mode with DEMO_LISTEN_ANY (a container): %s, %v", cfg.TicketsAddr, err)
+	}
+	cfg, err = loadConfig(env(map[string]string{"API_KEYS": "a:agent:" + testSecret, "API_KEY_ID_SECRET": testIDSecret}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DemoKeys || cfg.TicketsAddr != ":8081" || cfg.ProviderAddr != ":8090" {
+		t.Errorf("with API_KEYS: %s %s", cfg.TicketsAddr, cfg.ProviderAddr)
+	}
+}
+
 func TestConfigMasksSecrets(t *testing.T) {
 	t.Parallel()
 	cfg, err := loadConfig(env(map[string]string{
-		"DATABASE_URL": "postgres://app:hunter2@db:5432/retrysafe", "API_KEYS": "a:agent:s3cret,a:approver:t0p",
+		"DATABASE_URL": "postgres://app:hunter2@db:5432/retrysafe", "API_KEYS": "a:agent:s3cret-0123456789abcdefghij,a:approver:t0p-0123456789abcdefghijkl",
+		"API_KEY_ID_SECRET": testIDSecret,
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	printed := cfg.String()
-	for _, secret := range []string{"hunter2", "s3cret", "t0p"} {
+	for _, secret := range []string{"hunter2", "s3cret", "t0p", testIDSecret} {
 		if strings.Contains(printed, secret) {
 			t.Errorf("config prints %q: %s", secret, printed)
 		}
@@ -209,13 +247,13 @@ func TestComposeFileMatchesTheContract(t *testing.T) {
 	if !ok || strings.Join(app.Command, " ") != "serve all" {
 		t.Fatalf("retrysafe service = %+v", app)
 	}
-	if got := strings.Join(app.Ports, ","); got != "8081:8081,8082:8082,8083:8083" {
+	if got := strings.Join(app.Ports, ","); got != "127.0.0.1:8081:8081,127.0.0.1:8082:8082,127.0.0.1:8083:8083" {
 		t.Errorf("ports = %s", got)
 	}
 	if !strings.HasPrefix(app.Environment["DATABASE_URL"], "postgres://") || app.Environment["PROVIDER_URL"] != "http://provider:8090" {
 		t.Errorf("environment = %v", app.Environment)
 	}
-	if p := compose.Services["provider"]; strings.Join(p.Command, " ") != "provider" || strings.Join(p.Ports, ",") != "8090:8090" {
+	if p := compose.Services["provider"]; strings.Join(p.Command, " ") != "provider" || strings.Join(p.Ports, ",") != "127.0.0.1:8090:8090" {
 		t.Errorf("provider service = %+v", p)
 	}
 	if compose.Services["postgres"].Image == "" {

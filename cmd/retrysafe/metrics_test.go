@@ -39,9 +39,9 @@ func TestMetricsCountTicketsTraffic(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
 	addr := proctest.FreeAddr(t)
-	const account, secret = "acct_metrics_secret_account", "metrics-secret-key"
+	const account, secret = "acct_metrics_secret_account", "metrics-secret-key-0123456789"
 	startRun(t, []string{"serve", "tickets"}, map[string]string{
-		"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": account + ":agent:" + secret,
+		"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": account + ":agent:" + secret, "API_KEY_ID_SECRET": testIDSecret,
 	}, "http://"+addr+"/readyz")
 	c := apitest.New(t, "http://"+addr, secret)
 
@@ -105,11 +105,11 @@ func TestMetricsCountALostProviderAnswer(t *testing.T) {
 	const merchant = "sk_test_metrics_lost_capture"
 	startRun(t, []string{"serve", "payments"}, map[string]string{
 		"DATABASE_URL": db.DSN, "PAYMENTS_ADDR": paymentsAddr, "PROVIDER_URL": "http://" + providerAddr,
-		"PROVIDER_SECRET": merchant, "API_KEYS": "acct_metrics:agent:metrics-agent",
+		"PROVIDER_SECRET": merchant, "API_KEYS": "acct_metrics:agent:metrics-agent-0123456789abc", "API_KEY_ID_SECRET": testIDSecret,
 		// The recovery worker must leave the unknown capture to the retry, so the test sees it unknown first.
 		"RECOVERY_INTERVAL": "1h",
 	}, "http://"+paymentsAddr+"/readyz")
-	c := apitest.New(t, "http://"+paymentsAddr, "metrics-agent")
+	c := apitest.New(t, "http://"+paymentsAddr, "metrics-agent-0123456789abc")
 	prov := provider.NewClient("http://"+providerAddr, merchant, 5*time.Second)
 
 	var in struct{ ID string }
@@ -167,11 +167,11 @@ func TestMetricsCountADeploy(t *testing.T) {
 	db := testdb.Schema(t)
 	addr := proctest.FreeAddr(t)
 	startRun(t, []string{"serve", "deploys"}, map[string]string{
-		"DATABASE_URL": db.DSN, "DEPLOYS_ADDR": addr, "API_KEYS": "acct_metrics:agent:metrics-agent",
+		"DATABASE_URL": db.DSN, "DEPLOYS_ADDR": addr, "API_KEYS": "acct_metrics:agent:metrics-agent-0123456789abc", "API_KEY_ID_SECRET": testIDSecret,
 		// One step of 2s: the cancel below lands long before activation could start.
 		"DEPLOY_STEPS": "1", "DEPLOY_STEP_DURATION": "2s", "DEPLOY_POLL_INTERVAL": "20ms",
 	}, "http://"+addr+"/readyz")
-	c := apitest.New(t, "http://"+addr, "metrics-agent")
+	c := apitest.New(t, "http://"+addr, "metrics-agent-0123456789abc")
 	before := metricstest.Scrape(t, c)
 
 	const artifact = "registry.example.com/shop/api@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -10,9 +11,9 @@ import (
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
-// defaultApprovalThresholds is PAYMENTS_APPROVAL_THRESHOLDS when unset: captures and refunds above 1,000.00 in
-// the major two-decimal currencies, 100,000 JPY or 1,000,000 KRW need a person's approval. A currency that is
-// not listed never needs one.
+// defaultApprovalThresholds is PAYMENTS_APPROVAL_THRESHOLDS when unset: captures and refunds (their running
+// total per intent) above 1,000.00 in the major two-decimal currencies, 100,000 JPY or 1,000,000 KRW need a
+// person's approval. A currency that is not listed needs approval for any amount: the rule fails closed.
 const defaultApprovalThresholds = "USD:100000,EUR:100000,GBP:100000,CHF:100000,CAD:100000,AUD:100000,JPY:100000,KRW:1000000"
 
 // thresholds reads PAYMENTS_APPROVAL_THRESHOLDS: "USD:100000,JPY:100000" (minor units per ISO 4217 currency).
@@ -35,6 +36,13 @@ func (r *envReader) thresholds(name, def string) map[string]int64 {
 }
 
 func buildPayments(cfg config, d service.Deps) (service.Service, error) {
+	listed := make([]string, 0, len(cfg.PaymentsApprovalThresholds))
+	for currency := range cfg.PaymentsApprovalThresholds {
+		listed = append(listed, currency)
+	}
+	slices.Sort(listed)
+	d.Log().Info("payments: captures and refunds in a currency not listed in PAYMENTS_APPROVAL_THRESHOLDS need approval above zero",
+		"listed", strings.Join(listed, ","))
 	return payments.New(d, payments.Config{
 		Provider: provider.NewClient(cfg.ProviderURL, cfg.ProviderSecret, cfg.ProviderTimeout).
 			WithObserver(d.Metrics.Downstream("provider")),

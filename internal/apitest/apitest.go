@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -64,6 +65,13 @@ func New(t testing.TB, baseURL, secret string) *Client {
 		t.Fatalf("apitest: api/openapi.yaml: %v", err)
 	}
 	return &Client{t: t, BaseURL: strings.TrimRight(baseURL, "/"), Secret: secret, HTTP: &http.Client{Timeout: 60 * time.Second}}
+}
+
+// For returns the client reporting to t instead (a fuzz target's t, for a client made with its f).
+func (c *Client) For(t testing.TB) *Client {
+	cp := *c
+	cp.t = t
+	return &cp
 }
 
 // As returns a client for the same service with another key.
@@ -161,11 +169,15 @@ func (c *Client) Try(method, path string, body any, opts ...Option) (*Response, 
 	return res, nil
 }
 
-// Validate checks a response to req against the spec.
+// Validate checks a response to req against the spec, and that a JSON answer says Content-Type:
+// application/json exactly (no charset parameter), as every retrysafe answer does.
 func Validate(req *http.Request, res *Response) error {
 	r, err := router()
 	if err != nil {
 		return err
+	}
+	if ct := res.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/json") && ct != "application/json" {
+		return fmt.Errorf("Content-Type %q, want application/json", ct)
 	}
 	route, params, err := r.FindRoute(req)
 	if err != nil {

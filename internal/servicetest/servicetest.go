@@ -93,10 +93,7 @@ func New(t testing.TB, opts ...Option) *Env {
 	db := testdb.Schema(t)
 	logger := Logger()
 	defaultLogger.Do(func() { slog.SetDefault(logger) })
-	keys, err := auth.ParseKeys(auth.DemoKeys)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := auth.Demo()
 	e := &Env{DB: db, ServiceDB: db.DB, Logger: logger, Keys: keys}
 	for _, opt := range opts {
 		opt(t, e)
@@ -110,8 +107,18 @@ func New(t testing.TB, opts ...Option) *Env {
 // serves it until the test ends. It returns a client as the demo agent.
 func (e *Env) Serve(t testing.TB, svc service.Service) *apitest.Client {
 	t.Helper()
+	return e.ServeHTTP(t, service.HTTP{Keys: e.Keys}, svc)
+}
+
+// ServeHTTP is Serve with the shared HTTP stack h (keys, body limit, rate limits) as cmd/retrysafe builds it;
+// its Keys default to the demo keys.
+func (e *Env) ServeHTTP(t testing.TB, h service.HTTP, svc service.Service) *apitest.Client {
+	t.Helper()
+	if h.Keys == nil {
+		h.Keys = e.Keys
+	}
 	e.Idem.Reconcilers = service.Reconcilers(svc)
-	srv := httptest.NewServer(service.Handler(e.Deps, service.HTTP{Keys: e.Keys}, svc))
+	srv := httptest.NewServer(service.Handler(e.Deps, h, svc))
 	t.Cleanup(srv.Close)
 	e.URL = srv.URL
 	return apitest.New(t, srv.URL, AgentSecret)

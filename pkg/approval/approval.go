@@ -43,6 +43,9 @@ import (
 // HeaderApprovalID is the request header that names the approval of a write.
 const HeaderApprovalID = "Approval-Id"
 
+// idPrefix starts every approval id (ids.New).
+const idPrefix = "apv_"
+
 // State of an approval.
 type State string
 
@@ -52,7 +55,18 @@ const (
 	StateDenied   State = "denied"
 	// StateRevoked: approved, then withdrawn before the write used it; the guard refuses it like a denial.
 	StateRevoked State = "revoked"
+	// StateExpired is never stored: an approval pending, or approved and unused, past its expires_at reads
+	// expired, because it can no longer authorize anything.
+	StateExpired State = "expired"
 )
+
+// shown is a as callers read it at now: expired once it can no longer be used.
+func (a Approval) shown(now time.Time) Approval {
+	if (a.State == StatePending || (a.State == StateApproved && a.UsedByOperationID == nil)) && !now.Before(a.ExpiresAt) {
+		a.State = StateExpired
+	}
+	return a
+}
 
 // Route is a write route that may need approval.
 type Route struct {
@@ -155,15 +169,18 @@ type Request struct {
 	Body           json.RawMessage `json:"body"`
 }
 
-// Validate checks the request's shape; Describe checks the body.
+// Longest method and path a Request may name; no route comes near them.
+const (
+	MaxMethodLength = 16
+	MaxPathLength   = 2048
+)
+
+// Validate checks the request's shape; Describe checks the body. The path is text a person reads and its
+// segments reach SQL through Describe, so it is held to problem.CheckText.
 func (r *Request) Validate() error {
 	var errs []problem.FieldError
-	if r.Method == "" {
-		errs = append(errs, problem.FieldError{Field: "method", Message: "is required"})
-	}
-	if r.Path == "" {
-		errs = append(errs, problem.FieldError{Field: "path", Message: "is required"})
-	}
+	errs = problem.CheckText(errs, "method", r.Method, MaxMethodLength, true)
+	errs = problem.CheckText(errs, "path", r.Path, MaxPathLength, true)
 	if _, err := idem.ParseKey(r.IdempotencyKey, true); err != nil {
 		errs = append(errs, problem.FieldError{Field: "idempotency_key", Message: "must be 1 to 255 printable ASCII characters"})
 	}
@@ -224,11 +241,25 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 	if !required {
 		return nil
 	}
+	return s.GuardWhen(c, func(context.Context, *gorm.DB) (bool, error) { return true, nil })
+}
+
+// GuardWhen is Guard for a write whose need of approval depends on what is stored (a running total of
+// refunds): needed runs first, in the claim transaction, where it can lock what it reads, so the decision and
+// the write see the same state.
+func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
 	id := c.GetHeader(HeaderApprovalID)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
+		if need, err := needed(ctx, tx); err != nil || !need {
+			return err
+		}
 		if id == "" {
 			return problem.New(problem.CodeApprovalRequired,
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
+		}
+		if !ids.Valid(idPrefix, id) {
+			// Never looked up: a header value that no approval id can be (NUL, invalid UTF-8) must not reach SQL.
+			return problem.New(problem.CodeApprovalInvalid, "no such approval in this account")
 		}
 		var a Approval
 		res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE id = ? AND account_id = ? FOR UPDATE`, id, op.AccountID).Scan(&a)
@@ -239,6 +270,8 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 		switch {
 		case res.RowsAffected == 0:
 			reason = "no such approval in this account"
+		case a.shown(s.now()).State == StateExpired:
+			reason = "the approval expired"
 		case a.State != StateApproved:
 			reason = "the approval is " + string(a.State)
 		case !s.now().Before(a.ExpiresAt):
@@ -268,10 +301,11 @@ decided_by, decided_at, expires_at, used_by_operation_id, created_at, body`
 // Routes registers the approval endpoints on r, which must be behind auth.Middleware.
 func Routes(r gin.IRouter, s *Service) {
 	r.POST("/v1/approvals", s.create)
-	r.GET("/v1/approvals/:id", s.get)
-	r.POST("/v1/approvals/:id/approve", func(c *gin.Context) { s.decide(c, StateApproved) })
-	r.POST("/v1/approvals/:id/deny", func(c *gin.Context) { s.decide(c, StateDenied) })
-	r.POST("/v1/approvals/:id/revoke", func(c *gin.Context) { s.decide(c, StateRevoked) })
+	approval := httpserver.PathID("id", idPrefix, "approval")
+	r.GET("/v1/approvals/:id", approval, s.get)
+	r.POST("/v1/approvals/:id/approve", approval, func(c *gin.Context) { s.decide(c, StateApproved) })
+	r.POST("/v1/approvals/:id/deny", approval, func(c *gin.Context) { s.decide(c, StateDenied) })
+	r.POST("/v1/approvals/:id/revoke", approval, func(c *gin.Context) { s.decide(c, StateRevoked) })
 }
 
 func (s *Service) create(c *gin.Context) {
@@ -297,7 +331,7 @@ func (s *Service) create(c *gin.Context) {
 INSERT INTO approvals (id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by, expires_at, body)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?::jsonb, 'pending', ?, ?, ?)
 RETURNING `+columns,
-				ids.New("apv_"), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
+				ids.New(idPrefix), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
 				b.Fingerprint, string(summary), p.Actor(), s.now().Add(s.ttl), b.Body).Scan(&a).Error
 			if err != nil {
 				return idem.Result{}, fmt.Errorf("approval: create: %w", err)
@@ -313,7 +347,7 @@ func (s *Service) get(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, a)
+	httpserver.JSON(c, http.StatusOK, a.shown(s.now()))
 }
 
 func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {
@@ -333,12 +367,17 @@ func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Ap
 }
 
 func (s *Service) decide(c *gin.Context, to State) {
+	var none struct{}
+	if err := httpserver.DecodeActionBody(c, &none); err != nil {
+		problem.Write(c, err)
+		return
+	}
 	a, err := decide(c.Request.Context(), s.db, auth.From(c), c.Param("id"), to, s.now())
 	if err != nil {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, a)
+	httpserver.JSON(c, http.StatusOK, a)
 }
 
 // Decide records p's decision on approval id of p's account: StateApproved or StateDenied for a pending

@@ -1,15 +1,18 @@
 // Package auth checks the bearer API keys of retrysafe and scopes every request to one account.
 //
-// Keys come from API_KEYS as comma-separated `account_id:role:secret` entries; role is `agent` or `approver`.
-// Secrets are compared in constant time and never logged: a Principal carries a key id (a short hash of the
-// secret) that logs may show instead.
+// Keys come from API_KEYS as comma-separated `account_id:role:secret` entries; role is `agent` or `approver`;
+// a secret has at least MinSecretLength characters. Secrets are compared in constant time and never logged: a
+// Principal carries a key id that logs, events and approvals show instead. The id is a keyed hash
+// (HMAC-SHA256) of the secret under a server secret (API_KEY_ID_SECRET), so someone who sees ids, an agent
+// reading who approved its request, cannot test guesses of a secret against them offline.
 //
-//	keys, _ := auth.ParseKeys(os.Getenv("API_KEYS"))
+//	keys, _ := auth.ParseKeys(os.Getenv("API_KEYS"), os.Getenv("API_KEY_ID_SECRET"))
 //	r.Use(auth.Middleware(keys))
 //	p := auth.From(c) // p.AccountID scopes every query
 package auth
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -33,7 +36,7 @@ const (
 type Principal struct {
 	AccountID string
 	Role      Role
-	// KeyID identifies the key without revealing it: the first 12 hex digits of SHA-256(secret).
+	// KeyID identifies the key without revealing it: the first 12 hex digits of HMAC-SHA256(id secret, secret).
 	KeyID string
 }
 
@@ -48,12 +51,40 @@ type key struct {
 // Keys is the set of accepted API keys.
 type Keys struct{ keys []key }
 
-// DemoKeys is used when API_KEYS is unset, in development only; the README lists these secrets.
+// DemoKeys is used when API_KEYS is unset, in development only; the README lists these secrets. They are
+// shorter than MinSecretLength, which Demo alone allows.
 const DemoKeys = "acct_demo:agent:demo-agent-secret,acct_demo:approver:demo-approver-secret," +
 	"acct_other:agent:other-agent-secret,acct_other:approver:other-approver-secret"
 
-// ParseKeys parses API_KEYS.
-func ParseKeys(spec string) (*Keys, error) {
+// demoIDSecret keys the ids of the demo keys. It is public, as their secrets are.
+const demoIDSecret = "retrysafe-demo-key-ids"
+
+// MinSecretLength is the shortest secret ParseKeys accepts: 24 random characters are beyond guessing, offline
+// or online.
+const MinSecretLength = 24
+
+// MinIDSecretLength is the shortest id secret ParseKeys accepts.
+const MinIDSecretLength = 32
+
+// Demo returns the demo keys (DemoKeys), for development and tests.
+func Demo() *Keys {
+	ks, err := parseKeys(DemoKeys, demoIDSecret, 1)
+	if err != nil {
+		panic(err) // a constant that does not parse is a bug
+	}
+	return ks
+}
+
+// ParseKeys parses API_KEYS. idSecret (API_KEY_ID_SECRET, at least MinIDSecretLength characters) keys the hash
+// that makes key ids; every secret has at least MinSecretLength characters.
+func ParseKeys(spec, idSecret string) (*Keys, error) {
+	if len(idSecret) < MinIDSecretLength {
+		return nil, fmt.Errorf("auth: the key id secret must have at least %d characters", MinIDSecretLength)
+	}
+	return parseKeys(spec, idSecret, MinSecretLength)
+}
+
+func parseKeys(spec, idSecret string, minSecret int) (*Keys, error) {
 	ks := &Keys{}
 	for _, entry := range strings.Split(spec, ",") {
 		entry = strings.TrimSpace(entry)
@@ -68,10 +99,14 @@ func ParseKeys(spec string) (*Keys, error) {
 		if role != RoleAgent && role != RoleApprover {
 			return nil, fmt.Errorf("auth: API_KEYS entry for account %q has role %q, want agent or approver", parts[0], parts[1])
 		}
-		digest := sha256.Sum256([]byte(parts[2]))
+		if len(parts[2]) < minSecret {
+			return nil, fmt.Errorf("auth: API_KEYS entry %d (account %q) has a secret shorter than %d characters", len(ks.keys)+1, parts[0], minSecret)
+		}
+		mac := hmac.New(sha256.New, []byte(idSecret))
+		mac.Write([]byte(parts[2]))
 		ks.keys = append(ks.keys, key{
-			principal: Principal{AccountID: parts[0], Role: role, KeyID: hex.EncodeToString(digest[:6])},
-			digest:    digest,
+			principal: Principal{AccountID: parts[0], Role: role, KeyID: hex.EncodeToString(mac.Sum(nil)[:6])},
+			digest:    sha256.Sum256([]byte(parts[2])),
 		})
 	}
 	if len(ks.keys) == 0 {
@@ -138,3 +173,15 @@ func (ks *Keys) ByKeyID(keyID string) (Principal, bool) {
 // With stores p in c as Middleware does, so From works for routes that authenticate another way (the console's
 // session cookie).
 func With(c *gin.Context, p Principal) { c.Set(principalKey, p) }
+
+// Without returns a copy of ks without the keys of the principals drop reports true for: a key taken out of
+// API_KEYS, as a restart with the smaller list would do.
+func (ks *Keys) Without(drop func(Principal) bool) *Keys {
+	out := &Keys{}
+	for _, k := range ks.keys {
+		if !drop(k.principal) {
+			out.keys = append(out.keys, k)
+		}
+	}
+	return out
+}

@@ -1,35 +1,72 @@
 package auth_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 )
 
+const (
+	s1       = "s1-0123456789abcdefghijklmn"
+	colons   = "s:with:colons:0123456789abcdef"
+	idSecret = "id-secret-0123456789abcdefghijklmnop"
+)
+
 func TestParseKeys(t *testing.T) {
 	t.Parallel()
-	keys, err := auth.ParseKeys(" acct_1:agent:s1 , acct_1:approver:s:with:colons,")
+	keys, err := auth.ParseKeys(" acct_1:agent:"+s1+" , acct_1:approver:"+colons+",", idSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, ok := keys.Authenticate("s1")
-	if !ok || p.AccountID != "acct_1" || p.Role != auth.RoleAgent || strings.Contains(p.KeyID, "s1") {
+	p, ok := keys.Authenticate(s1)
+	if !ok || p.AccountID != "acct_1" || p.Role != auth.RoleAgent || strings.Contains(s1, p.KeyID) {
 		t.Fatalf("s1 -> %+v, %v", p, ok)
 	}
-	if p, ok := keys.Authenticate("s:with:colons"); !ok || p.Role != auth.RoleApprover {
+	if p, ok := keys.Authenticate(colons); !ok || p.Role != auth.RoleApprover {
 		t.Fatalf("a secret with colons -> %+v, %v", p, ok)
 	}
-	for _, bad := range []string{"s", "", "S1", "s1 "} {
+	for _, bad := range []string{"s", "", strings.ToUpper(s1), s1 + " "} {
 		if _, ok := keys.Authenticate(bad); ok {
 			t.Errorf("%q authenticated", bad)
 		}
 	}
-	for _, spec := range []string{"", "acct:agent", "acct:root:s3cr3t", ":agent:s3cr3t", "acct:agent:"} {
-		if _, err := auth.ParseKeys(spec); err == nil {
+	for _, spec := range []string{"", "acct:agent", "acct:root:s3cr3t", ":agent:s3cr3t", "acct:agent:", "acct:agent:s3cr3t-of-23-characters"} {
+		if _, err := auth.ParseKeys(spec, idSecret); err == nil {
 			t.Errorf("ParseKeys(%q) accepted", spec)
 		} else if strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("the error for %q shows the secret: %v", spec, err)
 		}
+	}
+}
+
+// TestKeyIDsAreKeyed: a key id is not a hash anyone can compute from a guessed secret; it depends on the id
+// secret, and a short id secret is refused. The demo keys alone may have short secrets.
+func TestKeyIDsAreKeyed(t *testing.T) {
+	t.Parallel()
+	a, err := auth.ParseKeys("acct:agent:"+s1, idSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := auth.ParseKeys("acct:agent:"+s1, idSecret+"-other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa, _ := a.Authenticate(s1)
+	pb, _ := b.Authenticate(s1)
+	unkeyed := sha256.Sum256([]byte(s1))
+	if pa.KeyID == pb.KeyID || pa.KeyID == hex.EncodeToString(unkeyed[:6]) || len(pa.KeyID) != 12 {
+		t.Errorf("key ids %q and %q: not keyed by the id secret", pa.KeyID, pb.KeyID)
+	}
+	if _, err := auth.ParseKeys("acct:agent:"+s1, "short"); err == nil {
+		t.Error("a short id secret was accepted")
+	}
+	if _, ok := auth.Demo().Authenticate("demo-agent-secret"); !ok {
+		t.Error("the demo keys do not authenticate")
+	}
+	if _, err := auth.ParseKeys(auth.DemoKeys, idSecret); err == nil {
+		t.Error("ParseKeys accepted the demo keys' short secrets")
 	}
 }

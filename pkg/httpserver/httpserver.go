@@ -1,6 +1,7 @@
 // Package httpserver is the HTTP plumbing every retrysafe service shares: a gin engine with JSON access logs,
-// panic recovery into problem+json, a request body limit, health endpoints, strict JSON decoding, and a server
-// that shuts down gracefully when its context ends.
+// panic recovery into problem+json, a request body limit, CheckURL for every path parameter and query value
+// before a handler sees it, health endpoints, strict JSON decoding, and a server that shuts down gracefully when its
+// context ends.
 //
 //	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20})
 //	api := r.Group("", auth.Middleware(keys))
@@ -19,7 +20,9 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"reflect"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
@@ -50,6 +53,8 @@ func NewRouter(o Options) *gin.Engine {
 	}
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
+	// An API answers the path it was asked: /v1/tickets/ is no resource, not a redirect to the list.
+	r.RedirectTrailingSlash = false
 	r.ContextWithFallback = true
 	r.Use(attempt, accessLog(o.Logger))
 	r.Use(o.Middleware...)
@@ -58,16 +63,16 @@ func NewRouter(o Options) *gin.Engine {
 	r.NoMethod(func(c *gin.Context) {
 		problem.Write(c, problem.New(problem.CodeMethodNotAllowed, "method not allowed on this route"))
 	})
-	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.GET("/healthz", func(c *gin.Context) { JSON(c, http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", func(c *gin.Context) {
 		ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
 		defer cancel()
 		if err := ready(ctx, o); err != nil {
 			c.Header("Cache-Control", "no-store")
-			c.JSON(http.StatusServiceUnavailable, gin.H{"status": "unavailable", "detail": err.Error()})
+			JSON(c, http.StatusServiceUnavailable, gin.H{"status": "unavailable", "detail": err.Error()})
 			return
 		}
-		c.JSON(http.StatusOK, gin.H{"status": "ready"})
+		JSON(c, http.StatusOK, gin.H{"status": "ready"})
 	})
 	return r
 }
@@ -165,8 +170,8 @@ func bodyLimit(limit int64) gin.HandlerFunc {
 	}
 }
 
-// DecodeJSON reads the request body into v strictly: a JSON object, no unknown fields, no trailing data, types
-// as declared. Any failure is 400 invalid_request, before anything is claimed or stored.
+// DecodeJSON reads the request body into v strictly (see DecodeJSONBytes): a JSON object, no unknown, duplicate
+// or case-folded member names, no trailing data, types as declared. Any failure is 400 invalid_request, before anything is claimed or stored.
 func DecodeJSON(c *gin.Context, v any) error {
 	if ct := c.GetHeader("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
@@ -186,10 +191,19 @@ func DecodeJSON(c *gin.Context, v any) error {
 }
 
 // DecodeJSONBytes is DecodeJSON for a body already read, such as the proposed body of an approval request, so
-// that it is held to exactly the rules its write will be.
+// that it is held to exactly the rules its write will be. Strict means: UTF-8, one JSON value, no unknown
+// member, no member twice in one object and no name that matches a field only by case, at any depth; so what
+// is decoded is the only way to read the body, and the fingerprint, an approver's summary and the write all
+// see the same request.
 func DecodeJSONBytes(body []byte, v any) error {
-	if len(bytes.TrimSpace(body)) == 0 {
+	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' {
 		return problem.New(problem.CodeInvalidRequest, "the request body must be a JSON object")
+	}
+	if !utf8.Valid(body) {
+		return problem.New(problem.CodeInvalidRequest, "malformed JSON: the body is not valid UTF-8")
+	}
+	if err := checkMemberNames(body, reflect.TypeOf(v)); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -200,6 +214,56 @@ func DecodeJSONBytes(body []byte, v any) error {
 		return problem.New(problem.CodeInvalidRequest, "malformed JSON: data after the JSON object")
 	}
 	return nil
+}
+
+// JSON writes v as the JSON answer with status. Every JSON answer of retrysafe, stored, replayed or written
+// here, says Content-Type: application/json, without the charset parameter gin's c.JSON adds (JSON is UTF-8;
+// RFC 8259 defines no charset), so a client sees one media type for every answer.
+func JSON(c *gin.Context, status int, v any) {
+	c.Render(status, jsonRender{v})
+}
+
+type jsonRender struct{ v any }
+
+func (r jsonRender) Render(w http.ResponseWriter) error {
+	r.WriteContentType(w)
+	body, err := json.Marshal(r.v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(body)
+	return err
+}
+
+func (jsonRender) WriteContentType(w http.ResponseWriter) {
+	w.Header()["Content-Type"] = []string{"application/json"}
+}
+
+// DecodeActionBody is the one rule for the body of an action endpoint (cancel, capture, rollback, approve,
+// deny), whose fields are all optional: an empty body (no bytes, or only white space) means {}; any other body
+// is decoded strictly into v as DecodeJSON does, so `{"x":1}` is 400 invalid_request like an unknown field
+// anywhere. An action without fields decodes into a struct{}.
+func DecodeActionBody(c *gin.Context, v any) error {
+	if c.Request.Body == nil || c.Request.Body == http.NoBody {
+		return nil
+	}
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		return DecodeJSON(c, v) // reports the read error as DecodeJSON does
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	c.Request.Body = io.NopCloser(bytes.NewReader(body))
+	return DecodeJSON(c, v)
+}
+
+// DecodeActionCommand is DecodeActionBody, then cmd.Validate (defaults apply to an empty body too).
+func DecodeActionCommand(c *gin.Context, cmd Command) error {
+	if err := DecodeActionBody(c, cmd); err != nil {
+		return err
+	}
+	return cmd.Validate()
 }
 
 // Command is a request body that can check itself and apply its defaults.

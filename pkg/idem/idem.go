@@ -41,6 +41,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -457,7 +458,7 @@ func (h *Handler) answerUnknown(c *gin.Context, accountID, opID string) {
 	c.Header("Location", "/v1/operations/"+opID)
 	c.Header("Retry-After", "5")
 	// The operation itself, and operation_id as CONVENTIONS.md names it in every answer about an operation.
-	c.JSON(http.StatusAccepted, struct {
+	httpserver.JSON(c, http.StatusAccepted, struct {
 		opstatus.Operation
 		OperationID string `json:"operation_id"`
 	}{op, opID})

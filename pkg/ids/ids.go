@@ -1,7 +1,8 @@
 // Package ids makes the identifiers of retrysafe resources: a short type prefix and a time-ordered UUID (v7),
 // so ids say what they name ("tkt_", "op_", "pi_") and sort by creation in indexes and logs.
 //
-//	id := ids.New("tkt_") // tkt_0193c1c5-...
+//	id := ids.New("tkt_")          // tkt_0193c1c5-...
+//	ok := ids.Valid("tkt_", value) // what a handler asks before a value from a path reaches SQL
 package ids
 
 import "github.com/google/uuid"
@@ -9,4 +10,24 @@ import "github.com/google/uuid"
 // New returns prefix followed by a new UUIDv7.
 func New(prefix string) string {
 	return prefix + uuid.Must(uuid.NewV7()).String()
+}
+
+// Valid reports whether s is an id New(prefix) could have made: the prefix, then a UUID in its canonical
+// lowercase 36-character form. Anything else names nothing, so callers answer it as they answer a missing id.
+func Valid(prefix string, s string) bool {
+	if len(s) != len(prefix)+36 || s[:len(prefix)] != prefix {
+		return false
+	}
+	rest := s[len(prefix):]
+	for i := 0; i < len(rest); i++ {
+		switch ch := rest[i]; {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if ch != '-' {
+				return false
+			}
+		case (ch < '0' || ch > '9') && (ch < 'a' || ch > 'f'):
+			return false
+		}
+	}
+	return true
 }

@@ -7,6 +7,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -14,13 +16,13 @@ import (
 // GET /v1/operations?idempotency_key=K on r, which must be
 // behind auth.Middleware: a caller only ever sees its own account's operations.
 func Routes(r gin.IRouter, db *gorm.DB) {
-	r.GET("/v1/operations/:id", func(c *gin.Context) {
+	r.GET("/v1/operations/:id", httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
 		op, err := Get(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
 		if err != nil {
 			problem.Write(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, op)
+		httpserver.JSON(c, http.StatusOK, op)
 	})
 	r.GET("/v1/operations/:id/timeline", func(c *gin.Context) {
 		tl, err := GetTimeline(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
@@ -28,19 +30,41 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 			problem.Write(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, tl)
+		httpserver.JSON(c, http.StatusOK, tl)
 	})
 	r.GET("/v1/operations", func(c *gin.Context) {
 		key := c.Query("idempotency_key")
-		if key == "" {
-			problem.Write(c, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: "is required"}))
+		if msg := checkKey(key); msg != "" {
+			problem.Write(c, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: msg}))
 			return
 		}
-		ops, err := FindByKey(c.Request.Context(), db, auth.From(c).AccountID, key)
+		p, err := page.FromQuery(c)
 		if err != nil {
 			problem.Write(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, gin.H{"items": ops})
+		ops, err := FindByKeyPage(c.Request.Context(), db, auth.From(c).AccountID, key, p)
+		if err != nil {
+			problem.Write(c, err)
+			return
+		}
+		httpserver.JSON(c, http.StatusOK, page.Of(ops, p, func(op Operation) page.Cursor { return page.Cursor{At: op.CreatedAt, ID: op.ID} }))
 	})
+}
+
+// checkKey holds a looked-up key to the rules of the Idempotency-Key header (pkg/idem.ParseKey, which this
+// package cannot import): a value no write could have used is refused rather than looked up.
+func checkKey(key string) string {
+	if key == "" {
+		return "is required"
+	}
+	if len(key) > 255 {
+		return "must be 1 to 255 printable ASCII characters"
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return "must be 1 to 255 printable ASCII characters"
+		}
+	}
+	return ""
 }

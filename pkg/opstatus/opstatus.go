@@ -23,6 +23,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -303,11 +304,23 @@ func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, err
 	return op, nil
 }
 
-// FindByKey returns the operations of account that were started under an idempotency key, newest first.
+// FindByKey returns the operations of account that were started under an idempotency key, newest first (at
+// most 20).
 func FindByKey(ctx context.Context, db *gorm.DB, accountID, key string) ([]Operation, error) {
+	return FindByKeyPage(ctx, db, accountID, key, page.Request{Limit: 19})
+}
+
+// FindByKeyPage is FindByKey for one page: at most p.Fetch() operations after p.After.
+func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p page.Request) ([]Operation, error) {
+	after := ""
+	args := []any{accountID, key}
+	if p.After != nil {
+		after = ` AND (created_at, id) < (?, ?)`
+		args = append(args, p.After.At, p.After.ID)
+	}
 	var rows []operationRow
-	err := db.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND idempotency_key = ? ORDER BY created_at DESC LIMIT 20`,
-		accountID, key).Scan(&rows).Error
+	err := db.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND idempotency_key = ?`+after+
+		` ORDER BY created_at DESC, id DESC LIMIT ?`, append(args, p.Fetch())...).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("opstatus: find by key: %w", err)
 	}

@@ -14,8 +14,14 @@ import (
 // that already names its code (outcome_unknown with a lost connection as its cause) keeps it.
 func Write(c *gin.Context, err error) {
 	var named *Error
-	if !errors.As(err, &named) && IsStoreUnavailable(err) {
+	switch {
+	case !errors.As(err, &named) && IsStoreUnavailable(err):
 		err = &Error{Code: CodeStoreUnavailable, Err: err}
+	case named == nil && IsUnstorableText(err):
+		// A last line: input is checked before it reaches SQL, and this is logged as the gap it shows.
+		slog.Default().ErrorContext(c.Request.Context(), "text reached the database unchecked",
+			"method", c.Request.Method, "route", c.FullPath(), "error", err.Error())
+		err = &Error{Code: CodeInvalidRequest, Detail: "the request holds text the server cannot store (NUL or invalid UTF-8)", Err: err}
 	}
 	if errors.As(err, &named) && named.Code == CodeOutcomeUnknown {
 		if id, ok := named.Extensions["operation_id"].(string); ok && c.Writer.Header().Get("Operation-Id") == "" {

@@ -36,6 +36,7 @@ const (
 	CodeRequestInProgress     Code = "request_in_progress"
 	CodeOutcomeUnknown        Code = "outcome_unknown"
 	CodeStoreUnavailable      Code = "store_unavailable"
+	CodeRateLimited           Code = "rate_limited"
 	CodeInternal              Code = "internal"
 
 	CodeApprovalRequired Code = "approval_required"
@@ -76,6 +77,7 @@ var codes = map[Code]codeInfo{
 	CodeRequestInProgress:     {http.StatusConflict, "Request with this Idempotency-Key is still in progress"},
 	CodeOutcomeUnknown:        {http.StatusServiceUnavailable, "Outcome of this operation is not known yet"},
 	CodeStoreUnavailable:      {http.StatusServiceUnavailable, "Store unavailable"},
+	CodeRateLimited:           {http.StatusTooManyRequests, "Rate limited"},
 	CodeInternal:              {http.StatusInternalServerError, "Internal error"},
 
 	CodeApprovalRequired: {http.StatusPreconditionRequired, "Approval required"},

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -59,5 +61,73 @@ func TestStoreErrors(t *testing.T) {
 	dup := fmt.Errorf("create: %w", &pgconn.PgError{Code: "23505", ConstraintName: "tickets_source_event"})
 	if !problem.IsUniqueViolation(dup, "tickets_source_event") || problem.IsUniqueViolation(dup, "other") || !problem.IsUniqueViolation(dup, "") {
 		t.Error("unique violation not recognised through wrapping")
+	}
+}
+
+func TestTextFault(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in        string
+		multiline bool
+		ok        bool
+	}{
+		{"plain text, ünïcödé, 日本語, emoji 🙂", false, true},
+		{"two\nlines\tand a tab", true, true},
+		{"two\nlines", false, false},
+		{"tab\there", false, false},
+		{"carriage\rreturn", true, false},
+		{"nul\x00", true, false},
+		{"\xff\xfe", true, false},
+		{"del\x7f", true, false},
+		{"c1\u0085", true, false},
+		{"line\u2028sep", true, false},
+		{"rlo\u202e01 erutpac", true, false},
+		{"isolate\u2066x\u2069", true, false},
+		{"mark\u200f", true, false},
+		{"arabic mark\u061c", true, false},
+		{"zero\u200bwidth", true, false},
+		{"joiner\u200d", true, false},
+		{"word\u2060joiner", true, false},
+		{"\ufeffbom", true, false},
+	} {
+		fault := problem.TextFault(tc.in, tc.multiline)
+		if (fault == "") != tc.ok {
+			t.Errorf("TextFault(%q, multiline %v) = %q, want ok %v", tc.in, tc.multiline, fault, tc.ok)
+		}
+	}
+	errs := problem.CheckText(nil, "title", "a\u202eb", 10, true)
+	if len(errs) != 1 || errs[0].Field != "title" {
+		t.Errorf("CheckText = %v, want one error naming title", errs)
+	}
+	if errs := problem.CheckText(nil, "title", "abcdef", 5, true); len(errs) != 1 || errs[0].Message != "is too long: at most 5 characters" {
+		t.Errorf("CheckText too long = %v", errs)
+	}
+}
+
+// FuzzTextFault checks that text TextFault accepts is what PostgreSQL text stores and a person reads as it is:
+// UTF-8, without NUL or the characters it lists.
+func FuzzTextFault(f *testing.F) {
+	for _, s := range []string{"", "ok", "a\x00b", "\xff\xfe", "\u202e", "\u200b", "a\nb", "\xed\xa0\x80", "\xc0\xaf", strings.Repeat("é", 300)} {
+		f.Add(s, true)
+		f.Add(s, false)
+	}
+	f.Fuzz(func(t *testing.T, s string, multiline bool) {
+		if problem.TextFault(s, multiline) != "" {
+			return
+		}
+		if !utf8.ValidString(s) || strings.ContainsAny(s, "\x00\r\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200b\u200c\u200d\u2060\ufeff") {
+			t.Fatalf("TextFault accepted %q", s)
+		}
+		if !multiline && strings.ContainsAny(s, "\n\t") {
+			t.Fatalf("TextFault accepted %q on one line", s)
+		}
+	})
+}
+
+func TestUnstorableText(t *testing.T) {
+	t.Parallel()
+	err := fmt.Errorf("tickets: get: %w", &pgconn.PgError{Code: "22021"})
+	if !problem.IsUnstorableText(err) || problem.IsStoreUnavailable(err) {
+		t.Error("22021 is not recognised as unstorable text")
 	}
 }

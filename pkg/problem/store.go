@@ -59,6 +59,13 @@ func unavailableState(code string) bool {
 	return false
 }
 
+// IsUnstorableText reports whether the database refused a value as text: NUL or invalid UTF-8 (SQLSTATE
+// 22021 character_not_in_repertoire, 22P05 untranslatable_character). It is a request error, never a 500.
+func IsUnstorableText(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "22021" || pgErr.Code == "22P05")
+}
+
 // IsUniqueViolation reports whether err is a unique constraint violation, optionally of the named constraint.
 func IsUniqueViolation(err error, constraint string) bool {
 	var pgErr *pgconn.PgError

@@ -35,6 +35,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 )
 
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
@@ -87,11 +88,16 @@ type HTTP struct {
 	Ready func(ctx context.Context) error
 	// Middleware runs before authentication on every route, health endpoints included.
 	Middleware []gin.HandlerFunc
+	// WriteLimiter, when set, limits each account's writes (429 rate_limited); share one between the services
+	// of a process.
+	WriteLimiter *ratelimit.Limiter
 }
 
 // Handler is the gin engine of svc: the shared router (access log, metrics, recovery, body limit, health,
-// GET /metrics without a key when d.Metrics is set), the service's routes behind authentication, and the
-// browser console at /console (signed in by session cookie; the service's ConsolePages among its pages).
+// GET /metrics without a key when d.Metrics is set), then the service's routes behind authentication and
+// httpserver.CheckURL, so no path or query value a handler reads can be one SQL refuses, and the account's write
+// limit when h.WriteLimiter is set; and the browser console at /console (signed in by session cookie; the
+// service's ConsolePages among its pages).
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	middleware := h.Middleware
 	if d.Metrics != nil {
@@ -103,7 +109,11 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if d.Metrics != nil {
 		r.GET("/metrics", gin.WrapH(d.Metrics.Handler()))
 	}
-	svc.Routes(r.Group("", auth.Middleware(h.Keys)))
+	api := []gin.HandlerFunc{auth.Middleware(h.Keys), httpserver.CheckURL}
+	if h.WriteLimiter != nil {
+		api = append(api, h.WriteLimiter.Middleware())
+	}
+	svc.Routes(r.Group("", api...))
 	var pages []console.Page
 	if cp, ok := svc.(ConsolePages); ok {
 		pages = cp.ConsolePages()

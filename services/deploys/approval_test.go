@@ -1,6 +1,9 @@
 package deploys_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
@@ -172,5 +175,44 @@ func TestProductionRollbackNeedsItsOwnApproval(t *testing.T) {
 	b.runOnce(t)
 	if env := environment(t, b.agent, "production"); *env.CurrentArtifact != artifact(1) || env.Version != 3 {
 		t.Fatalf("environment after rollback: %+v", env)
+	}
+}
+
+// TestHostileApprovalRequests: a NUL or a bidirectional override in the path an approval names, and an
+// Approval-Id that no approval can have, are refused before they reach SQL, and nothing is stored or deployed.
+func TestHostileApprovalRequests(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	prod := deployBody("api", "production", artifact(1))
+	for _, path := range []string{"/v1/deploys\u0000", "/v1/deploys/dep_\u0000/rollback", "/v1/\u202edeploys", "/v1/deploys\n"} {
+		quoted, _ := json.Marshal(path)
+		body := fmt.Sprintf(`{"method":"POST","path":%s,"idempotency_key":"k","body":%s}`, quoted, prod)
+		res := b.agent.Post("/v1/approvals", body, apitest.Key("hostile")).Status(t, 422)
+		if fields := problemFields(t, res); len(fields) != 1 || fields[0] != "path" {
+			t.Errorf("path %q: fields %v: %s", path, fields, res.Body)
+		}
+	}
+	for _, id := range []string{"apv_' OR 1=1 --", "apv_\u202e", "apv_" + strings.Repeat("0", 5000)} {
+		res := b.agent.Post("/v1/deploys", prod, apitest.Key("hostile-id"), approvalID(id)).Status(t, 403)
+		if code := res.Str(t, "code"); code != "approval_invalid" {
+			t.Errorf("Approval-Id %q: %s", id, res.Body)
+		}
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM approvals`) + count(t, b.db, `SELECT count(*) FROM deploys`); n != 0 {
+		t.Errorf("%d approvals and deploys stored from hostile requests", n)
+	}
+}
+
+// TestArtifactLengthIsBounded: an artifact of 10,000 characters is refused for its length, nothing queued.
+func TestArtifactLengthIsBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	long := strings.Repeat("a", 10000) + "@sha256:" + strings.Repeat("0", 64)
+	res := b.agent.Post("/v1/deploys", deployBody("api", "staging", long), apitest.Key("long")).Status(t, 422)
+	if fields := problemFields(t, res); len(fields) != 1 || fields[0] != "artifact" || !strings.Contains(string(res.Body), "at most 512") {
+		t.Errorf("long artifact: %s", res.Body)
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM deploys`); n != 0 {
+		t.Errorf("%d deploys queued", n)
 	}
 }

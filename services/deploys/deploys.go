@@ -16,6 +16,7 @@ package deploys
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -153,6 +154,11 @@ func (cmd *CreateDeploy) Validate() error {
 	errs = checkName(errs, "service", cmd.Service)
 	errs = checkName(errs, "environment", cmd.Environment)
 	errs = checkExpectedVersion(errs, cmd.ExpectedEnvironmentVersion)
+	if len(cmd.Artifact) > MaxArtifactLength {
+		// Checked before the pattern: a reference of 10,000 characters is refused for its length, quickly.
+		errs = append(errs, problem.FieldError{Field: "artifact", Message: fmt.Sprintf("is too long: at most %d characters", MaxArtifactLength)})
+		return problem.Validation(errs...)
+	}
 	switch {
 	case cmd.Artifact == "" && cmd.CommitSHA == "":
 		errs = append(errs, problem.FieldError{Field: "artifact", Message: "one of artifact or commit_sha is required"})
@@ -178,6 +184,10 @@ func (cmd *RollbackDeploy) Validate() error {
 	}
 	return nil
 }
+
+// MaxArtifactLength bounds an artifact reference: an OCI repository name (at most 255 characters) and a
+// sha512 digest fit in it.
+const MaxArtifactLength = 512
 
 var (
 	// An OCI repository name (optional registry host and port, lowercase path components) and a digest; no tag.

@@ -69,7 +69,7 @@ func (s *Server) createDeploy(c *gin.Context) {
 
 func (s *Server) rollbackDeploy(c *gin.Context) {
 	var cmd RollbackDeploy
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+	if err := httpserver.DecodeActionCommand(c, &cmd); err != nil {
 		problem.Write(c, err)
 		return
 	}
@@ -103,6 +103,11 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 // cancelDeploy declares the deploy cancelled. Like a PUT it is idempotent by itself and needs no
 // Idempotency-Key: cancelling a cancelled deploy answers it again and records nothing new.
 func (s *Server) cancelDeploy(c *gin.Context) {
+	var none struct{}
+	if err := httpserver.DecodeActionBody(c, &none); err != nil {
+		problem.Write(c, err)
+		return
+	}
 	p := auth.From(c)
 	ctx := c.Request.Context()
 	var (
@@ -140,7 +145,7 @@ func (s *Server) writeStatus(c *gin.Context, d Deploy) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, Status{Deploy: d, History: op.Events})
+	httpserver.JSON(c, http.StatusOK, Status{Deploy: d, History: op.Events})
 }
 
 func (s *Server) getEnvironment(c *gin.Context) {
@@ -149,7 +154,7 @@ func (s *Server) getEnvironment(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, env)
+	httpserver.JSON(c, http.StatusOK, env)
 }
 
 // describeDeploy is the approval.Route.Describe of POST /v1/deploys: the same decoding and validation as

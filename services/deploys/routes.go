@@ -6,6 +6,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
@@ -19,10 +20,11 @@ const (
 // environments, operations, and the approvals of its own writes.
 func (s *Server) Routes(r gin.IRouter) {
 	r.POST(pathDeploys, s.createDeploy)
-	r.GET("/v1/deploys/:id", s.getDeploy)
-	r.POST("/v1/deploys/:id/cancel", s.cancelDeploy)
-	r.POST(pathRollback, s.rollbackDeploy)
-	r.GET("/v1/environments/:name", s.getEnvironment)
+	deploy := httpserver.PathID("id", "dep_", "deploy")
+	r.GET("/v1/deploys/:id", deploy, s.getDeploy)
+	r.POST("/v1/deploys/:id/cancel", deploy, s.cancelDeploy)
+	r.POST(pathRollback, deploy, s.rollbackDeploy)
+	r.GET("/v1/environments/:name", httpserver.PathParam("name", "environment", namePattern.MatchString), s.getEnvironment)
 	opstatus.Routes(r, s.DB)
 	approval.Routes(r, s.Approvals)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/provider"
@@ -28,7 +29,8 @@ type Config struct {
 	// Provider is the payment provider's client (required).
 	Provider Provider
 	// ApprovalThresholds maps a currency to the amount, in minor units, above which a capture or a refund needs
-	// a person's approval. A currency missing from the map never needs one.
+	// a person's approval; for refunds the amount is the intent's running total of refunds. A currency missing
+	// from the map needs approval for any amount above zero: the rule fails closed.
 	ApprovalThresholds map[string]int64
 	// ApprovalTTL is how long an approval may be used after it is requested (required).
 	ApprovalTTL time.Duration
@@ -72,10 +74,10 @@ func (s *Server) Name() string { return "payments" }
 // reconcilers).
 func (s *Server) Workers() []service.Worker { return nil }
 
-// needsApproval reports whether moving minor units of currency needs a person's approval.
+// needsApproval reports whether moving minor units of currency needs a person's approval. An unlisted
+// currency has the threshold zero.
 func (s *Server) needsApproval(currency string, minor int64) bool {
-	limit, ok := s.cfg.ApprovalThresholds[currency]
-	return ok && minor > limit
+	return minor > s.cfg.ApprovalThresholds[currency]
 }
 
 // reconcilerActor names the reconciler in the events it writes.
@@ -227,7 +229,7 @@ func (s *Server) describeCapture(ctx context.Context, account string, params map
 
 func (s *Server) capture(c *gin.Context) {
 	var req CaptureRequest
-	if err := decodeOptional(c, &req); err != nil {
+	if err := httpserver.DecodeActionBody(c, &req); err != nil {
 		problem.Write(c, err)
 		return
 	}
@@ -289,7 +291,7 @@ func (s *Server) release(ctx context.Context, tx *gorm.DB, op opstatus.Operation
 
 func (s *Server) cancel(c *gin.Context) {
 	var req CancelRequest
-	if err := decodeOptional(c, &req); err != nil {
+	if err := httpserver.DecodeActionBody(c, &req); err != nil {
 		problem.Write(c, err)
 		return
 	}
@@ -343,9 +345,15 @@ func (s *Server) describeRefund(ctx context.Context, account string, params map[
 	if err != nil {
 		return nil, nil, err
 	}
+	held, err := s.cfg.Store.RefundsHeld(ctx, s.db, account, in.ID)
+	if err != nil {
+		return nil, nil, err
+	}
 	return cmd, map[string]any{
 		"action": "refund", "intent_id": in.ID, "order_id": in.OrderID, "currency": cmd.Currency,
 		"amount": format(cmd.Currency, cmd.AmountMinor), "amount_minor": cmd.AmountMinor, "reason": cmd.Reason,
+		// What the approver weighs: the refunds before this one, and the total with it.
+		"refunded_before": format(cmd.Currency, held), "refunded_total": format(cmd.Currency, held+cmd.AmountMinor),
 	}, nil
 }
 
@@ -361,9 +369,20 @@ func (s *Server) createRefund(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
+	// The threshold applies to the intent's running total of refunds, so splitting a large refund into small
+	// ones does not avoid approval. The total is read in the claim's transaction under the intent's row lock,
+	// which every refund reservation takes: two small refunds sent at once cannot both see the total without
+	// the other.
+	needed := func(ctx context.Context, tx *gorm.DB) (bool, error) {
+		held, err := s.cfg.Store.RefundsHeld(ctx, tx, account, intentID)
+		if err != nil {
+			return false, err
+		}
+		return s.needsApproval(cmd.Currency, held+cmd.AmountMinor), nil
+	}
 	var reserved Intent
 	s.idem.DoExternal(c, idem.Request{
-		Kind: KindRefund, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
+		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed),
 	}, idem.ExternalSteps{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
@@ -414,16 +433,21 @@ func (s *Server) getIntent(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, in)
+	httpserver.JSON(c, http.StatusOK, in)
 }
 
 func (s *Server) listRefunds(c *gin.Context) {
-	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
+	p, err := page.FromQuery(c)
 	if err != nil {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"items": rs})
+	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), p)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	httpserver.JSON(c, http.StatusOK, page.Of(rs, p, func(r Refund) page.Cursor { return page.Cursor{At: r.CreatedAt, ID: r.ID} }))
 }
 
 func (s *Server) getRefund(c *gin.Context) {
@@ -432,13 +456,5 @@ func (s *Server) getRefund(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, rf)
-}
-
-// decodeOptional decodes a body whose fields are all optional: no body at all means {}.
-func decodeOptional(c *gin.Context, v any) error {
-	if c.Request.ContentLength == 0 || c.Request.Body == nil || c.Request.Body == http.NoBody {
-		return nil
-	}
-	return httpserver.DecodeJSON(c, v)
+	httpserver.JSON(c, http.StatusOK, rf)
 }

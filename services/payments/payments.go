@@ -22,6 +22,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/money"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -288,6 +289,9 @@ type Store interface {
 	// (else 422 amount_too_large) and inserts a pending refund for operation opID. It returns the refund and the
 	// intent. An intent that is not succeeded is a 409 invalid_state.
 	ReserveRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund) (Refund, Intent, error)
+	// RefundsHeld locks the intent (FOR UPDATE, in tx when tx is a transaction) and returns the sum of its
+	// refunds that are not failed: succeeded and pending. Returns problem.ErrNotFound.
+	RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error)
 	// RefundSucceeded marks the pending refund of opID succeeded and adds it to the intent's refunded_minor.
 	RefundSucceeded(ctx context.Context, tx *gorm.DB, opID, providerRefundID string) (Refund, error)
 	// RefundFailed marks the pending refund of opID failed, which releases its amount.
@@ -299,7 +303,8 @@ type Store interface {
 	Refund(ctx context.Context, db *gorm.DB, accountID, id string) (Refund, error)
 	// Refunds lists an intent's refunds, oldest first. Returns an error matching problem.ErrNotFound if the
 	// intent does not exist in the account.
-	Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string) ([]Refund, error)
+	// At most p.Fetch() of them, after p.After.
+	Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string, p page.Request) ([]Refund, error)
 }
 
 // Provider is the payment provider as payments uses it; *provider.Client implements it. Its errors follow

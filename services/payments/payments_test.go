@@ -49,6 +49,9 @@ func TestPayments(t *testing.T) {
 		{"UnreachableProviderIsNotSent", testUnreachableProviderIsNotSent},
 		{"DuplicateEffectConfirmed", testDuplicateEffect},
 		{"ProviderSaysItReplayed", testProviderSaysItReplayed},
+		{"StrictJSON", testStrictJSON},
+		{"ApprovalsFailClosed", testApprovalsFailClosed},
+		{"ConcurrentSmallRefundsNeedApproval", testConcurrentSmallRefunds},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -693,4 +696,157 @@ func testDuplicateEffect(t *testing.T, h *harness) {
 	if !ok || !strings.Contains(string(ev.Detail), `"reason":"duplicate_effect_confirmed"`) {
 		t.Errorf("reconciled event %+v", ev)
 	}
+}
+
+// testStrictJSON: a body that two readers could read as two requests (a member twice, a name that matches a
+// field only by case) is 400 naming the member, in a write and in the body an approval is asked for; nothing
+// reaches the provider, no approval is stored, and the key stays free.
+func testStrictJSON(t *testing.T, h *harness) {
+	b := h.setup(t)
+	for _, tt := range []struct{ body, field string }{
+		{`{"order_id":"o","amount":"1.00","amount":"9999.00","currency":"USD"}`, "amount"},
+		{`{"order_id":"o","AMOUNT":"7.00","currency":"USD"}`, "AMOUNT"},
+		{`{"order_id":"o","Order_Id":"p","amount":"7.00","currency":"USD"}`, "Order_Id"},
+	} {
+		r := b.agent.Post("/v1/payment_intents", tt.body, apitest.Key("strict")).Status(t, http.StatusBadRequest)
+		if code(t, r) != "invalid_request" || !strings.Contains(string(r.Body), `"field":"`+tt.field+`"`) {
+			t.Errorf("%s: %s; want invalid_request naming %s", tt.body, r.Body, tt.field)
+		}
+	}
+	in := b.createIntent(t, "o-strict", `{"order_id":"o-strict","amount":"2500.00","currency":"USD"}`)
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	r := b.agent.Post(path, `{"amount":"1.00","amount":"2500.00"}`, apitest.Key("cap")).Status(t, http.StatusBadRequest)
+	if code(t, r) != "invalid_request" {
+		t.Errorf("capture with a duplicate amount: %s", r.Body)
+	}
+	req := `{"method":"POST","path":"` + path + `","idempotency_key":"cap","body":{"amount":"1.00","amount":"2500.00"}}`
+	r = b.agent.Post("/v1/approvals", req, apitest.Key("apv")).Status(t, http.StatusBadRequest)
+	if !strings.Contains(string(r.Body), `"field":"body.amount"`) {
+		t.Errorf("approval of a body with a duplicate amount: %s", r.Body)
+	}
+	var approvals int64
+	if err := b.db.DB.Table("approvals").Where("idempotency_key = 'cap'").Count(&approvals).Error; err != nil || approvals != 0 {
+		t.Errorf("%d approvals stored (%v)", approvals, err)
+	}
+	// Text a person reads (a refund's reason, an intent's description) refuses bidirectional and zero-width
+	// characters, before the provider is called.
+	b.agent.Post(path, `{}`, apitest.Key("cap-ok"), b.approval(t, path, "cap-ok", `{}`)).Status(t, http.StatusOK)
+	for _, reason := range []string{"refund \u202e00.0001", "dup\u200bli\u200bcate", "line\\nbreak"} {
+		r := b.agent.Post("/v1/payment_intents/"+in.ID+"/refunds", `{"amount":"1.00","reason":"`+reason+`"}`, apitest.Key("rf")).
+			Status(t, http.StatusUnprocessableEntity)
+		if !strings.Contains(string(r.Body), `"field":"reason"`) {
+			t.Errorf("reason %q: %s", reason, r.Body)
+		}
+	}
+	b.agent.Post("/v1/payment_intents", `{"order_id":"o-d","amount":"1.00","currency":"USD","description":"\u2067x"}`, apitest.Key("d")).
+		Status(t, http.StatusUnprocessableEntity)
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+	// The key refused above was never claimed.
+	b.agent.Post("/v1/payment_intents", `{"order_id":"o","amount":"7.00","currency":"USD"}`, apitest.Key("strict")).Status(t, http.StatusCreated)
+}
+
+// approval requests an approval of POST path with key and body as the agent, grants it as the approver and
+// returns the Approval-Id header that names it.
+func (b *bundle) approval(t *testing.T, path, key, body string) apitest.Option {
+	t.Helper()
+	req := `{"method":"POST","path":"` + path + `","idempotency_key":"` + key + `","body":` + body + `}`
+	id := b.agent.Post("/v1/approvals", req, apitest.Key("approval-"+key)).Status(t, http.StatusCreated).Str(t, "id")
+	b.approver.Post("/v1/approvals/"+id+"/approve", nil).Status(t, http.StatusOK)
+	return apitest.Header("Approval-Id", id)
+}
+
+// testApprovalsFailClosed: a currency the thresholds do not list needs approval for any amount; refunds are
+// weighed by their running total, so a large refund split into small ones still needs approval; an approval
+// past its expiry reads expired.
+func testApprovalsFailClosed(t *testing.T, h *harness) {
+	b := h.setup(t)
+	sek := b.createIntent(t, "o-sek", `{"order_id":"o-sek","amount_minor":9007199254740991,"currency":"SEK"}`)
+	r := b.agent.Post("/v1/payment_intents/"+sek.ID+"/capture", `{"amount_minor":1}`, apitest.Key("sek")).Status(t, http.StatusPreconditionRequired)
+	if code(t, r) != "approval_required" {
+		t.Fatalf("capture in an unlisted currency: %s", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+
+	in := b.createIntent(t, "o-split", `{"order_id":"o-split","amount":"2500.00","currency":"USD"}`)
+	capture := "/v1/payment_intents/" + in.ID + "/capture"
+	b.agent.Post(capture, `{}`, apitest.Key("cap"), b.approval(t, capture, "cap", `{}`)).Status(t, http.StatusOK)
+	refunds := "/v1/payment_intents/" + in.ID + "/refunds"
+	// 600.00 alone is below the 1,000.00 threshold; a second 600.00 makes the total 1,200.00.
+	b.agent.Post(refunds, `{"amount":"600.00"}`, apitest.Key("rf-1")).Status(t, http.StatusCreated)
+	r = b.agent.Post(refunds, `{"amount":"600.00"}`, apitest.Key("rf-2")).Status(t, http.StatusPreconditionRequired)
+	if code(t, r) != "approval_required" {
+		t.Fatalf("second split refund: %s", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 2, "capture": 1, "refund": 1})
+	// The approver sees the running total.
+	req := `{"method":"POST","path":"` + refunds + `","idempotency_key":"rf-2","body":{"amount":"600.00"}}`
+	apv := b.agent.Post("/v1/approvals", req, apitest.Key("apv-rf-2")).Status(t, http.StatusCreated).JSON(t)
+	if summary := apv["summary"].(map[string]any); summary["refunded_before"] != "600.00" || summary["refunded_total"] != "1200.00" {
+		t.Errorf("refund approval summary: %v", summary)
+	}
+	id := apv["id"].(string)
+	b.approver.Post("/v1/approvals/"+id+"/approve", nil).Status(t, http.StatusOK)
+	b.agent.Post(refunds, `{"amount":"600.00"}`, apitest.Key("rf-2"), apitest.Header("Approval-Id", id)).Status(t, http.StatusCreated)
+	b.assertCounters(t, map[string]int64{"authorize": 2, "capture": 1, "refund": 2})
+
+	// The refunds list pages (and so does the list of operations under a key).
+	var first, second struct {
+		Items      []struct{ ID string }
+		NextCursor *string `json:"next_cursor"`
+	}
+	b.agent.Get(refunds+"?limit=1").Status(t, http.StatusOK).Decode(t, &first)
+	if len(first.Items) != 1 || first.NextCursor == nil {
+		t.Fatalf("first page of refunds: %+v", first)
+	}
+	b.agent.Get(refunds+"?limit=1&cursor="+*first.NextCursor).Status(t, http.StatusOK).Decode(t, &second)
+	if len(second.Items) != 1 || second.NextCursor != nil || second.Items[0].ID == first.Items[0].ID {
+		t.Fatalf("second page of refunds: %+v after %+v", second, first)
+	}
+	var ops struct {
+		Items      []struct{ ID string }
+		NextCursor *string `json:"next_cursor"`
+	}
+	b.agent.Get("/v1/operations?idempotency_key=rf-1&limit=1").Status(t, http.StatusOK).Decode(t, &ops)
+	if len(ops.Items) != 1 || ops.NextCursor != nil {
+		t.Fatalf("operations of rf-1: %+v", ops)
+	}
+
+	// Expired: pending, or approved and unused, past expires_at.
+	pending := b.agent.Post("/v1/approvals", strings.Replace(req, "rf-2", "rf-3", 1), apitest.Key("apv-rf-3")).Status(t, http.StatusCreated).Str(t, "id")
+	if err := b.db.DB.Exec(`UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = ?`, pending).Error; err != nil {
+		t.Fatal(err)
+	}
+	if state := b.agent.Get("/v1/approvals/"+pending).Status(t, http.StatusOK).Str(t, "state"); state != "expired" {
+		t.Errorf("an expired approval reads %q", state)
+	}
+	if state := b.agent.Get("/v1/approvals/"+id).Status(t, http.StatusOK).Str(t, "state"); state != "approved" {
+		t.Errorf("a used approval reads %q", state)
+	}
+}
+
+// testConcurrentSmallRefunds: refunds sent at once, each below the threshold and together above it, cannot
+// all pass without approval: the running total is read under the intent's lock.
+func testConcurrentSmallRefunds(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-race", `{"order_id":"o-race","amount":"2500.00","currency":"USD"}`)
+	capture := "/v1/payment_intents/" + in.ID + "/capture"
+	b.agent.Post(capture, `{}`, apitest.Key("cap"), b.approval(t, capture, "cap", `{}`)).Status(t, http.StatusOK)
+	results := race(8, func(i int) *apitest.Response {
+		return b.agent.Post("/v1/payment_intents/"+in.ID+"/refunds", `{"amount":"300.00"}`, apitest.Key(fmt.Sprintf("rf-%d", i)))
+	})
+	created := 0
+	for _, r := range results {
+		switch r.Code {
+		case http.StatusCreated:
+			created++
+		case http.StatusPreconditionRequired:
+		default:
+			t.Errorf("refund: %d %s", r.Code, r.Body)
+		}
+	}
+	// 3 x 300.00 = 900.00 fits under 1,000.00; a fourth would make 1,200.00.
+	if created != 3 {
+		t.Errorf("%d refunds of 300.00 passed without approval, want 3", created)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": int64(created)})
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
@@ -17,12 +18,13 @@ const (
 // intents, refunds, operations, and the approvals of its captures and refunds.
 func (s *Server) Routes(r gin.IRouter) {
 	r.POST("/v1/payment_intents", s.createIntent)
-	r.GET("/v1/payment_intents/:id", s.getIntent)
-	r.POST(routeCapture, s.capture)
-	r.POST("/v1/payment_intents/:id/cancel", s.cancel)
-	r.POST(routeRefunds, s.createRefund)
-	r.GET(routeRefunds, s.listRefunds)
-	r.GET("/v1/refunds/:id", s.getRefund)
+	intent := httpserver.PathID("id", "pi_", "payment intent")
+	r.GET("/v1/payment_intents/:id", intent, s.getIntent)
+	r.POST(routeCapture, intent, s.capture)
+	r.POST("/v1/payment_intents/:id/cancel", intent, s.cancel)
+	r.POST(routeRefunds, intent, s.createRefund)
+	r.GET(routeRefunds, intent, s.listRefunds)
+	r.GET("/v1/refunds/:id", httpserver.PathID("id", "re_", "refund"), s.getRefund)
 	opstatus.Routes(r, s.db)
 	approval.Routes(r, s.approvals)
 }

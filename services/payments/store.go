@@ -8,6 +8,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -167,6 +168,26 @@ RETURNING `+refundColumns, ids.New("re_"), accountID, in.ID, in.Currency, cmd.Am
 	return rows[0], in, nil
 }
 
+// RefundsHeld implements Store. As in ReserveRefund, the sum is a statement of its own after the lock.
+func (PostgresStore) RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error) {
+	var locked []string
+	err := tx.WithContext(ctx).Raw(`SELECT id FROM payment_intents WHERE id = ? AND account_id = ? FOR UPDATE`,
+		intentID, accountID).Scan(&locked).Error
+	if err != nil {
+		return 0, fmt.Errorf("payments: refunds held: lock intent: %w", err)
+	}
+	if len(locked) == 0 {
+		return 0, problem.NotFound("payment intent")
+	}
+	var held int64
+	err = tx.WithContext(ctx).Raw(`SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
+WHERE intent_id = ? AND status <> 'failed'`, intentID).Scan(&held).Error
+	if err != nil {
+		return 0, fmt.Errorf("payments: refunds held: %w", err)
+	}
+	return held, nil
+}
+
 // RefundSucceeded implements Store: the refund and the intent's refunded total change in one statement.
 func (PostgresStore) RefundSucceeded(ctx context.Context, tx *gorm.DB, opID, providerRefundID string) (Refund, error) {
 	var rows []Refund
@@ -232,13 +253,16 @@ func (PostgresStore) Refund(ctx context.Context, db *gorm.DB, accountID, id stri
 }
 
 // Refunds implements Store.
-func (s PostgresStore) Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string) ([]Refund, error) {
+func (s PostgresStore) Refunds(ctx context.Context, db *gorm.DB, accountID, intentID string, p page.Request) ([]Refund, error) {
 	if _, err := s.Intent(ctx, db, accountID, intentID); err != nil {
 		return nil, err
 	}
+	q := db.WithContext(ctx).Table("payment_refunds").Select(refundColumns).Where("intent_id = ? AND account_id = ?", intentID, accountID)
+	if p.After != nil {
+		q = q.Where("(created_at, id) > (?, ?)", p.After.At, p.After.ID)
+	}
 	rows := []Refund{}
-	err := db.WithContext(ctx).Raw(`SELECT `+refundColumns+` FROM payment_refunds
-WHERE intent_id = ? AND account_id = ? ORDER BY created_at, id`, intentID, accountID).Scan(&rows).Error
+	err := q.Order("created_at, id").Limit(p.Fetch()).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("payments: list refunds: %w", err)
 	}

@@ -3,6 +3,7 @@ package tickets
 import (
 	"context"
 	"net/http"
+	"strconv"
 
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
@@ -11,6 +12,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -43,7 +45,7 @@ func (s *Server) createTicket(c *gin.Context) {
 			problem.Write(c, err)
 			return
 		}
-		c.JSON(res.Status, res.Body)
+		httpserver.JSON(c, res.Status, res.Body)
 		return
 	}
 	s.Idem.Do(c, idem.Request{Kind: "tickets.create", Command: cmd},
@@ -75,7 +77,7 @@ func (s *Server) getTicket(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, t)
+	httpserver.JSON(c, http.StatusOK, t)
 }
 
 func (s *Server) listTickets(c *gin.Context) {
@@ -83,12 +85,17 @@ func (s *Server) listTickets(c *gin.Context) {
 	if v, ok := c.GetQuery("source_event_id"); ok {
 		sourceEventID = &v
 	}
-	ts, err := s.Store.Tickets(c.Request.Context(), s.DB, auth.From(c).AccountID, sourceEventID, 100)
+	p, err := page.FromQuery(c)
 	if err != nil {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"items": ts})
+	ts, err := s.Store.Tickets(c.Request.Context(), s.DB, auth.From(c).AccountID, sourceEventID, p)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	httpserver.JSON(c, http.StatusOK, page.Of(ts, p, func(t Ticket) page.Cursor { return page.Cursor{At: t.CreatedAt, ID: t.ID} }))
 }
 
 func (s *Server) addComment(c *gin.Context) {
@@ -109,12 +116,17 @@ func (s *Server) addComment(c *gin.Context) {
 }
 
 func (s *Server) listComments(c *gin.Context) {
-	cs, err := s.Store.Comments(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	p, err := page.FromQuery(c)
 	if err != nil {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"items": cs})
+	cs, err := s.Store.Comments(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"), p)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	httpserver.JSON(c, http.StatusOK, page.Of(cs, p, func(cm Comment) page.Cursor { return page.Cursor{At: cm.CreatedAt, ID: cm.ID} }))
 }
 
 // setStatus declares a status. PUT is idempotent by itself: the same status twice changes nothing the second
@@ -131,14 +143,21 @@ func (s *Server) setStatus(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, t)
+	httpserver.JSON(c, http.StatusOK, t)
 }
 
 func (s *Server) listStatusChanges(c *gin.Context) {
-	changes, err := s.Store.StatusChanges(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	p, err := page.FromQuery(c)
 	if err != nil {
 		problem.Write(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, gin.H{"items": changes})
+	changes, err := s.Store.StatusChanges(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"), p)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
+	httpserver.JSON(c, http.StatusOK, page.Of(changes, p, func(sc StatusChange) page.Cursor {
+		return page.Cursor{At: sc.CreatedAt, ID: strconv.FormatInt(sc.ID, 10)}
+	}))
 }

@@ -3,6 +3,7 @@ package tickets
 import (
 	"github.com/gin-gonic/gin"
 
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
@@ -10,10 +11,11 @@ import (
 func (s *Server) Routes(r gin.IRouter) {
 	r.POST("/v1/tickets", s.createTicket)
 	r.GET("/v1/tickets", s.listTickets)
-	r.GET("/v1/tickets/:id", s.getTicket)
-	r.POST("/v1/tickets/:id/comments", s.addComment)
-	r.GET("/v1/tickets/:id/comments", s.listComments)
-	r.PUT("/v1/tickets/:id/status", s.setStatus)
-	r.GET("/v1/tickets/:id/status_changes", s.listStatusChanges)
+	ticket := httpserver.PathID("id", "tkt_", "ticket")
+	r.GET("/v1/tickets/:id", ticket, s.getTicket)
+	r.POST("/v1/tickets/:id/comments", ticket, s.addComment)
+	r.GET("/v1/tickets/:id/comments", ticket, s.listComments)
+	r.PUT("/v1/tickets/:id/status", ticket, s.setStatus)
+	r.GET("/v1/tickets/:id/status_changes", ticket, s.listStatusChanges)
 	opstatus.Routes(r, s.DB)
 }

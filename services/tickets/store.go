@@ -3,10 +3,12 @@ package tickets
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -33,7 +35,7 @@ RETURNING `+ticketColumns,
 	if len(rows) == 1 {
 		return rows[0], true, nil
 	}
-	existing, err := PostgresStore{}.Tickets(ctx, tx, accountID, cmd.SourceEventID, 1)
+	existing, err := PostgresStore{}.Tickets(ctx, tx, accountID, cmd.SourceEventID, page.Request{Limit: 1})
 	if err != nil {
 		return Ticket{}, false, err
 	}
@@ -58,13 +60,16 @@ func (PostgresStore) Ticket(ctx context.Context, db *gorm.DB, accountID, id stri
 }
 
 // Tickets implements Store.
-func (PostgresStore) Tickets(ctx context.Context, db *gorm.DB, accountID string, sourceEventID *string, limit int) ([]Ticket, error) {
+func (PostgresStore) Tickets(ctx context.Context, db *gorm.DB, accountID string, sourceEventID *string, p page.Request) ([]Ticket, error) {
 	q := db.WithContext(ctx).Table("tickets").Select(ticketColumns).Where("account_id = ?", accountID)
 	if sourceEventID != nil {
 		q = q.Where("source_event_id = ?", *sourceEventID)
 	}
+	if p.After != nil {
+		q = q.Where("(created_at, id) < (?, ?)", p.After.At, p.After.ID)
+	}
 	rows := []Ticket{}
-	if err := q.Order("created_at DESC, id DESC").Limit(limit).Scan(&rows).Error; err != nil {
+	if err := q.Order("created_at DESC, id DESC").Limit(p.Fetch()).Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("tickets: list: %w", err)
 	}
 	return rows, nil
@@ -87,13 +92,17 @@ RETURNING id, ticket_id, body, created_at`, ids.New("cmt_"), cmd.Body, ticketID,
 }
 
 // Comments implements Store.
-func (PostgresStore) Comments(ctx context.Context, db *gorm.DB, accountID, ticketID string) ([]Comment, error) {
+func (PostgresStore) Comments(ctx context.Context, db *gorm.DB, accountID, ticketID string, p page.Request) ([]Comment, error) {
 	if _, err := (PostgresStore{}).Ticket(ctx, db, accountID, ticketID); err != nil {
 		return nil, err
 	}
+	q := db.WithContext(ctx).Table("ticket_comments").Select("id, ticket_id, body, created_at").
+		Where("ticket_id = ? AND account_id = ?", ticketID, accountID)
+	if p.After != nil {
+		q = q.Where("(created_at, id) > (?, ?)", p.After.At, p.After.ID)
+	}
 	rows := []Comment{}
-	err := db.WithContext(ctx).Raw(`SELECT id, ticket_id, body, created_at FROM ticket_comments
-WHERE ticket_id = ? AND account_id = ? ORDER BY created_at, id`, ticketID, accountID).Scan(&rows).Error
+	err := q.Order("created_at, id").Limit(p.Fetch()).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("tickets: comments: %w", err)
 	}
@@ -126,13 +135,23 @@ SELECT `+ticketColumns+` FROM t`, ticketID, accountID, to, to, actor).Scan(&chan
 }
 
 // StatusChanges implements Store.
-func (PostgresStore) StatusChanges(ctx context.Context, db *gorm.DB, accountID, ticketID string) ([]StatusChange, error) {
+func (PostgresStore) StatusChanges(ctx context.Context, db *gorm.DB, accountID, ticketID string, p page.Request) ([]StatusChange, error) {
 	if _, err := (PostgresStore{}).Ticket(ctx, db, accountID, ticketID); err != nil {
 		return nil, err
 	}
+	// Changes are ordered by their id; the cursor carries it as text.
+	after := int64(0)
+	if p.After != nil {
+		n, err := strconv.ParseInt(p.After.ID, 10, 64)
+		if err != nil {
+			return nil, problem.New(problem.CodeInvalidRequest, "cursor is not one this list gave")
+		}
+		after = n
+	}
 	rows := []StatusChange{}
-	err := db.WithContext(ctx).Raw(`SELECT from_status AS "from", to_status AS "to", actor, created_at
-FROM ticket_status_changes WHERE ticket_id = ? AND account_id = ? ORDER BY id`, ticketID, accountID).Scan(&rows).Error
+	err := db.WithContext(ctx).Raw(`SELECT id, from_status AS "from", to_status AS "to", actor, created_at
+FROM ticket_status_changes WHERE ticket_id = ? AND account_id = ? AND id > ? ORDER BY id LIMIT ?`,
+		ticketID, accountID, after, p.Fetch()).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("tickets: status changes: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -57,6 +58,8 @@ type Comment struct {
 
 // StatusChange is one change of a ticket's status that actually happened.
 type StatusChange struct {
+	// ID orders the changes of a ticket (the page cursor); callers do not see it.
+	ID        int64     `json:"-"`
 	From      Status    `json:"from"`
 	To        Status    `json:"to"`
 	Actor     string    `json:"actor"`
@@ -81,7 +84,7 @@ func (cmd *CreateTicket) Validate() error {
 	if cmd.Description == nil {
 		cmd.Description = new(string)
 	}
-	errs = problem.CheckText(errs, "description", *cmd.Description, 10000, false)
+	errs = problem.CheckMultilineText(errs, "description", *cmd.Description, 10000, false)
 	if cmd.Priority == nil {
 		p := PriorityNormal
 		cmd.Priority = &p
@@ -107,7 +110,7 @@ type AddComment struct {
 
 // Validate checks the command.
 func (cmd *AddComment) Validate() error {
-	if errs := problem.CheckText(nil, "body", cmd.Body, 10000, true); len(errs) > 0 {
+	if errs := problem.CheckMultilineText(nil, "body", cmd.Body, 10000, true); len(errs) > 0 {
 		return problem.Validation(errs...)
 	}
 	return nil
@@ -135,15 +138,18 @@ type Store interface {
 	CreateTicket(ctx context.Context, tx *gorm.DB, accountID string, cmd CreateTicket) (t Ticket, created bool, err error)
 	// Ticket returns a ticket. Returns an error matching problem.ErrNotFound if it does not exist in the account.
 	Ticket(ctx context.Context, db *gorm.DB, accountID, id string) (Ticket, error)
-	// Tickets lists the account's tickets, newest first, optionally only the one of a source event.
-	Tickets(ctx context.Context, db *gorm.DB, accountID string, sourceEventID *string, limit int) ([]Ticket, error)
+	// Tickets lists the account's tickets, newest first, optionally only the one of a source event: at most
+	// p.Fetch() of them, after p.After.
+	Tickets(ctx context.Context, db *gorm.DB, accountID string, sourceEventID *string, p page.Request) ([]Ticket, error)
 	// AddComment adds a comment. Returns an error matching problem.ErrNotFound if the ticket does not exist.
 	AddComment(ctx context.Context, tx *gorm.DB, accountID, ticketID string, cmd AddComment) (Comment, error)
-	// Comments lists a ticket's comments, oldest first.
-	Comments(ctx context.Context, db *gorm.DB, accountID, ticketID string) ([]Comment, error)
+	// Comments lists a ticket's comments, oldest first, at most p.Fetch() after p.After. Returns
+	// problem.ErrNotFound if the ticket does not exist.
+	Comments(ctx context.Context, db *gorm.DB, accountID, ticketID string, p page.Request) ([]Comment, error)
 	// SetStatus declares the ticket's status. It changes the ticket and records a StatusChange only when the
 	// status differs; changed says which. Returns an error matching problem.ErrNotFound if the ticket does not exist.
 	SetStatus(ctx context.Context, db *gorm.DB, accountID, ticketID string, to Status, actor string) (t Ticket, changed bool, err error)
-	// StatusChanges lists a ticket's status changes, oldest first.
-	StatusChanges(ctx context.Context, db *gorm.DB, accountID, ticketID string) ([]StatusChange, error)
+	// StatusChanges lists a ticket's status changes, oldest first, at most p.Fetch() after p.After. Returns
+	// problem.ErrNotFound if the ticket does not exist.
+	StatusChanges(ctx context.Context, db *gorm.DB, accountID, ticketID string, p page.Request) ([]StatusChange, error)
 }

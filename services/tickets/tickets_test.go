@@ -17,6 +17,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
@@ -423,7 +424,7 @@ func TestStoreDownIs503AndNothingElse(t *testing.T) {
 	if res.Str(t, "code") != "store_unavailable" || res.Header.Get("Retry-After") == "" {
 		t.Errorf("store down answered %s %v", res.Body, res.Header)
 	}
-	c.Get("/v1/tickets/x").Status(t, http.StatusServiceUnavailable)
+	c.Get("/v1/tickets/tkt_0193c1c5-0000-7000-8000-000000000000").Status(t, http.StatusServiceUnavailable)
 }
 
 func TestProblemDocumentShape(t *testing.T) {
@@ -494,5 +495,112 @@ func TestAttemptsOfOneOperationAreToldApart(t *testing.T) {
 	want := "claimed:att_01,completed:att_01,replayed:att_02,replayed:" + made
 	if strings.Join(got, ",") != want {
 		t.Fatalf("history %v, want %s", got, want)
+	}
+}
+
+// TestTextThatCouldMisleadAPersonIsRefused: control, bidirectional and zero-width characters in any free-text
+// field are 422 naming the field, with nothing stored and the key still free; line feed and tab are allowed in
+// the multi-line fields (description, comment body) and nowhere else.
+func TestTextThatCouldMisleadAPersonIsRefused(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	quote := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	for _, tc := range []struct{ body, field string }{
+		{`{"project":"ops","title":` + quote("refund \u202e01 erutpac") + `}`, "title"},
+		{`{"project":"ops","title":` + quote("a\u2066b\u2069") + `}`, "title"},
+		{`{"project":` + quote("o\u200bps") + `,"title":"t"}`, "project"},
+		{`{"project":"ops","title":` + quote("two\nlines") + `}`, "title"},
+		{`{"project":"ops","title":` + quote("bell\u0007") + `}`, "title"},
+		{`{"project":"ops","title":` + quote("c1\u009b31m") + `}`, "title"},
+		{`{"project":"ops","title":"t","description":` + quote("\ufeffhidden") + `}`, "description"},
+		{`{"project":"ops","title":"t","description":` + quote("carriage\rreturn") + `}`, "description"},
+		{`{"project":"ops","title":"t","source_event_id":` + quote("evt\u200d1") + `}`, "source_event_id"},
+		{`{"project":"ops","title":` + quote(strings.Repeat("t", 201)) + `}`, "title"},
+	} {
+		res := c.Post("/v1/tickets", tc.body, apitest.Key("text")).Status(t, http.StatusUnprocessableEntity)
+		var doc struct{ Errors []problem.FieldError }
+		res.Decode(t, &doc)
+		if len(doc.Errors) != 1 || doc.Errors[0].Field != tc.field {
+			t.Errorf("%s: %s; want one error naming %s", tc.body, res.Body, tc.field)
+		}
+	}
+	if n := count(t, env, `SELECT count(*) FROM tickets`) + count(t, env, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+		t.Fatalf("%d tickets and keys stored from refused requests", n)
+	}
+	created := c.Post("/v1/tickets", `{"project":"ops","title":"t","description":"line one\n\tline two"}`, apitest.Key("text")).
+		Status(t, http.StatusCreated)
+	id := created.Str(t, "id")
+	c.Post("/v1/tickets/"+id+"/comments", `{"body":`+quote("see \u202eexe.txt")+`}`, apitest.Key("comment")).Status(t, http.StatusUnprocessableEntity)
+	c.Post("/v1/tickets/"+id+"/comments", `{"body":"first line\nsecond line"}`, apitest.Key("comment")).Status(t, http.StatusCreated)
+	if n := count(t, env, `SELECT count(*) FROM ticket_comments`); n != 1 {
+		t.Fatalf("%d comments, want the one with clean text", n)
+	}
+}
+
+// TestListsPageWithACursor: every list pages by limit and an opaque cursor; walking the pages of tickets and of
+// comments gives every item once, in order, and the last page has no next_cursor; a bad limit or cursor is 400.
+func TestListsPageWithACursor(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	var ids []string
+	for i := range 5 {
+		res := c.Post("/v1/tickets", fmt.Sprintf(`{"project":"ops","title":"t%d"}`, i), apitest.Key(fmt.Sprint("page-", i))).Status(t, http.StatusCreated)
+		ids = append([]string{res.Str(t, "id")}, ids...) // newest first
+	}
+	walk := func(path string) []string {
+		var got []string
+		next := ""
+		for pages := 0; ; pages++ {
+			url := path + "?limit=2"
+			if next != "" {
+				url += "&cursor=" + next
+			}
+			var p struct {
+				Items      []struct{ ID string }
+				NextCursor *string `json:"next_cursor"`
+			}
+			c.Get(url).Status(t, http.StatusOK).Decode(t, &p)
+			if len(p.Items) > 2 || pages > 5 {
+				t.Fatalf("%s: page %d has %d items", path, pages, len(p.Items))
+			}
+			for _, it := range p.Items {
+				got = append(got, it.ID)
+			}
+			if p.NextCursor == nil {
+				return got
+			}
+			next = *p.NextCursor
+		}
+	}
+	if got := walk("/v1/tickets"); fmt.Sprint(got) != fmt.Sprint(ids) {
+		t.Errorf("tickets by page: %v, want %v", got, ids)
+	}
+	var comments []string
+	for i := range 3 {
+		comments = append(comments, c.Post("/v1/tickets/"+ids[0]+"/comments", fmt.Sprintf(`{"body":"c%d"}`, i), apitest.Key(fmt.Sprint("cm-", i))).
+			Status(t, http.StatusCreated).Str(t, "id"))
+	}
+	if got := walk("/v1/tickets/" + ids[0] + "/comments"); fmt.Sprint(got) != fmt.Sprint(comments) {
+		t.Errorf("comments by page: %v, want %v", got, comments)
+	}
+	for _, status := range []string{"resolved", "open", "closed"} {
+		c.Put("/v1/tickets/"+ids[0]+"/status", `{"status":"`+status+`"}`).Status(t, http.StatusOK)
+	}
+	var first, second struct {
+		Items      []tickets.StatusChange
+		NextCursor *string `json:"next_cursor"`
+	}
+	c.Get("/v1/tickets/"+ids[0]+"/status_changes?limit=2").Status(t, http.StatusOK).Decode(t, &first)
+	if len(first.Items) != 2 || first.NextCursor == nil || first.Items[0].To != tickets.StatusResolved {
+		t.Fatalf("first page of status changes: %+v", first)
+	}
+	c.Get("/v1/tickets/"+ids[0]+"/status_changes?limit=2&cursor="+*first.NextCursor).Status(t, http.StatusOK).Decode(t, &second)
+	if len(second.Items) != 1 || second.NextCursor != nil || second.Items[0].To != tickets.StatusClosed {
+		t.Fatalf("second page of status changes: %+v", second)
+	}
+	for _, q := range []string{"limit=0", "limit=101", "limit=x", "cursor=nope", "cursor=eyJ0IjoxfQ"} {
+		if code := c.Get("/v1/tickets?"+q).Status(t, http.StatusBadRequest).Str(t, "code"); code != "invalid_request" {
+			t.Errorf("%s: code %s", q, code)
+		}
 	}
 }

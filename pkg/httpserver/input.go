@@ -1,0 +1,77 @@
+package httpserver
+
+import (
+	"net/url"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Limits on what a URL may carry. Ids are 40-odd characters and names at most 63; nothing a route takes comes
+// near these, so only a hostile or broken caller meets them.
+const (
+	MaxPathParamLength  = 255
+	MaxQueryValueLength = 1024
+)
+
+// CheckURL is middleware for every API route, before its handlers (pkg/service puts it behind authentication): a path parameter or query string that is not UTF-8 text
+// without control, bidirectional or zero-width characters never reaches a handler, so no byte sequence from a URL
+// can reach SQL (PostgreSQL refuses NUL and invalid UTF-8 with SQLSTATE 22021, which would be a 500). A bad
+// path parameter names nothing that can exist: 404, as a missing resource. A bad query is 400 invalid_request
+// naming the parameter.
+func CheckURL(c *gin.Context) {
+	for _, p := range c.Params {
+		if len(p.Value) > MaxPathParamLength || problem.TextFault(p.Value, false) != "" {
+			problem.Write(c, problem.New(problem.CodeNotFound, "nothing is found at this path: the %s is malformed", p.Key))
+			return
+		}
+	}
+	if c.Request.URL.RawQuery == "" {
+		c.Next()
+		return
+	}
+	query, err := url.ParseQuery(c.Request.URL.RawQuery)
+	if err != nil {
+		problem.Write(c, problem.New(problem.CodeInvalidRequest, "the query string is malformed: send name=value pairs separated by & and percent-encoded"))
+		return
+	}
+	for name, values := range query {
+		if len(name) > MaxQueryValueLength || problem.TextFault(name, false) != "" {
+			problem.Write(c, problem.New(problem.CodeInvalidRequest, "a query parameter name is not UTF-8 text without control characters"))
+			return
+		}
+		for _, v := range values {
+			if len(v) > MaxQueryValueLength {
+				problem.Write(c, problem.New(problem.CodeInvalidRequest, "query parameter %q is longer than %d bytes", name, MaxQueryValueLength))
+				return
+			}
+			if fault := problem.TextFault(v, false); fault != "" {
+				problem.Write(c, problem.New(problem.CodeInvalidRequest, "query parameter %q %s", name, fault))
+				return
+			}
+		}
+	}
+	c.Next()
+}
+
+// PathID is route middleware for a path parameter that holds an id made by ids.New(prefix): any other value
+// is answered 404 "<resource> not found" before the handler runs, as a missing id is.
+//
+//	r.GET("/v1/tickets/:id", httpserver.PathID("id", "tkt_", "ticket"), s.getTicket)
+func PathID(param, prefix, resource string) gin.HandlerFunc {
+	return PathParam(param, resource, func(v string) bool { return ids.Valid(prefix, v) })
+}
+
+// PathParam is PathID for a parameter with its own format (an environment name): a value valid refuses is
+// 404 "<resource> not found".
+func PathParam(param, resource string, valid func(string) bool) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if !valid(c.Param(param)) {
+			problem.Write(c, problem.NotFound(resource))
+			return
+		}
+		c.Next()
+	}
+}
