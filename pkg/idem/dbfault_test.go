@@ -44,7 +44,7 @@ func TestRecordLostAfterEffect(t *testing.T) {
 	t.Parallel()
 	e := setupExternal(t, 500*time.Millisecond, proxied)
 	p := e.env.Proxy
-	e.effect.call = func(ctx context.Context, op opstatus.Operation) (any, error) {
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
 		p.Refuse(true)
 		p.CutAll()
 		return "charged", nil
@@ -94,10 +94,10 @@ func TestLostAnswerWhileStoreDown(t *testing.T) {
 	t.Parallel()
 	e := setupExternal(t, 5*time.Second, proxied)
 	p := e.env.Proxy
-	e.effect.call = func(ctx context.Context, op opstatus.Operation) (any, error) {
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
 		p.Refuse(true)
 		p.CutAll()
-		return nil, fmt.Errorf("read: connection reset: %w", idem.ErrOutcomeUnknown)
+		return "", fmt.Errorf("read: connection reset: %w", idem.ErrOutcomeUnknown)
 	}
 	opID := assertOutcomeUnknown(t, e.post(t, "k", `{"amount":5}`))
 	var opState string
@@ -221,7 +221,7 @@ func TestLeaseCountsFromClaimCommit(t *testing.T) {
 		return tx.Exec(`SELECT pg_advisory_xact_lock(?)`, lockID).Error
 	}
 	var leftAtCall atomic.Int64
-	e.effect.call = func(ctx context.Context, op opstatus.Operation) (any, error) {
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
 		leftAtCall.Store(int64(time.Until(*op.LeaseExpiresAt)))
 		return "charged", nil
 	}

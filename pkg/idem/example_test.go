@@ -57,7 +57,7 @@ func ExampleHandler_Do() {
 
 // External mode: the claim commits with a lease, the effect leaves the process with a downstream key derived from
 // the operation, and its answer is recorded after. A lost answer leaves the operation unknown for a Reconciler.
-func ExampleHandler_DoExternal() {
+func ExampleDoExternal() {
 	var db *gorm.DB
 	send := func(ctx context.Context, downstreamKey, text string) (string, error) { return "msg_1", nil } // the other side
 	h := &idem.Handler{DB: db, Store: idem.PostgresStore{}}
@@ -68,16 +68,17 @@ func ExampleHandler_DoExternal() {
 			problem.Write(c, err)
 			return
 		}
-		h.DoExternal(c, idem.Request{Kind: "messages.send", Command: cmd}, idem.ExternalSteps{
-			Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+		// string is the type of the other side's answer: Call returns it and Record receives it.
+		idem.DoExternal(h, c, idem.Request{Kind: "messages.send", Command: cmd}, idem.ExternalSteps[string]{
+			Call: func(ctx context.Context, op opstatus.Operation) (string, error) {
 				// Return an error wrapping idem.ErrOutcomeUnknown when the answer was lost.
 				return send(ctx, "rs-"+op.ID, cmd.Text)
 			},
-			Record: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
+			Record: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, messageID string, callErr error) (idem.Result, error) {
 				if callErr != nil {
 					return idem.ProblemResult(callErr, opstatus.StateFailed), nil
 				}
-				return idem.Result{Status: http.StatusCreated, Body: map[string]any{"id": outcome}}, nil
+				return idem.Result{Status: http.StatusCreated, Body: map[string]any{"id": messageID}}, nil
 			},
 		})
 	})

@@ -14,8 +14,9 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// ExternalSteps are the three steps of an effect that leaves the process.
-type ExternalSteps struct {
+// ExternalSteps are the three steps of an effect that leaves the process; T is the type of the other side's
+// answer, so Call and Record agree on it at compile time.
+type ExternalSteps[T any] struct {
 	// Prepare runs in the claim's transaction, after the claim and the Guard: check the resource's state and
 	// reserve it (mark an intent capturing, insert a pending refund). An error rolls the claim back and leaves
 	// the key free, because nothing has left the process yet.
@@ -23,11 +24,19 @@ type ExternalSteps struct {
 	// Call performs the effect, outside any transaction, with a context that the caller hanging up does not
 	// cancel. Give the other side a key derived from op.ID, so a retry or a reconciler can never cause a second
 	// effect. Return an error matching ErrOutcomeUnknown when the answer was lost or late.
-	Call func(ctx context.Context, op opstatus.Operation) (any, error)
+	Call func(ctx context.Context, op opstatus.Operation) (T, error)
 	// Record writes what Call returned (or the definite error it returned) in one transaction with the stored
 	// response and the operation's final state. Reconcilers record through Settle with the same code. A callErr
 	// matching ErrNotSent means Call never ran: Record undoes Prepare's reservation, and its Result is dropped.
-	Record func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (Result, error)
+	Record func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome T, callErr error) (Result, error)
+}
+
+// externalSteps are ExternalSteps with the answer's type erased once, here, so the machinery below is not
+// generic: call returns the Record step already bound to what Call returned.
+type externalSteps struct {
+	prepare func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error
+	call    func(ctx context.Context, op opstatus.Operation) (record func(ctx context.Context, tx *gorm.DB) (Result, error), err error)
+	unsent  func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error
 }
 
 // DoExternal runs an effect that leaves the process, once per Idempotency-Key: the claim commits first with a
@@ -35,7 +44,24 @@ type ExternalSteps struct {
 // answer is lost the operation becomes unknown and the caller gets 202 with the operation; the kind's Reconciler
 // settles it later, and a retry with the same key then replays the settled result. When the effect may have
 // happened but the database cannot record it, the caller gets 503 outcome_unknown naming the operation.
-func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
+//
+// It is a function, not a method of Handler, because Go methods cannot take type parameters.
+func DoExternal[T any](h *Handler, c *gin.Context, req Request, steps ExternalSteps[T]) {
+	h.doExternal(c, req, externalSteps{
+		prepare: steps.Prepare,
+		call: func(ctx context.Context, op opstatus.Operation) (func(context.Context, *gorm.DB) (Result, error), error) {
+			outcome, err := steps.Call(ctx, op)
+			return func(ctx context.Context, tx *gorm.DB) (Result, error) { return steps.Record(ctx, tx, op, outcome, err) }, err
+		},
+		unsent: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			var none T
+			_, err := steps.Record(ctx, tx, op, none, ErrNotSent)
+			return err
+		},
+	})
+}
+
+func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 	cl, ok := h.begin(c, req)
 	if !ok {
 		return
@@ -52,8 +78,8 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 		if err := h.claim(ctx, tx, cl, req); err != nil {
 			return err
 		}
-		if steps.Prepare != nil {
-			if err := steps.Prepare(ctx, tx, cl.op); err != nil {
+		if steps.prepare != nil {
+			if err := steps.prepare(ctx, tx, cl.op); err != nil {
 				return err
 			}
 		}
@@ -90,7 +116,7 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 		return
 	}
 	failpoint.Hit(FailpointBeforeExternalCall)
-	outcome, callErr := steps.Call(effectCtx, cl.op)
+	record, callErr := steps.call(effectCtx, cl.op)
 	failpoint.Hit(FailpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
 		h.observe(req.Kind, OutcomeUnknown)
@@ -98,9 +124,7 @@ func (h *Handler) DoExternal(c *gin.Context, req Request, steps ExternalSteps) {
 		h.answerUnknown(c, cl.principal.AccountID, cl.op.ID)
 		return
 	}
-	resp, err := h.settle(effectCtx, cl, func(ctx context.Context, tx *gorm.DB) (Result, error) {
-		return steps.Record(ctx, tx, cl.op, outcome, callErr)
-	}, opstatus.EventCompleted, cl.principal.Actor())
+	resp, err := h.settle(effectCtx, cl, record, opstatus.EventCompleted, cl.principal.Actor())
 	switch {
 	case errors.Is(err, ErrAlreadySettled):
 		// The recovery worker got there first; answer with what it stored.
@@ -145,7 +169,7 @@ func (h *Handler) dispatchMargin() time.Duration {
 // the process, so the claim is released: Prepare's reservation undone, the operation cancelled with a not_sent
 // event, the key deleted, so a retry with the same key claims again. If the release cannot be written the
 // claim stays and the recovery worker settles it when its lease ends; nothing was sent either way.
-func (h *Handler) releaseUnsent(ctx context.Context, c *gin.Context, cl call, steps ExternalSteps, left time.Duration) {
+func (h *Handler) releaseUnsent(ctx context.Context, c *gin.Context, cl call, steps externalSteps, left time.Duration) {
 	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		moved, err := opstatus.Transition(ctx, tx, cl.op.ID, opstatus.StateCancelled, cl.principal.Actor(),
 			opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
@@ -156,7 +180,7 @@ func (h *Handler) releaseUnsent(ctx context.Context, c *gin.Context, cl call, st
 		if !moved {
 			return ErrAlreadySettled
 		}
-		if _, err := steps.Record(ctx, tx, cl.op, nil, ErrNotSent); err != nil {
+		if err := steps.unsent(ctx, tx, cl.op); err != nil {
 			return err
 		}
 		return h.Store.Release(ctx, tx, cl.op.AccountID, cl.key, cl.op.ID)

@@ -26,7 +26,7 @@ import (
 // fakeEffect is the other side of an external effect, as a struct with function fields.
 type fakeEffect struct {
 	calls atomic.Int64
-	call  func(ctx context.Context, op opstatus.Operation) (any, error)
+	call  func(ctx context.Context, op opstatus.Operation) (string, error)
 	// prepare, when set, runs in the claim's transaction (to make the claim wait on a lock).
 	prepare func(ctx context.Context, tx *gorm.DB) error
 }
@@ -55,8 +55,8 @@ func setupExternal(t *testing.T, lease time.Duration, opts ...servicetest.Option
 	t.Helper()
 	env := servicetest.New(t, opts...)
 	env.Idem.Lease = lease
-	fx := &fakeEffect{call: func(context.Context, opstatus.Operation) (any, error) { return "charged", nil }}
-	record := func(_ context.Context, _ *gorm.DB, op opstatus.Operation, outcome any, err error) (idem.Result, error) {
+	fx := &fakeEffect{call: func(context.Context, opstatus.Operation) (string, error) { return "charged", nil }}
+	record := func(_ context.Context, _ *gorm.DB, op opstatus.Operation, outcome string, err error) (idem.Result, error) {
 		if err != nil {
 			return idem.ProblemResult(err, opstatus.StateFailed), nil
 		}
@@ -70,7 +70,7 @@ func setupExternal(t *testing.T, lease time.Duration, opts ...servicetest.Option
 			problem.Write(c, err)
 			return
 		}
-		env.Idem.DoExternal(c, idem.Request{Kind: "test.charge", Command: cmd}, idem.ExternalSteps{
+		idem.DoExternal(env.Idem, c, idem.Request{Kind: "test.charge", Command: cmd}, idem.ExternalSteps[string]{
 			Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 				if cmd.Amount == 13 {
 					return problem.New(problem.CodeInvalidState, "unlucky")
@@ -80,7 +80,7 @@ func setupExternal(t *testing.T, lease time.Duration, opts ...servicetest.Option
 				}
 				return nil
 			},
-			Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+			Call: func(ctx context.Context, op opstatus.Operation) (string, error) {
 				fx.calls.Add(1)
 				return fx.call(ctx, op)
 			},
@@ -159,7 +159,7 @@ func TestExternalInProgressAndPreferWait(t *testing.T) {
 	e := setupExternal(t, 30*time.Second)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	e.effect.call = func(ctx context.Context, op opstatus.Operation) (any, error) {
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
 		entered <- struct{}{}
 		<-release
 		return "late", nil
@@ -186,8 +186,8 @@ func TestExternalInProgressAndPreferWait(t *testing.T) {
 func TestExternalUnknownOutcomeIsReconciled(t *testing.T) {
 	t.Parallel()
 	e := setupExternal(t, 5*time.Second)
-	e.effect.call = func(ctx context.Context, op opstatus.Operation) (any, error) {
-		return nil, fmt.Errorf("connection reset: %w", idem.ErrOutcomeUnknown)
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
+		return "", fmt.Errorf("connection reset: %w", idem.ErrOutcomeUnknown)
 	}
 	first := e.post(t, "lost", `{"amount":5}`)
 	if first.status != 202 || first.body["state"] != "unknown" || first.header.Get("Operation-Id") == "" || first.body["operation_id"] != first.header.Get("Operation-Id") {
@@ -237,7 +237,7 @@ func TestExpiredLeaseBecomesUnknownAndLateAnswerDefers(t *testing.T) {
 	e := setupExternal(t, 200*time.Millisecond)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	e.effect.call = func(ctx context.Context, op opstatus.Operation) (any, error) {
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
 		entered <- struct{}{}
 		<-release
 		return "too late", nil
@@ -276,8 +276,8 @@ func TestExpiredLeaseBecomesUnknownAndLateAnswerDefers(t *testing.T) {
 func TestRetryOfUnknownSettlesAtOnce(t *testing.T) {
 	t.Parallel()
 	e := setupExternal(t, 5*time.Second)
-	e.effect.call = func(ctx context.Context, op opstatus.Operation) (any, error) {
-		return nil, fmt.Errorf("read: connection reset: %w", idem.ErrOutcomeUnknown)
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
+		return "", fmt.Errorf("read: connection reset: %w", idem.ErrOutcomeUnknown)
 	}
 	var asked atomic.Int64
 	e.env.Idem.Reconcilers = map[string]opstatus.Reconciler{

@@ -16,7 +16,7 @@
 // the key itself); 409 request_in_progress is what copies see while an external effect is in flight, because
 // only there is a running claim committed and visible.
 //
-// Example (Handler.Do) shows a whole handler; Example (Handler.DoExternal) the external mode.
+// Example (Handler.Do) shows a whole handler; Example (DoExternal) the external mode.
 //
 // External mode (DoExternal), for effects that leave the process (a payment provider, a deploy target): the
 // claim commits first with a lease, the effect runs outside any transaction, and its result is recorded after.

@@ -83,42 +83,6 @@ func (s *Server) needsApproval(currency string, minor int64) bool {
 // reconcilerActor names the reconciler in the events it writes.
 const reconcilerActor = "system:payments.reconciler"
 
-// errNotExecuted is the outcome of a call the provider never executed: a reconciler found nothing under its
-// downstream key after the lease that bounds the call ran out.
-var errNotExecuted = errors.New("payments: the provider never executed the call")
-
-// refusal turns a definite outcome other than success into the problem stored for the operation. An error it
-// does not know is returned as is: the outcome stays unrecorded and the recovery worker settles it later.
-func refusal(callErr error, action string) (*problem.Error, error) {
-	if errors.Is(callErr, errNotExecuted) || errors.Is(callErr, idem.ErrNotSent) || errors.Is(callErr, provider.ErrNotSent) {
-		return problem.New(problem.CodeProviderUnavailable,
-			"the %s never reached the payment provider and nothing happened; send it again with a new Idempotency-Key", action), nil
-	}
-	var pe *provider.Error
-	if !errors.As(callErr, &pe) || errors.Is(callErr, provider.ErrOutcomeUnknown) {
-		return nil, callErr
-	}
-	var p *problem.Error
-	switch pe.Code {
-	case provider.CodeAmountTooLarge:
-		p = problem.New(problem.CodeAmountTooLarge, "the payment provider refused the %s: %s", action, pe.Detail)
-	case provider.CodeAlreadyCaptured, provider.CodeInvalidState:
-		p = problem.New(problem.CodeInvalidState, "the payment provider refused the %s: %s", action, pe.Detail)
-	default:
-		p = problem.New(problem.CodeProviderDeclined, "the payment provider declined the %s: %s", action, pe.Detail)
-	}
-	return p.With("provider_code", pe.Code), nil
-}
-
-// recorded maps a store's ErrNotReserved to idem.ErrAlreadySettled: the reservation is gone because another
-// worker recorded this operation's outcome first.
-func recorded(err error) error {
-	if errors.Is(err, ErrNotReserved) {
-		return fmt.Errorf("%w: %w", idem.ErrAlreadySettled, err)
-	}
-	return err
-}
-
 // unknown marks a provider answer that was lost or late, for idem to leave the operation unknown.
 func unknown(err error) error {
 	if errors.Is(err, provider.ErrOutcomeUnknown) {
@@ -138,11 +102,6 @@ func (s *Server) callContext(ctx context.Context, op opstatus.Operation) (contex
 	return context.WithDeadline(ctx, *op.LeaseExpiresAt)
 }
 
-func withResource(res idem.Result, typ, id string) idem.Result {
-	res.Resource = &opstatus.Resource{Type: typ, ID: id}
-	return res
-}
-
 // --- create ---
 
 func (s *Server) createIntent(c *gin.Context) {
@@ -157,12 +116,12 @@ func (s *Server) createIntent(c *gin.Context) {
 		return
 	}
 	account := auth.From(c).AccountID
-	s.idem.DoExternal(c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps{
+	idem.DoExternal(s.idem, c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			_, err := s.cfg.Store.BeginIntent(ctx, tx, account, op.ID, cmd)
 			return err
 		},
-		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+		Call: func(ctx context.Context, op opstatus.Operation) (provider.Authorization, error) {
 			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
 			a, err := s.cfg.Provider.Authorize(ctx, DownstreamKey(op.ID), provider.AuthorizeRequest{
@@ -172,31 +131,6 @@ func (s *Server) createIntent(c *gin.Context) {
 		},
 		Record: s.recordCreate,
 	})
-}
-
-// recordCreate records the authorization's outcome: the handler and the reconciler both go through it.
-func (s *Server) recordCreate(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
-	if callErr != nil {
-		p, err := refusal(callErr, "authorization")
-		if err != nil {
-			return idem.Result{}, err
-		}
-		in, err := s.cfg.Store.AuthorizationFailed(ctx, tx, op.ID)
-		if err != nil {
-			return idem.Result{}, recorded(err)
-		}
-		return withResource(idem.ProblemResult(p.With("intent_id", in.ID), opstatus.StateFailed), "payment_intent", in.ID), nil
-	}
-	a, ok := outcome.(provider.Authorization)
-	if !ok {
-		return idem.Result{}, fmt.Errorf("payments: record create: outcome is %T", outcome)
-	}
-	in, err := s.cfg.Store.Authorized(ctx, tx, op.ID, a.ID)
-	if err != nil {
-		return idem.Result{}, recorded(err)
-	}
-	return withResource(idem.Result{Status: http.StatusCreated, Body: in,
-		Header: http.Header{"Location": {"/v1/payment_intents/" + in.ID}}}, "payment_intent", in.ID), nil
 }
 
 // --- capture ---
@@ -240,15 +174,15 @@ func (s *Server) capture(c *gin.Context) {
 		return
 	}
 	var reserved Intent
-	s.idem.DoExternal(c, idem.Request{
+	idem.DoExternal(s.idem, c, idem.Request{
 		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
-	}, idem.ExternalSteps{
+	}, idem.ExternalSteps[provider.Capture]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
 			reserved, err = s.cfg.Store.BeginCapture(ctx, tx, account, intentID, op.ID)
 			return err
 		},
-		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+		Call: func(ctx context.Context, op opstatus.Operation) (provider.Capture, error) {
 			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
 			cp, err := s.cfg.Provider.Capture(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
@@ -256,35 +190,6 @@ func (s *Server) capture(c *gin.Context) {
 		},
 		Record: s.recordCapture,
 	})
-}
-
-// recordCapture records a capture's outcome: a capture captures the intent, anything else releases it.
-func (s *Server) recordCapture(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
-	if callErr != nil {
-		return s.release(ctx, tx, op, callErr, "capture")
-	}
-	cp, ok := outcome.(provider.Capture)
-	if !ok {
-		return idem.Result{}, fmt.Errorf("payments: record capture: outcome is %T", outcome)
-	}
-	in, err := s.cfg.Store.Captured(ctx, tx, op.ID, cp.AmountMinor)
-	if err != nil {
-		return idem.Result{}, recorded(err)
-	}
-	return withResource(idem.Result{Status: http.StatusOK, Body: in}, "payment_intent", in.ID), nil
-}
-
-// release records a capture or void that did not happen and returns the intent to requires_capture.
-func (s *Server) release(ctx context.Context, tx *gorm.DB, op opstatus.Operation, callErr error, action string) (idem.Result, error) {
-	p, err := refusal(callErr, action)
-	if err != nil {
-		return idem.Result{}, err
-	}
-	in, err := s.cfg.Store.Release(ctx, tx, op.ID)
-	if err != nil {
-		return idem.Result{}, recorded(err)
-	}
-	return withResource(idem.ProblemResult(p.With("intent_id", in.ID), opstatus.StateFailed), "payment_intent", in.ID), nil
 }
 
 // --- cancel ---
@@ -297,13 +202,13 @@ func (s *Server) cancel(c *gin.Context) {
 	}
 	account, intentID := auth.From(c).AccountID, c.Param("id")
 	var reserved Intent
-	s.idem.DoExternal(c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps{
+	idem.DoExternal(s.idem, c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
 			reserved, err = s.cfg.Store.BeginCancel(ctx, tx, account, intentID, op.ID)
 			return err
 		},
-		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+		Call: func(ctx context.Context, op opstatus.Operation) (provider.Authorization, error) {
 			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
 			a, err := s.cfg.Provider.Void(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID)
@@ -311,18 +216,6 @@ func (s *Server) cancel(c *gin.Context) {
 		},
 		Record: s.recordCancel,
 	})
-}
-
-// recordCancel records a void's outcome.
-func (s *Server) recordCancel(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
-	if callErr != nil {
-		return s.release(ctx, tx, op, callErr, "cancel")
-	}
-	in, err := s.cfg.Store.Canceled(ctx, tx, op.ID)
-	if err != nil {
-		return idem.Result{}, recorded(err)
-	}
-	return withResource(idem.Result{Status: http.StatusOK, Body: in}, "payment_intent", in.ID), nil
 }
 
 // --- refunds ---
@@ -381,15 +274,15 @@ func (s *Server) createRefund(c *gin.Context) {
 		return s.needsApproval(cmd.Currency, held+cmd.AmountMinor), nil
 	}
 	var reserved Intent
-	s.idem.DoExternal(c, idem.Request{
+	idem.DoExternal(s.idem, c, idem.Request{
 		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed),
-	}, idem.ExternalSteps{
+	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
 			_, reserved, err = s.cfg.Store.ReserveRefund(ctx, tx, account, intentID, op.ID, cmd)
 			return err
 		},
-		Call: func(ctx context.Context, op opstatus.Operation) (any, error) {
+		Call: func(ctx context.Context, op opstatus.Operation) (provider.Refund, error) {
 			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
 			rf, err := s.cfg.Provider.Refund(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
@@ -397,32 +290,6 @@ func (s *Server) createRefund(c *gin.Context) {
 		},
 		Record: s.recordRefund,
 	})
-}
-
-// recordRefund records a refund's outcome: a refund adds to the intent's refunded total, anything else
-// releases the reserved amount.
-func (s *Server) recordRefund(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error) {
-	if callErr != nil {
-		p, err := refusal(callErr, "refund")
-		if err != nil {
-			return idem.Result{}, err
-		}
-		rf, err := s.cfg.Store.RefundFailed(ctx, tx, op.ID)
-		if err != nil {
-			return idem.Result{}, recorded(err)
-		}
-		return withResource(idem.ProblemResult(p.With("refund_id", rf.ID), opstatus.StateFailed), "refund", rf.ID), nil
-	}
-	prf, ok := outcome.(provider.Refund)
-	if !ok {
-		return idem.Result{}, fmt.Errorf("payments: record refund: outcome is %T", outcome)
-	}
-	rf, err := s.cfg.Store.RefundSucceeded(ctx, tx, op.ID, prf.ID)
-	if err != nil {
-		return idem.Result{}, recorded(err)
-	}
-	return withResource(idem.Result{Status: http.StatusCreated, Body: rf,
-		Header: http.Header{"Location": {"/v1/refunds/" + rf.ID}}}, "refund", rf.ID), nil
 }
 
 // --- reads ---

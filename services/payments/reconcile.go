@@ -20,8 +20,9 @@ import (
 // about the operation's downstream key: the evidence a settlement rests on.
 const EventProviderLookup = "provider_lookup"
 
-// recordFunc is the Record step of one kind; handler and reconciler share it.
-type recordFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome any, callErr error) (idem.Result, error)
+// recordFunc is the Record step of one kind (settle.go), T the provider's answer to the kind's call; the
+// handler and the reconciler share it.
+type recordFunc[T any] func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome T, callErr error) (idem.Result, error)
 
 // Reconcilers returns the reconciler of every payments operation kind, for the recovery worker.
 func (s *Server) Reconcilers() map[string]opstatus.Reconciler {
@@ -39,7 +40,7 @@ var errLeaseRunning = errors.New("payments: the operation's lease has not ended;
 // reconciler settles an unknown operation from the provider's record of its downstream key. T is the type of
 // the provider's answer to the kind's call. It never calls the provider's write endpoints: a capture is sent by
 // the handler once, or never.
-func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
+func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 	return opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 		key := DownstreamKey(op.ID)
 		res, err := s.cfg.Provider.Lookup(ctx, key)
@@ -54,14 +55,11 @@ func reconciler[T any](s *Server, record recordFunc) opstatus.Reconciler {
 			return fmt.Errorf("payments: reconcile %s: lookup %s: %w", op.ID, key, err)
 		}
 		var (
-			outcome any
+			outcome T
 			callErr error
 		)
 		if res.Found {
-			var answer T
-			if callErr = res.Answer(&answer); callErr == nil {
-				outcome = answer
-			}
+			callErr = res.Answer(&outcome)
 		} else {
 			// Nothing under the key proves the call never executed only once our own call can no longer
 			// arrive: it is bounded by the lease (callContext).
