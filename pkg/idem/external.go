@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -99,6 +100,11 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 		h.answerExisting(c, cl, taken.stored)
 		return
 	}
+	if err != nil && ctx.Err() != nil && !problem.IsStoreUnavailable(err) {
+		// The claim outlived its lease (database/sql then reports only that the transaction is done): nothing was
+		// sent, and the database was too slow to say whether the claim committed.
+		err = fmt.Errorf("%w: the claim took its whole lease: %w", problem.ErrStoreUnavailable, err)
+	}
 	if err != nil {
 		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
 		problem.Write(c, err)
@@ -127,8 +133,9 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 	resp, err := h.settle(effectCtx, cl, record, opstatus.EventCompleted, cl.principal.Actor())
 	switch {
 	case errors.Is(err, ErrAlreadySettled):
-		// The recovery worker got there first; answer with what it stored.
-		stored, lerr := h.Store.Lookup(effectCtx, h.DB, cl.principal.AccountID, cl.key)
+		// The recovery worker got there first; answer with what it stored. Reading it is not bound by the
+		// effect's deadline, which may be spent by now: only the statement timeout bounds it.
+		stored, lerr := h.Store.Lookup(context.WithoutCancel(c.Request.Context()), h.DB, cl.principal.AccountID, cl.key)
 		if lerr != nil {
 			h.observe(req.Kind, OutcomeUnknown)
 			problem.Write(c, problem.OutcomeUnknown(cl.op.ID, lerr))

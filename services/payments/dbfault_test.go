@@ -189,12 +189,14 @@ func testCallerHangsUpDuringClaim(t *testing.T, h *harness) {
 // the provider safely. Nothing reaches the provider, the order is free again, and the same key then creates the
 // intent with one authorization.
 func testUnsentWhenLeaseSpentAtCommit(t *testing.T, h *harness) {
-	b := h.setupProxied(t, 2*time.Second)
+	b := h.setupProxied(t, 4*time.Second)
 	const key = "create-slow-commit"
 	var slowed atomic.Bool
 	unset := failpoint.Set(idem.FailpointExternalClaimed, func(detail any) {
 		if op, ok := detail.(opstatus.Operation); ok && op.IdempotencyKey == key && slowed.CompareAndSwap(false, true) {
-			time.Sleep(1800 * time.Millisecond)
+			// Less than the dispatch margin (a quarter of the lease) is left after the commit, yet enough for the
+			// COMMIT itself on a loaded machine.
+			time.Sleep(3200 * time.Millisecond)
 		}
 	})
 	defer unset()
