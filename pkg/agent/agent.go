@@ -44,7 +44,8 @@ type Config struct {
 	BackoffBase, BackoffMax time.Duration
 	// LockWait is how long Open waits for another process holding the journal (default 0: refuse at once).
 	LockWait time.Duration
-	// HTTPClient sends the requests (default: a client without its own timeout; AttemptTimeout applies).
+	// HTTPClient sends the requests (default: no keep-alive, so net/http never resends on its own; no client
+	// timeout, AttemptTimeout applies).
 	HTTPClient *http.Client
 	// Command is recorded with the run ("agent do", "mcp").
 	Command string
@@ -79,7 +80,11 @@ func (c *Config) defaults() {
 		c.BackoffMax = 5 * time.Second
 	}
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{}
+		// A new connection per request: net/http silently resends a request that carries Idempotency-Key when
+		// a reused connection turns out dead, and the journal must see every send.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DisableKeepAlives = true
+		c.HTTPClient = &http.Client{Transport: tr}
 	}
 	if c.AuthorityRef == "" {
 		c.AuthorityRef = "config:APIKey"

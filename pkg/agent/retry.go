@@ -378,9 +378,11 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 	// sent closes when the request is on the wire; hooked once the after_send hook returned, so that a test
 	// that stops the process there stops it before the answer is read, whichever goroutine gets it first.
 	sent, hooked := make(chan struct{}), make(chan struct{})
-	trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) {
-		close(sent)
-		a.cfg.Hook("after_send")
+	trace := &httptrace.ClientTrace{WroteRequest: func(info httptrace.WroteRequestInfo) {
+		if info.Err == nil {
+			close(sent)
+			a.cfg.Hook("after_send")
+		}
 		close(hooked)
 	}}
 	actx, cancel := context.WithTimeout(ctx, a.cfg.AttemptTimeout)
