@@ -36,7 +36,7 @@ func (m RetryMode) Rule() string {
 	case ReadOnly:
 		return "Read-only: safe to call again at any time."
 	case Converge:
-		return "Declares a final state: after a lost answer the same request is sent again, which changes nothing if it already happened."
+		return "Declares a final state: after a lost answer, or when called again with the same action_id, the same state is sent again, which changes nothing if it already happened."
 	case Create:
 		return "Runs once per action_id: after a lost answer the agent retries with the same idempotency key, so calling again with the same action_id never creates a second one."
 	case Financial:
