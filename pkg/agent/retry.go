@@ -61,9 +61,13 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 			return a.result(op), nil
 		case "send":
 			if op.budgetLeft() <= 0 {
-				if err := a.settle(op, step{state: StateNeedsHuman, why: "attempt budget spent",
-					next: "the attempt budget is spent and the outcome is not settled: a person must check the operation " +
-						"(retrysafe agent show, GET /v1/operations?idempotency_key=) before anything else is sent"}); err != nil {
+				next := "the attempt budget is spent and the outcome is not settled: a person must check the operation " +
+					"(retrysafe agent show, GET /v1/operations?idempotency_key=) before anything else is sent"
+				if neverSent(op) {
+					next = "the attempt budget is spent and no attempt left this machine (every one not_sent): nothing happened; " +
+						"when the service is reachable, a person may start the action again under a new action_id"
+				}
+				if err := a.settle(op, step{state: StateNeedsHuman, why: "attempt budget spent", next: next}); err != nil {
 					return Result{}, err
 				}
 				return a.result(op), nil
@@ -92,6 +96,16 @@ func (a *Agent) outOfTime(op *Operation) step {
 	}
 	return step{kind: "settle", state: StateNeedsHuman, why: "no settled answer within the wait",
 		next: "no settled answer within the wait: a person must check the service and the operation before anything else is sent"}
+}
+
+// neverSent reports whether every attempt of op is known not to have left the process.
+func neverSent(op *Operation) bool {
+	for _, at := range op.Attempts {
+		if at.Finished == nil || at.Finished.DispatchState != NotSent {
+			return false
+		}
+	}
+	return true
 }
 
 // lastAttempt is the operation's newest attempt, nil before the first.
