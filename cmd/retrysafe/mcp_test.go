@@ -186,7 +186,9 @@ func TestMCPServer(t *testing.T) {
 	watch := &lineWatch{want: "failpoint agent.after_send reached", hit: make(chan struct{})}
 	killed, cmd := startMCP(t, w, kjournal, map[string]string{"RETRYSAFE_AGENT_FAILPOINTS": "agent.after_send=pause"}, watch)
 	args := map[string]any{"action_id": "m-killed", "project": "mcp", "title": "killed mid-call"}
-	go func() { _, _ = killed.CallTool(context.Background(), &mcp.CallToolParams{Name: "create_ticket", Arguments: args}) }()
+	go func() {
+		_, _ = killed.CallTool(context.Background(), &mcp.CallToolParams{Name: "create_ticket", Arguments: args})
+	}()
 	select {
 	case <-watch.hit:
 	case <-time.After(30 * time.Second):

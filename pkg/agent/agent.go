@@ -80,11 +80,7 @@ func (c *Config) defaults() {
 		c.BackoffMax = 5 * time.Second
 	}
 	if c.HTTPClient == nil {
-		// A new connection per request: net/http silently resends a request that carries Idempotency-Key when
-		// a reused connection turns out dead, and the journal must see every send.
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.DisableKeepAlives = true
-		c.HTTPClient = &http.Client{Transport: tr}
+		c.HTTPClient = &http.Client{Transport: newTransport()}
 	}
 	if c.AuthorityRef == "" {
 		c.AuthorityRef = "config:APIKey"

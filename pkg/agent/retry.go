@@ -389,26 +389,23 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 	if approvalID != "" {
 		h.Set("Approval-Id", approvalID)
 	}
-	// sent closes when the request is on the wire; hooked once the after_send hook returned, so that a test
-	// that stops the process there stops it before the answer is read, whichever goroutine gets it first.
-	sent, hooked := make(chan struct{}), make(chan struct{})
+	// The after_send hook runs once the request's bytes are on the socket (net/http reports WroteRequest while
+	// they may still sit in its buffer): from the connection's Write after WroteRequest, or, with a client whose
+	// connections this package does not see, once Do returns. A test that stops the process there stops it
+	// before the answer is read, whichever goroutine gets there first (sync.Once blocks the other).
+	st := &dispatch{hook: func() { a.cfg.Hook("after_send") }}
 	trace := &httptrace.ClientTrace{WroteRequest: func(info httptrace.WroteRequestInfo) {
 		if info.Err == nil {
-			close(sent)
-			a.cfg.Hook("after_send")
+			st.wrote.Store(true)
 		}
-		close(hooked)
 	}}
-	actx, cancel := context.WithTimeout(ctx, a.cfg.AttemptTimeout)
+	actx, cancel := context.WithTimeout(context.WithValue(ctx, dispatchKey{}, st), a.cfg.AttemptTimeout)
 	defer cancel()
 	start := time.Now()
 	resp, err := a.cfg.HTTPClient.Do(req.WithContext(httptrace.WithClientTrace(actx, trace)))
-	wrote := false
-	select {
-	case <-sent:
-		wrote = true
-		<-hooked
-	default:
+	wrote := st.wrote.Load()
+	if wrote {
+		st.once.Do(st.hook)
 	}
 	if err != nil {
 		r := &AttemptResult{DispatchState: NotSent, Error: transportError(err)}
@@ -543,7 +540,7 @@ func (a *Agent) lookup(ctx context.Context, op *Operation) error {
 	case len(res.Items) == 0:
 		found := false
 		ob.Found = &found
-		ob.Detail = "the service has no operation under this key: no earlier attempt reached it"
+		ob.Detail = "the service had no operation under this key when asked: no earlier attempt had reached it (yet)"
 	default:
 		found := true
 		it := res.Items[0]
