@@ -357,6 +357,11 @@ func (a *Agent) Result(op *Operation) Result { return a.result(op) }
 func (a *Agent) result(op *Operation) Result {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return resultOf(op)
+}
+
+// resultOf is how op stands; the caller keeps op from changing meanwhile.
+func resultOf(op *Operation) Result {
 	r := Result{OperationID: op.OperationID, ActionID: op.ActionID, Tool: op.Tool, IdempotencyKey: op.IdempotencyKey,
 		Attempts: len(op.Attempts), ServerOperationID: op.ServerOperationID(), State: StateOpen,
 		NextStep: "not settled yet: call again with the same action_id, or run resume"}

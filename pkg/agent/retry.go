@@ -207,6 +207,9 @@ func (a *Agent) decide(op *Operation) step {
 			next: "the service says it did not happen: to try again, call with a new action_id"}
 	case res.Status >= 500:
 		return step{kind: "send", reason: ReasonDestination5xx, decision: "5xx_same_key_after_backoff", wait: wait}
+	case res.Code == "duplicate_effect_confirmed":
+		return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
+			next: "the service's records show this effect happened more than once; nothing is retried: a person corrects it with a new operation (see the body's remote ids)"}
 	case res.Code == "idempotency_key_reused":
 		return step{kind: "settle", state: StateRefused, why: "the service holds other arguments under this key: a changed intent",
 			next: "never retried: a changed intent is a new action_id that supersedes this one"}
@@ -244,9 +247,13 @@ func (a *Agent) accepted(op *Operation, res *AttemptResult, obs []*Observation, 
 		}
 		return step{kind: "settle", state: StateSucceeded, why: "the service finished the accepted operation",
 			next: "done: nothing more to do for this action"}
-	case "failed", "cancelled":
+	case "failed", "cancelled", "duplicate_effect_confirmed":
 		if res.ServerState == "unknown" {
 			return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "settled_fetch_stored_answer"}
+		}
+		if state == "duplicate_effect_confirmed" {
+			return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
+				next: "the service's records show this effect happened more than once; nothing is retried: a person corrects it with a new operation"}
 		}
 		return step{kind: "settle", state: StateFailed, why: "the service reports the operation " + state,
 			next: "the service says it did not complete: to try again, call with a new action_id"}

@@ -40,6 +40,9 @@ func (j *Journal) Operation(id string) (*Operation, bool) {
 	return op, ok
 }
 
+// Result is how op stands, as Do would return it.
+func (j *Journal) Result(op *Operation) Result { return resultOf(op) }
+
 // State is the operation's state word.
 func (o *Operation) State() string {
 	if o.Settled == nil {
