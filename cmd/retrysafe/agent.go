@@ -190,20 +190,23 @@ func runAgent(ctx context.Context, inv invocation) error {
 	enc := json.NewEncoder(inv.stdout)
 	if sub == "resume" {
 		results, err := a.Resume(ctx)
-		code := 0
 		for _, r := range results {
 			if encErr := enc.Encode(r); encErr != nil {
 				return encErr
-			}
-			if r.State == agent.StateNeedsHuman || r.State == agent.StateInProgress {
-				code = exitNeedsHuman
 			}
 		}
 		if err != nil {
 			return exitError{code: 1, err: fmt.Errorf("agent resume: %w", err)}
 		}
-		if code != 0 {
-			return exitError{code: code, err: errors.New("agent resume: an operation needs a person (or is still running): see next_step")}
+		// Exit 3 while any operation of the journal waits for a person, settled now or before.
+		var waiting []string
+		for _, op := range a.Operations() {
+			if st := op.State(); st == agent.StateNeedsHuman || st == agent.StateInProgress {
+				waiting = append(waiting, op.ActionID+" ("+st+")")
+			}
+		}
+		if len(waiting) > 0 {
+			return exitError{code: exitNeedsHuman, err: fmt.Errorf("agent resume: waiting for a person or the service: %s; see agent show", strings.Join(waiting, ", "))}
 		}
 		return nil
 	}

@@ -351,6 +351,13 @@ func (a *Agent) Operation(id string) (*Operation, bool) {
 	return op, ok
 }
 
+// Operations are the journal's operations in creation order.
+func (a *Agent) Operations() []*Operation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]*Operation(nil), a.v.order...)
+}
+
 // Result is how op stands now.
 func (a *Agent) Result(op *Operation) Result { return a.result(op) }
 
