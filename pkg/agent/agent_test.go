@@ -57,8 +57,11 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	env := servicetest.New(t)
-	tickets.Routes(env.API, &tickets.Server{DB: env.DB.DB, Store: tickets.PostgresStore{}, Idem: env.Idem})
-	env.Start(t)
+	svc, err := tickets.New(env.Deps, tickets.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Serve(t, svc)
 	return &bundle{env: env, fault: &fault{next: http.DefaultTransport}, journal: filepath.Join(t.TempDir(), "agent.journal")}
 }
 
