@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -496,8 +497,27 @@ func TestAgentCommandExitCodes(t *testing.T) {
 		ID string `json:"id"`
 	}
 	_ = json.Unmarshal(pi.Body, &intent)
-	if r := do("cap", "capture_payment", fmt.Sprintf(`{"intent_id":%q}`, intent.ID)); r.code != 3 || r.result(t).Code != "approval_required" {
-		t.Errorf("capture above the threshold: exit %d %s; want 3 approval_required", r.code, r.stdout)
+	capture := fmt.Sprintf(`{"intent_id":%q}`, intent.ID)
+	if r := do("cap", "capture_payment", capture); r.code != 3 || r.result(t).Code != "approval_required" {
+		t.Fatalf("capture above the threshold: exit %d %s; want 3 approval_required", r.code, r.stdout)
+	}
+	// The next step: request the approval, a person approves it, the same action again with approval_id.
+	ap := do("cap-approval", "request_approval", `{"for_action":"cap"}`)
+	approval := ap.result(t).ApprovalID
+	if ap.code != 0 || approval == "" {
+		t.Fatalf("request_approval: exit %d %s%s", ap.code, ap.stdout, ap.stderr)
+	}
+	req, _ := http.NewRequest(http.MethodPost, w.env["PAYMENTS_URL"]+"/v1/approvals/"+approval+"/approve", nil)
+	req.Header.Set("Authorization", "Bearer "+servicetest.ApproverSecret)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("approve: %v %v", resp, err)
+	}
+	withApproval := fmt.Sprintf(`{"intent_id":%q,"approval_id":%q}`, intent.ID, approval)
+	if r := do("cap", "capture_payment", withApproval); r.code != 0 || r.result(t).HTTPStatus != http.StatusOK {
+		t.Errorf("capture with the approval: exit %d %s%s", r.code, r.stdout, r.stderr)
+	}
+	if counters, _ := w.provider.Counters(t.Context()); counters["capture"] != 1 {
+		t.Errorf("the provider captured %d times; want 1", counters["capture"])
 	}
 	show := w.runAgent(t, nil, "agent", "show", "--journal", path, "t")
 	if show.code != 0 || !strings.Contains(show.stdout, "changed_intent_refused") || !strings.Contains(show.stdout, "attempt 1") {
