@@ -266,6 +266,11 @@ func TestVerifyJournal(t *testing.T) {
 		}
 	}
 	tamper("changed", strings.Replace(string(raw), `"title":"verified"`, `"title":"verifieD"`, 1), auditchain.Changed)
+	changed := filepath.Join(t.TempDir(), "changed")
+	os.WriteFile(changed, []byte(strings.Replace(string(raw), `"title":"verified"`, `"title":"verifieD"`, 1)), 0o600)
+	if _, err := agent.Open(changed, agent.Config{}); !errors.Is(err, agent.ErrJournalBroken) {
+		t.Errorf("Open of a changed journal = %v; want ErrJournalBroken", err)
+	}
 	tamper("removed", strings.Join(append(append([]string{}, lines[:3]...), lines[4:]...), ""), auditchain.Missing)
 
 	os.WriteFile(b.journal, append(raw, []byte(`{"chain":"jnl_x","seq":`)...), 0o600)

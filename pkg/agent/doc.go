@@ -55,7 +55,8 @@
 // SQLite, because the journal is exactly an append-only chain, read whole at start; it needs no query, no schema
 // and no dependency, and a hash chain over lines is checked by the same verifier as the server's. VerifyJournal
 // (and `retrysafe audit verify --journal PATH`) checks it offline. A line the kernel never finished writing is
-// outside the chain; the next writer discards it (nothing was acted on after it).
+// outside the chain; the next writer discards it (nothing was acted on after it). Open verifies the chain
+// first and refuses a broken journal (ErrJournalBroken): resume acts on what the journal says.
 //
 // The journal is locked (flock) for as long as an Agent has it open: a second process waits up to
 // Config.LockWait, then gets ErrJournalLocked. Two agents on one journal take turns and never double an

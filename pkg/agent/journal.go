@@ -16,6 +16,9 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/ids"
 )
 
+// ErrJournalBroken is returned by Open when the journal's chain does not verify: an agent never acts on it.
+var ErrJournalBroken = errors.New("agent: the journal's hash chain is broken")
+
 // ErrJournalLocked is returned by Open when another process holds the journal for longer than Config.LockWait.
 var ErrJournalLocked = errors.New("agent: the journal is in use by another agent process")
 
@@ -96,6 +99,10 @@ func (j *journal) load() error {
 	entries, torn, err := readEntries(j.f)
 	if err != nil {
 		return err
+	}
+	if rep := verifyEntries(entries); !rep.Intact() {
+		// Resume would act on what the journal says: not on a journal that was changed.
+		return fmt.Errorf("%w: %s (retrysafe audit verify --journal %s)", ErrJournalBroken, rep.Problems[0], j.path)
 	}
 	for _, e := range entries {
 		j.recs = append(j.recs, e.Record)

@@ -39,6 +39,13 @@ func VerifyJournal(path string) (VerifyReport, error) {
 	if len(entries) == 0 {
 		return VerifyReport{}, fmt.Errorf("agent: verify: %s has no records", path)
 	}
+	rep := verifyEntries(entries)
+	rep.TornBytes = torn
+	return rep, nil
+}
+
+// verifyEntries checks parsed journal lines; Open runs it too, so an agent never acts on a broken journal.
+func verifyEntries(entries []entry) VerifyReport {
 	byChain := map[string][]auditchain.Record{}
 	var order []string
 	for i, e := range entries {
@@ -52,7 +59,7 @@ func VerifyJournal(path string) (VerifyReport, error) {
 	for _, name := range order {
 		v.Chain(name, byChain[name])
 	}
-	rep := VerifyReport{Chains: v.Chains, Records: v.Records, Problems: v.Problems, TornBytes: torn}
+	rep := VerifyReport{Chains: v.Chains, Records: v.Records, Problems: v.Problems}
 	if len(order) > 1 {
 		// A journal is one chain: a second one is records spliced in from elsewhere.
 		rep.Problems = append(rep.Problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: order[1], Seq: byChain[order[1]][0].Seq,
@@ -61,9 +68,9 @@ func VerifyJournal(path string) (VerifyReport, error) {
 	var first struct {
 		Type string `json:"type"`
 	}
-	if json.Unmarshal(entries[0].Record, &first) != nil || first.Type != RecJournalOpened {
+	if len(entries) > 0 && (json.Unmarshal(entries[0].Record, &first) != nil || first.Type != RecJournalOpened) {
 		rep.Problems = append(rep.Problems, auditchain.Problem{Kind: auditchain.Missing, Chain: entries[0].Chain, Seq: entries[0].Seq,
 			Ref: "line 1", Detail: "the journal does not start with its journal_opened record"})
 	}
-	return rep, nil
+	return rep
 }
