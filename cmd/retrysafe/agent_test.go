@@ -332,7 +332,7 @@ func TestAgentCrashAnywhere(t *testing.T) {
 	}
 
 	// Every operation ended; every journal verifies and holds no secret.
-	interrupted, lookups := 0, 0
+	interrupted, lookups, unknown := 0, 0, 0
 	for lane := range lanes {
 		j, err := agent.ReadJournal(journal(lane))
 		if err != nil {
@@ -341,6 +341,11 @@ func TestAgentCrashAnywhere(t *testing.T) {
 		for _, op := range j.Operations() {
 			if !op.Final() || !settledHonestly(j.Result(op)) {
 				t.Errorf("lane %d: %s (%s) ended %s", lane, op.OperationID, op.ActionID, op.State())
+			}
+			for _, at := range op.Attempts {
+				if at.Finished != nil && at.Finished.Status == http.StatusAccepted {
+					unknown++
+				}
 			}
 			for _, ob := range op.Observations {
 				switch ob.Kind {
@@ -363,13 +368,22 @@ func TestAgentCrashAnywhere(t *testing.T) {
 	if res := w.runAgent(t, nil, "audit", "verify", "--journal", journal(0)); res.code != 0 || !strings.Contains(res.stdout, "INTACT") {
 		t.Errorf("audit verify --journal: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
+	// The provider's lost answers happened (the payments service recorded each as sent, no response).
+	var dropped int
+	if err := w.db.Raw(`SELECT count(*) FROM operation_events WHERE type = 'dispatch_sent_no_response'`).Scan(&dropped).Error; err != nil {
+		t.Fatal(err)
+	}
+	if dropped != 12 {
+		t.Errorf("the payments service saw %d lost provider answers; want the 12 the provider dropped", dropped)
+	}
 	// The kills left work for resume, and it went through the evidence: interrupted attempts, then lookups.
 	if resumed == 0 || interrupted == 0 || lookups == 0 {
 		t.Errorf("resume settled %d operations, %d interrupted attempts, %d lookups; the kills left nothing to recover", resumed, interrupted, lookups)
 	}
-	t.Logf("%d killed agents; resume settled %d operations (%d interrupted attempts, %d lookups); %d actions the service "+
-		"said never happened, done again under a superseding action id; %d tickets, %d intents, provider %v",
-		actions, resumed, interrupted, lookups, retried, len(tickets), len(orders), counters)
+	t.Logf("%d killed agents; resume settled %d operations (%d interrupted attempts, %d lookups); %d lost provider answers, "+
+		"%d answers 202 unknown to the agent; %d actions the service said never happened, done again under a superseding "+
+		"action id; %d tickets, %d intents, provider %v",
+		actions, resumed, interrupted, lookups, dropped, unknown, retried, len(tickets), len(orders), counters)
 }
 
 func ticketCount(t *testing.T, w *agentWorld, title string) int {
