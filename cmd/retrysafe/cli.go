@@ -112,6 +112,7 @@ func init() {
 			},
 		},
 		auditCommand(),
+		agentCommand(), mcpCommand(),
 		{name: "help", synopsis: "help [COMMAND]", summary: "describe the commands, or one command and the variables it reads", noConfig: true},
 	}
 }

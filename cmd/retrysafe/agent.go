@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/retrysafe/retrysafe/pkg/agent"
+	"github.com/retrysafe/retrysafe/pkg/agent/agentmcp"
+	"github.com/retrysafe/retrysafe/pkg/failpoint"
+)
+
+// Exit codes of `retrysafe agent`, by how the operation ended (usage and internal errors are 1).
+const (
+	exitNeedsHuman = 3
+	exitRefused    = 4
+	exitFailed     = 5
+)
+
+const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the services (default http://127.0.0.1:8081 :8082 :8083)
+  AGENT_API_KEY             the bearer key requests carry (never written to the journal)
+  AGENT_BUDGET              attempts per operation before a person decides (default 5)
+  AGENT_MAX_WAIT            how long one call waits for a settled answer (default 2m)
+  AGENT_LOCK_WAIT           how long to wait for another agent holding the journal (default 30s; mcp 10s)
+  RETRYSAFE_AGENT_FAILPOINTS   crash points for tests: agent.before_journal|before_send|after_send|after_answer=pause|exit`
+
+// agentCommand is `retrysafe agent do|resume|show`: pkg/agent for shell-driven agents and scripts.
+func agentCommand() command {
+	return command{
+		name:     "agent",
+		synopsis: "agent do|resume|show --journal PATH ...",
+		summary: "make writes an agent can retry without doubling them: do --action ACTION_ID TOOL 'JSON' " +
+			"(exit 0 succeeded, 3 needs_human, 4 refused or changed intent, 5 failed, 1 usage or internal error), " +
+			"resume (settle every unfinished operation), show [OPERATION_ID|ACTION_ID]",
+		noConfig: true,
+		check:    checkAgent,
+		run:      runAgent,
+		env:      agentEnv,
+	}
+}
+
+// mcpCommand is `retrysafe mcp --journal PATH`: the same tools over MCP on stdio.
+func mcpCommand() command {
+	return command{
+		name:     "mcp",
+		synopsis: "mcp --journal PATH",
+		summary:  "serve the agent tools (and get_operation) over the Model Context Protocol on stdin/stdout",
+		noConfig: true,
+		check: func(args []string) error {
+			_, err := parseAgentFlags("mcp", args, io.Discard)
+			return err
+		},
+		run: runMCP,
+		env: agentEnv,
+	}
+}
+
+// agentUsage is a bad agent invocation: exit 1, as the agent's exit codes reserve 2-5 for outcomes.
+func agentUsage(format string, args ...any) error {
+	return exitError{code: 1, err: fmt.Errorf(format+" (retrysafe help agent)", args...)}
+}
+
+type agentFlags struct {
+	journal    string
+	action     string
+	supersedes string
+	rest       []string
+}
+
+func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	var f agentFlags
+	fs.StringVar(&f.journal, "journal", "", "the journal file (created when missing)")
+	if name == "agent do" {
+		fs.StringVar(&f.action, "action", "", "ACTION_ID: your name for this intended action; the same name continues it")
+		fs.StringVar(&f.supersedes, "supersedes", "", "ACTION_ID whose intent this new action replaces (a changed intent)")
+	}
+	if err := fs.Parse(args); err != nil {
+		return f, agentUsage("%s: %v", name, err)
+	}
+	f.rest = fs.Args()
+	if f.journal == "" {
+		return f, agentUsage("%s needs --journal PATH", name)
+	}
+	return f, nil
+}
+
+func checkAgent(args []string) error {
+	if len(args) == 0 {
+		return agentUsage("agent needs a subcommand: do, resume or show")
+	}
+	f, err := parseAgentFlags("agent "+args[0], args[1:], io.Discard)
+	switch args[0] {
+	case "do":
+		if err != nil {
+			return err
+		}
+		if f.action == "" {
+			return agentUsage("agent do needs --action ACTION_ID")
+		}
+		if len(f.rest) != 2 {
+			return agentUsage("agent do takes TOOL 'JSON' after its flags, got %q", f.rest)
+		}
+		if _, ok := agent.Tools[f.rest[0]]; !ok {
+			return agentUsage("unknown tool %q: one of %s", f.rest[0], strings.Join(agent.ToolNames(), ", "))
+		}
+		if !json.Valid([]byte(f.rest[1])) {
+			return agentUsage("agent do: %q is not JSON", f.rest[1])
+		}
+	case "resume":
+		if err != nil {
+			return err
+		}
+		if len(f.rest) != 0 {
+			return agentUsage("agent resume takes no arguments")
+		}
+	case "show":
+		if err != nil {
+			return err
+		}
+		if len(f.rest) > 1 {
+			return agentUsage("agent show takes at most one OPERATION_ID or ACTION_ID")
+		}
+	default:
+		return agentUsage("unknown agent subcommand %q: want do, resume or show", args[0])
+	}
+	return nil
+}
+
+// agentConfig reads the agent's environment; like loadConfig, once, here.
+func agentConfig(getenv func(string) string, command string, lockWait time.Duration) (agent.Config, error) {
+	cfg := agent.Config{
+		TicketsURL: getenv("TICKETS_URL"), PaymentsURL: getenv("PAYMENTS_URL"), DeploysURL: getenv("DEPLOYS_URL"),
+		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
+		Hook: func(point string) { failpoint.Hit("agent." + point) },
+	}
+	if v := getenv("AGENT_BUDGET"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			return cfg, agentUsage("AGENT_BUDGET=%q: want 1 to 100 attempts", v)
+		}
+		cfg.Budget = n
+	}
+	for name, dst := range map[string]*time.Duration{"AGENT_MAX_WAIT": &cfg.MaxWait, "AGENT_LOCK_WAIT": &cfg.LockWait} {
+		if v := getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return cfg, agentUsage("%s=%q: want a duration such as 30s", name, v)
+			}
+			*dst = d
+		}
+	}
+	if err := failpoint.Configure(getenv("RETRYSAFE_AGENT_FAILPOINTS")); err != nil {
+		return cfg, agentUsage("RETRYSAFE_AGENT_FAILPOINTS: %v", err)
+	}
+	return cfg, nil
+}
+
+func runAgent(ctx context.Context, inv invocation) error {
+	sub := inv.args[0]
+	f, err := parseAgentFlags("agent "+sub, inv.args[1:], io.Discard)
+	if err != nil {
+		return err
+	}
+	if sub == "show" {
+		return runAgentShow(inv.stdout, f)
+	}
+	cfg, err := agentConfig(inv.getenv, "agent "+sub, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	if cfg.APIKey == "" {
+		return agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
+	}
+	a, err := agent.Open(f.journal, cfg)
+	if err != nil {
+		return exitError{code: 1, err: err}
+	}
+	defer a.Close()
+	enc := json.NewEncoder(inv.stdout)
+	if sub == "resume" {
+		results, err := a.Resume(ctx)
+		for _, r := range results {
+			if encErr := enc.Encode(r); encErr != nil {
+				return encErr
+			}
+		}
+		if err != nil {
+			return exitError{code: 1, err: fmt.Errorf("agent resume: %w", err)}
+		}
+		// Exit 3 while any operation of the journal waits for a person, settled now or before.
+		var waiting []string
+		for _, op := range a.Operations() {
+			if st := op.State(); st == agent.StateNeedsHuman || st == agent.StateInProgress {
+				waiting = append(waiting, op.ActionID+" ("+st+")")
+			}
+		}
+		if len(waiting) > 0 {
+			return exitError{code: exitNeedsHuman, err: fmt.Errorf("agent resume: waiting for a person or the service: %s; see agent show", strings.Join(waiting, ", "))}
+		}
+		return nil
+	}
+
+	res, err := a.Do(ctx, f.action, f.rest[0], json.RawMessage(f.rest[1]), agent.DoOptions{Supersedes: f.supersedes})
+	switch {
+	case errors.Is(err, agent.ErrChangedIntent):
+		_ = enc.Encode(agent.Result{OperationID: res.OperationID, ActionID: f.action, Tool: res.Tool, State: agent.StateRefused,
+			Code: "changed_intent", Reason: err.Error(), IdempotencyKey: res.IdempotencyKey, Attempts: res.Attempts,
+			NextStep: "nothing sent: a changed intent needs a new --action that --supersedes " + f.action})
+		return exitError{code: exitRefused, err: err}
+	case errors.Is(err, agent.ErrBadArguments), errors.Is(err, agent.ErrUnknownAction):
+		return agentUsage("%v", err)
+	case err != nil:
+		if res.OperationID != "" {
+			_ = enc.Encode(res)
+		}
+		return exitError{code: 1, err: err}
+	}
+	if err := enc.Encode(res); err != nil {
+		return err
+	}
+	switch res.State {
+	case agent.StateSucceeded:
+		return nil
+	case agent.StateRefused:
+		return exitError{code: exitRefused, err: fmt.Errorf("refused: %s", res.Reason)}
+	case agent.StateFailed:
+		return exitError{code: exitFailed, err: fmt.Errorf("failed: %s", res.Reason)}
+	default:
+		return exitError{code: exitNeedsHuman, err: fmt.Errorf("%s: %s", res.State, res.NextStep)}
+	}
+}
+
+// runAgentShow reads the journal without locking it, so it works while an agent holds it.
+func runAgentShow(w io.Writer, f agentFlags) error {
+	j, err := agent.ReadJournal(f.journal)
+	if err != nil {
+		return exitError{code: 1, err: err}
+	}
+	if len(f.rest) == 0 {
+		j.WriteSummary(w)
+		return nil
+	}
+	op, ok := j.Operation(f.rest[0])
+	if !ok {
+		return exitError{code: 1, err: fmt.Errorf("agent show: no operation or action %q in %s", f.rest[0], f.journal)}
+	}
+	op.WriteTimeline(w)
+	return nil
+}
+
+func runMCP(ctx context.Context, inv invocation) error {
+	f, err := parseAgentFlags("mcp", inv.args, io.Discard)
+	if err != nil {
+		return err
+	}
+	if len(f.rest) != 0 {
+		return agentUsage("mcp takes no arguments besides --journal")
+	}
+	cfg, err := agentConfig(inv.getenv, "mcp", 10*time.Second)
+	if err != nil {
+		return err
+	}
+	if cfg.APIKey == "" {
+		return agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
+	}
+	a, err := agent.Open(f.journal, cfg)
+	if err != nil {
+		return exitError{code: 1, err: err}
+	}
+	defer a.Close()
+	fmt.Fprintf(os.Stderr, "retrysafe mcp: serving on stdio, journal %s, run %s\n", f.journal, a.RunID())
+	return agentmcp.NewServer(a, versionString()).Run(ctx, &mcp.StdioTransport{})
+}

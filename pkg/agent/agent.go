@@ -1,0 +1,388 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/ids"
+)
+
+// Errors Do returns before anything is sent.
+var (
+	// ErrChangedIntent: the action id is in the journal with other arguments. Nothing was sent; a changed
+	// intent is a new action (a new action id, superseding the old one), never a retry.
+	ErrChangedIntent = errors.New("agent: changed intent")
+	// ErrBadArguments: an unknown tool, arguments that are not a JSON object, a missing path parameter.
+	ErrBadArguments = errors.New("agent: bad arguments")
+	// ErrUnknownAction: show, get_operation or supersedes named an action id the journal does not have.
+	ErrUnknownAction = errors.New("agent: unknown action")
+)
+
+// Config is everything an Agent needs besides its journal. The API key is used for requests and never written.
+type Config struct {
+	TicketsURL, PaymentsURL, DeploysURL string
+	APIKey                              string
+	// AuthorityRef says where APIKey came from ("env:AGENT_API_KEY"); it is what the journal records.
+	AuthorityRef string
+	// Budget is the number of attempts per operation before it goes to a person (default 5).
+	Budget int
+	// AttemptTimeout bounds one HTTP attempt (default 30s); past it the attempt is sent_no_response.
+	AttemptTimeout time.Duration
+	// MaxWait bounds how long one call waits in backoff, Retry-After and polling (default 2m); an operation
+	// still unsettled then is left for resume (in_progress) or a person (needs_human).
+	MaxWait time.Duration
+	// BackoffBase and BackoffMax shape the full-jitter exponential backoff (defaults 200ms and 5s).
+	BackoffBase, BackoffMax time.Duration
+	// LockWait is how long Open waits for another process holding the journal (default 0: refuse at once).
+	LockWait time.Duration
+	// HTTPClient sends the requests (default: no keep-alive, so net/http never resends on its own; no client
+	// timeout, AttemptTimeout applies).
+	HTTPClient *http.Client
+	// Command is recorded with the run ("agent do", "mcp").
+	Command string
+	// Hook, when set, is called at the named crash points: "before_journal", "before_send", "after_send",
+	// "after_answer". Tests stop the process there (failpoint.Hit).
+	Hook func(point string)
+}
+
+func (c *Config) defaults() {
+	if c.TicketsURL == "" {
+		c.TicketsURL = "http://127.0.0.1:8081"
+	}
+	if c.PaymentsURL == "" {
+		c.PaymentsURL = "http://127.0.0.1:8082"
+	}
+	if c.DeploysURL == "" {
+		c.DeploysURL = "http://127.0.0.1:8083"
+	}
+	if c.Budget <= 0 {
+		c.Budget = 5
+	}
+	if c.AttemptTimeout <= 0 {
+		c.AttemptTimeout = 30 * time.Second
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 2 * time.Minute
+	}
+	if c.BackoffBase <= 0 {
+		c.BackoffBase = 200 * time.Millisecond
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = 5 * time.Second
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Transport: newTransport()}
+	}
+	if c.AuthorityRef == "" {
+		c.AuthorityRef = "config:APIKey"
+	}
+	if c.Hook == nil {
+		c.Hook = func(string) {}
+	}
+}
+
+// Agent makes writes through a journal it holds locked. It is safe for concurrent use: calls for different
+// actions run at once, calls for one action one after the other.
+type Agent struct {
+	cfg   Config
+	j     *journal
+	runID string
+
+	mu      sync.Mutex // guards v and journal appends
+	v       *view
+	actions map[string]*sync.Mutex
+}
+
+// Open opens (creating) and locks the journal at path and starts an agent run in it. Another process holding
+// the journal makes Open wait up to cfg.LockWait and then fail with ErrJournalLocked: two agents never write
+// one journal at once, so neither can double an effect through it.
+func Open(path string, cfg Config) (*Agent, error) {
+	cfg.defaults()
+	j, err := openJournal(path, cfg.LockWait, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, j: j, v: newView(), actions: map[string]*sync.Mutex{}, runID: ids.New("run_")}
+	for _, rec := range j.recs {
+		if err := a.v.apply(rec); err != nil {
+			j.close()
+			return nil, err
+		}
+	}
+	host, _ := os.Hostname()
+	if err := a.record(map[string]any{"type": RecRunStarted, "run_id": a.runID, "host": host, "pid": os.Getpid(),
+		"command": cfg.Command, "started_at": a.now()}); err != nil {
+		j.close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Close ends the run and releases the journal.
+func (a *Agent) Close() error { return a.j.close() }
+
+// RunID is this run's id, sent as Agent-Run-Id.
+func (a *Agent) RunID() string { return a.runID }
+
+func (a *Agent) now() string { return auditchain.FormatTime(time.Now()) }
+
+// record appends body to the journal (fsynced) and to the view.
+func (a *Agent) record(body any) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rec, err := a.j.append(body)
+	if err != nil {
+		return err
+	}
+	return a.v.apply(rec)
+}
+
+func (a *Agent) lockAction(actionID string) func() {
+	a.mu.Lock()
+	m := a.actions[actionID]
+	if m == nil {
+		m = &sync.Mutex{}
+		a.actions[actionID] = m
+	}
+	a.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// Result is what a call ends with.
+type Result struct {
+	OperationID       string          `json:"operation_id"`
+	ActionID          string          `json:"action_id"`
+	Tool              string          `json:"tool"`
+	State             string          `json:"state"`
+	HTTPStatus        int             `json:"http_status,omitempty"`
+	Code              string          `json:"code,omitempty"`
+	ServerOperationID string          `json:"server_operation_id,omitempty"`
+	IdempotencyKey    string          `json:"idempotency_key,omitempty"`
+	Attempts          int             `json:"attempts"`
+	NextStep          string          `json:"next_step"`
+	Reason            string          `json:"reason,omitempty"`
+	ApprovalID        string          `json:"approval_id,omitempty"`
+	Evidence          []string        `json:"evidence,omitempty"`
+	Body              json.RawMessage `json:"body,omitempty"`
+}
+
+// DoOptions are the rarer parts of a call.
+type DoOptions struct {
+	// Supersedes is the action id whose intent this new action replaces (a changed intent): the new operation
+	// is sent with Supersedes-Operation-Id.
+	Supersedes string
+}
+
+// Do makes the write an action stands for, once. The first call for actionID creates the operation, its id
+// and idempotency key, writes them to the journal and only then sends; a later call with the same action id
+// continues that operation with the same key (or returns how it ended), and refuses with ErrChangedIntent,
+// sending nothing, when args differ. It returns when the operation settled or the rule says to stop.
+func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.RawMessage, opts DoOptions) (Result, error) {
+	tool, ok := Tools[toolName]
+	if !ok {
+		return Result{}, fmt.Errorf("%w: unknown tool %q (one of %v)", ErrBadArguments, toolName, ToolNames())
+	}
+	if actionID == "" || len(actionID) > 200 {
+		return Result{}, fmt.Errorf("%w: an action id is 1 to 200 characters", ErrBadArguments)
+	}
+	req, err := tool.prepare(args)
+	if err != nil {
+		return Result{}, err
+	}
+	unlock := a.lockAction(actionID)
+	defer unlock()
+
+	a.mu.Lock()
+	op := a.v.byAction[actionID]
+	a.mu.Unlock()
+	if op != nil {
+		return a.continueOperation(ctx, op, tool, req, opts)
+	}
+	op, err = a.createOperation(tool, actionID, req, opts)
+	if err != nil {
+		return Result{}, err
+	}
+	return a.drive(ctx, op, req.approvalID)
+}
+
+func (a *Agent) continueOperation(ctx context.Context, op *Operation, tool Tool, req request, opts DoOptions) (Result, error) {
+	if op.Tool != tool.Name || op.Fingerprint != req.fingerprint {
+		_ = a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsChanged, RunID: a.runID, At: a.now(),
+			Detail: fmt.Sprintf("called again as %s with arguments of fingerprint %s; nothing sent", tool.Name, req.fingerprint)})
+		return a.result(op), fmt.Errorf("%w: action %q is operation %s (%s) with other arguments; nothing was sent. "+
+			"To change the intent, use a new action id that supersedes %q", ErrChangedIntent, op.ActionID, op.OperationID, op.Tool, op.ActionID)
+	}
+	if opts.Supersedes != "" && opts.Supersedes != a.supersededAction(op) {
+		return a.result(op), fmt.Errorf("%w: action %q already exists; supersedes applies to a new action only", ErrBadArguments, op.ActionID)
+	}
+	if op.Final() {
+		if op.Settled.State == StateNeedsHuman && req.approvalID != "" && req.approvalID != lastApproval(op) {
+			if err := a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsApproval, RunID: a.runID,
+				ApprovalID: req.approvalID, At: a.now(), Detail: "approval " + req.approvalID + " given; the budget starts again"}); err != nil {
+				return Result{}, err
+			}
+			return a.drive(ctx, op, req.approvalID)
+		}
+		return a.result(op), nil
+	}
+	approval := req.approvalID
+	if approval == "" {
+		approval = lastApproval(op)
+	}
+	return a.drive(ctx, op, approval)
+}
+
+func (a *Agent) supersededAction(op *Operation) string {
+	if op.SupersedesOperationID == "" {
+		return ""
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if old := a.v.ops[op.SupersedesOperationID]; old != nil {
+		return old.ActionID
+	}
+	return ""
+}
+
+// lastApproval is the newest approval id a person gave for op.
+func lastApproval(op *Operation) string {
+	id, at := "", ""
+	for _, a := range op.Attempts {
+		if a.ApprovalID != "" {
+			id, at = a.ApprovalID, a.At
+		}
+	}
+	for _, o := range op.Observations {
+		if o.Kind == ObsApproval && o.At >= at {
+			id, at = o.ApprovalID, o.At
+		}
+	}
+	return id
+}
+
+// createOperation writes the operation, with its id and idempotency key, before anything is sent.
+func (a *Agent) createOperation(tool Tool, actionID string, req request, opts DoOptions) (*Operation, error) {
+	op := &Operation{
+		Type: RecOperationCreated, OperationID: ids.New("aop_"), ActionID: actionID, Tool: tool.Name,
+		Service: tool.Service, Method: tool.Method, RouteTemplate: tool.Route, Path: req.path, Args: req.args,
+		Fingerprint: req.fingerprint, RetryMode: tool.Mode, Budget: a.cfg.Budget, AuthorityRef: a.cfg.AuthorityRef,
+		RunID: a.runID, At: a.now(),
+	}
+	if tool.Keyed {
+		op.IdempotencyKey = ids.New("idk_")
+	}
+	if tool.Name == "request_approval" {
+		var f struct {
+			ForAction string `json:"for_action"`
+		}
+		_ = json.Unmarshal(req.args, &f)
+		a.mu.Lock()
+		target := a.v.byAction[f.ForAction]
+		a.mu.Unlock()
+		if target == nil {
+			return nil, fmt.Errorf("%w: for_action %q is not in the journal", ErrUnknownAction, f.ForAction)
+		}
+		if target.IdempotencyKey == "" || (target.Service != Payments && target.Service != Deploys) {
+			return nil, fmt.Errorf("%w: %s (%s) does not take approvals", ErrBadArguments, f.ForAction, target.Tool)
+		}
+		op.Service = target.Service
+	}
+	if opts.Supersedes != "" {
+		a.mu.Lock()
+		old := a.v.byAction[opts.Supersedes]
+		a.mu.Unlock()
+		if old == nil {
+			return nil, fmt.Errorf("%w: supersedes %q: no such action in the journal", ErrUnknownAction, opts.Supersedes)
+		}
+		op.SupersedesOperationID = old.OperationID
+		op.SupersedesServerOpID = old.ServerOperationID()
+	}
+	a.cfg.Hook("before_journal")
+	if err := a.record(op); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.v.ops[op.OperationID], nil
+}
+
+// Resume drives every operation the journal has not finished to an end, from evidence: it looks each one up,
+// then retries with the same key or hands it to a person. It never makes a new key for an operation.
+func (a *Agent) Resume(ctx context.Context) ([]Result, error) {
+	a.mu.Lock()
+	var open []*Operation
+	for _, op := range a.v.order {
+		if !op.Final() {
+			open = append(open, op)
+		}
+	}
+	a.mu.Unlock()
+	var out []Result
+	for _, op := range open {
+		unlock := a.lockAction(op.ActionID)
+		res, err := a.drive(ctx, op, lastApproval(op))
+		unlock()
+		if err != nil {
+			return out, err
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// Operation returns the journal's operation for an action id, or for an operation id.
+func (a *Agent) Operation(id string) (*Operation, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if op := a.v.byAction[id]; op != nil {
+		return op, true
+	}
+	op, ok := a.v.ops[id]
+	return op, ok
+}
+
+// Operations are the journal's operations in creation order.
+func (a *Agent) Operations() []*Operation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]*Operation(nil), a.v.order...)
+}
+
+// Result is how op stands now.
+func (a *Agent) Result(op *Operation) Result { return a.result(op) }
+
+func (a *Agent) result(op *Operation) Result {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return resultOf(op)
+}
+
+// resultOf is how op stands; the caller keeps op from changing meanwhile.
+func resultOf(op *Operation) Result {
+	r := Result{OperationID: op.OperationID, ActionID: op.ActionID, Tool: op.Tool, IdempotencyKey: op.IdempotencyKey,
+		Attempts: len(op.Attempts), ServerOperationID: op.ServerOperationID(), State: StateOpen,
+		NextStep: "not settled yet: call again with the same action_id, or run resume"}
+	if s := op.Settled; s != nil {
+		r.State, r.HTTPStatus, r.Code, r.NextStep, r.Reason = s.State, s.HTTPStatus, s.Code, s.NextStep, s.Reason
+		r.Body, r.Evidence, r.ApprovalID = s.Body, s.Evidence, s.ApprovalID
+		if s.ServerOperationID != "" {
+			r.ServerOperationID = s.ServerOperationID
+		}
+	}
+	return r
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

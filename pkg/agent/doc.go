@@ -1,0 +1,74 @@
+// Package agent is the caller's half of retrysafe's promise: an AI agent (or a script) makes writes to the
+// tickets, payments and deploys services through it, and each intended action has exactly one effect, whatever
+// fails: the network, the service, or the agent itself, killed at any instruction.
+//
+// The services dedupe by Idempotency-Key. That protects a caller only if it keeps its side: one key per intended
+// action, made before the first send, kept across its own crash, reused on every retry, never reused for a
+// changed intent. This package keeps that side, in a journal file, and adds the retry rule and the evidence.
+//
+// # Actions, operations, attempts, observations
+//
+// The caller names each intended action with an action id of its choosing ("alert-7c91-ticket"). The first
+// Do for an action id creates an operation: an id, an idempotency key, the tool, its route template, the
+// arguments and their canonical fingerprint (SHA-256 over RFC 8785 JSON), the tool's retry mode. The operation is
+// written to the journal and fsynced before anything is sent. Each HTTP send is an attempt, journaled before it
+// leaves (attempt_started: id, parent, retry reason from the services' fixed list, the rule's decision, budget
+// left) and after (attempt_finished: dispatch state not_sent, sent_no_response, response_received or
+// execution_error; status, the service's code and Operation-Id, duration). What the agent learns without sending
+// the write again is an observation: an operation lookup or poll, found or not found, and an attempt that a dead
+// process left without an end. Every attempt sends Attempt-Id, Agent-Run-Id and, for a retry, Retry-Of and
+// Retry-Reason, so the service's own audit records match the journal's.
+//
+// A later Do with the same action id and the same arguments (spelled any way: key order and spacing do not
+// matter) continues that operation with the same key, or returns how it ended without sending. With other
+// arguments it returns ErrChangedIntent and sends nothing: a changed intent is a new action id, with
+// DoOptions.Supersedes naming the old one, which the service records as Supersedes-Operation-Id.
+//
+// # The retry rule
+//
+// Each tool declares a RetryMode: read_only, converge (a declared final state), create, financial, destructive.
+//
+//   - not sent (connection refused): send again.
+//   - sent, no answer (or an attempt a dead process left): for keyed tools, look the operation up first
+//     (GET /v1/operations?idempotency_key=), an observation, positive or negative, then send again with the same
+//     key; the services dedupe by key. Financial and destructive tools never send again before a lookup answered;
+//     create tools do when the lookup itself fails, since the key still dedupes. Converge tools send the same state
+//     again.
+//   - 409 request_in_progress, 429, 5xx: send again with the same key after Retry-After (at least the backoff,
+//     full jitter, exponential).
+//   - 202 with an operation (unknown outcome, or accepted work such as a deploy): poll the operation until it
+//     settles; an unknown one is sent again with the same key after a few polls, which makes the service
+//     reconcile it at once.
+//   - 422 idempotency_key_reused: refused, never retried (a changed intent).
+//   - 428 approval_required: needs_human, with the next step (request_approval, then Do again with approval_id).
+//   - 502 provider_unavailable, provider_declined: failed (the service says it did not happen).
+//   - any other 4xx: refused, final.
+//   - the attempt budget (Config.Budget, default 5) spent: needs_human, with the evidence.
+//
+// Resume drives every operation the journal has not finished to one of those ends, from evidence: it looks up,
+// then retries with the same key, or hands over to a person. It never makes a new key for an operation.
+//
+// # The journal
+//
+// One file of JSON lines, each an auditchain record (the server's audit chain format and code: RFC 8785, SHA-256,
+// each record linked to the one before), written with one write and fsync. An append-only file, rather than
+// SQLite, because the journal is exactly an append-only chain, read whole at start; it needs no query, no schema
+// and no dependency, and a hash chain over lines is checked by the same verifier as the server's. VerifyJournal
+// (and `retrysafe audit verify --journal PATH`) checks it offline. A line the kernel never finished writing is
+// outside the chain; the next writer discards it (nothing was acted on after it). Open verifies the chain
+// first and refuses a broken journal (ErrJournalBroken): resume acts on what the journal says.
+//
+// The journal is locked (flock) for as long as an Agent has it open: a second process waits up to
+// Config.LockWait, then gets ErrJournalLocked. Two agents on one journal take turns and never double an
+// effect through it. The lock dies with its holder, even on SIGKILL.
+//
+// The journal holds the arguments (resume must resend them) but never the API key: it records
+// Config.AuthorityRef instead. Put no secret in arguments.
+//
+// # Commands
+//
+// cmd/retrysafe wraps this package as `retrysafe agent do|resume|show` for shell-driven agents and as
+// `retrysafe mcp` (package agentmcp) for MCP clients. Requests go through net/http rather than the generated
+// api/client: the rule is the same for every route, and needs each answer's raw status, headers and body, and
+// the moment the request was written (httptrace), which a typed per-endpoint client hides.
+package agent

@@ -1,0 +1,202 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/ids"
+)
+
+// ErrJournalBroken is returned by Open when the journal's chain does not verify: an agent never acts on it.
+var ErrJournalBroken = errors.New("agent: the journal's hash chain is broken")
+
+// ErrJournalLocked is returned by Open when another process holds the journal for longer than Config.LockWait.
+var ErrJournalLocked = errors.New("agent: the journal is in use by another agent process")
+
+// Record types of the journal, in the order an operation's story usually runs.
+const (
+	RecJournalOpened     = "journal_opened"
+	RecRunStarted        = "run_started"
+	RecOperationCreated  = "operation_created"
+	RecAttemptStarted    = "attempt_started"
+	RecAttemptFinished   = "attempt_finished"
+	RecObservation       = "observation"
+	RecOperationSettled  = "operation_settled"
+	RecIntentRefused     = "changed_intent_refused"
+	RecTornTailDiscarded = "torn_tail_discarded"
+)
+
+// entry is one line of the journal file: an auditchain record (the server's format) as JSON.
+type entry struct {
+	Chain  string          `json:"chain"`
+	Seq    int64           `json:"seq"`
+	Prev   string          `json:"prev"`
+	Hash   string          `json:"hash"`
+	Record json.RawMessage `json:"record"`
+}
+
+// journal is the append-only, hash-chained file. Every record is one line written with one write(2) and made
+// durable with fsync before the caller acts on it: a record the agent relies on (an operation and its key,
+// "attempt started") exists on disk before the request leaves the process.
+type journal struct {
+	path string
+	f    *os.File
+
+	mu    sync.Mutex
+	chain *auditchain.Chain
+	recs  []json.RawMessage
+	now   func() time.Time
+}
+
+// openJournal opens (creating) and locks the journal at path, waiting up to wait for another process to let go.
+// The lock is an flock(2) on the file itself: the kernel drops it when the holder dies, even by SIGKILL.
+func openJournal(path string, wait time.Duration, now func() time.Time) (*journal, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("agent: open journal: %w", err)
+	}
+	if err := lockFile(f, wait); err != nil {
+		f.Close()
+		return nil, err
+	}
+	j := &journal{path: path, f: f, now: now}
+	if err := j.load(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+func lockFile(f *os.File, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("agent: lock journal: %w", err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w (%s); wait for it to finish or use another journal", ErrJournalLocked, f.Name())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// load reads the records, discards an unfinished last line (a write the kernel never completed: nothing was
+// acted on after it, because every record is fsynced before the agent acts), and resumes the chain.
+func (j *journal) load() error {
+	entries, torn, err := readEntries(j.f)
+	if err != nil {
+		return err
+	}
+	if rep := verifyEntries(entries); !rep.Intact() {
+		// Resume would act on what the journal says: not on a journal that was changed.
+		return fmt.Errorf("%w: %s (retrysafe audit verify --journal %s)", ErrJournalBroken, rep.Problems[0], j.path)
+	}
+	for _, e := range entries {
+		j.recs = append(j.recs, e.Record)
+	}
+	if torn > 0 {
+		st, err := j.f.Stat()
+		if err != nil {
+			return fmt.Errorf("agent: journal: %w", err)
+		}
+		if err := j.f.Truncate(st.Size() - int64(torn)); err != nil {
+			return fmt.Errorf("agent: journal: discard unfinished line: %w", err)
+		}
+	}
+	if len(entries) == 0 {
+		j.chain = &auditchain.Chain{Name: ids.New("jnl_")}
+		if _, err := j.append(map[string]any{"type": RecJournalOpened, "at": auditchain.FormatTime(j.now()), "format": 1}); err != nil {
+			return err
+		}
+	} else {
+		last := entries[len(entries)-1]
+		j.chain = auditchain.Resume(auditchain.Head{Chain: last.Chain, Seq: last.Seq, Hash: last.Hash})
+	}
+	if torn > 0 {
+		_, err := j.append(map[string]any{"type": RecTornTailDiscarded, "at": auditchain.FormatTime(j.now()), "bytes": torn})
+		return err
+	}
+	return nil
+}
+
+// readEntries parses every complete line of r; torn is the length of a last line without its newline.
+func readEntries(r io.ReaderAt) (entries []entry, torn int, err error) {
+	data, err := io.ReadAll(io.NewSectionReader(r, 0, 1<<40))
+	if err != nil {
+		return nil, 0, fmt.Errorf("agent: read journal: %w", err)
+	}
+	if i := bytes.LastIndexByte(data, '\n'); i < len(data)-1 {
+		torn = len(data) - 1 - i
+		data = data[:i+1]
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64*1024), 64*1024*1024)
+	line := 0
+	for sc.Scan() {
+		line++
+		var e entry
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return nil, 0, fmt.Errorf("agent: journal line %d is not a record: %w", line, err)
+		}
+		entries = append(entries, e)
+	}
+	return entries, torn, sc.Err()
+}
+
+// append chains body as the next record, writes it as one line and fsyncs. j.mu must be held, or j not shared yet.
+func (j *journal) append(body any) (json.RawMessage, error) {
+	rec, err := j.chain.Append(body)
+	if err != nil {
+		return nil, err
+	}
+	line, err := json.Marshal(entry{Chain: rec.Chain, Seq: rec.Seq, Prev: rec.Prev, Hash: rec.Hash, Record: rec.Body})
+	if err != nil {
+		return nil, err
+	}
+	line = append(line, '\n')
+	if _, err := j.f.Write(line); err != nil {
+		return nil, fmt.Errorf("agent: journal write: %w", err)
+	}
+	if err := j.f.Sync(); err != nil {
+		return nil, fmt.Errorf("agent: journal fsync: %w", err)
+	}
+	j.recs = append(j.recs, rec.Body)
+	return rec.Body, nil
+}
+
+func (j *journal) close() error {
+	// Closing the descriptor releases the flock.
+	return j.f.Close()
+}
+
+// ReadRecords returns the journal's record bodies in order, without taking the lock: appends are whole lines,
+// and an unfinished last line is left out.
+func ReadRecords(path string) ([]json.RawMessage, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	defer f.Close()
+	entries, _, err := readEntries(f)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]json.RawMessage, len(entries))
+	for i, e := range entries {
+		out[i] = e.Record
+	}
+	return out, nil
+}

@@ -1,0 +1,666 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/ids"
+)
+
+// Retry reasons: the fixed list the services accept in Retry-Reason (CONVENTIONS.md).
+const (
+	ReasonConnectionNotEstablished  = "connection_not_established"
+	ReasonRateLimited               = "rate_limited"
+	ReasonDestination5xx            = "destination_5xx"
+	ReasonResponseLostAfterDispatch = "response_lost_after_dispatch"
+	ReasonOperatorRequested         = "operator_requested"
+)
+
+// step is what the rule decided to do next.
+type step struct {
+	kind     string // send, lookup, poll, settle
+	reason   string // retry reason of a send
+	decision string
+	wait     time.Duration
+	// settle
+	state, why, next string
+}
+
+// drive runs the retry rule on op until it settles or the rule says to stop.
+func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Result, error) {
+	deadline := time.Now().Add(a.cfg.MaxWait)
+	for {
+		if err := ctx.Err(); err != nil {
+			return a.result(op), err
+		}
+		s := a.decide(op)
+		if s.kind != "settle" && s.wait > 0 {
+			if time.Now().Add(s.wait).After(deadline) {
+				s = a.outOfTime(op)
+			} else if err := sleep(ctx, s.wait); err != nil {
+				return a.result(op), err
+			}
+		}
+		switch s.kind {
+		case "settle":
+			if err := a.settle(op, s); err != nil {
+				return Result{}, err
+			}
+			return a.result(op), nil
+		case "send":
+			if op.budgetLeft() <= 0 {
+				next := "the attempt budget is spent and the outcome is not settled: a person must check the operation " +
+					"(retrysafe agent show, GET /v1/operations?idempotency_key=) before anything else is sent"
+				if neverSent(op) {
+					next = "the attempt budget is spent and no attempt left this machine (every one not_sent): nothing happened; " +
+						"when the service is reachable, a person may start the action again under a new action_id"
+				}
+				if err := a.settle(op, step{state: StateNeedsHuman, why: "attempt budget spent", next: next}); err != nil {
+					return Result{}, err
+				}
+				return a.result(op), nil
+			}
+			if err := a.send(ctx, op, s, approvalID); err != nil {
+				return a.result(op), err
+			}
+		case "lookup":
+			if err := a.lookup(ctx, op); err != nil {
+				return a.result(op), err
+			}
+		case "poll":
+			if err := a.poll(ctx, op); err != nil {
+				return a.result(op), err
+			}
+		}
+	}
+}
+
+// outOfTime is the end of a call that waited MaxWait: work the service acknowledged is in progress; anything
+// else goes to a person with the evidence.
+func (a *Agent) outOfTime(op *Operation) step {
+	if st := lastServerState(op); st == "queued" || st == "running" || st == "unknown" {
+		return step{kind: "settle", state: StateInProgress, why: "the service is still working on it (" + st + ")",
+			next: "the service has the operation and is still working on it: call again with the same action_id, or run resume, to wait for it; never use a new action_id"}
+	}
+	return step{kind: "settle", state: StateNeedsHuman, why: "no settled answer within the wait",
+		next: "no settled answer within the wait: a person must check the service and the operation before anything else is sent"}
+}
+
+// neverSent reports whether every attempt of op is known not to have left the process.
+func neverSent(op *Operation) bool {
+	for _, at := range op.Attempts {
+		if at.Finished == nil || at.Finished.DispatchState != NotSent {
+			return false
+		}
+	}
+	return true
+}
+
+// lastAttempt is the operation's newest attempt, nil before the first.
+func lastAttempt(op *Operation) *Attempt {
+	if len(op.Attempts) == 0 {
+		return nil
+	}
+	return op.Attempts[len(op.Attempts)-1]
+}
+
+// lastServerState is the newest server state an answer or observation reported.
+func lastServerState(op *Operation) string {
+	st, at := "", ""
+	for _, a := range op.Attempts {
+		if a.Finished != nil && a.Finished.ServerState != "" {
+			st, at = a.Finished.ServerState, a.Finished.At
+		}
+	}
+	for _, o := range op.Observations {
+		if o.ServerState != "" && o.At >= at {
+			st, at = o.ServerState, o.At
+		}
+	}
+	return st
+}
+
+// observationsSince are the observations recorded after the attempt's end (or start, if it never ended).
+func observationsSince(op *Operation, at *Attempt) []*Observation {
+	if at == nil {
+		return op.Observations
+	}
+	since := at.At
+	if at.Finished != nil {
+		since = at.Finished.At
+	}
+	var out []*Observation
+	for _, o := range op.Observations {
+		if o.At >= since && o.Kind != ObsChanged && o.Kind != ObsApproval {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// approvedSince reports whether a person's approval arrived after the attempt ended.
+func approvedSince(op *Operation, at *Attempt) bool {
+	if at.Finished == nil {
+		return false
+	}
+	for _, o := range op.Observations {
+		if o.Kind == ObsApproval && o.At >= at.Finished.At {
+			return true
+		}
+	}
+	return false
+}
+
+// decide is the retry rule: from the last attempt and what was observed since, the next step.
+func (a *Agent) decide(op *Operation) step {
+	last := lastAttempt(op)
+	if last == nil {
+		return step{kind: "send", decision: "first_attempt"}
+	}
+	obs := observationsSince(op, last)
+	if approvedSince(op, last) {
+		return step{kind: "send", reason: ReasonOperatorRequested, decision: "approval_given_same_key"}
+	}
+	backoff := a.backoff(len(op.Attempts) - op.budgetFrom + len(obs))
+
+	res := last.Finished
+	if res == nil {
+		// The process that started this attempt died before it recorded the end: it may have been sent.
+		if !slices.ContainsFunc(obs, func(o *Observation) bool { return o.Kind == ObsInterrupted && o.AttemptID == last.AttemptID }) {
+			_ = a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsInterrupted, AttemptID: last.AttemptID,
+				RunID: a.runID, At: a.now(), Detail: "the agent stopped during this attempt: it may have been sent"})
+		}
+		return a.unknownFate(op, observationsSince(op, last), backoff)
+	}
+	switch res.DispatchState {
+	case NotSent:
+		return step{kind: "send", reason: ReasonConnectionNotEstablished, decision: "not_sent_send_again", wait: backoff}
+	case SentNoResponse, ExecutionError:
+		return a.unknownFate(op, obs, backoff)
+	}
+
+	retryAfter := time.Duration(res.RetryAfterSeconds) * time.Second
+	wait := max(retryAfter, backoff)
+	switch {
+	case res.Status == http.StatusAccepted || res.Code == "outcome_unknown":
+		return a.accepted(op, res, obs, wait)
+	case res.Status >= 200 && res.Status < 300:
+		return step{kind: "settle", state: StateSucceeded, why: replayedWord(res), next: "done: nothing more to do for this action"}
+	case res.Code == "request_in_progress":
+		return step{kind: "send", reason: ReasonRateLimited, decision: "in_progress_same_key_after_retry_after", wait: wait}
+	case res.Status == http.StatusTooManyRequests:
+		return step{kind: "send", reason: ReasonRateLimited, decision: "rate_limited_after_retry_after", wait: wait}
+	case res.Code == "provider_unavailable" || res.Code == "provider_declined":
+		return step{kind: "settle", state: StateFailed, why: "the service says it did not happen (" + res.Code + ")",
+			next: "the service says it did not happen: to try again, call with a new action_id"}
+	case res.Status >= 500:
+		return step{kind: "send", reason: ReasonDestination5xx, decision: "5xx_same_key_after_backoff", wait: wait}
+	case res.Code == "duplicate_effect_confirmed":
+		return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
+			next: "the service's records show this effect happened more than once; nothing is retried: a person corrects it with a new operation (see the body's remote ids)"}
+	case res.Code == "idempotency_key_reused":
+		return step{kind: "settle", state: StateRefused, why: "the service holds other arguments under this key: a changed intent",
+			next: "never retried: a changed intent is a new action_id that supersedes this one"}
+	case res.Code == "approval_required":
+		return step{kind: "settle", state: StateNeedsHuman, why: "approval required",
+			next: fmt.Sprintf("approval required: call request_approval with {\"for_action\": %q}, have a person approve it, "+
+				"then call %s again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)}
+	case res.Code == "approval_invalid":
+		return step{kind: "settle", state: StateNeedsHuman, why: "the approval does not match, expired or was not granted",
+			next: fmt.Sprintf("the approval was not accepted: request a new one (request_approval with {\"for_action\": %q}) and call again with its approval_id", op.ActionID)}
+	default:
+		return step{kind: "settle", state: StateRefused, why: fmt.Sprintf("the service refused it (%d %s)", res.Status, res.Code),
+			next: "refused and final: do not retry this action; fix the request and use a new action_id"}
+	}
+}
+
+func replayedWord(res *AttemptResult) string {
+	if res.Replayed {
+		return "the service returned its stored answer (replayed)"
+	}
+	return "the service answered " + strconv.Itoa(res.Status)
+}
+
+// accepted handles a 202 (or a 409 naming an unknown operation): poll the operation until it settles.
+func (a *Agent) accepted(op *Operation, res *AttemptResult, obs []*Observation, wait time.Duration) step {
+	state := res.ServerState
+	if n := len(obs); n > 0 {
+		state = obs[n-1].ServerState
+	}
+	switch state {
+	case "succeeded":
+		if res.ServerState == "unknown" {
+			// The stored answer now is the settled one: fetch it with the same key.
+			return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "settled_fetch_stored_answer"}
+		}
+		return step{kind: "settle", state: StateSucceeded, why: "the service finished the accepted operation",
+			next: "done: nothing more to do for this action"}
+	case "failed", "cancelled", "duplicate_effect_confirmed":
+		if res.ServerState == "unknown" {
+			return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "settled_fetch_stored_answer"}
+		}
+		if state == "duplicate_effect_confirmed" {
+			return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
+				next: "the service's records show this effect happened more than once; nothing is retried: a person corrects it with a new operation"}
+		}
+		return step{kind: "settle", state: StateFailed, why: "the service reports the operation " + state,
+			next: "the service says it did not complete: to try again, call with a new action_id"}
+	}
+	polls := 0
+	for _, o := range obs {
+		if o.Kind == ObsPoll {
+			polls++
+		}
+	}
+	if res.ServerOperationID == "" || (state == "unknown" && polls >= 3) {
+		// A retry with the same key makes the service reconcile an unknown operation at once.
+		return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "unknown_same_key_reconciles", wait: wait}
+	}
+	return step{kind: "poll", decision: "poll_until_settled", wait: wait}
+}
+
+// unknownFate is the rule after an attempt that may have reached the service: look up first when the
+// operation has a key, then send again with the same key.
+func (a *Agent) unknownFate(op *Operation, obs []*Observation, backoff time.Duration) step {
+	if op.IdempotencyKey == "" {
+		return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "declared_state_send_again", wait: backoff}
+	}
+	var lookup *Observation
+	for _, o := range obs {
+		if o.Kind == ObsLookup {
+			lookup = o
+		}
+	}
+	switch {
+	case lookup == nil:
+		return step{kind: "lookup", decision: "look_up_first", wait: backoff / 4}
+	case lookup.Found == nil && (op.RetryMode == Financial || op.RetryMode == Destructive):
+		// The lookup itself failed: money or an irreversible effect is not sent again blind.
+		return step{kind: "lookup", decision: "look_up_again", wait: backoff}
+	case lookup.Found == nil:
+		return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "same_key_lookup_unavailable", wait: backoff}
+	case !*lookup.Found:
+		return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "lookup_negative_same_key"}
+	default:
+		return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "lookup_found_same_key_" + lookup.ServerState}
+	}
+}
+
+func (a *Agent) backoff(n int) time.Duration {
+	ceil := a.cfg.BackoffBase << min(n, 16)
+	if ceil > a.cfg.BackoffMax || ceil <= 0 {
+		ceil = a.cfg.BackoffMax
+	}
+	return time.Duration(rand.Int64N(int64(ceil)) + 1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (a *Agent) baseURL(service string) string {
+	switch service {
+	case Tickets:
+		return a.cfg.TicketsURL
+	case Payments:
+		return a.cfg.PaymentsURL
+	default:
+		return a.cfg.DeploysURL
+	}
+}
+
+// knownToServer reports whether the service has a record of attempt id: it answered with an operation, or a
+// lookup listed it. The services refuse Retry-Of naming an attempt they never received.
+func knownToServer(op *Operation, id string) bool {
+	for _, at := range op.Attempts {
+		if at.AttemptID == id && at.Finished != nil && at.Finished.ServerOperationID != "" {
+			return true
+		}
+	}
+	for _, o := range op.Observations {
+		if slices.Contains(o.KnownAttempts, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// send makes one attempt: attempt_started is durable before the request leaves, attempt_finished after.
+func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID string) error {
+	at := &Attempt{Type: RecAttemptStarted, OperationID: op.OperationID, AttemptID: ids.New("att_"), Number: len(op.Attempts) + 1,
+		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, RunID: a.runID, At: a.now()}
+	if prev := lastAttempt(op); prev != nil {
+		at.RetryOf, at.RetryReason = prev.AttemptID, s.reason
+		if at.RetryReason == "" {
+			at.RetryReason = ReasonResponseLostAfterDispatch
+		}
+		if op.IdempotencyKey == "" {
+			at.RetryOfSent = prev.AttemptID
+		} else {
+			for _, p := range slices.Backward(op.Attempts) {
+				if knownToServer(op, p.AttemptID) {
+					at.RetryOfSent = p.AttemptID
+					break
+				}
+			}
+		}
+	}
+	body, err := a.requestBody(op)
+	if err != nil {
+		return err
+	}
+	if err := a.record(at); err != nil {
+		return err
+	}
+	a.cfg.Hook("before_send")
+
+	req, err := http.NewRequest(op.Method, a.baseURL(op.Service)+op.Path, bytes.NewReader(body))
+	if err != nil {
+		return a.finish(op, at, &AttemptResult{DispatchState: ExecutionError, Error: "request_build_failed"}, time.Now())
+	}
+	h := req.Header
+	h.Set("Content-Type", "application/json")
+	h.Set("Authorization", "Bearer "+a.cfg.APIKey)
+	h.Set("Attempt-Id", at.AttemptID)
+	h.Set("Agent-Run-Id", a.runID)
+	if op.IdempotencyKey != "" {
+		h.Set("Idempotency-Key", op.IdempotencyKey)
+		h.Set("Prefer", "wait=10")
+	}
+	if at.RetryOfSent != "" {
+		h.Set("Retry-Of", at.RetryOfSent)
+		h.Set("Retry-Reason", at.RetryReason)
+	}
+	if op.SupersedesServerOpID != "" {
+		h.Set("Supersedes-Operation-Id", op.SupersedesServerOpID)
+	}
+	if approvalID != "" {
+		h.Set("Approval-Id", approvalID)
+	}
+	// The after_send hook runs once the request's bytes are on the socket (net/http reports WroteRequest while
+	// they may still sit in its buffer): from the connection's Write after WroteRequest, or, with a client whose
+	// connections this package does not see, once Do returns. A test that stops the process there stops it
+	// before the answer is read, whichever goroutine gets there first (sync.Once blocks the other).
+	st := &dispatch{hook: func() { a.cfg.Hook("after_send") }}
+	trace := &httptrace.ClientTrace{WroteRequest: func(info httptrace.WroteRequestInfo) {
+		if info.Err == nil {
+			st.wrote.Store(true)
+		}
+	}}
+	actx, cancel := context.WithTimeout(context.WithValue(ctx, dispatchKey{}, st), a.cfg.AttemptTimeout)
+	defer cancel()
+	start := time.Now()
+	resp, err := a.cfg.HTTPClient.Do(req.WithContext(httptrace.WithClientTrace(actx, trace)))
+	wrote := st.wrote.Load()
+	if wrote {
+		st.once.Do(st.hook)
+	}
+	if err != nil {
+		r := &AttemptResult{DispatchState: NotSent, Error: transportError(err)}
+		if wrote {
+			r.DispatchState = SentNoResponse
+		}
+		return a.finish(op, at, r, start)
+	}
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	resp.Body.Close()
+	if err != nil {
+		// The status came, the body did not: what the service did is not known from here.
+		return a.finish(op, at, &AttemptResult{DispatchState: SentNoResponse, Status: resp.StatusCode, Error: "body_read_failed"}, start)
+	}
+	a.cfg.Hook("after_answer")
+	r := &AttemptResult{DispatchState: ResponseReceived, Status: resp.StatusCode, Replayed: resp.Header.Get("Idempotent-Replayed") == "true",
+		ServerOperationID: resp.Header.Get("Operation-Id"), RetryAfterSeconds: retryAfter(resp.Header.Get("Retry-After"))}
+	if json.Valid(raw) {
+		r.Body = raw
+		var b struct {
+			Code        string `json:"code"`
+			OperationID string `json:"operation_id"`
+			State       string `json:"state"`
+		}
+		_ = json.Unmarshal(raw, &b)
+		r.Code = b.Code
+		if r.ServerOperationID == "" {
+			r.ServerOperationID = b.OperationID
+		}
+		if resp.StatusCode == http.StatusAccepted || b.Code == "outcome_unknown" {
+			r.ServerState = b.State
+		}
+	}
+	return a.finish(op, at, r, start)
+}
+
+func (a *Agent) finish(op *Operation, at *Attempt, r *AttemptResult, start time.Time) error {
+	r.Type, r.OperationID, r.AttemptID = RecAttemptFinished, op.OperationID, at.AttemptID
+	r.DurationMS, r.At = time.Since(start).Milliseconds(), a.now()
+	return a.record(r)
+}
+
+// requestBody is what the operation sends; request_approval's is built from the action it is for.
+func (a *Agent) requestBody(op *Operation) ([]byte, error) {
+	tool := Tools[op.Tool]
+	req, err := tool.prepare(op.Args)
+	if err != nil {
+		return nil, err
+	}
+	if op.Tool != "request_approval" {
+		return req.body, nil
+	}
+	var f struct {
+		ForAction string `json:"for_action"`
+	}
+	_ = json.Unmarshal(op.Args, &f)
+	a.mu.Lock()
+	target := a.v.byAction[f.ForAction]
+	a.mu.Unlock()
+	if target == nil {
+		return nil, fmt.Errorf("%w: for_action %q", ErrUnknownAction, f.ForAction)
+	}
+	treq, err := Tools[target.Tool].prepare(target.Args)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(map[string]any{"method": target.Method, "path": target.Path,
+		"idempotency_key": target.IdempotencyKey, "body": json.RawMessage(treq.body)})
+}
+
+// transportError names a transport failure from a fixed list: error text never goes to the journal.
+func transportError(err error) string {
+	var ue *url.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	case errors.As(err, &ue) && strings.Contains(ue.Err.Error(), "connection refused"):
+		return "connection_refused"
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection_closed"
+	}
+	return "transport_error"
+}
+
+func retryAfter(v string) int {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 0 {
+		return min(n, 300)
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return min(max(int(time.Until(t).Seconds()+0.999), 0), 300)
+	}
+	return 0
+}
+
+// operationView is the part of a service's operation the agent reads.
+type operationView struct {
+	ID     string `json:"id"`
+	State  string `json:"state"`
+	Events []struct {
+		Detail map[string]any `json:"detail"`
+	} `json:"events"`
+}
+
+func (o operationView) attempts() []string {
+	var out []string
+	for _, e := range o.Events {
+		if id, ok := e.Detail["attempt_id"].(string); ok && id != "" && !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// lookup asks the service for the operation under the key: an observation, positive or negative.
+func (a *Agent) lookup(ctx context.Context, op *Operation) error {
+	endpoint := "/v1/operations?idempotency_key=" + url.QueryEscape(op.IdempotencyKey)
+	ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsLookup, Endpoint: "GET " + endpoint, RunID: a.runID}
+	var res struct {
+		Items []operationView `json:"items"`
+	}
+	start := time.Now()
+	status, err := a.get(ctx, a.baseURL(op.Service)+endpoint, &res)
+	ob.Status, ob.DurationMS, ob.At = status, time.Since(start).Milliseconds(), a.now()
+	switch {
+	case err != nil:
+		ob.Detail = "lookup failed: " + err.Error()
+	case len(res.Items) == 0:
+		found := false
+		ob.Found = &found
+		ob.Detail = "the service had no operation under this key when asked: no earlier attempt had reached it (yet)"
+	default:
+		found := true
+		it := res.Items[0]
+		ob.Found, ob.ServerOperationID, ob.ServerState, ob.KnownAttempts = &found, it.ID, it.State, it.attempts()
+	}
+	return a.record(ob)
+}
+
+// poll asks for the operation an answer named.
+func (a *Agent) poll(ctx context.Context, op *Operation) error {
+	id := op.ServerOperationID()
+	endpoint := "/v1/operations/" + url.PathEscape(id)
+	ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsPoll, Endpoint: "GET " + endpoint, RunID: a.runID}
+	var it operationView
+	start := time.Now()
+	status, err := a.get(ctx, a.baseURL(op.Service)+endpoint, &it)
+	ob.Status, ob.DurationMS, ob.At = status, time.Since(start).Milliseconds(), a.now()
+	if err != nil {
+		ob.Detail = "poll failed: " + err.Error()
+	} else {
+		found := true
+		ob.Found, ob.ServerOperationID, ob.ServerState = &found, it.ID, it.State
+	}
+	return a.record(ob)
+}
+
+// get reads a JSON answer; a non-200 answer or a transport failure is an error named from a fixed list.
+func (a *Agent) get(ctx context.Context, u string, out any) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.AttemptTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, errors.New("bad_url")
+	}
+	req.Header.Set("Authorization", "Bearer "+a.cfg.APIKey)
+	req.Header.Set("Agent-Run-Id", a.runID)
+	resp, err := a.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return 0, errors.New(transportError(err))
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return resp.StatusCode, errors.New("body_read_failed")
+	}
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return resp.StatusCode, errors.New("not_json")
+	}
+	return resp.StatusCode, nil
+}
+
+// settle records how the operation ended, with the evidence.
+func (a *Agent) settle(op *Operation, s step) error {
+	st := Settlement{Type: RecOperationSettled, OperationID: op.OperationID, State: s.state, Reason: s.why, NextStep: s.next,
+		ServerOperationID: op.ServerOperationID(), RunID: a.runID, At: a.now(), Evidence: evidence(op)}
+	if last := lastAttempt(op); last != nil && last.Finished != nil {
+		st.HTTPStatus, st.Code, st.Body = last.Finished.Status, last.Finished.Code, last.Finished.Body
+		st.ApprovalID = last.ApprovalID
+	}
+	if op.Tool == "request_approval" && s.state == StateSucceeded {
+		var ap struct {
+			ID string `json:"id"`
+		}
+		_ = json.Unmarshal(st.Body, &ap)
+		var f struct {
+			ForAction string `json:"for_action"`
+		}
+		_ = json.Unmarshal(op.Args, &f)
+		st.ApprovalID = ap.ID
+		st.NextStep = fmt.Sprintf("approval %s is pending: a person approves it (POST /v1/approvals/%s/approve with an approver's key); "+
+			"then call action %q again with the same arguments plus \"approval_id\": %q", ap.ID, ap.ID, f.ForAction, ap.ID)
+	}
+	return a.record(st)
+}
+
+// evidence lists the attempts and observations in words, for the settlement record and for people.
+func evidence(op *Operation) []string {
+	var out []string
+	for _, at := range op.Attempts {
+		line := fmt.Sprintf("attempt %d %s (%s)", at.Number, at.AttemptID, at.Decision)
+		if r := at.Finished; r != nil {
+			line += ": " + r.DispatchState
+			if r.Status != 0 {
+				line += fmt.Sprintf(" %d", r.Status)
+			}
+			if r.Code != "" {
+				line += " " + r.Code
+			}
+			if r.Error != "" {
+				line += " " + r.Error
+			}
+		} else {
+			line += ": no recorded end (the agent stopped during it)"
+		}
+		out = append(out, line)
+	}
+	for _, o := range op.Observations {
+		line := o.Kind
+		if o.Endpoint != "" {
+			line += " " + o.Endpoint
+		}
+		switch {
+		case o.Found != nil && *o.Found:
+			line += ": found " + o.ServerOperationID + " " + o.ServerState
+		case o.Found != nil:
+			line += ": not found"
+		case o.Detail != "":
+			line += ": " + o.Detail
+		}
+		out = append(out, line)
+	}
+	return out
+}

@@ -1,0 +1,155 @@
+package agent
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// Journal is a read-only view of a journal file, for people and tools that must not take the lock (show,
+// get_operation from another process).
+type Journal struct {
+	v *view
+}
+
+// ReadJournal reads the journal at path without locking it.
+func ReadJournal(path string) (*Journal, error) {
+	recs, err := ReadRecords(path)
+	if err != nil {
+		return nil, err
+	}
+	v := newView()
+	for _, r := range recs {
+		if err := v.apply(r); err != nil {
+			return nil, err
+		}
+	}
+	return &Journal{v: v}, nil
+}
+
+// Operations are the journal's operations in creation order.
+func (j *Journal) Operations() []*Operation { return j.v.order }
+
+// Operation finds an operation by action id or operation id.
+func (j *Journal) Operation(id string) (*Operation, bool) {
+	if op := j.v.byAction[id]; op != nil {
+		return op, true
+	}
+	op, ok := j.v.ops[id]
+	return op, ok
+}
+
+// Result is how op stands, as Do would return it.
+func (j *Journal) Result(op *Operation) Result { return resultOf(op) }
+
+// State is the operation's state word.
+func (o *Operation) State() string {
+	if o.Settled == nil {
+		return StateOpen
+	}
+	return o.Settled.State
+}
+
+// WriteSummary prints one line per operation.
+func (j *Journal) WriteSummary(w io.Writer) {
+	fmt.Fprintf(w, "%-44s %-24s %-22s %-12s %s\n", "OPERATION", "ACTION", "TOOL", "STATE", "ATTEMPTS")
+	for _, op := range j.v.order {
+		fmt.Fprintf(w, "%-44s %-24s %-22s %-12s %d\n", op.OperationID, op.ActionID, op.Tool, op.State(), len(op.Attempts))
+	}
+}
+
+// WriteTimeline prints one operation's story, agent side: the intent, every attempt with its lineage and
+// dispatch state, every observation (negative ones too), and how it ended.
+func (op *Operation) WriteTimeline(w io.Writer) {
+	fmt.Fprintf(w, "operation %s  action %q  state %s\n", op.OperationID, op.ActionID, op.State())
+	fmt.Fprintf(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
+	fmt.Fprintf(w, "  arguments   %s\n", op.Args)
+	fmt.Fprintf(w, "  fingerprint sha256:%s\n", op.Fingerprint)
+	if op.IdempotencyKey != "" {
+		fmt.Fprintf(w, "  key         %s (made and journaled %s, before the first send)\n", op.IdempotencyKey, op.At)
+	} else {
+		fmt.Fprintf(w, "  key         none: a declared state, safe to send again\n")
+	}
+	fmt.Fprintf(w, "  authority   %s\n", op.AuthorityRef)
+	if op.SupersedesOperationID != "" {
+		fmt.Fprintf(w, "  supersedes  %s (server %s)\n", op.SupersedesOperationID, op.SupersedesServerOpID)
+	}
+	if id := op.ServerOperationID(); id != "" {
+		fmt.Fprintf(w, "  server op   %s\n", id)
+	}
+	type line struct{ at, text string }
+	var lines []line
+	for _, at := range op.Attempts {
+		t := fmt.Sprintf("attempt %d %s  %s", at.Number, at.AttemptID, at.Decision)
+		if at.RetryOf != "" {
+			t += fmt.Sprintf("  retry of %s (%s)", at.RetryOf, at.RetryReason)
+			if at.RetryOfSent != at.RetryOf {
+				t += fmt.Sprintf(" [Retry-Of sent: %q, the nearest attempt the service had seen]", at.RetryOfSent)
+			}
+		}
+		t += fmt.Sprintf("  budget left %d  run %s", at.BudgetLeft, at.RunID)
+		if at.ApprovalID != "" {
+			t += "  approval " + at.ApprovalID
+		}
+		lines = append(lines, line{at.At, t})
+		if r := at.Finished; r != nil {
+			t := fmt.Sprintf("  -> %s", r.DispatchState)
+			if r.Status != 0 {
+				t += fmt.Sprintf(" %d", r.Status)
+			}
+			for _, s := range []string{r.Code, r.Error} {
+				if s != "" {
+					t += " " + s
+				}
+			}
+			if r.Replayed {
+				t += " (replayed by the service)"
+			}
+			if r.ServerOperationID != "" {
+				t += " op " + r.ServerOperationID
+			}
+			if r.ServerState != "" {
+				t += " state " + r.ServerState
+			}
+			t += fmt.Sprintf(" in %dms", r.DurationMS)
+			lines = append(lines, line{r.At, t})
+		} else {
+			lines = append(lines, line{at.At + "~", "  -> no recorded end: the agent stopped during this attempt"})
+		}
+	}
+	for _, o := range op.Observations {
+		t := "observation " + o.Kind
+		if o.Endpoint != "" {
+			t += "  " + o.Endpoint
+		}
+		if o.Status != 0 {
+			t += fmt.Sprintf("  %d", o.Status)
+		}
+		switch {
+		case o.Found != nil && *o.Found:
+			t += fmt.Sprintf("  found %s state %s", o.ServerOperationID, o.ServerState)
+			if len(o.KnownAttempts) > 0 {
+				t += "  attempts it saw: " + strings.Join(o.KnownAttempts, ", ")
+			}
+		case o.Found != nil:
+			t += "  NOT FOUND"
+		}
+		if o.Detail != "" {
+			t += "  (" + o.Detail + ")"
+		}
+		lines = append(lines, line{o.At, t})
+	}
+	if s := op.Settled; s != nil {
+		lines = append(lines, line{s.At, fmt.Sprintf("settled %s: %s", s.State, s.Reason)})
+	}
+	sort.SliceStable(lines, func(i, k int) bool { return lines[i].at < lines[k].at })
+	for _, l := range lines {
+		fmt.Fprintf(w, "  %-27s %s\n", strings.TrimSuffix(l.at, "~"), l.text)
+	}
+	if s := op.Settled; s != nil {
+		fmt.Fprintf(w, "  next step: %s\n", s.NextStep)
+	} else {
+		fmt.Fprintf(w, "  not settled: resume drives it to an end\n")
+	}
+}

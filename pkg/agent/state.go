@@ -1,0 +1,240 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// States an operation ends in, and the two it passes through.
+const (
+	StateOpen       = "open"        // created, not settled: resume drives it
+	StateInProgress = "in_progress" // the service accepted it and is still working (a deploy): resume keeps asking
+	StateSucceeded  = "succeeded"
+	StateFailed     = "failed"      // the service says it did not happen
+	StateRefused    = "refused"     // the service refused it (4xx), or the agent refused a changed intent
+	StateNeedsHuman = "needs_human" // an approval, an exhausted budget, or evidence the rule cannot read
+)
+
+// Dispatch states of an attempt (seed 004): what the caller saw, not what it hopes.
+const (
+	NotSent          = "not_sent"
+	SentNoResponse   = "sent_no_response"
+	ResponseReceived = "response_received"
+	ExecutionError   = "execution_error"
+)
+
+// Operation is one intended effect: its identity, written before the first send, and its evidence.
+type Operation struct {
+	Type                  string          `json:"type"`
+	OperationID           string          `json:"operation_id"`
+	ActionID              string          `json:"action_id"`
+	IdempotencyKey        string          `json:"idempotency_key,omitempty"`
+	Tool                  string          `json:"tool"`
+	Service               string          `json:"service"`
+	Method                string          `json:"method"`
+	RouteTemplate         string          `json:"route_template"`
+	Path                  string          `json:"path"`
+	Args                  json.RawMessage `json:"args"`
+	Fingerprint           string          `json:"fingerprint"`
+	RetryMode             RetryMode       `json:"retry_mode"`
+	Budget                int             `json:"budget"`
+	SupersedesOperationID string          `json:"supersedes_operation_id,omitempty"`
+	SupersedesServerOpID  string          `json:"supersedes_server_operation_id,omitempty"`
+	// AuthorityRef names where the credential came from, never the credential.
+	AuthorityRef string `json:"authority_ref"`
+	RunID        string `json:"run_id"`
+	At           string `json:"at"`
+
+	Attempts     []*Attempt     `json:"-"`
+	Observations []*Observation `json:"-"`
+	Settled      *Settlement    `json:"-"`
+	// budgetFrom is how many attempts came before the last decision of a person (an approval id given):
+	// the budget counts attempts after it.
+	budgetFrom int
+}
+
+// Attempt is one HTTP send of an operation.
+type Attempt struct {
+	Type        string `json:"type"`
+	OperationID string `json:"operation_id"`
+	AttemptID   string `json:"attempt_id"`
+	Number      int    `json:"number"`
+	RetryOf     string `json:"retry_of,omitempty"`
+	// RetryOfSent is the Retry-Of header actually sent: the nearest earlier attempt the server has seen (it refuses
+	// lineage to an attempt it never received).
+	RetryOfSent string `json:"retry_of_sent,omitempty"`
+	RetryReason string `json:"retry_reason,omitempty"`
+	Decision    string `json:"decision"`
+	BudgetLeft  int    `json:"budget_left"`
+	ApprovalID  string `json:"approval_id,omitempty"`
+	RunID       string `json:"run_id"`
+	At          string `json:"at"`
+
+	Finished *AttemptResult `json:"-"`
+}
+
+// AttemptResult is how an attempt ended.
+type AttemptResult struct {
+	Type              string          `json:"type"`
+	OperationID       string          `json:"operation_id"`
+	AttemptID         string          `json:"attempt_id"`
+	DispatchState     string          `json:"dispatch_state"`
+	Status            int             `json:"status,omitempty"`
+	Code              string          `json:"code,omitempty"`
+	ServerOperationID string          `json:"server_operation_id,omitempty"`
+	ServerState       string          `json:"server_state,omitempty"`
+	Replayed          bool            `json:"replayed,omitempty"`
+	RetryAfterSeconds int             `json:"retry_after_s,omitempty"`
+	Error             string          `json:"error,omitempty"`
+	Body              json.RawMessage `json:"body,omitempty"`
+	DurationMS        int64           `json:"duration_ms"`
+	At                string          `json:"at"`
+}
+
+// Observation is evidence gathered without sending the write again: an operation lookup or poll (negative ones
+// too), an attempt found interrupted by a crash, a refused changed intent.
+type Observation struct {
+	Type              string   `json:"type"`
+	OperationID       string   `json:"operation_id"`
+	Kind              string   `json:"kind"`
+	Endpoint          string   `json:"endpoint,omitempty"`
+	Status            int      `json:"status,omitempty"`
+	Found             *bool    `json:"found,omitempty"`
+	ServerOperationID string   `json:"server_operation_id,omitempty"`
+	ServerState       string   `json:"server_state,omitempty"`
+	KnownAttempts     []string `json:"known_attempts,omitempty"`
+	AttemptID         string   `json:"attempt_id,omitempty"`
+	ApprovalID        string   `json:"approval_id,omitempty"`
+	Detail            string   `json:"detail,omitempty"`
+	DurationMS        int64    `json:"duration_ms,omitempty"`
+	RunID             string   `json:"run_id"`
+	At                string   `json:"at"`
+}
+
+// Observation kinds.
+const (
+	ObsLookup      = "operation_lookup"    // GET /v1/operations?idempotency_key=
+	ObsPoll        = "operation_poll"      // GET /v1/operations/{id}
+	ObsInterrupted = "attempt_interrupted" // an attempt started by a process that died before recording its end
+	ObsChanged     = "changed_intent_refused"
+	ObsApproval    = "approval_given" // a person's approval id arrived with a call
+)
+
+// Settlement is how an operation ended (or, for in_progress, where it stands when the agent stopped waiting).
+type Settlement struct {
+	Type              string          `json:"type"`
+	OperationID       string          `json:"operation_id"`
+	State             string          `json:"state"`
+	Reason            string          `json:"reason"`
+	NextStep          string          `json:"next_step"`
+	HTTPStatus        int             `json:"http_status,omitempty"`
+	Code              string          `json:"code,omitempty"`
+	ServerOperationID string          `json:"server_operation_id,omitempty"`
+	ApprovalID        string          `json:"approval_id,omitempty"`
+	Body              json.RawMessage `json:"body,omitempty"`
+	Evidence          []string        `json:"evidence,omitempty"`
+	RunID             string          `json:"run_id"`
+	At                string          `json:"at"`
+}
+
+// Final reports whether the operation reached an end that resume leaves alone.
+func (o *Operation) Final() bool {
+	return o.Settled != nil && o.Settled.State != StateInProgress
+}
+
+// ServerOperationID is the service's operation id, from the last answer or observation that named it.
+func (o *Operation) ServerOperationID() string {
+	id := ""
+	for _, a := range o.Attempts {
+		if a.Finished != nil && a.Finished.ServerOperationID != "" {
+			id = a.Finished.ServerOperationID
+		}
+	}
+	for _, ob := range o.Observations {
+		if ob.ServerOperationID != "" && id == "" {
+			id = ob.ServerOperationID
+		}
+	}
+	return id
+}
+
+// budgetLeft is how many more attempts the budget allows.
+func (o *Operation) budgetLeft() int {
+	return o.Budget - (len(o.Attempts) - o.budgetFrom)
+}
+
+// view is the journal read into operations.
+type view struct {
+	runs     int
+	ops      map[string]*Operation
+	order    []*Operation
+	byAction map[string]*Operation
+	attempts map[string]*Attempt
+}
+
+func newView() *view {
+	return &view{ops: map[string]*Operation{}, byAction: map[string]*Operation{}, attempts: map[string]*Attempt{}}
+}
+
+// apply adds one record body to the view.
+func (v *view) apply(body json.RawMessage) error {
+	var head struct {
+		Type        string `json:"type"`
+		OperationID string `json:"operation_id"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		return fmt.Errorf("agent: journal record: %w", err)
+	}
+	var op *Operation
+	if head.OperationID != "" && head.Type != RecOperationCreated {
+		op = v.ops[head.OperationID]
+		if op == nil {
+			return fmt.Errorf("agent: journal record %s names unknown operation %s", head.Type, head.OperationID)
+		}
+	}
+	switch head.Type {
+	case RecRunStarted:
+		v.runs++
+	case RecOperationCreated:
+		o := &Operation{}
+		if err := json.Unmarshal(body, o); err != nil {
+			return err
+		}
+		v.ops[o.OperationID] = o
+		v.order = append(v.order, o)
+		v.byAction[o.ActionID] = o
+	case RecAttemptStarted:
+		a := &Attempt{}
+		if err := json.Unmarshal(body, a); err != nil {
+			return err
+		}
+		op.Attempts = append(op.Attempts, a)
+		v.attempts[a.AttemptID] = a
+	case RecAttemptFinished:
+		r := &AttemptResult{}
+		if err := json.Unmarshal(body, r); err != nil {
+			return err
+		}
+		if a := v.attempts[r.AttemptID]; a != nil {
+			a.Finished = r
+		}
+	case RecObservation:
+		ob := &Observation{}
+		if err := json.Unmarshal(body, ob); err != nil {
+			return err
+		}
+		op.Observations = append(op.Observations, ob)
+		if ob.Kind == ObsApproval {
+			// A person decided: the operation is open again, with a fresh budget.
+			op.budgetFrom = len(op.Attempts)
+			op.Settled = nil
+		}
+	case RecOperationSettled:
+		s := &Settlement{}
+		if err := json.Unmarshal(body, s); err != nil {
+			return err
+		}
+		op.Settled = s
+	}
+	return nil
+}
