@@ -234,7 +234,10 @@ func TestExternalUnknownOutcomeIsReconciled(t *testing.T) {
 
 func TestExpiredLeaseBecomesUnknownAndLateAnswerDefers(t *testing.T) {
 	t.Parallel()
-	e := setupExternal(t, 200*time.Millisecond)
+	// The late answer must come after the lease (so the recovery worker may judge the operation) and before the
+	// handler's own recording deadline, one more lease later: a wide window, so a loaded machine stays inside it.
+	const lease = time.Second
+	e := setupExternal(t, lease)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
@@ -245,7 +248,7 @@ func TestExpiredLeaseBecomesUnknownAndLateAnswerDefers(t *testing.T) {
 	done := make(chan reply, 1)
 	go func() { done <- e.post(t, "hung", `{"amount":5}`) }()
 	<-entered
-	time.Sleep(300 * time.Millisecond) // let the lease run out
+	time.Sleep(lease + 100*time.Millisecond) // let the lease run out
 
 	settledBy := "reconciler"
 	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Reconcilers: map[string]opstatus.Reconciler{
