@@ -87,6 +87,8 @@ func init() {
   DEPLOY_APPROVAL_ENVIRONMENTS        environments whose deploys need approval (default production)
   DEPLOY_LOCK_LEASE DEPLOY_HEARTBEAT_INTERVAL   release lock lease (30s) and heartbeat (5s, at most half of it)
   DEPLOY_POLL_INTERVAL DEPLOY_WORKERS           controller polling (1s) and concurrency (2)
+  DEPLOY_MAX_RUNNING_PER_ACCOUNT   deploys of one account running at once, across replicas (default 1)
+  DEPLOY_QUEUE_TIMEOUT      a deploy queued longer fails with reason queue_timeout, freeing its lock (default 10m)
   AUDIT_CHECKPOINT_INTERVAL how often the heads of moved audit chains are sealed in a checkpoint (default 10s)
   AUDIT_SIGNING_KEY         Ed25519 seed (32 bytes, base64) that signs checkpoints (unset: unsigned; masked)
 ` + commonEnv,

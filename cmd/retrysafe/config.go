@@ -64,6 +64,8 @@ type config struct {
 	DeployHeartbeat            time.Duration
 	DeployPollInterval         time.Duration
 	DeployWorkers              int
+	DeployMaxRunningPerAccount int           // deploys of one account running at once, across replicas
+	DeployQueueTimeout         time.Duration // a deploy queued longer fails (queue_timeout) and frees its lock
 
 	AuditCheckpointInterval time.Duration
 	AuditSigningKey         *auditchain.Signer // AUDIT_SIGNING_KEY parsed (nil: unsigned checkpoints); never printed
@@ -116,6 +118,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DeployHeartbeat:            r.duration("DEPLOY_HEARTBEAT_INTERVAL", 5*time.Second),
 		DeployPollInterval:         r.duration("DEPLOY_POLL_INTERVAL", time.Second),
 		DeployWorkers:              r.integer("DEPLOY_WORKERS", 2, 1, 64),
+		DeployMaxRunningPerAccount: r.integer("DEPLOY_MAX_RUNNING_PER_ACCOUNT", 1, 1, 64),
+		DeployQueueTimeout:         r.duration("DEPLOY_QUEUE_TIMEOUT", 10*time.Minute),
 	}
 	cfg.AuditCheckpointInterval = r.duration("AUDIT_CHECKPOINT_INTERVAL", 10*time.Second)
 	if v := getenv("AUDIT_SIGNING_KEY"); v != "" {

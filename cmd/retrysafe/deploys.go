@@ -12,5 +12,6 @@ func buildDeploys(cfg config, d service.Deps) (service.Service, error) {
 		Steps: cfg.DeploySteps, StepDuration: cfg.DeployStepDuration,
 		LockLease: cfg.DeployLockLease, Heartbeat: cfg.DeployHeartbeat,
 		PollInterval: cfg.DeployPollInterval, Workers: cfg.DeployWorkers,
+		MaxRunningPerAccount: cfg.DeployMaxRunningPerAccount, QueueTimeout: cfg.DeployQueueTimeout,
 	})
 }

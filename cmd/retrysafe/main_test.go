@@ -127,6 +127,10 @@ func TestRunRejectsBadInvocations(t *testing.T) {
 		{[]string{"serve", "tickets"}, map[string]string{"MIGRATE_ON_START": "yes please"}, "MIGRATE_ON_START"},
 		{[]string{"serve", "tickets"}, map[string]string{"PROVIDER_URL": "ftp://x"}, "PROVIDER_URL"},
 		{[]string{"serve", "tickets"}, map[string]string{"DEPLOY_HEARTBEAT_INTERVAL": "20s"}, "DEPLOY_HEARTBEAT_INTERVAL"},
+		{[]string{"serve", "deploys"}, map[string]string{"DEPLOY_MAX_RUNNING_PER_ACCOUNT": "0"}, "DEPLOY_MAX_RUNNING_PER_ACCOUNT"},
+		{[]string{"serve", "deploys"}, map[string]string{"DEPLOY_MAX_RUNNING_PER_ACCOUNT": "two"}, "DEPLOY_MAX_RUNNING_PER_ACCOUNT"},
+		{[]string{"serve", "deploys"}, map[string]string{"DEPLOY_QUEUE_TIMEOUT": "0s"}, "DEPLOY_QUEUE_TIMEOUT"},
+		{[]string{"serve", "deploys"}, map[string]string{"DEPLOY_QUEUE_TIMEOUT": "forever"}, "DEPLOY_QUEUE_TIMEOUT"},
 		{[]string{"migrate"}, map[string]string{"DATABASE_URL": "mysql://root@x/db"}, "DATABASE_URL"},
 	} {
 		vars := map[string]string{"DATABASE_URL": nowhere}
@@ -162,6 +166,8 @@ func TestHelpAndVersion(t *testing.T) {
 		{[]string{"help"}, "Commands:"},
 		{[]string{"help", "serve"}, "API_KEYS"},
 		{[]string{"serve", "--help"}, "OPERATION_LEASE"},
+		{[]string{"serve", "--help"}, "DEPLOY_MAX_RUNNING_PER_ACCOUNT"},
+		{[]string{"serve", "--help"}, "DEPLOY_QUEUE_TIMEOUT"},
 		{[]string{"migrate", "--help"}, "DATABASE_URL"},
 		{[]string{"provider", "-h"}, "PROVIDER_ADDR"},
 		{[]string{"--version"}, "retrysafe "},

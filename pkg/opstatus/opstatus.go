@@ -88,6 +88,13 @@ const (
 	ReasonRemoteRecordAbsent = "remote_record_absent"
 )
 
+// Reasons an operation failed before its effect was attempted (the reason of its failed event).
+const (
+	// ReasonQueueTimeout: the operation waited in its queue longer than the queue allows and was given up, its
+	// effect never started.
+	ReasonQueueTimeout = "queue_timeout"
+)
+
 // Resource names what an operation created or acted on.
 type Resource struct {
 	Type string `json:"type"`

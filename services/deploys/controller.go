@@ -16,13 +16,18 @@ import (
 )
 
 // Controller is the background worker that runs queued deploys: it claims one (FOR UPDATE SKIP LOCKED, so
-// several controllers can share the queue), runs its simulated steps while renewing the leases of the release
+// several controllers can share the queue; fairly, see below), runs its simulated steps while renewing the leases of the release
 // lock and of the operation, activates it on the target and records the outcome. Every write carries the
 // deploy's fencing token: once the lock has been taken over, or the deploy cancelled, the write matches nothing
 // and the worker stops.
 //
 // If the process dies the leases run out: opstatus's recovery worker marks the operation unknown and the
 // Reconciler settles it from the target's marker.
+//
+// Accounts share the workers fairly: at most MaxRunningPerAccount deploys of one account run at once, and the
+// next deploy to start belongs to the account with queued work whose last start is oldest, so one account's
+// burst of deploys cannot hold the others in the queue. A deploy still queued after QueueTimeout fails with
+// reason queue_timeout and frees its environment's lock, so a lock held by a queued deploy is bounded too.
 type Controller struct {
 	DB     *gorm.DB
 	Store  Store
@@ -39,6 +44,12 @@ type Controller struct {
 	// different environments) run at once.
 	PollInterval time.Duration
 	Workers      int
+	// MaxRunningPerAccount caps the deploys of one account that run at once, across every controller sharing
+	// the database.
+	MaxRunningPerAccount int
+	// QueueTimeout is how long a deploy may wait in the queue; ExpireQueued, run every PollInterval, fails
+	// the deploys that waited longer.
+	QueueTimeout time.Duration
 	// Observer, when set, is told of every deploy the controller finishes (metrics).
 	Observer opstatus.Observer
 }
@@ -57,7 +68,53 @@ func (c *Controller) Run(ctx context.Context) {
 	for range max(c.Workers, 1) {
 		wg.Go(func() { c.work(ctx) })
 	}
+	// The queue timeout runs beside the workers, not between their deploys: when every worker is busy (the
+	// case it is for) it must still fire.
+	wg.Go(func() { c.expireQueued(ctx) })
 	wg.Wait()
+}
+
+func (c *Controller) expireQueued(ctx context.Context) {
+	for ctx.Err() == nil {
+		if _, err := c.ExpireQueued(ctx); err != nil && ctx.Err() == nil {
+			c.Logger.WarnContext(ctx, "deploy queue timeout pass failed", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(c.PollInterval):
+		}
+	}
+}
+
+// expireBatch is how many deploys one transaction of ExpireQueued fails.
+const expireBatch = 100
+
+// ExpireQueued fails every deploy queued for longer than QueueTimeout (reason queue_timeout) and frees its
+// environment's lock; it returns how many it failed. Several replicas may run it at once: each deploy is
+// failed by exactly one of them (see Store.ExpireQueued).
+func (c *Controller) ExpireQueued(ctx context.Context) (int, error) {
+	detail := map[string]any{"reason": opstatus.ReasonQueueTimeout, "queue_timeout_seconds": c.QueueTimeout.Seconds()}
+	total := 0
+	for {
+		var expired []Deploy
+		err := c.tx(ctx, func(tx *gorm.DB) error {
+			var err error
+			expired, err = c.Store.ExpireQueued(ctx, tx, time.Now().Add(-c.QueueTimeout), expireBatch, controllerActor, detail)
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		for _, d := range expired {
+			c.Logger.InfoContext(ctx, "deploy failed: queued too long", "deploy_id", d.ID, "operation_id", d.OperationID,
+				"environment", d.Environment, "reason", opstatus.ReasonQueueTimeout)
+			opstatus.ObserveFinished(c.Observer, d.OperationKind(), StateFailed)
+		}
+		total += len(expired)
+		if len(expired) < expireBatch {
+			return total, nil
+		}
+	}
 }
 
 func (c *Controller) work(ctx context.Context) {
@@ -76,13 +133,14 @@ func (c *Controller) work(ctx context.Context) {
 	}
 }
 
-// RunOnce claims one queued deploy and runs it to its end; ran is false when nothing was queued.
+// RunOnce claims one queued deploy and runs it to its end; ran is false when nothing could start (nothing
+// queued, or every account with queued work at its MaxRunningPerAccount).
 func (c *Controller) RunOnce(ctx context.Context) (ran bool, err error) {
 	var claim Claim
 	var ok bool
 	claimedUntil := c.leaseUntil()
 	err = c.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		claim, ok, err = c.Store.ClaimQueued(ctx, tx, claimedUntil, controllerActor)
+		claim, ok, err = c.Store.ClaimQueued(ctx, tx, max(c.MaxRunningPerAccount, 1), claimedUntil, controllerActor)
 		return err
 	})
 	if err != nil || !ok {

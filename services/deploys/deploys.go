@@ -318,9 +318,15 @@ type Store interface {
 	// Returns problem.ErrNotFound, or invalid_state when the deploy is past the point where it can stop.
 	Cancel(ctx context.Context, tx *gorm.DB, accountID, id, actor string) (d Deploy, changed bool, err error)
 
-	// ClaimQueued takes the oldest queued deploy (FOR UPDATE SKIP LOCKED), moves it to running and gives its
-	// lock and operation a lease until leaseUntil. ok is false when nothing is queued.
-	ClaimQueued(ctx context.Context, tx *gorm.DB, leaseUntil time.Time, actor string) (c Claim, ok bool, err error)
+	// ClaimQueued takes a queued deploy fairly (FOR UPDATE SKIP LOCKED, safe with several controllers): from the
+	// account with queued work whose last start is oldest, among those with fewer than maxRunning deploys
+	// running, its oldest queued deploy; moves it to running and gives its lock and operation a lease until
+	// leaseUntil. ok is false when nothing can start now.
+	ClaimQueued(ctx context.Context, tx *gorm.DB, maxRunning int, leaseUntil time.Time, actor string) (c Claim, ok bool, err error)
+	// ExpireQueued fails up to limit deploys that have been queued since before queuedBefore, releases their
+	// locks and records on each operation a failed event with detail (whose reason is queue_timeout). It
+	// returns the deploys it failed.
+	ExpireQueued(ctx context.Context, tx *gorm.DB, queuedBefore time.Time, limit int, actor string, detail map[string]any) ([]Deploy, error)
 	// Renew extends the lock's and the operation's lease. Returns ErrLockLost.
 	Renew(ctx context.Context, tx *gorm.DB, c Claim, leaseUntil time.Time) error
 	// CompleteStep records a finished step and renews the leases. Returns ErrLockLost.

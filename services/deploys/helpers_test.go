@@ -38,6 +38,9 @@ type options struct {
 	throughProxy bool
 	// stepDuration replaces the 20 ms steps.
 	stepDuration time.Duration
+	// maxRunning replaces the cap of 1 running deploy per account; queueTimeout the 10 minute queue timeout.
+	maxRunning   int
+	queueTimeout time.Duration
 }
 
 // setup serves the deploys service on a lent schema, as cmd/retrysafe wires it, with short steps and leases.
@@ -55,10 +58,17 @@ func setup(t *testing.T, o options) *bundle {
 	if o.stepDuration > 0 {
 		step = o.stepDuration
 	}
+	maxRunning, queueTimeout := 1, 10*time.Minute
+	if o.maxRunning > 0 {
+		maxRunning = o.maxRunning
+	}
+	if o.queueTimeout > 0 {
+		queueTimeout = o.queueTimeout
+	}
 	svc, err := deploys.New(env.Deps, deploys.Config{
 		Store: b.store, Target: b.target, ApprovalEnvironments: []string{"production"}, ApprovalTTL: time.Hour,
 		Steps: 2, StepDuration: step, LockLease: 5 * time.Second, Heartbeat: 10 * time.Millisecond,
-		PollInterval: 10 * time.Millisecond, Workers: 2,
+		PollInterval: 10 * time.Millisecond, Workers: 2, MaxRunningPerAccount: maxRunning, QueueTimeout: queueTimeout,
 	})
 	if err != nil {
 		t.Fatal(err)

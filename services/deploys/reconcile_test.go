@@ -24,7 +24,7 @@ func claimExpired(t *testing.T, b *bundle) deploys.Claim {
 	err := b.db.Transaction(func(tx *gorm.DB) error {
 		var ok bool
 		var err error
-		claim, ok, err = b.store.ClaimQueued(t.Context(), tx, time.Now().Add(-time.Second), "worker:test")
+		claim, ok, err = b.store.ClaimQueued(t.Context(), tx, 1, time.Now().Add(-time.Second), "worker:test")
 		if err == nil && !ok {
 			err = errors.New("nothing queued")
 		}

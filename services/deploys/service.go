@@ -30,6 +30,11 @@ type Config struct {
 	// run at once.
 	PollInterval time.Duration
 	Workers      int
+	// MaxRunningPerAccount caps the deploys of one account running at once (across replicas); the controller
+	// starts the next deploy from the account whose last start is oldest. QueueTimeout is how long a deploy
+	// may stay queued before it fails with reason queue_timeout and frees its environment's lock.
+	MaxRunningPerAccount int
+	QueueTimeout         time.Duration
 }
 
 func (c Config) check() error {
@@ -40,6 +45,8 @@ func (c Config) check() error {
 		return fmt.Errorf("deploys: Heartbeat (%s) must be positive and at most half of LockLease (%s)", c.Heartbeat, c.LockLease)
 	case c.PollInterval <= 0 || c.Workers < 1:
 		return fmt.Errorf("deploys: PollInterval (%s) and Workers (%d) must be positive", c.PollInterval, c.Workers)
+	case c.MaxRunningPerAccount < 1 || c.QueueTimeout <= 0:
+		return fmt.Errorf("deploys: MaxRunningPerAccount (%d) and QueueTimeout (%s) must be positive", c.MaxRunningPerAccount, c.QueueTimeout)
 	case c.ApprovalTTL <= 0:
 		return fmt.Errorf("deploys: ApprovalTTL must be positive")
 	}
@@ -76,6 +83,7 @@ func New(d service.Deps, cfg Config) (*Service, error) {
 			DB: d.DB, Store: cfg.Store, Target: cfg.Target, Logger: d.Log().With("service", "deploys"),
 			Steps: cfg.Steps, StepDuration: cfg.StepDuration, Lease: cfg.LockLease,
 			Heartbeat: cfg.Heartbeat, PollInterval: cfg.PollInterval, Workers: cfg.Workers,
+			MaxRunningPerAccount: cfg.MaxRunningPerAccount, QueueTimeout: cfg.QueueTimeout,
 			Observer: d.Idem.OperationObserver(),
 		},
 		Reconciler: &Reconciler{DB: d.DB, Store: cfg.Store, Target: cfg.Target, Observer: d.Idem.OperationObserver()},

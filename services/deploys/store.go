@@ -14,9 +14,11 @@ import (
 
 // PostgresStore is the Store on gorm + PostgreSQL.
 //
-// Every transaction that touches several of these rows takes them in one order, environments, deploys,
-// environment_locks, operations, so that a request, a cancel, a controller write and the reconciler can never
-// deadlock. (CreateDeploy inserts its deploy after taking the lock: a row no other transaction can see yet.)
+// Every transaction that touches several of these rows takes them in one order, deploy_accounts, environments,
+// deploys, environment_locks, operations, so that a request, a cancel, a claim, a controller write, the queue
+// timeout and the reconciler can never deadlock. (CreateDeploy inserts its deploy after taking the lock: a row
+// no other transaction can see yet; its insert into deploy_accounts does nothing to an existing row, so it
+// waits on no claimer.)
 type PostgresStore struct{}
 
 var _ Store = PostgresStore{}
@@ -42,6 +44,9 @@ const selectDeploy = `SELECT ` + deployColumns + ` FROM deploys d JOIN operation
 // environment; the lock row decides between them in one statement.
 func (s PostgresStore) CreateDeploy(ctx context.Context, tx *gorm.DB, nd NewDeploy) (Deploy, error) {
 	db := tx.WithContext(ctx)
+	if err := db.Exec(`INSERT INTO deploy_accounts (account_id) VALUES (?) ON CONFLICT DO NOTHING`, nd.AccountID).Error; err != nil {
+		return Deploy{}, fmt.Errorf("deploys: register account: %w", err)
+	}
 	if err := db.Exec(`INSERT INTO environments (account_id, name) VALUES (?, ?) ON CONFLICT DO NOTHING`,
 		nd.AccountID, nd.Environment).Error; err != nil {
 		return Deploy{}, fmt.Errorf("deploys: create environment: %w", err)
@@ -306,39 +311,118 @@ WHERE account_id = ? AND environment = ? AND holder_deploy_id = ?`
 	return nil
 }
 
-// ClaimQueued implements Store.
-func (PostgresStore) ClaimQueued(ctx context.Context, tx *gorm.DB, leaseUntil time.Time, actor string) (Claim, bool, error) {
+// ClaimQueued implements Store. It is fair between accounts in two statements under one row lock:
+//
+//  1. Of the accounts with queued work that no other claimer holds (SKIP LOCKED), lock the one whose last start
+//     is oldest (never started first): round robin, whatever the number of deploys each has queued.
+//  2. Now that no other claimer can start a deploy of that account, count its running deploys in a fresh
+//     statement (READ COMMITTED: it sees every start and finish committed before the lock was granted) and
+//     start its oldest queued deploy only if the count is below maxRunning.
+//
+// An account found at its cap (or emptied meanwhile) is passed over for the next one, at most claimAttempts
+// times a call. A running deploy whose operation is unknown still counts until the reconciler settles it.
+func (PostgresStore) ClaimQueued(ctx context.Context, tx *gorm.DB, maxRunning int, leaseUntil time.Time, actor string) (Claim, bool, error) {
 	db := tx.WithContext(ctx)
-	var rows []deployRow
-	err := db.Raw(`
+	passed := []string{""} // account ids are never empty; NOT IN () would match nothing
+	for range claimAttempts {
+		var account []string
+		err := db.Raw(`
+SELECT a.account_id FROM deploy_accounts a
+WHERE a.account_id NOT IN ?
+  AND EXISTS (SELECT 1 FROM deploys q WHERE q.account_id = a.account_id AND q.state = 'queued')
+  AND (SELECT count(*) FROM deploys r WHERE r.account_id = a.account_id AND r.state = 'running') < ?
+ORDER BY a.last_started_at NULLS FIRST, a.account_id
+LIMIT 1 FOR UPDATE OF a SKIP LOCKED`, passed, maxRunning).Scan(&account).Error
+		if err != nil {
+			return Claim{}, false, fmt.Errorf("deploys: claim: pick account: %w", err)
+		}
+		if len(account) == 0 {
+			return Claim{}, false, nil
+		}
+		var rows []deployRow
+		err = db.Raw(`
 WITH next AS (
-    SELECT id FROM deploys WHERE state = 'queued' ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
+    SELECT id FROM deploys
+    WHERE account_id = ? AND state = 'queued'
+      AND (SELECT count(*) FROM deploys r WHERE r.account_id = ? AND r.state = 'running') < ?
+    ORDER BY queued_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
 ), d AS (
-    UPDATE deploys SET state = 'running', started_at = now(), updated_at = now()
+    UPDATE deploys SET state = 'running', started_at = clock_timestamp(), updated_at = now()
     FROM next WHERE deploys.id = next.id
     RETURNING deploys.*
 )
-SELECT ` + deployColumns + ` FROM d JOIN operations o ON o.id = d.operation_id`).Scan(&rows).Error
+SELECT `+deployColumns+` FROM d JOIN operations o ON o.id = d.operation_id`, account[0], account[0], maxRunning).Scan(&rows).Error
+		if err != nil {
+			return Claim{}, false, fmt.Errorf("deploys: claim queued: %w", err)
+		}
+		if len(rows) == 0 {
+			passed = append(passed, account[0])
+			continue
+		}
+		if err := db.Exec(`UPDATE deploy_accounts SET last_started_at = clock_timestamp() WHERE account_id = ?`,
+			account[0]).Error; err != nil {
+			return Claim{}, false, fmt.Errorf("deploys: claim: account start: %w", err)
+		}
+		c := Claim{Deploy: rows[0].Deploy, Token: rows[0].FencingToken}
+		if err := renewLock(ctx, tx, c, leaseUntil); err != nil {
+			return Claim{}, false, fmt.Errorf("deploys: claim %s: %w", c.Deploy.ID, err)
+		}
+		moved, err := opstatus.Transition(ctx, tx, c.Deploy.OperationID, opstatus.StateRunning, actor,
+			opstatus.From(opstatus.StateQueued), opstatus.WithLease(leaseUntil),
+			opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"fencing_token": c.Token, "steps": c.Deploy.StepsTotal}))
+		if err != nil {
+			return Claim{}, false, err
+		}
+		if !moved {
+			return Claim{}, false, fmt.Errorf("deploys: claim %s: operation %s is not queued", c.Deploy.ID, c.Deploy.OperationID)
+		}
+		return c, true, nil
+	}
+	return Claim{}, false, nil
+}
+
+// claimAttempts bounds how many accounts one ClaimQueued passes over (at their cap since the pick, or emptied
+// by a cancel or the queue timeout) before it reports nothing to claim; the controller's next pass goes on.
+const claimAttempts = 8
+
+// ExpireQueued implements Store. The conditional UPDATE over rows locked FOR UPDATE SKIP LOCKED decides a race
+// with a claim, a cancel or another replica's expiry: a deploy a claimer holds is skipped (and is no longer
+// queued when it is released), and a cancel that waited re-reads the row and matches nothing.
+func (PostgresStore) ExpireQueued(ctx context.Context, tx *gorm.DB, queuedBefore time.Time, limit int, actor string, detail map[string]any) ([]Deploy, error) {
+	db := tx.WithContext(ctx)
+	var expired []deployRow
+	err := db.Raw(`
+WITH old AS (
+    SELECT id FROM deploys WHERE state = 'queued' AND queued_at < ?
+    ORDER BY queued_at, id LIMIT ? FOR UPDATE SKIP LOCKED
+), d AS (
+    UPDATE deploys SET state = 'failed', finished_at = now(), updated_at = now()
+    FROM old WHERE deploys.id = old.id
+    RETURNING deploys.*
+)
+SELECT `+deployColumns+` FROM d JOIN operations o ON o.id = d.operation_id ORDER BY d.queued_at, d.id`,
+		queuedBefore, limit).Scan(&expired).Error
 	if err != nil {
-		return Claim{}, false, fmt.Errorf("deploys: claim queued: %w", err)
+		return nil, fmt.Errorf("deploys: expire queued: %w", err)
 	}
-	if len(rows) == 0 {
-		return Claim{}, false, nil
+	out := make([]Deploy, 0, len(expired))
+	for _, d := range expired {
+		if err := releaseLock(ctx, tx, d.AccountID, d.Environment, d.ID, nil); err != nil {
+			return nil, err
+		}
+		moved, err := opstatus.Transition(ctx, tx, d.OperationID, opstatus.StateFailed, actor,
+			opstatus.From(opstatus.StateQueued), opstatus.WithLease(time.Time{}),
+			opstatus.WithEvent(opstatus.EventFailed, detail))
+		if err != nil {
+			return nil, err
+		}
+		if !moved {
+			return nil, fmt.Errorf("deploys: expire %s: operation %s is not queued", d.ID, d.OperationID)
+		}
+		d.State = StateFailed
+		out = append(out, d.Deploy)
 	}
-	c := Claim{Deploy: rows[0].Deploy, Token: rows[0].FencingToken}
-	if err := renewLock(ctx, tx, c, leaseUntil); err != nil {
-		return Claim{}, false, fmt.Errorf("deploys: claim %s: %w", c.Deploy.ID, err)
-	}
-	moved, err := opstatus.Transition(ctx, tx, c.Deploy.OperationID, opstatus.StateRunning, actor,
-		opstatus.From(opstatus.StateQueued), opstatus.WithLease(leaseUntil),
-		opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"fencing_token": c.Token, "steps": c.Deploy.StepsTotal}))
-	if err != nil {
-		return Claim{}, false, err
-	}
-	if !moved {
-		return Claim{}, false, fmt.Errorf("deploys: claim %s: operation %s is not queued", c.Deploy.ID, c.Deploy.OperationID)
-	}
-	return c, true, nil
+	return out, nil
 }
 
 // renewLock is the fencing check: the lock row must still name this deploy with this token. It takes the
@@ -423,7 +507,7 @@ func (PostgresStore) BeginActivation(ctx context.Context, tx *gorm.DB, c Claim, 
 
 // Requeue implements Store.
 func (PostgresStore) Requeue(ctx context.Context, tx *gorm.DB, c Claim, actor string) error {
-	if err := updateRunning(ctx, tx, c, `state = 'queued', started_at = NULL`); err != nil {
+	if err := updateRunning(ctx, tx, c, `state = 'queued', started_at = NULL, queued_at = now()`); err != nil {
 		return err
 	}
 	res := tx.WithContext(ctx).Exec(`UPDATE environment_locks SET lease_expires_at = NULL
