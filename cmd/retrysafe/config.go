@@ -11,6 +11,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/services/deploys"
 )
 
 // config is read once, here, from the environment; nothing below cmd/ reads the environment. loadConfig checks
@@ -118,8 +119,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DeployHeartbeat:            r.duration("DEPLOY_HEARTBEAT_INTERVAL", 5*time.Second),
 		DeployPollInterval:         r.duration("DEPLOY_POLL_INTERVAL", time.Second),
 		DeployWorkers:              r.integer("DEPLOY_WORKERS", 2, 1, 64),
-		DeployMaxRunningPerAccount: r.integer("DEPLOY_MAX_RUNNING_PER_ACCOUNT", 1, 1, 64),
-		DeployQueueTimeout:         r.duration("DEPLOY_QUEUE_TIMEOUT", 10*time.Minute),
+		DeployMaxRunningPerAccount: r.integer("DEPLOY_MAX_RUNNING_PER_ACCOUNT", deploys.DefaultMaxRunningPerAccount, 1, 64),
+		DeployQueueTimeout:         r.duration("DEPLOY_QUEUE_TIMEOUT", deploys.DefaultQueueTimeout),
 	}
 	cfg.AuditCheckpointInterval = r.duration("AUDIT_CHECKPOINT_INTERVAL", 10*time.Second)
 	if v := getenv("AUDIT_SIGNING_KEY"); v != "" {

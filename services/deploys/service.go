@@ -32,10 +32,18 @@ type Config struct {
 	Workers      int
 	// MaxRunningPerAccount caps the deploys of one account running at once (across replicas); the controller
 	// starts the next deploy from the account whose last start is oldest. QueueTimeout is how long a deploy
-	// may stay queued before it fails with reason queue_timeout and frees its environment's lock.
+	// may stay queued before it fails with reason queue_timeout and frees its environment's lock. Zero means
+	// DefaultMaxRunningPerAccount and DefaultQueueTimeout.
 	MaxRunningPerAccount int
 	QueueTimeout         time.Duration
 }
+
+// Defaults of the controller's fairness: with the usual two workers, a cap of one deploy per account always
+// leaves a worker to another account's deploy instead of behind the first account's queue.
+const (
+	DefaultMaxRunningPerAccount = 1
+	DefaultQueueTimeout         = 10 * time.Minute
+)
 
 func (c Config) check() error {
 	switch {
@@ -45,8 +53,8 @@ func (c Config) check() error {
 		return fmt.Errorf("deploys: Heartbeat (%s) must be positive and at most half of LockLease (%s)", c.Heartbeat, c.LockLease)
 	case c.PollInterval <= 0 || c.Workers < 1:
 		return fmt.Errorf("deploys: PollInterval (%s) and Workers (%d) must be positive", c.PollInterval, c.Workers)
-	case c.MaxRunningPerAccount < 1 || c.QueueTimeout <= 0:
-		return fmt.Errorf("deploys: MaxRunningPerAccount (%d) and QueueTimeout (%s) must be positive", c.MaxRunningPerAccount, c.QueueTimeout)
+	case c.MaxRunningPerAccount < 0 || c.QueueTimeout < 0:
+		return fmt.Errorf("deploys: MaxRunningPerAccount (%d) and QueueTimeout (%s) must not be negative", c.MaxRunningPerAccount, c.QueueTimeout)
 	case c.ApprovalTTL <= 0:
 		return fmt.Errorf("deploys: ApprovalTTL must be positive")
 	}
@@ -71,6 +79,12 @@ func New(d service.Deps, cfg Config) (*Service, error) {
 	}
 	if cfg.Store == nil {
 		cfg.Store = PostgresStore{}
+	}
+	if cfg.MaxRunningPerAccount == 0 {
+		cfg.MaxRunningPerAccount = DefaultMaxRunningPerAccount
+	}
+	if cfg.QueueTimeout == 0 {
+		cfg.QueueTimeout = DefaultQueueTimeout
 	}
 	if cfg.Target == nil {
 		cfg.Target = SimulatedTarget{DB: d.DB}
