@@ -336,3 +336,26 @@ func detailReason(t *testing.T, raw json.RawMessage) string {
 	}
 	return d.Reason
 }
+
+// TestControllerRunsTheQueueTimeout: the controller's own loop fails a deploy that waits too long, even while
+// every deploy it may run is busy. Account A may run one deploy at a time; its second waits behind a first of
+// two 1.5 s steps, far beyond the 500 ms queue timeout (which the first, claimed within a poll, never reaches).
+func TestControllerRunsTheQueueTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{background: true, stepDuration: 1500 * time.Millisecond, queueTimeout: 500 * time.Millisecond})
+	first := queue(t, b.agent, "env-1", "first", 1)
+	servicetest.Eventually(t, "first deploy running", func() bool {
+		return decodeDeploy(t, b.agent.Get("/v1/deploys/"+first.ID).Status(t, 200)).State == deploys.StateRunning
+	})
+	second := queue(t, b.agent, "env-2", "second", 2)
+	s := waitFinal(t, b.agent, second.ID)
+	if s.State != deploys.StateFailed || s.StartedAt != nil {
+		t.Fatalf("the waiting deploy ended %s (started %v), want failed without starting", s.State, s.StartedAt)
+	}
+	if last := s.History[len(s.History)-1]; detailReason(t, last.Detail) != opstatus.ReasonQueueTimeout {
+		t.Fatalf("its last event: %s %s", last.Type, last.Detail)
+	}
+	if s := waitFinal(t, b.agent, first.ID); s.State != deploys.StateSucceeded {
+		t.Fatalf("the running deploy ended %s; the queue timeout must not touch it", s.State)
+	}
+}
