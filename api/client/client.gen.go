@@ -1607,7 +1607,10 @@ type ClientInterface interface {
 	// 409 `environment_version_mismatch` with `current_version`. Refusals store nothing: the key stays free.
 	//
 	// 202 with the queued deploy and `Location`; the controller runs it in the background (GET
-	// /v1/deploys/{id}). Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
+	// /v1/deploys/{id}), fairly between accounts: at most DEPLOY_MAX_RUNNING_PER_ACCOUNT (default 1) of an
+	// account's deploys run at once, and the account whose last start is oldest goes next. A deploy still
+	// queued after DEPLOY_QUEUE_TIMEOUT (default 10m) ends `failed`, its operation's `failed` event with reason
+	// `queue_timeout`, and its release lock is freed. Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
 	// 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 	// match this exact request.
 	//
@@ -1628,7 +1631,10 @@ type ClientInterface interface {
 	// 409 `environment_version_mismatch` with `current_version`. Refusals store nothing: the key stays free.
 	//
 	// 202 with the queued deploy and `Location`; the controller runs it in the background (GET
-	// /v1/deploys/{id}). Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
+	// /v1/deploys/{id}), fairly between accounts: at most DEPLOY_MAX_RUNNING_PER_ACCOUNT (default 1) of an
+	// account's deploys run at once, and the account whose last start is oldest goes next. A deploy still
+	// queued after DEPLOY_QUEUE_TIMEOUT (default 10m) ends `failed`, its operation's `failed` event with reason
+	// `queue_timeout`, and its release lock is freed. Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
 	// 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 	// match this exact request.
 	//
@@ -1641,6 +1647,8 @@ type ClientInterface interface {
 	//
 	// `state` is `unknown` while the controller that ran the deploy is gone and the reconciler has not yet
 	// settled it from the target's marker.
+	// A deploy that waited in the queue past DEPLOY_QUEUE_TIMEOUT is `failed` with no `started_at`; the last
+	// entry of `history` is a `failed` event whose `detail.reason` is `queue_timeout`.
 	//
 	// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
 	GetV1DeploysId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2356,7 +2364,10 @@ func (c *Client) PostV1AuthorizationsIdVoid(ctx context.Context, id string, para
 // 409 `environment_version_mismatch` with `current_version`. Refusals store nothing: the key stays free.
 //
 // 202 with the queued deploy and `Location`; the controller runs it in the background (GET
-// /v1/deploys/{id}). Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
+// /v1/deploys/{id}), fairly between accounts: at most DEPLOY_MAX_RUNNING_PER_ACCOUNT (default 1) of an
+// account's deploys run at once, and the account whose last start is oldest goes next. A deploy still
+// queued after DEPLOY_QUEUE_TIMEOUT (default 10m) ends `failed`, its operation's `failed` event with reason
+// `queue_timeout`, and its release lock is freed. Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
 // 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 // match this exact request.
 //
@@ -2387,7 +2398,10 @@ func (c *Client) PostV1DeploysWithBody(ctx context.Context, params *PostV1Deploy
 // 409 `environment_version_mismatch` with `current_version`. Refusals store nothing: the key stays free.
 //
 // 202 with the queued deploy and `Location`; the controller runs it in the background (GET
-// /v1/deploys/{id}). Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
+// /v1/deploys/{id}), fairly between accounts: at most DEPLOY_MAX_RUNNING_PER_ACCOUNT (default 1) of an
+// account's deploys run at once, and the account whose last start is oldest goes next. A deploy still
+// queued after DEPLOY_QUEUE_TIMEOUT (default 10m) ends `failed`, its operation's `failed` event with reason
+// `queue_timeout`, and its release lock is freed. Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
 // 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 // match this exact request.
 //
@@ -2410,6 +2424,8 @@ func (c *Client) PostV1Deploys(ctx context.Context, params *PostV1DeploysParams,
 //
 // `state` is `unknown` while the controller that ran the deploy is gone and the reconciler has not yet
 // settled it from the target's marker.
+// A deploy that waited in the queue past DEPLOY_QUEUE_TIMEOUT is `failed` with no `started_at`; the last
+// entry of `history` is a `failed` event whose `detail.reason` is `queue_timeout`.
 //
 // Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
 func (c *Client) GetV1DeploysId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5258,7 +5274,10 @@ type ClientWithResponsesInterface interface {
 	// 409 `environment_version_mismatch` with `current_version`. Refusals store nothing: the key stays free.
 	//
 	// 202 with the queued deploy and `Location`; the controller runs it in the background (GET
-	// /v1/deploys/{id}). Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
+	// /v1/deploys/{id}), fairly between accounts: at most DEPLOY_MAX_RUNNING_PER_ACCOUNT (default 1) of an
+	// account's deploys run at once, and the account whose last start is oldest goes next. A deploy still
+	// queued after DEPLOY_QUEUE_TIMEOUT (default 10m) ends `failed`, its operation's `failed` event with reason
+	// `queue_timeout`, and its release lock is freed. Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
 	// 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 	// match this exact request.
 	//
@@ -5279,7 +5298,10 @@ type ClientWithResponsesInterface interface {
 	// 409 `environment_version_mismatch` with `current_version`. Refusals store nothing: the key stays free.
 	//
 	// 202 with the queued deploy and `Location`; the controller runs it in the background (GET
-	// /v1/deploys/{id}). Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
+	// /v1/deploys/{id}), fairly between accounts: at most DEPLOY_MAX_RUNNING_PER_ACCOUNT (default 1) of an
+	// account's deploys run at once, and the account whose last start is oldest goes next. A deploy still
+	// queued after DEPLOY_QUEUE_TIMEOUT (default 10m) ends `failed`, its operation's `failed` event with reason
+	// `queue_timeout`, and its release lock is freed. Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
 	// 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 	// match this exact request.
 	//
@@ -5292,6 +5314,8 @@ type ClientWithResponsesInterface interface {
 	//
 	// `state` is `unknown` while the controller that ran the deploy is gone and the reconciler has not yet
 	// settled it from the target's marker.
+	// A deploy that waited in the queue past DEPLOY_QUEUE_TIMEOUT is `failed` with no `started_at`; the last
+	// entry of `history` is a `failed` event whose `detail.reason` is `queue_timeout`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -9604,7 +9628,10 @@ func (c *ClientWithResponses) PostV1AuthorizationsIdVoidWithResponse(ctx context
 // 409 `environment_version_mismatch` with `current_version`. Refusals store nothing: the key stays free.
 //
 // 202 with the queued deploy and `Location`; the controller runs it in the background (GET
-// /v1/deploys/{id}). Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
+// /v1/deploys/{id}), fairly between accounts: at most DEPLOY_MAX_RUNNING_PER_ACCOUNT (default 1) of an
+// account's deploys run at once, and the account whose last start is oldest goes next. A deploy still
+// queued after DEPLOY_QUEUE_TIMEOUT (default 10m) ends `failed`, its operation's `failed` event with reason
+// `queue_timeout`, and its release lock is freed. Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
 // 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 // match this exact request.
 //
@@ -9631,7 +9658,10 @@ func (c *ClientWithResponses) PostV1DeploysWithBodyWithResponse(ctx context.Cont
 // 409 `environment_version_mismatch` with `current_version`. Refusals store nothing: the key stays free.
 //
 // 202 with the queued deploy and `Location`; the controller runs it in the background (GET
-// /v1/deploys/{id}). Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
+// /v1/deploys/{id}), fairly between accounts: at most DEPLOY_MAX_RUNNING_PER_ACCOUNT (default 1) of an
+// account's deploys run at once, and the account whose last start is oldest goes next. A deploy still
+// queued after DEPLOY_QUEUE_TIMEOUT (default 10m) ends `failed`, its operation's `failed` event with reason
+// `queue_timeout`, and its release lock is freed. Environments in DEPLOY_APPROVAL_ENVIRONMENTS (default `production`) need an approval:
 // 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 // match this exact request.
 //
@@ -9650,6 +9680,8 @@ func (c *ClientWithResponses) PostV1DeploysWithResponse(ctx context.Context, par
 //
 // `state` is `unknown` while the controller that ran the deploy is gone and the reconciler has not yet
 // settled it from the target's marker.
+// A deploy that waited in the queue past DEPLOY_QUEUE_TIMEOUT is `failed` with no `started_at`; the last
+// entry of `history` is a `failed` event whose `detail.reason` is `queue_timeout`.
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "abac05d386127387994aa20fc7c6cfbf640c7125ff1daf2d649e6c2c3a7a7885"
+const SpecSHA256 = "7b93a9f4fd4fc65900844295138349444c8e2b9a0a6f0322c4531ebfe2ea0370"
