@@ -5,7 +5,7 @@ SHELL := /bin/bash
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-.PHONY: run build test bench fuzz db stop-db migrate generate ci-fresh screenshots
+.PHONY: run build test lint bench fuzz db stop-db migrate generate ci-fresh screenshots
 
 build:
 	$(GO) build -o bin/retrysafe ./cmd/retrysafe
@@ -35,11 +35,25 @@ migrate: build
 
 # Every test, on a real PostgreSQL: TEST_DATABASE_URL, or the `test` database (created by the tests when missing)
 # on the PostgreSQL that scripts/devdb.sh finds or starts. Fuzz targets run their seed corpus.
+# cmd/retrysafe's TestTypeScriptClient runs the node tests of api/ts (npm ci there once) against a tickets
+# service.
 test:
 	$(GO) vet ./...
 	@if [ -z "$$TEST_DATABASE_URL" ]; then \
 	  export TEST_DATABASE_URL="$$(scripts/devdb.sh url)/test?sslmode=disable"; \
 	fi && $(GO) test -count=1 -p 2 -timeout 20m ./...
+
+# gofmt, go vet, and Spectral (spectral:oas plus api/.spectral.yaml) on api/openapi.yaml; any warning fails.
+lint: api/node_modules/.package-lock.json
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt -l:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	cd api && node_modules/.bin/spectral lint --ruleset .spectral.yaml --fail-severity=warn openapi.yaml
+
+# npm ci once per lock file: npm records what it installed in node_modules/.package-lock.json.
+api/node_modules/.package-lock.json: api/package-lock.json
+	cd api && npm ci --no-audit --no-fund
+api/ts/node_modules/.package-lock.json: api/ts/package-lock.json
+	cd api/ts && npm ci --no-audit --no-fund
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3s -benchmem ./services/tickets/
@@ -63,10 +77,12 @@ fuzz:
 ci-fresh:
 	@scripts/ci-fresh.sh
 
-# Regenerates the Go client in api/client from api/openapi.yaml (oapi-codegen) and records the spec's digest.
-generate:
+# Regenerates both clients from api/openapi.yaml: Go in api/client (oapi-codegen; the spec's digest is recorded)
+# and the TypeScript types in api/ts/src/schema.d.ts (openapi-typescript). Tests fail when either is stale.
+generate: api/ts/node_modules/.package-lock.json
 	cd api/client && $(GO) generate ./...
 	sed -i "s/const SpecSHA256 = \".*\"/const SpecSHA256 = \"$$(sha256sum api/openapi.yaml | cut -d' ' -f1)\"/" api/client/generate.go
+	cd api/ts && npm run --silent generate
 
 # PNGs of the console (the approvals inbox, an operation's timeline, an environment) into docs/screenshots/, taken
 # by the browser tests in headless chromium.

@@ -928,62 +928,47 @@ type Unauthorized = Problem
 // ValidationFailed RFC 9457 problem details with a machine-readable code.
 type ValidationFailed = Problem
 
-// PostV1ApprovalsParams defines parameters for PostV1Approvals.
-type PostV1ApprovalsParams struct {
+// RequestApprovalParams defines parameters for RequestApproval.
+type RequestApprovalParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
-// PostV1ApprovalsIdApproveJSONBody defines parameters for PostV1ApprovalsIdApprove.
-type PostV1ApprovalsIdApproveJSONBody = map[string]interface{}
+// GrantApprovalJSONBody defines parameters for GrantApproval.
+type GrantApprovalJSONBody = map[string]interface{}
 
-// PostV1ApprovalsIdDenyJSONBody defines parameters for PostV1ApprovalsIdDeny.
-type PostV1ApprovalsIdDenyJSONBody = map[string]interface{}
+// DenyApprovalJSONBody defines parameters for DenyApproval.
+type DenyApprovalJSONBody = map[string]interface{}
 
-// PostV1ApprovalsIdRevokeJSONBody defines parameters for PostV1ApprovalsIdRevoke.
-type PostV1ApprovalsIdRevokeJSONBody = map[string]interface{}
+// RevokeApprovalJSONBody defines parameters for RevokeApproval.
+type RevokeApprovalJSONBody = map[string]interface{}
 
-// PostV1AuthorizationsParams defines parameters for PostV1Authorizations.
-type PostV1AuthorizationsParams struct {
+// CreateProviderAuthorizationParams defines parameters for CreateProviderAuthorization.
+type CreateProviderAuthorizationParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
-// PostV1AuthorizationsIdCaptureParams defines parameters for PostV1AuthorizationsIdCapture.
-type PostV1AuthorizationsIdCaptureParams struct {
+// CaptureProviderAuthorizationParams defines parameters for CaptureProviderAuthorization.
+type CaptureProviderAuthorizationParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
-// PostV1AuthorizationsIdRefundsParams defines parameters for PostV1AuthorizationsIdRefunds.
-type PostV1AuthorizationsIdRefundsParams struct {
+// RefundProviderAuthorizationParams defines parameters for RefundProviderAuthorization.
+type RefundProviderAuthorizationParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
-// PostV1AuthorizationsIdVoidParams defines parameters for PostV1AuthorizationsIdVoid.
-type PostV1AuthorizationsIdVoidParams struct {
+// VoidProviderAuthorizationParams defines parameters for VoidProviderAuthorization.
+type VoidProviderAuthorizationParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
-// PostV1DeploysParams defines parameters for PostV1Deploys.
-type PostV1DeploysParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
-	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
-
-	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
-	Prefer *Prefer `json:"Prefer,omitempty"`
-
-	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
-	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
-}
-
-// PostV1DeploysIdCancelJSONBody defines parameters for PostV1DeploysIdCancel.
-type PostV1DeploysIdCancelJSONBody = map[string]interface{}
-
-// PostV1DeploysIdRollbackParams defines parameters for PostV1DeploysIdRollback.
-type PostV1DeploysIdRollbackParams struct {
+// CreateDeployParams defines parameters for CreateDeploy.
+type CreateDeployParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
@@ -994,8 +979,23 @@ type PostV1DeploysIdRollbackParams struct {
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
-// GetV1OperationsParams defines parameters for GetV1Operations.
-type GetV1OperationsParams struct {
+// CancelDeployJSONBody defines parameters for CancelDeploy.
+type CancelDeployJSONBody = map[string]interface{}
+
+// RollbackDeployParams defines parameters for RollbackDeploy.
+type RollbackDeployParams struct {
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+
+	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
+	Prefer *Prefer `json:"Prefer,omitempty"`
+
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
+	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+}
+
+// ListOperationsParams defines parameters for ListOperations.
+type ListOperationsParams struct {
 	// Limit The most items of one page (default 50).
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 
@@ -1004,8 +1004,8 @@ type GetV1OperationsParams struct {
 	IdempotencyKey string  `form:"idempotency_key" json:"idempotency_key"`
 }
 
-// PostV1PaymentIntentsParams defines parameters for PostV1PaymentIntents.
-type PostV1PaymentIntentsParams struct {
+// CreatePaymentIntentParams defines parameters for CreatePaymentIntent.
+type CreatePaymentIntentParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
@@ -1013,11 +1013,11 @@ type PostV1PaymentIntentsParams struct {
 	Prefer *Prefer `json:"Prefer,omitempty"`
 }
 
-// PostV1PaymentIntentsIdCancelJSONBody defines parameters for PostV1PaymentIntentsIdCancel.
-type PostV1PaymentIntentsIdCancelJSONBody = map[string]interface{}
+// CancelPaymentIntentJSONBody defines parameters for CancelPaymentIntent.
+type CancelPaymentIntentJSONBody = map[string]interface{}
 
-// PostV1PaymentIntentsIdCancelParams defines parameters for PostV1PaymentIntentsIdCancel.
-type PostV1PaymentIntentsIdCancelParams struct {
+// CancelPaymentIntentParams defines parameters for CancelPaymentIntent.
+type CancelPaymentIntentParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
@@ -1025,8 +1025,8 @@ type PostV1PaymentIntentsIdCancelParams struct {
 	Prefer *Prefer `json:"Prefer,omitempty"`
 }
 
-// PostV1PaymentIntentsIdCaptureParams defines parameters for PostV1PaymentIntentsIdCapture.
-type PostV1PaymentIntentsIdCaptureParams struct {
+// CapturePaymentIntentParams defines parameters for CapturePaymentIntent.
+type CapturePaymentIntentParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
@@ -1037,8 +1037,8 @@ type PostV1PaymentIntentsIdCaptureParams struct {
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
-// GetV1PaymentIntentsIdRefundsParams defines parameters for GetV1PaymentIntentsIdRefunds.
-type GetV1PaymentIntentsIdRefundsParams struct {
+// ListPaymentIntentRefundsParams defines parameters for ListPaymentIntentRefunds.
+type ListPaymentIntentRefundsParams struct {
 	// Limit The most items of one page (default 50).
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 
@@ -1046,8 +1046,8 @@ type GetV1PaymentIntentsIdRefundsParams struct {
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
-// PostV1PaymentIntentsIdRefundsParams defines parameters for PostV1PaymentIntentsIdRefunds.
-type PostV1PaymentIntentsIdRefundsParams struct {
+// CreateRefundParams defines parameters for CreateRefund.
+type CreateRefundParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
@@ -1058,8 +1058,8 @@ type PostV1PaymentIntentsIdRefundsParams struct {
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
-// GetV1TicketsParams defines parameters for GetV1Tickets.
-type GetV1TicketsParams struct {
+// ListTicketsParams defines parameters for ListTickets.
+type ListTicketsParams struct {
 	// Limit The most items of one page (default 50).
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 
@@ -1068,8 +1068,8 @@ type GetV1TicketsParams struct {
 	SourceEventId *string `form:"source_event_id,omitempty" json:"source_event_id,omitempty"`
 }
 
-// PostV1TicketsParams defines parameters for PostV1Tickets.
-type PostV1TicketsParams struct {
+// CreateTicketParams defines parameters for CreateTicket.
+type CreateTicketParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
@@ -1077,8 +1077,8 @@ type PostV1TicketsParams struct {
 	Prefer *Prefer `json:"Prefer,omitempty"`
 }
 
-// GetV1TicketsIdCommentsParams defines parameters for GetV1TicketsIdComments.
-type GetV1TicketsIdCommentsParams struct {
+// ListTicketCommentsParams defines parameters for ListTicketComments.
+type ListTicketCommentsParams struct {
 	// Limit The most items of one page (default 50).
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 
@@ -1086,14 +1086,14 @@ type GetV1TicketsIdCommentsParams struct {
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
-// PostV1TicketsIdCommentsJSONBody defines parameters for PostV1TicketsIdComments.
-type PostV1TicketsIdCommentsJSONBody struct {
+// AddTicketCommentJSONBody defines parameters for AddTicketComment.
+type AddTicketCommentJSONBody struct {
 	// Body Free text; line feed and tab allowed.
 	Body string `json:"body"`
 }
 
-// PostV1TicketsIdCommentsParams defines parameters for PostV1TicketsIdComments.
-type PostV1TicketsIdCommentsParams struct {
+// AddTicketCommentParams defines parameters for AddTicketComment.
+type AddTicketCommentParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
@@ -1101,13 +1101,13 @@ type PostV1TicketsIdCommentsParams struct {
 	Prefer *Prefer `json:"Prefer,omitempty"`
 }
 
-// PutV1TicketsIdStatusJSONBody defines parameters for PutV1TicketsIdStatus.
-type PutV1TicketsIdStatusJSONBody struct {
+// SetTicketStatusJSONBody defines parameters for SetTicketStatus.
+type SetTicketStatusJSONBody struct {
 	Status TicketStatus `json:"status"`
 }
 
-// GetV1TicketsIdStatusChangesParams defines parameters for GetV1TicketsIdStatusChanges.
-type GetV1TicketsIdStatusChangesParams struct {
+// ListTicketStatusChangesParams defines parameters for ListTicketStatusChanges.
+type ListTicketStatusChangesParams struct {
 	// Limit The most items of one page (default 50).
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 
@@ -1115,59 +1115,59 @@ type GetV1TicketsIdStatusChangesParams struct {
 	Cursor *Cursor `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
-// PostAdminFaultsJSONRequestBody defines body for PostAdminFaults for application/json ContentType.
-type PostAdminFaultsJSONRequestBody = ProviderFault
+// ArmProviderFaultsJSONRequestBody defines body for ArmProviderFaults for application/json ContentType.
+type ArmProviderFaultsJSONRequestBody = ProviderFault
 
-// PostV1ApprovalsJSONRequestBody defines body for PostV1Approvals for application/json ContentType.
-type PostV1ApprovalsJSONRequestBody = ApprovalRequest
+// RequestApprovalJSONRequestBody defines body for RequestApproval for application/json ContentType.
+type RequestApprovalJSONRequestBody = ApprovalRequest
 
-// PostV1ApprovalsIdApproveJSONRequestBody defines body for PostV1ApprovalsIdApprove for application/json ContentType.
-type PostV1ApprovalsIdApproveJSONRequestBody = PostV1ApprovalsIdApproveJSONBody
+// GrantApprovalJSONRequestBody defines body for GrantApproval for application/json ContentType.
+type GrantApprovalJSONRequestBody = GrantApprovalJSONBody
 
-// PostV1ApprovalsIdDenyJSONRequestBody defines body for PostV1ApprovalsIdDeny for application/json ContentType.
-type PostV1ApprovalsIdDenyJSONRequestBody = PostV1ApprovalsIdDenyJSONBody
+// DenyApprovalJSONRequestBody defines body for DenyApproval for application/json ContentType.
+type DenyApprovalJSONRequestBody = DenyApprovalJSONBody
 
-// PostV1ApprovalsIdRevokeJSONRequestBody defines body for PostV1ApprovalsIdRevoke for application/json ContentType.
-type PostV1ApprovalsIdRevokeJSONRequestBody = PostV1ApprovalsIdRevokeJSONBody
+// RevokeApprovalJSONRequestBody defines body for RevokeApproval for application/json ContentType.
+type RevokeApprovalJSONRequestBody = RevokeApprovalJSONBody
 
-// PostV1AuthorizationsJSONRequestBody defines body for PostV1Authorizations for application/json ContentType.
-type PostV1AuthorizationsJSONRequestBody = ProviderAuthorizeRequest
+// CreateProviderAuthorizationJSONRequestBody defines body for CreateProviderAuthorization for application/json ContentType.
+type CreateProviderAuthorizationJSONRequestBody = ProviderAuthorizeRequest
 
-// PostV1AuthorizationsIdCaptureJSONRequestBody defines body for PostV1AuthorizationsIdCapture for application/json ContentType.
-type PostV1AuthorizationsIdCaptureJSONRequestBody = ProviderAmountRequest
+// CaptureProviderAuthorizationJSONRequestBody defines body for CaptureProviderAuthorization for application/json ContentType.
+type CaptureProviderAuthorizationJSONRequestBody = ProviderAmountRequest
 
-// PostV1AuthorizationsIdRefundsJSONRequestBody defines body for PostV1AuthorizationsIdRefunds for application/json ContentType.
-type PostV1AuthorizationsIdRefundsJSONRequestBody = ProviderAmountRequest
+// RefundProviderAuthorizationJSONRequestBody defines body for RefundProviderAuthorization for application/json ContentType.
+type RefundProviderAuthorizationJSONRequestBody = ProviderAmountRequest
 
-// PostV1DeploysJSONRequestBody defines body for PostV1Deploys for application/json ContentType.
-type PostV1DeploysJSONRequestBody = CreateDeploy
+// CreateDeployJSONRequestBody defines body for CreateDeploy for application/json ContentType.
+type CreateDeployJSONRequestBody = CreateDeploy
 
-// PostV1DeploysIdCancelJSONRequestBody defines body for PostV1DeploysIdCancel for application/json ContentType.
-type PostV1DeploysIdCancelJSONRequestBody = PostV1DeploysIdCancelJSONBody
+// CancelDeployJSONRequestBody defines body for CancelDeploy for application/json ContentType.
+type CancelDeployJSONRequestBody = CancelDeployJSONBody
 
-// PostV1DeploysIdRollbackJSONRequestBody defines body for PostV1DeploysIdRollback for application/json ContentType.
-type PostV1DeploysIdRollbackJSONRequestBody = RollbackDeploy
+// RollbackDeployJSONRequestBody defines body for RollbackDeploy for application/json ContentType.
+type RollbackDeployJSONRequestBody = RollbackDeploy
 
-// PostV1PaymentIntentsJSONRequestBody defines body for PostV1PaymentIntents for application/json ContentType.
-type PostV1PaymentIntentsJSONRequestBody = CreatePaymentIntent
+// CreatePaymentIntentJSONRequestBody defines body for CreatePaymentIntent for application/json ContentType.
+type CreatePaymentIntentJSONRequestBody = CreatePaymentIntent
 
-// PostV1PaymentIntentsIdCancelJSONRequestBody defines body for PostV1PaymentIntentsIdCancel for application/json ContentType.
-type PostV1PaymentIntentsIdCancelJSONRequestBody = PostV1PaymentIntentsIdCancelJSONBody
+// CancelPaymentIntentJSONRequestBody defines body for CancelPaymentIntent for application/json ContentType.
+type CancelPaymentIntentJSONRequestBody = CancelPaymentIntentJSONBody
 
-// PostV1PaymentIntentsIdCaptureJSONRequestBody defines body for PostV1PaymentIntentsIdCapture for application/json ContentType.
-type PostV1PaymentIntentsIdCaptureJSONRequestBody = CapturePaymentIntent
+// CapturePaymentIntentJSONRequestBody defines body for CapturePaymentIntent for application/json ContentType.
+type CapturePaymentIntentJSONRequestBody = CapturePaymentIntent
 
-// PostV1PaymentIntentsIdRefundsJSONRequestBody defines body for PostV1PaymentIntentsIdRefunds for application/json ContentType.
-type PostV1PaymentIntentsIdRefundsJSONRequestBody = CreateRefund
+// CreateRefundJSONRequestBody defines body for CreateRefund for application/json ContentType.
+type CreateRefundJSONRequestBody = CreateRefund
 
-// PostV1TicketsJSONRequestBody defines body for PostV1Tickets for application/json ContentType.
-type PostV1TicketsJSONRequestBody = CreateTicket
+// CreateTicketJSONRequestBody defines body for CreateTicket for application/json ContentType.
+type CreateTicketJSONRequestBody = CreateTicket
 
-// PostV1TicketsIdCommentsJSONRequestBody defines body for PostV1TicketsIdComments for application/json ContentType.
-type PostV1TicketsIdCommentsJSONRequestBody PostV1TicketsIdCommentsJSONBody
+// AddTicketCommentJSONRequestBody defines body for AddTicketComment for application/json ContentType.
+type AddTicketCommentJSONRequestBody AddTicketCommentJSONBody
 
-// PutV1TicketsIdStatusJSONRequestBody defines body for PutV1TicketsIdStatus for application/json ContentType.
-type PutV1TicketsIdStatusJSONRequestBody PutV1TicketsIdStatusJSONBody
+// SetTicketStatusJSONRequestBody defines body for SetTicketStatus for application/json ContentType.
+type SetTicketStatusJSONRequestBody SetTicketStatusJSONBody
 
 // Getter for additional properties for Problem. Returns the specified
 // element and whether it was found
@@ -1406,45 +1406,62 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 // The interface specification for the client above.
 type ClientInterface interface {
 
-	// GetAdminCounters Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
+	// GetProviderCounters Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
 	//
-	// Corresponds with GET /admin/counters (the `GetAdminCounters` operationId).
-	GetAdminCounters(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// DeleteAdminFaults Provider sandbox, PROVIDER_FAULT_INJECTION only: disarm this merchant's faults.
+	// Provider sandbox. Replays are not executions, so a retried call that was replayed leaves the counters as they
+	// were. A read with no effect: retry it freely.
 	//
-	// Corresponds with DELETE /admin/faults (the `DeleteAdminFaults` operationId).
-	DeleteAdminFaults(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with GET /admin/counters (the `GetProviderCounters` operationId).
+	GetProviderCounters(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostAdminFaultsWithBody Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
+	// ClearProviderFaults Provider sandbox, PROVIDER_FAULT_INJECTION only: disarm this merchant's faults.
+	//
+	// Provider sandbox, 404 when fault injection is off. A declared state: retrying leaves no fault armed either
+	// way.
+	//
+	// Corresponds with DELETE /admin/faults (the `ClearProviderFaults` operationId).
+	ClearProviderFaults(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ArmProviderFaultsWithBody Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
 	//
 	// `fail`: 503 provider_unavailable without executing. `drop`: execute, store the answer, close the connection
 	// without answering. `delay`: execute, store, answer after delay_ms. 404 when fault injection is off.
+	//
+	// Not idempotent: each call queues its faults behind the ones already armed for the kind, so a retry arms them
+	// again; when unsure, clear with DELETE and arm once.
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /admin/faults (the `PostAdminFaults` operationId).
-	PostAdminFaultsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /admin/faults (the `ArmProviderFaults` operationId).
+	ArmProviderFaultsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostAdminFaults Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
+	// ArmProviderFaults Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
 	//
 	// `fail`: 503 provider_unavailable without executing. `drop`: execute, store the answer, close the connection
 	// without answering. `delay`: execute, store, answer after delay_ms. 404 when fault injection is off.
 	//
+	// Not idempotent: each call queues its faults behind the ones already armed for the kind, so a retry arms them
+	// again; when unsure, clear with DELETE and arm once.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /admin/faults (the `PostAdminFaults` operationId).
-	PostAdminFaults(ctx context.Context, body PostAdminFaultsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /admin/faults (the `ArmProviderFaults` operationId).
+	ArmProviderFaults(ctx context.Context, body ArmProviderFaultsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostAdminReset Provider sandbox, PROVIDER_FAULT_INJECTION only: forget this merchant's state.
+	// ResetProvider Provider sandbox, PROVIDER_FAULT_INJECTION only: forget this merchant's state.
 	//
-	// Corresponds with POST /admin/reset (the `PostAdminReset` operationId).
-	PostAdminReset(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Provider sandbox, 404 when fault injection is off. A declared state: retrying forgets the same (now empty)
+	// state again.
+	//
+	// Corresponds with POST /admin/reset (the `ResetProvider` operationId).
+	ResetProvider(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetHealthz The process is up.
+	// GetHealth The process is up.
 	//
-	// Corresponds with GET /healthz (the `GetHealthz` operationId).
-	GetHealthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Answers from the process alone, without the database. A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /healthz (the `GetHealth` operationId).
+	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetMetrics Prometheus metrics of the process.
 	//
@@ -1453,149 +1470,204 @@ type ClientInterface interface {
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetReadyz The database is reachable and migrations are applied.
+	// GetReadiness The database is reachable and migrations are applied.
 	//
-	// Corresponds with GET /readyz (the `GetReadyz` operationId).
-	GetReadyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
+	// effect: retry it freely.
+	//
+	// Corresponds with GET /readyz (the `GetReadiness` operationId).
+	GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1ApprovalsWithBody Ask a person to approve one exact write.
+	// RequestApprovalWithBody Ask a person to approve one exact write.
 	//
 	// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
 	// and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 	// id as `Approval-Id` on the write; a changed body no longer matches.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second approval is made. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/approvals (the `PostV1Approvals` operationId).
-	PostV1ApprovalsWithBody(ctx context.Context, params *PostV1ApprovalsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/approvals (the `RequestApproval` operationId).
+	RequestApprovalWithBody(ctx context.Context, params *RequestApprovalParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1Approvals Ask a person to approve one exact write.
+	// RequestApproval Ask a person to approve one exact write.
 	//
 	// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
 	// and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 	// id as `Approval-Id` on the write; a changed body no longer matches.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second approval is made. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/approvals (the `PostV1Approvals` operationId).
-	PostV1Approvals(ctx context.Context, params *PostV1ApprovalsParams, body PostV1ApprovalsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/approvals (the `RequestApproval` operationId).
+	RequestApproval(ctx context.Context, params *RequestApprovalParams, body RequestApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1ApprovalsId One approval.
+	// GetApproval One approval.
 	//
-	// Corresponds with GET /v1/approvals/{id} (the `GetV1ApprovalsId` operationId).
-	GetV1ApprovalsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/approvals/{id} (the `GetApproval` operationId).
+	GetApproval(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1ApprovalsIdApproveWithBody Grant (role approver, not the requester).
+	// GrantApprovalWithBody Grant (role approver, not the requester).
 	//
-	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+	// A declared decision, safe to retry without an Idempotency-Key: the same approver approving again gets the
+	// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+	// denied is 409 `invalid_state`; an expired one is 403 `approval_invalid`.
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-	PostV1ApprovalsIdApproveWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/approvals/{id}/approve (the `GrantApproval` operationId).
+	GrantApprovalWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1ApprovalsIdApprove Grant (role approver, not the requester).
+	// GrantApproval Grant (role approver, not the requester).
 	//
-	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+	// A declared decision, safe to retry without an Idempotency-Key: the same approver approving again gets the
+	// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+	// denied is 409 `invalid_state`; an expired one is 403 `approval_invalid`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-	PostV1ApprovalsIdApprove(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/approvals/{id}/approve (the `GrantApproval` operationId).
+	GrantApproval(ctx context.Context, id string, body GrantApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1ApprovalsIdDenyWithBody Deny (role approver, not the requester).
+	// DenyApprovalWithBody Deny (role approver, not the requester).
+	//
+	// A declared decision, safe to retry without an Idempotency-Key: the same approver denying again gets the
+	// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+	// approved is 409 `invalid_state`.
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-	PostV1ApprovalsIdDenyWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/approvals/{id}/deny (the `DenyApproval` operationId).
+	DenyApprovalWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1ApprovalsIdDeny Deny (role approver, not the requester).
+	// DenyApproval Deny (role approver, not the requester).
+	//
+	// A declared decision, safe to retry without an Idempotency-Key: the same approver denying again gets the
+	// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+	// approved is 409 `invalid_state`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-	PostV1ApprovalsIdDeny(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/approvals/{id}/deny (the `DenyApproval` operationId).
+	DenyApproval(ctx context.Context, id string, body DenyApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1ApprovalsIdRevokeWithBody Revoke an approval not yet used (role approver, not the requester).
+	// RevokeApprovalWithBody Revoke an approval not yet used (role approver, not the requester).
 	//
-	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision, safe to retry without an Idempotency-Key: the same approver revoking again gets the approval back and nothing changes. An approval already used by its operation cannot be revoked (409 invalid_state).
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-	PostV1ApprovalsIdRevokeWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/approvals/{id}/revoke (the `RevokeApproval` operationId).
+	RevokeApprovalWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1ApprovalsIdRevoke Revoke an approval not yet used (role approver, not the requester).
+	// RevokeApproval Revoke an approval not yet used (role approver, not the requester).
 	//
-	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision, safe to retry without an Idempotency-Key: the same approver revoking again gets the approval back and nothing changes. An approval already used by its operation cannot be revoked (409 invalid_state).
 	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-	PostV1ApprovalsIdRevoke(ctx context.Context, id string, body PostV1ApprovalsIdRevokeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/approvals/{id}/revoke (the `RevokeApproval` operationId).
+	RevokeApproval(ctx context.Context, id string, body RevokeApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1AuthorizationsWithBody Provider sandbox (:8090): place a hold on a card.
+	// CreateProviderAuthorizationWithBody Provider sandbox (:8090): place a hold on a card.
 	//
 	// The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
 	// Idempotency-Key: the same key replays the stored answer (Idempotent-Replayed), a changed body is 422
 	// idempotency_key_reused.
 	//
+	// A retry with the same key executes nothing again, so the counters (GET /admin/counters) count executions,
+	// not calls.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/authorizations (the `PostV1Authorizations` operationId).
-	PostV1AuthorizationsWithBody(ctx context.Context, params *PostV1AuthorizationsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/authorizations (the `CreateProviderAuthorization` operationId).
+	CreateProviderAuthorizationWithBody(ctx context.Context, params *CreateProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1Authorizations Provider sandbox (:8090): place a hold on a card.
+	// CreateProviderAuthorization Provider sandbox (:8090): place a hold on a card.
 	//
 	// The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
 	// Idempotency-Key: the same key replays the stored answer (Idempotent-Replayed), a changed body is 422
 	// idempotency_key_reused.
 	//
+	// A retry with the same key executes nothing again, so the counters (GET /admin/counters) count executions,
+	// not calls.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/authorizations (the `PostV1Authorizations` operationId).
-	PostV1Authorizations(ctx context.Context, params *PostV1AuthorizationsParams, body PostV1AuthorizationsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/authorizations (the `CreateProviderAuthorization` operationId).
+	CreateProviderAuthorization(ctx context.Context, params *CreateProviderAuthorizationParams, body CreateProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1AuthorizationsId Provider sandbox: one authorization.
+	// GetProviderAuthorization Provider sandbox: one authorization.
 	//
-	// Corresponds with GET /v1/authorizations/{id} (the `GetV1AuthorizationsId` operationId).
-	GetV1AuthorizationsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Provider sandbox. A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/authorizations/{id} (the `GetProviderAuthorization` operationId).
+	GetProviderAuthorization(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1AuthorizationsIdCaptureWithBody Provider sandbox: capture once, at most the authorized amount; the rest is released.
+	// CaptureProviderAuthorizationWithBody Provider sandbox: capture once, at most the authorized amount; the rest is released.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/authorizations/{id}/capture (the `PostV1AuthorizationsIdCapture` operationId).
-	PostV1AuthorizationsIdCaptureWithBody(ctx context.Context, id string, params *PostV1AuthorizationsIdCaptureParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/authorizations/{id}/capture (the `CaptureProviderAuthorization` operationId).
+	CaptureProviderAuthorizationWithBody(ctx context.Context, id string, params *CaptureProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1AuthorizationsIdCapture Provider sandbox: capture once, at most the authorized amount; the rest is released.
+	// CaptureProviderAuthorization Provider sandbox: capture once, at most the authorized amount; the rest is released.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/authorizations/{id}/capture (the `PostV1AuthorizationsIdCapture` operationId).
-	PostV1AuthorizationsIdCapture(ctx context.Context, id string, params *PostV1AuthorizationsIdCaptureParams, body PostV1AuthorizationsIdCaptureJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/authorizations/{id}/capture (the `CaptureProviderAuthorization` operationId).
+	CaptureProviderAuthorization(ctx context.Context, id string, params *CaptureProviderAuthorizationParams, body CaptureProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1AuthorizationsIdRefundsWithBody Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+	// RefundProviderAuthorizationWithBody Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/authorizations/{id}/refunds (the `PostV1AuthorizationsIdRefunds` operationId).
-	PostV1AuthorizationsIdRefundsWithBody(ctx context.Context, id string, params *PostV1AuthorizationsIdRefundsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/authorizations/{id}/refunds (the `RefundProviderAuthorization` operationId).
+	RefundProviderAuthorizationWithBody(ctx context.Context, id string, params *RefundProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1AuthorizationsIdRefunds Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+	// RefundProviderAuthorization Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/authorizations/{id}/refunds (the `PostV1AuthorizationsIdRefunds` operationId).
-	PostV1AuthorizationsIdRefunds(ctx context.Context, id string, params *PostV1AuthorizationsIdRefundsParams, body PostV1AuthorizationsIdRefundsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/authorizations/{id}/refunds (the `RefundProviderAuthorization` operationId).
+	RefundProviderAuthorization(ctx context.Context, id string, params *RefundProviderAuthorizationParams, body RefundProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1AuthorizationsIdVoid Provider sandbox: void an authorization that was not captured.
+	// VoidProviderAuthorization Provider sandbox: void an authorization that was not captured.
 	//
-	// Corresponds with POST /v1/authorizations/{id}/void (the `PostV1AuthorizationsIdVoid` operationId).
-	PostV1AuthorizationsIdVoid(ctx context.Context, id string, params *PostV1AuthorizationsIdVoidParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
+	//
+	// Corresponds with POST /v1/authorizations/{id}/void (the `VoidProviderAuthorization` operationId).
+	VoidProviderAuthorization(ctx context.Context, id string, params *VoidProviderAuthorizationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1DeploysWithBody Deploy a service to an environment, from an immutable reference only.
+	// CreateDeployWithBody Deploy a service to an environment, from an immutable reference only.
 	//
 	// `artifact` is an OCI reference pinned by digest (`name@sha256:<64 lowercase hex>` or
 	// `name@sha512:<128 lowercase hex>`), `commit_sha` a full 40- or 64-character lowercase hex SHA; send exactly
@@ -1614,12 +1686,17 @@ type ClientInterface interface {
 	// 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 	// match this exact request.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second deploy is queued. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/deploys (the `PostV1Deploys` operationId).
-	PostV1DeploysWithBody(ctx context.Context, params *PostV1DeploysParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/deploys (the `CreateDeploy` operationId).
+	CreateDeployWithBody(ctx context.Context, params *CreateDeployParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1Deploys Deploy a service to an environment, from an immutable reference only.
+	// CreateDeploy Deploy a service to an environment, from an immutable reference only.
 	//
 	// `artifact` is an OCI reference pinned by digest (`name@sha256:<64 lowercase hex>` or
 	// `name@sha512:<128 lowercase hex>`), `commit_sha` a full 40- or 64-character lowercase hex SHA; send exactly
@@ -1638,102 +1715,133 @@ type ClientInterface interface {
 	// 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 	// match this exact request.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second deploy is queued. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/deploys (the `PostV1Deploys` operationId).
-	PostV1Deploys(ctx context.Context, params *PostV1DeploysParams, body PostV1DeploysJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/deploys (the `CreateDeploy` operationId).
+	CreateDeploy(ctx context.Context, params *CreateDeployParams, body CreateDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1DeploysId A deploy's state and the history of its operation.
+	// GetDeploy A deploy's state and the history of its operation.
 	//
 	// `state` is `unknown` while the controller that ran the deploy is gone and the reconciler has not yet
 	// settled it from the target's marker.
 	// A deploy that waited in the queue past DEPLOY_QUEUE_TIMEOUT is `failed` with no `started_at`; the last
 	// entry of `history` is a `failed` event whose `detail.reason` is `queue_timeout`.
 	//
-	// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
-	GetV1DeploysId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// PostV1DeploysIdCancelWithBody Stop a queued deploy, or a running one that has not started activating.
+	// A read with no effect: retry it freely. Poll it until the deploy is `succeeded`, `failed` or `cancelled`.
 	//
-	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+	// Corresponds with GET /v1/deploys/{id} (the `GetDeploy` operationId).
+	GetDeploy(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CancelDeployWithBody Stop a queued deploy, or a running one that has not started activating.
+	//
+	// A declared final state, safe to retry without an Idempotency-Key: cancelling a cancelled deploy answers
 	// it again and records nothing. A deploy that already started activating on the target, or finished, is
 	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-	PostV1DeploysIdCancelWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/deploys/{id}/cancel (the `CancelDeploy` operationId).
+	CancelDeployWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1DeploysIdCancel Stop a queued deploy, or a running one that has not started activating.
+	// CancelDeploy Stop a queued deploy, or a running one that has not started activating.
 	//
-	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+	// A declared final state, safe to retry without an Idempotency-Key: cancelling a cancelled deploy answers
 	// it again and records nothing. A deploy that already started activating on the target, or finished, is
 	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-	PostV1DeploysIdCancel(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/deploys/{id}/cancel (the `CancelDeploy` operationId).
+	CancelDeploy(ctx context.Context, id string, body CancelDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1DeploysIdRollbackWithBody Roll back the environment's current deploy, as a new deploy and a new operation.
+	// RollbackDeployWithBody Roll back the environment's current deploy, as a new deploy and a new operation.
 	//
 	// Creates a deploy with `kind: rollback` and `rolls_back_deploy_id`, which deploys again the reference of
 	// the environment's previous deploy, under its own Idempotency-Key, the same release lock and, in approval
 	// environments, its own approval. Only the environment's current deploy can be rolled back, and only when
 	// one came before it: otherwise 409 `invalid_state`. The body may be `{}`.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second rollback is queued. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/deploys/{id}/rollback (the `PostV1DeploysIdRollback` operationId).
-	PostV1DeploysIdRollbackWithBody(ctx context.Context, id string, params *PostV1DeploysIdRollbackParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
+	RollbackDeployWithBody(ctx context.Context, id string, params *RollbackDeployParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1DeploysIdRollback Roll back the environment's current deploy, as a new deploy and a new operation.
+	// RollbackDeploy Roll back the environment's current deploy, as a new deploy and a new operation.
 	//
 	// Creates a deploy with `kind: rollback` and `rolls_back_deploy_id`, which deploys again the reference of
 	// the environment's previous deploy, under its own Idempotency-Key, the same release lock and, in approval
 	// environments, its own approval. Only the environment's current deploy can be rolled back, and only when
 	// one came before it: otherwise 409 `invalid_state`. The body may be `{}`.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second rollback is queued. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/deploys/{id}/rollback (the `PostV1DeploysIdRollback` operationId).
-	PostV1DeploysIdRollback(ctx context.Context, id string, params *PostV1DeploysIdRollbackParams, body PostV1DeploysIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
+	RollbackDeploy(ctx context.Context, id string, params *RollbackDeployParams, body RollbackDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1EnvironmentsName An environment's version, what runs there, and who holds its release lock.
+	// GetEnvironment An environment's version, what runs there, and who holds its release lock.
 	//
 	// 404 until the first deploy to the environment is accepted. Pass `version` as `expected_environment_version`.
 	//
-	// Corresponds with GET /v1/environments/{name} (the `GetV1EnvironmentsName` operationId).
-	GetV1EnvironmentsName(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/environments/{name} (the `GetEnvironment` operationId).
+	GetEnvironment(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1IdempotencyKey Provider sandbox: the stored answer of the call made with an idempotency key.
+	// GetProviderIdempotencyRecord Provider sandbox: the stored answer of the call made with an idempotency key.
 	//
 	// 404 when the provider never executed a call with the key; 409 request_in_progress while it runs.
 	//
-	// Corresponds with GET /v1/idempotency/{key} (the `GetV1IdempotencyKey` operationId).
-	GetV1IdempotencyKey(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// GetV1Operations The operations started under an idempotency key.
+	// Payments asks this when its answer was lost, to learn what the provider did with a key. A read with no effect:
+	// retry it freely.
 	//
-	// Corresponds with GET /v1/operations (the `GetV1Operations` operationId).
-	GetV1Operations(ctx context.Context, params *GetV1OperationsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with GET /v1/idempotency/{key} (the `GetProviderIdempotencyRecord` operationId).
+	GetProviderIdempotencyRecord(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1OperationsId What the server knows about one operation, with its event history.
+	// ListOperations The operations started under an idempotency key.
 	//
-	// Corresponds with GET /v1/operations/{id} (the `GetV1OperationsId` operationId).
-	GetV1OperationsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Ask this before retrying a write whose answer was lost: an empty list means the key was never accepted, so the
+	// write can be sent again with the same key; otherwise the operation's `state` says what happened. A read with
+	// no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/operations (the `ListOperations` operationId).
+	ListOperations(ctx context.Context, params *ListOperationsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1OperationsIdTimeline One operation's story for an investigator, with its audit chain verified.
+	// GetOperation What the server knows about one operation, with its event history.
+	//
+	// The truth the server holds: `state` (`unknown` while the outcome of an effect is not settled yet) and the
+	// events, oldest first. A read with no effect: retry it freely. Poll it to learn how an `unknown` operation
+	// settles.
+	//
+	// Corresponds with GET /v1/operations/{id} (the `GetOperation` operationId).
+	GetOperation(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetOperationTimeline One operation's story for an investigator, with its audit chain verified.
 	//
 	// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
 	// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
 	// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-	// replace it; who settled it; and whether the chain verifies against the checkpoints.
+	// replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
+	// retry it freely.
 	//
-	// Corresponds with GET /v1/operations/{id}/timeline (the `GetV1OperationsIdTimeline` operationId).
-	GetV1OperationsIdTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with GET /v1/operations/{id}/timeline (the `GetOperationTimeline` operationId).
+	GetOperationTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1PaymentIntentsWithBody Create a payment intent and place an authorization at the provider.
+	// CreatePaymentIntentWithBody Create a payment intent and place an authorization at the provider.
 	//
 	// Send `amount` as a decimal string ("12.30") or `amount_minor` as an integer, never a JSON number with a
 	// fraction. At most one active intent (not failed, not canceled) per order: another intent for the same
@@ -1742,12 +1850,19 @@ type ClientInterface interface {
 	// or poll the operation until the reconciler settles it. 502 `provider_unavailable`: the authorization never
 	// reached the provider; nothing happened, create again with a new key.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and no second authorization is placed. While the first attempt still runs a retry
+	// gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a
+	// different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an `unknown`
+	// operation asks the provider what it did with the key and settles the operation; never send the action again
+	// under a new key.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/payment_intents (the `PostV1PaymentIntents` operationId).
-	PostV1PaymentIntentsWithBody(ctx context.Context, params *PostV1PaymentIntentsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/payment_intents (the `CreatePaymentIntent` operationId).
+	CreatePaymentIntentWithBody(ctx context.Context, params *CreatePaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1PaymentIntents Create a payment intent and place an authorization at the provider.
+	// CreatePaymentIntent Create a payment intent and place an authorization at the provider.
 	//
 	// Send `amount` as a decimal string ("12.30") or `amount_minor` as an integer, never a JSON number with a
 	// fraction. At most one active intent (not failed, not canceled) per order: another intent for the same
@@ -1756,31 +1871,56 @@ type ClientInterface interface {
 	// or poll the operation until the reconciler settles it. 502 `provider_unavailable`: the authorization never
 	// reached the provider; nothing happened, create again with a new key.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and no second authorization is placed. While the first attempt still runs a retry
+	// gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a
+	// different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an `unknown`
+	// operation asks the provider what it did with the key and settles the operation; never send the action again
+	// under a new key.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/payment_intents (the `PostV1PaymentIntents` operationId).
-	PostV1PaymentIntents(ctx context.Context, params *PostV1PaymentIntentsParams, body PostV1PaymentIntentsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/payment_intents (the `CreatePaymentIntent` operationId).
+	CreatePaymentIntent(ctx context.Context, params *CreatePaymentIntentParams, body CreatePaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1PaymentIntentsId One payment intent.
+	// GetPaymentIntent One payment intent.
 	//
-	// Corresponds with GET /v1/payment_intents/{id} (the `GetV1PaymentIntentsId` operationId).
-	GetV1PaymentIntentsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/payment_intents/{id} (the `GetPaymentIntent` operationId).
+	GetPaymentIntent(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1PaymentIntentsIdCancelWithBody Cancel (void) an intent before it is captured.
+	// CancelPaymentIntentWithBody Cancel (void) an intent before it is captured.
+	//
+	// Releases the authorization at the provider. Retrying with the same Idempotency-Key and the same body replays
+	// the stored answer byte for byte, with `Idempotent-Replayed: true`, and the provider is not asked to void
+	// again. While the first attempt still runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits
+	// with `Prefer: wait=N`); the same key with a different body is 422 `idempotency_key_reused`. A new intended
+	// action needs a new key. When the provider's answer is lost the answer is 202 with the operation in state
+	// `unknown`: retry with the same key (the retry asks the provider what it did with that key and settles the
+	// operation) or poll the operation; never send the action again under a new key.
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/cancel (the `PostV1PaymentIntentsIdCancel` operationId).
-	PostV1PaymentIntentsIdCancelWithBody(ctx context.Context, id string, params *PostV1PaymentIntentsIdCancelParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/payment_intents/{id}/cancel (the `CancelPaymentIntent` operationId).
+	CancelPaymentIntentWithBody(ctx context.Context, id string, params *CancelPaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1PaymentIntentsIdCancel Cancel (void) an intent before it is captured.
+	// CancelPaymentIntent Cancel (void) an intent before it is captured.
+	//
+	// Releases the authorization at the provider. Retrying with the same Idempotency-Key and the same body replays
+	// the stored answer byte for byte, with `Idempotent-Replayed: true`, and the provider is not asked to void
+	// again. While the first attempt still runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits
+	// with `Prefer: wait=N`); the same key with a different body is 422 `idempotency_key_reused`. A new intended
+	// action needs a new key. When the provider's answer is lost the answer is 202 with the operation in state
+	// `unknown`: retry with the same key (the retry asks the provider what it did with that key and settles the
+	// operation) or poll the operation; never send the action again under a new key.
 	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/cancel (the `PostV1PaymentIntentsIdCancel` operationId).
-	PostV1PaymentIntentsIdCancel(ctx context.Context, id string, params *PostV1PaymentIntentsIdCancelParams, body PostV1PaymentIntentsIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/payment_intents/{id}/cancel (the `CancelPaymentIntent` operationId).
+	CancelPaymentIntent(ctx context.Context, id string, params *CancelPaymentIntentParams, body CancelPaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1PaymentIntentsIdCaptureWithBody Capture an authorized intent, once.
+	// CapturePaymentIntentWithBody Capture an authorized intent, once.
 	//
 	// Without an amount the whole authorized amount is captured; a partial capture releases the rest. An intent
 	// captures once: a second capture under another key is 409 `invalid_state`. Above the configured amount of
@@ -1788,12 +1928,19 @@ type ClientInterface interface {
 	// `Approval-Id`. A lost provider answer is 202 with the operation in state `unknown`; the provider is never
 	// asked to capture twice for one operation.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and the provider is not asked to capture again. While the first attempt still
+	// runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key
+	// with a different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an
+	// `unknown` operation asks the provider what it did with the key and settles the operation; never send the
+	// action again under a new key.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/capture (the `PostV1PaymentIntentsIdCapture` operationId).
-	PostV1PaymentIntentsIdCaptureWithBody(ctx context.Context, id string, params *PostV1PaymentIntentsIdCaptureParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/payment_intents/{id}/capture (the `CapturePaymentIntent` operationId).
+	CapturePaymentIntentWithBody(ctx context.Context, id string, params *CapturePaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1PaymentIntentsIdCapture Capture an authorized intent, once.
+	// CapturePaymentIntent Capture an authorized intent, once.
 	//
 	// Without an amount the whole authorized amount is captured; a partial capture releases the rest. An intent
 	// captures once: a second capture under another key is 409 `invalid_state`. Above the configured amount of
@@ -1801,123 +1948,185 @@ type ClientInterface interface {
 	// `Approval-Id`. A lost provider answer is 202 with the operation in state `unknown`; the provider is never
 	// asked to capture twice for one operation.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and the provider is not asked to capture again. While the first attempt still
+	// runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key
+	// with a different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an
+	// `unknown` operation asks the provider what it did with the key and settles the operation; never send the
+	// action again under a new key.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/capture (the `PostV1PaymentIntentsIdCapture` operationId).
-	PostV1PaymentIntentsIdCapture(ctx context.Context, id string, params *PostV1PaymentIntentsIdCaptureParams, body PostV1PaymentIntentsIdCaptureJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/payment_intents/{id}/capture (the `CapturePaymentIntent` operationId).
+	CapturePaymentIntent(ctx context.Context, id string, params *CapturePaymentIntentParams, body CapturePaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1PaymentIntentsIdRefunds An intent's refunds, oldest first (pending, succeeded and failed).
+	// ListPaymentIntentRefunds An intent's refunds, oldest first (pending, succeeded and failed).
 	//
-	// Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-	GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/payment_intents/{id}/refunds (the `ListPaymentIntentRefunds` operationId).
+	ListPaymentIntentRefunds(ctx context.Context, id string, params *ListPaymentIntentRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1PaymentIntentsIdRefundsWithBody Refund captured money; each refund is its own operation.
+	// CreateRefundWithBody Refund captured money; each refund is its own operation.
 	//
 	// The refunds of an intent never total more than it captured, also under concurrent requests: a refund the
 	// captured amount no longer covers (counting refunds still pending) is 422 `amount_too_large` with
 	// `available_minor`. Above the configured amount of the currency a refund needs an approval (428).
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and no second refund is made. While the first attempt still runs a retry gets 409
+	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+	// is 422 `idempotency_key_reused`. A new intended action needs a new key. When the provider's answer is lost the
+	// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
+	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
+	// key.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `PostV1PaymentIntentsIdRefunds` operationId).
-	PostV1PaymentIntentsIdRefundsWithBody(ctx context.Context, id string, params *PostV1PaymentIntentsIdRefundsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
+	CreateRefundWithBody(ctx context.Context, id string, params *CreateRefundParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1PaymentIntentsIdRefunds Refund captured money; each refund is its own operation.
+	// CreateRefund Refund captured money; each refund is its own operation.
 	//
 	// The refunds of an intent never total more than it captured, also under concurrent requests: a refund the
 	// captured amount no longer covers (counting refunds still pending) is 422 `amount_too_large` with
 	// `available_minor`. Above the configured amount of the currency a refund needs an approval (428).
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and no second refund is made. While the first attempt still runs a retry gets 409
+	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+	// is 422 `idempotency_key_reused`. A new intended action needs a new key. When the provider's answer is lost the
+	// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
+	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
+	// key.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `PostV1PaymentIntentsIdRefunds` operationId).
-	PostV1PaymentIntentsIdRefunds(ctx context.Context, id string, params *PostV1PaymentIntentsIdRefundsParams, body PostV1PaymentIntentsIdRefundsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
+	CreateRefund(ctx context.Context, id string, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1RefundsId One refund.
+	// GetRefund One refund.
 	//
-	// Corresponds with GET /v1/refunds/{id} (the `GetV1RefundsId` operationId).
-	GetV1RefundsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// GetV1Tickets List tickets, newest first; filter by source_event_id.
+	// A read with no effect: retry it freely.
 	//
-	// Corresponds with GET /v1/tickets (the `GetV1Tickets` operationId).
-	GetV1Tickets(ctx context.Context, params *GetV1TicketsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with GET /v1/refunds/{id} (the `GetRefund` operationId).
+	GetRefund(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1TicketsWithBody Create a ticket, deduplicated by source_event_id.
+	// ListTickets List tickets, newest first; filter by source_event_id.
+	//
+	// Only the caller's account's tickets. A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/tickets (the `ListTickets` operationId).
+	ListTickets(ctx context.Context, params *ListTicketsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateTicketWithBody Create a ticket, deduplicated by source_event_id.
 	//
 	// 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
 	// under another idempotency key), 200 with that ticket and `deduplicated: true`.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
+	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+	// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/tickets (the `PostV1Tickets` operationId).
-	PostV1TicketsWithBody(ctx context.Context, params *PostV1TicketsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
+	CreateTicketWithBody(ctx context.Context, params *CreateTicketParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1Tickets Create a ticket, deduplicated by source_event_id.
+	// CreateTicket Create a ticket, deduplicated by source_event_id.
 	//
 	// 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
 	// under another idempotency key), 200 with that ticket and `deduplicated: true`.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
+	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+	// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/tickets (the `PostV1Tickets` operationId).
-	PostV1Tickets(ctx context.Context, params *PostV1TicketsParams, body PostV1TicketsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
+	CreateTicket(ctx context.Context, params *CreateTicketParams, body CreateTicketJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1TicketsId One ticket.
+	// GetTicket One ticket.
 	//
-	// Corresponds with GET /v1/tickets/{id} (the `GetV1TicketsId` operationId).
-	GetV1TicketsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// GetV1TicketsIdComments A ticket's comments, oldest first.
+	// Another account's ticket is 404, like a missing one. A read with no effect: retry it freely.
 	//
-	// Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-	GetV1TicketsIdComments(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with GET /v1/tickets/{id} (the `GetTicket` operationId).
+	GetTicket(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1TicketsIdCommentsWithBody Add a comment; a replay never adds a second one.
+	// ListTicketComments A ticket's comments, oldest first.
+	//
+	// A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/tickets/{id}/comments (the `ListTicketComments` operationId).
+	ListTicketComments(ctx context.Context, id string, params *ListTicketCommentsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// AddTicketCommentWithBody Add a comment; a replay never adds a second one.
+	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second comment is added. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
 	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with POST /v1/tickets/{id}/comments (the `PostV1TicketsIdComments` operationId).
-	PostV1TicketsIdCommentsWithBody(ctx context.Context, id string, params *PostV1TicketsIdCommentsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/tickets/{id}/comments (the `AddTicketComment` operationId).
+	AddTicketCommentWithBody(ctx context.Context, id string, params *AddTicketCommentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PostV1TicketsIdComments Add a comment; a replay never adds a second one.
+	// AddTicketComment Add a comment; a replay never adds a second one.
+	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second comment is added. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
 	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with POST /v1/tickets/{id}/comments (the `PostV1TicketsIdComments` operationId).
-	PostV1TicketsIdComments(ctx context.Context, id string, params *PostV1TicketsIdCommentsParams, body PostV1TicketsIdCommentsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with POST /v1/tickets/{id}/comments (the `AddTicketComment` operationId).
+	AddTicketComment(ctx context.Context, id string, params *AddTicketCommentParams, body AddTicketCommentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PutV1TicketsIdStatusWithBody Declare the ticket's status.
+	// SetTicketStatusWithBody Declare the ticket's status.
 	//
 	// A declared final state, idempotent by itself (no Idempotency-Key needed): repeating it changes nothing and
 	// records no second status change.
 	//
+	// Retry it freely: the ticket ends in the declared status and status_changes shows one change.
+	//
 	// Takes any type of body and a specified content type.
 	//
-	// Corresponds with PUT /v1/tickets/{id}/status (the `PutV1TicketsIdStatus` operationId).
-	PutV1TicketsIdStatusWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with PUT /v1/tickets/{id}/status (the `SetTicketStatus` operationId).
+	SetTicketStatusWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// PutV1TicketsIdStatus Declare the ticket's status.
+	// SetTicketStatus Declare the ticket's status.
 	//
 	// A declared final state, idempotent by itself (no Idempotency-Key needed): repeating it changes nothing and
 	// records no second status change.
 	//
+	// Retry it freely: the ticket ends in the declared status and status_changes shows one change.
+	//
 	// Takes a body of the `application/json` content type.
 	//
-	// Corresponds with PUT /v1/tickets/{id}/status (the `PutV1TicketsIdStatus` operationId).
-	PutV1TicketsIdStatus(ctx context.Context, id string, body PutV1TicketsIdStatusJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Corresponds with PUT /v1/tickets/{id}/status (the `SetTicketStatus` operationId).
+	SetTicketStatus(ctx context.Context, id string, body SetTicketStatusJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetV1TicketsIdStatusChanges The status changes that actually happened, oldest first.
+	// ListTicketStatusChanges The status changes that actually happened, oldest first.
 	//
-	// Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-	GetV1TicketsIdStatusChanges(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	// Repeating a status PUT adds no change here. A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/tickets/{id}/status_changes (the `ListTicketStatusChanges` operationId).
+	ListTicketStatusChanges(ctx context.Context, id string, params *ListTicketStatusChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
-// GetAdminCounters Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
+// GetProviderCounters Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
 //
-// Corresponds with GET /admin/counters (the `GetAdminCounters` operationId).
-func (c *Client) GetAdminCounters(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetAdminCountersRequest(c.Server)
+// Provider sandbox. Replays are not executions, so a retried call that was replayed leaves the counters as they
+// were. A read with no effect: retry it freely.
+//
+// Corresponds with GET /admin/counters (the `GetProviderCounters` operationId).
+func (c *Client) GetProviderCounters(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetProviderCountersRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -1928,11 +2137,14 @@ func (c *Client) GetAdminCounters(ctx context.Context, reqEditors ...RequestEdit
 	return c.Client.Do(req)
 }
 
-// DeleteAdminFaults Provider sandbox, PROVIDER_FAULT_INJECTION only: disarm this merchant's faults.
+// ClearProviderFaults Provider sandbox, PROVIDER_FAULT_INJECTION only: disarm this merchant's faults.
 //
-// Corresponds with DELETE /admin/faults (the `DeleteAdminFaults` operationId).
-func (c *Client) DeleteAdminFaults(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewDeleteAdminFaultsRequest(c.Server)
+// Provider sandbox, 404 when fault injection is off. A declared state: retrying leaves no fault armed either
+// way.
+//
+// Corresponds with DELETE /admin/faults (the `ClearProviderFaults` operationId).
+func (c *Client) ClearProviderFaults(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewClearProviderFaultsRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -1943,16 +2155,19 @@ func (c *Client) DeleteAdminFaults(ctx context.Context, reqEditors ...RequestEdi
 	return c.Client.Do(req)
 }
 
-// PostAdminFaultsWithBody Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
+// ArmProviderFaultsWithBody Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
 //
 // `fail`: 503 provider_unavailable without executing. `drop`: execute, store the answer, close the connection
 // without answering. `delay`: execute, store, answer after delay_ms. 404 when fault injection is off.
+//
+// Not idempotent: each call queues its faults behind the ones already armed for the kind, so a retry arms them
+// again; when unsure, clear with DELETE and arm once.
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /admin/faults (the `PostAdminFaults` operationId).
-func (c *Client) PostAdminFaultsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostAdminFaultsRequestWithBody(c.Server, contentType, body)
+// Corresponds with POST /admin/faults (the `ArmProviderFaults` operationId).
+func (c *Client) ArmProviderFaultsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewArmProviderFaultsRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1963,16 +2178,19 @@ func (c *Client) PostAdminFaultsWithBody(ctx context.Context, contentType string
 	return c.Client.Do(req)
 }
 
-// PostAdminFaults Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
+// ArmProviderFaults Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
 //
 // `fail`: 503 provider_unavailable without executing. `drop`: execute, store the answer, close the connection
 // without answering. `delay`: execute, store, answer after delay_ms. 404 when fault injection is off.
 //
+// Not idempotent: each call queues its faults behind the ones already armed for the kind, so a retry arms them
+// again; when unsure, clear with DELETE and arm once.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /admin/faults (the `PostAdminFaults` operationId).
-func (c *Client) PostAdminFaults(ctx context.Context, body PostAdminFaultsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostAdminFaultsRequest(c.Server, body)
+// Corresponds with POST /admin/faults (the `ArmProviderFaults` operationId).
+func (c *Client) ArmProviderFaults(ctx context.Context, body ArmProviderFaultsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewArmProviderFaultsRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1983,11 +2201,14 @@ func (c *Client) PostAdminFaults(ctx context.Context, body PostAdminFaultsJSONRe
 	return c.Client.Do(req)
 }
 
-// PostAdminReset Provider sandbox, PROVIDER_FAULT_INJECTION only: forget this merchant's state.
+// ResetProvider Provider sandbox, PROVIDER_FAULT_INJECTION only: forget this merchant's state.
 //
-// Corresponds with POST /admin/reset (the `PostAdminReset` operationId).
-func (c *Client) PostAdminReset(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostAdminResetRequest(c.Server)
+// Provider sandbox, 404 when fault injection is off. A declared state: retrying forgets the same (now empty)
+// state again.
+//
+// Corresponds with POST /admin/reset (the `ResetProvider` operationId).
+func (c *Client) ResetProvider(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResetProviderRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -1998,11 +2219,13 @@ func (c *Client) PostAdminReset(ctx context.Context, reqEditors ...RequestEditor
 	return c.Client.Do(req)
 }
 
-// GetHealthz The process is up.
+// GetHealth The process is up.
 //
-// Corresponds with GET /healthz (the `GetHealthz` operationId).
-func (c *Client) GetHealthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetHealthzRequest(c.Server)
+// Answers from the process alone, without the database. A read with no effect: retry it freely.
+//
+// Corresponds with GET /healthz (the `GetHealth` operationId).
+func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetHealthRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -2030,11 +2253,14 @@ func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) 
 	return c.Client.Do(req)
 }
 
-// GetReadyz The database is reachable and migrations are applied.
+// GetReadiness The database is reachable and migrations are applied.
 //
-// Corresponds with GET /readyz (the `GetReadyz` operationId).
-func (c *Client) GetReadyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetReadyzRequest(c.Server)
+// 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
+// effect: retry it freely.
+//
+// Corresponds with GET /readyz (the `GetReadiness` operationId).
+func (c *Client) GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetReadinessRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -2045,17 +2271,22 @@ func (c *Client) GetReadyz(ctx context.Context, reqEditors ...RequestEditorFn) (
 	return c.Client.Do(req)
 }
 
-// PostV1ApprovalsWithBody Ask a person to approve one exact write.
+// RequestApprovalWithBody Ask a person to approve one exact write.
 //
 // Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
 // and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 // id as `Approval-Id` on the write; a changed body no longer matches.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+// `Idempotent-Replayed: true`, and no second approval is made. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/approvals (the `PostV1Approvals` operationId).
-func (c *Client) PostV1ApprovalsWithBody(ctx context.Context, params *PostV1ApprovalsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsRequestWithBody(c.Server, params, contentType, body)
+// Corresponds with POST /v1/approvals (the `RequestApproval` operationId).
+func (c *Client) RequestApprovalWithBody(ctx context.Context, params *RequestApprovalParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRequestApprovalRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2066,17 +2297,22 @@ func (c *Client) PostV1ApprovalsWithBody(ctx context.Context, params *PostV1Appr
 	return c.Client.Do(req)
 }
 
-// PostV1Approvals Ask a person to approve one exact write.
+// RequestApproval Ask a person to approve one exact write.
 //
 // Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
 // and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 // id as `Approval-Id` on the write; a changed body no longer matches.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+// `Idempotent-Replayed: true`, and no second approval is made. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/approvals (the `PostV1Approvals` operationId).
-func (c *Client) PostV1Approvals(ctx context.Context, params *PostV1ApprovalsParams, body PostV1ApprovalsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsRequest(c.Server, params, body)
+// Corresponds with POST /v1/approvals (the `RequestApproval` operationId).
+func (c *Client) RequestApproval(ctx context.Context, params *RequestApprovalParams, body RequestApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRequestApprovalRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2087,11 +2323,13 @@ func (c *Client) PostV1Approvals(ctx context.Context, params *PostV1ApprovalsPar
 	return c.Client.Do(req)
 }
 
-// GetV1ApprovalsId One approval.
+// GetApproval One approval.
 //
-// Corresponds with GET /v1/approvals/{id} (the `GetV1ApprovalsId` operationId).
-func (c *Client) GetV1ApprovalsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1ApprovalsIdRequest(c.Server, id)
+// A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/approvals/{id} (the `GetApproval` operationId).
+func (c *Client) GetApproval(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetApprovalRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -2102,15 +2340,17 @@ func (c *Client) GetV1ApprovalsId(ctx context.Context, id string, reqEditors ...
 	return c.Client.Do(req)
 }
 
-// PostV1ApprovalsIdApproveWithBody Grant (role approver, not the requester).
+// GrantApprovalWithBody Grant (role approver, not the requester).
 //
-// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+// A declared decision, safe to retry without an Idempotency-Key: the same approver approving again gets the
+// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+// denied is 409 `invalid_state`; an expired one is 403 `approval_invalid`.
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-func (c *Client) PostV1ApprovalsIdApproveWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdApproveRequestWithBody(c.Server, id, contentType, body)
+// Corresponds with POST /v1/approvals/{id}/approve (the `GrantApproval` operationId).
+func (c *Client) GrantApprovalWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGrantApprovalRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2121,15 +2361,17 @@ func (c *Client) PostV1ApprovalsIdApproveWithBody(ctx context.Context, id string
 	return c.Client.Do(req)
 }
 
-// PostV1ApprovalsIdApprove Grant (role approver, not the requester).
+// GrantApproval Grant (role approver, not the requester).
 //
-// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+// A declared decision, safe to retry without an Idempotency-Key: the same approver approving again gets the
+// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+// denied is 409 `invalid_state`; an expired one is 403 `approval_invalid`.
 //
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdApproveRequest(c.Server, id, body)
+// Corresponds with POST /v1/approvals/{id}/approve (the `GrantApproval` operationId).
+func (c *Client) GrantApproval(ctx context.Context, id string, body GrantApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGrantApprovalRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2140,13 +2382,17 @@ func (c *Client) PostV1ApprovalsIdApprove(ctx context.Context, id string, body P
 	return c.Client.Do(req)
 }
 
-// PostV1ApprovalsIdDenyWithBody Deny (role approver, not the requester).
+// DenyApprovalWithBody Deny (role approver, not the requester).
+//
+// A declared decision, safe to retry without an Idempotency-Key: the same approver denying again gets the
+// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+// approved is 409 `invalid_state`.
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-func (c *Client) PostV1ApprovalsIdDenyWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdDenyRequestWithBody(c.Server, id, contentType, body)
+// Corresponds with POST /v1/approvals/{id}/deny (the `DenyApproval` operationId).
+func (c *Client) DenyApprovalWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDenyApprovalRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2157,13 +2403,17 @@ func (c *Client) PostV1ApprovalsIdDenyWithBody(ctx context.Context, id string, c
 	return c.Client.Do(req)
 }
 
-// PostV1ApprovalsIdDeny Deny (role approver, not the requester).
+// DenyApproval Deny (role approver, not the requester).
+//
+// A declared decision, safe to retry without an Idempotency-Key: the same approver denying again gets the
+// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+// approved is 409 `invalid_state`.
 //
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-func (c *Client) PostV1ApprovalsIdDeny(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdDenyRequest(c.Server, id, body)
+// Corresponds with POST /v1/approvals/{id}/deny (the `DenyApproval` operationId).
+func (c *Client) DenyApproval(ctx context.Context, id string, body DenyApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDenyApprovalRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2174,15 +2424,15 @@ func (c *Client) PostV1ApprovalsIdDeny(ctx context.Context, id string, body Post
 	return c.Client.Do(req)
 }
 
-// PostV1ApprovalsIdRevokeWithBody Revoke an approval not yet used (role approver, not the requester).
+// RevokeApprovalWithBody Revoke an approval not yet used (role approver, not the requester).
 //
-// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+// The write it approved is then refused with approval_invalid, as after a denial. A declared decision, safe to retry without an Idempotency-Key: the same approver revoking again gets the approval back and nothing changes. An approval already used by its operation cannot be revoked (409 invalid_state).
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-func (c *Client) PostV1ApprovalsIdRevokeWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdRevokeRequestWithBody(c.Server, id, contentType, body)
+// Corresponds with POST /v1/approvals/{id}/revoke (the `RevokeApproval` operationId).
+func (c *Client) RevokeApprovalWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeApprovalRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2193,15 +2443,15 @@ func (c *Client) PostV1ApprovalsIdRevokeWithBody(ctx context.Context, id string,
 	return c.Client.Do(req)
 }
 
-// PostV1ApprovalsIdRevoke Revoke an approval not yet used (role approver, not the requester).
+// RevokeApproval Revoke an approval not yet used (role approver, not the requester).
 //
-// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+// The write it approved is then refused with approval_invalid, as after a denial. A declared decision, safe to retry without an Idempotency-Key: the same approver revoking again gets the approval back and nothing changes. An approval already used by its operation cannot be revoked (409 invalid_state).
 //
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-func (c *Client) PostV1ApprovalsIdRevoke(ctx context.Context, id string, body PostV1ApprovalsIdRevokeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1ApprovalsIdRevokeRequest(c.Server, id, body)
+// Corresponds with POST /v1/approvals/{id}/revoke (the `RevokeApproval` operationId).
+func (c *Client) RevokeApproval(ctx context.Context, id string, body RevokeApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeApprovalRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2212,17 +2462,20 @@ func (c *Client) PostV1ApprovalsIdRevoke(ctx context.Context, id string, body Po
 	return c.Client.Do(req)
 }
 
-// PostV1AuthorizationsWithBody Provider sandbox (:8090): place a hold on a card.
+// CreateProviderAuthorizationWithBody Provider sandbox (:8090): place a hold on a card.
 //
 // The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
 // Idempotency-Key: the same key replays the stored answer (Idempotent-Replayed), a changed body is 422
 // idempotency_key_reused.
 //
+// A retry with the same key executes nothing again, so the counters (GET /admin/counters) count executions,
+// not calls.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/authorizations (the `PostV1Authorizations` operationId).
-func (c *Client) PostV1AuthorizationsWithBody(ctx context.Context, params *PostV1AuthorizationsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1AuthorizationsRequestWithBody(c.Server, params, contentType, body)
+// Corresponds with POST /v1/authorizations (the `CreateProviderAuthorization` operationId).
+func (c *Client) CreateProviderAuthorizationWithBody(ctx context.Context, params *CreateProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateProviderAuthorizationRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2233,17 +2486,20 @@ func (c *Client) PostV1AuthorizationsWithBody(ctx context.Context, params *PostV
 	return c.Client.Do(req)
 }
 
-// PostV1Authorizations Provider sandbox (:8090): place a hold on a card.
+// CreateProviderAuthorization Provider sandbox (:8090): place a hold on a card.
 //
 // The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
 // Idempotency-Key: the same key replays the stored answer (Idempotent-Replayed), a changed body is 422
 // idempotency_key_reused.
 //
+// A retry with the same key executes nothing again, so the counters (GET /admin/counters) count executions,
+// not calls.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/authorizations (the `PostV1Authorizations` operationId).
-func (c *Client) PostV1Authorizations(ctx context.Context, params *PostV1AuthorizationsParams, body PostV1AuthorizationsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1AuthorizationsRequest(c.Server, params, body)
+// Corresponds with POST /v1/authorizations (the `CreateProviderAuthorization` operationId).
+func (c *Client) CreateProviderAuthorization(ctx context.Context, params *CreateProviderAuthorizationParams, body CreateProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateProviderAuthorizationRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2254,11 +2510,13 @@ func (c *Client) PostV1Authorizations(ctx context.Context, params *PostV1Authori
 	return c.Client.Do(req)
 }
 
-// GetV1AuthorizationsId Provider sandbox: one authorization.
+// GetProviderAuthorization Provider sandbox: one authorization.
 //
-// Corresponds with GET /v1/authorizations/{id} (the `GetV1AuthorizationsId` operationId).
-func (c *Client) GetV1AuthorizationsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1AuthorizationsIdRequest(c.Server, id)
+// Provider sandbox. A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/authorizations/{id} (the `GetProviderAuthorization` operationId).
+func (c *Client) GetProviderAuthorization(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetProviderAuthorizationRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -2269,13 +2527,17 @@ func (c *Client) GetV1AuthorizationsId(ctx context.Context, id string, reqEditor
 	return c.Client.Do(req)
 }
 
-// PostV1AuthorizationsIdCaptureWithBody Provider sandbox: capture once, at most the authorized amount; the rest is released.
+// CaptureProviderAuthorizationWithBody Provider sandbox: capture once, at most the authorized amount; the rest is released.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/authorizations/{id}/capture (the `PostV1AuthorizationsIdCapture` operationId).
-func (c *Client) PostV1AuthorizationsIdCaptureWithBody(ctx context.Context, id string, params *PostV1AuthorizationsIdCaptureParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1AuthorizationsIdCaptureRequestWithBody(c.Server, id, params, contentType, body)
+// Corresponds with POST /v1/authorizations/{id}/capture (the `CaptureProviderAuthorization` operationId).
+func (c *Client) CaptureProviderAuthorizationWithBody(ctx context.Context, id string, params *CaptureProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCaptureProviderAuthorizationRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2286,13 +2548,17 @@ func (c *Client) PostV1AuthorizationsIdCaptureWithBody(ctx context.Context, id s
 	return c.Client.Do(req)
 }
 
-// PostV1AuthorizationsIdCapture Provider sandbox: capture once, at most the authorized amount; the rest is released.
+// CaptureProviderAuthorization Provider sandbox: capture once, at most the authorized amount; the rest is released.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/authorizations/{id}/capture (the `PostV1AuthorizationsIdCapture` operationId).
-func (c *Client) PostV1AuthorizationsIdCapture(ctx context.Context, id string, params *PostV1AuthorizationsIdCaptureParams, body PostV1AuthorizationsIdCaptureJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1AuthorizationsIdCaptureRequest(c.Server, id, params, body)
+// Corresponds with POST /v1/authorizations/{id}/capture (the `CaptureProviderAuthorization` operationId).
+func (c *Client) CaptureProviderAuthorization(ctx context.Context, id string, params *CaptureProviderAuthorizationParams, body CaptureProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCaptureProviderAuthorizationRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2303,13 +2569,17 @@ func (c *Client) PostV1AuthorizationsIdCapture(ctx context.Context, id string, p
 	return c.Client.Do(req)
 }
 
-// PostV1AuthorizationsIdRefundsWithBody Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+// RefundProviderAuthorizationWithBody Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/authorizations/{id}/refunds (the `PostV1AuthorizationsIdRefunds` operationId).
-func (c *Client) PostV1AuthorizationsIdRefundsWithBody(ctx context.Context, id string, params *PostV1AuthorizationsIdRefundsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1AuthorizationsIdRefundsRequestWithBody(c.Server, id, params, contentType, body)
+// Corresponds with POST /v1/authorizations/{id}/refunds (the `RefundProviderAuthorization` operationId).
+func (c *Client) RefundProviderAuthorizationWithBody(ctx context.Context, id string, params *RefundProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRefundProviderAuthorizationRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2320,13 +2590,17 @@ func (c *Client) PostV1AuthorizationsIdRefundsWithBody(ctx context.Context, id s
 	return c.Client.Do(req)
 }
 
-// PostV1AuthorizationsIdRefunds Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+// RefundProviderAuthorization Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/authorizations/{id}/refunds (the `PostV1AuthorizationsIdRefunds` operationId).
-func (c *Client) PostV1AuthorizationsIdRefunds(ctx context.Context, id string, params *PostV1AuthorizationsIdRefundsParams, body PostV1AuthorizationsIdRefundsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1AuthorizationsIdRefundsRequest(c.Server, id, params, body)
+// Corresponds with POST /v1/authorizations/{id}/refunds (the `RefundProviderAuthorization` operationId).
+func (c *Client) RefundProviderAuthorization(ctx context.Context, id string, params *RefundProviderAuthorizationParams, body RefundProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRefundProviderAuthorizationRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2337,11 +2611,15 @@ func (c *Client) PostV1AuthorizationsIdRefunds(ctx context.Context, id string, p
 	return c.Client.Do(req)
 }
 
-// PostV1AuthorizationsIdVoid Provider sandbox: void an authorization that was not captured.
+// VoidProviderAuthorization Provider sandbox: void an authorization that was not captured.
 //
-// Corresponds with POST /v1/authorizations/{id}/void (the `PostV1AuthorizationsIdVoid` operationId).
-func (c *Client) PostV1AuthorizationsIdVoid(ctx context.Context, id string, params *PostV1AuthorizationsIdVoidParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1AuthorizationsIdVoidRequest(c.Server, id, params)
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
+//
+// Corresponds with POST /v1/authorizations/{id}/void (the `VoidProviderAuthorization` operationId).
+func (c *Client) VoidProviderAuthorization(ctx context.Context, id string, params *VoidProviderAuthorizationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewVoidProviderAuthorizationRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2352,7 +2630,7 @@ func (c *Client) PostV1AuthorizationsIdVoid(ctx context.Context, id string, para
 	return c.Client.Do(req)
 }
 
-// PostV1DeploysWithBody Deploy a service to an environment, from an immutable reference only.
+// CreateDeployWithBody Deploy a service to an environment, from an immutable reference only.
 //
 // `artifact` is an OCI reference pinned by digest (`name@sha256:<64 lowercase hex>` or
 // `name@sha512:<128 lowercase hex>`), `commit_sha` a full 40- or 64-character lowercase hex SHA; send exactly
@@ -2371,11 +2649,16 @@ func (c *Client) PostV1AuthorizationsIdVoid(ctx context.Context, id string, para
 // 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 // match this exact request.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+// `Idempotent-Replayed: true`, and no second deploy is queued. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/deploys (the `PostV1Deploys` operationId).
-func (c *Client) PostV1DeploysWithBody(ctx context.Context, params *PostV1DeploysParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1DeploysRequestWithBody(c.Server, params, contentType, body)
+// Corresponds with POST /v1/deploys (the `CreateDeploy` operationId).
+func (c *Client) CreateDeployWithBody(ctx context.Context, params *CreateDeployParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateDeployRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2386,7 +2669,7 @@ func (c *Client) PostV1DeploysWithBody(ctx context.Context, params *PostV1Deploy
 	return c.Client.Do(req)
 }
 
-// PostV1Deploys Deploy a service to an environment, from an immutable reference only.
+// CreateDeploy Deploy a service to an environment, from an immutable reference only.
 //
 // `artifact` is an OCI reference pinned by digest (`name@sha256:<64 lowercase hex>` or
 // `name@sha512:<128 lowercase hex>`), `commit_sha` a full 40- or 64-character lowercase hex SHA; send exactly
@@ -2405,11 +2688,16 @@ func (c *Client) PostV1DeploysWithBody(ctx context.Context, params *PostV1Deploy
 // 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 // match this exact request.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+// `Idempotent-Replayed: true`, and no second deploy is queued. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/deploys (the `PostV1Deploys` operationId).
-func (c *Client) PostV1Deploys(ctx context.Context, params *PostV1DeploysParams, body PostV1DeploysJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1DeploysRequest(c.Server, params, body)
+// Corresponds with POST /v1/deploys (the `CreateDeploy` operationId).
+func (c *Client) CreateDeploy(ctx context.Context, params *CreateDeployParams, body CreateDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateDeployRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2420,16 +2708,18 @@ func (c *Client) PostV1Deploys(ctx context.Context, params *PostV1DeploysParams,
 	return c.Client.Do(req)
 }
 
-// GetV1DeploysId A deploy's state and the history of its operation.
+// GetDeploy A deploy's state and the history of its operation.
 //
 // `state` is `unknown` while the controller that ran the deploy is gone and the reconciler has not yet
 // settled it from the target's marker.
 // A deploy that waited in the queue past DEPLOY_QUEUE_TIMEOUT is `failed` with no `started_at`; the last
 // entry of `history` is a `failed` event whose `detail.reason` is `queue_timeout`.
 //
-// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
-func (c *Client) GetV1DeploysId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1DeploysIdRequest(c.Server, id)
+// A read with no effect: retry it freely. Poll it until the deploy is `succeeded`, `failed` or `cancelled`.
+//
+// Corresponds with GET /v1/deploys/{id} (the `GetDeploy` operationId).
+func (c *Client) GetDeploy(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetDeployRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -2440,17 +2730,17 @@ func (c *Client) GetV1DeploysId(ctx context.Context, id string, reqEditors ...Re
 	return c.Client.Do(req)
 }
 
-// PostV1DeploysIdCancelWithBody Stop a queued deploy, or a running one that has not started activating.
+// CancelDeployWithBody Stop a queued deploy, or a running one that has not started activating.
 //
-// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+// A declared final state, safe to retry without an Idempotency-Key: cancelling a cancelled deploy answers
 // it again and records nothing. A deploy that already started activating on the target, or finished, is
 // 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-func (c *Client) PostV1DeploysIdCancelWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1DeploysIdCancelRequestWithBody(c.Server, id, contentType, body)
+// Corresponds with POST /v1/deploys/{id}/cancel (the `CancelDeploy` operationId).
+func (c *Client) CancelDeployWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCancelDeployRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2461,17 +2751,17 @@ func (c *Client) PostV1DeploysIdCancelWithBody(ctx context.Context, id string, c
 	return c.Client.Do(req)
 }
 
-// PostV1DeploysIdCancel Stop a queued deploy, or a running one that has not started activating.
+// CancelDeploy Stop a queued deploy, or a running one that has not started activating.
 //
-// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+// A declared final state, safe to retry without an Idempotency-Key: cancelling a cancelled deploy answers
 // it again and records nothing. A deploy that already started activating on the target, or finished, is
 // 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 //
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-func (c *Client) PostV1DeploysIdCancel(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1DeploysIdCancelRequest(c.Server, id, body)
+// Corresponds with POST /v1/deploys/{id}/cancel (the `CancelDeploy` operationId).
+func (c *Client) CancelDeploy(ctx context.Context, id string, body CancelDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCancelDeployRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2482,18 +2772,23 @@ func (c *Client) PostV1DeploysIdCancel(ctx context.Context, id string, body Post
 	return c.Client.Do(req)
 }
 
-// PostV1DeploysIdRollbackWithBody Roll back the environment's current deploy, as a new deploy and a new operation.
+// RollbackDeployWithBody Roll back the environment's current deploy, as a new deploy and a new operation.
 //
 // Creates a deploy with `kind: rollback` and `rolls_back_deploy_id`, which deploys again the reference of
 // the environment's previous deploy, under its own Idempotency-Key, the same release lock and, in approval
 // environments, its own approval. Only the environment's current deploy can be rolled back, and only when
 // one came before it: otherwise 409 `invalid_state`. The body may be `{}`.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+// `Idempotent-Replayed: true`, and no second rollback is queued. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/deploys/{id}/rollback (the `PostV1DeploysIdRollback` operationId).
-func (c *Client) PostV1DeploysIdRollbackWithBody(ctx context.Context, id string, params *PostV1DeploysIdRollbackParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1DeploysIdRollbackRequestWithBody(c.Server, id, params, contentType, body)
+// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
+func (c *Client) RollbackDeployWithBody(ctx context.Context, id string, params *RollbackDeployParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRollbackDeployRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2504,18 +2799,23 @@ func (c *Client) PostV1DeploysIdRollbackWithBody(ctx context.Context, id string,
 	return c.Client.Do(req)
 }
 
-// PostV1DeploysIdRollback Roll back the environment's current deploy, as a new deploy and a new operation.
+// RollbackDeploy Roll back the environment's current deploy, as a new deploy and a new operation.
 //
 // Creates a deploy with `kind: rollback` and `rolls_back_deploy_id`, which deploys again the reference of
 // the environment's previous deploy, under its own Idempotency-Key, the same release lock and, in approval
 // environments, its own approval. Only the environment's current deploy can be rolled back, and only when
 // one came before it: otherwise 409 `invalid_state`. The body may be `{}`.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+// `Idempotent-Replayed: true`, and no second rollback is queued. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/deploys/{id}/rollback (the `PostV1DeploysIdRollback` operationId).
-func (c *Client) PostV1DeploysIdRollback(ctx context.Context, id string, params *PostV1DeploysIdRollbackParams, body PostV1DeploysIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1DeploysIdRollbackRequest(c.Server, id, params, body)
+// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
+func (c *Client) RollbackDeploy(ctx context.Context, id string, params *RollbackDeployParams, body RollbackDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRollbackDeployRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2526,13 +2826,15 @@ func (c *Client) PostV1DeploysIdRollback(ctx context.Context, id string, params 
 	return c.Client.Do(req)
 }
 
-// GetV1EnvironmentsName An environment's version, what runs there, and who holds its release lock.
+// GetEnvironment An environment's version, what runs there, and who holds its release lock.
 //
 // 404 until the first deploy to the environment is accepted. Pass `version` as `expected_environment_version`.
 //
-// Corresponds with GET /v1/environments/{name} (the `GetV1EnvironmentsName` operationId).
-func (c *Client) GetV1EnvironmentsName(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1EnvironmentsNameRequest(c.Server, name)
+// A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/environments/{name} (the `GetEnvironment` operationId).
+func (c *Client) GetEnvironment(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetEnvironmentRequest(c.Server, name)
 	if err != nil {
 		return nil, err
 	}
@@ -2543,28 +2845,16 @@ func (c *Client) GetV1EnvironmentsName(ctx context.Context, name string, reqEdit
 	return c.Client.Do(req)
 }
 
-// GetV1IdempotencyKey Provider sandbox: the stored answer of the call made with an idempotency key.
+// GetProviderIdempotencyRecord Provider sandbox: the stored answer of the call made with an idempotency key.
 //
 // 404 when the provider never executed a call with the key; 409 request_in_progress while it runs.
 //
-// Corresponds with GET /v1/idempotency/{key} (the `GetV1IdempotencyKey` operationId).
-func (c *Client) GetV1IdempotencyKey(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1IdempotencyKeyRequest(c.Server, key)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// GetV1Operations The operations started under an idempotency key.
+// Payments asks this when its answer was lost, to learn what the provider did with a key. A read with no effect:
+// retry it freely.
 //
-// Corresponds with GET /v1/operations (the `GetV1Operations` operationId).
-func (c *Client) GetV1Operations(ctx context.Context, params *GetV1OperationsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1OperationsRequest(c.Server, params)
+// Corresponds with GET /v1/idempotency/{key} (the `GetProviderIdempotencyRecord` operationId).
+func (c *Client) GetProviderIdempotencyRecord(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetProviderIdempotencyRecordRequest(c.Server, key)
 	if err != nil {
 		return nil, err
 	}
@@ -2575,11 +2865,15 @@ func (c *Client) GetV1Operations(ctx context.Context, params *GetV1OperationsPar
 	return c.Client.Do(req)
 }
 
-// GetV1OperationsId What the server knows about one operation, with its event history.
+// ListOperations The operations started under an idempotency key.
 //
-// Corresponds with GET /v1/operations/{id} (the `GetV1OperationsId` operationId).
-func (c *Client) GetV1OperationsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1OperationsIdRequest(c.Server, id)
+// Ask this before retrying a write whose answer was lost: an empty list means the key was never accepted, so the
+// write can be sent again with the same key; otherwise the operation's `state` says what happened. A read with
+// no effect: retry it freely.
+//
+// Corresponds with GET /v1/operations (the `ListOperations` operationId).
+func (c *Client) ListOperations(ctx context.Context, params *ListOperationsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListOperationsRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2590,16 +2884,36 @@ func (c *Client) GetV1OperationsId(ctx context.Context, id string, reqEditors ..
 	return c.Client.Do(req)
 }
 
-// GetV1OperationsIdTimeline One operation's story for an investigator, with its audit chain verified.
+// GetOperation What the server knows about one operation, with its event history.
+//
+// The truth the server holds: `state` (`unknown` while the outcome of an effect is not settled yet) and the
+// events, oldest first. A read with no effect: retry it freely. Poll it to learn how an `unknown` operation
+// settles.
+//
+// Corresponds with GET /v1/operations/{id} (the `GetOperation` operationId).
+func (c *Client) GetOperation(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetOperationRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetOperationTimeline One operation's story for an investigator, with its audit chain verified.
 //
 // Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
 // attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
 // dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-// replace it; who settled it; and whether the chain verifies against the checkpoints.
+// replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
+// retry it freely.
 //
-// Corresponds with GET /v1/operations/{id}/timeline (the `GetV1OperationsIdTimeline` operationId).
-func (c *Client) GetV1OperationsIdTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1OperationsIdTimelineRequest(c.Server, id)
+// Corresponds with GET /v1/operations/{id}/timeline (the `GetOperationTimeline` operationId).
+func (c *Client) GetOperationTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetOperationTimelineRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -2610,7 +2924,7 @@ func (c *Client) GetV1OperationsIdTimeline(ctx context.Context, id string, reqEd
 	return c.Client.Do(req)
 }
 
-// PostV1PaymentIntentsWithBody Create a payment intent and place an authorization at the provider.
+// CreatePaymentIntentWithBody Create a payment intent and place an authorization at the provider.
 //
 // Send `amount` as a decimal string ("12.30") or `amount_minor` as an integer, never a JSON number with a
 // fraction. At most one active intent (not failed, not canceled) per order: another intent for the same
@@ -2619,11 +2933,18 @@ func (c *Client) GetV1OperationsIdTimeline(ctx context.Context, id string, reqEd
 // or poll the operation until the reconciler settles it. 502 `provider_unavailable`: the authorization never
 // reached the provider; nothing happened, create again with a new key.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and no second authorization is placed. While the first attempt still runs a retry
+// gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a
+// different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an `unknown`
+// operation asks the provider what it did with the key and settles the operation; never send the action again
+// under a new key.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/payment_intents (the `PostV1PaymentIntents` operationId).
-func (c *Client) PostV1PaymentIntentsWithBody(ctx context.Context, params *PostV1PaymentIntentsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1PaymentIntentsRequestWithBody(c.Server, params, contentType, body)
+// Corresponds with POST /v1/payment_intents (the `CreatePaymentIntent` operationId).
+func (c *Client) CreatePaymentIntentWithBody(ctx context.Context, params *CreatePaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePaymentIntentRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2634,7 +2955,7 @@ func (c *Client) PostV1PaymentIntentsWithBody(ctx context.Context, params *PostV
 	return c.Client.Do(req)
 }
 
-// PostV1PaymentIntents Create a payment intent and place an authorization at the provider.
+// CreatePaymentIntent Create a payment intent and place an authorization at the provider.
 //
 // Send `amount` as a decimal string ("12.30") or `amount_minor` as an integer, never a JSON number with a
 // fraction. At most one active intent (not failed, not canceled) per order: another intent for the same
@@ -2643,11 +2964,18 @@ func (c *Client) PostV1PaymentIntentsWithBody(ctx context.Context, params *PostV
 // or poll the operation until the reconciler settles it. 502 `provider_unavailable`: the authorization never
 // reached the provider; nothing happened, create again with a new key.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and no second authorization is placed. While the first attempt still runs a retry
+// gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a
+// different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an `unknown`
+// operation asks the provider what it did with the key and settles the operation; never send the action again
+// under a new key.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/payment_intents (the `PostV1PaymentIntents` operationId).
-func (c *Client) PostV1PaymentIntents(ctx context.Context, params *PostV1PaymentIntentsParams, body PostV1PaymentIntentsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1PaymentIntentsRequest(c.Server, params, body)
+// Corresponds with POST /v1/payment_intents (the `CreatePaymentIntent` operationId).
+func (c *Client) CreatePaymentIntent(ctx context.Context, params *CreatePaymentIntentParams, body CreatePaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePaymentIntentRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2658,11 +2986,13 @@ func (c *Client) PostV1PaymentIntents(ctx context.Context, params *PostV1Payment
 	return c.Client.Do(req)
 }
 
-// GetV1PaymentIntentsId One payment intent.
+// GetPaymentIntent One payment intent.
 //
-// Corresponds with GET /v1/payment_intents/{id} (the `GetV1PaymentIntentsId` operationId).
-func (c *Client) GetV1PaymentIntentsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1PaymentIntentsIdRequest(c.Server, id)
+// A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/payment_intents/{id} (the `GetPaymentIntent` operationId).
+func (c *Client) GetPaymentIntent(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetPaymentIntentRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -2673,13 +3003,21 @@ func (c *Client) GetV1PaymentIntentsId(ctx context.Context, id string, reqEditor
 	return c.Client.Do(req)
 }
 
-// PostV1PaymentIntentsIdCancelWithBody Cancel (void) an intent before it is captured.
+// CancelPaymentIntentWithBody Cancel (void) an intent before it is captured.
+//
+// Releases the authorization at the provider. Retrying with the same Idempotency-Key and the same body replays
+// the stored answer byte for byte, with `Idempotent-Replayed: true`, and the provider is not asked to void
+// again. While the first attempt still runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits
+// with `Prefer: wait=N`); the same key with a different body is 422 `idempotency_key_reused`. A new intended
+// action needs a new key. When the provider's answer is lost the answer is 202 with the operation in state
+// `unknown`: retry with the same key (the retry asks the provider what it did with that key and settles the
+// operation) or poll the operation; never send the action again under a new key.
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/payment_intents/{id}/cancel (the `PostV1PaymentIntentsIdCancel` operationId).
-func (c *Client) PostV1PaymentIntentsIdCancelWithBody(ctx context.Context, id string, params *PostV1PaymentIntentsIdCancelParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1PaymentIntentsIdCancelRequestWithBody(c.Server, id, params, contentType, body)
+// Corresponds with POST /v1/payment_intents/{id}/cancel (the `CancelPaymentIntent` operationId).
+func (c *Client) CancelPaymentIntentWithBody(ctx context.Context, id string, params *CancelPaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCancelPaymentIntentRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2690,13 +3028,21 @@ func (c *Client) PostV1PaymentIntentsIdCancelWithBody(ctx context.Context, id st
 	return c.Client.Do(req)
 }
 
-// PostV1PaymentIntentsIdCancel Cancel (void) an intent before it is captured.
+// CancelPaymentIntent Cancel (void) an intent before it is captured.
+//
+// Releases the authorization at the provider. Retrying with the same Idempotency-Key and the same body replays
+// the stored answer byte for byte, with `Idempotent-Replayed: true`, and the provider is not asked to void
+// again. While the first attempt still runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits
+// with `Prefer: wait=N`); the same key with a different body is 422 `idempotency_key_reused`. A new intended
+// action needs a new key. When the provider's answer is lost the answer is 202 with the operation in state
+// `unknown`: retry with the same key (the retry asks the provider what it did with that key and settles the
+// operation) or poll the operation; never send the action again under a new key.
 //
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/payment_intents/{id}/cancel (the `PostV1PaymentIntentsIdCancel` operationId).
-func (c *Client) PostV1PaymentIntentsIdCancel(ctx context.Context, id string, params *PostV1PaymentIntentsIdCancelParams, body PostV1PaymentIntentsIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1PaymentIntentsIdCancelRequest(c.Server, id, params, body)
+// Corresponds with POST /v1/payment_intents/{id}/cancel (the `CancelPaymentIntent` operationId).
+func (c *Client) CancelPaymentIntent(ctx context.Context, id string, params *CancelPaymentIntentParams, body CancelPaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCancelPaymentIntentRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2707,7 +3053,7 @@ func (c *Client) PostV1PaymentIntentsIdCancel(ctx context.Context, id string, pa
 	return c.Client.Do(req)
 }
 
-// PostV1PaymentIntentsIdCaptureWithBody Capture an authorized intent, once.
+// CapturePaymentIntentWithBody Capture an authorized intent, once.
 //
 // Without an amount the whole authorized amount is captured; a partial capture releases the rest. An intent
 // captures once: a second capture under another key is 409 `invalid_state`. Above the configured amount of
@@ -2715,11 +3061,18 @@ func (c *Client) PostV1PaymentIntentsIdCancel(ctx context.Context, id string, pa
 // `Approval-Id`. A lost provider answer is 202 with the operation in state `unknown`; the provider is never
 // asked to capture twice for one operation.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and the provider is not asked to capture again. While the first attempt still
+// runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key
+// with a different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an
+// `unknown` operation asks the provider what it did with the key and settles the operation; never send the
+// action again under a new key.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/payment_intents/{id}/capture (the `PostV1PaymentIntentsIdCapture` operationId).
-func (c *Client) PostV1PaymentIntentsIdCaptureWithBody(ctx context.Context, id string, params *PostV1PaymentIntentsIdCaptureParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1PaymentIntentsIdCaptureRequestWithBody(c.Server, id, params, contentType, body)
+// Corresponds with POST /v1/payment_intents/{id}/capture (the `CapturePaymentIntent` operationId).
+func (c *Client) CapturePaymentIntentWithBody(ctx context.Context, id string, params *CapturePaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCapturePaymentIntentRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2730,7 +3083,7 @@ func (c *Client) PostV1PaymentIntentsIdCaptureWithBody(ctx context.Context, id s
 	return c.Client.Do(req)
 }
 
-// PostV1PaymentIntentsIdCapture Capture an authorized intent, once.
+// CapturePaymentIntent Capture an authorized intent, once.
 //
 // Without an amount the whole authorized amount is captured; a partial capture releases the rest. An intent
 // captures once: a second capture under another key is 409 `invalid_state`. Above the configured amount of
@@ -2738,11 +3091,18 @@ func (c *Client) PostV1PaymentIntentsIdCaptureWithBody(ctx context.Context, id s
 // `Approval-Id`. A lost provider answer is 202 with the operation in state `unknown`; the provider is never
 // asked to capture twice for one operation.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and the provider is not asked to capture again. While the first attempt still
+// runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key
+// with a different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an
+// `unknown` operation asks the provider what it did with the key and settles the operation; never send the
+// action again under a new key.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/payment_intents/{id}/capture (the `PostV1PaymentIntentsIdCapture` operationId).
-func (c *Client) PostV1PaymentIntentsIdCapture(ctx context.Context, id string, params *PostV1PaymentIntentsIdCaptureParams, body PostV1PaymentIntentsIdCaptureJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1PaymentIntentsIdCaptureRequest(c.Server, id, params, body)
+// Corresponds with POST /v1/payment_intents/{id}/capture (the `CapturePaymentIntent` operationId).
+func (c *Client) CapturePaymentIntent(ctx context.Context, id string, params *CapturePaymentIntentParams, body CapturePaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCapturePaymentIntentRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2753,11 +3113,13 @@ func (c *Client) PostV1PaymentIntentsIdCapture(ctx context.Context, id string, p
 	return c.Client.Do(req)
 }
 
-// GetV1PaymentIntentsIdRefunds An intent's refunds, oldest first (pending, succeeded and failed).
+// ListPaymentIntentRefunds An intent's refunds, oldest first (pending, succeeded and failed).
 //
-// Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-func (c *Client) GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1PaymentIntentsIdRefundsRequest(c.Server, id, params)
+// A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/payment_intents/{id}/refunds (the `ListPaymentIntentRefunds` operationId).
+func (c *Client) ListPaymentIntentRefunds(ctx context.Context, id string, params *ListPaymentIntentRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPaymentIntentRefundsRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2768,17 +3130,25 @@ func (c *Client) GetV1PaymentIntentsIdRefunds(ctx context.Context, id string, pa
 	return c.Client.Do(req)
 }
 
-// PostV1PaymentIntentsIdRefundsWithBody Refund captured money; each refund is its own operation.
+// CreateRefundWithBody Refund captured money; each refund is its own operation.
 //
 // The refunds of an intent never total more than it captured, also under concurrent requests: a refund the
 // captured amount no longer covers (counting refunds still pending) is 422 `amount_too_large` with
 // `available_minor`. Above the configured amount of the currency a refund needs an approval (428).
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and no second refund is made. While the first attempt still runs a retry gets 409
+// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+// is 422 `idempotency_key_reused`. A new intended action needs a new key. When the provider's answer is lost the
+// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
+// it did with that key and settles the operation) or poll the operation; never send the action again under a new
+// key.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/payment_intents/{id}/refunds (the `PostV1PaymentIntentsIdRefunds` operationId).
-func (c *Client) PostV1PaymentIntentsIdRefundsWithBody(ctx context.Context, id string, params *PostV1PaymentIntentsIdRefundsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1PaymentIntentsIdRefundsRequestWithBody(c.Server, id, params, contentType, body)
+// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
+func (c *Client) CreateRefundWithBody(ctx context.Context, id string, params *CreateRefundParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateRefundRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2789,17 +3159,25 @@ func (c *Client) PostV1PaymentIntentsIdRefundsWithBody(ctx context.Context, id s
 	return c.Client.Do(req)
 }
 
-// PostV1PaymentIntentsIdRefunds Refund captured money; each refund is its own operation.
+// CreateRefund Refund captured money; each refund is its own operation.
 //
 // The refunds of an intent never total more than it captured, also under concurrent requests: a refund the
 // captured amount no longer covers (counting refunds still pending) is 422 `amount_too_large` with
 // `available_minor`. Above the configured amount of the currency a refund needs an approval (428).
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and no second refund is made. While the first attempt still runs a retry gets 409
+// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+// is 422 `idempotency_key_reused`. A new intended action needs a new key. When the provider's answer is lost the
+// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
+// it did with that key and settles the operation) or poll the operation; never send the action again under a new
+// key.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/payment_intents/{id}/refunds (the `PostV1PaymentIntentsIdRefunds` operationId).
-func (c *Client) PostV1PaymentIntentsIdRefunds(ctx context.Context, id string, params *PostV1PaymentIntentsIdRefundsParams, body PostV1PaymentIntentsIdRefundsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1PaymentIntentsIdRefundsRequest(c.Server, id, params, body)
+// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
+func (c *Client) CreateRefund(ctx context.Context, id string, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateRefundRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2810,26 +3188,13 @@ func (c *Client) PostV1PaymentIntentsIdRefunds(ctx context.Context, id string, p
 	return c.Client.Do(req)
 }
 
-// GetV1RefundsId One refund.
+// GetRefund One refund.
 //
-// Corresponds with GET /v1/refunds/{id} (the `GetV1RefundsId` operationId).
-func (c *Client) GetV1RefundsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1RefundsIdRequest(c.Server, id)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// GetV1Tickets List tickets, newest first; filter by source_event_id.
+// A read with no effect: retry it freely.
 //
-// Corresponds with GET /v1/tickets (the `GetV1Tickets` operationId).
-func (c *Client) GetV1Tickets(ctx context.Context, params *GetV1TicketsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1TicketsRequest(c.Server, params)
+// Corresponds with GET /v1/refunds/{id} (the `GetRefund` operationId).
+func (c *Client) GetRefund(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetRefundRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -2840,16 +3205,38 @@ func (c *Client) GetV1Tickets(ctx context.Context, params *GetV1TicketsParams, r
 	return c.Client.Do(req)
 }
 
-// PostV1TicketsWithBody Create a ticket, deduplicated by source_event_id.
+// ListTickets List tickets, newest first; filter by source_event_id.
+//
+// Only the caller's account's tickets. A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/tickets (the `ListTickets` operationId).
+func (c *Client) ListTickets(ctx context.Context, params *ListTicketsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListTicketsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateTicketWithBody Create a ticket, deduplicated by source_event_id.
 //
 // 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
 // under another idempotency key), 200 with that ticket and `deduplicated: true`.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
+// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
+// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/tickets (the `PostV1Tickets` operationId).
-func (c *Client) PostV1TicketsWithBody(ctx context.Context, params *PostV1TicketsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1TicketsRequestWithBody(c.Server, params, contentType, body)
+// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
+func (c *Client) CreateTicketWithBody(ctx context.Context, params *CreateTicketParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateTicketRequestWithBody(c.Server, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2860,16 +3247,21 @@ func (c *Client) PostV1TicketsWithBody(ctx context.Context, params *PostV1Ticket
 	return c.Client.Do(req)
 }
 
-// PostV1Tickets Create a ticket, deduplicated by source_event_id.
+// CreateTicket Create a ticket, deduplicated by source_event_id.
 //
 // 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
 // under another idempotency key), 200 with that ticket and `deduplicated: true`.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
+// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
+// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/tickets (the `PostV1Tickets` operationId).
-func (c *Client) PostV1Tickets(ctx context.Context, params *PostV1TicketsParams, body PostV1TicketsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1TicketsRequest(c.Server, params, body)
+// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
+func (c *Client) CreateTicket(ctx context.Context, params *CreateTicketParams, body CreateTicketJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateTicketRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2880,26 +3272,13 @@ func (c *Client) PostV1Tickets(ctx context.Context, params *PostV1TicketsParams,
 	return c.Client.Do(req)
 }
 
-// GetV1TicketsId One ticket.
+// GetTicket One ticket.
 //
-// Corresponds with GET /v1/tickets/{id} (the `GetV1TicketsId` operationId).
-func (c *Client) GetV1TicketsId(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1TicketsIdRequest(c.Server, id)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// GetV1TicketsIdComments A ticket's comments, oldest first.
+// Another account's ticket is 404, like a missing one. A read with no effect: retry it freely.
 //
-// Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-func (c *Client) GetV1TicketsIdComments(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1TicketsIdCommentsRequest(c.Server, id, params)
+// Corresponds with GET /v1/tickets/{id} (the `GetTicket` operationId).
+func (c *Client) GetTicket(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTicketRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -2910,13 +3289,35 @@ func (c *Client) GetV1TicketsIdComments(ctx context.Context, id string, params *
 	return c.Client.Do(req)
 }
 
-// PostV1TicketsIdCommentsWithBody Add a comment; a replay never adds a second one.
+// ListTicketComments A ticket's comments, oldest first.
+//
+// A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/tickets/{id}/comments (the `ListTicketComments` operationId).
+func (c *Client) ListTicketComments(ctx context.Context, id string, params *ListTicketCommentsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListTicketCommentsRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// AddTicketCommentWithBody Add a comment; a replay never adds a second one.
+//
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+// `Idempotent-Replayed: true`, and no second comment is added. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
 //
 // Takes any type of body and a specified content type.
 //
-// Corresponds with POST /v1/tickets/{id}/comments (the `PostV1TicketsIdComments` operationId).
-func (c *Client) PostV1TicketsIdCommentsWithBody(ctx context.Context, id string, params *PostV1TicketsIdCommentsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1TicketsIdCommentsRequestWithBody(c.Server, id, params, contentType, body)
+// Corresponds with POST /v1/tickets/{id}/comments (the `AddTicketComment` operationId).
+func (c *Client) AddTicketCommentWithBody(ctx context.Context, id string, params *AddTicketCommentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAddTicketCommentRequestWithBody(c.Server, id, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2927,13 +3328,18 @@ func (c *Client) PostV1TicketsIdCommentsWithBody(ctx context.Context, id string,
 	return c.Client.Do(req)
 }
 
-// PostV1TicketsIdComments Add a comment; a replay never adds a second one.
+// AddTicketComment Add a comment; a replay never adds a second one.
+//
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+// `Idempotent-Replayed: true`, and no second comment is added. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
 //
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with POST /v1/tickets/{id}/comments (the `PostV1TicketsIdComments` operationId).
-func (c *Client) PostV1TicketsIdComments(ctx context.Context, id string, params *PostV1TicketsIdCommentsParams, body PostV1TicketsIdCommentsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPostV1TicketsIdCommentsRequest(c.Server, id, params, body)
+// Corresponds with POST /v1/tickets/{id}/comments (the `AddTicketComment` operationId).
+func (c *Client) AddTicketComment(ctx context.Context, id string, params *AddTicketCommentParams, body AddTicketCommentJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAddTicketCommentRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2944,16 +3350,18 @@ func (c *Client) PostV1TicketsIdComments(ctx context.Context, id string, params 
 	return c.Client.Do(req)
 }
 
-// PutV1TicketsIdStatusWithBody Declare the ticket's status.
+// SetTicketStatusWithBody Declare the ticket's status.
 //
 // A declared final state, idempotent by itself (no Idempotency-Key needed): repeating it changes nothing and
 // records no second status change.
 //
+// Retry it freely: the ticket ends in the declared status and status_changes shows one change.
+//
 // Takes any type of body and a specified content type.
 //
-// Corresponds with PUT /v1/tickets/{id}/status (the `PutV1TicketsIdStatus` operationId).
-func (c *Client) PutV1TicketsIdStatusWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutV1TicketsIdStatusRequestWithBody(c.Server, id, contentType, body)
+// Corresponds with PUT /v1/tickets/{id}/status (the `SetTicketStatus` operationId).
+func (c *Client) SetTicketStatusWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetTicketStatusRequestWithBody(c.Server, id, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2964,16 +3372,18 @@ func (c *Client) PutV1TicketsIdStatusWithBody(ctx context.Context, id string, co
 	return c.Client.Do(req)
 }
 
-// PutV1TicketsIdStatus Declare the ticket's status.
+// SetTicketStatus Declare the ticket's status.
 //
 // A declared final state, idempotent by itself (no Idempotency-Key needed): repeating it changes nothing and
 // records no second status change.
 //
+// Retry it freely: the ticket ends in the declared status and status_changes shows one change.
+//
 // Takes a body of the `application/json` content type.
 //
-// Corresponds with PUT /v1/tickets/{id}/status (the `PutV1TicketsIdStatus` operationId).
-func (c *Client) PutV1TicketsIdStatus(ctx context.Context, id string, body PutV1TicketsIdStatusJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewPutV1TicketsIdStatusRequest(c.Server, id, body)
+// Corresponds with PUT /v1/tickets/{id}/status (the `SetTicketStatus` operationId).
+func (c *Client) SetTicketStatus(ctx context.Context, id string, body SetTicketStatusJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetTicketStatusRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2984,11 +3394,13 @@ func (c *Client) PutV1TicketsIdStatus(ctx context.Context, id string, body PutV1
 	return c.Client.Do(req)
 }
 
-// GetV1TicketsIdStatusChanges The status changes that actually happened, oldest first.
+// ListTicketStatusChanges The status changes that actually happened, oldest first.
 //
-// Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-func (c *Client) GetV1TicketsIdStatusChanges(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetV1TicketsIdStatusChangesRequest(c.Server, id, params)
+// Repeating a status PUT adds no change here. A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/tickets/{id}/status_changes (the `ListTicketStatusChanges` operationId).
+func (c *Client) ListTicketStatusChanges(ctx context.Context, id string, params *ListTicketStatusChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListTicketStatusChangesRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2999,8 +3411,8 @@ func (c *Client) GetV1TicketsIdStatusChanges(ctx context.Context, id string, par
 	return c.Client.Do(req)
 }
 
-// NewGetAdminCountersRequest constructs an http.Request for the GetAdminCounters method
-func NewGetAdminCountersRequest(server string) (*http.Request, error) {
+// NewGetProviderCountersRequest constructs an http.Request for the GetProviderCounters method
+func NewGetProviderCountersRequest(server string) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3026,8 +3438,8 @@ func NewGetAdminCountersRequest(server string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewDeleteAdminFaultsRequest constructs an http.Request for the DeleteAdminFaults method
-func NewDeleteAdminFaultsRequest(server string) (*http.Request, error) {
+// NewClearProviderFaultsRequest constructs an http.Request for the ClearProviderFaults method
+func NewClearProviderFaultsRequest(server string) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3053,19 +3465,19 @@ func NewDeleteAdminFaultsRequest(server string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewPostAdminFaultsRequest calls the generic PostAdminFaults builder with application/json body
-func NewPostAdminFaultsRequest(server string, body PostAdminFaultsJSONRequestBody) (*http.Request, error) {
+// NewArmProviderFaultsRequest calls the generic ArmProviderFaults builder with application/json body
+func NewArmProviderFaultsRequest(server string, body ArmProviderFaultsJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostAdminFaultsRequestWithBody(server, "application/json", bodyReader)
+	return NewArmProviderFaultsRequestWithBody(server, "application/json", bodyReader)
 }
 
-// NewPostAdminFaultsRequestWithBody constructs an http.Request for the PostAdminFaults method, with any body, and a specified content type
-func NewPostAdminFaultsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+// NewArmProviderFaultsRequestWithBody constructs an http.Request for the ArmProviderFaults method, with any body, and a specified content type
+func NewArmProviderFaultsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3093,8 +3505,8 @@ func NewPostAdminFaultsRequestWithBody(server string, contentType string, body i
 	return req, nil
 }
 
-// NewPostAdminResetRequest constructs an http.Request for the PostAdminReset method
-func NewPostAdminResetRequest(server string) (*http.Request, error) {
+// NewResetProviderRequest constructs an http.Request for the ResetProvider method
+func NewResetProviderRequest(server string) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3120,8 +3532,8 @@ func NewPostAdminResetRequest(server string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewGetHealthzRequest constructs an http.Request for the GetHealthz method
-func NewGetHealthzRequest(server string) (*http.Request, error) {
+// NewGetHealthRequest constructs an http.Request for the GetHealth method
+func NewGetHealthRequest(server string) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3174,8 +3586,8 @@ func NewGetMetricsRequest(server string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewGetReadyzRequest constructs an http.Request for the GetReadyz method
-func NewGetReadyzRequest(server string) (*http.Request, error) {
+// NewGetReadinessRequest constructs an http.Request for the GetReadiness method
+func NewGetReadinessRequest(server string) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3201,19 +3613,19 @@ func NewGetReadyzRequest(server string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewPostV1ApprovalsRequest calls the generic PostV1Approvals builder with application/json body
-func NewPostV1ApprovalsRequest(server string, params *PostV1ApprovalsParams, body PostV1ApprovalsJSONRequestBody) (*http.Request, error) {
+// NewRequestApprovalRequest calls the generic RequestApproval builder with application/json body
+func NewRequestApprovalRequest(server string, params *RequestApprovalParams, body RequestApprovalJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1ApprovalsRequestWithBody(server, params, "application/json", bodyReader)
+	return NewRequestApprovalRequestWithBody(server, params, "application/json", bodyReader)
 }
 
-// NewPostV1ApprovalsRequestWithBody constructs an http.Request for the PostV1Approvals method, with any body, and a specified content type
-func NewPostV1ApprovalsRequestWithBody(server string, params *PostV1ApprovalsParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewRequestApprovalRequestWithBody constructs an http.Request for the RequestApproval method, with any body, and a specified content type
+func NewRequestApprovalRequestWithBody(server string, params *RequestApprovalParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3254,8 +3666,8 @@ func NewPostV1ApprovalsRequestWithBody(server string, params *PostV1ApprovalsPar
 	return req, nil
 }
 
-// NewGetV1ApprovalsIdRequest constructs an http.Request for the GetV1ApprovalsId method
-func NewGetV1ApprovalsIdRequest(server string, id string) (*http.Request, error) {
+// NewGetApprovalRequest constructs an http.Request for the GetApproval method
+func NewGetApprovalRequest(server string, id string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3288,19 +3700,19 @@ func NewGetV1ApprovalsIdRequest(server string, id string) (*http.Request, error)
 	return req, nil
 }
 
-// NewPostV1ApprovalsIdApproveRequest calls the generic PostV1ApprovalsIdApprove builder with application/json body
-func NewPostV1ApprovalsIdApproveRequest(server string, id string, body PostV1ApprovalsIdApproveJSONRequestBody) (*http.Request, error) {
+// NewGrantApprovalRequest calls the generic GrantApproval builder with application/json body
+func NewGrantApprovalRequest(server string, id string, body GrantApprovalJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1ApprovalsIdApproveRequestWithBody(server, id, "application/json", bodyReader)
+	return NewGrantApprovalRequestWithBody(server, id, "application/json", bodyReader)
 }
 
-// NewPostV1ApprovalsIdApproveRequestWithBody constructs an http.Request for the PostV1ApprovalsIdApprove method, with any body, and a specified content type
-func NewPostV1ApprovalsIdApproveRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+// NewGrantApprovalRequestWithBody constructs an http.Request for the GrantApproval method, with any body, and a specified content type
+func NewGrantApprovalRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3335,19 +3747,19 @@ func NewPostV1ApprovalsIdApproveRequestWithBody(server string, id string, conten
 	return req, nil
 }
 
-// NewPostV1ApprovalsIdDenyRequest calls the generic PostV1ApprovalsIdDeny builder with application/json body
-func NewPostV1ApprovalsIdDenyRequest(server string, id string, body PostV1ApprovalsIdDenyJSONRequestBody) (*http.Request, error) {
+// NewDenyApprovalRequest calls the generic DenyApproval builder with application/json body
+func NewDenyApprovalRequest(server string, id string, body DenyApprovalJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1ApprovalsIdDenyRequestWithBody(server, id, "application/json", bodyReader)
+	return NewDenyApprovalRequestWithBody(server, id, "application/json", bodyReader)
 }
 
-// NewPostV1ApprovalsIdDenyRequestWithBody constructs an http.Request for the PostV1ApprovalsIdDeny method, with any body, and a specified content type
-func NewPostV1ApprovalsIdDenyRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+// NewDenyApprovalRequestWithBody constructs an http.Request for the DenyApproval method, with any body, and a specified content type
+func NewDenyApprovalRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3382,19 +3794,19 @@ func NewPostV1ApprovalsIdDenyRequestWithBody(server string, id string, contentTy
 	return req, nil
 }
 
-// NewPostV1ApprovalsIdRevokeRequest calls the generic PostV1ApprovalsIdRevoke builder with application/json body
-func NewPostV1ApprovalsIdRevokeRequest(server string, id string, body PostV1ApprovalsIdRevokeJSONRequestBody) (*http.Request, error) {
+// NewRevokeApprovalRequest calls the generic RevokeApproval builder with application/json body
+func NewRevokeApprovalRequest(server string, id string, body RevokeApprovalJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1ApprovalsIdRevokeRequestWithBody(server, id, "application/json", bodyReader)
+	return NewRevokeApprovalRequestWithBody(server, id, "application/json", bodyReader)
 }
 
-// NewPostV1ApprovalsIdRevokeRequestWithBody constructs an http.Request for the PostV1ApprovalsIdRevoke method, with any body, and a specified content type
-func NewPostV1ApprovalsIdRevokeRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+// NewRevokeApprovalRequestWithBody constructs an http.Request for the RevokeApproval method, with any body, and a specified content type
+func NewRevokeApprovalRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3429,19 +3841,19 @@ func NewPostV1ApprovalsIdRevokeRequestWithBody(server string, id string, content
 	return req, nil
 }
 
-// NewPostV1AuthorizationsRequest calls the generic PostV1Authorizations builder with application/json body
-func NewPostV1AuthorizationsRequest(server string, params *PostV1AuthorizationsParams, body PostV1AuthorizationsJSONRequestBody) (*http.Request, error) {
+// NewCreateProviderAuthorizationRequest calls the generic CreateProviderAuthorization builder with application/json body
+func NewCreateProviderAuthorizationRequest(server string, params *CreateProviderAuthorizationParams, body CreateProviderAuthorizationJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1AuthorizationsRequestWithBody(server, params, "application/json", bodyReader)
+	return NewCreateProviderAuthorizationRequestWithBody(server, params, "application/json", bodyReader)
 }
 
-// NewPostV1AuthorizationsRequestWithBody constructs an http.Request for the PostV1Authorizations method, with any body, and a specified content type
-func NewPostV1AuthorizationsRequestWithBody(server string, params *PostV1AuthorizationsParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewCreateProviderAuthorizationRequestWithBody constructs an http.Request for the CreateProviderAuthorization method, with any body, and a specified content type
+func NewCreateProviderAuthorizationRequestWithBody(server string, params *CreateProviderAuthorizationParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3482,8 +3894,8 @@ func NewPostV1AuthorizationsRequestWithBody(server string, params *PostV1Authori
 	return req, nil
 }
 
-// NewGetV1AuthorizationsIdRequest constructs an http.Request for the GetV1AuthorizationsId method
-func NewGetV1AuthorizationsIdRequest(server string, id string) (*http.Request, error) {
+// NewGetProviderAuthorizationRequest constructs an http.Request for the GetProviderAuthorization method
+func NewGetProviderAuthorizationRequest(server string, id string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3516,19 +3928,19 @@ func NewGetV1AuthorizationsIdRequest(server string, id string) (*http.Request, e
 	return req, nil
 }
 
-// NewPostV1AuthorizationsIdCaptureRequest calls the generic PostV1AuthorizationsIdCapture builder with application/json body
-func NewPostV1AuthorizationsIdCaptureRequest(server string, id string, params *PostV1AuthorizationsIdCaptureParams, body PostV1AuthorizationsIdCaptureJSONRequestBody) (*http.Request, error) {
+// NewCaptureProviderAuthorizationRequest calls the generic CaptureProviderAuthorization builder with application/json body
+func NewCaptureProviderAuthorizationRequest(server string, id string, params *CaptureProviderAuthorizationParams, body CaptureProviderAuthorizationJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1AuthorizationsIdCaptureRequestWithBody(server, id, params, "application/json", bodyReader)
+	return NewCaptureProviderAuthorizationRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
-// NewPostV1AuthorizationsIdCaptureRequestWithBody constructs an http.Request for the PostV1AuthorizationsIdCapture method, with any body, and a specified content type
-func NewPostV1AuthorizationsIdCaptureRequestWithBody(server string, id string, params *PostV1AuthorizationsIdCaptureParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewCaptureProviderAuthorizationRequestWithBody constructs an http.Request for the CaptureProviderAuthorization method, with any body, and a specified content type
+func NewCaptureProviderAuthorizationRequestWithBody(server string, id string, params *CaptureProviderAuthorizationParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3576,19 +3988,19 @@ func NewPostV1AuthorizationsIdCaptureRequestWithBody(server string, id string, p
 	return req, nil
 }
 
-// NewPostV1AuthorizationsIdRefundsRequest calls the generic PostV1AuthorizationsIdRefunds builder with application/json body
-func NewPostV1AuthorizationsIdRefundsRequest(server string, id string, params *PostV1AuthorizationsIdRefundsParams, body PostV1AuthorizationsIdRefundsJSONRequestBody) (*http.Request, error) {
+// NewRefundProviderAuthorizationRequest calls the generic RefundProviderAuthorization builder with application/json body
+func NewRefundProviderAuthorizationRequest(server string, id string, params *RefundProviderAuthorizationParams, body RefundProviderAuthorizationJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1AuthorizationsIdRefundsRequestWithBody(server, id, params, "application/json", bodyReader)
+	return NewRefundProviderAuthorizationRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
-// NewPostV1AuthorizationsIdRefundsRequestWithBody constructs an http.Request for the PostV1AuthorizationsIdRefunds method, with any body, and a specified content type
-func NewPostV1AuthorizationsIdRefundsRequestWithBody(server string, id string, params *PostV1AuthorizationsIdRefundsParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewRefundProviderAuthorizationRequestWithBody constructs an http.Request for the RefundProviderAuthorization method, with any body, and a specified content type
+func NewRefundProviderAuthorizationRequestWithBody(server string, id string, params *RefundProviderAuthorizationParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3636,8 +4048,8 @@ func NewPostV1AuthorizationsIdRefundsRequestWithBody(server string, id string, p
 	return req, nil
 }
 
-// NewPostV1AuthorizationsIdVoidRequest constructs an http.Request for the PostV1AuthorizationsIdVoid method
-func NewPostV1AuthorizationsIdVoidRequest(server string, id string, params *PostV1AuthorizationsIdVoidParams) (*http.Request, error) {
+// NewVoidProviderAuthorizationRequest constructs an http.Request for the VoidProviderAuthorization method
+func NewVoidProviderAuthorizationRequest(server string, id string, params *VoidProviderAuthorizationParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3683,19 +4095,19 @@ func NewPostV1AuthorizationsIdVoidRequest(server string, id string, params *Post
 	return req, nil
 }
 
-// NewPostV1DeploysRequest calls the generic PostV1Deploys builder with application/json body
-func NewPostV1DeploysRequest(server string, params *PostV1DeploysParams, body PostV1DeploysJSONRequestBody) (*http.Request, error) {
+// NewCreateDeployRequest calls the generic CreateDeploy builder with application/json body
+func NewCreateDeployRequest(server string, params *CreateDeployParams, body CreateDeployJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1DeploysRequestWithBody(server, params, "application/json", bodyReader)
+	return NewCreateDeployRequestWithBody(server, params, "application/json", bodyReader)
 }
 
-// NewPostV1DeploysRequestWithBody constructs an http.Request for the PostV1Deploys method, with any body, and a specified content type
-func NewPostV1DeploysRequestWithBody(server string, params *PostV1DeploysParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewCreateDeployRequestWithBody constructs an http.Request for the CreateDeploy method, with any body, and a specified content type
+func NewCreateDeployRequestWithBody(server string, params *CreateDeployParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3758,8 +4170,8 @@ func NewPostV1DeploysRequestWithBody(server string, params *PostV1DeploysParams,
 	return req, nil
 }
 
-// NewGetV1DeploysIdRequest constructs an http.Request for the GetV1DeploysId method
-func NewGetV1DeploysIdRequest(server string, id string) (*http.Request, error) {
+// NewGetDeployRequest constructs an http.Request for the GetDeploy method
+func NewGetDeployRequest(server string, id string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3792,19 +4204,19 @@ func NewGetV1DeploysIdRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewPostV1DeploysIdCancelRequest calls the generic PostV1DeploysIdCancel builder with application/json body
-func NewPostV1DeploysIdCancelRequest(server string, id string, body PostV1DeploysIdCancelJSONRequestBody) (*http.Request, error) {
+// NewCancelDeployRequest calls the generic CancelDeploy builder with application/json body
+func NewCancelDeployRequest(server string, id string, body CancelDeployJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1DeploysIdCancelRequestWithBody(server, id, "application/json", bodyReader)
+	return NewCancelDeployRequestWithBody(server, id, "application/json", bodyReader)
 }
 
-// NewPostV1DeploysIdCancelRequestWithBody constructs an http.Request for the PostV1DeploysIdCancel method, with any body, and a specified content type
-func NewPostV1DeploysIdCancelRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+// NewCancelDeployRequestWithBody constructs an http.Request for the CancelDeploy method, with any body, and a specified content type
+func NewCancelDeployRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3839,19 +4251,19 @@ func NewPostV1DeploysIdCancelRequestWithBody(server string, id string, contentTy
 	return req, nil
 }
 
-// NewPostV1DeploysIdRollbackRequest calls the generic PostV1DeploysIdRollback builder with application/json body
-func NewPostV1DeploysIdRollbackRequest(server string, id string, params *PostV1DeploysIdRollbackParams, body PostV1DeploysIdRollbackJSONRequestBody) (*http.Request, error) {
+// NewRollbackDeployRequest calls the generic RollbackDeploy builder with application/json body
+func NewRollbackDeployRequest(server string, id string, params *RollbackDeployParams, body RollbackDeployJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1DeploysIdRollbackRequestWithBody(server, id, params, "application/json", bodyReader)
+	return NewRollbackDeployRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
-// NewPostV1DeploysIdRollbackRequestWithBody constructs an http.Request for the PostV1DeploysIdRollback method, with any body, and a specified content type
-func NewPostV1DeploysIdRollbackRequestWithBody(server string, id string, params *PostV1DeploysIdRollbackParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewRollbackDeployRequestWithBody constructs an http.Request for the RollbackDeploy method, with any body, and a specified content type
+func NewRollbackDeployRequestWithBody(server string, id string, params *RollbackDeployParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3921,8 +4333,8 @@ func NewPostV1DeploysIdRollbackRequestWithBody(server string, id string, params 
 	return req, nil
 }
 
-// NewGetV1EnvironmentsNameRequest constructs an http.Request for the GetV1EnvironmentsName method
-func NewGetV1EnvironmentsNameRequest(server string, name string) (*http.Request, error) {
+// NewGetEnvironmentRequest constructs an http.Request for the GetEnvironment method
+func NewGetEnvironmentRequest(server string, name string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3955,8 +4367,8 @@ func NewGetV1EnvironmentsNameRequest(server string, name string) (*http.Request,
 	return req, nil
 }
 
-// NewGetV1IdempotencyKeyRequest constructs an http.Request for the GetV1IdempotencyKey method
-func NewGetV1IdempotencyKeyRequest(server string, key string) (*http.Request, error) {
+// NewGetProviderIdempotencyRecordRequest constructs an http.Request for the GetProviderIdempotencyRecord method
+func NewGetProviderIdempotencyRecordRequest(server string, key string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3989,8 +4401,8 @@ func NewGetV1IdempotencyKeyRequest(server string, key string) (*http.Request, er
 	return req, nil
 }
 
-// NewGetV1OperationsRequest constructs an http.Request for the GetV1Operations method
-func NewGetV1OperationsRequest(server string, params *GetV1OperationsParams) (*http.Request, error) {
+// NewListOperationsRequest constructs an http.Request for the ListOperations method
+func NewListOperationsRequest(server string, params *ListOperationsParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4063,8 +4475,8 @@ func NewGetV1OperationsRequest(server string, params *GetV1OperationsParams) (*h
 	return req, nil
 }
 
-// NewGetV1OperationsIdRequest constructs an http.Request for the GetV1OperationsId method
-func NewGetV1OperationsIdRequest(server string, id string) (*http.Request, error) {
+// NewGetOperationRequest constructs an http.Request for the GetOperation method
+func NewGetOperationRequest(server string, id string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4097,8 +4509,8 @@ func NewGetV1OperationsIdRequest(server string, id string) (*http.Request, error
 	return req, nil
 }
 
-// NewGetV1OperationsIdTimelineRequest constructs an http.Request for the GetV1OperationsIdTimeline method
-func NewGetV1OperationsIdTimelineRequest(server string, id string) (*http.Request, error) {
+// NewGetOperationTimelineRequest constructs an http.Request for the GetOperationTimeline method
+func NewGetOperationTimelineRequest(server string, id string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4131,19 +4543,19 @@ func NewGetV1OperationsIdTimelineRequest(server string, id string) (*http.Reques
 	return req, nil
 }
 
-// NewPostV1PaymentIntentsRequest calls the generic PostV1PaymentIntents builder with application/json body
-func NewPostV1PaymentIntentsRequest(server string, params *PostV1PaymentIntentsParams, body PostV1PaymentIntentsJSONRequestBody) (*http.Request, error) {
+// NewCreatePaymentIntentRequest calls the generic CreatePaymentIntent builder with application/json body
+func NewCreatePaymentIntentRequest(server string, params *CreatePaymentIntentParams, body CreatePaymentIntentJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1PaymentIntentsRequestWithBody(server, params, "application/json", bodyReader)
+	return NewCreatePaymentIntentRequestWithBody(server, params, "application/json", bodyReader)
 }
 
-// NewPostV1PaymentIntentsRequestWithBody constructs an http.Request for the PostV1PaymentIntents method, with any body, and a specified content type
-func NewPostV1PaymentIntentsRequestWithBody(server string, params *PostV1PaymentIntentsParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewCreatePaymentIntentRequestWithBody constructs an http.Request for the CreatePaymentIntent method, with any body, and a specified content type
+func NewCreatePaymentIntentRequestWithBody(server string, params *CreatePaymentIntentParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4195,8 +4607,8 @@ func NewPostV1PaymentIntentsRequestWithBody(server string, params *PostV1Payment
 	return req, nil
 }
 
-// NewGetV1PaymentIntentsIdRequest constructs an http.Request for the GetV1PaymentIntentsId method
-func NewGetV1PaymentIntentsIdRequest(server string, id string) (*http.Request, error) {
+// NewGetPaymentIntentRequest constructs an http.Request for the GetPaymentIntent method
+func NewGetPaymentIntentRequest(server string, id string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4229,19 +4641,19 @@ func NewGetV1PaymentIntentsIdRequest(server string, id string) (*http.Request, e
 	return req, nil
 }
 
-// NewPostV1PaymentIntentsIdCancelRequest calls the generic PostV1PaymentIntentsIdCancel builder with application/json body
-func NewPostV1PaymentIntentsIdCancelRequest(server string, id string, params *PostV1PaymentIntentsIdCancelParams, body PostV1PaymentIntentsIdCancelJSONRequestBody) (*http.Request, error) {
+// NewCancelPaymentIntentRequest calls the generic CancelPaymentIntent builder with application/json body
+func NewCancelPaymentIntentRequest(server string, id string, params *CancelPaymentIntentParams, body CancelPaymentIntentJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1PaymentIntentsIdCancelRequestWithBody(server, id, params, "application/json", bodyReader)
+	return NewCancelPaymentIntentRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
-// NewPostV1PaymentIntentsIdCancelRequestWithBody constructs an http.Request for the PostV1PaymentIntentsIdCancel method, with any body, and a specified content type
-func NewPostV1PaymentIntentsIdCancelRequestWithBody(server string, id string, params *PostV1PaymentIntentsIdCancelParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewCancelPaymentIntentRequestWithBody constructs an http.Request for the CancelPaymentIntent method, with any body, and a specified content type
+func NewCancelPaymentIntentRequestWithBody(server string, id string, params *CancelPaymentIntentParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4300,19 +4712,19 @@ func NewPostV1PaymentIntentsIdCancelRequestWithBody(server string, id string, pa
 	return req, nil
 }
 
-// NewPostV1PaymentIntentsIdCaptureRequest calls the generic PostV1PaymentIntentsIdCapture builder with application/json body
-func NewPostV1PaymentIntentsIdCaptureRequest(server string, id string, params *PostV1PaymentIntentsIdCaptureParams, body PostV1PaymentIntentsIdCaptureJSONRequestBody) (*http.Request, error) {
+// NewCapturePaymentIntentRequest calls the generic CapturePaymentIntent builder with application/json body
+func NewCapturePaymentIntentRequest(server string, id string, params *CapturePaymentIntentParams, body CapturePaymentIntentJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1PaymentIntentsIdCaptureRequestWithBody(server, id, params, "application/json", bodyReader)
+	return NewCapturePaymentIntentRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
-// NewPostV1PaymentIntentsIdCaptureRequestWithBody constructs an http.Request for the PostV1PaymentIntentsIdCapture method, with any body, and a specified content type
-func NewPostV1PaymentIntentsIdCaptureRequestWithBody(server string, id string, params *PostV1PaymentIntentsIdCaptureParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewCapturePaymentIntentRequestWithBody constructs an http.Request for the CapturePaymentIntent method, with any body, and a specified content type
+func NewCapturePaymentIntentRequestWithBody(server string, id string, params *CapturePaymentIntentParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4382,8 +4794,8 @@ func NewPostV1PaymentIntentsIdCaptureRequestWithBody(server string, id string, p
 	return req, nil
 }
 
-// NewGetV1PaymentIntentsIdRefundsRequest constructs an http.Request for the GetV1PaymentIntentsIdRefunds method
-func NewGetV1PaymentIntentsIdRefundsRequest(server string, id string, params *GetV1PaymentIntentsIdRefundsParams) (*http.Request, error) {
+// NewListPaymentIntentRefundsRequest constructs an http.Request for the ListPaymentIntentRefunds method
+func NewListPaymentIntentRefundsRequest(server string, id string, params *ListPaymentIntentRefundsParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4455,19 +4867,19 @@ func NewGetV1PaymentIntentsIdRefundsRequest(server string, id string, params *Ge
 	return req, nil
 }
 
-// NewPostV1PaymentIntentsIdRefundsRequest calls the generic PostV1PaymentIntentsIdRefunds builder with application/json body
-func NewPostV1PaymentIntentsIdRefundsRequest(server string, id string, params *PostV1PaymentIntentsIdRefundsParams, body PostV1PaymentIntentsIdRefundsJSONRequestBody) (*http.Request, error) {
+// NewCreateRefundRequest calls the generic CreateRefund builder with application/json body
+func NewCreateRefundRequest(server string, id string, params *CreateRefundParams, body CreateRefundJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1PaymentIntentsIdRefundsRequestWithBody(server, id, params, "application/json", bodyReader)
+	return NewCreateRefundRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
-// NewPostV1PaymentIntentsIdRefundsRequestWithBody constructs an http.Request for the PostV1PaymentIntentsIdRefunds method, with any body, and a specified content type
-func NewPostV1PaymentIntentsIdRefundsRequestWithBody(server string, id string, params *PostV1PaymentIntentsIdRefundsParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewCreateRefundRequestWithBody constructs an http.Request for the CreateRefund method, with any body, and a specified content type
+func NewCreateRefundRequestWithBody(server string, id string, params *CreateRefundParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4537,8 +4949,8 @@ func NewPostV1PaymentIntentsIdRefundsRequestWithBody(server string, id string, p
 	return req, nil
 }
 
-// NewGetV1RefundsIdRequest constructs an http.Request for the GetV1RefundsId method
-func NewGetV1RefundsIdRequest(server string, id string) (*http.Request, error) {
+// NewGetRefundRequest constructs an http.Request for the GetRefund method
+func NewGetRefundRequest(server string, id string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4571,8 +4983,8 @@ func NewGetV1RefundsIdRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewGetV1TicketsRequest constructs an http.Request for the GetV1Tickets method
-func NewGetV1TicketsRequest(server string, params *GetV1TicketsParams) (*http.Request, error) {
+// NewListTicketsRequest constructs an http.Request for the ListTickets method
+func NewListTicketsRequest(server string, params *ListTicketsParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4649,19 +5061,19 @@ func NewGetV1TicketsRequest(server string, params *GetV1TicketsParams) (*http.Re
 	return req, nil
 }
 
-// NewPostV1TicketsRequest calls the generic PostV1Tickets builder with application/json body
-func NewPostV1TicketsRequest(server string, params *PostV1TicketsParams, body PostV1TicketsJSONRequestBody) (*http.Request, error) {
+// NewCreateTicketRequest calls the generic CreateTicket builder with application/json body
+func NewCreateTicketRequest(server string, params *CreateTicketParams, body CreateTicketJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1TicketsRequestWithBody(server, params, "application/json", bodyReader)
+	return NewCreateTicketRequestWithBody(server, params, "application/json", bodyReader)
 }
 
-// NewPostV1TicketsRequestWithBody constructs an http.Request for the PostV1Tickets method, with any body, and a specified content type
-func NewPostV1TicketsRequestWithBody(server string, params *PostV1TicketsParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewCreateTicketRequestWithBody constructs an http.Request for the CreateTicket method, with any body, and a specified content type
+func NewCreateTicketRequestWithBody(server string, params *CreateTicketParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4713,8 +5125,8 @@ func NewPostV1TicketsRequestWithBody(server string, params *PostV1TicketsParams,
 	return req, nil
 }
 
-// NewGetV1TicketsIdRequest constructs an http.Request for the GetV1TicketsId method
-func NewGetV1TicketsIdRequest(server string, id string) (*http.Request, error) {
+// NewGetTicketRequest constructs an http.Request for the GetTicket method
+func NewGetTicketRequest(server string, id string) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4747,8 +5159,8 @@ func NewGetV1TicketsIdRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
-// NewGetV1TicketsIdCommentsRequest constructs an http.Request for the GetV1TicketsIdComments method
-func NewGetV1TicketsIdCommentsRequest(server string, id string, params *GetV1TicketsIdCommentsParams) (*http.Request, error) {
+// NewListTicketCommentsRequest constructs an http.Request for the ListTicketComments method
+func NewListTicketCommentsRequest(server string, id string, params *ListTicketCommentsParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4820,19 +5232,19 @@ func NewGetV1TicketsIdCommentsRequest(server string, id string, params *GetV1Tic
 	return req, nil
 }
 
-// NewPostV1TicketsIdCommentsRequest calls the generic PostV1TicketsIdComments builder with application/json body
-func NewPostV1TicketsIdCommentsRequest(server string, id string, params *PostV1TicketsIdCommentsParams, body PostV1TicketsIdCommentsJSONRequestBody) (*http.Request, error) {
+// NewAddTicketCommentRequest calls the generic AddTicketComment builder with application/json body
+func NewAddTicketCommentRequest(server string, id string, params *AddTicketCommentParams, body AddTicketCommentJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPostV1TicketsIdCommentsRequestWithBody(server, id, params, "application/json", bodyReader)
+	return NewAddTicketCommentRequestWithBody(server, id, params, "application/json", bodyReader)
 }
 
-// NewPostV1TicketsIdCommentsRequestWithBody constructs an http.Request for the PostV1TicketsIdComments method, with any body, and a specified content type
-func NewPostV1TicketsIdCommentsRequestWithBody(server string, id string, params *PostV1TicketsIdCommentsParams, contentType string, body io.Reader) (*http.Request, error) {
+// NewAddTicketCommentRequestWithBody constructs an http.Request for the AddTicketComment method, with any body, and a specified content type
+func NewAddTicketCommentRequestWithBody(server string, id string, params *AddTicketCommentParams, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4891,19 +5303,19 @@ func NewPostV1TicketsIdCommentsRequestWithBody(server string, id string, params 
 	return req, nil
 }
 
-// NewPutV1TicketsIdStatusRequest calls the generic PutV1TicketsIdStatus builder with application/json body
-func NewPutV1TicketsIdStatusRequest(server string, id string, body PutV1TicketsIdStatusJSONRequestBody) (*http.Request, error) {
+// NewSetTicketStatusRequest calls the generic SetTicketStatus builder with application/json body
+func NewSetTicketStatusRequest(server string, id string, body SetTicketStatusJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewPutV1TicketsIdStatusRequestWithBody(server, id, "application/json", bodyReader)
+	return NewSetTicketStatusRequestWithBody(server, id, "application/json", bodyReader)
 }
 
-// NewPutV1TicketsIdStatusRequestWithBody constructs an http.Request for the PutV1TicketsIdStatus method, with any body, and a specified content type
-func NewPutV1TicketsIdStatusRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+// NewSetTicketStatusRequestWithBody constructs an http.Request for the SetTicketStatus method, with any body, and a specified content type
+func NewSetTicketStatusRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -4938,8 +5350,8 @@ func NewPutV1TicketsIdStatusRequestWithBody(server string, id string, contentTyp
 	return req, nil
 }
 
-// NewGetV1TicketsIdStatusChangesRequest constructs an http.Request for the GetV1TicketsIdStatusChanges method
-func NewGetV1TicketsIdStatusChangesRequest(server string, id string, params *GetV1TicketsIdStatusChangesParams) (*http.Request, error) {
+// NewListTicketStatusChangesRequest constructs an http.Request for the ListTicketStatusChanges method
+func NewListTicketStatusChangesRequest(server string, id string, params *ListTicketStatusChangesParams) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -5055,53 +5467,70 @@ func WithBaseURL(baseURL string) ClientOption {
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
 
-	// GetAdminCountersWithResponse Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
+	// GetProviderCountersWithResponse Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
+	//
+	// Provider sandbox. Replays are not executions, so a retried call that was replayed leaves the counters as they
+	// were. A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /admin/counters (the `GetAdminCounters` operationId).
-	GetAdminCountersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetAdminCountersResponse, error)
+	// Corresponds with GET /admin/counters (the `GetProviderCounters` operationId).
+	GetProviderCountersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetProviderCountersResponse, error)
 
-	// DeleteAdminFaultsWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: disarm this merchant's faults.
+	// ClearProviderFaultsWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: disarm this merchant's faults.
+	//
+	// Provider sandbox, 404 when fault injection is off. A declared state: retrying leaves no fault armed either
+	// way.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with DELETE /admin/faults (the `DeleteAdminFaults` operationId).
-	DeleteAdminFaultsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*DeleteAdminFaultsResponse, error)
+	// Corresponds with DELETE /admin/faults (the `ClearProviderFaults` operationId).
+	ClearProviderFaultsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ClearProviderFaultsResponse, error)
 
-	// PostAdminFaultsWithBodyWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
+	// ArmProviderFaultsWithBodyWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
 	//
 	// `fail`: 503 provider_unavailable without executing. `drop`: execute, store the answer, close the connection
 	// without answering. `delay`: execute, store, answer after delay_ms. 404 when fault injection is off.
+	//
+	// Not idempotent: each call queues its faults behind the ones already armed for the kind, so a retry arms them
+	// again; when unsure, clear with DELETE and arm once.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /admin/faults (the `PostAdminFaults` operationId).
-	PostAdminFaultsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostAdminFaultsResponse, error)
+	// Corresponds with POST /admin/faults (the `ArmProviderFaults` operationId).
+	ArmProviderFaultsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ArmProviderFaultsResponse, error)
 
-	// PostAdminFaultsWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
+	// ArmProviderFaultsWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
 	//
 	// `fail`: 503 provider_unavailable without executing. `drop`: execute, store the answer, close the connection
 	// without answering. `delay`: execute, store, answer after delay_ms. 404 when fault injection is off.
 	//
+	// Not idempotent: each call queues its faults behind the ones already armed for the kind, so a retry arms them
+	// again; when unsure, clear with DELETE and arm once.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /admin/faults (the `PostAdminFaults` operationId).
-	PostAdminFaultsWithResponse(ctx context.Context, body PostAdminFaultsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostAdminFaultsResponse, error)
+	// Corresponds with POST /admin/faults (the `ArmProviderFaults` operationId).
+	ArmProviderFaultsWithResponse(ctx context.Context, body ArmProviderFaultsJSONRequestBody, reqEditors ...RequestEditorFn) (*ArmProviderFaultsResponse, error)
 
-	// PostAdminResetWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: forget this merchant's state.
+	// ResetProviderWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: forget this merchant's state.
+	//
+	// Provider sandbox, 404 when fault injection is off. A declared state: retrying forgets the same (now empty)
+	// state again.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /admin/reset (the `PostAdminReset` operationId).
-	PostAdminResetWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*PostAdminResetResponse, error)
+	// Corresponds with POST /admin/reset (the `ResetProvider` operationId).
+	ResetProviderWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ResetProviderResponse, error)
 
-	// GetHealthzWithResponse The process is up.
+	// GetHealthWithResponse The process is up.
+	//
+	// Answers from the process alone, without the database. A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /healthz (the `GetHealthz` operationId).
-	GetHealthzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthzResponse, error)
+	// Corresponds with GET /healthz (the `GetHealth` operationId).
+	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
 
 	// GetMetricsWithResponse Prometheus metrics of the process.
 	//
@@ -5112,157 +5541,212 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /metrics (the `GetMetrics` operationId).
 	GetMetricsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetMetricsResponse, error)
 
-	// GetReadyzWithResponse The database is reachable and migrations are applied.
+	// GetReadinessWithResponse The database is reachable and migrations are applied.
+	//
+	// 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
+	// effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /readyz (the `GetReadyz` operationId).
-	GetReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadyzResponse, error)
+	// Corresponds with GET /readyz (the `GetReadiness` operationId).
+	GetReadinessWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadinessResponse, error)
 
-	// PostV1ApprovalsWithBodyWithResponse Ask a person to approve one exact write.
+	// RequestApprovalWithBodyWithResponse Ask a person to approve one exact write.
 	//
 	// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
 	// and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 	// id as `Approval-Id` on the write; a changed body no longer matches.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second approval is made. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/approvals (the `PostV1Approvals` operationId).
-	PostV1ApprovalsWithBodyWithResponse(ctx context.Context, params *PostV1ApprovalsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsResponse, error)
+	// Corresponds with POST /v1/approvals (the `RequestApproval` operationId).
+	RequestApprovalWithBodyWithResponse(ctx context.Context, params *RequestApprovalParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RequestApprovalResponse, error)
 
-	// PostV1ApprovalsWithResponse Ask a person to approve one exact write.
+	// RequestApprovalWithResponse Ask a person to approve one exact write.
 	//
 	// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
 	// and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 	// id as `Approval-Id` on the write; a changed body no longer matches.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second approval is made. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/approvals (the `PostV1Approvals` operationId).
-	PostV1ApprovalsWithResponse(ctx context.Context, params *PostV1ApprovalsParams, body PostV1ApprovalsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsResponse, error)
+	// Corresponds with POST /v1/approvals (the `RequestApproval` operationId).
+	RequestApprovalWithResponse(ctx context.Context, params *RequestApprovalParams, body RequestApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*RequestApprovalResponse, error)
 
-	// GetV1ApprovalsIdWithResponse One approval.
+	// GetApprovalWithResponse One approval.
+	//
+	// A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/approvals/{id} (the `GetV1ApprovalsId` operationId).
-	GetV1ApprovalsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1ApprovalsIdResponse, error)
+	// Corresponds with GET /v1/approvals/{id} (the `GetApproval` operationId).
+	GetApprovalWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetApprovalResponse, error)
 
-	// PostV1ApprovalsIdApproveWithBodyWithResponse Grant (role approver, not the requester).
+	// GrantApprovalWithBodyWithResponse Grant (role approver, not the requester).
 	//
-	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+	// A declared decision, safe to retry without an Idempotency-Key: the same approver approving again gets the
+	// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+	// denied is 409 `invalid_state`; an expired one is 403 `approval_invalid`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-	PostV1ApprovalsIdApproveWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error)
+	// Corresponds with POST /v1/approvals/{id}/approve (the `GrantApproval` operationId).
+	GrantApprovalWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*GrantApprovalResponse, error)
 
-	// PostV1ApprovalsIdApproveWithResponse Grant (role approver, not the requester).
+	// GrantApprovalWithResponse Grant (role approver, not the requester).
 	//
-	// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+	// A declared decision, safe to retry without an Idempotency-Key: the same approver approving again gets the
+	// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+	// denied is 409 `invalid_state`; an expired one is 403 `approval_invalid`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-	PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error)
+	// Corresponds with POST /v1/approvals/{id}/approve (the `GrantApproval` operationId).
+	GrantApprovalWithResponse(ctx context.Context, id string, body GrantApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*GrantApprovalResponse, error)
 
-	// PostV1ApprovalsIdDenyWithBodyWithResponse Deny (role approver, not the requester).
+	// DenyApprovalWithBodyWithResponse Deny (role approver, not the requester).
+	//
+	// A declared decision, safe to retry without an Idempotency-Key: the same approver denying again gets the
+	// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+	// approved is 409 `invalid_state`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-	PostV1ApprovalsIdDenyWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
+	// Corresponds with POST /v1/approvals/{id}/deny (the `DenyApproval` operationId).
+	DenyApprovalWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*DenyApprovalResponse, error)
 
-	// PostV1ApprovalsIdDenyWithResponse Deny (role approver, not the requester).
+	// DenyApprovalWithResponse Deny (role approver, not the requester).
+	//
+	// A declared decision, safe to retry without an Idempotency-Key: the same approver denying again gets the
+	// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+	// approved is 409 `invalid_state`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-	PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error)
+	// Corresponds with POST /v1/approvals/{id}/deny (the `DenyApproval` operationId).
+	DenyApprovalWithResponse(ctx context.Context, id string, body DenyApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*DenyApprovalResponse, error)
 
-	// PostV1ApprovalsIdRevokeWithBodyWithResponse Revoke an approval not yet used (role approver, not the requester).
+	// RevokeApprovalWithBodyWithResponse Revoke an approval not yet used (role approver, not the requester).
 	//
-	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision, safe to retry without an Idempotency-Key: the same approver revoking again gets the approval back and nothing changes. An approval already used by its operation cannot be revoked (409 invalid_state).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-	PostV1ApprovalsIdRevokeWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error)
+	// Corresponds with POST /v1/approvals/{id}/revoke (the `RevokeApproval` operationId).
+	RevokeApprovalWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RevokeApprovalResponse, error)
 
-	// PostV1ApprovalsIdRevokeWithResponse Revoke an approval not yet used (role approver, not the requester).
+	// RevokeApprovalWithResponse Revoke an approval not yet used (role approver, not the requester).
 	//
-	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+	// The write it approved is then refused with approval_invalid, as after a denial. A declared decision, safe to retry without an Idempotency-Key: the same approver revoking again gets the approval back and nothing changes. An approval already used by its operation cannot be revoked (409 invalid_state).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-	PostV1ApprovalsIdRevokeWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdRevokeJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error)
+	// Corresponds with POST /v1/approvals/{id}/revoke (the `RevokeApproval` operationId).
+	RevokeApprovalWithResponse(ctx context.Context, id string, body RevokeApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*RevokeApprovalResponse, error)
 
-	// PostV1AuthorizationsWithBodyWithResponse Provider sandbox (:8090): place a hold on a card.
+	// CreateProviderAuthorizationWithBodyWithResponse Provider sandbox (:8090): place a hold on a card.
 	//
 	// The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
 	// Idempotency-Key: the same key replays the stored answer (Idempotent-Replayed), a changed body is 422
 	// idempotency_key_reused.
 	//
+	// A retry with the same key executes nothing again, so the counters (GET /admin/counters) count executions,
+	// not calls.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/authorizations (the `PostV1Authorizations` operationId).
-	PostV1AuthorizationsWithBodyWithResponse(ctx context.Context, params *PostV1AuthorizationsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsResponse, error)
+	// Corresponds with POST /v1/authorizations (the `CreateProviderAuthorization` operationId).
+	CreateProviderAuthorizationWithBodyWithResponse(ctx context.Context, params *CreateProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateProviderAuthorizationResponse, error)
 
-	// PostV1AuthorizationsWithResponse Provider sandbox (:8090): place a hold on a card.
+	// CreateProviderAuthorizationWithResponse Provider sandbox (:8090): place a hold on a card.
 	//
 	// The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
 	// Idempotency-Key: the same key replays the stored answer (Idempotent-Replayed), a changed body is 422
 	// idempotency_key_reused.
 	//
+	// A retry with the same key executes nothing again, so the counters (GET /admin/counters) count executions,
+	// not calls.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/authorizations (the `PostV1Authorizations` operationId).
-	PostV1AuthorizationsWithResponse(ctx context.Context, params *PostV1AuthorizationsParams, body PostV1AuthorizationsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsResponse, error)
+	// Corresponds with POST /v1/authorizations (the `CreateProviderAuthorization` operationId).
+	CreateProviderAuthorizationWithResponse(ctx context.Context, params *CreateProviderAuthorizationParams, body CreateProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateProviderAuthorizationResponse, error)
 
-	// GetV1AuthorizationsIdWithResponse Provider sandbox: one authorization.
+	// GetProviderAuthorizationWithResponse Provider sandbox: one authorization.
+	//
+	// Provider sandbox. A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/authorizations/{id} (the `GetV1AuthorizationsId` operationId).
-	GetV1AuthorizationsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1AuthorizationsIdResponse, error)
+	// Corresponds with GET /v1/authorizations/{id} (the `GetProviderAuthorization` operationId).
+	GetProviderAuthorizationWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetProviderAuthorizationResponse, error)
 
-	// PostV1AuthorizationsIdCaptureWithBodyWithResponse Provider sandbox: capture once, at most the authorized amount; the rest is released.
+	// CaptureProviderAuthorizationWithBodyWithResponse Provider sandbox: capture once, at most the authorized amount; the rest is released.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/authorizations/{id}/capture (the `PostV1AuthorizationsIdCapture` operationId).
-	PostV1AuthorizationsIdCaptureWithBodyWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdCaptureParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdCaptureResponse, error)
+	// Corresponds with POST /v1/authorizations/{id}/capture (the `CaptureProviderAuthorization` operationId).
+	CaptureProviderAuthorizationWithBodyWithResponse(ctx context.Context, id string, params *CaptureProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CaptureProviderAuthorizationResponse, error)
 
-	// PostV1AuthorizationsIdCaptureWithResponse Provider sandbox: capture once, at most the authorized amount; the rest is released.
+	// CaptureProviderAuthorizationWithResponse Provider sandbox: capture once, at most the authorized amount; the rest is released.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/authorizations/{id}/capture (the `PostV1AuthorizationsIdCapture` operationId).
-	PostV1AuthorizationsIdCaptureWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdCaptureParams, body PostV1AuthorizationsIdCaptureJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdCaptureResponse, error)
+	// Corresponds with POST /v1/authorizations/{id}/capture (the `CaptureProviderAuthorization` operationId).
+	CaptureProviderAuthorizationWithResponse(ctx context.Context, id string, params *CaptureProviderAuthorizationParams, body CaptureProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*CaptureProviderAuthorizationResponse, error)
 
-	// PostV1AuthorizationsIdRefundsWithBodyWithResponse Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+	// RefundProviderAuthorizationWithBodyWithResponse Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/authorizations/{id}/refunds (the `PostV1AuthorizationsIdRefunds` operationId).
-	PostV1AuthorizationsIdRefundsWithBodyWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdRefundsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdRefundsResponse, error)
+	// Corresponds with POST /v1/authorizations/{id}/refunds (the `RefundProviderAuthorization` operationId).
+	RefundProviderAuthorizationWithBodyWithResponse(ctx context.Context, id string, params *RefundProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RefundProviderAuthorizationResponse, error)
 
-	// PostV1AuthorizationsIdRefundsWithResponse Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+	// RefundProviderAuthorizationWithResponse Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/authorizations/{id}/refunds (the `PostV1AuthorizationsIdRefunds` operationId).
-	PostV1AuthorizationsIdRefundsWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdRefundsParams, body PostV1AuthorizationsIdRefundsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdRefundsResponse, error)
+	// Corresponds with POST /v1/authorizations/{id}/refunds (the `RefundProviderAuthorization` operationId).
+	RefundProviderAuthorizationWithResponse(ctx context.Context, id string, params *RefundProviderAuthorizationParams, body RefundProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*RefundProviderAuthorizationResponse, error)
 
-	// PostV1AuthorizationsIdVoidWithResponse Provider sandbox: void an authorization that was not captured.
+	// VoidProviderAuthorizationWithResponse Provider sandbox: void an authorization that was not captured.
+	//
+	// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+	// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+	// `idempotency_key_reused`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/authorizations/{id}/void (the `PostV1AuthorizationsIdVoid` operationId).
-	PostV1AuthorizationsIdVoidWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdVoidParams, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdVoidResponse, error)
+	// Corresponds with POST /v1/authorizations/{id}/void (the `VoidProviderAuthorization` operationId).
+	VoidProviderAuthorizationWithResponse(ctx context.Context, id string, params *VoidProviderAuthorizationParams, reqEditors ...RequestEditorFn) (*VoidProviderAuthorizationResponse, error)
 
-	// PostV1DeploysWithBodyWithResponse Deploy a service to an environment, from an immutable reference only.
+	// CreateDeployWithBodyWithResponse Deploy a service to an environment, from an immutable reference only.
 	//
 	// `artifact` is an OCI reference pinned by digest (`name@sha256:<64 lowercase hex>` or
 	// `name@sha512:<128 lowercase hex>`), `commit_sha` a full 40- or 64-character lowercase hex SHA; send exactly
@@ -5281,12 +5765,17 @@ type ClientWithResponsesInterface interface {
 	// 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 	// match this exact request.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second deploy is queued. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/deploys (the `PostV1Deploys` operationId).
-	PostV1DeploysWithBodyWithResponse(ctx context.Context, params *PostV1DeploysParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysResponse, error)
+	// Corresponds with POST /v1/deploys (the `CreateDeploy` operationId).
+	CreateDeployWithBodyWithResponse(ctx context.Context, params *CreateDeployParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateDeployResponse, error)
 
-	// PostV1DeploysWithResponse Deploy a service to an environment, from an immutable reference only.
+	// CreateDeployWithResponse Deploy a service to an environment, from an immutable reference only.
 	//
 	// `artifact` is an OCI reference pinned by digest (`name@sha256:<64 lowercase hex>` or
 	// `name@sha512:<128 lowercase hex>`), `commit_sha` a full 40- or 64-character lowercase hex SHA; send exactly
@@ -5305,114 +5794,145 @@ type ClientWithResponsesInterface interface {
 	// 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 	// match this exact request.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second deploy is queued. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/deploys (the `PostV1Deploys` operationId).
-	PostV1DeploysWithResponse(ctx context.Context, params *PostV1DeploysParams, body PostV1DeploysJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysResponse, error)
+	// Corresponds with POST /v1/deploys (the `CreateDeploy` operationId).
+	CreateDeployWithResponse(ctx context.Context, params *CreateDeployParams, body CreateDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateDeployResponse, error)
 
-	// GetV1DeploysIdWithResponse A deploy's state and the history of its operation.
+	// GetDeployWithResponse A deploy's state and the history of its operation.
 	//
 	// `state` is `unknown` while the controller that ran the deploy is gone and the reconciler has not yet
 	// settled it from the target's marker.
 	// A deploy that waited in the queue past DEPLOY_QUEUE_TIMEOUT is `failed` with no `started_at`; the last
 	// entry of `history` is a `failed` event whose `detail.reason` is `queue_timeout`.
 	//
+	// A read with no effect: retry it freely. Poll it until the deploy is `succeeded`, `failed` or `cancelled`.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
-	GetV1DeploysIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1DeploysIdResponse, error)
+	// Corresponds with GET /v1/deploys/{id} (the `GetDeploy` operationId).
+	GetDeployWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetDeployResponse, error)
 
-	// PostV1DeploysIdCancelWithBodyWithResponse Stop a queued deploy, or a running one that has not started activating.
+	// CancelDeployWithBodyWithResponse Stop a queued deploy, or a running one that has not started activating.
 	//
-	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+	// A declared final state, safe to retry without an Idempotency-Key: cancelling a cancelled deploy answers
 	// it again and records nothing. A deploy that already started activating on the target, or finished, is
 	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-	PostV1DeploysIdCancelWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error)
+	// Corresponds with POST /v1/deploys/{id}/cancel (the `CancelDeploy` operationId).
+	CancelDeployWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CancelDeployResponse, error)
 
-	// PostV1DeploysIdCancelWithResponse Stop a queued deploy, or a running one that has not started activating.
+	// CancelDeployWithResponse Stop a queued deploy, or a running one that has not started activating.
 	//
-	// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+	// A declared final state, safe to retry without an Idempotency-Key: cancelling a cancelled deploy answers
 	// it again and records nothing. A deploy that already started activating on the target, or finished, is
 	// 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-	PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error)
+	// Corresponds with POST /v1/deploys/{id}/cancel (the `CancelDeploy` operationId).
+	CancelDeployWithResponse(ctx context.Context, id string, body CancelDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*CancelDeployResponse, error)
 
-	// PostV1DeploysIdRollbackWithBodyWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
+	// RollbackDeployWithBodyWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
 	//
 	// Creates a deploy with `kind: rollback` and `rolls_back_deploy_id`, which deploys again the reference of
 	// the environment's previous deploy, under its own Idempotency-Key, the same release lock and, in approval
 	// environments, its own approval. Only the environment's current deploy can be rolled back, and only when
 	// one came before it: otherwise 409 `invalid_state`. The body may be `{}`.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second rollback is queued. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/deploys/{id}/rollback (the `PostV1DeploysIdRollback` operationId).
-	PostV1DeploysIdRollbackWithBodyWithResponse(ctx context.Context, id string, params *PostV1DeploysIdRollbackParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysIdRollbackResponse, error)
+	// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
+	RollbackDeployWithBodyWithResponse(ctx context.Context, id string, params *RollbackDeployParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RollbackDeployResponse, error)
 
-	// PostV1DeploysIdRollbackWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
+	// RollbackDeployWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
 	//
 	// Creates a deploy with `kind: rollback` and `rolls_back_deploy_id`, which deploys again the reference of
 	// the environment's previous deploy, under its own Idempotency-Key, the same release lock and, in approval
 	// environments, its own approval. Only the environment's current deploy can be rolled back, and only when
 	// one came before it: otherwise 409 `invalid_state`. The body may be `{}`.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second rollback is queued. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/deploys/{id}/rollback (the `PostV1DeploysIdRollback` operationId).
-	PostV1DeploysIdRollbackWithResponse(ctx context.Context, id string, params *PostV1DeploysIdRollbackParams, body PostV1DeploysIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysIdRollbackResponse, error)
+	// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
+	RollbackDeployWithResponse(ctx context.Context, id string, params *RollbackDeployParams, body RollbackDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*RollbackDeployResponse, error)
 
-	// GetV1EnvironmentsNameWithResponse An environment's version, what runs there, and who holds its release lock.
+	// GetEnvironmentWithResponse An environment's version, what runs there, and who holds its release lock.
 	//
 	// 404 until the first deploy to the environment is accepted. Pass `version` as `expected_environment_version`.
 	//
+	// A read with no effect: retry it freely.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/environments/{name} (the `GetV1EnvironmentsName` operationId).
-	GetV1EnvironmentsNameWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetV1EnvironmentsNameResponse, error)
+	// Corresponds with GET /v1/environments/{name} (the `GetEnvironment` operationId).
+	GetEnvironmentWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetEnvironmentResponse, error)
 
-	// GetV1IdempotencyKeyWithResponse Provider sandbox: the stored answer of the call made with an idempotency key.
+	// GetProviderIdempotencyRecordWithResponse Provider sandbox: the stored answer of the call made with an idempotency key.
 	//
 	// 404 when the provider never executed a call with the key; 409 request_in_progress while it runs.
 	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with GET /v1/idempotency/{key} (the `GetV1IdempotencyKey` operationId).
-	GetV1IdempotencyKeyWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*GetV1IdempotencyKeyResponse, error)
-
-	// GetV1OperationsWithResponse The operations started under an idempotency key.
+	// Payments asks this when its answer was lost, to learn what the provider did with a key. A read with no effect:
+	// retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/operations (the `GetV1Operations` operationId).
-	GetV1OperationsWithResponse(ctx context.Context, params *GetV1OperationsParams, reqEditors ...RequestEditorFn) (*GetV1OperationsResponse, error)
+	// Corresponds with GET /v1/idempotency/{key} (the `GetProviderIdempotencyRecord` operationId).
+	GetProviderIdempotencyRecordWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*GetProviderIdempotencyRecordResponse, error)
 
-	// GetV1OperationsIdWithResponse What the server knows about one operation, with its event history.
+	// ListOperationsWithResponse The operations started under an idempotency key.
+	//
+	// Ask this before retrying a write whose answer was lost: an empty list means the key was never accepted, so the
+	// write can be sent again with the same key; otherwise the operation's `state` says what happened. A read with
+	// no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/operations/{id} (the `GetV1OperationsId` operationId).
-	GetV1OperationsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1OperationsIdResponse, error)
+	// Corresponds with GET /v1/operations (the `ListOperations` operationId).
+	ListOperationsWithResponse(ctx context.Context, params *ListOperationsParams, reqEditors ...RequestEditorFn) (*ListOperationsResponse, error)
 
-	// GetV1OperationsIdTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
+	// GetOperationWithResponse What the server knows about one operation, with its event history.
+	//
+	// The truth the server holds: `state` (`unknown` while the outcome of an effect is not settled yet) and the
+	// events, oldest first. A read with no effect: retry it freely. Poll it to learn how an `unknown` operation
+	// settles.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/operations/{id} (the `GetOperation` operationId).
+	GetOperationWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetOperationResponse, error)
+
+	// GetOperationTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
 	//
 	// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
 	// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
 	// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-	// replace it; who settled it; and whether the chain verifies against the checkpoints.
+	// replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
+	// retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/operations/{id}/timeline (the `GetV1OperationsIdTimeline` operationId).
-	GetV1OperationsIdTimelineWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1OperationsIdTimelineResponse, error)
+	// Corresponds with GET /v1/operations/{id}/timeline (the `GetOperationTimeline` operationId).
+	GetOperationTimelineWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetOperationTimelineResponse, error)
 
-	// PostV1PaymentIntentsWithBodyWithResponse Create a payment intent and place an authorization at the provider.
+	// CreatePaymentIntentWithBodyWithResponse Create a payment intent and place an authorization at the provider.
 	//
 	// Send `amount` as a decimal string ("12.30") or `amount_minor` as an integer, never a JSON number with a
 	// fraction. At most one active intent (not failed, not canceled) per order: another intent for the same
@@ -5421,12 +5941,19 @@ type ClientWithResponsesInterface interface {
 	// or poll the operation until the reconciler settles it. 502 `provider_unavailable`: the authorization never
 	// reached the provider; nothing happened, create again with a new key.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and no second authorization is placed. While the first attempt still runs a retry
+	// gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a
+	// different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an `unknown`
+	// operation asks the provider what it did with the key and settles the operation; never send the action again
+	// under a new key.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/payment_intents (the `PostV1PaymentIntents` operationId).
-	PostV1PaymentIntentsWithBodyWithResponse(ctx context.Context, params *PostV1PaymentIntentsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsResponse, error)
+	// Corresponds with POST /v1/payment_intents (the `CreatePaymentIntent` operationId).
+	CreatePaymentIntentWithBodyWithResponse(ctx context.Context, params *CreatePaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePaymentIntentResponse, error)
 
-	// PostV1PaymentIntentsWithResponse Create a payment intent and place an authorization at the provider.
+	// CreatePaymentIntentWithResponse Create a payment intent and place an authorization at the provider.
 	//
 	// Send `amount` as a decimal string ("12.30") or `amount_minor` as an integer, never a JSON number with a
 	// fraction. At most one active intent (not failed, not canceled) per order: another intent for the same
@@ -5435,33 +5962,58 @@ type ClientWithResponsesInterface interface {
 	// or poll the operation until the reconciler settles it. 502 `provider_unavailable`: the authorization never
 	// reached the provider; nothing happened, create again with a new key.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and no second authorization is placed. While the first attempt still runs a retry
+	// gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a
+	// different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an `unknown`
+	// operation asks the provider what it did with the key and settles the operation; never send the action again
+	// under a new key.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/payment_intents (the `PostV1PaymentIntents` operationId).
-	PostV1PaymentIntentsWithResponse(ctx context.Context, params *PostV1PaymentIntentsParams, body PostV1PaymentIntentsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsResponse, error)
+	// Corresponds with POST /v1/payment_intents (the `CreatePaymentIntent` operationId).
+	CreatePaymentIntentWithResponse(ctx context.Context, params *CreatePaymentIntentParams, body CreatePaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePaymentIntentResponse, error)
 
-	// GetV1PaymentIntentsIdWithResponse One payment intent.
+	// GetPaymentIntentWithResponse One payment intent.
+	//
+	// A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/payment_intents/{id} (the `GetV1PaymentIntentsId` operationId).
-	GetV1PaymentIntentsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdResponse, error)
+	// Corresponds with GET /v1/payment_intents/{id} (the `GetPaymentIntent` operationId).
+	GetPaymentIntentWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetPaymentIntentResponse, error)
 
-	// PostV1PaymentIntentsIdCancelWithBodyWithResponse Cancel (void) an intent before it is captured.
+	// CancelPaymentIntentWithBodyWithResponse Cancel (void) an intent before it is captured.
+	//
+	// Releases the authorization at the provider. Retrying with the same Idempotency-Key and the same body replays
+	// the stored answer byte for byte, with `Idempotent-Replayed: true`, and the provider is not asked to void
+	// again. While the first attempt still runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits
+	// with `Prefer: wait=N`); the same key with a different body is 422 `idempotency_key_reused`. A new intended
+	// action needs a new key. When the provider's answer is lost the answer is 202 with the operation in state
+	// `unknown`: retry with the same key (the retry asks the provider what it did with that key and settles the
+	// operation) or poll the operation; never send the action again under a new key.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/cancel (the `PostV1PaymentIntentsIdCancel` operationId).
-	PostV1PaymentIntentsIdCancelWithBodyWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdCancelParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdCancelResponse, error)
+	// Corresponds with POST /v1/payment_intents/{id}/cancel (the `CancelPaymentIntent` operationId).
+	CancelPaymentIntentWithBodyWithResponse(ctx context.Context, id string, params *CancelPaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CancelPaymentIntentResponse, error)
 
-	// PostV1PaymentIntentsIdCancelWithResponse Cancel (void) an intent before it is captured.
+	// CancelPaymentIntentWithResponse Cancel (void) an intent before it is captured.
+	//
+	// Releases the authorization at the provider. Retrying with the same Idempotency-Key and the same body replays
+	// the stored answer byte for byte, with `Idempotent-Replayed: true`, and the provider is not asked to void
+	// again. While the first attempt still runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits
+	// with `Prefer: wait=N`); the same key with a different body is 422 `idempotency_key_reused`. A new intended
+	// action needs a new key. When the provider's answer is lost the answer is 202 with the operation in state
+	// `unknown`: retry with the same key (the retry asks the provider what it did with that key and settles the
+	// operation) or poll the operation; never send the action again under a new key.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/cancel (the `PostV1PaymentIntentsIdCancel` operationId).
-	PostV1PaymentIntentsIdCancelWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdCancelParams, body PostV1PaymentIntentsIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdCancelResponse, error)
+	// Corresponds with POST /v1/payment_intents/{id}/cancel (the `CancelPaymentIntent` operationId).
+	CancelPaymentIntentWithResponse(ctx context.Context, id string, params *CancelPaymentIntentParams, body CancelPaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*CancelPaymentIntentResponse, error)
 
-	// PostV1PaymentIntentsIdCaptureWithBodyWithResponse Capture an authorized intent, once.
+	// CapturePaymentIntentWithBodyWithResponse Capture an authorized intent, once.
 	//
 	// Without an amount the whole authorized amount is captured; a partial capture releases the rest. An intent
 	// captures once: a second capture under another key is 409 `invalid_state`. Above the configured amount of
@@ -5469,12 +6021,19 @@ type ClientWithResponsesInterface interface {
 	// `Approval-Id`. A lost provider answer is 202 with the operation in state `unknown`; the provider is never
 	// asked to capture twice for one operation.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and the provider is not asked to capture again. While the first attempt still
+	// runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key
+	// with a different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an
+	// `unknown` operation asks the provider what it did with the key and settles the operation; never send the
+	// action again under a new key.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/capture (the `PostV1PaymentIntentsIdCapture` operationId).
-	PostV1PaymentIntentsIdCaptureWithBodyWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdCaptureParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdCaptureResponse, error)
+	// Corresponds with POST /v1/payment_intents/{id}/capture (the `CapturePaymentIntent` operationId).
+	CapturePaymentIntentWithBodyWithResponse(ctx context.Context, id string, params *CapturePaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CapturePaymentIntentResponse, error)
 
-	// PostV1PaymentIntentsIdCaptureWithResponse Capture an authorized intent, once.
+	// CapturePaymentIntentWithResponse Capture an authorized intent, once.
 	//
 	// Without an amount the whole authorized amount is captured; a partial capture releases the rest. An intent
 	// captures once: a second capture under another key is 409 `invalid_state`. Above the configured amount of
@@ -5482,131 +6041,190 @@ type ClientWithResponsesInterface interface {
 	// `Approval-Id`. A lost provider answer is 202 with the operation in state `unknown`; the provider is never
 	// asked to capture twice for one operation.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and the provider is not asked to capture again. While the first attempt still
+	// runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key
+	// with a different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an
+	// `unknown` operation asks the provider what it did with the key and settles the operation; never send the
+	// action again under a new key.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/capture (the `PostV1PaymentIntentsIdCapture` operationId).
-	PostV1PaymentIntentsIdCaptureWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdCaptureParams, body PostV1PaymentIntentsIdCaptureJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdCaptureResponse, error)
+	// Corresponds with POST /v1/payment_intents/{id}/capture (the `CapturePaymentIntent` operationId).
+	CapturePaymentIntentWithResponse(ctx context.Context, id string, params *CapturePaymentIntentParams, body CapturePaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*CapturePaymentIntentResponse, error)
 
-	// GetV1PaymentIntentsIdRefundsWithResponse An intent's refunds, oldest first (pending, succeeded and failed).
+	// ListPaymentIntentRefundsWithResponse An intent's refunds, oldest first (pending, succeeded and failed).
+	//
+	// A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-	GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error)
+	// Corresponds with GET /v1/payment_intents/{id}/refunds (the `ListPaymentIntentRefunds` operationId).
+	ListPaymentIntentRefundsWithResponse(ctx context.Context, id string, params *ListPaymentIntentRefundsParams, reqEditors ...RequestEditorFn) (*ListPaymentIntentRefundsResponse, error)
 
-	// PostV1PaymentIntentsIdRefundsWithBodyWithResponse Refund captured money; each refund is its own operation.
+	// CreateRefundWithBodyWithResponse Refund captured money; each refund is its own operation.
 	//
 	// The refunds of an intent never total more than it captured, also under concurrent requests: a refund the
 	// captured amount no longer covers (counting refunds still pending) is 422 `amount_too_large` with
 	// `available_minor`. Above the configured amount of the currency a refund needs an approval (428).
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and no second refund is made. While the first attempt still runs a retry gets 409
+	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+	// is 422 `idempotency_key_reused`. A new intended action needs a new key. When the provider's answer is lost the
+	// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
+	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
+	// key.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `PostV1PaymentIntentsIdRefunds` operationId).
-	PostV1PaymentIntentsIdRefundsWithBodyWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdRefundsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdRefundsResponse, error)
+	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
+	CreateRefundWithBodyWithResponse(ctx context.Context, id string, params *CreateRefundParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error)
 
-	// PostV1PaymentIntentsIdRefundsWithResponse Refund captured money; each refund is its own operation.
+	// CreateRefundWithResponse Refund captured money; each refund is its own operation.
 	//
 	// The refunds of an intent never total more than it captured, also under concurrent requests: a refund the
 	// captured amount no longer covers (counting refunds still pending) is 422 `amount_too_large` with
 	// `available_minor`. Above the configured amount of the currency a refund needs an approval (428).
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+	// `Idempotent-Replayed: true`, and no second refund is made. While the first attempt still runs a retry gets 409
+	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+	// is 422 `idempotency_key_reused`. A new intended action needs a new key. When the provider's answer is lost the
+	// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
+	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
+	// key.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `PostV1PaymentIntentsIdRefunds` operationId).
-	PostV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdRefundsParams, body PostV1PaymentIntentsIdRefundsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdRefundsResponse, error)
+	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
+	CreateRefundWithResponse(ctx context.Context, id string, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error)
 
-	// GetV1RefundsIdWithResponse One refund.
+	// GetRefundWithResponse One refund.
+	//
+	// A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/refunds/{id} (the `GetV1RefundsId` operationId).
-	GetV1RefundsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1RefundsIdResponse, error)
+	// Corresponds with GET /v1/refunds/{id} (the `GetRefund` operationId).
+	GetRefundWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetRefundResponse, error)
 
-	// GetV1TicketsWithResponse List tickets, newest first; filter by source_event_id.
+	// ListTicketsWithResponse List tickets, newest first; filter by source_event_id.
+	//
+	// Only the caller's account's tickets. A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/tickets (the `GetV1Tickets` operationId).
-	GetV1TicketsWithResponse(ctx context.Context, params *GetV1TicketsParams, reqEditors ...RequestEditorFn) (*GetV1TicketsResponse, error)
+	// Corresponds with GET /v1/tickets (the `ListTickets` operationId).
+	ListTicketsWithResponse(ctx context.Context, params *ListTicketsParams, reqEditors ...RequestEditorFn) (*ListTicketsResponse, error)
 
-	// PostV1TicketsWithBodyWithResponse Create a ticket, deduplicated by source_event_id.
+	// CreateTicketWithBodyWithResponse Create a ticket, deduplicated by source_event_id.
 	//
 	// 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
 	// under another idempotency key), 200 with that ticket and `deduplicated: true`.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
+	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+	// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/tickets (the `PostV1Tickets` operationId).
-	PostV1TicketsWithBodyWithResponse(ctx context.Context, params *PostV1TicketsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1TicketsResponse, error)
+	// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
+	CreateTicketWithBodyWithResponse(ctx context.Context, params *CreateTicketParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateTicketResponse, error)
 
-	// PostV1TicketsWithResponse Create a ticket, deduplicated by source_event_id.
+	// CreateTicketWithResponse Create a ticket, deduplicated by source_event_id.
 	//
 	// 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
 	// under another idempotency key), 200 with that ticket and `deduplicated: true`.
 	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
+	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+	// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/tickets (the `PostV1Tickets` operationId).
-	PostV1TicketsWithResponse(ctx context.Context, params *PostV1TicketsParams, body PostV1TicketsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1TicketsResponse, error)
+	// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
+	CreateTicketWithResponse(ctx context.Context, params *CreateTicketParams, body CreateTicketJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateTicketResponse, error)
 
-	// GetV1TicketsIdWithResponse One ticket.
+	// GetTicketWithResponse One ticket.
+	//
+	// Another account's ticket is 404, like a missing one. A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/tickets/{id} (the `GetV1TicketsId` operationId).
-	GetV1TicketsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdResponse, error)
+	// Corresponds with GET /v1/tickets/{id} (the `GetTicket` operationId).
+	GetTicketWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTicketResponse, error)
 
-	// GetV1TicketsIdCommentsWithResponse A ticket's comments, oldest first.
+	// ListTicketCommentsWithResponse A ticket's comments, oldest first.
+	//
+	// A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-	GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error)
+	// Corresponds with GET /v1/tickets/{id}/comments (the `ListTicketComments` operationId).
+	ListTicketCommentsWithResponse(ctx context.Context, id string, params *ListTicketCommentsParams, reqEditors ...RequestEditorFn) (*ListTicketCommentsResponse, error)
 
-	// PostV1TicketsIdCommentsWithBodyWithResponse Add a comment; a replay never adds a second one.
+	// AddTicketCommentWithBodyWithResponse Add a comment; a replay never adds a second one.
+	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second comment is added. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/tickets/{id}/comments (the `PostV1TicketsIdComments` operationId).
-	PostV1TicketsIdCommentsWithBodyWithResponse(ctx context.Context, id string, params *PostV1TicketsIdCommentsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1TicketsIdCommentsResponse, error)
+	// Corresponds with POST /v1/tickets/{id}/comments (the `AddTicketComment` operationId).
+	AddTicketCommentWithBodyWithResponse(ctx context.Context, id string, params *AddTicketCommentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AddTicketCommentResponse, error)
 
-	// PostV1TicketsIdCommentsWithResponse Add a comment; a replay never adds a second one.
+	// AddTicketCommentWithResponse Add a comment; a replay never adds a second one.
+	//
+	// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+	// `Idempotent-Replayed: true`, and no second comment is added. While the first attempt still runs a retry gets
+	// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+	// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with POST /v1/tickets/{id}/comments (the `PostV1TicketsIdComments` operationId).
-	PostV1TicketsIdCommentsWithResponse(ctx context.Context, id string, params *PostV1TicketsIdCommentsParams, body PostV1TicketsIdCommentsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1TicketsIdCommentsResponse, error)
+	// Corresponds with POST /v1/tickets/{id}/comments (the `AddTicketComment` operationId).
+	AddTicketCommentWithResponse(ctx context.Context, id string, params *AddTicketCommentParams, body AddTicketCommentJSONRequestBody, reqEditors ...RequestEditorFn) (*AddTicketCommentResponse, error)
 
-	// PutV1TicketsIdStatusWithBodyWithResponse Declare the ticket's status.
+	// SetTicketStatusWithBodyWithResponse Declare the ticket's status.
 	//
 	// A declared final state, idempotent by itself (no Idempotency-Key needed): repeating it changes nothing and
 	// records no second status change.
 	//
+	// Retry it freely: the ticket ends in the declared status and status_changes shows one change.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with PUT /v1/tickets/{id}/status (the `PutV1TicketsIdStatus` operationId).
-	PutV1TicketsIdStatusWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutV1TicketsIdStatusResponse, error)
+	// Corresponds with PUT /v1/tickets/{id}/status (the `SetTicketStatus` operationId).
+	SetTicketStatusWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetTicketStatusResponse, error)
 
-	// PutV1TicketsIdStatusWithResponse Declare the ticket's status.
+	// SetTicketStatusWithResponse Declare the ticket's status.
 	//
 	// A declared final state, idempotent by itself (no Idempotency-Key needed): repeating it changes nothing and
 	// records no second status change.
 	//
+	// Retry it freely: the ticket ends in the declared status and status_changes shows one change.
+	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with PUT /v1/tickets/{id}/status (the `PutV1TicketsIdStatus` operationId).
-	PutV1TicketsIdStatusWithResponse(ctx context.Context, id string, body PutV1TicketsIdStatusJSONRequestBody, reqEditors ...RequestEditorFn) (*PutV1TicketsIdStatusResponse, error)
+	// Corresponds with PUT /v1/tickets/{id}/status (the `SetTicketStatus` operationId).
+	SetTicketStatusWithResponse(ctx context.Context, id string, body SetTicketStatusJSONRequestBody, reqEditors ...RequestEditorFn) (*SetTicketStatusResponse, error)
 
-	// GetV1TicketsIdStatusChangesWithResponse The status changes that actually happened, oldest first.
+	// ListTicketStatusChangesWithResponse The status changes that actually happened, oldest first.
+	//
+	// Repeating a status PUT adds no change here. A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
-	// Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-	GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error)
+	// Corresponds with GET /v1/tickets/{id}/status_changes (the `ListTicketStatusChanges` operationId).
+	ListTicketStatusChangesWithResponse(ctx context.Context, id string, params *ListTicketStatusChangesParams, reqEditors ...RequestEditorFn) (*ListTicketStatusChangesResponse, error)
 }
 
-type GetAdminCountersResponse struct {
+type GetProviderCountersResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -5621,7 +6239,7 @@ type GetAdminCountersResponse struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetAdminCountersResponse) GetJSON200() *struct {
+func (r GetProviderCountersResponse) GetJSON200() *struct {
 	Authorize int `json:"authorize"`
 	Capture   int `json:"capture"`
 	Refund    int `json:"refund"`
@@ -5631,17 +6249,17 @@ func (r GetAdminCountersResponse) GetJSON200() *struct {
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetAdminCountersResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetProviderCountersResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetBody returns the raw response body bytes
-func (r GetAdminCountersResponse) GetBody() []byte {
+func (r GetProviderCountersResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetAdminCountersResponse) Status() string {
+func (r GetProviderCountersResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -5649,7 +6267,7 @@ func (r GetAdminCountersResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetAdminCountersResponse) StatusCode() int {
+func (r GetProviderCountersResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -5657,14 +6275,14 @@ func (r GetAdminCountersResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetAdminCountersResponse) ContentType() string {
+func (r GetProviderCountersResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-type DeleteAdminFaultsResponse struct {
+type ClearProviderFaultsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -5674,22 +6292,22 @@ type DeleteAdminFaultsResponse struct {
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r DeleteAdminFaultsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r ClearProviderFaultsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r DeleteAdminFaultsResponse) GetApplicationproblemJSON404() *NotFound {
+func (r ClearProviderFaultsResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetBody returns the raw response body bytes
-func (r DeleteAdminFaultsResponse) GetBody() []byte {
+func (r ClearProviderFaultsResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r DeleteAdminFaultsResponse) Status() string {
+func (r ClearProviderFaultsResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -5697,7 +6315,7 @@ func (r DeleteAdminFaultsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r DeleteAdminFaultsResponse) StatusCode() int {
+func (r ClearProviderFaultsResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -5705,14 +6323,14 @@ func (r DeleteAdminFaultsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r DeleteAdminFaultsResponse) ContentType() string {
+func (r ClearProviderFaultsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-type PostAdminFaultsResponse struct {
+type ArmProviderFaultsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
@@ -5726,32 +6344,32 @@ type PostAdminFaultsResponse struct {
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostAdminFaultsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r ArmProviderFaultsResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostAdminFaultsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r ArmProviderFaultsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostAdminFaultsResponse) GetApplicationproblemJSON404() *NotFound {
+func (r ArmProviderFaultsResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostAdminFaultsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r ArmProviderFaultsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetBody returns the raw response body bytes
-func (r PostAdminFaultsResponse) GetBody() []byte {
+func (r ArmProviderFaultsResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostAdminFaultsResponse) Status() string {
+func (r ArmProviderFaultsResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -5759,7 +6377,7 @@ func (r PostAdminFaultsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostAdminFaultsResponse) StatusCode() int {
+func (r ArmProviderFaultsResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -5767,14 +6385,14 @@ func (r PostAdminFaultsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostAdminFaultsResponse) ContentType() string {
+func (r ArmProviderFaultsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-type PostAdminResetResponse struct {
+type ResetProviderResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -5784,22 +6402,22 @@ type PostAdminResetResponse struct {
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostAdminResetResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r ResetProviderResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostAdminResetResponse) GetApplicationproblemJSON404() *NotFound {
+func (r ResetProviderResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetBody returns the raw response body bytes
-func (r PostAdminResetResponse) GetBody() []byte {
+func (r ResetProviderResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostAdminResetResponse) Status() string {
+func (r ResetProviderResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -5807,7 +6425,7 @@ func (r PostAdminResetResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostAdminResetResponse) StatusCode() int {
+func (r ResetProviderResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -5815,14 +6433,14 @@ func (r PostAdminResetResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostAdminResetResponse) ContentType() string {
+func (r ResetProviderResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-type GetHealthzResponse struct {
+type GetHealthResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -5830,17 +6448,17 @@ type GetHealthzResponse struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetHealthzResponse) GetJSON200() *Health {
+func (r GetHealthResponse) GetJSON200() *Health {
 	return r.JSON200
 }
 
 // GetBody returns the raw response body bytes
-func (r GetHealthzResponse) GetBody() []byte {
+func (r GetHealthResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetHealthzResponse) Status() string {
+func (r GetHealthResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -5848,7 +6466,7 @@ func (r GetHealthzResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetHealthzResponse) StatusCode() int {
+func (r GetHealthResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -5856,7 +6474,7 @@ func (r GetHealthzResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetHealthzResponse) ContentType() string {
+func (r GetHealthResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -5897,7 +6515,7 @@ func (r GetMetricsResponse) ContentType() string {
 	return ""
 }
 
-type GetReadyzResponse struct {
+type GetReadinessResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -5907,22 +6525,22 @@ type GetReadyzResponse struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetReadyzResponse) GetJSON200() *Health {
+func (r GetReadinessResponse) GetJSON200() *Health {
 	return r.JSON200
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r GetReadyzResponse) GetJSON503() *Health {
+func (r GetReadinessResponse) GetJSON503() *Health {
 	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetReadyzResponse) GetBody() []byte {
+func (r GetReadinessResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetReadyzResponse) Status() string {
+func (r GetReadinessResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -5930,7 +6548,7 @@ func (r GetReadyzResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetReadyzResponse) StatusCode() int {
+func (r GetReadinessResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -5938,37 +6556,37 @@ func (r GetReadyzResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetReadyzResponse) ContentType() string {
+func (r GetReadinessResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1ApprovalsResponse201Headers the declared response headers of an HTTP 201 response for PostV1Approvals
-type PostV1ApprovalsResponse201Headers struct {
+// RequestApprovalResponse201Headers the declared response headers of an HTTP 201 response for RequestApproval
+type RequestApprovalResponse201Headers struct {
 	IdempotentReplayed *string
 	Location           *string
 	OperationId        *string
 }
 
-// PostV1ApprovalsResponse409Headers the declared response headers of an HTTP 409 response for PostV1Approvals
-type PostV1ApprovalsResponse409Headers struct {
+// RequestApprovalResponse409Headers the declared response headers of an HTTP 409 response for RequestApproval
+type RequestApprovalResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1ApprovalsResponse429Headers the declared response headers of an HTTP 429 response for PostV1Approvals
-type PostV1ApprovalsResponse429Headers struct {
+// RequestApprovalResponse429Headers the declared response headers of an HTTP 429 response for RequestApproval
+type RequestApprovalResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1ApprovalsResponse503Headers the declared response headers of an HTTP 503 response for PostV1Approvals
-type PostV1ApprovalsResponse503Headers struct {
+// RequestApprovalResponse503Headers the declared response headers of an HTTP 503 response for RequestApproval
+type RequestApprovalResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1ApprovalsResponse struct {
+type RequestApprovalResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON201 the response for an HTTP 201 `application/json` response
@@ -5988,62 +6606,62 @@ type PostV1ApprovalsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers201 the parsed response headers for an HTTP 201 response
-	Headers201 *PostV1ApprovalsResponse201Headers
+	Headers201 *RequestApprovalResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1ApprovalsResponse409Headers
+	Headers409 *RequestApprovalResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1ApprovalsResponse429Headers
+	Headers429 *RequestApprovalResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1ApprovalsResponse503Headers
+	Headers503 *RequestApprovalResponse503Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r PostV1ApprovalsResponse) GetJSON201() *Approval {
+func (r RequestApprovalResponse) GetJSON201() *Approval {
 	return r.JSON201
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1ApprovalsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r RequestApprovalResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1ApprovalsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r RequestApprovalResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1ApprovalsResponse) GetApplicationproblemJSON404() *NotFound {
+func (r RequestApprovalResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1ApprovalsResponse) GetApplicationproblemJSON409() *Conflict {
+func (r RequestApprovalResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1ApprovalsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r RequestApprovalResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1ApprovalsResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r RequestApprovalResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1ApprovalsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r RequestApprovalResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1ApprovalsResponse) GetBody() []byte {
+func (r RequestApprovalResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1ApprovalsResponse) Status() string {
+func (r RequestApprovalResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6051,7 +6669,7 @@ func (r PostV1ApprovalsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1ApprovalsResponse) StatusCode() int {
+func (r RequestApprovalResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6059,14 +6677,14 @@ func (r PostV1ApprovalsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1ApprovalsResponse) ContentType() string {
+func (r RequestApprovalResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-type GetV1ApprovalsIdResponse struct {
+type GetApprovalResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -6080,32 +6698,32 @@ type GetV1ApprovalsIdResponse struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1ApprovalsIdResponse) GetJSON200() *Approval {
+func (r GetApprovalResponse) GetJSON200() *Approval {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1ApprovalsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r GetApprovalResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1ApprovalsIdResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetApprovalResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1ApprovalsIdResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetApprovalResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1ApprovalsIdResponse) GetBody() []byte {
+func (r GetApprovalResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1ApprovalsIdResponse) Status() string {
+func (r GetApprovalResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6113,7 +6731,7 @@ func (r GetV1ApprovalsIdResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1ApprovalsIdResponse) StatusCode() int {
+func (r GetApprovalResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6121,121 +6739,24 @@ func (r GetV1ApprovalsIdResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1ApprovalsIdResponse) ContentType() string {
+func (r GetApprovalResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1ApprovalsIdApproveResponse409Headers the declared response headers of an HTTP 409 response for PostV1ApprovalsIdApprove
-type PostV1ApprovalsIdApproveResponse409Headers struct {
+// GrantApprovalResponse409Headers the declared response headers of an HTTP 409 response for GrantApproval
+type GrantApprovalResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1ApprovalsIdApproveResponse429Headers the declared response headers of an HTTP 429 response for PostV1ApprovalsIdApprove
-type PostV1ApprovalsIdApproveResponse429Headers struct {
+// GrantApprovalResponse429Headers the declared response headers of an HTTP 429 response for GrantApproval
+type GrantApprovalResponse429Headers struct {
 	RetryAfter *int
 }
 
-type PostV1ApprovalsIdApproveResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *Approval
-	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
-	ApplicationproblemJSON400 *BadRequest
-	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
-	ApplicationproblemJSON401 *Unauthorized
-	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
-	ApplicationproblemJSON403 *Forbidden
-	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NotFound
-	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
-	ApplicationproblemJSON409 *Conflict
-	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
-	ApplicationproblemJSON429 *RateLimited
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1ApprovalsIdApproveResponse409Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1ApprovalsIdApproveResponse429Headers
-}
-
-// GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1ApprovalsIdApproveResponse) GetJSON200() *Approval {
-	return r.JSON200
-}
-
-// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON400() *BadRequest {
-	return r.ApplicationproblemJSON400
-}
-
-// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON401() *Unauthorized {
-	return r.ApplicationproblemJSON401
-}
-
-// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON403() *Forbidden {
-	return r.ApplicationproblemJSON403
-}
-
-// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON404() *NotFound {
-	return r.ApplicationproblemJSON404
-}
-
-// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON409() *Conflict {
-	return r.ApplicationproblemJSON409
-}
-
-// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1ApprovalsIdApproveResponse) GetApplicationproblemJSON429() *RateLimited {
-	return r.ApplicationproblemJSON429
-}
-
-// GetBody returns the raw response body bytes
-func (r PostV1ApprovalsIdApproveResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r PostV1ApprovalsIdApproveResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r PostV1ApprovalsIdApproveResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1ApprovalsIdApproveResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-// PostV1ApprovalsIdDenyResponse409Headers the declared response headers of an HTTP 409 response for PostV1ApprovalsIdDeny
-type PostV1ApprovalsIdDenyResponse409Headers struct {
-	RetryAfter *int
-}
-
-// PostV1ApprovalsIdDenyResponse429Headers the declared response headers of an HTTP 429 response for PostV1ApprovalsIdDeny
-type PostV1ApprovalsIdDenyResponse429Headers struct {
-	RetryAfter *int
-}
-
-type PostV1ApprovalsIdDenyResponse struct {
+type GrantApprovalResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -6253,53 +6774,53 @@ type PostV1ApprovalsIdDenyResponse struct {
 	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationproblemJSON429 *RateLimited
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1ApprovalsIdDenyResponse409Headers
+	Headers409 *GrantApprovalResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1ApprovalsIdDenyResponse429Headers
+	Headers429 *GrantApprovalResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1ApprovalsIdDenyResponse) GetJSON200() *Approval {
+func (r GrantApprovalResponse) GetJSON200() *Approval {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r GrantApprovalResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GrantApprovalResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON403() *Forbidden {
+func (r GrantApprovalResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GrantApprovalResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON409() *Conflict {
+func (r GrantApprovalResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1ApprovalsIdDenyResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r GrantApprovalResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1ApprovalsIdDenyResponse) GetBody() []byte {
+func (r GrantApprovalResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1ApprovalsIdDenyResponse) Status() string {
+func (r GrantApprovalResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6307,7 +6828,7 @@ func (r PostV1ApprovalsIdDenyResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1ApprovalsIdDenyResponse) StatusCode() int {
+func (r GrantApprovalResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6315,24 +6836,24 @@ func (r PostV1ApprovalsIdDenyResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1ApprovalsIdDenyResponse) ContentType() string {
+func (r GrantApprovalResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1ApprovalsIdRevokeResponse409Headers the declared response headers of an HTTP 409 response for PostV1ApprovalsIdRevoke
-type PostV1ApprovalsIdRevokeResponse409Headers struct {
+// DenyApprovalResponse409Headers the declared response headers of an HTTP 409 response for DenyApproval
+type DenyApprovalResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1ApprovalsIdRevokeResponse429Headers the declared response headers of an HTTP 429 response for PostV1ApprovalsIdRevoke
-type PostV1ApprovalsIdRevokeResponse429Headers struct {
+// DenyApprovalResponse429Headers the declared response headers of an HTTP 429 response for DenyApproval
+type DenyApprovalResponse429Headers struct {
 	RetryAfter *int
 }
 
-type PostV1ApprovalsIdRevokeResponse struct {
+type DenyApprovalResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -6350,53 +6871,53 @@ type PostV1ApprovalsIdRevokeResponse struct {
 	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationproblemJSON429 *RateLimited
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1ApprovalsIdRevokeResponse409Headers
+	Headers409 *DenyApprovalResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1ApprovalsIdRevokeResponse429Headers
+	Headers429 *DenyApprovalResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1ApprovalsIdRevokeResponse) GetJSON200() *Approval {
+func (r DenyApprovalResponse) GetJSON200() *Approval {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r DenyApprovalResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r DenyApprovalResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON403() *Forbidden {
+func (r DenyApprovalResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON404() *NotFound {
+func (r DenyApprovalResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON409() *Conflict {
+func (r DenyApprovalResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1ApprovalsIdRevokeResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r DenyApprovalResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1ApprovalsIdRevokeResponse) GetBody() []byte {
+func (r DenyApprovalResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1ApprovalsIdRevokeResponse) Status() string {
+func (r DenyApprovalResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6404,7 +6925,7 @@ func (r PostV1ApprovalsIdRevokeResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1ApprovalsIdRevokeResponse) StatusCode() int {
+func (r DenyApprovalResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6412,19 +6933,116 @@ func (r PostV1ApprovalsIdRevokeResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1ApprovalsIdRevokeResponse) ContentType() string {
+func (r DenyApprovalResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1AuthorizationsResponse201Headers the declared response headers of an HTTP 201 response for PostV1Authorizations
-type PostV1AuthorizationsResponse201Headers struct {
+// RevokeApprovalResponse409Headers the declared response headers of an HTTP 409 response for RevokeApproval
+type RevokeApprovalResponse409Headers struct {
+	RetryAfter *int
+}
+
+// RevokeApprovalResponse429Headers the declared response headers of an HTTP 429 response for RevokeApproval
+type RevokeApprovalResponse429Headers struct {
+	RetryAfter *int
+}
+
+type RevokeApprovalResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Approval
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *RevokeApprovalResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RevokeApprovalResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RevokeApprovalResponse) GetJSON200() *Approval {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r RevokeApprovalResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RevokeApprovalResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RevokeApprovalResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RevokeApprovalResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r RevokeApprovalResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r RevokeApprovalResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r RevokeApprovalResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RevokeApprovalResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RevokeApprovalResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RevokeApprovalResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateProviderAuthorizationResponse201Headers the declared response headers of an HTTP 201 response for CreateProviderAuthorization
+type CreateProviderAuthorizationResponse201Headers struct {
 	IdempotentReplayed *string
 }
 
-type PostV1AuthorizationsResponse struct {
+type CreateProviderAuthorizationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON201 the response for an HTTP 201 `application/json` response
@@ -6438,41 +7056,41 @@ type PostV1AuthorizationsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Problem
 	// Headers201 the parsed response headers for an HTTP 201 response
-	Headers201 *PostV1AuthorizationsResponse201Headers
+	Headers201 *CreateProviderAuthorizationResponse201Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r PostV1AuthorizationsResponse) GetJSON201() *ProviderAuthorization {
+func (r CreateProviderAuthorizationResponse) GetJSON201() *ProviderAuthorization {
 	return r.JSON201
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1AuthorizationsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CreateProviderAuthorizationResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1AuthorizationsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CreateProviderAuthorizationResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1AuthorizationsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r CreateProviderAuthorizationResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1AuthorizationsResponse) GetApplicationproblemJSON503() *Problem {
+func (r CreateProviderAuthorizationResponse) GetApplicationproblemJSON503() *Problem {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1AuthorizationsResponse) GetBody() []byte {
+func (r CreateProviderAuthorizationResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1AuthorizationsResponse) Status() string {
+func (r CreateProviderAuthorizationResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6480,7 +7098,7 @@ func (r PostV1AuthorizationsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1AuthorizationsResponse) StatusCode() int {
+func (r CreateProviderAuthorizationResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6488,14 +7106,14 @@ func (r PostV1AuthorizationsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1AuthorizationsResponse) ContentType() string {
+func (r CreateProviderAuthorizationResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-type GetV1AuthorizationsIdResponse struct {
+type GetProviderAuthorizationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -6507,27 +7125,27 @@ type GetV1AuthorizationsIdResponse struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1AuthorizationsIdResponse) GetJSON200() *ProviderAuthorization {
+func (r GetProviderAuthorizationResponse) GetJSON200() *ProviderAuthorization {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1AuthorizationsIdResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetProviderAuthorizationResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1AuthorizationsIdResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetProviderAuthorizationResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1AuthorizationsIdResponse) GetBody() []byte {
+func (r GetProviderAuthorizationResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1AuthorizationsIdResponse) Status() string {
+func (r GetProviderAuthorizationResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6535,7 +7153,7 @@ func (r GetV1AuthorizationsIdResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1AuthorizationsIdResponse) StatusCode() int {
+func (r GetProviderAuthorizationResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6543,24 +7161,24 @@ func (r GetV1AuthorizationsIdResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1AuthorizationsIdResponse) ContentType() string {
+func (r GetProviderAuthorizationResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1AuthorizationsIdCaptureResponse200Headers the declared response headers of an HTTP 200 response for PostV1AuthorizationsIdCapture
-type PostV1AuthorizationsIdCaptureResponse200Headers struct {
+// CaptureProviderAuthorizationResponse200Headers the declared response headers of an HTTP 200 response for CaptureProviderAuthorization
+type CaptureProviderAuthorizationResponse200Headers struct {
 	IdempotentReplayed *string
 }
 
-// PostV1AuthorizationsIdCaptureResponse409Headers the declared response headers of an HTTP 409 response for PostV1AuthorizationsIdCapture
-type PostV1AuthorizationsIdCaptureResponse409Headers struct {
+// CaptureProviderAuthorizationResponse409Headers the declared response headers of an HTTP 409 response for CaptureProviderAuthorization
+type CaptureProviderAuthorizationResponse409Headers struct {
 	RetryAfter *int
 }
 
-type PostV1AuthorizationsIdCaptureResponse struct {
+type CaptureProviderAuthorizationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -6578,53 +7196,53 @@ type PostV1AuthorizationsIdCaptureResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Problem
 	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *PostV1AuthorizationsIdCaptureResponse200Headers
+	Headers200 *CaptureProviderAuthorizationResponse200Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1AuthorizationsIdCaptureResponse409Headers
+	Headers409 *CaptureProviderAuthorizationResponse409Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1AuthorizationsIdCaptureResponse) GetJSON200() *ProviderMovement {
+func (r CaptureProviderAuthorizationResponse) GetJSON200() *ProviderMovement {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1AuthorizationsIdCaptureResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CaptureProviderAuthorizationResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1AuthorizationsIdCaptureResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CaptureProviderAuthorizationResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1AuthorizationsIdCaptureResponse) GetApplicationproblemJSON404() *NotFound {
+func (r CaptureProviderAuthorizationResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1AuthorizationsIdCaptureResponse) GetApplicationproblemJSON409() *Conflict {
+func (r CaptureProviderAuthorizationResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1AuthorizationsIdCaptureResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r CaptureProviderAuthorizationResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1AuthorizationsIdCaptureResponse) GetApplicationproblemJSON503() *Problem {
+func (r CaptureProviderAuthorizationResponse) GetApplicationproblemJSON503() *Problem {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1AuthorizationsIdCaptureResponse) GetBody() []byte {
+func (r CaptureProviderAuthorizationResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1AuthorizationsIdCaptureResponse) Status() string {
+func (r CaptureProviderAuthorizationResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6632,7 +7250,7 @@ func (r PostV1AuthorizationsIdCaptureResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1AuthorizationsIdCaptureResponse) StatusCode() int {
+func (r CaptureProviderAuthorizationResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6640,24 +7258,24 @@ func (r PostV1AuthorizationsIdCaptureResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1AuthorizationsIdCaptureResponse) ContentType() string {
+func (r CaptureProviderAuthorizationResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1AuthorizationsIdRefundsResponse201Headers the declared response headers of an HTTP 201 response for PostV1AuthorizationsIdRefunds
-type PostV1AuthorizationsIdRefundsResponse201Headers struct {
+// RefundProviderAuthorizationResponse201Headers the declared response headers of an HTTP 201 response for RefundProviderAuthorization
+type RefundProviderAuthorizationResponse201Headers struct {
 	IdempotentReplayed *string
 }
 
-// PostV1AuthorizationsIdRefundsResponse409Headers the declared response headers of an HTTP 409 response for PostV1AuthorizationsIdRefunds
-type PostV1AuthorizationsIdRefundsResponse409Headers struct {
+// RefundProviderAuthorizationResponse409Headers the declared response headers of an HTTP 409 response for RefundProviderAuthorization
+type RefundProviderAuthorizationResponse409Headers struct {
 	RetryAfter *int
 }
 
-type PostV1AuthorizationsIdRefundsResponse struct {
+type RefundProviderAuthorizationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON201 the response for an HTTP 201 `application/json` response
@@ -6675,53 +7293,53 @@ type PostV1AuthorizationsIdRefundsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Problem
 	// Headers201 the parsed response headers for an HTTP 201 response
-	Headers201 *PostV1AuthorizationsIdRefundsResponse201Headers
+	Headers201 *RefundProviderAuthorizationResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1AuthorizationsIdRefundsResponse409Headers
+	Headers409 *RefundProviderAuthorizationResponse409Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r PostV1AuthorizationsIdRefundsResponse) GetJSON201() *ProviderMovement {
+func (r RefundProviderAuthorizationResponse) GetJSON201() *ProviderMovement {
 	return r.JSON201
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1AuthorizationsIdRefundsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r RefundProviderAuthorizationResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1AuthorizationsIdRefundsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r RefundProviderAuthorizationResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1AuthorizationsIdRefundsResponse) GetApplicationproblemJSON404() *NotFound {
+func (r RefundProviderAuthorizationResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1AuthorizationsIdRefundsResponse) GetApplicationproblemJSON409() *Conflict {
+func (r RefundProviderAuthorizationResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1AuthorizationsIdRefundsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r RefundProviderAuthorizationResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1AuthorizationsIdRefundsResponse) GetApplicationproblemJSON503() *Problem {
+func (r RefundProviderAuthorizationResponse) GetApplicationproblemJSON503() *Problem {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1AuthorizationsIdRefundsResponse) GetBody() []byte {
+func (r RefundProviderAuthorizationResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1AuthorizationsIdRefundsResponse) Status() string {
+func (r RefundProviderAuthorizationResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6729,7 +7347,7 @@ func (r PostV1AuthorizationsIdRefundsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1AuthorizationsIdRefundsResponse) StatusCode() int {
+func (r RefundProviderAuthorizationResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6737,24 +7355,24 @@ func (r PostV1AuthorizationsIdRefundsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1AuthorizationsIdRefundsResponse) ContentType() string {
+func (r RefundProviderAuthorizationResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1AuthorizationsIdVoidResponse200Headers the declared response headers of an HTTP 200 response for PostV1AuthorizationsIdVoid
-type PostV1AuthorizationsIdVoidResponse200Headers struct {
+// VoidProviderAuthorizationResponse200Headers the declared response headers of an HTTP 200 response for VoidProviderAuthorization
+type VoidProviderAuthorizationResponse200Headers struct {
 	IdempotentReplayed *string
 }
 
-// PostV1AuthorizationsIdVoidResponse409Headers the declared response headers of an HTTP 409 response for PostV1AuthorizationsIdVoid
-type PostV1AuthorizationsIdVoidResponse409Headers struct {
+// VoidProviderAuthorizationResponse409Headers the declared response headers of an HTTP 409 response for VoidProviderAuthorization
+type VoidProviderAuthorizationResponse409Headers struct {
 	RetryAfter *int
 }
 
-type PostV1AuthorizationsIdVoidResponse struct {
+type VoidProviderAuthorizationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -6772,53 +7390,53 @@ type PostV1AuthorizationsIdVoidResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Problem
 	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *PostV1AuthorizationsIdVoidResponse200Headers
+	Headers200 *VoidProviderAuthorizationResponse200Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1AuthorizationsIdVoidResponse409Headers
+	Headers409 *VoidProviderAuthorizationResponse409Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1AuthorizationsIdVoidResponse) GetJSON200() *ProviderAuthorization {
+func (r VoidProviderAuthorizationResponse) GetJSON200() *ProviderAuthorization {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1AuthorizationsIdVoidResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r VoidProviderAuthorizationResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1AuthorizationsIdVoidResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r VoidProviderAuthorizationResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1AuthorizationsIdVoidResponse) GetApplicationproblemJSON404() *NotFound {
+func (r VoidProviderAuthorizationResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1AuthorizationsIdVoidResponse) GetApplicationproblemJSON409() *Conflict {
+func (r VoidProviderAuthorizationResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1AuthorizationsIdVoidResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r VoidProviderAuthorizationResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1AuthorizationsIdVoidResponse) GetApplicationproblemJSON503() *Problem {
+func (r VoidProviderAuthorizationResponse) GetApplicationproblemJSON503() *Problem {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1AuthorizationsIdVoidResponse) GetBody() []byte {
+func (r VoidProviderAuthorizationResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1AuthorizationsIdVoidResponse) Status() string {
+func (r VoidProviderAuthorizationResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6826,7 +7444,7 @@ func (r PostV1AuthorizationsIdVoidResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1AuthorizationsIdVoidResponse) StatusCode() int {
+func (r VoidProviderAuthorizationResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6834,37 +7452,37 @@ func (r PostV1AuthorizationsIdVoidResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1AuthorizationsIdVoidResponse) ContentType() string {
+func (r VoidProviderAuthorizationResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1DeploysResponse202Headers the declared response headers of an HTTP 202 response for PostV1Deploys
-type PostV1DeploysResponse202Headers struct {
+// CreateDeployResponse202Headers the declared response headers of an HTTP 202 response for CreateDeploy
+type CreateDeployResponse202Headers struct {
 	IdempotentReplayed *string
 	Location           *string
 	OperationId        *string
 }
 
-// PostV1DeploysResponse409Headers the declared response headers of an HTTP 409 response for PostV1Deploys
-type PostV1DeploysResponse409Headers struct {
+// CreateDeployResponse409Headers the declared response headers of an HTTP 409 response for CreateDeploy
+type CreateDeployResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1DeploysResponse429Headers the declared response headers of an HTTP 429 response for PostV1Deploys
-type PostV1DeploysResponse429Headers struct {
+// CreateDeployResponse429Headers the declared response headers of an HTTP 429 response for CreateDeploy
+type CreateDeployResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1DeploysResponse503Headers the declared response headers of an HTTP 503 response for PostV1Deploys
-type PostV1DeploysResponse503Headers struct {
+// CreateDeployResponse503Headers the declared response headers of an HTTP 503 response for CreateDeploy
+type CreateDeployResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1DeploysResponse struct {
+type CreateDeployResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON202 the response for an HTTP 202 `application/json` response
@@ -6890,77 +7508,77 @@ type PostV1DeploysResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers202 the parsed response headers for an HTTP 202 response
-	Headers202 *PostV1DeploysResponse202Headers
+	Headers202 *CreateDeployResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1DeploysResponse409Headers
+	Headers409 *CreateDeployResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1DeploysResponse429Headers
+	Headers429 *CreateDeployResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1DeploysResponse503Headers
+	Headers503 *CreateDeployResponse503Headers
 }
 
 // GetJSON202 returns the response for an HTTP 202 `application/json` response
-func (r PostV1DeploysResponse) GetJSON202() *Deploy {
+func (r CreateDeployResponse) GetJSON202() *Deploy {
 	return r.JSON202
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CreateDeployResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CreateDeployResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON403() *Forbidden {
+func (r CreateDeployResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON409() *Conflict {
+func (r CreateDeployResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON413() *BadRequest {
+func (r CreateDeployResponse) GetApplicationproblemJSON413() *BadRequest {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON415() *BadRequest {
+func (r CreateDeployResponse) GetApplicationproblemJSON415() *BadRequest {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r CreateDeployResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON428() *PreconditionRequired {
+func (r CreateDeployResponse) GetApplicationproblemJSON428() *PreconditionRequired {
 	return r.ApplicationproblemJSON428
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r CreateDeployResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1DeploysResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r CreateDeployResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1DeploysResponse) GetBody() []byte {
+func (r CreateDeployResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1DeploysResponse) Status() string {
+func (r CreateDeployResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -6968,7 +7586,7 @@ func (r PostV1DeploysResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1DeploysResponse) StatusCode() int {
+func (r CreateDeployResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -6976,20 +7594,20 @@ func (r PostV1DeploysResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1DeploysResponse) ContentType() string {
+func (r CreateDeployResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1DeploysIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1DeploysId
-type GetV1DeploysIdResponse503Headers struct {
+// GetDeployResponse503Headers the declared response headers of an HTTP 503 response for GetDeploy
+type GetDeployResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1DeploysIdResponse struct {
+type GetDeployResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7003,41 +7621,41 @@ type GetV1DeploysIdResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1DeploysIdResponse503Headers
+	Headers503 *GetDeployResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1DeploysIdResponse) GetJSON200() *DeployStatus {
+func (r GetDeployResponse) GetJSON200() *DeployStatus {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1DeploysIdResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r GetDeployResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1DeploysIdResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetDeployResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1DeploysIdResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetDeployResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1DeploysIdResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r GetDeployResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1DeploysIdResponse) GetBody() []byte {
+func (r GetDeployResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1DeploysIdResponse) Status() string {
+func (r GetDeployResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7045,7 +7663,7 @@ func (r GetV1DeploysIdResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1DeploysIdResponse) StatusCode() int {
+func (r GetDeployResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7053,30 +7671,30 @@ func (r GetV1DeploysIdResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1DeploysIdResponse) ContentType() string {
+func (r GetDeployResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1DeploysIdCancelResponse409Headers the declared response headers of an HTTP 409 response for PostV1DeploysIdCancel
-type PostV1DeploysIdCancelResponse409Headers struct {
+// CancelDeployResponse409Headers the declared response headers of an HTTP 409 response for CancelDeploy
+type CancelDeployResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1DeploysIdCancelResponse429Headers the declared response headers of an HTTP 429 response for PostV1DeploysIdCancel
-type PostV1DeploysIdCancelResponse429Headers struct {
+// CancelDeployResponse429Headers the declared response headers of an HTTP 429 response for CancelDeploy
+type CancelDeployResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1DeploysIdCancelResponse503Headers the declared response headers of an HTTP 503 response for PostV1DeploysIdCancel
-type PostV1DeploysIdCancelResponse503Headers struct {
+// CancelDeployResponse503Headers the declared response headers of an HTTP 503 response for CancelDeploy
+type CancelDeployResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1DeploysIdCancelResponse struct {
+type CancelDeployResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7094,55 +7712,55 @@ type PostV1DeploysIdCancelResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1DeploysIdCancelResponse409Headers
+	Headers409 *CancelDeployResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1DeploysIdCancelResponse429Headers
+	Headers429 *CancelDeployResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1DeploysIdCancelResponse503Headers
+	Headers503 *CancelDeployResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1DeploysIdCancelResponse) GetJSON200() *DeployStatus {
+func (r CancelDeployResponse) GetJSON200() *DeployStatus {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CancelDeployResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CancelDeployResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON404() *NotFound {
+func (r CancelDeployResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON409() *Conflict {
+func (r CancelDeployResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r CancelDeployResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1DeploysIdCancelResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r CancelDeployResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1DeploysIdCancelResponse) GetBody() []byte {
+func (r CancelDeployResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1DeploysIdCancelResponse) Status() string {
+func (r CancelDeployResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7150,7 +7768,7 @@ func (r PostV1DeploysIdCancelResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1DeploysIdCancelResponse) StatusCode() int {
+func (r CancelDeployResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7158,37 +7776,37 @@ func (r PostV1DeploysIdCancelResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1DeploysIdCancelResponse) ContentType() string {
+func (r CancelDeployResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1DeploysIdRollbackResponse202Headers the declared response headers of an HTTP 202 response for PostV1DeploysIdRollback
-type PostV1DeploysIdRollbackResponse202Headers struct {
+// RollbackDeployResponse202Headers the declared response headers of an HTTP 202 response for RollbackDeploy
+type RollbackDeployResponse202Headers struct {
 	IdempotentReplayed *string
 	Location           *string
 	OperationId        *string
 }
 
-// PostV1DeploysIdRollbackResponse409Headers the declared response headers of an HTTP 409 response for PostV1DeploysIdRollback
-type PostV1DeploysIdRollbackResponse409Headers struct {
+// RollbackDeployResponse409Headers the declared response headers of an HTTP 409 response for RollbackDeploy
+type RollbackDeployResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1DeploysIdRollbackResponse429Headers the declared response headers of an HTTP 429 response for PostV1DeploysIdRollback
-type PostV1DeploysIdRollbackResponse429Headers struct {
+// RollbackDeployResponse429Headers the declared response headers of an HTTP 429 response for RollbackDeploy
+type RollbackDeployResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1DeploysIdRollbackResponse503Headers the declared response headers of an HTTP 503 response for PostV1DeploysIdRollback
-type PostV1DeploysIdRollbackResponse503Headers struct {
+// RollbackDeployResponse503Headers the declared response headers of an HTTP 503 response for RollbackDeploy
+type RollbackDeployResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1DeploysIdRollbackResponse struct {
+type RollbackDeployResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON202 the response for an HTTP 202 `application/json` response
@@ -7216,82 +7834,82 @@ type PostV1DeploysIdRollbackResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers202 the parsed response headers for an HTTP 202 response
-	Headers202 *PostV1DeploysIdRollbackResponse202Headers
+	Headers202 *RollbackDeployResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1DeploysIdRollbackResponse409Headers
+	Headers409 *RollbackDeployResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1DeploysIdRollbackResponse429Headers
+	Headers429 *RollbackDeployResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1DeploysIdRollbackResponse503Headers
+	Headers503 *RollbackDeployResponse503Headers
 }
 
 // GetJSON202 returns the response for an HTTP 202 `application/json` response
-func (r PostV1DeploysIdRollbackResponse) GetJSON202() *Deploy {
+func (r RollbackDeployResponse) GetJSON202() *Deploy {
 	return r.JSON202
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r RollbackDeployResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r RollbackDeployResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON403() *Forbidden {
+func (r RollbackDeployResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON404() *NotFound {
+func (r RollbackDeployResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON409() *Conflict {
+func (r RollbackDeployResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON413() *BadRequest {
+func (r RollbackDeployResponse) GetApplicationproblemJSON413() *BadRequest {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON415() *BadRequest {
+func (r RollbackDeployResponse) GetApplicationproblemJSON415() *BadRequest {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r RollbackDeployResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON428() *PreconditionRequired {
+func (r RollbackDeployResponse) GetApplicationproblemJSON428() *PreconditionRequired {
 	return r.ApplicationproblemJSON428
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r RollbackDeployResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1DeploysIdRollbackResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r RollbackDeployResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1DeploysIdRollbackResponse) GetBody() []byte {
+func (r RollbackDeployResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1DeploysIdRollbackResponse) Status() string {
+func (r RollbackDeployResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7299,7 +7917,7 @@ func (r PostV1DeploysIdRollbackResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1DeploysIdRollbackResponse) StatusCode() int {
+func (r RollbackDeployResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7307,20 +7925,20 @@ func (r PostV1DeploysIdRollbackResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1DeploysIdRollbackResponse) ContentType() string {
+func (r RollbackDeployResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1EnvironmentsNameResponse503Headers the declared response headers of an HTTP 503 response for GetV1EnvironmentsName
-type GetV1EnvironmentsNameResponse503Headers struct {
+// GetEnvironmentResponse503Headers the declared response headers of an HTTP 503 response for GetEnvironment
+type GetEnvironmentResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1EnvironmentsNameResponse struct {
+type GetEnvironmentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7334,41 +7952,41 @@ type GetV1EnvironmentsNameResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1EnvironmentsNameResponse503Headers
+	Headers503 *GetEnvironmentResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1EnvironmentsNameResponse) GetJSON200() *Environment {
+func (r GetEnvironmentResponse) GetJSON200() *Environment {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1EnvironmentsNameResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r GetEnvironmentResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1EnvironmentsNameResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetEnvironmentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1EnvironmentsNameResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetEnvironmentResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1EnvironmentsNameResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r GetEnvironmentResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1EnvironmentsNameResponse) GetBody() []byte {
+func (r GetEnvironmentResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1EnvironmentsNameResponse) Status() string {
+func (r GetEnvironmentResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7376,7 +7994,7 @@ func (r GetV1EnvironmentsNameResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1EnvironmentsNameResponse) StatusCode() int {
+func (r GetEnvironmentResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7384,19 +8002,19 @@ func (r GetV1EnvironmentsNameResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1EnvironmentsNameResponse) ContentType() string {
+func (r GetEnvironmentResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1IdempotencyKeyResponse409Headers the declared response headers of an HTTP 409 response for GetV1IdempotencyKey
-type GetV1IdempotencyKeyResponse409Headers struct {
+// GetProviderIdempotencyRecordResponse409Headers the declared response headers of an HTTP 409 response for GetProviderIdempotencyRecord
+type GetProviderIdempotencyRecordResponse409Headers struct {
 	RetryAfter *int
 }
 
-type GetV1IdempotencyKeyResponse struct {
+type GetProviderIdempotencyRecordResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7408,36 +8026,36 @@ type GetV1IdempotencyKeyResponse struct {
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *GetV1IdempotencyKeyResponse409Headers
+	Headers409 *GetProviderIdempotencyRecordResponse409Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1IdempotencyKeyResponse) GetJSON200() *ProviderLookup {
+func (r GetProviderIdempotencyRecordResponse) GetJSON200() *ProviderLookup {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1IdempotencyKeyResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetProviderIdempotencyRecordResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1IdempotencyKeyResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetProviderIdempotencyRecordResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r GetV1IdempotencyKeyResponse) GetApplicationproblemJSON409() *Conflict {
+func (r GetProviderIdempotencyRecordResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1IdempotencyKeyResponse) GetBody() []byte {
+func (r GetProviderIdempotencyRecordResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1IdempotencyKeyResponse) Status() string {
+func (r GetProviderIdempotencyRecordResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7445,7 +8063,7 @@ func (r GetV1IdempotencyKeyResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1IdempotencyKeyResponse) StatusCode() int {
+func (r GetProviderIdempotencyRecordResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7453,20 +8071,20 @@ func (r GetV1IdempotencyKeyResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1IdempotencyKeyResponse) ContentType() string {
+func (r GetProviderIdempotencyRecordResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1OperationsResponse503Headers the declared response headers of an HTTP 503 response for GetV1Operations
-type GetV1OperationsResponse503Headers struct {
+// ListOperationsResponse503Headers the declared response headers of an HTTP 503 response for ListOperations
+type ListOperationsResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1OperationsResponse struct {
+type ListOperationsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7485,11 +8103,11 @@ type GetV1OperationsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1OperationsResponse503Headers
+	Headers503 *ListOperationsResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1OperationsResponse) GetJSON200() *struct {
+func (r ListOperationsResponse) GetJSON200() *struct {
 	Items []Operation `json:"items"`
 
 	// NextCursor Send it as `cursor` for the next page; null on the last page.
@@ -7499,32 +8117,32 @@ func (r GetV1OperationsResponse) GetJSON200() *struct {
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1OperationsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r ListOperationsResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1OperationsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r ListOperationsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r GetV1OperationsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r ListOperationsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1OperationsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r ListOperationsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1OperationsResponse) GetBody() []byte {
+func (r ListOperationsResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1OperationsResponse) Status() string {
+func (r ListOperationsResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7532,7 +8150,7 @@ func (r GetV1OperationsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1OperationsResponse) StatusCode() int {
+func (r ListOperationsResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7540,20 +8158,20 @@ func (r GetV1OperationsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1OperationsResponse) ContentType() string {
+func (r ListOperationsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1OperationsIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1OperationsId
-type GetV1OperationsIdResponse503Headers struct {
+// GetOperationResponse503Headers the declared response headers of an HTTP 503 response for GetOperation
+type GetOperationResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1OperationsIdResponse struct {
+type GetOperationResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7567,41 +8185,41 @@ type GetV1OperationsIdResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1OperationsIdResponse503Headers
+	Headers503 *GetOperationResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1OperationsIdResponse) GetJSON200() *Operation {
+func (r GetOperationResponse) GetJSON200() *Operation {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1OperationsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r GetOperationResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1OperationsIdResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetOperationResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1OperationsIdResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetOperationResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1OperationsIdResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r GetOperationResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1OperationsIdResponse) GetBody() []byte {
+func (r GetOperationResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1OperationsIdResponse) Status() string {
+func (r GetOperationResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7609,7 +8227,7 @@ func (r GetV1OperationsIdResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1OperationsIdResponse) StatusCode() int {
+func (r GetOperationResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7617,20 +8235,20 @@ func (r GetV1OperationsIdResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1OperationsIdResponse) ContentType() string {
+func (r GetOperationResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1OperationsIdTimelineResponse503Headers the declared response headers of an HTTP 503 response for GetV1OperationsIdTimeline
-type GetV1OperationsIdTimelineResponse503Headers struct {
+// GetOperationTimelineResponse503Headers the declared response headers of an HTTP 503 response for GetOperationTimeline
+type GetOperationTimelineResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1OperationsIdTimelineResponse struct {
+type GetOperationTimelineResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7642,36 +8260,36 @@ type GetV1OperationsIdTimelineResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1OperationsIdTimelineResponse503Headers
+	Headers503 *GetOperationTimelineResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1OperationsIdTimelineResponse) GetJSON200() *Timeline {
+func (r GetOperationTimelineResponse) GetJSON200() *Timeline {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1OperationsIdTimelineResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetOperationTimelineResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1OperationsIdTimelineResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetOperationTimelineResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1OperationsIdTimelineResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r GetOperationTimelineResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1OperationsIdTimelineResponse) GetBody() []byte {
+func (r GetOperationTimelineResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1OperationsIdTimelineResponse) Status() string {
+func (r GetOperationTimelineResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7679,7 +8297,7 @@ func (r GetV1OperationsIdTimelineResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1OperationsIdTimelineResponse) StatusCode() int {
+func (r GetOperationTimelineResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7687,44 +8305,44 @@ func (r GetV1OperationsIdTimelineResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1OperationsIdTimelineResponse) ContentType() string {
+func (r GetOperationTimelineResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1PaymentIntentsResponse201Headers the declared response headers of an HTTP 201 response for PostV1PaymentIntents
-type PostV1PaymentIntentsResponse201Headers struct {
+// CreatePaymentIntentResponse201Headers the declared response headers of an HTTP 201 response for CreatePaymentIntent
+type CreatePaymentIntentResponse201Headers struct {
 	IdempotentReplayed *string
 	Location           *string
 	OperationId        *string
 }
 
-// PostV1PaymentIntentsResponse202Headers the declared response headers of an HTTP 202 response for PostV1PaymentIntents
-type PostV1PaymentIntentsResponse202Headers struct {
+// CreatePaymentIntentResponse202Headers the declared response headers of an HTTP 202 response for CreatePaymentIntent
+type CreatePaymentIntentResponse202Headers struct {
 	Location    *string
 	OperationId *string
 	RetryAfter  *int
 }
 
-// PostV1PaymentIntentsResponse409Headers the declared response headers of an HTTP 409 response for PostV1PaymentIntents
-type PostV1PaymentIntentsResponse409Headers struct {
+// CreatePaymentIntentResponse409Headers the declared response headers of an HTTP 409 response for CreatePaymentIntent
+type CreatePaymentIntentResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1PaymentIntentsResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntents
-type PostV1PaymentIntentsResponse429Headers struct {
+// CreatePaymentIntentResponse429Headers the declared response headers of an HTTP 429 response for CreatePaymentIntent
+type CreatePaymentIntentResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1PaymentIntentsResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntents
-type PostV1PaymentIntentsResponse503Headers struct {
+// CreatePaymentIntentResponse503Headers the declared response headers of an HTTP 503 response for CreatePaymentIntent
+type CreatePaymentIntentResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1PaymentIntentsResponse struct {
+type CreatePaymentIntentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON201 the response for an HTTP 201 `application/json` response
@@ -7750,79 +8368,79 @@ type PostV1PaymentIntentsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers201 the parsed response headers for an HTTP 201 response
-	Headers201 *PostV1PaymentIntentsResponse201Headers
+	Headers201 *CreatePaymentIntentResponse201Headers
 	// Headers202 the parsed response headers for an HTTP 202 response
-	Headers202 *PostV1PaymentIntentsResponse202Headers
+	Headers202 *CreatePaymentIntentResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1PaymentIntentsResponse409Headers
+	Headers409 *CreatePaymentIntentResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1PaymentIntentsResponse429Headers
+	Headers429 *CreatePaymentIntentResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1PaymentIntentsResponse503Headers
+	Headers503 *CreatePaymentIntentResponse503Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r PostV1PaymentIntentsResponse) GetJSON201() *PaymentIntent {
+func (r CreatePaymentIntentResponse) GetJSON201() *PaymentIntent {
 	return r.JSON201
 }
 
 // GetJSON202 returns the response for an HTTP 202 `application/json` response
-func (r PostV1PaymentIntentsResponse) GetJSON202() *OutcomeUnknown {
+func (r CreatePaymentIntentResponse) GetJSON202() *OutcomeUnknown {
 	return r.JSON202
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON409() *Conflict {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON413() *BadRequest {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON413() *BadRequest {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON415() *BadRequest {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON415() *BadRequest {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON502() *Problem {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON502() *Problem {
 	return r.ApplicationproblemJSON502
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1PaymentIntentsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1PaymentIntentsResponse) GetBody() []byte {
+func (r CreatePaymentIntentResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1PaymentIntentsResponse) Status() string {
+func (r CreatePaymentIntentResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7830,7 +8448,7 @@ func (r PostV1PaymentIntentsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1PaymentIntentsResponse) StatusCode() int {
+func (r CreatePaymentIntentResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7838,20 +8456,20 @@ func (r PostV1PaymentIntentsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1PaymentIntentsResponse) ContentType() string {
+func (r CreatePaymentIntentResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1PaymentIntentsIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1PaymentIntentsId
-type GetV1PaymentIntentsIdResponse503Headers struct {
+// GetPaymentIntentResponse503Headers the declared response headers of an HTTP 503 response for GetPaymentIntent
+type GetPaymentIntentResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1PaymentIntentsIdResponse struct {
+type GetPaymentIntentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7865,41 +8483,41 @@ type GetV1PaymentIntentsIdResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1PaymentIntentsIdResponse503Headers
+	Headers503 *GetPaymentIntentResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1PaymentIntentsIdResponse) GetJSON200() *PaymentIntent {
+func (r GetPaymentIntentResponse) GetJSON200() *PaymentIntent {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1PaymentIntentsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r GetPaymentIntentResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1PaymentIntentsIdResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetPaymentIntentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1PaymentIntentsIdResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetPaymentIntentResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1PaymentIntentsIdResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r GetPaymentIntentResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1PaymentIntentsIdResponse) GetBody() []byte {
+func (r GetPaymentIntentResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1PaymentIntentsIdResponse) Status() string {
+func (r GetPaymentIntentResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -7907,7 +8525,7 @@ func (r GetV1PaymentIntentsIdResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1PaymentIntentsIdResponse) StatusCode() int {
+func (r GetPaymentIntentResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7915,43 +8533,43 @@ func (r GetV1PaymentIntentsIdResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1PaymentIntentsIdResponse) ContentType() string {
+func (r GetPaymentIntentResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1PaymentIntentsIdCancelResponse200Headers the declared response headers of an HTTP 200 response for PostV1PaymentIntentsIdCancel
-type PostV1PaymentIntentsIdCancelResponse200Headers struct {
+// CancelPaymentIntentResponse200Headers the declared response headers of an HTTP 200 response for CancelPaymentIntent
+type CancelPaymentIntentResponse200Headers struct {
 	IdempotentReplayed *string
 	OperationId        *string
 }
 
-// PostV1PaymentIntentsIdCancelResponse202Headers the declared response headers of an HTTP 202 response for PostV1PaymentIntentsIdCancel
-type PostV1PaymentIntentsIdCancelResponse202Headers struct {
+// CancelPaymentIntentResponse202Headers the declared response headers of an HTTP 202 response for CancelPaymentIntent
+type CancelPaymentIntentResponse202Headers struct {
 	Location    *string
 	OperationId *string
 	RetryAfter  *int
 }
 
-// PostV1PaymentIntentsIdCancelResponse409Headers the declared response headers of an HTTP 409 response for PostV1PaymentIntentsIdCancel
-type PostV1PaymentIntentsIdCancelResponse409Headers struct {
+// CancelPaymentIntentResponse409Headers the declared response headers of an HTTP 409 response for CancelPaymentIntent
+type CancelPaymentIntentResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1PaymentIntentsIdCancelResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdCancel
-type PostV1PaymentIntentsIdCancelResponse429Headers struct {
+// CancelPaymentIntentResponse429Headers the declared response headers of an HTTP 429 response for CancelPaymentIntent
+type CancelPaymentIntentResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1PaymentIntentsIdCancelResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdCancel
-type PostV1PaymentIntentsIdCancelResponse503Headers struct {
+// CancelPaymentIntentResponse503Headers the declared response headers of an HTTP 503 response for CancelPaymentIntent
+type CancelPaymentIntentResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1PaymentIntentsIdCancelResponse struct {
+type CancelPaymentIntentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -7979,84 +8597,84 @@ type PostV1PaymentIntentsIdCancelResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *PostV1PaymentIntentsIdCancelResponse200Headers
+	Headers200 *CancelPaymentIntentResponse200Headers
 	// Headers202 the parsed response headers for an HTTP 202 response
-	Headers202 *PostV1PaymentIntentsIdCancelResponse202Headers
+	Headers202 *CancelPaymentIntentResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1PaymentIntentsIdCancelResponse409Headers
+	Headers409 *CancelPaymentIntentResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1PaymentIntentsIdCancelResponse429Headers
+	Headers429 *CancelPaymentIntentResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1PaymentIntentsIdCancelResponse503Headers
+	Headers503 *CancelPaymentIntentResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetJSON200() *PaymentIntent {
+func (r CancelPaymentIntentResponse) GetJSON200() *PaymentIntent {
 	return r.JSON200
 }
 
 // GetJSON202 returns the response for an HTTP 202 `application/json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetJSON202() *OutcomeUnknown {
+func (r CancelPaymentIntentResponse) GetJSON202() *OutcomeUnknown {
 	return r.JSON202
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON404() *NotFound {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON409() *Conflict {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON413() *BadRequest {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON413() *BadRequest {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON415() *BadRequest {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON415() *BadRequest {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON502() *Problem {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON502() *Problem {
 	return r.ApplicationproblemJSON502
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCancelResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1PaymentIntentsIdCancelResponse) GetBody() []byte {
+func (r CancelPaymentIntentResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1PaymentIntentsIdCancelResponse) Status() string {
+func (r CancelPaymentIntentResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8064,7 +8682,7 @@ func (r PostV1PaymentIntentsIdCancelResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1PaymentIntentsIdCancelResponse) StatusCode() int {
+func (r CancelPaymentIntentResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8072,43 +8690,43 @@ func (r PostV1PaymentIntentsIdCancelResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1PaymentIntentsIdCancelResponse) ContentType() string {
+func (r CancelPaymentIntentResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1PaymentIntentsIdCaptureResponse200Headers the declared response headers of an HTTP 200 response for PostV1PaymentIntentsIdCapture
-type PostV1PaymentIntentsIdCaptureResponse200Headers struct {
+// CapturePaymentIntentResponse200Headers the declared response headers of an HTTP 200 response for CapturePaymentIntent
+type CapturePaymentIntentResponse200Headers struct {
 	IdempotentReplayed *string
 	OperationId        *string
 }
 
-// PostV1PaymentIntentsIdCaptureResponse202Headers the declared response headers of an HTTP 202 response for PostV1PaymentIntentsIdCapture
-type PostV1PaymentIntentsIdCaptureResponse202Headers struct {
+// CapturePaymentIntentResponse202Headers the declared response headers of an HTTP 202 response for CapturePaymentIntent
+type CapturePaymentIntentResponse202Headers struct {
 	Location    *string
 	OperationId *string
 	RetryAfter  *int
 }
 
-// PostV1PaymentIntentsIdCaptureResponse409Headers the declared response headers of an HTTP 409 response for PostV1PaymentIntentsIdCapture
-type PostV1PaymentIntentsIdCaptureResponse409Headers struct {
+// CapturePaymentIntentResponse409Headers the declared response headers of an HTTP 409 response for CapturePaymentIntent
+type CapturePaymentIntentResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1PaymentIntentsIdCaptureResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdCapture
-type PostV1PaymentIntentsIdCaptureResponse429Headers struct {
+// CapturePaymentIntentResponse429Headers the declared response headers of an HTTP 429 response for CapturePaymentIntent
+type CapturePaymentIntentResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1PaymentIntentsIdCaptureResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdCapture
-type PostV1PaymentIntentsIdCaptureResponse503Headers struct {
+// CapturePaymentIntentResponse503Headers the declared response headers of an HTTP 503 response for CapturePaymentIntent
+type CapturePaymentIntentResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1PaymentIntentsIdCaptureResponse struct {
+type CapturePaymentIntentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -8140,94 +8758,94 @@ type PostV1PaymentIntentsIdCaptureResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *PostV1PaymentIntentsIdCaptureResponse200Headers
+	Headers200 *CapturePaymentIntentResponse200Headers
 	// Headers202 the parsed response headers for an HTTP 202 response
-	Headers202 *PostV1PaymentIntentsIdCaptureResponse202Headers
+	Headers202 *CapturePaymentIntentResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1PaymentIntentsIdCaptureResponse409Headers
+	Headers409 *CapturePaymentIntentResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1PaymentIntentsIdCaptureResponse429Headers
+	Headers429 *CapturePaymentIntentResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1PaymentIntentsIdCaptureResponse503Headers
+	Headers503 *CapturePaymentIntentResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetJSON200() *PaymentIntent {
+func (r CapturePaymentIntentResponse) GetJSON200() *PaymentIntent {
 	return r.JSON200
 }
 
 // GetJSON202 returns the response for an HTTP 202 `application/json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetJSON202() *OutcomeUnknown {
+func (r CapturePaymentIntentResponse) GetJSON202() *OutcomeUnknown {
 	return r.JSON202
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON403() *Forbidden {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON404() *NotFound {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON409() *Conflict {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON413() *BadRequest {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON413() *BadRequest {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON415() *BadRequest {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON415() *BadRequest {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON428() *PreconditionRequired {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON428() *PreconditionRequired {
 	return r.ApplicationproblemJSON428
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON502() *Problem {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON502() *Problem {
 	return r.ApplicationproblemJSON502
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1PaymentIntentsIdCaptureResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r CapturePaymentIntentResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1PaymentIntentsIdCaptureResponse) GetBody() []byte {
+func (r CapturePaymentIntentResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1PaymentIntentsIdCaptureResponse) Status() string {
+func (r CapturePaymentIntentResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8235,7 +8853,7 @@ func (r PostV1PaymentIntentsIdCaptureResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1PaymentIntentsIdCaptureResponse) StatusCode() int {
+func (r CapturePaymentIntentResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8243,20 +8861,20 @@ func (r PostV1PaymentIntentsIdCaptureResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1PaymentIntentsIdCaptureResponse) ContentType() string {
+func (r CapturePaymentIntentResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1PaymentIntentsIdRefundsResponse503Headers the declared response headers of an HTTP 503 response for GetV1PaymentIntentsIdRefunds
-type GetV1PaymentIntentsIdRefundsResponse503Headers struct {
+// ListPaymentIntentRefundsResponse503Headers the declared response headers of an HTTP 503 response for ListPaymentIntentRefunds
+type ListPaymentIntentRefundsResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1PaymentIntentsIdRefundsResponse struct {
+type ListPaymentIntentRefundsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -8275,11 +8893,11 @@ type GetV1PaymentIntentsIdRefundsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1PaymentIntentsIdRefundsResponse503Headers
+	Headers503 *ListPaymentIntentRefundsResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1PaymentIntentsIdRefundsResponse) GetJSON200() *struct {
+func (r ListPaymentIntentRefundsResponse) GetJSON200() *struct {
 	Items []Refund `json:"items"`
 
 	// NextCursor Send it as `cursor` for the next page; null on the last page.
@@ -8289,32 +8907,32 @@ func (r GetV1PaymentIntentsIdRefundsResponse) GetJSON200() *struct {
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r ListPaymentIntentRefundsResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r ListPaymentIntentRefundsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON404() *NotFound {
+func (r ListPaymentIntentRefundsResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r ListPaymentIntentRefundsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1PaymentIntentsIdRefundsResponse) GetBody() []byte {
+func (r ListPaymentIntentRefundsResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1PaymentIntentsIdRefundsResponse) Status() string {
+func (r ListPaymentIntentRefundsResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8322,7 +8940,7 @@ func (r GetV1PaymentIntentsIdRefundsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1PaymentIntentsIdRefundsResponse) StatusCode() int {
+func (r ListPaymentIntentRefundsResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8330,44 +8948,44 @@ func (r GetV1PaymentIntentsIdRefundsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1PaymentIntentsIdRefundsResponse) ContentType() string {
+func (r ListPaymentIntentRefundsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1PaymentIntentsIdRefundsResponse201Headers the declared response headers of an HTTP 201 response for PostV1PaymentIntentsIdRefunds
-type PostV1PaymentIntentsIdRefundsResponse201Headers struct {
+// CreateRefundResponse201Headers the declared response headers of an HTTP 201 response for CreateRefund
+type CreateRefundResponse201Headers struct {
 	IdempotentReplayed *string
 	Location           *string
 	OperationId        *string
 }
 
-// PostV1PaymentIntentsIdRefundsResponse202Headers the declared response headers of an HTTP 202 response for PostV1PaymentIntentsIdRefunds
-type PostV1PaymentIntentsIdRefundsResponse202Headers struct {
+// CreateRefundResponse202Headers the declared response headers of an HTTP 202 response for CreateRefund
+type CreateRefundResponse202Headers struct {
 	Location    *string
 	OperationId *string
 	RetryAfter  *int
 }
 
-// PostV1PaymentIntentsIdRefundsResponse409Headers the declared response headers of an HTTP 409 response for PostV1PaymentIntentsIdRefunds
-type PostV1PaymentIntentsIdRefundsResponse409Headers struct {
+// CreateRefundResponse409Headers the declared response headers of an HTTP 409 response for CreateRefund
+type CreateRefundResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1PaymentIntentsIdRefundsResponse429Headers the declared response headers of an HTTP 429 response for PostV1PaymentIntentsIdRefunds
-type PostV1PaymentIntentsIdRefundsResponse429Headers struct {
+// CreateRefundResponse429Headers the declared response headers of an HTTP 429 response for CreateRefund
+type CreateRefundResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1PaymentIntentsIdRefundsResponse503Headers the declared response headers of an HTTP 503 response for PostV1PaymentIntentsIdRefunds
-type PostV1PaymentIntentsIdRefundsResponse503Headers struct {
+// CreateRefundResponse503Headers the declared response headers of an HTTP 503 response for CreateRefund
+type CreateRefundResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1PaymentIntentsIdRefundsResponse struct {
+type CreateRefundResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON201 the response for an HTTP 201 `application/json` response
@@ -8399,94 +9017,94 @@ type PostV1PaymentIntentsIdRefundsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers201 the parsed response headers for an HTTP 201 response
-	Headers201 *PostV1PaymentIntentsIdRefundsResponse201Headers
+	Headers201 *CreateRefundResponse201Headers
 	// Headers202 the parsed response headers for an HTTP 202 response
-	Headers202 *PostV1PaymentIntentsIdRefundsResponse202Headers
+	Headers202 *CreateRefundResponse202Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1PaymentIntentsIdRefundsResponse409Headers
+	Headers409 *CreateRefundResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1PaymentIntentsIdRefundsResponse429Headers
+	Headers429 *CreateRefundResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1PaymentIntentsIdRefundsResponse503Headers
+	Headers503 *CreateRefundResponse503Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetJSON201() *Refund {
+func (r CreateRefundResponse) GetJSON201() *Refund {
 	return r.JSON201
 }
 
 // GetJSON202 returns the response for an HTTP 202 `application/json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetJSON202() *OutcomeUnknown {
+func (r CreateRefundResponse) GetJSON202() *OutcomeUnknown {
 	return r.JSON202
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CreateRefundResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CreateRefundResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON403() *Forbidden {
+func (r CreateRefundResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON404() *NotFound {
+func (r CreateRefundResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON409() *Conflict {
+func (r CreateRefundResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON413() *BadRequest {
+func (r CreateRefundResponse) GetApplicationproblemJSON413() *BadRequest {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON415() *BadRequest {
+func (r CreateRefundResponse) GetApplicationproblemJSON415() *BadRequest {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r CreateRefundResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON428() *PreconditionRequired {
+func (r CreateRefundResponse) GetApplicationproblemJSON428() *PreconditionRequired {
 	return r.ApplicationproblemJSON428
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r CreateRefundResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON502() *Problem {
+func (r CreateRefundResponse) GetApplicationproblemJSON502() *Problem {
 	return r.ApplicationproblemJSON502
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1PaymentIntentsIdRefundsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r CreateRefundResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1PaymentIntentsIdRefundsResponse) GetBody() []byte {
+func (r CreateRefundResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1PaymentIntentsIdRefundsResponse) Status() string {
+func (r CreateRefundResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8494,7 +9112,7 @@ func (r PostV1PaymentIntentsIdRefundsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1PaymentIntentsIdRefundsResponse) StatusCode() int {
+func (r CreateRefundResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8502,20 +9120,20 @@ func (r PostV1PaymentIntentsIdRefundsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1PaymentIntentsIdRefundsResponse) ContentType() string {
+func (r CreateRefundResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1RefundsIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1RefundsId
-type GetV1RefundsIdResponse503Headers struct {
+// GetRefundResponse503Headers the declared response headers of an HTTP 503 response for GetRefund
+type GetRefundResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1RefundsIdResponse struct {
+type GetRefundResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -8529,41 +9147,41 @@ type GetV1RefundsIdResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1RefundsIdResponse503Headers
+	Headers503 *GetRefundResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1RefundsIdResponse) GetJSON200() *Refund {
+func (r GetRefundResponse) GetJSON200() *Refund {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1RefundsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r GetRefundResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1RefundsIdResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetRefundResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1RefundsIdResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetRefundResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1RefundsIdResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r GetRefundResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1RefundsIdResponse) GetBody() []byte {
+func (r GetRefundResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1RefundsIdResponse) Status() string {
+func (r GetRefundResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8571,7 +9189,7 @@ func (r GetV1RefundsIdResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1RefundsIdResponse) StatusCode() int {
+func (r GetRefundResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8579,20 +9197,20 @@ func (r GetV1RefundsIdResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1RefundsIdResponse) ContentType() string {
+func (r GetRefundResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1TicketsResponse503Headers the declared response headers of an HTTP 503 response for GetV1Tickets
-type GetV1TicketsResponse503Headers struct {
+// ListTicketsResponse503Headers the declared response headers of an HTTP 503 response for ListTickets
+type ListTicketsResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1TicketsResponse struct {
+type ListTicketsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -8609,11 +9227,11 @@ type GetV1TicketsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1TicketsResponse503Headers
+	Headers503 *ListTicketsResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1TicketsResponse) GetJSON200() *struct {
+func (r ListTicketsResponse) GetJSON200() *struct {
 	Items []Ticket `json:"items"`
 
 	// NextCursor Send it as `cursor` for the next page; null on the last page.
@@ -8623,27 +9241,27 @@ func (r GetV1TicketsResponse) GetJSON200() *struct {
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1TicketsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r ListTicketsResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1TicketsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r ListTicketsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1TicketsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r ListTicketsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1TicketsResponse) GetBody() []byte {
+func (r ListTicketsResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1TicketsResponse) Status() string {
+func (r ListTicketsResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8651,7 +9269,7 @@ func (r GetV1TicketsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1TicketsResponse) StatusCode() int {
+func (r ListTicketsResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8659,44 +9277,44 @@ func (r GetV1TicketsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1TicketsResponse) ContentType() string {
+func (r ListTicketsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1TicketsResponse200Headers the declared response headers of an HTTP 200 response for PostV1Tickets
-type PostV1TicketsResponse200Headers struct {
+// CreateTicketResponse200Headers the declared response headers of an HTTP 200 response for CreateTicket
+type CreateTicketResponse200Headers struct {
 	IdempotentReplayed *string
 	Location           *string
 	OperationId        *string
 }
 
-// PostV1TicketsResponse201Headers the declared response headers of an HTTP 201 response for PostV1Tickets
-type PostV1TicketsResponse201Headers struct {
+// CreateTicketResponse201Headers the declared response headers of an HTTP 201 response for CreateTicket
+type CreateTicketResponse201Headers struct {
 	IdempotentReplayed *string
 	Location           *string
 	OperationId        *string
 }
 
-// PostV1TicketsResponse409Headers the declared response headers of an HTTP 409 response for PostV1Tickets
-type PostV1TicketsResponse409Headers struct {
+// CreateTicketResponse409Headers the declared response headers of an HTTP 409 response for CreateTicket
+type CreateTicketResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1TicketsResponse429Headers the declared response headers of an HTTP 429 response for PostV1Tickets
-type PostV1TicketsResponse429Headers struct {
+// CreateTicketResponse429Headers the declared response headers of an HTTP 429 response for CreateTicket
+type CreateTicketResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1TicketsResponse503Headers the declared response headers of an HTTP 503 response for PostV1Tickets
-type PostV1TicketsResponse503Headers struct {
+// CreateTicketResponse503Headers the declared response headers of an HTTP 503 response for CreateTicket
+type CreateTicketResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1TicketsResponse struct {
+type CreateTicketResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -8720,74 +9338,74 @@ type PostV1TicketsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *PostV1TicketsResponse200Headers
+	Headers200 *CreateTicketResponse200Headers
 	// Headers201 the parsed response headers for an HTTP 201 response
-	Headers201 *PostV1TicketsResponse201Headers
+	Headers201 *CreateTicketResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1TicketsResponse409Headers
+	Headers409 *CreateTicketResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1TicketsResponse429Headers
+	Headers429 *CreateTicketResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1TicketsResponse503Headers
+	Headers503 *CreateTicketResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PostV1TicketsResponse) GetJSON200() *TicketCreateResult {
+func (r CreateTicketResponse) GetJSON200() *TicketCreateResult {
 	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r PostV1TicketsResponse) GetJSON201() *TicketCreateResult {
+func (r CreateTicketResponse) GetJSON201() *TicketCreateResult {
 	return r.JSON201
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1TicketsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r CreateTicketResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1TicketsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r CreateTicketResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1TicketsResponse) GetApplicationproblemJSON409() *Conflict {
+func (r CreateTicketResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r PostV1TicketsResponse) GetApplicationproblemJSON413() *BadRequest {
+func (r CreateTicketResponse) GetApplicationproblemJSON413() *BadRequest {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r PostV1TicketsResponse) GetApplicationproblemJSON415() *BadRequest {
+func (r CreateTicketResponse) GetApplicationproblemJSON415() *BadRequest {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1TicketsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r CreateTicketResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1TicketsResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r CreateTicketResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1TicketsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r CreateTicketResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1TicketsResponse) GetBody() []byte {
+func (r CreateTicketResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1TicketsResponse) Status() string {
+func (r CreateTicketResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8795,7 +9413,7 @@ func (r PostV1TicketsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1TicketsResponse) StatusCode() int {
+func (r CreateTicketResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8803,20 +9421,20 @@ func (r PostV1TicketsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1TicketsResponse) ContentType() string {
+func (r CreateTicketResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetV1TicketsIdResponse503Headers the declared response headers of an HTTP 503 response for GetV1TicketsId
-type GetV1TicketsIdResponse503Headers struct {
+// GetTicketResponse503Headers the declared response headers of an HTTP 503 response for GetTicket
+type GetTicketResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type GetV1TicketsIdResponse struct {
+type GetTicketResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -8830,41 +9448,41 @@ type GetV1TicketsIdResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetV1TicketsIdResponse503Headers
+	Headers503 *GetTicketResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1TicketsIdResponse) GetJSON200() *Ticket {
+func (r GetTicketResponse) GetJSON200() *Ticket {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1TicketsIdResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r GetTicketResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1TicketsIdResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r GetTicketResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1TicketsIdResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetTicketResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r GetV1TicketsIdResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r GetTicketResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1TicketsIdResponse) GetBody() []byte {
+func (r GetTicketResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1TicketsIdResponse) Status() string {
+func (r GetTicketResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8872,7 +9490,7 @@ func (r GetV1TicketsIdResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1TicketsIdResponse) StatusCode() int {
+func (r GetTicketResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8880,14 +9498,14 @@ func (r GetV1TicketsIdResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1TicketsIdResponse) ContentType() string {
+func (r GetTicketResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-type GetV1TicketsIdCommentsResponse struct {
+type ListTicketCommentsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -8906,7 +9524,7 @@ type GetV1TicketsIdCommentsResponse struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1TicketsIdCommentsResponse) GetJSON200() *struct {
+func (r ListTicketCommentsResponse) GetJSON200() *struct {
 	Items []Comment `json:"items"`
 
 	// NextCursor Send it as `cursor` for the next page; null on the last page.
@@ -8916,27 +9534,27 @@ func (r GetV1TicketsIdCommentsResponse) GetJSON200() *struct {
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1TicketsIdCommentsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r ListTicketCommentsResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1TicketsIdCommentsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r ListTicketCommentsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1TicketsIdCommentsResponse) GetApplicationproblemJSON404() *NotFound {
+func (r ListTicketCommentsResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1TicketsIdCommentsResponse) GetBody() []byte {
+func (r ListTicketCommentsResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1TicketsIdCommentsResponse) Status() string {
+func (r ListTicketCommentsResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -8944,7 +9562,7 @@ func (r GetV1TicketsIdCommentsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1TicketsIdCommentsResponse) StatusCode() int {
+func (r ListTicketCommentsResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -8952,36 +9570,36 @@ func (r GetV1TicketsIdCommentsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1TicketsIdCommentsResponse) ContentType() string {
+func (r ListTicketCommentsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PostV1TicketsIdCommentsResponse201Headers the declared response headers of an HTTP 201 response for PostV1TicketsIdComments
-type PostV1TicketsIdCommentsResponse201Headers struct {
+// AddTicketCommentResponse201Headers the declared response headers of an HTTP 201 response for AddTicketComment
+type AddTicketCommentResponse201Headers struct {
 	IdempotentReplayed *string
 	OperationId        *string
 }
 
-// PostV1TicketsIdCommentsResponse409Headers the declared response headers of an HTTP 409 response for PostV1TicketsIdComments
-type PostV1TicketsIdCommentsResponse409Headers struct {
+// AddTicketCommentResponse409Headers the declared response headers of an HTTP 409 response for AddTicketComment
+type AddTicketCommentResponse409Headers struct {
 	RetryAfter *int
 }
 
-// PostV1TicketsIdCommentsResponse429Headers the declared response headers of an HTTP 429 response for PostV1TicketsIdComments
-type PostV1TicketsIdCommentsResponse429Headers struct {
+// AddTicketCommentResponse429Headers the declared response headers of an HTTP 429 response for AddTicketComment
+type AddTicketCommentResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PostV1TicketsIdCommentsResponse503Headers the declared response headers of an HTTP 503 response for PostV1TicketsIdComments
-type PostV1TicketsIdCommentsResponse503Headers struct {
+// AddTicketCommentResponse503Headers the declared response headers of an HTTP 503 response for AddTicketComment
+type AddTicketCommentResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PostV1TicketsIdCommentsResponse struct {
+type AddTicketCommentResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON201 the response for an HTTP 201 `application/json` response
@@ -9001,62 +9619,62 @@ type PostV1TicketsIdCommentsResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers201 the parsed response headers for an HTTP 201 response
-	Headers201 *PostV1TicketsIdCommentsResponse201Headers
+	Headers201 *AddTicketCommentResponse201Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *PostV1TicketsIdCommentsResponse409Headers
+	Headers409 *AddTicketCommentResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PostV1TicketsIdCommentsResponse429Headers
+	Headers429 *AddTicketCommentResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PostV1TicketsIdCommentsResponse503Headers
+	Headers503 *AddTicketCommentResponse503Headers
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r PostV1TicketsIdCommentsResponse) GetJSON201() *Comment {
+func (r AddTicketCommentResponse) GetJSON201() *Comment {
 	return r.JSON201
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r AddTicketCommentResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r AddTicketCommentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON404() *NotFound {
+func (r AddTicketCommentResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON409() *Conflict {
+func (r AddTicketCommentResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r AddTicketCommentResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r AddTicketCommentResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PostV1TicketsIdCommentsResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r AddTicketCommentResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PostV1TicketsIdCommentsResponse) GetBody() []byte {
+func (r AddTicketCommentResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PostV1TicketsIdCommentsResponse) Status() string {
+func (r AddTicketCommentResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -9064,7 +9682,7 @@ func (r PostV1TicketsIdCommentsResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PostV1TicketsIdCommentsResponse) StatusCode() int {
+func (r AddTicketCommentResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -9072,25 +9690,25 @@ func (r PostV1TicketsIdCommentsResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PostV1TicketsIdCommentsResponse) ContentType() string {
+func (r AddTicketCommentResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PutV1TicketsIdStatusResponse429Headers the declared response headers of an HTTP 429 response for PutV1TicketsIdStatus
-type PutV1TicketsIdStatusResponse429Headers struct {
+// SetTicketStatusResponse429Headers the declared response headers of an HTTP 429 response for SetTicketStatus
+type SetTicketStatusResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PutV1TicketsIdStatusResponse503Headers the declared response headers of an HTTP 503 response for PutV1TicketsIdStatus
-type PutV1TicketsIdStatusResponse503Headers struct {
+// SetTicketStatusResponse503Headers the declared response headers of an HTTP 503 response for SetTicketStatus
+type SetTicketStatusResponse503Headers struct {
 	OperationId *string
 	RetryAfter  *int
 }
 
-type PutV1TicketsIdStatusResponse struct {
+type SetTicketStatusResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -9108,53 +9726,53 @@ type PutV1TicketsIdStatusResponse struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PutV1TicketsIdStatusResponse429Headers
+	Headers429 *SetTicketStatusResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PutV1TicketsIdStatusResponse503Headers
+	Headers503 *SetTicketStatusResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r PutV1TicketsIdStatusResponse) GetJSON200() *Ticket {
+func (r SetTicketStatusResponse) GetJSON200() *Ticket {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r SetTicketStatusResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r SetTicketStatusResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON404() *NotFound {
+func (r SetTicketStatusResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON422() *ValidationFailed {
+func (r SetTicketStatusResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON429() *RateLimited {
+func (r SetTicketStatusResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PutV1TicketsIdStatusResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+func (r SetTicketStatusResponse) GetApplicationproblemJSON503() *StoreUnavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r PutV1TicketsIdStatusResponse) GetBody() []byte {
+func (r SetTicketStatusResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PutV1TicketsIdStatusResponse) Status() string {
+func (r SetTicketStatusResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -9162,7 +9780,7 @@ func (r PutV1TicketsIdStatusResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PutV1TicketsIdStatusResponse) StatusCode() int {
+func (r SetTicketStatusResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -9170,14 +9788,14 @@ func (r PutV1TicketsIdStatusResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PutV1TicketsIdStatusResponse) ContentType() string {
+func (r SetTicketStatusResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-type GetV1TicketsIdStatusChangesResponse struct {
+type ListTicketStatusChangesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -9201,7 +9819,7 @@ type GetV1TicketsIdStatusChangesResponse struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetV1TicketsIdStatusChangesResponse) GetJSON200() *struct {
+func (r ListTicketStatusChangesResponse) GetJSON200() *struct {
 	Items []struct {
 		Actor     string       `json:"actor"`
 		CreatedAt time.Time    `json:"created_at"`
@@ -9216,27 +9834,27 @@ func (r GetV1TicketsIdStatusChangesResponse) GetJSON200() *struct {
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r GetV1TicketsIdStatusChangesResponse) GetApplicationproblemJSON400() *BadRequest {
+func (r ListTicketStatusChangesResponse) GetApplicationproblemJSON400() *BadRequest {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r GetV1TicketsIdStatusChangesResponse) GetApplicationproblemJSON401() *Unauthorized {
+func (r ListTicketStatusChangesResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetV1TicketsIdStatusChangesResponse) GetApplicationproblemJSON404() *NotFound {
+func (r ListTicketStatusChangesResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
 }
 
 // GetBody returns the raw response body bytes
-func (r GetV1TicketsIdStatusChangesResponse) GetBody() []byte {
+func (r ListTicketStatusChangesResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r GetV1TicketsIdStatusChangesResponse) Status() string {
+func (r ListTicketStatusChangesResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -9244,7 +9862,7 @@ func (r GetV1TicketsIdStatusChangesResponse) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r GetV1TicketsIdStatusChangesResponse) StatusCode() int {
+func (r ListTicketStatusChangesResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -9252,95 +9870,112 @@ func (r GetV1TicketsIdStatusChangesResponse) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetV1TicketsIdStatusChangesResponse) ContentType() string {
+func (r ListTicketStatusChangesResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// GetAdminCountersWithResponse Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
+// GetProviderCountersWithResponse Provider sandbox: how many calls of each kind this merchant executed (replays do not count).
+//
+// Provider sandbox. Replays are not executions, so a retried call that was replayed leaves the counters as they
+// were. A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /admin/counters (the `GetAdminCounters` operationId).
-func (c *ClientWithResponses) GetAdminCountersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetAdminCountersResponse, error) {
-	rsp, err := c.GetAdminCounters(ctx, reqEditors...)
+// Corresponds with GET /admin/counters (the `GetProviderCounters` operationId).
+func (c *ClientWithResponses) GetProviderCountersWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetProviderCountersResponse, error) {
+	rsp, err := c.GetProviderCounters(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetAdminCountersResponse(rsp)
+	return ParseGetProviderCountersResponse(rsp)
 }
 
-// DeleteAdminFaultsWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: disarm this merchant's faults.
+// ClearProviderFaultsWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: disarm this merchant's faults.
+//
+// Provider sandbox, 404 when fault injection is off. A declared state: retrying leaves no fault armed either
+// way.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with DELETE /admin/faults (the `DeleteAdminFaults` operationId).
-func (c *ClientWithResponses) DeleteAdminFaultsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*DeleteAdminFaultsResponse, error) {
-	rsp, err := c.DeleteAdminFaults(ctx, reqEditors...)
+// Corresponds with DELETE /admin/faults (the `ClearProviderFaults` operationId).
+func (c *ClientWithResponses) ClearProviderFaultsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ClearProviderFaultsResponse, error) {
+	rsp, err := c.ClearProviderFaults(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseDeleteAdminFaultsResponse(rsp)
+	return ParseClearProviderFaultsResponse(rsp)
 }
 
-// PostAdminFaultsWithBodyWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
+// ArmProviderFaultsWithBodyWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
 //
 // `fail`: 503 provider_unavailable without executing. `drop`: execute, store the answer, close the connection
 // without answering. `delay`: execute, store, answer after delay_ms. 404 when fault injection is off.
+//
+// Not idempotent: each call queues its faults behind the ones already armed for the kind, so a retry arms them
+// again; when unsure, clear with DELETE and arm once.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /admin/faults (the `PostAdminFaults` operationId).
-func (c *ClientWithResponses) PostAdminFaultsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostAdminFaultsResponse, error) {
-	rsp, err := c.PostAdminFaultsWithBody(ctx, contentType, body, reqEditors...)
+// Corresponds with POST /admin/faults (the `ArmProviderFaults` operationId).
+func (c *ClientWithResponses) ArmProviderFaultsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ArmProviderFaultsResponse, error) {
+	rsp, err := c.ArmProviderFaultsWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostAdminFaultsResponse(rsp)
+	return ParseArmProviderFaultsResponse(rsp)
 }
 
-// PostAdminFaultsWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
+// ArmProviderFaultsWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: arm faults for this merchant's next calls of a kind.
 //
 // `fail`: 503 provider_unavailable without executing. `drop`: execute, store the answer, close the connection
 // without answering. `delay`: execute, store, answer after delay_ms. 404 when fault injection is off.
 //
+// Not idempotent: each call queues its faults behind the ones already armed for the kind, so a retry arms them
+// again; when unsure, clear with DELETE and arm once.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /admin/faults (the `PostAdminFaults` operationId).
-func (c *ClientWithResponses) PostAdminFaultsWithResponse(ctx context.Context, body PostAdminFaultsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostAdminFaultsResponse, error) {
-	rsp, err := c.PostAdminFaults(ctx, body, reqEditors...)
+// Corresponds with POST /admin/faults (the `ArmProviderFaults` operationId).
+func (c *ClientWithResponses) ArmProviderFaultsWithResponse(ctx context.Context, body ArmProviderFaultsJSONRequestBody, reqEditors ...RequestEditorFn) (*ArmProviderFaultsResponse, error) {
+	rsp, err := c.ArmProviderFaults(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostAdminFaultsResponse(rsp)
+	return ParseArmProviderFaultsResponse(rsp)
 }
 
-// PostAdminResetWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: forget this merchant's state.
+// ResetProviderWithResponse Provider sandbox, PROVIDER_FAULT_INJECTION only: forget this merchant's state.
+//
+// Provider sandbox, 404 when fault injection is off. A declared state: retrying forgets the same (now empty)
+// state again.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /admin/reset (the `PostAdminReset` operationId).
-func (c *ClientWithResponses) PostAdminResetWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*PostAdminResetResponse, error) {
-	rsp, err := c.PostAdminReset(ctx, reqEditors...)
+// Corresponds with POST /admin/reset (the `ResetProvider` operationId).
+func (c *ClientWithResponses) ResetProviderWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ResetProviderResponse, error) {
+	rsp, err := c.ResetProvider(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostAdminResetResponse(rsp)
+	return ParseResetProviderResponse(rsp)
 }
 
-// GetHealthzWithResponse The process is up.
+// GetHealthWithResponse The process is up.
+//
+// Answers from the process alone, without the database. A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /healthz (the `GetHealthz` operationId).
-func (c *ClientWithResponses) GetHealthzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthzResponse, error) {
-	rsp, err := c.GetHealthz(ctx, reqEditors...)
+// Corresponds with GET /healthz (the `GetHealth` operationId).
+func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error) {
+	rsp, err := c.GetHealth(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetHealthzResponse(rsp)
+	return ParseGetHealthResponse(rsp)
 }
 
 // GetMetricsWithResponse Prometheus metrics of the process.
@@ -9358,265 +9993,320 @@ func (c *ClientWithResponses) GetMetricsWithResponse(ctx context.Context, reqEdi
 	return ParseGetMetricsResponse(rsp)
 }
 
-// GetReadyzWithResponse The database is reachable and migrations are applied.
+// GetReadinessWithResponse The database is reachable and migrations are applied.
+//
+// 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
+// effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /readyz (the `GetReadyz` operationId).
-func (c *ClientWithResponses) GetReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadyzResponse, error) {
-	rsp, err := c.GetReadyz(ctx, reqEditors...)
+// Corresponds with GET /readyz (the `GetReadiness` operationId).
+func (c *ClientWithResponses) GetReadinessWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadinessResponse, error) {
+	rsp, err := c.GetReadiness(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetReadyzResponse(rsp)
+	return ParseGetReadinessResponse(rsp)
 }
 
-// PostV1ApprovalsWithBodyWithResponse Ask a person to approve one exact write.
+// RequestApprovalWithBodyWithResponse Ask a person to approve one exact write.
 //
 // Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
 // and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 // id as `Approval-Id` on the write; a changed body no longer matches.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+// `Idempotent-Replayed: true`, and no second approval is made. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/approvals (the `PostV1Approvals` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsWithBodyWithResponse(ctx context.Context, params *PostV1ApprovalsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsResponse, error) {
-	rsp, err := c.PostV1ApprovalsWithBody(ctx, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/approvals (the `RequestApproval` operationId).
+func (c *ClientWithResponses) RequestApprovalWithBodyWithResponse(ctx context.Context, params *RequestApprovalParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RequestApprovalResponse, error) {
+	rsp, err := c.RequestApprovalWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1ApprovalsResponse(rsp)
+	return ParseRequestApprovalResponse(rsp)
 }
 
-// PostV1ApprovalsWithResponse Ask a person to approve one exact write.
+// RequestApprovalWithResponse Ask a person to approve one exact write.
 //
 // Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
 // and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 // id as `Approval-Id` on the write; a changed body no longer matches.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+// `Idempotent-Replayed: true`, and no second approval is made. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/approvals (the `PostV1Approvals` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsWithResponse(ctx context.Context, params *PostV1ApprovalsParams, body PostV1ApprovalsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsResponse, error) {
-	rsp, err := c.PostV1Approvals(ctx, params, body, reqEditors...)
+// Corresponds with POST /v1/approvals (the `RequestApproval` operationId).
+func (c *ClientWithResponses) RequestApprovalWithResponse(ctx context.Context, params *RequestApprovalParams, body RequestApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*RequestApprovalResponse, error) {
+	rsp, err := c.RequestApproval(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1ApprovalsResponse(rsp)
+	return ParseRequestApprovalResponse(rsp)
 }
 
-// GetV1ApprovalsIdWithResponse One approval.
+// GetApprovalWithResponse One approval.
+//
+// A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/approvals/{id} (the `GetV1ApprovalsId` operationId).
-func (c *ClientWithResponses) GetV1ApprovalsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1ApprovalsIdResponse, error) {
-	rsp, err := c.GetV1ApprovalsId(ctx, id, reqEditors...)
+// Corresponds with GET /v1/approvals/{id} (the `GetApproval` operationId).
+func (c *ClientWithResponses) GetApprovalWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetApprovalResponse, error) {
+	rsp, err := c.GetApproval(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1ApprovalsIdResponse(rsp)
+	return ParseGetApprovalResponse(rsp)
 }
 
-// PostV1ApprovalsIdApproveWithBodyWithResponse Grant (role approver, not the requester).
+// GrantApprovalWithBodyWithResponse Grant (role approver, not the requester).
 //
-// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+// A declared decision, safe to retry without an Idempotency-Key: the same approver approving again gets the
+// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+// denied is 409 `invalid_state`; an expired one is 403 `approval_invalid`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdApproveWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdApproveWithBody(ctx, id, contentType, body, reqEditors...)
+// Corresponds with POST /v1/approvals/{id}/approve (the `GrantApproval` operationId).
+func (c *ClientWithResponses) GrantApprovalWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*GrantApprovalResponse, error) {
+	rsp, err := c.GrantApprovalWithBody(ctx, id, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1ApprovalsIdApproveResponse(rsp)
+	return ParseGrantApprovalResponse(rsp)
 }
 
-// PostV1ApprovalsIdApproveWithResponse Grant (role approver, not the requester).
+// GrantApprovalWithResponse Grant (role approver, not the requester).
 //
-// A declared decision; repeating it by the same approver answers the approval again and changes nothing.
+// A declared decision, safe to retry without an Idempotency-Key: the same approver approving again gets the
+// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+// denied is 409 `invalid_state`; an expired one is 403 `approval_invalid`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/approvals/{id}/approve (the `PostV1ApprovalsIdApprove` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdApproveWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdApproveJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdApproveResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdApprove(ctx, id, body, reqEditors...)
+// Corresponds with POST /v1/approvals/{id}/approve (the `GrantApproval` operationId).
+func (c *ClientWithResponses) GrantApprovalWithResponse(ctx context.Context, id string, body GrantApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*GrantApprovalResponse, error) {
+	rsp, err := c.GrantApproval(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1ApprovalsIdApproveResponse(rsp)
+	return ParseGrantApprovalResponse(rsp)
 }
 
-// PostV1ApprovalsIdDenyWithBodyWithResponse Deny (role approver, not the requester).
+// DenyApprovalWithBodyWithResponse Deny (role approver, not the requester).
+//
+// A declared decision, safe to retry without an Idempotency-Key: the same approver denying again gets the
+// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+// approved is 409 `invalid_state`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdDenyWithBody(ctx, id, contentType, body, reqEditors...)
+// Corresponds with POST /v1/approvals/{id}/deny (the `DenyApproval` operationId).
+func (c *ClientWithResponses) DenyApprovalWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*DenyApprovalResponse, error) {
+	rsp, err := c.DenyApprovalWithBody(ctx, id, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1ApprovalsIdDenyResponse(rsp)
+	return ParseDenyApprovalResponse(rsp)
 }
 
-// PostV1ApprovalsIdDenyWithResponse Deny (role approver, not the requester).
+// DenyApprovalWithResponse Deny (role approver, not the requester).
+//
+// A declared decision, safe to retry without an Idempotency-Key: the same approver denying again gets the
+// approval back and nothing changes. The requester's own key is 403 `approval_invalid`; an approval already
+// approved is 409 `invalid_state`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/approvals/{id}/deny (the `PostV1ApprovalsIdDeny` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdDenyWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdDenyJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdDenyResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdDeny(ctx, id, body, reqEditors...)
+// Corresponds with POST /v1/approvals/{id}/deny (the `DenyApproval` operationId).
+func (c *ClientWithResponses) DenyApprovalWithResponse(ctx context.Context, id string, body DenyApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*DenyApprovalResponse, error) {
+	rsp, err := c.DenyApproval(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1ApprovalsIdDenyResponse(rsp)
+	return ParseDenyApprovalResponse(rsp)
 }
 
-// PostV1ApprovalsIdRevokeWithBodyWithResponse Revoke an approval not yet used (role approver, not the requester).
+// RevokeApprovalWithBodyWithResponse Revoke an approval not yet used (role approver, not the requester).
 //
-// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+// The write it approved is then refused with approval_invalid, as after a denial. A declared decision, safe to retry without an Idempotency-Key: the same approver revoking again gets the approval back and nothing changes. An approval already used by its operation cannot be revoked (409 invalid_state).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdRevokeWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdRevokeWithBody(ctx, id, contentType, body, reqEditors...)
+// Corresponds with POST /v1/approvals/{id}/revoke (the `RevokeApproval` operationId).
+func (c *ClientWithResponses) RevokeApprovalWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RevokeApprovalResponse, error) {
+	rsp, err := c.RevokeApprovalWithBody(ctx, id, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1ApprovalsIdRevokeResponse(rsp)
+	return ParseRevokeApprovalResponse(rsp)
 }
 
-// PostV1ApprovalsIdRevokeWithResponse Revoke an approval not yet used (role approver, not the requester).
+// RevokeApprovalWithResponse Revoke an approval not yet used (role approver, not the requester).
 //
-// The write it approved is then refused with approval_invalid, as after a denial. A declared decision: repeating it by the same approver changes nothing. An approval already used by its operation cannot be revoked (409 invalid_state).
+// The write it approved is then refused with approval_invalid, as after a denial. A declared decision, safe to retry without an Idempotency-Key: the same approver revoking again gets the approval back and nothing changes. An approval already used by its operation cannot be revoked (409 invalid_state).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/approvals/{id}/revoke (the `PostV1ApprovalsIdRevoke` operationId).
-func (c *ClientWithResponses) PostV1ApprovalsIdRevokeWithResponse(ctx context.Context, id string, body PostV1ApprovalsIdRevokeJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1ApprovalsIdRevokeResponse, error) {
-	rsp, err := c.PostV1ApprovalsIdRevoke(ctx, id, body, reqEditors...)
+// Corresponds with POST /v1/approvals/{id}/revoke (the `RevokeApproval` operationId).
+func (c *ClientWithResponses) RevokeApprovalWithResponse(ctx context.Context, id string, body RevokeApprovalJSONRequestBody, reqEditors ...RequestEditorFn) (*RevokeApprovalResponse, error) {
+	rsp, err := c.RevokeApproval(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1ApprovalsIdRevokeResponse(rsp)
+	return ParseRevokeApprovalResponse(rsp)
 }
 
-// PostV1AuthorizationsWithBodyWithResponse Provider sandbox (:8090): place a hold on a card.
+// CreateProviderAuthorizationWithBodyWithResponse Provider sandbox (:8090): place a hold on a card.
 //
 // The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
 // Idempotency-Key: the same key replays the stored answer (Idempotent-Replayed), a changed body is 422
 // idempotency_key_reused.
 //
+// A retry with the same key executes nothing again, so the counters (GET /admin/counters) count executions,
+// not calls.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/authorizations (the `PostV1Authorizations` operationId).
-func (c *ClientWithResponses) PostV1AuthorizationsWithBodyWithResponse(ctx context.Context, params *PostV1AuthorizationsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsResponse, error) {
-	rsp, err := c.PostV1AuthorizationsWithBody(ctx, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/authorizations (the `CreateProviderAuthorization` operationId).
+func (c *ClientWithResponses) CreateProviderAuthorizationWithBodyWithResponse(ctx context.Context, params *CreateProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateProviderAuthorizationResponse, error) {
+	rsp, err := c.CreateProviderAuthorizationWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1AuthorizationsResponse(rsp)
+	return ParseCreateProviderAuthorizationResponse(rsp)
 }
 
-// PostV1AuthorizationsWithResponse Provider sandbox (:8090): place a hold on a card.
+// CreateProviderAuthorizationWithResponse Provider sandbox (:8090): place a hold on a card.
 //
 // The sandbox payments calls. Any bearer secret names a merchant with its own state. Every POST takes an
 // Idempotency-Key: the same key replays the stored answer (Idempotent-Replayed), a changed body is 422
 // idempotency_key_reused.
 //
+// A retry with the same key executes nothing again, so the counters (GET /admin/counters) count executions,
+// not calls.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/authorizations (the `PostV1Authorizations` operationId).
-func (c *ClientWithResponses) PostV1AuthorizationsWithResponse(ctx context.Context, params *PostV1AuthorizationsParams, body PostV1AuthorizationsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsResponse, error) {
-	rsp, err := c.PostV1Authorizations(ctx, params, body, reqEditors...)
+// Corresponds with POST /v1/authorizations (the `CreateProviderAuthorization` operationId).
+func (c *ClientWithResponses) CreateProviderAuthorizationWithResponse(ctx context.Context, params *CreateProviderAuthorizationParams, body CreateProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateProviderAuthorizationResponse, error) {
+	rsp, err := c.CreateProviderAuthorization(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1AuthorizationsResponse(rsp)
+	return ParseCreateProviderAuthorizationResponse(rsp)
 }
 
-// GetV1AuthorizationsIdWithResponse Provider sandbox: one authorization.
+// GetProviderAuthorizationWithResponse Provider sandbox: one authorization.
+//
+// Provider sandbox. A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/authorizations/{id} (the `GetV1AuthorizationsId` operationId).
-func (c *ClientWithResponses) GetV1AuthorizationsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1AuthorizationsIdResponse, error) {
-	rsp, err := c.GetV1AuthorizationsId(ctx, id, reqEditors...)
+// Corresponds with GET /v1/authorizations/{id} (the `GetProviderAuthorization` operationId).
+func (c *ClientWithResponses) GetProviderAuthorizationWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetProviderAuthorizationResponse, error) {
+	rsp, err := c.GetProviderAuthorization(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1AuthorizationsIdResponse(rsp)
+	return ParseGetProviderAuthorizationResponse(rsp)
 }
 
-// PostV1AuthorizationsIdCaptureWithBodyWithResponse Provider sandbox: capture once, at most the authorized amount; the rest is released.
+// CaptureProviderAuthorizationWithBodyWithResponse Provider sandbox: capture once, at most the authorized amount; the rest is released.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/authorizations/{id}/capture (the `PostV1AuthorizationsIdCapture` operationId).
-func (c *ClientWithResponses) PostV1AuthorizationsIdCaptureWithBodyWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdCaptureParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdCaptureResponse, error) {
-	rsp, err := c.PostV1AuthorizationsIdCaptureWithBody(ctx, id, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/authorizations/{id}/capture (the `CaptureProviderAuthorization` operationId).
+func (c *ClientWithResponses) CaptureProviderAuthorizationWithBodyWithResponse(ctx context.Context, id string, params *CaptureProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CaptureProviderAuthorizationResponse, error) {
+	rsp, err := c.CaptureProviderAuthorizationWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1AuthorizationsIdCaptureResponse(rsp)
+	return ParseCaptureProviderAuthorizationResponse(rsp)
 }
 
-// PostV1AuthorizationsIdCaptureWithResponse Provider sandbox: capture once, at most the authorized amount; the rest is released.
+// CaptureProviderAuthorizationWithResponse Provider sandbox: capture once, at most the authorized amount; the rest is released.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/authorizations/{id}/capture (the `PostV1AuthorizationsIdCapture` operationId).
-func (c *ClientWithResponses) PostV1AuthorizationsIdCaptureWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdCaptureParams, body PostV1AuthorizationsIdCaptureJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdCaptureResponse, error) {
-	rsp, err := c.PostV1AuthorizationsIdCapture(ctx, id, params, body, reqEditors...)
+// Corresponds with POST /v1/authorizations/{id}/capture (the `CaptureProviderAuthorization` operationId).
+func (c *ClientWithResponses) CaptureProviderAuthorizationWithResponse(ctx context.Context, id string, params *CaptureProviderAuthorizationParams, body CaptureProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*CaptureProviderAuthorizationResponse, error) {
+	rsp, err := c.CaptureProviderAuthorization(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1AuthorizationsIdCaptureResponse(rsp)
+	return ParseCaptureProviderAuthorizationResponse(rsp)
 }
 
-// PostV1AuthorizationsIdRefundsWithBodyWithResponse Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+// RefundProviderAuthorizationWithBodyWithResponse Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/authorizations/{id}/refunds (the `PostV1AuthorizationsIdRefunds` operationId).
-func (c *ClientWithResponses) PostV1AuthorizationsIdRefundsWithBodyWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdRefundsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdRefundsResponse, error) {
-	rsp, err := c.PostV1AuthorizationsIdRefundsWithBody(ctx, id, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/authorizations/{id}/refunds (the `RefundProviderAuthorization` operationId).
+func (c *ClientWithResponses) RefundProviderAuthorizationWithBodyWithResponse(ctx context.Context, id string, params *RefundProviderAuthorizationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RefundProviderAuthorizationResponse, error) {
+	rsp, err := c.RefundProviderAuthorizationWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1AuthorizationsIdRefundsResponse(rsp)
+	return ParseRefundProviderAuthorizationResponse(rsp)
 }
 
-// PostV1AuthorizationsIdRefundsWithResponse Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+// RefundProviderAuthorizationWithResponse Provider sandbox: refund captured money, at most what is captured and not yet refunded.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/authorizations/{id}/refunds (the `PostV1AuthorizationsIdRefunds` operationId).
-func (c *ClientWithResponses) PostV1AuthorizationsIdRefundsWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdRefundsParams, body PostV1AuthorizationsIdRefundsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdRefundsResponse, error) {
-	rsp, err := c.PostV1AuthorizationsIdRefunds(ctx, id, params, body, reqEditors...)
+// Corresponds with POST /v1/authorizations/{id}/refunds (the `RefundProviderAuthorization` operationId).
+func (c *ClientWithResponses) RefundProviderAuthorizationWithResponse(ctx context.Context, id string, params *RefundProviderAuthorizationParams, body RefundProviderAuthorizationJSONRequestBody, reqEditors ...RequestEditorFn) (*RefundProviderAuthorizationResponse, error) {
+	rsp, err := c.RefundProviderAuthorization(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1AuthorizationsIdRefundsResponse(rsp)
+	return ParseRefundProviderAuthorizationResponse(rsp)
 }
 
-// PostV1AuthorizationsIdVoidWithResponse Provider sandbox: void an authorization that was not captured.
+// VoidProviderAuthorizationWithResponse Provider sandbox: void an authorization that was not captured.
+//
+// Provider sandbox. Retrying with the same Idempotency-Key and body replays the stored answer with
+// `Idempotent-Replayed: true` and executes nothing (the counters do not move); a different body is 422
+// `idempotency_key_reused`.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/authorizations/{id}/void (the `PostV1AuthorizationsIdVoid` operationId).
-func (c *ClientWithResponses) PostV1AuthorizationsIdVoidWithResponse(ctx context.Context, id string, params *PostV1AuthorizationsIdVoidParams, reqEditors ...RequestEditorFn) (*PostV1AuthorizationsIdVoidResponse, error) {
-	rsp, err := c.PostV1AuthorizationsIdVoid(ctx, id, params, reqEditors...)
+// Corresponds with POST /v1/authorizations/{id}/void (the `VoidProviderAuthorization` operationId).
+func (c *ClientWithResponses) VoidProviderAuthorizationWithResponse(ctx context.Context, id string, params *VoidProviderAuthorizationParams, reqEditors ...RequestEditorFn) (*VoidProviderAuthorizationResponse, error) {
+	rsp, err := c.VoidProviderAuthorization(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1AuthorizationsIdVoidResponse(rsp)
+	return ParseVoidProviderAuthorizationResponse(rsp)
 }
 
-// PostV1DeploysWithBodyWithResponse Deploy a service to an environment, from an immutable reference only.
+// CreateDeployWithBodyWithResponse Deploy a service to an environment, from an immutable reference only.
 //
 // `artifact` is an OCI reference pinned by digest (`name@sha256:<64 lowercase hex>` or
 // `name@sha512:<128 lowercase hex>`), `commit_sha` a full 40- or 64-character lowercase hex SHA; send exactly
@@ -9635,18 +10325,23 @@ func (c *ClientWithResponses) PostV1AuthorizationsIdVoidWithResponse(ctx context
 // 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 // match this exact request.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+// `Idempotent-Replayed: true`, and no second deploy is queued. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/deploys (the `PostV1Deploys` operationId).
-func (c *ClientWithResponses) PostV1DeploysWithBodyWithResponse(ctx context.Context, params *PostV1DeploysParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysResponse, error) {
-	rsp, err := c.PostV1DeploysWithBody(ctx, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/deploys (the `CreateDeploy` operationId).
+func (c *ClientWithResponses) CreateDeployWithBodyWithResponse(ctx context.Context, params *CreateDeployParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateDeployResponse, error) {
+	rsp, err := c.CreateDeployWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1DeploysResponse(rsp)
+	return ParseCreateDeployResponse(rsp)
 }
 
-// PostV1DeploysWithResponse Deploy a service to an environment, from an immutable reference only.
+// CreateDeployWithResponse Deploy a service to an environment, from an immutable reference only.
 //
 // `artifact` is an OCI reference pinned by digest (`name@sha256:<64 lowercase hex>` or
 // `name@sha512:<128 lowercase hex>`), `commit_sha` a full 40- or 64-character lowercase hex SHA; send exactly
@@ -9665,180 +10360,211 @@ func (c *ClientWithResponses) PostV1DeploysWithBodyWithResponse(ctx context.Cont
 // 428 `approval_required` without `Approval-Id`, 403 `approval_invalid` with an approval that does not
 // match this exact request.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+// `Idempotent-Replayed: true`, and no second deploy is queued. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/deploys (the `PostV1Deploys` operationId).
-func (c *ClientWithResponses) PostV1DeploysWithResponse(ctx context.Context, params *PostV1DeploysParams, body PostV1DeploysJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysResponse, error) {
-	rsp, err := c.PostV1Deploys(ctx, params, body, reqEditors...)
+// Corresponds with POST /v1/deploys (the `CreateDeploy` operationId).
+func (c *ClientWithResponses) CreateDeployWithResponse(ctx context.Context, params *CreateDeployParams, body CreateDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateDeployResponse, error) {
+	rsp, err := c.CreateDeploy(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1DeploysResponse(rsp)
+	return ParseCreateDeployResponse(rsp)
 }
 
-// GetV1DeploysIdWithResponse A deploy's state and the history of its operation.
+// GetDeployWithResponse A deploy's state and the history of its operation.
 //
 // `state` is `unknown` while the controller that ran the deploy is gone and the reconciler has not yet
 // settled it from the target's marker.
 // A deploy that waited in the queue past DEPLOY_QUEUE_TIMEOUT is `failed` with no `started_at`; the last
 // entry of `history` is a `failed` event whose `detail.reason` is `queue_timeout`.
 //
+// A read with no effect: retry it freely. Poll it until the deploy is `succeeded`, `failed` or `cancelled`.
+//
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/deploys/{id} (the `GetV1DeploysId` operationId).
-func (c *ClientWithResponses) GetV1DeploysIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1DeploysIdResponse, error) {
-	rsp, err := c.GetV1DeploysId(ctx, id, reqEditors...)
+// Corresponds with GET /v1/deploys/{id} (the `GetDeploy` operationId).
+func (c *ClientWithResponses) GetDeployWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetDeployResponse, error) {
+	rsp, err := c.GetDeploy(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1DeploysIdResponse(rsp)
+	return ParseGetDeployResponse(rsp)
 }
 
-// PostV1DeploysIdCancelWithBodyWithResponse Stop a queued deploy, or a running one that has not started activating.
+// CancelDeployWithBodyWithResponse Stop a queued deploy, or a running one that has not started activating.
 //
-// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+// A declared final state, safe to retry without an Idempotency-Key: cancelling a cancelled deploy answers
 // it again and records nothing. A deploy that already started activating on the target, or finished, is
 // 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-func (c *ClientWithResponses) PostV1DeploysIdCancelWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error) {
-	rsp, err := c.PostV1DeploysIdCancelWithBody(ctx, id, contentType, body, reqEditors...)
+// Corresponds with POST /v1/deploys/{id}/cancel (the `CancelDeploy` operationId).
+func (c *ClientWithResponses) CancelDeployWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CancelDeployResponse, error) {
+	rsp, err := c.CancelDeployWithBody(ctx, id, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1DeploysIdCancelResponse(rsp)
+	return ParseCancelDeployResponse(rsp)
 }
 
-// PostV1DeploysIdCancelWithResponse Stop a queued deploy, or a running one that has not started activating.
+// CancelDeployWithResponse Stop a queued deploy, or a running one that has not started activating.
 //
-// A declared final state, safe to repeat without an Idempotency-Key: cancelling a cancelled deploy answers
+// A declared final state, safe to retry without an Idempotency-Key: cancelling a cancelled deploy answers
 // it again and records nothing. A deploy that already started activating on the target, or finished, is
 // 409 `invalid_state` with its `state`; roll it back instead. The release lock is released at once.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/deploys/{id}/cancel (the `PostV1DeploysIdCancel` operationId).
-func (c *ClientWithResponses) PostV1DeploysIdCancelWithResponse(ctx context.Context, id string, body PostV1DeploysIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysIdCancelResponse, error) {
-	rsp, err := c.PostV1DeploysIdCancel(ctx, id, body, reqEditors...)
+// Corresponds with POST /v1/deploys/{id}/cancel (the `CancelDeploy` operationId).
+func (c *ClientWithResponses) CancelDeployWithResponse(ctx context.Context, id string, body CancelDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*CancelDeployResponse, error) {
+	rsp, err := c.CancelDeploy(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1DeploysIdCancelResponse(rsp)
+	return ParseCancelDeployResponse(rsp)
 }
 
-// PostV1DeploysIdRollbackWithBodyWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
+// RollbackDeployWithBodyWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
 //
 // Creates a deploy with `kind: rollback` and `rolls_back_deploy_id`, which deploys again the reference of
 // the environment's previous deploy, under its own Idempotency-Key, the same release lock and, in approval
 // environments, its own approval. Only the environment's current deploy can be rolled back, and only when
 // one came before it: otherwise 409 `invalid_state`. The body may be `{}`.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+// `Idempotent-Replayed: true`, and no second rollback is queued. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/deploys/{id}/rollback (the `PostV1DeploysIdRollback` operationId).
-func (c *ClientWithResponses) PostV1DeploysIdRollbackWithBodyWithResponse(ctx context.Context, id string, params *PostV1DeploysIdRollbackParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1DeploysIdRollbackResponse, error) {
-	rsp, err := c.PostV1DeploysIdRollbackWithBody(ctx, id, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
+func (c *ClientWithResponses) RollbackDeployWithBodyWithResponse(ctx context.Context, id string, params *RollbackDeployParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RollbackDeployResponse, error) {
+	rsp, err := c.RollbackDeployWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1DeploysIdRollbackResponse(rsp)
+	return ParseRollbackDeployResponse(rsp)
 }
 
-// PostV1DeploysIdRollbackWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
+// RollbackDeployWithResponse Roll back the environment's current deploy, as a new deploy and a new operation.
 //
 // Creates a deploy with `kind: rollback` and `rolls_back_deploy_id`, which deploys again the reference of
 // the environment's previous deploy, under its own Idempotency-Key, the same release lock and, in approval
 // environments, its own approval. Only the environment's current deploy can be rolled back, and only when
 // one came before it: otherwise 409 `invalid_state`. The body may be `{}`.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 202 byte for byte, with
+// `Idempotent-Replayed: true`, and no second rollback is queued. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/deploys/{id}/rollback (the `PostV1DeploysIdRollback` operationId).
-func (c *ClientWithResponses) PostV1DeploysIdRollbackWithResponse(ctx context.Context, id string, params *PostV1DeploysIdRollbackParams, body PostV1DeploysIdRollbackJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1DeploysIdRollbackResponse, error) {
-	rsp, err := c.PostV1DeploysIdRollback(ctx, id, params, body, reqEditors...)
+// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
+func (c *ClientWithResponses) RollbackDeployWithResponse(ctx context.Context, id string, params *RollbackDeployParams, body RollbackDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*RollbackDeployResponse, error) {
+	rsp, err := c.RollbackDeploy(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1DeploysIdRollbackResponse(rsp)
+	return ParseRollbackDeployResponse(rsp)
 }
 
-// GetV1EnvironmentsNameWithResponse An environment's version, what runs there, and who holds its release lock.
+// GetEnvironmentWithResponse An environment's version, what runs there, and who holds its release lock.
 //
 // 404 until the first deploy to the environment is accepted. Pass `version` as `expected_environment_version`.
 //
+// A read with no effect: retry it freely.
+//
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/environments/{name} (the `GetV1EnvironmentsName` operationId).
-func (c *ClientWithResponses) GetV1EnvironmentsNameWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetV1EnvironmentsNameResponse, error) {
-	rsp, err := c.GetV1EnvironmentsName(ctx, name, reqEditors...)
+// Corresponds with GET /v1/environments/{name} (the `GetEnvironment` operationId).
+func (c *ClientWithResponses) GetEnvironmentWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetEnvironmentResponse, error) {
+	rsp, err := c.GetEnvironment(ctx, name, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1EnvironmentsNameResponse(rsp)
+	return ParseGetEnvironmentResponse(rsp)
 }
 
-// GetV1IdempotencyKeyWithResponse Provider sandbox: the stored answer of the call made with an idempotency key.
+// GetProviderIdempotencyRecordWithResponse Provider sandbox: the stored answer of the call made with an idempotency key.
 //
 // 404 when the provider never executed a call with the key; 409 request_in_progress while it runs.
 //
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with GET /v1/idempotency/{key} (the `GetV1IdempotencyKey` operationId).
-func (c *ClientWithResponses) GetV1IdempotencyKeyWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*GetV1IdempotencyKeyResponse, error) {
-	rsp, err := c.GetV1IdempotencyKey(ctx, key, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseGetV1IdempotencyKeyResponse(rsp)
-}
-
-// GetV1OperationsWithResponse The operations started under an idempotency key.
+// Payments asks this when its answer was lost, to learn what the provider did with a key. A read with no effect:
+// retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/operations (the `GetV1Operations` operationId).
-func (c *ClientWithResponses) GetV1OperationsWithResponse(ctx context.Context, params *GetV1OperationsParams, reqEditors ...RequestEditorFn) (*GetV1OperationsResponse, error) {
-	rsp, err := c.GetV1Operations(ctx, params, reqEditors...)
+// Corresponds with GET /v1/idempotency/{key} (the `GetProviderIdempotencyRecord` operationId).
+func (c *ClientWithResponses) GetProviderIdempotencyRecordWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*GetProviderIdempotencyRecordResponse, error) {
+	rsp, err := c.GetProviderIdempotencyRecord(ctx, key, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1OperationsResponse(rsp)
+	return ParseGetProviderIdempotencyRecordResponse(rsp)
 }
 
-// GetV1OperationsIdWithResponse What the server knows about one operation, with its event history.
+// ListOperationsWithResponse The operations started under an idempotency key.
+//
+// Ask this before retrying a write whose answer was lost: an empty list means the key was never accepted, so the
+// write can be sent again with the same key; otherwise the operation's `state` says what happened. A read with
+// no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/operations/{id} (the `GetV1OperationsId` operationId).
-func (c *ClientWithResponses) GetV1OperationsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1OperationsIdResponse, error) {
-	rsp, err := c.GetV1OperationsId(ctx, id, reqEditors...)
+// Corresponds with GET /v1/operations (the `ListOperations` operationId).
+func (c *ClientWithResponses) ListOperationsWithResponse(ctx context.Context, params *ListOperationsParams, reqEditors ...RequestEditorFn) (*ListOperationsResponse, error) {
+	rsp, err := c.ListOperations(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1OperationsIdResponse(rsp)
+	return ParseListOperationsResponse(rsp)
 }
 
-// GetV1OperationsIdTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
+// GetOperationWithResponse What the server knows about one operation, with its event history.
+//
+// The truth the server holds: `state` (`unknown` while the outcome of an effect is not settled yet) and the
+// events, oldest first. A read with no effect: retry it freely. Poll it to learn how an `unknown` operation
+// settles.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/operations/{id} (the `GetOperation` operationId).
+func (c *ClientWithResponses) GetOperationWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetOperationResponse, error) {
+	rsp, err := c.GetOperation(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetOperationResponse(rsp)
+}
+
+// GetOperationTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
 //
 // Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
 // attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
 // dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-// replace it; who settled it; and whether the chain verifies against the checkpoints.
+// replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
+// retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/operations/{id}/timeline (the `GetV1OperationsIdTimeline` operationId).
-func (c *ClientWithResponses) GetV1OperationsIdTimelineWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1OperationsIdTimelineResponse, error) {
-	rsp, err := c.GetV1OperationsIdTimeline(ctx, id, reqEditors...)
+// Corresponds with GET /v1/operations/{id}/timeline (the `GetOperationTimeline` operationId).
+func (c *ClientWithResponses) GetOperationTimelineWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetOperationTimelineResponse, error) {
+	rsp, err := c.GetOperationTimeline(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1OperationsIdTimelineResponse(rsp)
+	return ParseGetOperationTimelineResponse(rsp)
 }
 
-// PostV1PaymentIntentsWithBodyWithResponse Create a payment intent and place an authorization at the provider.
+// CreatePaymentIntentWithBodyWithResponse Create a payment intent and place an authorization at the provider.
 //
 // Send `amount` as a decimal string ("12.30") or `amount_minor` as an integer, never a JSON number with a
 // fraction. At most one active intent (not failed, not canceled) per order: another intent for the same
@@ -9847,18 +10573,25 @@ func (c *ClientWithResponses) GetV1OperationsIdTimelineWithResponse(ctx context.
 // or poll the operation until the reconciler settles it. 502 `provider_unavailable`: the authorization never
 // reached the provider; nothing happened, create again with a new key.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and no second authorization is placed. While the first attempt still runs a retry
+// gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a
+// different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an `unknown`
+// operation asks the provider what it did with the key and settles the operation; never send the action again
+// under a new key.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/payment_intents (the `PostV1PaymentIntents` operationId).
-func (c *ClientWithResponses) PostV1PaymentIntentsWithBodyWithResponse(ctx context.Context, params *PostV1PaymentIntentsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsResponse, error) {
-	rsp, err := c.PostV1PaymentIntentsWithBody(ctx, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/payment_intents (the `CreatePaymentIntent` operationId).
+func (c *ClientWithResponses) CreatePaymentIntentWithBodyWithResponse(ctx context.Context, params *CreatePaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePaymentIntentResponse, error) {
+	rsp, err := c.CreatePaymentIntentWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1PaymentIntentsResponse(rsp)
+	return ParseCreatePaymentIntentResponse(rsp)
 }
 
-// PostV1PaymentIntentsWithResponse Create a payment intent and place an authorization at the provider.
+// CreatePaymentIntentWithResponse Create a payment intent and place an authorization at the provider.
 //
 // Send `amount` as a decimal string ("12.30") or `amount_minor` as an integer, never a JSON number with a
 // fraction. At most one active intent (not failed, not canceled) per order: another intent for the same
@@ -9867,57 +10600,82 @@ func (c *ClientWithResponses) PostV1PaymentIntentsWithBodyWithResponse(ctx conte
 // or poll the operation until the reconciler settles it. 502 `provider_unavailable`: the authorization never
 // reached the provider; nothing happened, create again with a new key.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and no second authorization is placed. While the first attempt still runs a retry
+// gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a
+// different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an `unknown`
+// operation asks the provider what it did with the key and settles the operation; never send the action again
+// under a new key.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/payment_intents (the `PostV1PaymentIntents` operationId).
-func (c *ClientWithResponses) PostV1PaymentIntentsWithResponse(ctx context.Context, params *PostV1PaymentIntentsParams, body PostV1PaymentIntentsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsResponse, error) {
-	rsp, err := c.PostV1PaymentIntents(ctx, params, body, reqEditors...)
+// Corresponds with POST /v1/payment_intents (the `CreatePaymentIntent` operationId).
+func (c *ClientWithResponses) CreatePaymentIntentWithResponse(ctx context.Context, params *CreatePaymentIntentParams, body CreatePaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePaymentIntentResponse, error) {
+	rsp, err := c.CreatePaymentIntent(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1PaymentIntentsResponse(rsp)
+	return ParseCreatePaymentIntentResponse(rsp)
 }
 
-// GetV1PaymentIntentsIdWithResponse One payment intent.
+// GetPaymentIntentWithResponse One payment intent.
+//
+// A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/payment_intents/{id} (the `GetV1PaymentIntentsId` operationId).
-func (c *ClientWithResponses) GetV1PaymentIntentsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdResponse, error) {
-	rsp, err := c.GetV1PaymentIntentsId(ctx, id, reqEditors...)
+// Corresponds with GET /v1/payment_intents/{id} (the `GetPaymentIntent` operationId).
+func (c *ClientWithResponses) GetPaymentIntentWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetPaymentIntentResponse, error) {
+	rsp, err := c.GetPaymentIntent(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1PaymentIntentsIdResponse(rsp)
+	return ParseGetPaymentIntentResponse(rsp)
 }
 
-// PostV1PaymentIntentsIdCancelWithBodyWithResponse Cancel (void) an intent before it is captured.
+// CancelPaymentIntentWithBodyWithResponse Cancel (void) an intent before it is captured.
+//
+// Releases the authorization at the provider. Retrying with the same Idempotency-Key and the same body replays
+// the stored answer byte for byte, with `Idempotent-Replayed: true`, and the provider is not asked to void
+// again. While the first attempt still runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits
+// with `Prefer: wait=N`); the same key with a different body is 422 `idempotency_key_reused`. A new intended
+// action needs a new key. When the provider's answer is lost the answer is 202 with the operation in state
+// `unknown`: retry with the same key (the retry asks the provider what it did with that key and settles the
+// operation) or poll the operation; never send the action again under a new key.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/payment_intents/{id}/cancel (the `PostV1PaymentIntentsIdCancel` operationId).
-func (c *ClientWithResponses) PostV1PaymentIntentsIdCancelWithBodyWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdCancelParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdCancelResponse, error) {
-	rsp, err := c.PostV1PaymentIntentsIdCancelWithBody(ctx, id, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/payment_intents/{id}/cancel (the `CancelPaymentIntent` operationId).
+func (c *ClientWithResponses) CancelPaymentIntentWithBodyWithResponse(ctx context.Context, id string, params *CancelPaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CancelPaymentIntentResponse, error) {
+	rsp, err := c.CancelPaymentIntentWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1PaymentIntentsIdCancelResponse(rsp)
+	return ParseCancelPaymentIntentResponse(rsp)
 }
 
-// PostV1PaymentIntentsIdCancelWithResponse Cancel (void) an intent before it is captured.
+// CancelPaymentIntentWithResponse Cancel (void) an intent before it is captured.
+//
+// Releases the authorization at the provider. Retrying with the same Idempotency-Key and the same body replays
+// the stored answer byte for byte, with `Idempotent-Replayed: true`, and the provider is not asked to void
+// again. While the first attempt still runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits
+// with `Prefer: wait=N`); the same key with a different body is 422 `idempotency_key_reused`. A new intended
+// action needs a new key. When the provider's answer is lost the answer is 202 with the operation in state
+// `unknown`: retry with the same key (the retry asks the provider what it did with that key and settles the
+// operation) or poll the operation; never send the action again under a new key.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/payment_intents/{id}/cancel (the `PostV1PaymentIntentsIdCancel` operationId).
-func (c *ClientWithResponses) PostV1PaymentIntentsIdCancelWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdCancelParams, body PostV1PaymentIntentsIdCancelJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdCancelResponse, error) {
-	rsp, err := c.PostV1PaymentIntentsIdCancel(ctx, id, params, body, reqEditors...)
+// Corresponds with POST /v1/payment_intents/{id}/cancel (the `CancelPaymentIntent` operationId).
+func (c *ClientWithResponses) CancelPaymentIntentWithResponse(ctx context.Context, id string, params *CancelPaymentIntentParams, body CancelPaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*CancelPaymentIntentResponse, error) {
+	rsp, err := c.CancelPaymentIntent(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1PaymentIntentsIdCancelResponse(rsp)
+	return ParseCancelPaymentIntentResponse(rsp)
 }
 
-// PostV1PaymentIntentsIdCaptureWithBodyWithResponse Capture an authorized intent, once.
+// CapturePaymentIntentWithBodyWithResponse Capture an authorized intent, once.
 //
 // Without an amount the whole authorized amount is captured; a partial capture releases the rest. An intent
 // captures once: a second capture under another key is 409 `invalid_state`. Above the configured amount of
@@ -9925,18 +10683,25 @@ func (c *ClientWithResponses) PostV1PaymentIntentsIdCancelWithResponse(ctx conte
 // `Approval-Id`. A lost provider answer is 202 with the operation in state `unknown`; the provider is never
 // asked to capture twice for one operation.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and the provider is not asked to capture again. While the first attempt still
+// runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key
+// with a different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an
+// `unknown` operation asks the provider what it did with the key and settles the operation; never send the
+// action again under a new key.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/payment_intents/{id}/capture (the `PostV1PaymentIntentsIdCapture` operationId).
-func (c *ClientWithResponses) PostV1PaymentIntentsIdCaptureWithBodyWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdCaptureParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdCaptureResponse, error) {
-	rsp, err := c.PostV1PaymentIntentsIdCaptureWithBody(ctx, id, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/payment_intents/{id}/capture (the `CapturePaymentIntent` operationId).
+func (c *ClientWithResponses) CapturePaymentIntentWithBodyWithResponse(ctx context.Context, id string, params *CapturePaymentIntentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CapturePaymentIntentResponse, error) {
+	rsp, err := c.CapturePaymentIntentWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1PaymentIntentsIdCaptureResponse(rsp)
+	return ParseCapturePaymentIntentResponse(rsp)
 }
 
-// PostV1PaymentIntentsIdCaptureWithResponse Capture an authorized intent, once.
+// CapturePaymentIntentWithResponse Capture an authorized intent, once.
 //
 // Without an amount the whole authorized amount is captured; a partial capture releases the rest. An intent
 // captures once: a second capture under another key is 409 `invalid_state`. Above the configured amount of
@@ -9944,228 +10709,287 @@ func (c *ClientWithResponses) PostV1PaymentIntentsIdCaptureWithBodyWithResponse(
 // `Approval-Id`. A lost provider answer is 202 with the operation in state `unknown`; the provider is never
 // asked to capture twice for one operation.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and the provider is not asked to capture again. While the first attempt still
+// runs a retry gets 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key
+// with a different body is 422 `idempotency_key_reused`. A new intended action needs a new key. A retry of an
+// `unknown` operation asks the provider what it did with the key and settles the operation; never send the
+// action again under a new key.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/payment_intents/{id}/capture (the `PostV1PaymentIntentsIdCapture` operationId).
-func (c *ClientWithResponses) PostV1PaymentIntentsIdCaptureWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdCaptureParams, body PostV1PaymentIntentsIdCaptureJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdCaptureResponse, error) {
-	rsp, err := c.PostV1PaymentIntentsIdCapture(ctx, id, params, body, reqEditors...)
+// Corresponds with POST /v1/payment_intents/{id}/capture (the `CapturePaymentIntent` operationId).
+func (c *ClientWithResponses) CapturePaymentIntentWithResponse(ctx context.Context, id string, params *CapturePaymentIntentParams, body CapturePaymentIntentJSONRequestBody, reqEditors ...RequestEditorFn) (*CapturePaymentIntentResponse, error) {
+	rsp, err := c.CapturePaymentIntent(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1PaymentIntentsIdCaptureResponse(rsp)
+	return ParseCapturePaymentIntentResponse(rsp)
 }
 
-// GetV1PaymentIntentsIdRefundsWithResponse An intent's refunds, oldest first (pending, succeeded and failed).
+// ListPaymentIntentRefundsWithResponse An intent's refunds, oldest first (pending, succeeded and failed).
+//
+// A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/payment_intents/{id}/refunds (the `GetV1PaymentIntentsIdRefunds` operationId).
-func (c *ClientWithResponses) GetV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, params *GetV1PaymentIntentsIdRefundsParams, reqEditors ...RequestEditorFn) (*GetV1PaymentIntentsIdRefundsResponse, error) {
-	rsp, err := c.GetV1PaymentIntentsIdRefunds(ctx, id, params, reqEditors...)
+// Corresponds with GET /v1/payment_intents/{id}/refunds (the `ListPaymentIntentRefunds` operationId).
+func (c *ClientWithResponses) ListPaymentIntentRefundsWithResponse(ctx context.Context, id string, params *ListPaymentIntentRefundsParams, reqEditors ...RequestEditorFn) (*ListPaymentIntentRefundsResponse, error) {
+	rsp, err := c.ListPaymentIntentRefunds(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1PaymentIntentsIdRefundsResponse(rsp)
+	return ParseListPaymentIntentRefundsResponse(rsp)
 }
 
-// PostV1PaymentIntentsIdRefundsWithBodyWithResponse Refund captured money; each refund is its own operation.
+// CreateRefundWithBodyWithResponse Refund captured money; each refund is its own operation.
 //
 // The refunds of an intent never total more than it captured, also under concurrent requests: a refund the
 // captured amount no longer covers (counting refunds still pending) is 422 `amount_too_large` with
 // `available_minor`. Above the configured amount of the currency a refund needs an approval (428).
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and no second refund is made. While the first attempt still runs a retry gets 409
+// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+// is 422 `idempotency_key_reused`. A new intended action needs a new key. When the provider's answer is lost the
+// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
+// it did with that key and settles the operation) or poll the operation; never send the action again under a new
+// key.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/payment_intents/{id}/refunds (the `PostV1PaymentIntentsIdRefunds` operationId).
-func (c *ClientWithResponses) PostV1PaymentIntentsIdRefundsWithBodyWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdRefundsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdRefundsResponse, error) {
-	rsp, err := c.PostV1PaymentIntentsIdRefundsWithBody(ctx, id, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
+func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Context, id string, params *CreateRefundParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error) {
+	rsp, err := c.CreateRefundWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1PaymentIntentsIdRefundsResponse(rsp)
+	return ParseCreateRefundResponse(rsp)
 }
 
-// PostV1PaymentIntentsIdRefundsWithResponse Refund captured money; each refund is its own operation.
+// CreateRefundWithResponse Refund captured money; each refund is its own operation.
 //
 // The refunds of an intent never total more than it captured, also under concurrent requests: a refund the
 // captured amount no longer covers (counting refunds still pending) is 422 `amount_too_large` with
 // `available_minor`. Above the configured amount of the currency a refund needs an approval (428).
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored answer byte for byte, with
+// `Idempotent-Replayed: true`, and no second refund is made. While the first attempt still runs a retry gets 409
+// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+// is 422 `idempotency_key_reused`. A new intended action needs a new key. When the provider's answer is lost the
+// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
+// it did with that key and settles the operation) or poll the operation; never send the action again under a new
+// key.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/payment_intents/{id}/refunds (the `PostV1PaymentIntentsIdRefunds` operationId).
-func (c *ClientWithResponses) PostV1PaymentIntentsIdRefundsWithResponse(ctx context.Context, id string, params *PostV1PaymentIntentsIdRefundsParams, body PostV1PaymentIntentsIdRefundsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1PaymentIntentsIdRefundsResponse, error) {
-	rsp, err := c.PostV1PaymentIntentsIdRefunds(ctx, id, params, body, reqEditors...)
+// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
+func (c *ClientWithResponses) CreateRefundWithResponse(ctx context.Context, id string, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error) {
+	rsp, err := c.CreateRefund(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1PaymentIntentsIdRefundsResponse(rsp)
+	return ParseCreateRefundResponse(rsp)
 }
 
-// GetV1RefundsIdWithResponse One refund.
+// GetRefundWithResponse One refund.
+//
+// A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/refunds/{id} (the `GetV1RefundsId` operationId).
-func (c *ClientWithResponses) GetV1RefundsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1RefundsIdResponse, error) {
-	rsp, err := c.GetV1RefundsId(ctx, id, reqEditors...)
+// Corresponds with GET /v1/refunds/{id} (the `GetRefund` operationId).
+func (c *ClientWithResponses) GetRefundWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetRefundResponse, error) {
+	rsp, err := c.GetRefund(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1RefundsIdResponse(rsp)
+	return ParseGetRefundResponse(rsp)
 }
 
-// GetV1TicketsWithResponse List tickets, newest first; filter by source_event_id.
+// ListTicketsWithResponse List tickets, newest first; filter by source_event_id.
+//
+// Only the caller's account's tickets. A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/tickets (the `GetV1Tickets` operationId).
-func (c *ClientWithResponses) GetV1TicketsWithResponse(ctx context.Context, params *GetV1TicketsParams, reqEditors ...RequestEditorFn) (*GetV1TicketsResponse, error) {
-	rsp, err := c.GetV1Tickets(ctx, params, reqEditors...)
+// Corresponds with GET /v1/tickets (the `ListTickets` operationId).
+func (c *ClientWithResponses) ListTicketsWithResponse(ctx context.Context, params *ListTicketsParams, reqEditors ...RequestEditorFn) (*ListTicketsResponse, error) {
+	rsp, err := c.ListTickets(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1TicketsResponse(rsp)
+	return ParseListTicketsResponse(rsp)
 }
 
-// PostV1TicketsWithBodyWithResponse Create a ticket, deduplicated by source_event_id.
+// CreateTicketWithBodyWithResponse Create a ticket, deduplicated by source_event_id.
 //
 // 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
 // under another idempotency key), 200 with that ticket and `deduplicated: true`.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
+// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
+// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/tickets (the `PostV1Tickets` operationId).
-func (c *ClientWithResponses) PostV1TicketsWithBodyWithResponse(ctx context.Context, params *PostV1TicketsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1TicketsResponse, error) {
-	rsp, err := c.PostV1TicketsWithBody(ctx, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
+func (c *ClientWithResponses) CreateTicketWithBodyWithResponse(ctx context.Context, params *CreateTicketParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateTicketResponse, error) {
+	rsp, err := c.CreateTicketWithBody(ctx, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1TicketsResponse(rsp)
+	return ParseCreateTicketResponse(rsp)
 }
 
-// PostV1TicketsWithResponse Create a ticket, deduplicated by source_event_id.
+// CreateTicketWithResponse Create a ticket, deduplicated by source_event_id.
 //
 // 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
 // under another idempotency key), 200 with that ticket and `deduplicated: true`.
 //
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
+// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
+// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
+// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/tickets (the `PostV1Tickets` operationId).
-func (c *ClientWithResponses) PostV1TicketsWithResponse(ctx context.Context, params *PostV1TicketsParams, body PostV1TicketsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1TicketsResponse, error) {
-	rsp, err := c.PostV1Tickets(ctx, params, body, reqEditors...)
+// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
+func (c *ClientWithResponses) CreateTicketWithResponse(ctx context.Context, params *CreateTicketParams, body CreateTicketJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateTicketResponse, error) {
+	rsp, err := c.CreateTicket(ctx, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1TicketsResponse(rsp)
+	return ParseCreateTicketResponse(rsp)
 }
 
-// GetV1TicketsIdWithResponse One ticket.
+// GetTicketWithResponse One ticket.
+//
+// Another account's ticket is 404, like a missing one. A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/tickets/{id} (the `GetV1TicketsId` operationId).
-func (c *ClientWithResponses) GetV1TicketsIdWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetV1TicketsIdResponse, error) {
-	rsp, err := c.GetV1TicketsId(ctx, id, reqEditors...)
+// Corresponds with GET /v1/tickets/{id} (the `GetTicket` operationId).
+func (c *ClientWithResponses) GetTicketWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetTicketResponse, error) {
+	rsp, err := c.GetTicket(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1TicketsIdResponse(rsp)
+	return ParseGetTicketResponse(rsp)
 }
 
-// GetV1TicketsIdCommentsWithResponse A ticket's comments, oldest first.
+// ListTicketCommentsWithResponse A ticket's comments, oldest first.
+//
+// A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/tickets/{id}/comments (the `GetV1TicketsIdComments` operationId).
-func (c *ClientWithResponses) GetV1TicketsIdCommentsWithResponse(ctx context.Context, id string, params *GetV1TicketsIdCommentsParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdCommentsResponse, error) {
-	rsp, err := c.GetV1TicketsIdComments(ctx, id, params, reqEditors...)
+// Corresponds with GET /v1/tickets/{id}/comments (the `ListTicketComments` operationId).
+func (c *ClientWithResponses) ListTicketCommentsWithResponse(ctx context.Context, id string, params *ListTicketCommentsParams, reqEditors ...RequestEditorFn) (*ListTicketCommentsResponse, error) {
+	rsp, err := c.ListTicketComments(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1TicketsIdCommentsResponse(rsp)
+	return ParseListTicketCommentsResponse(rsp)
 }
 
-// PostV1TicketsIdCommentsWithBodyWithResponse Add a comment; a replay never adds a second one.
+// AddTicketCommentWithBodyWithResponse Add a comment; a replay never adds a second one.
+//
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+// `Idempotent-Replayed: true`, and no second comment is added. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/tickets/{id}/comments (the `PostV1TicketsIdComments` operationId).
-func (c *ClientWithResponses) PostV1TicketsIdCommentsWithBodyWithResponse(ctx context.Context, id string, params *PostV1TicketsIdCommentsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PostV1TicketsIdCommentsResponse, error) {
-	rsp, err := c.PostV1TicketsIdCommentsWithBody(ctx, id, params, contentType, body, reqEditors...)
+// Corresponds with POST /v1/tickets/{id}/comments (the `AddTicketComment` operationId).
+func (c *ClientWithResponses) AddTicketCommentWithBodyWithResponse(ctx context.Context, id string, params *AddTicketCommentParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AddTicketCommentResponse, error) {
+	rsp, err := c.AddTicketCommentWithBody(ctx, id, params, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1TicketsIdCommentsResponse(rsp)
+	return ParseAddTicketCommentResponse(rsp)
 }
 
-// PostV1TicketsIdCommentsWithResponse Add a comment; a replay never adds a second one.
+// AddTicketCommentWithResponse Add a comment; a replay never adds a second one.
+//
+// Retrying with the same Idempotency-Key and the same body replays the stored 201 byte for byte, with
+// `Idempotent-Replayed: true`, and no second comment is added. While the first attempt still runs a retry gets
+// 409 `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different
+// body is 422 `idempotency_key_reused`. A new intended action needs a new key.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with POST /v1/tickets/{id}/comments (the `PostV1TicketsIdComments` operationId).
-func (c *ClientWithResponses) PostV1TicketsIdCommentsWithResponse(ctx context.Context, id string, params *PostV1TicketsIdCommentsParams, body PostV1TicketsIdCommentsJSONRequestBody, reqEditors ...RequestEditorFn) (*PostV1TicketsIdCommentsResponse, error) {
-	rsp, err := c.PostV1TicketsIdComments(ctx, id, params, body, reqEditors...)
+// Corresponds with POST /v1/tickets/{id}/comments (the `AddTicketComment` operationId).
+func (c *ClientWithResponses) AddTicketCommentWithResponse(ctx context.Context, id string, params *AddTicketCommentParams, body AddTicketCommentJSONRequestBody, reqEditors ...RequestEditorFn) (*AddTicketCommentResponse, error) {
+	rsp, err := c.AddTicketComment(ctx, id, params, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePostV1TicketsIdCommentsResponse(rsp)
+	return ParseAddTicketCommentResponse(rsp)
 }
 
-// PutV1TicketsIdStatusWithBodyWithResponse Declare the ticket's status.
+// SetTicketStatusWithBodyWithResponse Declare the ticket's status.
 //
 // A declared final state, idempotent by itself (no Idempotency-Key needed): repeating it changes nothing and
 // records no second status change.
 //
+// Retry it freely: the ticket ends in the declared status and status_changes shows one change.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with PUT /v1/tickets/{id}/status (the `PutV1TicketsIdStatus` operationId).
-func (c *ClientWithResponses) PutV1TicketsIdStatusWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutV1TicketsIdStatusResponse, error) {
-	rsp, err := c.PutV1TicketsIdStatusWithBody(ctx, id, contentType, body, reqEditors...)
+// Corresponds with PUT /v1/tickets/{id}/status (the `SetTicketStatus` operationId).
+func (c *ClientWithResponses) SetTicketStatusWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetTicketStatusResponse, error) {
+	rsp, err := c.SetTicketStatusWithBody(ctx, id, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePutV1TicketsIdStatusResponse(rsp)
+	return ParseSetTicketStatusResponse(rsp)
 }
 
-// PutV1TicketsIdStatusWithResponse Declare the ticket's status.
+// SetTicketStatusWithResponse Declare the ticket's status.
 //
 // A declared final state, idempotent by itself (no Idempotency-Key needed): repeating it changes nothing and
 // records no second status change.
 //
+// Retry it freely: the ticket ends in the declared status and status_changes shows one change.
+//
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
-// Corresponds with PUT /v1/tickets/{id}/status (the `PutV1TicketsIdStatus` operationId).
-func (c *ClientWithResponses) PutV1TicketsIdStatusWithResponse(ctx context.Context, id string, body PutV1TicketsIdStatusJSONRequestBody, reqEditors ...RequestEditorFn) (*PutV1TicketsIdStatusResponse, error) {
-	rsp, err := c.PutV1TicketsIdStatus(ctx, id, body, reqEditors...)
+// Corresponds with PUT /v1/tickets/{id}/status (the `SetTicketStatus` operationId).
+func (c *ClientWithResponses) SetTicketStatusWithResponse(ctx context.Context, id string, body SetTicketStatusJSONRequestBody, reqEditors ...RequestEditorFn) (*SetTicketStatusResponse, error) {
+	rsp, err := c.SetTicketStatus(ctx, id, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePutV1TicketsIdStatusResponse(rsp)
+	return ParseSetTicketStatusResponse(rsp)
 }
 
-// GetV1TicketsIdStatusChangesWithResponse The status changes that actually happened, oldest first.
+// ListTicketStatusChangesWithResponse The status changes that actually happened, oldest first.
+//
+// Repeating a status PUT adds no change here. A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //
-// Corresponds with GET /v1/tickets/{id}/status_changes (the `GetV1TicketsIdStatusChanges` operationId).
-func (c *ClientWithResponses) GetV1TicketsIdStatusChangesWithResponse(ctx context.Context, id string, params *GetV1TicketsIdStatusChangesParams, reqEditors ...RequestEditorFn) (*GetV1TicketsIdStatusChangesResponse, error) {
-	rsp, err := c.GetV1TicketsIdStatusChanges(ctx, id, params, reqEditors...)
+// Corresponds with GET /v1/tickets/{id}/status_changes (the `ListTicketStatusChanges` operationId).
+func (c *ClientWithResponses) ListTicketStatusChangesWithResponse(ctx context.Context, id string, params *ListTicketStatusChangesParams, reqEditors ...RequestEditorFn) (*ListTicketStatusChangesResponse, error) {
+	rsp, err := c.ListTicketStatusChanges(ctx, id, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseGetV1TicketsIdStatusChangesResponse(rsp)
+	return ParseListTicketStatusChangesResponse(rsp)
 }
 
-// ParseGetAdminCountersResponse parses an HTTP response from a GetAdminCountersWithResponse call
-func ParseGetAdminCountersResponse(rsp *http.Response) (*GetAdminCountersResponse, error) {
+// ParseGetProviderCountersResponse parses an HTTP response from a GetProviderCountersWithResponse call
+func ParseGetProviderCountersResponse(rsp *http.Response) (*GetProviderCountersResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetAdminCountersResponse{
+	response := &GetProviderCountersResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10195,15 +11019,15 @@ func ParseGetAdminCountersResponse(rsp *http.Response) (*GetAdminCountersRespons
 	return response, nil
 }
 
-// ParseDeleteAdminFaultsResponse parses an HTTP response from a DeleteAdminFaultsWithResponse call
-func ParseDeleteAdminFaultsResponse(rsp *http.Response) (*DeleteAdminFaultsResponse, error) {
+// ParseClearProviderFaultsResponse parses an HTTP response from a ClearProviderFaultsWithResponse call
+func ParseClearProviderFaultsResponse(rsp *http.Response) (*ClearProviderFaultsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &DeleteAdminFaultsResponse{
+	response := &ClearProviderFaultsResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10231,15 +11055,15 @@ func ParseDeleteAdminFaultsResponse(rsp *http.Response) (*DeleteAdminFaultsRespo
 	return response, nil
 }
 
-// ParsePostAdminFaultsResponse parses an HTTP response from a PostAdminFaultsWithResponse call
-func ParsePostAdminFaultsResponse(rsp *http.Response) (*PostAdminFaultsResponse, error) {
+// ParseArmProviderFaultsResponse parses an HTTP response from a ArmProviderFaultsWithResponse call
+func ParseArmProviderFaultsResponse(rsp *http.Response) (*ArmProviderFaultsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostAdminFaultsResponse{
+	response := &ArmProviderFaultsResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10281,15 +11105,15 @@ func ParsePostAdminFaultsResponse(rsp *http.Response) (*PostAdminFaultsResponse,
 	return response, nil
 }
 
-// ParsePostAdminResetResponse parses an HTTP response from a PostAdminResetWithResponse call
-func ParsePostAdminResetResponse(rsp *http.Response) (*PostAdminResetResponse, error) {
+// ParseResetProviderResponse parses an HTTP response from a ResetProviderWithResponse call
+func ParseResetProviderResponse(rsp *http.Response) (*ResetProviderResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostAdminResetResponse{
+	response := &ResetProviderResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10317,15 +11141,15 @@ func ParsePostAdminResetResponse(rsp *http.Response) (*PostAdminResetResponse, e
 	return response, nil
 }
 
-// ParseGetHealthzResponse parses an HTTP response from a GetHealthzWithResponse call
-func ParseGetHealthzResponse(rsp *http.Response) (*GetHealthzResponse, error) {
+// ParseGetHealthResponse parses an HTTP response from a GetHealthWithResponse call
+func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetHealthzResponse{
+	response := &GetHealthResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10359,15 +11183,15 @@ func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
 	return response, nil
 }
 
-// ParseGetReadyzResponse parses an HTTP response from a GetReadyzWithResponse call
-func ParseGetReadyzResponse(rsp *http.Response) (*GetReadyzResponse, error) {
+// ParseGetReadinessResponse parses an HTTP response from a GetReadinessWithResponse call
+func ParseGetReadinessResponse(rsp *http.Response) (*GetReadinessResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetReadyzResponse{
+	response := &GetReadinessResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10392,15 +11216,15 @@ func ParseGetReadyzResponse(rsp *http.Response) (*GetReadyzResponse, error) {
 	return response, nil
 }
 
-// ParsePostV1ApprovalsResponse parses an HTTP response from a PostV1ApprovalsWithResponse call
-func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse, error) {
+// ParseRequestApprovalResponse parses an HTTP response from a RequestApprovalWithResponse call
+func ParseRequestApprovalResponse(rsp *http.Response) (*RequestApprovalResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1ApprovalsResponse{
+	response := &RequestApprovalResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10466,7 +11290,7 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 
 	switch {
 	case rsp.StatusCode == 201:
-		var headers PostV1ApprovalsResponse201Headers
+		var headers RequestApprovalResponse201Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -10490,7 +11314,7 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 		}
 		response.Headers201 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1ApprovalsResponse409Headers
+		var headers RequestApprovalResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10500,7 +11324,7 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1ApprovalsResponse429Headers
+		var headers RequestApprovalResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10510,7 +11334,7 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1ApprovalsResponse503Headers
+		var headers RequestApprovalResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -10531,15 +11355,15 @@ func ParsePostV1ApprovalsResponse(rsp *http.Response) (*PostV1ApprovalsResponse,
 	return response, nil
 }
 
-// ParseGetV1ApprovalsIdResponse parses an HTTP response from a GetV1ApprovalsIdWithResponse call
-func ParseGetV1ApprovalsIdResponse(rsp *http.Response) (*GetV1ApprovalsIdResponse, error) {
+// ParseGetApprovalResponse parses an HTTP response from a GetApprovalWithResponse call
+func ParseGetApprovalResponse(rsp *http.Response) (*GetApprovalResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1ApprovalsIdResponse{
+	response := &GetApprovalResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10578,106 +11402,15 @@ func ParseGetV1ApprovalsIdResponse(rsp *http.Response) (*GetV1ApprovalsIdRespons
 	return response, nil
 }
 
-// ParsePostV1ApprovalsIdApproveResponse parses an HTTP response from a PostV1ApprovalsIdApproveWithResponse call
-func ParsePostV1ApprovalsIdApproveResponse(rsp *http.Response) (*PostV1ApprovalsIdApproveResponse, error) {
+// ParseGrantApprovalResponse parses an HTTP response from a GrantApprovalWithResponse call
+func ParseGrantApprovalResponse(rsp *http.Response) (*GrantApprovalResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1ApprovalsIdApproveResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest Approval
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON200 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest BadRequest
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
-		var dest Forbidden
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON403 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest Conflict
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON409 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.ApplicationproblemJSON429 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 409:
-		var headers PostV1ApprovalsIdApproveResponse409Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = &value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 429:
-		var headers PostV1ApprovalsIdApproveResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = &value
-		}
-		response.Headers429 = &headers
-	}
-
-	return response, nil
-}
-
-// ParsePostV1ApprovalsIdDenyResponse parses an HTTP response from a PostV1ApprovalsIdDenyWithResponse call
-func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdDenyResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &PostV1ApprovalsIdDenyResponse{
+	response := &GrantApprovalResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10736,7 +11469,7 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 
 	switch {
 	case rsp.StatusCode == 409:
-		var headers PostV1ApprovalsIdDenyResponse409Headers
+		var headers GrantApprovalResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10746,7 +11479,7 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1ApprovalsIdDenyResponse429Headers
+		var headers GrantApprovalResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10760,15 +11493,15 @@ func ParsePostV1ApprovalsIdDenyResponse(rsp *http.Response) (*PostV1ApprovalsIdD
 	return response, nil
 }
 
-// ParsePostV1ApprovalsIdRevokeResponse parses an HTTP response from a PostV1ApprovalsIdRevokeWithResponse call
-func ParsePostV1ApprovalsIdRevokeResponse(rsp *http.Response) (*PostV1ApprovalsIdRevokeResponse, error) {
+// ParseDenyApprovalResponse parses an HTTP response from a DenyApprovalWithResponse call
+func ParseDenyApprovalResponse(rsp *http.Response) (*DenyApprovalResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1ApprovalsIdRevokeResponse{
+	response := &DenyApprovalResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10827,7 +11560,7 @@ func ParsePostV1ApprovalsIdRevokeResponse(rsp *http.Response) (*PostV1ApprovalsI
 
 	switch {
 	case rsp.StatusCode == 409:
-		var headers PostV1ApprovalsIdRevokeResponse409Headers
+		var headers DenyApprovalResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10837,7 +11570,7 @@ func ParsePostV1ApprovalsIdRevokeResponse(rsp *http.Response) (*PostV1ApprovalsI
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1ApprovalsIdRevokeResponse429Headers
+		var headers DenyApprovalResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -10851,15 +11584,106 @@ func ParsePostV1ApprovalsIdRevokeResponse(rsp *http.Response) (*PostV1ApprovalsI
 	return response, nil
 }
 
-// ParsePostV1AuthorizationsResponse parses an HTTP response from a PostV1AuthorizationsWithResponse call
-func ParsePostV1AuthorizationsResponse(rsp *http.Response) (*PostV1AuthorizationsResponse, error) {
+// ParseRevokeApprovalResponse parses an HTTP response from a RevokeApprovalWithResponse call
+func ParseRevokeApprovalResponse(rsp *http.Response) (*RevokeApprovalResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1AuthorizationsResponse{
+	response := &RevokeApprovalResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Approval
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 409:
+		var headers RevokeApprovalResponse409Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers RevokeApprovalResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateProviderAuthorizationResponse parses an HTTP response from a CreateProviderAuthorizationWithResponse call
+func ParseCreateProviderAuthorizationResponse(rsp *http.Response) (*CreateProviderAuthorizationResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateProviderAuthorizationResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10904,7 +11728,7 @@ func ParsePostV1AuthorizationsResponse(rsp *http.Response) (*PostV1Authorization
 
 	switch {
 	case rsp.StatusCode == 201:
-		var headers PostV1AuthorizationsResponse201Headers
+		var headers CreateProviderAuthorizationResponse201Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -10918,15 +11742,15 @@ func ParsePostV1AuthorizationsResponse(rsp *http.Response) (*PostV1Authorization
 	return response, nil
 }
 
-// ParseGetV1AuthorizationsIdResponse parses an HTTP response from a GetV1AuthorizationsIdWithResponse call
-func ParseGetV1AuthorizationsIdResponse(rsp *http.Response) (*GetV1AuthorizationsIdResponse, error) {
+// ParseGetProviderAuthorizationResponse parses an HTTP response from a GetProviderAuthorizationWithResponse call
+func ParseGetProviderAuthorizationResponse(rsp *http.Response) (*GetProviderAuthorizationResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1AuthorizationsIdResponse{
+	response := &GetProviderAuthorizationResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -10958,15 +11782,15 @@ func ParseGetV1AuthorizationsIdResponse(rsp *http.Response) (*GetV1Authorization
 	return response, nil
 }
 
-// ParsePostV1AuthorizationsIdCaptureResponse parses an HTTP response from a PostV1AuthorizationsIdCaptureWithResponse call
-func ParsePostV1AuthorizationsIdCaptureResponse(rsp *http.Response) (*PostV1AuthorizationsIdCaptureResponse, error) {
+// ParseCaptureProviderAuthorizationResponse parses an HTTP response from a CaptureProviderAuthorizationWithResponse call
+func ParseCaptureProviderAuthorizationResponse(rsp *http.Response) (*CaptureProviderAuthorizationResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1AuthorizationsIdCaptureResponse{
+	response := &CaptureProviderAuthorizationResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11025,7 +11849,7 @@ func ParsePostV1AuthorizationsIdCaptureResponse(rsp *http.Response) (*PostV1Auth
 
 	switch {
 	case rsp.StatusCode == 200:
-		var headers PostV1AuthorizationsIdCaptureResponse200Headers
+		var headers CaptureProviderAuthorizationResponse200Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11035,7 +11859,7 @@ func ParsePostV1AuthorizationsIdCaptureResponse(rsp *http.Response) (*PostV1Auth
 		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1AuthorizationsIdCaptureResponse409Headers
+		var headers CaptureProviderAuthorizationResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11049,15 +11873,15 @@ func ParsePostV1AuthorizationsIdCaptureResponse(rsp *http.Response) (*PostV1Auth
 	return response, nil
 }
 
-// ParsePostV1AuthorizationsIdRefundsResponse parses an HTTP response from a PostV1AuthorizationsIdRefundsWithResponse call
-func ParsePostV1AuthorizationsIdRefundsResponse(rsp *http.Response) (*PostV1AuthorizationsIdRefundsResponse, error) {
+// ParseRefundProviderAuthorizationResponse parses an HTTP response from a RefundProviderAuthorizationWithResponse call
+func ParseRefundProviderAuthorizationResponse(rsp *http.Response) (*RefundProviderAuthorizationResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1AuthorizationsIdRefundsResponse{
+	response := &RefundProviderAuthorizationResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11116,7 +11940,7 @@ func ParsePostV1AuthorizationsIdRefundsResponse(rsp *http.Response) (*PostV1Auth
 
 	switch {
 	case rsp.StatusCode == 201:
-		var headers PostV1AuthorizationsIdRefundsResponse201Headers
+		var headers RefundProviderAuthorizationResponse201Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11126,7 +11950,7 @@ func ParsePostV1AuthorizationsIdRefundsResponse(rsp *http.Response) (*PostV1Auth
 		}
 		response.Headers201 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1AuthorizationsIdRefundsResponse409Headers
+		var headers RefundProviderAuthorizationResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11140,15 +11964,15 @@ func ParsePostV1AuthorizationsIdRefundsResponse(rsp *http.Response) (*PostV1Auth
 	return response, nil
 }
 
-// ParsePostV1AuthorizationsIdVoidResponse parses an HTTP response from a PostV1AuthorizationsIdVoidWithResponse call
-func ParsePostV1AuthorizationsIdVoidResponse(rsp *http.Response) (*PostV1AuthorizationsIdVoidResponse, error) {
+// ParseVoidProviderAuthorizationResponse parses an HTTP response from a VoidProviderAuthorizationWithResponse call
+func ParseVoidProviderAuthorizationResponse(rsp *http.Response) (*VoidProviderAuthorizationResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1AuthorizationsIdVoidResponse{
+	response := &VoidProviderAuthorizationResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11207,7 +12031,7 @@ func ParsePostV1AuthorizationsIdVoidResponse(rsp *http.Response) (*PostV1Authori
 
 	switch {
 	case rsp.StatusCode == 200:
-		var headers PostV1AuthorizationsIdVoidResponse200Headers
+		var headers VoidProviderAuthorizationResponse200Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11217,7 +12041,7 @@ func ParsePostV1AuthorizationsIdVoidResponse(rsp *http.Response) (*PostV1Authori
 		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1AuthorizationsIdVoidResponse409Headers
+		var headers VoidProviderAuthorizationResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11231,15 +12055,15 @@ func ParsePostV1AuthorizationsIdVoidResponse(rsp *http.Response) (*PostV1Authori
 	return response, nil
 }
 
-// ParsePostV1DeploysResponse parses an HTTP response from a PostV1DeploysWithResponse call
-func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, error) {
+// ParseCreateDeployResponse parses an HTTP response from a CreateDeployWithResponse call
+func ParseCreateDeployResponse(rsp *http.Response) (*CreateDeployResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1DeploysResponse{
+	response := &CreateDeployResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11326,7 +12150,7 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 
 	switch {
 	case rsp.StatusCode == 202:
-		var headers PostV1DeploysResponse202Headers
+		var headers CreateDeployResponse202Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11350,7 +12174,7 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 		}
 		response.Headers202 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1DeploysResponse409Headers
+		var headers CreateDeployResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11360,7 +12184,7 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1DeploysResponse429Headers
+		var headers CreateDeployResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11370,7 +12194,7 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1DeploysResponse503Headers
+		var headers CreateDeployResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11391,15 +12215,15 @@ func ParsePostV1DeploysResponse(rsp *http.Response) (*PostV1DeploysResponse, err
 	return response, nil
 }
 
-// ParseGetV1DeploysIdResponse parses an HTTP response from a GetV1DeploysIdWithResponse call
-func ParseGetV1DeploysIdResponse(rsp *http.Response) (*GetV1DeploysIdResponse, error) {
+// ParseGetDeployResponse parses an HTTP response from a GetDeployWithResponse call
+func ParseGetDeployResponse(rsp *http.Response) (*GetDeployResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1DeploysIdResponse{
+	response := &GetDeployResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11444,7 +12268,7 @@ func ParseGetV1DeploysIdResponse(rsp *http.Response) (*GetV1DeploysIdResponse, e
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1DeploysIdResponse503Headers
+		var headers GetDeployResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11465,15 +12289,15 @@ func ParseGetV1DeploysIdResponse(rsp *http.Response) (*GetV1DeploysIdResponse, e
 	return response, nil
 }
 
-// ParsePostV1DeploysIdCancelResponse parses an HTTP response from a PostV1DeploysIdCancelWithResponse call
-func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCancelResponse, error) {
+// ParseCancelDeployResponse parses an HTTP response from a CancelDeployWithResponse call
+func ParseCancelDeployResponse(rsp *http.Response) (*CancelDeployResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1DeploysIdCancelResponse{
+	response := &CancelDeployResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11532,7 +12356,7 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 
 	switch {
 	case rsp.StatusCode == 409:
-		var headers PostV1DeploysIdCancelResponse409Headers
+		var headers CancelDeployResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11542,7 +12366,7 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1DeploysIdCancelResponse429Headers
+		var headers CancelDeployResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11552,7 +12376,7 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1DeploysIdCancelResponse503Headers
+		var headers CancelDeployResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11573,15 +12397,15 @@ func ParsePostV1DeploysIdCancelResponse(rsp *http.Response) (*PostV1DeploysIdCan
 	return response, nil
 }
 
-// ParsePostV1DeploysIdRollbackResponse parses an HTTP response from a PostV1DeploysIdRollbackWithResponse call
-func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdRollbackResponse, error) {
+// ParseRollbackDeployResponse parses an HTTP response from a RollbackDeployWithResponse call
+func ParseRollbackDeployResponse(rsp *http.Response) (*RollbackDeployResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1DeploysIdRollbackResponse{
+	response := &RollbackDeployResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11675,7 +12499,7 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 
 	switch {
 	case rsp.StatusCode == 202:
-		var headers PostV1DeploysIdRollbackResponse202Headers
+		var headers RollbackDeployResponse202Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11699,7 +12523,7 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 		}
 		response.Headers202 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1DeploysIdRollbackResponse409Headers
+		var headers RollbackDeployResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11709,7 +12533,7 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1DeploysIdRollbackResponse429Headers
+		var headers RollbackDeployResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11719,7 +12543,7 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1DeploysIdRollbackResponse503Headers
+		var headers RollbackDeployResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11740,15 +12564,15 @@ func ParsePostV1DeploysIdRollbackResponse(rsp *http.Response) (*PostV1DeploysIdR
 	return response, nil
 }
 
-// ParseGetV1EnvironmentsNameResponse parses an HTTP response from a GetV1EnvironmentsNameWithResponse call
-func ParseGetV1EnvironmentsNameResponse(rsp *http.Response) (*GetV1EnvironmentsNameResponse, error) {
+// ParseGetEnvironmentResponse parses an HTTP response from a GetEnvironmentWithResponse call
+func ParseGetEnvironmentResponse(rsp *http.Response) (*GetEnvironmentResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1EnvironmentsNameResponse{
+	response := &GetEnvironmentResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11793,7 +12617,7 @@ func ParseGetV1EnvironmentsNameResponse(rsp *http.Response) (*GetV1EnvironmentsN
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1EnvironmentsNameResponse503Headers
+		var headers GetEnvironmentResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11814,15 +12638,15 @@ func ParseGetV1EnvironmentsNameResponse(rsp *http.Response) (*GetV1EnvironmentsN
 	return response, nil
 }
 
-// ParseGetV1IdempotencyKeyResponse parses an HTTP response from a GetV1IdempotencyKeyWithResponse call
-func ParseGetV1IdempotencyKeyResponse(rsp *http.Response) (*GetV1IdempotencyKeyResponse, error) {
+// ParseGetProviderIdempotencyRecordResponse parses an HTTP response from a GetProviderIdempotencyRecordWithResponse call
+func ParseGetProviderIdempotencyRecordResponse(rsp *http.Response) (*GetProviderIdempotencyRecordResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1IdempotencyKeyResponse{
+	response := &GetProviderIdempotencyRecordResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11860,7 +12684,7 @@ func ParseGetV1IdempotencyKeyResponse(rsp *http.Response) (*GetV1IdempotencyKeyR
 
 	switch {
 	case rsp.StatusCode == 409:
-		var headers GetV1IdempotencyKeyResponse409Headers
+		var headers GetProviderIdempotencyRecordResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -11874,15 +12698,15 @@ func ParseGetV1IdempotencyKeyResponse(rsp *http.Response) (*GetV1IdempotencyKeyR
 	return response, nil
 }
 
-// ParseGetV1OperationsResponse parses an HTTP response from a GetV1OperationsWithResponse call
-func ParseGetV1OperationsResponse(rsp *http.Response) (*GetV1OperationsResponse, error) {
+// ParseListOperationsResponse parses an HTTP response from a ListOperationsWithResponse call
+func ParseListOperationsResponse(rsp *http.Response) (*ListOperationsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1OperationsResponse{
+	response := &ListOperationsResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -11932,7 +12756,7 @@ func ParseGetV1OperationsResponse(rsp *http.Response) (*GetV1OperationsResponse,
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1OperationsResponse503Headers
+		var headers ListOperationsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11953,15 +12777,15 @@ func ParseGetV1OperationsResponse(rsp *http.Response) (*GetV1OperationsResponse,
 	return response, nil
 }
 
-// ParseGetV1OperationsIdResponse parses an HTTP response from a GetV1OperationsIdWithResponse call
-func ParseGetV1OperationsIdResponse(rsp *http.Response) (*GetV1OperationsIdResponse, error) {
+// ParseGetOperationResponse parses an HTTP response from a GetOperationWithResponse call
+func ParseGetOperationResponse(rsp *http.Response) (*GetOperationResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1OperationsIdResponse{
+	response := &GetOperationResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -12006,7 +12830,7 @@ func ParseGetV1OperationsIdResponse(rsp *http.Response) (*GetV1OperationsIdRespo
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1OperationsIdResponse503Headers
+		var headers GetOperationResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12027,15 +12851,15 @@ func ParseGetV1OperationsIdResponse(rsp *http.Response) (*GetV1OperationsIdRespo
 	return response, nil
 }
 
-// ParseGetV1OperationsIdTimelineResponse parses an HTTP response from a GetV1OperationsIdTimelineWithResponse call
-func ParseGetV1OperationsIdTimelineResponse(rsp *http.Response) (*GetV1OperationsIdTimelineResponse, error) {
+// ParseGetOperationTimelineResponse parses an HTTP response from a GetOperationTimelineWithResponse call
+func ParseGetOperationTimelineResponse(rsp *http.Response) (*GetOperationTimelineResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1OperationsIdTimelineResponse{
+	response := &GetOperationTimelineResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -12073,7 +12897,7 @@ func ParseGetV1OperationsIdTimelineResponse(rsp *http.Response) (*GetV1Operation
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1OperationsIdTimelineResponse503Headers
+		var headers GetOperationTimelineResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12094,15 +12918,15 @@ func ParseGetV1OperationsIdTimelineResponse(rsp *http.Response) (*GetV1Operation
 	return response, nil
 }
 
-// ParsePostV1PaymentIntentsResponse parses an HTTP response from a PostV1PaymentIntentsWithResponse call
-func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntentsResponse, error) {
+// ParseCreatePaymentIntentResponse parses an HTTP response from a CreatePaymentIntentWithResponse call
+func ParseCreatePaymentIntentResponse(rsp *http.Response) (*CreatePaymentIntentResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1PaymentIntentsResponse{
+	response := &CreatePaymentIntentResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -12189,7 +13013,7 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 
 	switch {
 	case rsp.StatusCode == 201:
-		var headers PostV1PaymentIntentsResponse201Headers
+		var headers CreatePaymentIntentResponse201Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12213,7 +13037,7 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 		}
 		response.Headers201 = &headers
 	case rsp.StatusCode == 202:
-		var headers PostV1PaymentIntentsResponse202Headers
+		var headers CreatePaymentIntentResponse202Headers
 		if values := rsp.Header.Values("Location"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12237,7 +13061,7 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 		}
 		response.Headers202 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1PaymentIntentsResponse409Headers
+		var headers CreatePaymentIntentResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12247,7 +13071,7 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1PaymentIntentsResponse429Headers
+		var headers CreatePaymentIntentResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12257,7 +13081,7 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1PaymentIntentsResponse503Headers
+		var headers CreatePaymentIntentResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12278,15 +13102,15 @@ func ParsePostV1PaymentIntentsResponse(rsp *http.Response) (*PostV1PaymentIntent
 	return response, nil
 }
 
-// ParseGetV1PaymentIntentsIdResponse parses an HTTP response from a GetV1PaymentIntentsIdWithResponse call
-func ParseGetV1PaymentIntentsIdResponse(rsp *http.Response) (*GetV1PaymentIntentsIdResponse, error) {
+// ParseGetPaymentIntentResponse parses an HTTP response from a GetPaymentIntentWithResponse call
+func ParseGetPaymentIntentResponse(rsp *http.Response) (*GetPaymentIntentResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1PaymentIntentsIdResponse{
+	response := &GetPaymentIntentResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -12331,7 +13155,7 @@ func ParseGetV1PaymentIntentsIdResponse(rsp *http.Response) (*GetV1PaymentIntent
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1PaymentIntentsIdResponse503Headers
+		var headers GetPaymentIntentResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12352,15 +13176,15 @@ func ParseGetV1PaymentIntentsIdResponse(rsp *http.Response) (*GetV1PaymentIntent
 	return response, nil
 }
 
-// ParsePostV1PaymentIntentsIdCancelResponse parses an HTTP response from a PostV1PaymentIntentsIdCancelWithResponse call
-func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1PaymentIntentsIdCancelResponse, error) {
+// ParseCancelPaymentIntentResponse parses an HTTP response from a CancelPaymentIntentWithResponse call
+func ParseCancelPaymentIntentResponse(rsp *http.Response) (*CancelPaymentIntentResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1PaymentIntentsIdCancelResponse{
+	response := &CancelPaymentIntentResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -12454,7 +13278,7 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 
 	switch {
 	case rsp.StatusCode == 200:
-		var headers PostV1PaymentIntentsIdCancelResponse200Headers
+		var headers CancelPaymentIntentResponse200Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12471,7 +13295,7 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 202:
-		var headers PostV1PaymentIntentsIdCancelResponse202Headers
+		var headers CancelPaymentIntentResponse202Headers
 		if values := rsp.Header.Values("Location"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12495,7 +13319,7 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 		}
 		response.Headers202 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1PaymentIntentsIdCancelResponse409Headers
+		var headers CancelPaymentIntentResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12505,7 +13329,7 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1PaymentIntentsIdCancelResponse429Headers
+		var headers CancelPaymentIntentResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12515,7 +13339,7 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1PaymentIntentsIdCancelResponse503Headers
+		var headers CancelPaymentIntentResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12536,15 +13360,15 @@ func ParsePostV1PaymentIntentsIdCancelResponse(rsp *http.Response) (*PostV1Payme
 	return response, nil
 }
 
-// ParsePostV1PaymentIntentsIdCaptureResponse parses an HTTP response from a PostV1PaymentIntentsIdCaptureWithResponse call
-func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1PaymentIntentsIdCaptureResponse, error) {
+// ParseCapturePaymentIntentResponse parses an HTTP response from a CapturePaymentIntentWithResponse call
+func ParseCapturePaymentIntentResponse(rsp *http.Response) (*CapturePaymentIntentResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1PaymentIntentsIdCaptureResponse{
+	response := &CapturePaymentIntentResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -12652,7 +13476,7 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 
 	switch {
 	case rsp.StatusCode == 200:
-		var headers PostV1PaymentIntentsIdCaptureResponse200Headers
+		var headers CapturePaymentIntentResponse200Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12669,7 +13493,7 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 202:
-		var headers PostV1PaymentIntentsIdCaptureResponse202Headers
+		var headers CapturePaymentIntentResponse202Headers
 		if values := rsp.Header.Values("Location"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12693,7 +13517,7 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.Headers202 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1PaymentIntentsIdCaptureResponse409Headers
+		var headers CapturePaymentIntentResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12703,7 +13527,7 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1PaymentIntentsIdCaptureResponse429Headers
+		var headers CapturePaymentIntentResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12713,7 +13537,7 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1PaymentIntentsIdCaptureResponse503Headers
+		var headers CapturePaymentIntentResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12734,15 +13558,15 @@ func ParsePostV1PaymentIntentsIdCaptureResponse(rsp *http.Response) (*PostV1Paym
 	return response, nil
 }
 
-// ParseGetV1PaymentIntentsIdRefundsResponse parses an HTTP response from a GetV1PaymentIntentsIdRefundsWithResponse call
-func ParseGetV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*GetV1PaymentIntentsIdRefundsResponse, error) {
+// ParseListPaymentIntentRefundsResponse parses an HTTP response from a ListPaymentIntentRefundsWithResponse call
+func ParseListPaymentIntentRefundsResponse(rsp *http.Response) (*ListPaymentIntentRefundsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1PaymentIntentsIdRefundsResponse{
+	response := &ListPaymentIntentRefundsResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -12792,7 +13616,7 @@ func ParseGetV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*GetV1Paymen
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1PaymentIntentsIdRefundsResponse503Headers
+		var headers ListPaymentIntentRefundsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12813,15 +13637,15 @@ func ParseGetV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*GetV1Paymen
 	return response, nil
 }
 
-// ParsePostV1PaymentIntentsIdRefundsResponse parses an HTTP response from a PostV1PaymentIntentsIdRefundsWithResponse call
-func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1PaymentIntentsIdRefundsResponse, error) {
+// ParseCreateRefundResponse parses an HTTP response from a CreateRefundWithResponse call
+func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1PaymentIntentsIdRefundsResponse{
+	response := &CreateRefundResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -12929,7 +13753,7 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 
 	switch {
 	case rsp.StatusCode == 201:
-		var headers PostV1PaymentIntentsIdRefundsResponse201Headers
+		var headers CreateRefundResponse201Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12953,7 +13777,7 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.Headers201 = &headers
 	case rsp.StatusCode == 202:
-		var headers PostV1PaymentIntentsIdRefundsResponse202Headers
+		var headers CreateRefundResponse202Headers
 		if values := rsp.Header.Values("Location"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -12977,7 +13801,7 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.Headers202 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1PaymentIntentsIdRefundsResponse409Headers
+		var headers CreateRefundResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12987,7 +13811,7 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1PaymentIntentsIdRefundsResponse429Headers
+		var headers CreateRefundResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -12997,7 +13821,7 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1PaymentIntentsIdRefundsResponse503Headers
+		var headers CreateRefundResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13018,15 +13842,15 @@ func ParsePostV1PaymentIntentsIdRefundsResponse(rsp *http.Response) (*PostV1Paym
 	return response, nil
 }
 
-// ParseGetV1RefundsIdResponse parses an HTTP response from a GetV1RefundsIdWithResponse call
-func ParseGetV1RefundsIdResponse(rsp *http.Response) (*GetV1RefundsIdResponse, error) {
+// ParseGetRefundResponse parses an HTTP response from a GetRefundWithResponse call
+func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1RefundsIdResponse{
+	response := &GetRefundResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -13071,7 +13895,7 @@ func ParseGetV1RefundsIdResponse(rsp *http.Response) (*GetV1RefundsIdResponse, e
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1RefundsIdResponse503Headers
+		var headers GetRefundResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13092,15 +13916,15 @@ func ParseGetV1RefundsIdResponse(rsp *http.Response) (*GetV1RefundsIdResponse, e
 	return response, nil
 }
 
-// ParseGetV1TicketsResponse parses an HTTP response from a GetV1TicketsWithResponse call
-func ParseGetV1TicketsResponse(rsp *http.Response) (*GetV1TicketsResponse, error) {
+// ParseListTicketsResponse parses an HTTP response from a ListTicketsWithResponse call
+func ParseListTicketsResponse(rsp *http.Response) (*ListTicketsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1TicketsResponse{
+	response := &ListTicketsResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -13143,7 +13967,7 @@ func ParseGetV1TicketsResponse(rsp *http.Response) (*GetV1TicketsResponse, error
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1TicketsResponse503Headers
+		var headers ListTicketsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13164,15 +13988,15 @@ func ParseGetV1TicketsResponse(rsp *http.Response) (*GetV1TicketsResponse, error
 	return response, nil
 }
 
-// ParsePostV1TicketsResponse parses an HTTP response from a PostV1TicketsWithResponse call
-func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, error) {
+// ParseCreateTicketResponse parses an HTTP response from a CreateTicketWithResponse call
+func ParseCreateTicketResponse(rsp *http.Response) (*CreateTicketResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1TicketsResponse{
+	response := &CreateTicketResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -13252,7 +14076,7 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 
 	switch {
 	case rsp.StatusCode == 200:
-		var headers PostV1TicketsResponse200Headers
+		var headers CreateTicketResponse200Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13276,7 +14100,7 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 201:
-		var headers PostV1TicketsResponse201Headers
+		var headers CreateTicketResponse201Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13300,7 +14124,7 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 		}
 		response.Headers201 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1TicketsResponse409Headers
+		var headers CreateTicketResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -13310,7 +14134,7 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1TicketsResponse429Headers
+		var headers CreateTicketResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -13320,7 +14144,7 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1TicketsResponse503Headers
+		var headers CreateTicketResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13341,15 +14165,15 @@ func ParsePostV1TicketsResponse(rsp *http.Response) (*PostV1TicketsResponse, err
 	return response, nil
 }
 
-// ParseGetV1TicketsIdResponse parses an HTTP response from a GetV1TicketsIdWithResponse call
-func ParseGetV1TicketsIdResponse(rsp *http.Response) (*GetV1TicketsIdResponse, error) {
+// ParseGetTicketResponse parses an HTTP response from a GetTicketWithResponse call
+func ParseGetTicketResponse(rsp *http.Response) (*GetTicketResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1TicketsIdResponse{
+	response := &GetTicketResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -13394,7 +14218,7 @@ func ParseGetV1TicketsIdResponse(rsp *http.Response) (*GetV1TicketsIdResponse, e
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers GetV1TicketsIdResponse503Headers
+		var headers GetTicketResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13415,15 +14239,15 @@ func ParseGetV1TicketsIdResponse(rsp *http.Response) (*GetV1TicketsIdResponse, e
 	return response, nil
 }
 
-// ParseGetV1TicketsIdCommentsResponse parses an HTTP response from a GetV1TicketsIdCommentsWithResponse call
-func ParseGetV1TicketsIdCommentsResponse(rsp *http.Response) (*GetV1TicketsIdCommentsResponse, error) {
+// ParseListTicketCommentsResponse parses an HTTP response from a ListTicketCommentsWithResponse call
+func ParseListTicketCommentsResponse(rsp *http.Response) (*ListTicketCommentsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1TicketsIdCommentsResponse{
+	response := &ListTicketCommentsResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -13467,15 +14291,15 @@ func ParseGetV1TicketsIdCommentsResponse(rsp *http.Response) (*GetV1TicketsIdCom
 	return response, nil
 }
 
-// ParsePostV1TicketsIdCommentsResponse parses an HTTP response from a PostV1TicketsIdCommentsWithResponse call
-func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdCommentsResponse, error) {
+// ParseAddTicketCommentResponse parses an HTTP response from a AddTicketCommentWithResponse call
+func ParseAddTicketCommentResponse(rsp *http.Response) (*AddTicketCommentResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PostV1TicketsIdCommentsResponse{
+	response := &AddTicketCommentResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -13541,7 +14365,7 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 
 	switch {
 	case rsp.StatusCode == 201:
-		var headers PostV1TicketsIdCommentsResponse201Headers
+		var headers AddTicketCommentResponse201Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13558,7 +14382,7 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 		}
 		response.Headers201 = &headers
 	case rsp.StatusCode == 409:
-		var headers PostV1TicketsIdCommentsResponse409Headers
+		var headers AddTicketCommentResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -13568,7 +14392,7 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers PostV1TicketsIdCommentsResponse429Headers
+		var headers AddTicketCommentResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -13578,7 +14402,7 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PostV1TicketsIdCommentsResponse503Headers
+		var headers AddTicketCommentResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13599,15 +14423,15 @@ func ParsePostV1TicketsIdCommentsResponse(rsp *http.Response) (*PostV1TicketsIdC
 	return response, nil
 }
 
-// ParsePutV1TicketsIdStatusResponse parses an HTTP response from a PutV1TicketsIdStatusWithResponse call
-func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatusResponse, error) {
+// ParseSetTicketStatusResponse parses an HTTP response from a SetTicketStatusWithResponse call
+func ParseSetTicketStatusResponse(rsp *http.Response) (*SetTicketStatusResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PutV1TicketsIdStatusResponse{
+	response := &SetTicketStatusResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -13666,7 +14490,7 @@ func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatu
 
 	switch {
 	case rsp.StatusCode == 429:
-		var headers PutV1TicketsIdStatusResponse429Headers
+		var headers SetTicketStatusResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -13676,7 +14500,7 @@ func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatu
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PutV1TicketsIdStatusResponse503Headers
+		var headers SetTicketStatusResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -13697,15 +14521,15 @@ func ParsePutV1TicketsIdStatusResponse(rsp *http.Response) (*PutV1TicketsIdStatu
 	return response, nil
 }
 
-// ParseGetV1TicketsIdStatusChangesResponse parses an HTTP response from a GetV1TicketsIdStatusChangesWithResponse call
-func ParseGetV1TicketsIdStatusChangesResponse(rsp *http.Response) (*GetV1TicketsIdStatusChangesResponse, error) {
+// ParseListTicketStatusChangesResponse parses an HTTP response from a ListTicketStatusChangesWithResponse call
+func ParseListTicketStatusChangesResponse(rsp *http.Response) (*ListTicketStatusChangesResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &GetV1TicketsIdStatusChangesResponse{
+	response := &ListTicketStatusChangesResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}

@@ -25,22 +25,22 @@ func TestGeneratedClient(t *testing.T) {
 	}
 	high := client.TicketPriority("high")
 	body := client.CreateTicket{Project: "ops", Title: "Rotate staging certificate", Priority: &high}
-	params := &client.PostV1TicketsParams{IdempotencyKey: "generated-1"}
+	params := &client.CreateTicketParams{IdempotencyKey: "generated-1"}
 
-	first, err := c.PostV1TicketsWithResponse(ctx, params, body)
+	first, err := c.CreateTicketWithResponse(ctx, params, body)
 	if err != nil || first.JSON201 == nil || first.JSON201.Deduplicated {
 		t.Fatalf("create: %v %d %s", err, first.StatusCode(), first.Body)
 	}
-	again, err := c.PostV1TicketsWithResponse(ctx, params, body)
+	again, err := c.CreateTicketWithResponse(ctx, params, body)
 	if err != nil || again.JSON201 == nil || again.JSON201.Id != first.JSON201.Id || again.HTTPResponse.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %v %d %s", err, again.StatusCode(), again.Body)
 	}
 	body.Title = "Rotate PRODUCTION certificate"
-	changed, err := c.PostV1TicketsWithResponse(ctx, params, body)
+	changed, err := c.CreateTicketWithResponse(ctx, params, body)
 	if err != nil || changed.ApplicationproblemJSON422 == nil || changed.ApplicationproblemJSON422.Code != "idempotency_key_reused" {
 		t.Fatalf("changed body: %v %d %s", err, changed.StatusCode(), changed.Body)
 	}
-	ops, err := c.GetV1OperationsWithResponse(ctx, &client.GetV1OperationsParams{IdempotencyKey: "generated-1"})
+	ops, err := c.ListOperationsWithResponse(ctx, &client.ListOperationsParams{IdempotencyKey: "generated-1"})
 	if err != nil || ops.JSON200 == nil || len(ops.JSON200.Items) != 1 || string(ops.JSON200.Items[0].State) != "succeeded" {
 		t.Fatalf("operations: %v %s", err, ops.Body)
 	}

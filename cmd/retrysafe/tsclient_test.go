@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/retrysafe/internal/proctest"
+	"github.com/retrysafe/retrysafe/internal/testdb"
+)
+
+// tsClientDir is the TypeScript client generated from api/openapi.yaml (openapi-typescript + openapi-fetch).
+const tsClientDir = "../../api/ts"
+
+// TestTypeScriptClient shows the spec serves callers outside Go: it starts tickets (run, on a test schema) and runs
+// the node tests of api/ts against it, which create a ticket, replay it and read the 422 problem through the
+// generated client, and check that the committed types are what the spec generates. Node and npm are required:
+// without them the test fails (CI installs them); -short skips it.
+func TestTypeScriptClient(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the TypeScript client test needs node, npm and the api/ts packages")
+	}
+	t.Parallel()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is not installed: the TypeScript client test (api/ts) needs Node.js 18 or later and npm "+
+				"(Debian: apt-get install nodejs npm; .ci/run installs them)", tool)
+		}
+	}
+	npmCI(t, tsClientDir)
+
+	db := testdb.Schema(t)
+	addr := proctest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
+			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_ts:agent:ts-secret", "LOG_LEVEL": "error",
+		}), &syncWriter{w: &out})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	base := "http://" + addr
+	waitHealthy(t, base+"/readyz", done)
+
+	test := exec.Command("npm", "test")
+	test.Dir = tsClientDir
+	test.Env = append(os.Environ(), "RETRYSAFE_TICKETS_URL="+base, "RETRYSAFE_API_KEY=ts-secret")
+	if output, err := test.CombinedOutput(); err != nil {
+		t.Fatalf("npm test in api/ts: %v\n%s\nservice log:\n%s", err, output, out.String())
+	}
+}
+
+// npmCI installs dir's locked packages (package-lock.json) unless node_modules already holds them: npm records
+// what it installed in node_modules/.package-lock.json, newer than the lock file it came from.
+func npmCI(t *testing.T, dir string) {
+	t.Helper()
+	lock, err := os.Stat(filepath.Join(dir, "package-lock.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if installed, err := os.Stat(filepath.Join(dir, "node_modules", ".package-lock.json")); err == nil && installed.ModTime().After(lock.ModTime()) {
+		return
+	}
+	ci := exec.Command("npm", "ci", "--no-audit", "--no-fund")
+	ci.Dir = dir
+	start := time.Now()
+	if output, err := ci.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci in %s: %v\n%s", dir, err, output)
+	}
+	t.Logf("npm ci in %s took %s", dir, time.Since(start).Round(time.Millisecond))
+}
