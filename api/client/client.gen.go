@@ -1472,8 +1472,8 @@ type ClientInterface interface {
 
 	// GetReadiness The database is reachable and migrations are applied.
 	//
-	// 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
-	// effect: retry it freely.
+	// 503 until the database answers and every migration is applied (`serve` applies them unless
+	// MIGRATE_ON_START=false; then `retrysafe migrate` does). A read with no effect: retry it freely.
 	//
 	// Corresponds with GET /readyz (the `GetReadiness` operationId).
 	GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2255,8 +2255,8 @@ func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) 
 
 // GetReadiness The database is reachable and migrations are applied.
 //
-// 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
-// effect: retry it freely.
+// 503 until the database answers and every migration is applied (`serve` applies them unless
+// MIGRATE_ON_START=false; then `retrysafe migrate` does). A read with no effect: retry it freely.
 //
 // Corresponds with GET /readyz (the `GetReadiness` operationId).
 func (c *Client) GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5543,8 +5543,8 @@ type ClientWithResponsesInterface interface {
 
 	// GetReadinessWithResponse The database is reachable and migrations are applied.
 	//
-	// 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
-	// effect: retry it freely.
+	// 503 until the database answers and every migration is applied (`serve` applies them unless
+	// MIGRATE_ON_START=false; then `retrysafe migrate` does). A read with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -9995,8 +9995,8 @@ func (c *ClientWithResponses) GetMetricsWithResponse(ctx context.Context, reqEdi
 
 // GetReadinessWithResponse The database is reachable and migrations are applied.
 //
-// 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
-// effect: retry it freely.
+// 503 until the database answers and every migration is applied (`serve` applies them unless
+// MIGRATE_ON_START=false; then `retrysafe migrate` does). A read with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //

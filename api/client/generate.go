@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "4a76391c606c4a2231e39ebd4a717d48b775ac4ae1377c73bbfa9a6c59042bc9"
+const SpecSHA256 = "f80e70ea8406cc3cf63ef4652f9c163c14b3a0632388c9ce5be76014dee4ee95"

@@ -33,8 +33,8 @@ export interface paths {
         };
         /**
          * The database is reachable and migrations are applied.
-         * @description 503 until the database answers and every migration is applied (run `retrysafe migrate`). A read with no
-         *     effect: retry it freely.
+         * @description 503 until the database answers and every migration is applied (`serve` applies them unless
+         *     MIGRATE_ON_START=false; then `retrysafe migrate` does). A read with no effect: retry it freely.
          */
         get: operations["getReadiness"];
         put?: never;
