@@ -40,13 +40,18 @@ func TestTypeScriptClient(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
-			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_ts:agent:ts-secret", "LOG_LEVEL": "error",
+			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_ts:agent:" + testSecret,
+			"API_KEY_ID_SECRET": testIDSecret, "LOG_LEVEL": "error",
 		}), &syncWriter{w: &out})
 	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
+		case <-time.After(15 * time.Second): // or waitHealthy already took run's early return
 		}
 	})
 	base := "http://" + addr
@@ -54,7 +59,7 @@ func TestTypeScriptClient(t *testing.T) {
 
 	test := exec.Command("npm", "test")
 	test.Dir = tsClientDir
-	test.Env = append(os.Environ(), "RETRYSAFE_TICKETS_URL="+base, "RETRYSAFE_API_KEY=ts-secret")
+	test.Env = append(os.Environ(), "RETRYSAFE_TICKETS_URL="+base, "RETRYSAFE_API_KEY="+testSecret)
 	if output, err := test.CombinedOutput(); err != nil {
 		t.Fatalf("npm test in api/ts: %v\n%s\nservice log:\n%s", err, output, out.String())
 	}
