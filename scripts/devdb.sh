@@ -66,6 +66,11 @@ case "${1:-}" in
   createdb)
     db="${2:?createdb needs a database name}"
     base="$(url)"
+    if ! command -v psql >/dev/null; then
+      say "installing psql (Debian package postgresql-client)"
+      as_root apt-get update -qq >&2
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >&2
+    fi
     psql "$base/postgres?sslmode=disable" -tAc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 ||
       psql "$base/postgres?sslmode=disable" -qc "CREATE DATABASE \"$db\"" >&2
     ;;
