@@ -67,6 +67,10 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 	if !ok {
 		return
 	}
+	if stored, ok := h.findExisting(c.Request.Context(), cl); ok {
+		h.answerExisting(c, cl, stored)
+		return
+	}
 	claimStart := time.Now()
 	lease := claimStart.Add(h.Lease)
 	cl.op.LeaseExpiresAt = &lease

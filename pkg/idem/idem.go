@@ -211,6 +211,15 @@ func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) 
 	return nil
 }
 
+// findExisting reads the key's record before any transaction: a retry of a key that is already committed is
+// answered from this one read (and its attempt record), without a claim that would only find the key taken and
+// roll back. A key not visible yet (absent, or claimed by a transaction still running) goes through the claim,
+// which waits for that transaction and decides; so does any error here, which the claim then reports.
+func (h *Handler) findExisting(ctx context.Context, cl call) (Record, bool) {
+	stored, err := h.Store.Lookup(ctx, h.DB, cl.op.AccountID, cl.key)
+	return stored, err == nil
+}
+
 // Do runs write once for the request's Idempotency-Key, in local mode, and writes the answer on c: the new
 // result, the stored one, or a problem. write runs inside the transaction that holds the claim; if it returns an
 // error nothing is stored and the key stays free.
@@ -220,6 +229,10 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		return
 	}
 	ctx := c.Request.Context()
+	if stored, ok := h.findExisting(ctx, cl); ok {
+		h.answerExisting(c, cl, stored)
+		return
+	}
 	var (
 		resp       Response
 		state      opstatus.State

@@ -4,25 +4,32 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"sync"
 
 	"gorm.io/gorm"
 )
 
-// GroupAppender appends events durably, and concurrent appends to one operation together: one INSERT and one
-// commit for all the events that arrived while the previous group was being written. Events of one operation
-// are chained one after another (each waits for the operation's chain head), so a storm of retries of one
-// request would otherwise wait for one disk flush each; grouped, it waits for a few.
+// GroupAppender appends events durably, and concurrent appends together: one INSERT and one commit for all the
+// events that arrived while the previous group of their lane was being written. Events of one operation are
+// chained one after another (each waits for the operation's chain head), so a storm of retries of one request
+// would otherwise wait for one disk flush each; and retries of different requests would each pay a commit of
+// their own, which is most of what a replay costs. Grouped, they share a few.
+//
+// Operations are spread over a few lanes by their id; one group is written at a time per lane, so the events of
+// one operation keep their order, and two groups in flight never hold the same chain head.
 //
 // Its zero value is not usable; set DB.
 type GroupAppender struct {
 	DB *gorm.DB
 	// MaxGroup bounds one INSERT (256 when zero).
 	MaxGroup int
+	// Lanes is how many groups may be written at once (4 when zero).
+	Lanes int
 
 	mu     sync.Mutex
-	queues map[string]*groupQueue
+	queues map[int]*groupQueue
 }
 
 type groupQueue struct {
@@ -30,11 +37,22 @@ type groupQueue struct {
 }
 
 type groupItem struct {
-	eventType, actor string
-	detail           []byte
-	done             chan error
+	id, eventType, actor string
+	detail               []byte
+	done                 chan error
 	// lead is closed, instead of done being sent to, when this item's caller must write the next group.
 	lead chan struct{}
+}
+
+// lane is the lane of operation id.
+func (g *GroupAppender) lane(id string) int {
+	n := g.Lanes
+	if n <= 0 {
+		n = 4
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % uint32(n))
 }
 
 // Append adds an event to operation id, committed (with synchronous_commit on) when it returns nil.
@@ -46,34 +64,35 @@ func (g *GroupAppender) Append(ctx context.Context, id, eventType, actor string,
 			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
 		}
 	}
-	it := &groupItem{eventType: eventType, actor: actor, detail: raw, done: make(chan error, 1), lead: make(chan struct{})}
+	it := &groupItem{id: id, eventType: eventType, actor: actor, detail: raw, done: make(chan error, 1), lead: make(chan struct{})}
+	lane := g.lane(id)
 	g.mu.Lock()
 	if g.queues == nil {
-		g.queues = map[string]*groupQueue{}
+		g.queues = map[int]*groupQueue{}
 	}
-	q, busy := g.queues[id]
+	q, busy := g.queues[lane]
 	if !busy {
 		q = &groupQueue{}
-		g.queues[id] = q
+		g.queues[lane] = q
 	}
 	q.pending = append(q.pending, it)
 	g.mu.Unlock()
 	if busy {
-		// Another caller is writing a group of this operation: ours goes in the next one, which we may have to
-		// write ourselves.
+		// Another caller is writing a group of this lane: ours goes in the next one, which we may have to write
+		// ourselves.
 		select {
 		case err := <-it.done:
 			return err
 		case <-it.lead:
 		}
 	}
-	g.writeGroups(ctx, id, q)
+	g.writeGroups(ctx, lane, q)
 	return <-it.done
 }
 
 // writeGroups writes the pending group of q, then hands the queue to the first caller of the next group (or
 // removes it when nobody is waiting), so no caller writes more than one group.
-func (g *GroupAppender) writeGroups(ctx context.Context, id string, q *groupQueue) {
+func (g *GroupAppender) writeGroups(ctx context.Context, lane int, q *groupQueue) {
 	limit := g.MaxGroup
 	if limit <= 0 {
 		limit = 256
@@ -84,7 +103,7 @@ func (g *GroupAppender) writeGroups(ctx context.Context, id string, q *groupQueu
 	q.pending = q.pending[n:]
 	g.mu.Unlock()
 
-	err := g.insert(ctx, id, group)
+	err := g.insert(ctx, group)
 	for _, it := range group {
 		it.done <- err
 	}
@@ -92,32 +111,33 @@ func (g *GroupAppender) writeGroups(ctx context.Context, id string, q *groupQueu
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(q.pending) == 0 {
-		delete(g.queues, id)
+		delete(g.queues, lane)
 		return
 	}
 	close(q.pending[0].lead)
 }
 
-func (g *GroupAppender) insert(ctx context.Context, id string, group []*groupItem) error {
+func (g *GroupAppender) insert(ctx context.Context, group []*groupItem) error {
 	var sb strings.Builder
-	args := make([]any, 0, 3*len(group)+1)
+	args := make([]any, 0, 4*len(group))
 	for i, it := range group {
 		if i > 0 {
 			sb.WriteString(", ")
 		}
-		fmt.Fprintf(&sb, "(%d, ?, ?, ?::jsonb)", i)
-		args = append(args, it.eventType, it.actor, string(it.detail))
+		fmt.Fprintf(&sb, "(%d, ?, ?, ?, ?::jsonb)", i)
+		args = append(args, it.id, it.eventType, it.actor, string(it.detail))
 	}
-	args = append(args, id)
 	// The caller that writes may have hung up; the others still wait for their events.
 	err := g.DB.WithContext(context.WithoutCancel(ctx)).Exec(`
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
 SELECT o.id, o.account_id, v.type, v.actor, v.detail
-FROM (VALUES `+sb.String()+`) AS v(ord, type, actor, detail), operations o
-WHERE o.id = ?
+FROM (VALUES `+sb.String()+`) AS v(ord, id, type, actor, detail) JOIN operations o ON o.id = v.id
 ORDER BY v.ord`, args...).Error
 	if err != nil {
-		return fmt.Errorf("opstatus: append to %s: %w", id, err)
+		if len(group) == 1 {
+			return fmt.Errorf("opstatus: append to %s: %w", group[0].id, err)
+		}
+		return fmt.Errorf("opstatus: append %d events to %s and others: %w", len(group), group[0].id, err)
 	}
 	return nil
 }
