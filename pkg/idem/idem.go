@@ -80,6 +80,11 @@ type Request struct {
 	// Guard, when set, runs right after a new claim, in the claim's transaction, before any effect: approvals
 	// hook in here, so a replay of an approved request needs no new approval. An error rolls the claim back.
 	Guard func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error
+	// OperationAtCompletion says the write (Do) never reads or references its own operation row: no foreign
+	// key to it, no opstatus call on it. The operation is then inserted once, at completion, in its final state
+	// (LocalStore), instead of at the claim and moved again at completion. Ignored with a Guard, a
+	// Supersedes-Operation-Id, or a Store that is no LocalStore.
+	OperationAtCompletion bool
 }
 
 // Result is the answer to store and send.
@@ -145,6 +150,8 @@ type call struct {
 	// causes; empty for a worker's settlement.
 	lineage lineage
 	op      opstatus.Operation
+	// late is set when the operation is inserted at completion (Request.OperationAtCompletion).
+	late LocalStore
 }
 
 // begin validates the key and computes the fingerprint. It writes the problem and returns false on failure.
@@ -189,11 +196,16 @@ func (errClaimTaken) Error() string { return "idem: key already claimed" }
 // claim runs in tx: claim the key, create the operation, run the guard and prepare. It returns errClaimTaken
 // when the key existed.
 func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) error {
-	detail := cl.lineage.identity(nil)
-	if cl.lineage.supersedes != "" {
-		detail["supersedes_operation_id"] = cl.lineage.supersedes
+	var (
+		stored  Record
+		claimed bool
+		err     error
+	)
+	if cl.late != nil {
+		stored, claimed, err = cl.late.ClaimKey(ctx, tx, cl.op)
+	} else {
+		stored, claimed, err = h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor(), cl.claimDetail())
 	}
-	stored, claimed, err := h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor(), detail)
 	if err != nil {
 		return err
 	}
@@ -220,6 +232,15 @@ func (h *Handler) findExisting(ctx context.Context, cl call) (Record, bool) {
 	return stored, err == nil
 }
 
+// claimDetail is the detail of the claimed event.
+func (cl call) claimDetail() map[string]any {
+	detail := cl.lineage.identity(nil)
+	if cl.lineage.supersedes != "" {
+		detail["supersedes_operation_id"] = cl.lineage.supersedes
+	}
+	return detail
+}
+
 // Do runs write once for the request's Idempotency-Key, in local mode, and writes the answer on c: the new
 // result, the stored one, or a problem. write runs inside the transaction that holds the claim; if it returns an
 // error nothing is stored and the key stays free.
@@ -232,6 +253,9 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 	if stored, ok := h.findExisting(ctx, cl); ok {
 		h.answerExisting(c, cl, stored)
 		return
+	}
+	if late, ok := h.Store.(LocalStore); ok && req.OperationAtCompletion && req.Guard == nil && cl.lineage.supersedes == "" {
+		cl.late = late
 	}
 	var (
 		resp       Response
@@ -295,11 +319,14 @@ func (h *Handler) storeResult(ctx context.Context, tx *gorm.DB, cl call, res Res
 		}
 		detail["reason"] = res.Reason
 	}
-	err = h.Store.Complete(ctx, tx, Completion{
+	completion := Completion{
 		AccountID: cl.op.AccountID, Key: cl.key, OperationID: cl.op.ID, Response: resp,
 		State: resultState(res), Resource: res.Resource, Event: event, Actor: actor, Detail: detail,
-	})
-	return resp, err
+	}
+	if cl.late != nil {
+		return resp, cl.late.CompleteNew(ctx, tx, cl.op, cl.principal.Actor(), cl.claimDetail(), completion)
+	}
+	return resp, h.Store.Complete(ctx, tx, completion)
 }
 
 // resultState is the operation's state once res is stored: succeeded unless res says otherwise.

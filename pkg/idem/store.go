@@ -130,25 +130,37 @@ func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operati
 	if err != nil || detail == nil {
 		rawDetail = []byte("{}")
 	}
-	for attempt := 0; attempt < 3; attempt++ {
-		// The last SELECT also returns the stored key when the insert found one already committed, so a retry
-		// learns what to answer in the same round trip; only a key committed while this statement waited is
-		// outside its snapshot and needs the Lookup below.
-		var rows []keyRow
-		err = tx.WithContext(ctx).Raw(`
-WITH claim AS (
-    INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
-    VALUES (?, ?, ?, ?, 'running')
-    ON CONFLICT (account_id, idempotency_key) DO NOTHING
-    RETURNING account_id, idempotency_key, fingerprint, operation_id, state, created_at
-), op AS (
+	return claim(ctx, tx, op, `, op AS (
     INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, lease_expires_at)
     SELECT operation_id, account_id, ?, ?, idempotency_key, fingerprint, ? FROM claim
     RETURNING id, account_id, state
 ), ev AS (
     INSERT INTO operation_events (operation_id, account_id, type, to_state, actor, detail)
     SELECT id, account_id, ?, state, ?, ?::jsonb FROM op
-)
+)`, op.Kind, op.State, op.LeaseExpiresAt, opstatus.EventClaimed, actor, string(rawDetail))
+}
+
+// ClaimKey implements LocalStore: Claim without the operation, which CompleteNew inserts.
+func (PostgresStore) ClaimKey(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (Record, bool, error) {
+	return claim(ctx, tx, op, "")
+}
+
+// claim is Claim, with the statements of with (WITH items after the claim's, reading it) in the same statement.
+func claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, with string, withArgs ...any) (Record, bool, error) {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		// The last SELECT also returns the stored key when the insert found one already committed, so a retry
+		// learns what to answer in the same round trip; only a key committed while this statement waited is
+		// outside its snapshot and needs the Lookup below.
+		var rows []keyRow
+		args := append([]any{op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID}, withArgs...)
+		err = tx.WithContext(ctx).Raw(`
+WITH claim AS (
+    INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
+    VALUES (?, ?, ?, ?, 'running')
+    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    RETURNING account_id, idempotency_key, fingerprint, operation_id, state, created_at
+)`+with+`
 SELECT true AS claimed, account_id, idempotency_key, fingerprint, operation_id, state, NULL::integer AS response_status,
        NULL::text AS response_headers, NULL::bytea AS response_body, NULL::text AS operation_state, created_at
 FROM claim
@@ -157,8 +169,7 @@ SELECT false, k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.
        k.response_headers::text, k.response_body, o.state, k.created_at
 FROM idempotency_keys k LEFT JOIN operations o ON o.id = k.operation_id
 WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM claim)`,
-			op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID, op.Kind, op.State, op.LeaseExpiresAt,
-			opstatus.EventClaimed, actor, string(rawDetail), op.AccountID, op.IdempotencyKey).Scan(&rows).Error
+			append(args, op.AccountID, op.IdempotencyKey)...).Scan(&rows).Error
 		if err != nil {
 			return Record{}, false, fmt.Errorf("idem: claim: %w", err)
 		}
@@ -198,6 +209,77 @@ WHERE k.account_id = ? AND k.idempotency_key = ?`, accountID, key).Scan(&rows).E
 		return Record{}, problem.NotFound("idempotency key")
 	}
 	return rows[0].record()
+}
+
+// LocalStore is what a Store offers for local-mode writes that never read or reference their own operation
+// (Request.OperationAtCompletion): the claim takes the key alone, and the operation is born at completion, in
+// its final state, with its claimed and completion events. Nobody outside the transaction can tell the
+// difference (the claim, the write and the completion commit together), and the operation is written once
+// instead of inserted as running and updated, which saves a row version and its index entries per write.
+type LocalStore interface {
+	// ClaimKey is Claim without the operation and its claimed event.
+	ClaimKey(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (stored Record, claimed bool, err error)
+	// CompleteNew inserts op in c.State with its claimed event (actor, detail) and c's event, and stores c's
+	// response on the running key op's claim took. Returns an error matching problem.ErrNotFound if the key is
+	// not running under op.
+	CompleteNew(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string, detail map[string]any, c Completion) error
+}
+
+var _ LocalStore = PostgresStore{}
+
+// CompleteNew implements LocalStore in one statement.
+func (PostgresStore) CompleteNew(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string, detail map[string]any, c Completion) error {
+	header, err := json.Marshal(c.Response.Header)
+	if err != nil {
+		return fmt.Errorf("idem: complete: headers: %w", err)
+	}
+	claimed, err := json.Marshal(detail)
+	if err != nil || detail == nil {
+		claimed = []byte("{}")
+	}
+	evDetail := c.Detail
+	if evDetail == nil {
+		evDetail = map[string]any{"status": c.Response.Status}
+	}
+	completed, err := json.Marshal(evDetail)
+	if err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
+	}
+	var resType, resID *string
+	if c.Resource != nil {
+		resType, resID = &c.Resource.Type, &c.Resource.ID
+	}
+	var res struct{ Completed int }
+	// The events are the ones Claim and Complete write, in their order: claimed (to running), then the
+	// completion (running to the final state).
+	err = tx.WithContext(ctx).Raw(`
+WITH op AS (
+    INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    RETURNING id, account_id
+), ev AS (
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+    SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb
+    FROM op, (VALUES (1, ?, NULL, ?, ?, ?), (2, ?, ?, ?, ?, ?)) AS v(ord, type, from_state, to_state, actor, detail)
+    ORDER BY v.ord
+), key AS (
+    UPDATE idempotency_keys
+    SET state = 'completed', response_status = ?, response_headers = ?::jsonb, response_body = ?, completed_at = now()
+    WHERE account_id = ? AND idempotency_key = ? AND operation_id = ? AND state = 'running'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM key) AS completed`,
+		op.ID, op.AccountID, op.Kind, c.State, op.IdempotencyKey, op.Fingerprint, resType, resID,
+		opstatus.EventClaimed, opstatus.StateRunning, actor, string(claimed),
+		c.Event, opstatus.StateRunning, c.State, c.Actor, string(completed),
+		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key, op.ID).Scan(&res).Error
+	if err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
+	}
+	if res.Completed == 0 {
+		return fmt.Errorf("idem: complete: %w", problem.NotFound("running idempotency key"))
+	}
+	return nil
 }
 
 // Complete implements Store in one statement: the operation row is locked and moved first, so concurrent

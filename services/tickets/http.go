@@ -48,7 +48,7 @@ func (s *Server) createTicket(c *gin.Context) {
 		httpserver.JSON(c, res.Status, res.Body)
 		return
 	}
-	s.Idem.Do(c, idem.Request{Kind: "tickets.create", Command: cmd},
+	s.Idem.Do(c, idem.Request{Kind: "tickets.create", Command: cmd, OperationAtCompletion: true},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			return s.create(ctx, tx, account, cmd)
 		})
@@ -105,7 +105,7 @@ func (s *Server) addComment(c *gin.Context) {
 		return
 	}
 	account, ticketID := auth.From(c).AccountID, c.Param("id")
-	s.Idem.Do(c, idem.Request{Kind: "tickets.comment", Command: cmd},
+	s.Idem.Do(c, idem.Request{Kind: "tickets.comment", Command: cmd, OperationAtCompletion: true},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			cm, err := s.Store.AddComment(ctx, tx, account, ticketID, cmd)
 			if err != nil {
