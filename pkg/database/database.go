@@ -208,3 +208,24 @@ func (p *acquireBound) PingContext(ctx context.Context) error { return p.DB.Ping
 
 // GetDBConn is how gorm's DB() finds the *sql.DB under a wrapped pool.
 func (p *acquireBound) GetDBConn() (*sql.DB, error) { return p.DB, nil }
+
+// Query runs a statement on db (a pool or a transaction) and reads every row into a T, by column name as gorm
+// maps them. It is gorm's Raw(...).Scan(&rows) without the cost Scan adds to every call: Scan records the
+// statement with its arguments rendered into SQL text (for its logger, even a discarding one), which was a
+// tenth of a write's CPU in the service; Rows and ScanRows do not.
+func Query[T any](db *gorm.DB, sql string, args ...any) ([]T, error) {
+	rows, err := db.Raw(sql, args...).Rows()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := db.ScanRows(rows, &v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}

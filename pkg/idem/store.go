@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -147,14 +148,12 @@ func (PostgresStore) ClaimKey(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 
 // claim is Claim, with the statements of with (WITH items after the claim's, reading it) in the same statement.
 func claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, with string, withArgs ...any) (Record, bool, error) {
-	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		// The last SELECT also returns the stored key when the insert found one already committed, so a retry
 		// learns what to answer in the same round trip; only a key committed while this statement waited is
 		// outside its snapshot and needs the Lookup below.
-		var rows []keyRow
 		args := append([]any{op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID}, withArgs...)
-		err = tx.WithContext(ctx).Raw(`
+		rows, err := database.Query[keyRow](tx.WithContext(ctx), `
 WITH claim AS (
     INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
     VALUES (?, ?, ?, ?, 'running')
@@ -169,7 +168,7 @@ SELECT false, k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.
        k.response_headers::text, k.response_body, o.state, k.created_at
 FROM idempotency_keys k LEFT JOIN operations o ON o.id = k.operation_id
 WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM claim)`,
-			append(args, op.AccountID, op.IdempotencyKey)...).Scan(&rows).Error
+			append(args, op.AccountID, op.IdempotencyKey)...)
 		if err != nil {
 			return Record{}, false, fmt.Errorf("idem: claim: %w", err)
 		}
@@ -196,12 +195,11 @@ WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM c
 
 // Lookup implements Store.
 func (PostgresStore) Lookup(ctx context.Context, db *gorm.DB, accountID, key string) (Record, error) {
-	var rows []keyRow
-	err := db.WithContext(ctx).Raw(`
+	rows, err := database.Query[keyRow](db.WithContext(ctx), `
 SELECT k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, k.response_status,
        k.response_headers::text AS response_headers, k.response_body, o.state AS operation_state, k.created_at
 FROM idempotency_keys k LEFT JOIN operations o ON o.id = k.operation_id
-WHERE k.account_id = ? AND k.idempotency_key = ?`, accountID, key).Scan(&rows).Error
+WHERE k.account_id = ? AND k.idempotency_key = ?`, accountID, key)
 	if err != nil {
 		return Record{}, fmt.Errorf("idem: lookup: %w", err)
 	}
@@ -249,10 +247,9 @@ func (PostgresStore) CompleteNew(ctx context.Context, tx *gorm.DB, op opstatus.O
 	if c.Resource != nil {
 		resType, resID = &c.Resource.Type, &c.Resource.ID
 	}
-	var res struct{ Completed int }
 	// The events are the ones Claim and Complete write, in their order: claimed (to running), then the
 	// completion (running to the final state).
-	err = tx.WithContext(ctx).Raw(`
+	res, err := database.Query[struct{ Completed int }](tx.WithContext(ctx), `
 WITH op AS (
     INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?)
@@ -272,11 +269,11 @@ SELECT (SELECT count(*) FROM key) AS completed`,
 		op.ID, op.AccountID, op.Kind, c.State, op.IdempotencyKey, op.Fingerprint, resType, resID,
 		opstatus.EventClaimed, opstatus.StateRunning, actor, string(claimed),
 		c.Event, opstatus.StateRunning, c.State, c.Actor, string(completed),
-		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key, op.ID).Scan(&res).Error
+		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key, op.ID)
 	if err != nil {
 		return fmt.Errorf("idem: complete: %w", err)
 	}
-	if res.Completed == 0 {
+	if len(res) != 1 || res[0].Completed == 0 {
 		return fmt.Errorf("idem: complete: %w", problem.NotFound("running idempotency key"))
 	}
 	return nil
@@ -301,10 +298,9 @@ func (PostgresStore) Complete(ctx context.Context, tx *gorm.DB, c Completion) er
 	if c.Resource != nil {
 		resType, resID = &c.Resource.Type, &c.Resource.ID
 	}
-	var res struct{ Moved, Completed int }
 	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert holds its chain head (audit trigger) and then takes KEY
 	// SHARE on the operation for its foreign key; FOR UPDATE would conflict with that and deadlock.
-	err = tx.WithContext(ctx).Raw(`
+	rows, err := database.Query[struct{ Moved, Completed int }](tx.WithContext(ctx), `
 WITH prev AS (
     SELECT id, state FROM operations WHERE id = ? FOR NO KEY UPDATE
 ), op AS (
@@ -326,10 +322,14 @@ WITH prev AS (
 SELECT (SELECT count(*) FROM op) AS moved, (SELECT count(*) FROM key) AS completed`,
 		c.OperationID, c.State, resType, resID,
 		c.Event, c.Actor, string(detail),
-		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key).Scan(&res).Error
+		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key)
 	if err != nil {
 		return fmt.Errorf("idem: complete: %w", err)
 	}
+	if len(rows) != 1 {
+		return fmt.Errorf("idem: complete: %d result rows", len(rows))
+	}
+	res := rows[0]
 	if res.Moved == 0 {
 		return ErrAlreadySettled
 	}

@@ -7,6 +7,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -22,13 +23,12 @@ const ticketColumns = `id, account_id, project, title, description, priority, st
 // CreateTicket implements Store. The partial unique index tickets_source_event decides between concurrent
 // creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads the winner.
 func (PostgresStore) CreateTicket(ctx context.Context, tx *gorm.DB, accountID string, cmd CreateTicket) (Ticket, bool, error) {
-	var rows []Ticket
-	err := tx.WithContext(ctx).Raw(`
+	rows, err := database.Query[Ticket](tx.WithContext(ctx), `
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, source_event_id)
 VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
 ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING
 RETURNING `+ticketColumns,
-		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID).Scan(&rows).Error
+		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID)
 	if err != nil {
 		return Ticket{}, false, fmt.Errorf("tickets: create: %w", err)
 	}
