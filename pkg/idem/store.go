@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -153,7 +155,7 @@ func claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, with string,
 		// learns what to answer in the same round trip; only a key committed while this statement waited is
 		// outside its snapshot and needs the Lookup below.
 		args := append([]any{op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID}, withArgs...)
-		rows, err := database.Query[keyRow](tx.WithContext(ctx), `
+		rows, err := queryKeys(ctx, tx, true, `
 WITH claim AS (
     INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
     VALUES (?, ?, ?, ?, 'running')
@@ -193,9 +195,49 @@ WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM c
 	return Record{}, false, fmt.Errorf("idem: claim: key vanished three times while claiming")
 }
 
+// queryKeys runs a statement whose rows are keyRows, in keyRow's column order (claimed first when claimed), on
+// db's connection or transaction directly: these run on every write and every retry, and gorm's row mapping
+// cost more than the statement's round trip.
+func queryKeys(ctx context.Context, db *gorm.DB, claimed bool, query string, args ...any) ([]keyRow, error) {
+	rows, err := db.Statement.ConnPool.QueryContext(ctx, numbered(query), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []keyRow
+	for rows.Next() {
+		var r keyRow
+		dest := []any{&r.AccountID, &r.IdempotencyKey, &r.Fingerprint, &r.OperationID, &r.State, &r.ResponseStatus,
+			&r.ResponseHeaders, &r.ResponseBody, &r.OperationState, &r.CreatedAt}
+		if claimed {
+			dest = append([]any{&r.Claimed}, dest...)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// numbered turns the ? placeholders of query into $1, $2, ... (the queries given to it have no other ?).
+func numbered(query string) string {
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] != '?' {
+			b.WriteByte(query[i])
+			continue
+		}
+		n++
+		b.WriteString("$" + strconv.Itoa(n))
+	}
+	return b.String()
+}
+
 // Lookup implements Store.
 func (PostgresStore) Lookup(ctx context.Context, db *gorm.DB, accountID, key string) (Record, error) {
-	rows, err := database.Query[keyRow](db.WithContext(ctx), `
+	rows, err := queryKeys(ctx, db, false, `
 SELECT k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, k.response_status,
        k.response_headers::text AS response_headers, k.response_body, o.state AS operation_state, k.created_at
 FROM idempotency_keys k LEFT JOIN operations o ON o.id = k.operation_id
