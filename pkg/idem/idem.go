@@ -8,7 +8,12 @@
 //
 // Who writes the operations table: the Store, in the claim's own statement (key, operation and claimed event in
 // one round trip) and in the completion's (stored response, final state and event); every other change of an
-// operation goes through opstatus (Transition, Append). A lifted copy keeps that split.
+// operation goes through opstatus (Transition, Append). A lifted copy keeps that split. A local write that never
+// touches its own operation (Request.OperationAtCompletion) has it written once, at completion, in its final
+// state, with both events (LocalStore): the same rows as seen after the commit, one row version fewer.
+//
+// A retry of a key already committed is answered from one read (Lookup) and its attempt record, with no claim
+// transaction; attempt records of concurrent retries share commits (opstatus.GroupAppender).
 //
 // Local mode, for effects that live in the same database: the claim, the business write and the stored response
 // commit in one transaction, so a crash leaves nothing behind and the key free. A concurrent copy of the request

@@ -2,7 +2,8 @@
 // events, so a caller that timed out can ask what happened instead of guessing.
 //
 // Who writes what: an operation is born in the same statement that claims its idempotency key
-// (idem.Store.Claim inserts the key, the operation and its claimed event in one round trip), and idem records its
+// (idem.Store.Claim inserts the key, the operation and its claimed event in one round trip; for a local write
+// that never touches its operation, idem inserts it at completion instead, already final), and idem records its
 // result (idem.Store.Complete moves it to its final state with the stored response). Everything after the claim
 // goes through this package: Transition for a change of state (a deploy controller moving queued to running, the
 // recovery worker marking an expired lease unknown), Append for evidence that changes no state (a provider
