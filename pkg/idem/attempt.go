@@ -179,8 +179,8 @@ func (h *Handler) knownAttempt(ctx context.Context, opID, attempt string) (bool,
 }
 
 // recordAttempt writes the attempt record of a request that found its key claimed, durably, before the answer:
-// the evidence of a duplicate attempt must not be lost in a crash. Concurrent attempts at one operation share
-// one commit (opstatus.GroupAppender).
+// the evidence of a duplicate attempt must not be lost in a crash. Concurrent attempts, at one operation or
+// many, share commits (opstatus.GroupAppender).
 func (h *Handler) recordAttempt(ctx context.Context, opID, eventType string, cl call, outcome string, status int, extra map[string]any) error {
 	return h.events().Append(ctx, opID, eventType, cl.principal.Actor(), cl.record(outcome, status, extra))
 }
