@@ -127,12 +127,15 @@ func (g *GroupAppender) insert(ctx context.Context, group []*groupItem) error {
 		fmt.Fprintf(&sb, "(%d, ?, ?, ?, ?::jsonb)", i)
 		args = append(args, it.id, it.eventType, it.actor, string(it.detail))
 	}
-	// The caller that writes may have hung up; the others still wait for their events.
+	// The caller that writes may have hung up; the others still wait for their events. Rows go in by operation
+	// id, then arrival: each row takes its chain's head, and groups written at once by other processes (replicas
+	// of this service) may hold heads of the same operations: taken in one global order, they never wait on each
+	// other in a cycle.
 	err := g.DB.WithContext(context.WithoutCancel(ctx)).Exec(`
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
 SELECT o.id, o.account_id, v.type, v.actor, v.detail
 FROM (VALUES `+sb.String()+`) AS v(ord, id, type, actor, detail) JOIN operations o ON o.id = v.id
-ORDER BY v.ord`, args...).Error
+ORDER BY v.id COLLATE "C", v.ord`, args...).Error
 	if err != nil {
 		if len(group) == 1 {
 			return fmt.Errorf("opstatus: append to %s: %w", group[0].id, err)
