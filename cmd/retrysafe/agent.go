@@ -138,6 +138,23 @@ func checkAgent(args []string) error {
 }
 
 // agentConfig reads the agent's environment; like loadConfig, once, here.
+// openAgent reads the agent's configuration and opens its journal, for the commands that send (agent do and
+// resume, mcp); a missing key is a usage error, a journal that cannot be opened exit 1.
+func openAgent(inv invocation, journal, command string, lockWait time.Duration) (*agent.Agent, error) {
+	cfg, err := agentConfig(inv.getenv, command, lockWait)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.APIKey == "" {
+		return nil, agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
+	}
+	a, err := agent.Open(journal, cfg)
+	if err != nil {
+		return nil, exitError{code: 1, err: err}
+	}
+	return a, nil
+}
+
 func agentConfig(getenv func(string) string, command string, lockWait time.Duration) (agent.Config, error) {
 	cfg := agent.Config{
 		TicketsURL: getenv("TICKETS_URL"), PaymentsURL: getenv("PAYMENTS_URL"), DeploysURL: getenv("DEPLOYS_URL"),
@@ -175,16 +192,9 @@ func runAgent(ctx context.Context, inv invocation) error {
 	if sub == "show" {
 		return runAgentShow(inv.stdout, f)
 	}
-	cfg, err := agentConfig(inv.getenv, "agent "+sub, 30*time.Second)
+	a, err := openAgent(inv, f.journal, "agent "+sub, 30*time.Second)
 	if err != nil {
 		return err
-	}
-	if cfg.APIKey == "" {
-		return agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
-	}
-	a, err := agent.Open(f.journal, cfg)
-	if err != nil {
-		return exitError{code: 1, err: err}
 	}
 	defer a.Close()
 	enc := json.NewEncoder(inv.stdout)
@@ -267,16 +277,9 @@ func runMCP(ctx context.Context, inv invocation) error {
 	if len(f.rest) != 0 {
 		return agentUsage("mcp takes no arguments besides --journal")
 	}
-	cfg, err := agentConfig(inv.getenv, "mcp", 10*time.Second)
+	a, err := openAgent(inv, f.journal, "mcp", 10*time.Second)
 	if err != nil {
 		return err
-	}
-	if cfg.APIKey == "" {
-		return agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
-	}
-	a, err := agent.Open(f.journal, cfg)
-	if err != nil {
-		return exitError{code: 1, err: err}
 	}
 	defer a.Close()
 	fmt.Fprintf(os.Stderr, "retrysafe mcp: serving on stdio, journal %s, run %s\n", f.journal, a.RunID())
