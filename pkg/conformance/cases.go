@@ -24,6 +24,18 @@ func (r *runner) before(ctx context.Context, c *caseRun) (int64, bool) {
 	return n, true
 }
 
+// start fills the request's body and counts the effect, the first steps of most cases; ok is false when the case
+// was marked an error.
+func (r *runner) start(ctx context.Context, c *caseRun) (body []byte, n0 int64, ok bool) {
+	body, err := r.body(c, r.spec.Body)
+	if err != nil {
+		c.error("%v", err)
+		return nil, 0, false
+	}
+	n0, ok = r.before(ctx, c)
+	return body, n0, ok
+}
+
 // effects checks that the effect grew by want since n0, and notes it.
 func (r *runner) effects(ctx context.Context, c *caseRun, n0, want int64) {
 	n, err := r.count(ctx, c)
@@ -51,12 +63,7 @@ func (r *runner) first(ctx context.Context, c *caseRun, key string, body []byte)
 // lostResponse: the answer is dropped after the target finished; a retry with the same key gets the same
 // answer, marked as a replay, and there is one effect.
 func (r *runner) lostResponse(ctx context.Context, c *caseRun) {
-	body, err := r.body(c, r.spec.Body)
-	if err != nil {
-		c.error("%v", err)
-		return
-	}
-	n0, ok := r.before(ctx, c)
+	body, n0, ok := r.start(ctx, c)
 	if !ok {
 		return
 	}
@@ -116,12 +123,7 @@ func (r *runner) replayNote(a response) string {
 
 // concurrentCopies: N copies of one key at once; one effect; every answer the result or in-progress.
 func (r *runner) concurrentCopies(ctx context.Context, c *caseRun) {
-	body, err := r.body(c, r.spec.Body)
-	if err != nil {
-		c.error("%v", err)
-		return
-	}
-	n0, ok := r.before(ctx, c)
+	body, n0, ok := r.start(ctx, c)
 	if !ok {
 		return
 	}
@@ -199,12 +201,7 @@ func formatTally(t map[string]int) string {
 // restartedCaller: the caller sends, loses the answer and dies; a new caller process reads the key it stored
 // and retries: one effect.
 func (r *runner) restartedCaller(ctx context.Context, c *caseRun) {
-	body, err := r.body(c, r.spec.Body)
-	if err != nil {
-		c.error("%v", err)
-		return
-	}
-	n0, ok := r.before(ctx, c)
+	body, n0, ok := r.start(ctx, c)
 	if !ok {
 		return
 	}
@@ -395,12 +392,7 @@ func (r *runner) equivalentJSON(ctx context.Context, c *caseRun) {
 // missingKeys: no key, an empty key, a 300-character key and a non-ASCII key are each refused with 4xx, and
 // nothing runs.
 func (r *runner) missingKeys(ctx context.Context, c *caseRun) {
-	body, err := r.body(c, r.spec.Body)
-	if err != nil {
-		c.error("%v", err)
-		return
-	}
-	n0, ok := r.before(ctx, c)
+	body, n0, ok := r.start(ctx, c)
 	if !ok {
 		return
 	}
@@ -430,12 +422,7 @@ func (r *runner) missingKeys(ctx context.Context, c *caseRun) {
 
 // killedWorker: the worker is killed after it claimed the key; retries with the same key settle into one effect.
 func (r *runner) killedWorker(ctx context.Context, c *caseRun) {
-	body, err := r.body(c, r.spec.Body)
-	if err != nil {
-		c.error("%v", err)
-		return
-	}
-	n0, ok := r.before(ctx, c)
+	body, n0, ok := r.start(ctx, c)
 	if !ok {
 		return
 	}
