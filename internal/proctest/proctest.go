@@ -134,6 +134,17 @@ func Start(t testing.TB, bin string, args []string, env map[string]string, addrV
 	return p
 }
 
+// StartReplicas starts n copies of one process, each on its own free port (replicas of a service on one
+// database, say), and returns them in start order.
+func StartReplicas(t testing.TB, bin string, n int, args []string, env map[string]string, addrVar string) []*Process {
+	t.Helper()
+	ps := make([]*Process, n)
+	for i := range ps {
+		ps[i] = Start(t, bin, args, env, addrVar)
+	}
+	return ps
+}
+
 func (p *Process) waitHealthy(t testing.TB) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)

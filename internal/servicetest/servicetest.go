@@ -24,6 +24,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
@@ -162,5 +163,14 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("%s: not reached within 30s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// AuditIntact runs `retrysafe audit verify`'s check over db and fails the test unless every chain is intact.
+func AuditIntact(t testing.TB, db *gorm.DB) {
+	t.Helper()
+	rep, err := audit.Verify(context.Background(), db, audit.VerifyOptions{})
+	if err != nil || !rep.Intact() {
+		t.Fatalf("audit verify: %v %v", rep.Problems, err)
 	}
 }
