@@ -117,3 +117,16 @@ func AgreeOnce(t testing.TB, answers [][]Answer, want int) {
 		}
 	}
 }
+
+// SentAgain counts the copies that were sent more than once.
+func SentAgain(answers [][]Answer) int {
+	n := 0
+	for _, as := range answers {
+		for _, a := range as {
+			if a.Sends > 1 {
+				n++
+			}
+		}
+	}
+	return n
+}
