@@ -57,6 +57,7 @@ WHERE d.state IN ('queued', 'running') AND l.holder_deploy_id IS DISTINCT FROM d
 			samples++
 			if len(strays) > 0 {
 				t.Errorf("deploys %v are queued or running without holding their environment's lock", strays)
+				return // once is enough
 			}
 			select {
 			case <-stop:
