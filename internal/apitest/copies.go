@@ -2,6 +2,8 @@ package apitest
 
 import (
 	"bytes"
+	"encoding/json"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -129,4 +131,17 @@ func SentAgain(answers [][]Answer) int {
 		}
 	}
 	return n
+}
+
+// AgainOn is a Copies.Again that sends a copy again when its answer is a problem with one of codes (such as
+// request_in_progress, environment_locked or store_unavailable: answers that tell the caller to retry with
+// the same key).
+func AgainOn(codes ...string) func(*Response) bool {
+	return func(r *Response) bool {
+		var p struct{ Code string }
+		if r.Code < 400 || json.Unmarshal(r.Body, &p) != nil {
+			return false
+		}
+		return slices.Contains(codes, p.Code)
+	}
 }

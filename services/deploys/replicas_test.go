@@ -1,7 +1,6 @@
 package deploys_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -18,8 +17,8 @@ import (
 
 // TestStatelessReplicas runs three `serve deploys` processes, controllers included, on one database and sends
 // 20 deploy keys, four concurrent copies each, spread over the three; five keys aim at each of four
-// environments. A copy refused with environment_locked (the key stays free) or request_in_progress sends the
-// same key again, as an agent does. Nothing but the database decides: each key makes one deploy, the four
+// environments. A copy refused with environment_locked (the key stays free), request_in_progress or
+// store_unavailable sends the same key again, as an agent does. Nothing but the database decides: each key makes one deploy, the four
 // copies of a key end with the same answer, byte for byte, every deploy settles, and the release lock held:
 // at no moment did an environment have a queued or running deploy other than its lock holder, no two deploys
 // of one environment ran at once, and no more deploys of the account ran at once than the cap all replicas
@@ -74,18 +73,11 @@ WHERE d.state IN ('queued', 'running') AND l.holder_deploy_id IS DISTINCT FROM d
 			body := deployBody("api", environments[k%len(environments)], artifact(k+1))
 			return c.Try(http.MethodPost, "/v1/deploys", body, apitest.Key(fmt.Sprintf("deploy-%d", k)))
 		},
-		Again: func(r *apitest.Response) bool {
-			if r.Code != http.StatusConflict {
-				return false
-			}
-			var p struct{ Code string }
-			_ = json.Unmarshal(r.Body, &p)
-			return p.Code == "environment_locked" || p.Code == "request_in_progress"
-		},
+		Again:   apitest.AgainOn("environment_locked", "request_in_progress", "store_unavailable"),
 		MaxWait: 300 * time.Millisecond, Deadline: 2 * time.Minute,
 	}.Run()
 	apitest.AgreeOnce(t, answers, http.StatusAccepted)
-	t.Logf("%d of %d copies were sent again after environment_locked or request_in_progress", apitest.SentAgain(answers), keys*copies)
+	t.Logf("%d of %d copies were sent again after environment_locked or request_in_progress (or store_unavailable)", apitest.SentAgain(answers), keys*copies)
 
 	// Every key made its own deploy, and every deploy settles (the controllers of the replicas run them).
 	ids := map[string]bool{}
