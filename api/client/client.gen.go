@@ -326,6 +326,63 @@ func (e TicketStatus) Valid() bool {
 	}
 }
 
+// Defines values for TimelineApprovalsRecordsType.
+const (
+	TimelineApprovalsRecordsTypeApproved  TimelineApprovalsRecordsType = "approved"
+	TimelineApprovalsRecordsTypeDenied    TimelineApprovalsRecordsType = "denied"
+	TimelineApprovalsRecordsTypeExpired   TimelineApprovalsRecordsType = "expired"
+	TimelineApprovalsRecordsTypeRequested TimelineApprovalsRecordsType = "requested"
+	TimelineApprovalsRecordsTypeRevoked   TimelineApprovalsRecordsType = "revoked"
+	TimelineApprovalsRecordsTypeUsed      TimelineApprovalsRecordsType = "used"
+)
+
+// Valid indicates whether the value is a known member of the TimelineApprovalsRecordsType enum.
+func (e TimelineApprovalsRecordsType) Valid() bool {
+	switch e {
+	case TimelineApprovalsRecordsTypeApproved:
+		return true
+	case TimelineApprovalsRecordsTypeDenied:
+		return true
+	case TimelineApprovalsRecordsTypeExpired:
+		return true
+	case TimelineApprovalsRecordsTypeRequested:
+		return true
+	case TimelineApprovalsRecordsTypeRevoked:
+		return true
+	case TimelineApprovalsRecordsTypeUsed:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TimelineApprovalsState.
+const (
+	TimelineApprovalsStateApproved TimelineApprovalsState = "approved"
+	TimelineApprovalsStateDenied   TimelineApprovalsState = "denied"
+	TimelineApprovalsStateExpired  TimelineApprovalsState = "expired"
+	TimelineApprovalsStatePending  TimelineApprovalsState = "pending"
+	TimelineApprovalsStateRevoked  TimelineApprovalsState = "revoked"
+)
+
+// Valid indicates whether the value is a known member of the TimelineApprovalsState enum.
+func (e TimelineApprovalsState) Valid() bool {
+	switch e {
+	case TimelineApprovalsStateApproved:
+		return true
+	case TimelineApprovalsStateDenied:
+		return true
+	case TimelineApprovalsStateExpired:
+		return true
+	case TimelineApprovalsStatePending:
+		return true
+	case TimelineApprovalsStateRevoked:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for TimelineEntryCategory.
 const (
 	TimelineEntryCategoryApproval    TimelineEntryCategory = "approval"
@@ -396,7 +453,7 @@ type Approval struct {
 	Path           string     `json:"path"`
 	RequestedBy    string     `json:"requested_by"`
 
-	// State revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write.
+	// State revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write. It reads expired from expires_at on; the approval's `expired` audit record is written once, by the expiry worker (within the recovery interval) or by a decision that comes too late.
 	State ApprovalState `json:"state"`
 
 	// Summary What a person must see to decide (environment, service, artifact, rollback target; or amount, currency, order).
@@ -404,7 +461,7 @@ type Approval struct {
 	UsedByOperationId *string                `json:"used_by_operation_id,omitempty"`
 }
 
-// ApprovalState revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write.
+// ApprovalState revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write. It reads expired from expires_at on; the approval's `expired` audit record is written once, by the expiry worker (within the recovery interval) or by a decision that comes too late.
 type ApprovalState string
 
 // ApprovalRequest defines model for ApprovalRequest.
@@ -802,13 +859,21 @@ type TicketStatus string
 // Timeline defines model for Timeline.
 type Timeline struct {
 	Approvals []struct {
-		ApprovalId    string     `json:"approval_id"`
-		DecidedAt     *time.Time `json:"decided_at"`
-		DecidedBy     *string    `json:"decided_by"`
-		RequestedAt   time.Time  `json:"requested_at"`
-		RequestedBy   string     `json:"requested_by"`
-		State         string     `json:"state"`
-		UsedByAttempt *string    `json:"used_by_attempt,omitempty"`
+		ApprovalId string     `json:"approval_id"`
+		DecidedAt  *time.Time `json:"decided_at"`
+		DecidedBy  *string    `json:"decided_by"`
+
+		// Records The approval's own hash-chained records, in chain order.
+		Records []struct {
+			Actor string                       `json:"actor"`
+			At    time.Time                    `json:"at"`
+			Seq   int                          `json:"seq"`
+			Type  TimelineApprovalsRecordsType `json:"type"`
+		} `json:"records"`
+		RequestedAt   time.Time              `json:"requested_at"`
+		RequestedBy   string                 `json:"requested_by"`
+		State         TimelineApprovalsState `json:"state"`
+		UsedByAttempt *string                `json:"used_by_attempt,omitempty"`
 	} `json:"approvals"`
 	Chain struct {
 		Checkpoints int      `json:"checkpoints"`
@@ -836,6 +901,12 @@ type Timeline struct {
 	SupersededBy          []string       `json:"superseded_by"`
 	SupersedesOperationId *string        `json:"supersedes_operation_id"`
 }
+
+// TimelineApprovalsRecordsType defines model for Timeline.Approvals.Records.Type.
+type TimelineApprovalsRecordsType string
+
+// TimelineApprovalsState defines model for Timeline.Approvals.State.
+type TimelineApprovalsState string
 
 // TimelineEntry defines model for TimelineEntry.
 type TimelineEntry struct {

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "f80e70ea8406cc3cf63ef4652f9c163c14b3a0632388c9ce5be76014dee4ee95"
+const SpecSHA256 = "eeca0a85c058e63766b2f3073d3a4bdf18a4aeb7fb9e75af6ec0650425a913c5"

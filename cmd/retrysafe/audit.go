@@ -276,6 +276,13 @@ func printTimeline(out io.Writer, tl opstatus.Timeline) {
 		}
 		fmt.Fprintf(out, "approval %s: requested by %s at %s, %s, used by attempt %s\n", a.ApprovalID, a.RequestedBy,
 			offset(a.RequestedAt.Sub(tl.Start)), decided, orDash(a.UsedByAttempt))
+		recs := make([]string, 0, len(a.Records))
+		for _, r := range a.Records {
+			recs = append(recs, fmt.Sprintf("%d %s by %s at %s", r.Seq, r.Type, r.Actor, offset(r.At.Sub(tl.Start))))
+		}
+		if len(recs) > 0 {
+			fmt.Fprintf(out, "  records: %s\n", strings.Join(recs, "; "))
+		}
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -55,8 +56,9 @@ const (
 	StateDenied   State = "denied"
 	// StateRevoked: approved, then withdrawn before the write used it; the guard refuses it like a denial.
 	StateRevoked State = "revoked"
-	// StateExpired is never stored: an approval pending, or approved and unused, past its expires_at reads
-	// expired, because it can no longer authorize anything.
+	// StateExpired: pending, or approved and never used, past its expires_at; it can no longer authorize
+	// anything. It reads expired from that moment; it is stored, with its `expired` audit record, when the
+	// expiry worker (ExpiryWorker) or a decision that comes too late finds it.
 	StateExpired State = "expired"
 )
 
@@ -102,6 +104,72 @@ func (r Route) match(method, path string) (map[string]string, bool) {
 		}
 	}
 	return params, true
+}
+
+// Expire stores state expired on up to limit approvals that ran out by now (pending, or approved and never
+// used, past expires_at), so each gets its `expired` audit record, and returns how many it moved. Replicas may
+// run it at once: each skips the rows another holds, and the UPDATE moves only rows still pending or approved
+// and unused, so no approval is recorded expired twice, and none a write is using at that moment.
+func Expire(ctx context.Context, db *gorm.DB, now time.Time, limit int) (int, error) {
+	res := db.WithContext(ctx).Exec(`
+UPDATE approvals SET state = 'expired'
+WHERE id IN (SELECT id FROM approvals
+             WHERE state IN ('pending', 'approved') AND used_by_operation_id IS NULL AND expires_at <= ?
+             ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)
+  AND state IN ('pending', 'approved') AND used_by_operation_id IS NULL AND expires_at <= ?`, now, limit, now)
+	if res.Error != nil {
+		return 0, fmt.Errorf("approval: expire: %w", res.Error)
+	}
+	return int(res.RowsAffected), nil
+}
+
+// ExpiryWorker records the expiry of approvals that run out (Expire), every Interval, until its context ends.
+type ExpiryWorker struct {
+	DB       *gorm.DB
+	Interval time.Duration
+	Logger   *slog.Logger
+	// Now is the clock (time.Now when nil); the guard and decisions read expiry by the same one.
+	Now func() time.Time
+}
+
+// expireBatch bounds one Expire statement, so a backlog is worked through in short transactions.
+const expireBatch = 500
+
+// Run expires approvals every w.Interval until ctx ends.
+func (w *ExpiryWorker) Run(ctx context.Context) {
+	t := time.NewTicker(w.Interval)
+	defer t.Stop()
+	for {
+		w.RunOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// RunOnce expires every approval that has run out, a batch at a time, and returns how many it moved.
+func (w *ExpiryWorker) RunOnce(ctx context.Context) int {
+	now := time.Now
+	if w.Now != nil {
+		now = w.Now
+	}
+	total := 0
+	for ctx.Err() == nil {
+		n, err := Expire(ctx, w.DB, now(), expireBatch)
+		total += n
+		if err != nil {
+			if ctx.Err() == nil && w.Logger != nil {
+				w.Logger.WarnContext(ctx, "approval expiry failed", "error", err)
+			}
+			break
+		}
+		if n < expireBatch {
+			break
+		}
+	}
+	return total
 }
 
 // Approval is one request for approval.
@@ -403,7 +471,10 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 	default:
 		return Approval{}, fmt.Errorf("approval: decide: %q is not a decision", to)
 	}
-	var a Approval
+	var (
+		a    Approval
+		late error
+	)
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
 		if a, err = load(ctx, tx, p.AccountID, id, true); err != nil {
@@ -414,18 +485,34 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 			return problem.New(problem.CodeApprovalInvalid, "an approval must be decided by a key other than the requester's")
 		case a.State == to && a.DecidedBy != nil && *a.DecidedBy == p.Actor():
 			return nil // the same decision again
+		case a.State == StateExpired:
+			return expiredError(a)
+		case a.shown(now).State == StateExpired:
+			// It ran out before the expiry worker came by: record that now, in this transaction, and refuse
+			// after it commits. The row is locked, so the worker cannot record it too.
+			late = expiredError(a)
+			return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ? WHERE id = ? RETURNING `+columns,
+				StateExpired, a.ID).Scan(&a).Error
 		case a.State != from:
 			return problem.New(problem.CodeInvalidState, "the approval is already %s", a.State)
 		case to == StateRevoked && a.UsedByOperationID != nil:
 			return problem.New(problem.CodeInvalidState, "the approval was already used by operation %s", *a.UsedByOperationID)
 		case !now.Before(a.ExpiresAt):
-			return problem.New(problem.CodeApprovalInvalid, "the approval expired at %s", a.ExpiresAt.UTC().Format(time.RFC3339))
+			return expiredError(a)
 		}
 		// decided_by names the last decision (the revoker, for a revoke); approval_events keeps every one.
 		return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ?, decided_by = ?, decided_at = now() WHERE id = ?
 RETURNING `+columns, to, p.Actor(), a.ID).Scan(&a).Error
 	})
+	if err == nil && late != nil {
+		return Approval{}, late
+	}
 	return a, err
+}
+
+func expiredError(a Approval) error {
+	return problem.New(problem.CodeApprovalInvalid, "the approval expired at %s", a.ExpiresAt.UTC().Format(time.RFC3339)).
+		With("approval_id", a.ID)
 }
 
 // ListFilter selects the approvals List returns.

@@ -21,6 +21,9 @@ type VerifyOptions struct {
 	// OperationID, when set, checks that operation's chain against the checkpoints that sealed it (each one's
 	// hash and signature; whether a checkpoint was removed is what a verification without it checks).
 	OperationID string
+	// Chains, with OperationID, are more chains checked the same way (the approvals an operation's timeline
+	// shows).
+	Chains []string
 	// PublicKey, when set, requires every checkpoint checked to carry a valid signature by its key.
 	PublicKey ed25519.PublicKey
 }
@@ -106,12 +109,18 @@ func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) 
 	var args []any
 	switch {
 	case opt.OperationID != "":
-		q += ` WHERE heads @> ?::jsonb`
-		seal, err := json.Marshal([]map[string]string{{"chain": opt.OperationID}})
-		if err != nil {
-			return err
+		for i, chain := range append([]string{opt.OperationID}, opt.Chains...) {
+			if i == 0 {
+				q += ` WHERE heads @> ?::jsonb`
+			} else {
+				q += ` OR heads @> ?::jsonb`
+			}
+			seal, err := json.Marshal([]map[string]string{{"chain": chain}})
+			if err != nil {
+				return err
+			}
+			args = append(args, string(seal))
 		}
-		args = append(args, string(seal))
 	case !opt.Since.IsZero():
 		q += ` WHERE created_at >= ?`
 		args = append(args, opt.Since)
@@ -150,6 +159,9 @@ func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) 
 		set := map[string]bool{}
 		if opt.OperationID != "" {
 			set[opt.OperationID] = true
+			for _, c := range opt.Chains {
+				set[c] = true
+			}
 		} else {
 			for name := range want {
 				set[name] = true

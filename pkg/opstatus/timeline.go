@@ -61,7 +61,8 @@ type TimelineEntry struct {
 	Detail json.RawMessage `json:"detail,omitempty"`
 }
 
-// TimelineApproval is an approval the operation used.
+// TimelineApproval is an approval the operation used, or one asked for its exact request (same account,
+// Idempotency-Key and fingerprint) that it did not use: denied, revoked or expired.
 type TimelineApproval struct {
 	ApprovalID  string     `json:"approval_id"`
 	State       string     `json:"state"`
@@ -71,6 +72,17 @@ type TimelineApproval struct {
 	DecidedAt   *time.Time `json:"decided_at"`
 	// UsedByAttempt is the attempt whose claim used the approval.
 	UsedByAttempt string `json:"used_by_attempt,omitempty"`
+	// Records are the approval's own audit records (requested, approved, denied, revoked, used, expired), in
+	// chain order; its chain is verified with the operation's (Timeline.Chain).
+	Records []TimelineApprovalRecord `json:"records"`
+}
+
+// TimelineApprovalRecord is one record of an approval's chain.
+type TimelineApprovalRecord struct {
+	Seq   int64     `json:"seq"`
+	At    time.Time `json:"at"`
+	Type  string    `json:"type"`
+	Actor string    `json:"actor"`
 }
 
 // ChainCheck is the verification of the operation's chain (and its approvals' chains) against the checkpoints.
@@ -164,11 +176,15 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 		}
 		tl.Entries = append(tl.Entries, e)
 	}
-	if tl.Approvals, err = usedApprovals(ctx, db, accountID, id); err != nil {
+	if tl.Approvals, err = timelineApprovals(ctx, db, op); err != nil {
 		return Timeline{}, err
 	}
+	chains := make([]string, 0, len(tl.Approvals))
+	for _, a := range tl.Approvals {
+		chains = append(chains, a.ApprovalID)
+	}
 
-	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{OperationID: id})
+	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{OperationID: id, Chains: chains})
 	if err != nil {
 		return Timeline{}, fmt.Errorf("opstatus: timeline of %s: %w", id, err)
 	}
@@ -179,7 +195,9 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 	return tl, nil
 }
 
-func usedApprovals(ctx context.Context, db *gorm.DB, accountID, opID string) ([]TimelineApproval, error) {
+// timelineApprovals finds the approvals of op: the guard only lets a write use an approval of its own key, so
+// both kinds are found on approvals_account_key.
+func timelineApprovals(ctx context.Context, db *gorm.DB, op Operation) ([]TimelineApproval, error) {
 	var rows []struct {
 		ID          string
 		State       string
@@ -193,18 +211,49 @@ func usedApprovals(ctx context.Context, db *gorm.DB, accountID, opID string) ([]
 SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at,
        (SELECT e.detail->>'attempt_id' FROM operation_events e
         WHERE e.operation_id = a.used_by_operation_id AND e.type = 'claimed' LIMIT 1) AS attempt
-FROM approvals a WHERE a.used_by_operation_id = ? AND a.account_id = ? ORDER BY a.created_at`, opID, accountID).Scan(&rows).Error
+FROM approvals a
+WHERE a.account_id = ? AND a.idempotency_key = ? AND (a.used_by_operation_id = ? OR a.fingerprint = ?)
+ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerprint).Scan(&rows).Error
 	if err != nil {
-		return nil, fmt.Errorf("opstatus: approvals of %s: %w", opID, err)
+		return nil, fmt.Errorf("opstatus: approvals of %s: %w", op.ID, err)
 	}
 	out := make([]TimelineApproval, 0, len(rows))
+	index := make(map[string]int, len(rows))
 	for _, r := range rows {
 		a := TimelineApproval{ApprovalID: r.ID, State: r.State, RequestedBy: r.RequestedBy, RequestedAt: r.CreatedAt,
-			DecidedBy: r.DecidedBy, DecidedAt: r.DecidedAt}
+			DecidedBy: r.DecidedBy, DecidedAt: r.DecidedAt, Records: []TimelineApprovalRecord{}}
 		if r.Attempt != nil {
 			a.UsedByAttempt = *r.Attempt
 		}
+		index[r.ID] = len(out)
 		out = append(out, a)
 	}
+	if len(out) == 0 {
+		return out, nil
+	}
+	var recs []struct {
+		ApprovalID string
+		ChainSeq   int64
+		Type       string
+		Actor      string
+		CreatedAt  time.Time
+	}
+	err = db.WithContext(ctx).Raw(`SELECT approval_id, chain_seq, type, actor, created_at FROM approval_events
+WHERE approval_id IN ? ORDER BY approval_id, id`, keys(index)).Scan(&recs).Error
+	if err != nil {
+		return nil, fmt.Errorf("opstatus: approval records of %s: %w", op.ID, err)
+	}
+	for _, r := range recs {
+		a := &out[index[r.ApprovalID]]
+		a.Records = append(a.Records, TimelineApprovalRecord{Seq: r.ChainSeq, At: r.CreatedAt, Type: r.Type, Actor: r.Actor})
+	}
 	return out, nil
+}
+
+func keys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
@@ -141,7 +142,8 @@ func Reconcilers(svcs ...Service) map[string]opstatus.Reconciler {
 
 // Background configures the process-wide workers that every set of services runs beside its own.
 type Background struct {
-	// RecoveryInterval is how often expired leases are looked for; Retention and PruneInterval govern pruning
+	// RecoveryInterval is how often expired leases are looked for, and approvals that ran out are recorded
+	// expired; Retention and PruneInterval govern pruning
 	// of finished idempotency keys. A zero interval leaves that worker out (tests that drive recovery by hand).
 	RecoveryInterval time.Duration
 	Retention        time.Duration
@@ -159,6 +161,10 @@ func Workers(d Deps, b Background, svcs ...Service) []Worker {
 		recovery := &opstatus.RecoveryWorker{DB: d.DB, Reconcilers: Reconcilers(svcs...), Interval: b.RecoveryInterval,
 			Logger: d.Log(), Observer: d.Idem.OperationObserver()}
 		out = append(out, Worker{Name: "recovery", Run: recovery.Run})
+		// Approvals are shared by the services, like operations: every process records their expiry, and
+		// replicas never record one twice (approval.Expire).
+		expiry := &approval.ExpiryWorker{DB: d.DB, Interval: b.RecoveryInterval, Logger: d.Log()}
+		out = append(out, Worker{Name: "approval-expiry", Run: expiry.Run})
 	}
 	if b.PruneInterval > 0 {
 		pruner := &idem.Pruner{DB: d.DB, Store: d.Idem.Store, Retention: b.Retention, Interval: b.PruneInterval, Logger: d.Log()}

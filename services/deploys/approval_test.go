@@ -1,13 +1,20 @@
 package deploys_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
 
@@ -214,5 +221,117 @@ func TestArtifactLengthIsBounded(t *testing.T) {
 	}
 	if n := count(t, b.db, `SELECT count(*) FROM deploys`); n != 0 {
 		t.Errorf("%d deploys queued", n)
+	}
+}
+
+// TestApprovalExpiryIsRecordedOnce: an approval that runs out gets one `expired` record in its chain, whether
+// two replicas' expiry workers race for it or a late decision finds it first; a late approve is refused with
+// approval_invalid; the chains verify; and the timeline of the operation that finally ran shows the expired
+// approval asked for its request, with its records, and verifies its chain too.
+func TestApprovalExpiryIsRecordedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := context.Background()
+	prod := deployBody("api", "production", artifact(1))
+	expire := func(id string) {
+		t.Helper()
+		if err := b.db.Exec(`UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = ?`, id).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	expiredRecords := func(id string) int {
+		t.Helper()
+		return count(t, b.db, `SELECT count(*) FROM approval_events WHERE approval_id = ? AND type = 'expired' AND actor = 'system:approval-expiry'`, id)
+	}
+
+	pending := requestApproval(t, b.agent, "/v1/deploys", "dep-1", prod)["id"].(string)
+	unused := b.approved(t, "/v1/deploys", "other", prod)
+	expire(pending)
+	expire(unused)
+	// Two replicas' workers at once, twice over.
+	var moved atomic.Int64
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			w := &approval.ExpiryWorker{DB: b.db, Interval: time.Second}
+			for range 2 {
+				moved.Add(int64(w.RunOnce(ctx)))
+			}
+		})
+	}
+	wg.Wait()
+	if moved.Load() != 2 || expiredRecords(pending) != 1 || expiredRecords(unused) != 1 {
+		t.Fatalf("workers moved %d, expired records %d and %d, want 2, 1 and 1", moved.Load(), expiredRecords(pending), expiredRecords(unused))
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM approvals WHERE id IN (?, ?) AND state = 'expired'`, pending, unused); n != 2 {
+		t.Fatalf("%d approvals stored expired, want 2", n)
+	}
+	if state := b.agent.Get("/v1/approvals/"+pending).Status(t, 200).Str(t, "state"); state != "expired" {
+		t.Fatalf("expired approval reads %s", state)
+	}
+	// A late approve is refused, and records nothing more.
+	if code := b.approver.Post("/v1/approvals/"+pending+"/approve", nil).Status(t, 403).Str(t, "code"); code != "approval_invalid" {
+		t.Fatalf("late approve: %s", code)
+	}
+	if code := b.approver.Post("/v1/approvals/"+unused+"/revoke", nil).Status(t, 403).Str(t, "code"); code != "approval_invalid" {
+		t.Fatalf("late revoke: %s", code)
+	}
+
+	// Ran out, and no worker came by yet: the late approve records the expiry itself, in its transaction.
+	late := requestApproval(t, b.agent, "/v1/deploys", "dep-1", prod)["id"].(string)
+	expire(late)
+	if code := b.approver.Post("/v1/approvals/"+late+"/approve", nil).Status(t, 403).Str(t, "code"); code != "approval_invalid" {
+		t.Fatalf("late approve before the worker: %s", code)
+	}
+	b.approver.Post("/v1/approvals/"+late+"/approve", nil).Status(t, 403)
+	if n := (&approval.ExpiryWorker{DB: b.db}).RunOnce(ctx); n != 0 || expiredRecords(late) != 1 {
+		t.Fatalf("after a late approve: worker moved %d, %d expired records, want 0 and 1", n, expiredRecords(late))
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM approval_events WHERE type = 'approved' AND approval_id IN (?, ?)`, pending, late); n != 0 {
+		t.Fatalf("%d approved records of expired approvals", n)
+	}
+
+	// The write finally runs under a fresh approval; its timeline shows all three asked for its request.
+	fresh := b.approved(t, "/v1/deploys", "dep-1", prod)
+	opID := b.agent.Post("/v1/deploys", prod, apitest.Key("dep-1"), approvalID(fresh)).Status(t, 202).Header.Get("Operation-Id")
+	var tl opstatus.Timeline
+	b.agent.Get("/v1/operations/"+opID+"/timeline").Status(t, 200).Decode(t, &tl)
+	if !tl.Chain.Intact || len(tl.Approvals) != 3 {
+		t.Fatalf("timeline: chain %+v, %d approvals, want intact and 3", tl.Chain, len(tl.Approvals))
+	}
+	for _, a := range tl.Approvals {
+		var types []string
+		for _, r := range a.Records {
+			types = append(types, r.Type)
+		}
+		want := "requested,expired"
+		if a.ApprovalID == fresh {
+			want = "requested,approved,used"
+		}
+		if strings.Join(types, ",") != want || (a.ApprovalID != fresh && a.State != "expired") {
+			t.Errorf("approval %s in the timeline: state %s, records %v, want %s", a.ApprovalID, a.State, types, want)
+		}
+	}
+	// The timeline checked the approvals' chains: records of the operation's chain plus theirs.
+	ops := count(t, b.db, `SELECT count(*) FROM operation_events WHERE operation_id = ?`, opID)
+	if want := ops + 2 + 2 + 3; tl.Chain.Records != want {
+		t.Errorf("timeline checked %d records, want %d (the operation's and its approvals')", tl.Chain.Records, want)
+	}
+	rep, err := audit.Verify(ctx, b.db, audit.VerifyOptions{})
+	if err != nil || !rep.Intact() {
+		t.Fatalf("audit verify: %v %+v", err, rep.Problems)
+	}
+	// A tampered expiry record is caught by the timeline's check.
+	if err := b.db.Exec(`ALTER TABLE approval_events DISABLE TRIGGER approval_events_append_only`).Error; err != nil {
+		t.Fatal(err)
+	}
+	tamper := b.db.Exec(`UPDATE approval_events SET actor = 'approver:mallory' WHERE approval_id = ? AND type = 'expired'`, late).Error
+	// The schema is lent to the next test: it gets its trigger back.
+	if err := b.db.Exec(`ALTER TABLE approval_events ENABLE TRIGGER approval_events_append_only`).Error; err != nil || tamper != nil {
+		t.Fatal(err, tamper)
+	}
+	b.agent.Get("/v1/operations/"+opID+"/timeline").Status(t, 200).Decode(t, &tl)
+	if tl.Chain.Intact {
+		t.Error("the timeline did not notice a changed record of its approval's chain")
 	}
 }

@@ -957,7 +957,8 @@ export interface components {
             entries: components["schemas"]["TimelineEntry"][];
             approvals: {
                 approval_id: string;
-                state: string;
+                /** @enum {string} */
+                state: "pending" | "approved" | "denied" | "revoked" | "expired";
                 requested_by: string;
                 /** Format: date-time */
                 requested_at: string;
@@ -965,6 +966,15 @@ export interface components {
                 /** Format: date-time */
                 decided_at: string | null;
                 used_by_attempt?: string;
+                /** @description The approval's own hash-chained records, in chain order. */
+                records: {
+                    seq: number;
+                    /** Format: date-time */
+                    at: string;
+                    /** @enum {string} */
+                    type: "requested" | "approved" | "denied" | "revoked" | "used" | "expired";
+                    actor: string;
+                }[];
             }[];
             chain: {
                 intact: boolean;
@@ -1063,7 +1073,7 @@ export interface components {
                 [key: string]: unknown;
             };
             /**
-             * @description revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write.
+             * @description revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write. It reads expired from expires_at on; the approval's `expired` audit record is written once, by the expiry worker (within the recovery interval) or by a decision that comes too late.
              * @enum {string}
              */
             state: "pending" | "approved" | "denied" | "revoked" | "expired";
