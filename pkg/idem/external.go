@@ -215,6 +215,11 @@ func (h *Handler) settle(ctx context.Context, cl call, write func(ctx context.Co
 		if err != nil {
 			return err
 		}
+		if cl.lineage.attempt != "" {
+			if cl.attemptRecorded, err = attemptRecorded(ctx, tx, cl); err != nil {
+				return err
+			}
+		}
 		state = resultState(res)
 		resp, err = h.storeResult(ctx, tx, cl, res, event, actor)
 		return err
@@ -223,6 +228,24 @@ func (h *Handler) settle(ctx context.Context, cl call, write func(ctx context.Co
 		opstatus.ObserveFinished(h.OperationObserver(), cl.op.Kind, state)
 	}
 	return resp, err
+}
+
+// attemptRecorded locks cl's operation and reports whether the attempt that claimed it already has its attempt
+// record: the recovery worker writes one when the lease runs out before the outcome is recorded, under the same
+// row lock. Two statements: the read takes its snapshot after the lock is held, so it sees a record committed
+// by the worker this transaction waited for.
+func attemptRecorded(ctx context.Context, tx *gorm.DB, cl call) (bool, error) {
+	err := tx.WithContext(ctx).Exec(`SELECT 1 FROM operations WHERE id = ? FOR NO KEY UPDATE`, cl.op.ID).Error
+	if err != nil {
+		return false, fmt.Errorf("idem: lock %s: %w", cl.op.ID, err)
+	}
+	var found bool
+	err = tx.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM operation_events
+WHERE operation_id = ? AND attempt IS NOT NULL AND detail->>'attempt_id' = ?)`, cl.op.ID, cl.lineage.attempt).Scan(&found).Error
+	if err != nil {
+		return false, fmt.Errorf("idem: attempt record of %s: %w", cl.op.ID, err)
+	}
+	return found, nil
 }
 
 // Settle records the outcome of op, an external operation that is running or unknown, as found by a reconciler:

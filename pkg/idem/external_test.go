@@ -17,6 +17,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -300,5 +301,58 @@ func TestRetryOfUnknownSettlesAtOnce(t *testing.T) {
 	}
 	if asked.Load() != 1 || e.effect.calls.Load() != 1 {
 		t.Fatalf("reconciler asked %d times, effect ran %d times", asked.Load(), e.effect.calls.Load())
+	}
+}
+
+// TestAttemptOutlivingItsLeaseIsNumberedOnce: the recovery worker gives the attempt that claimed an operation
+// its attempt record (outcome unknown) when the lease runs out before any outcome; if that attempt's process
+// was only slow and records its result afterwards, the result does not number the attempt a second time.
+func TestAttemptOutlivingItsLeaseIsNumberedOnce(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	e := setupExternal(t, lease)
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
+		entered <- struct{}{}
+		<-release
+		return "late but done", nil
+	}
+	done := make(chan reply, 1)
+	go func() { done <- e.post(t, "slow", `{"amount":5}`, "Attempt-Id", "att-slow") }()
+	<-entered
+	time.Sleep(lease + 100*time.Millisecond) // let the lease run out
+	ops, err := opstatus.ExpireLeases(context.Background(), e.env.DB.DB, time.Now())
+	if err != nil || len(ops) != 1 {
+		t.Fatalf("expired %d leases, %v", len(ops), err)
+	}
+	close(release)
+	if late := <-done; late.status != 200 || late.body["outcome"] != "late but done" {
+		t.Fatalf("late answer: %d %v", late.status, late.body)
+	}
+	var recs []struct {
+		Type    string
+		Attempt *int64
+		Outcome *string
+	}
+	e.env.DB.Raw(`SELECT type, attempt, detail->>'outcome' AS outcome FROM operation_events
+WHERE operation_id = ? AND detail->>'attempt_id' = 'att-slow' ORDER BY id`, ops[0].ID).Scan(&recs)
+	var got []string
+	for _, r := range recs {
+		n, o := "-", "-"
+		if r.Attempt != nil {
+			n = fmt.Sprint(*r.Attempt)
+		}
+		if r.Outcome != nil {
+			o = *r.Outcome
+		}
+		got = append(got, r.Type+" "+n+" "+o)
+	}
+	if want := "[claimed - - lease_expired 1 unknown completed - -]"; fmt.Sprint(got) != want {
+		t.Fatalf("records of the attempt: %v; want %s", got, want)
+	}
+	rep, err := audit.Verify(context.Background(), e.env.DB.DB, audit.VerifyOptions{OperationID: ops[0].ID})
+	if err != nil || !rep.Intact() {
+		t.Fatalf("chain: %v %+v", err, rep.Problems)
 	}
 }

@@ -157,6 +157,9 @@ type call struct {
 	op      opstatus.Operation
 	// late is set when the operation is inserted at completion (Request.OperationAtCompletion).
 	late LocalStore
+	// attemptRecorded is set, in an external effect's settling transaction, when the claiming attempt already
+	// has its attempt record (opstatus.ExpireLeases wrote it).
+	attemptRecorded bool
 }
 
 // begin validates the key and computes the fingerprint. It writes the problem and returns false on failure.
@@ -314,7 +317,12 @@ func (h *Handler) storeResult(ctx context.Context, tx *gorm.DB, cl call, res Res
 		return Response{}, err
 	}
 	var detail map[string]any
-	if cl.lineage.attempt != "" {
+	switch {
+	case cl.lineage.attempt != "" && cl.attemptRecorded:
+		// The recovery worker already wrote this attempt's record (outcome unknown, its lease ran out): the
+		// result is told without an outcome, so the attempt is not numbered twice.
+		detail = cl.lineage.identity(map[string]any{"status": resp.Status})
+	case cl.lineage.attempt != "":
 		// The attempt that claimed the key: this event is its attempt record, in the commit of its result.
 		detail = cl.record(AttemptCreatedOrRefused(resp.Status), resp.Status, nil)
 	}

@@ -77,6 +77,9 @@ const (
 	// ReasonNoDefiniteAnswer: the effect's call ended without an answer that settles it (a timeout, a
 	// dropped connection): it may or may not have happened.
 	ReasonNoDefiniteAnswer = "no_definite_answer"
+	// ReasonLeaseExpired: the process that claimed it stopped before recording an outcome (it crashed, or
+	// outlived its lease); the recovery worker writes the claiming attempt's record with outcome unknown.
+	ReasonLeaseExpired = "lease_expired"
 )
 
 // Reasons a reconciler settled an operation (the reason of its reconciled event) besides the problem code of a

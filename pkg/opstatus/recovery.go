@@ -150,7 +150,9 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 }
 
 // ExpireLeases moves every queued or running operation whose lease ended before now to unknown, with a
-// lease_expired event, and returns them. Nothing is deleted: the operation may well have happened.
+// lease_expired event, and returns them. Nothing is deleted: the operation may well have happened. When the
+// attempt that claimed the operation has no attempt record yet (an external effect whose process died after the
+// claim), the lease_expired event is that record: its attempt_id, outcome unknown, reason lease_expired.
 func ExpireLeases(ctx context.Context, db *gorm.DB, now time.Time) ([]Operation, error) {
 	var rows []operationRow
 	err := db.WithContext(ctx).Raw(`
@@ -166,11 +168,20 @@ WITH expired AS (
     RETURNING o.id, o.account_id, o.kind, o.state, o.idempotency_key, o.fingerprint, o.resource_type,
               o.resource_id, o.lease_expires_at, o.created_at, o.updated_at, expired.state AS from_state
 ), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor)
-    SELECT id, account_id, ?, from_state, state, ? FROM op
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+    SELECT op.id, op.account_id, ?, op.from_state, op.state, ?, coalesce((
+        -- The attempt that claimed it and never got its attempt record (its process died between the claim
+        -- and the outcome): this event is that record, outcome unknown, so the attempt has its number.
+        SELECT (c.detail - 'supersedes_operation_id') || jsonb_build_object('outcome', 'unknown', 'reason', ?::text, 'fingerprint', op.fingerprint)
+        FROM operation_events c
+        WHERE c.operation_id = op.id AND c.type = 'claimed' AND c.detail ? 'attempt_id' AND NOT EXISTS (
+            SELECT 1 FROM operation_events a
+            WHERE a.operation_id = op.id AND a.attempt IS NOT NULL AND a.detail->>'attempt_id' = c.detail->>'attempt_id')
+        LIMIT 1), '{}'::jsonb)
+    FROM op
 )
 SELECT id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, lease_expires_at,
-       created_at, updated_at FROM op`, now, EventLeaseExpired, recoveryActor).Scan(&rows).Error
+       created_at, updated_at FROM op`, now, EventLeaseExpired, recoveryActor, ReasonLeaseExpired).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("opstatus: expire leases: %w", err)
 	}

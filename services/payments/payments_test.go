@@ -421,9 +421,49 @@ func testCrash(t *testing.T, h *harness, failpoint string) {
 		t.Fatalf("no provider_lookup evidence in %+v", op.Events)
 	}
 
+	// The killed attempt never answered, and still has its attempt record: number 1, outcome unknown, written
+	// by the recovery worker when the lease ran out; the settlement does not number it again.
+	claimed, _ := hasEvent(op, "claimed")
+	var claim struct {
+		AttemptID string `json:"attempt_id"`
+	}
+	if err := json.Unmarshal(claimed.Detail, &claim); err != nil || claim.AttemptID == "" {
+		t.Fatalf("claimed event without an attempt id: %s", claimed.Detail)
+	}
+	killedAttempt := func(op opstatus.Operation) []string {
+		var recs []string
+		for _, ev := range op.Events {
+			var d struct {
+				AttemptID string `json:"attempt_id"`
+				Outcome   string `json:"outcome"`
+				Reason    string `json:"reason"`
+			}
+			_ = json.Unmarshal(ev.Detail, &d)
+			if ev.Attempt != nil && d.AttemptID == claim.AttemptID {
+				recs = append(recs, fmt.Sprintf("#%d %s %s %s", *ev.Attempt, ev.Type, d.Outcome, d.Reason))
+			}
+		}
+		return recs
+	}
+	want := "#1 lease_expired unknown " + opstatus.ReasonLeaseExpired
+	if recs := killedAttempt(op); len(recs) != 1 || recs[0] != want {
+		t.Fatalf("attempt records of the killed attempt %s: %v; want [%s]", claim.AttemptID, recs, want)
+	}
+
 	retry := agent.Post(path, `{}`, apitest.Key("cap"))
 	if retry.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry = %d %s; want the settled result replayed", retry.Code, retry.Body)
+	}
+	var tl opstatus.Timeline
+	agent.Get("/v1/operations/"+op.ID+"/timeline").Status(t, http.StatusOK).Decode(t, &tl)
+	var numbers []int64
+	for _, e := range tl.Entries {
+		if e.Attempt != nil {
+			numbers = append(numbers, *e.Attempt)
+		}
+	}
+	if !tl.Chain.Intact || fmt.Sprint(numbers) != "[1 2]" || len(killedAttempt(operation(t, agent, "cap"))) != 1 {
+		t.Fatalf("timeline after the retry: chain %+v, attempt numbers %v; want intact, [1 2]", tl.Chain, numbers)
 	}
 	var got intent
 	agent.Get("/v1/payment_intents/"+in.ID).Status(t, http.StatusOK).Decode(t, &got)
