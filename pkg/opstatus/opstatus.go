@@ -68,7 +68,35 @@ const (
 	EventDispatchNotSent          = "dispatch_not_sent"          // no connection: nothing reached the other side
 	EventDispatchResponseReceived = "dispatch_response_received" // an answer came back, whatever it said
 	EventDispatchSentNoResponse   = "dispatch_sent_no_response"  // sent, no usable answer: it may have happened
-	EventDispatchExecutionError   = "dispatch_execution_error"   // this process failed to carry out the call
+	EventDispatchExecutionError   = "dispatch_execution_error"   // the call could not be carried out (see its reason)
+)
+
+// Dispatch reasons: the fixed list the reason of a dispatch_* record comes from, for every downstream (the
+// payment provider's client, the deploy controller's target calls). A call's error text goes to the log, never
+// to a record.
+const (
+	// not_sent: no connection was established; nothing reached the other side.
+	ReasonConnectionRefused = "connection_refused"
+	ReasonDNSFailure        = "dns_failure"
+	ReasonTLSFailure        = "tls_failure"
+	ReasonConnectTimeout    = "connect_timeout"
+	ReasonConnectFailed     = "connect_failed"
+	ReasonCancelled         = "cancelled"
+	// sent_no_response: the request went out and no usable answer came back.
+	ReasonTimeout          = "timeout"
+	ReasonConnectionReset  = "connection_reset"
+	ReasonConnectionClosed = "connection_closed"
+	ReasonNoResponse       = "no_response"
+	ReasonResponseCut      = "response_cut"
+	// ReasonTargetError: the deploy target's call failed in a way that does not say whether it activated.
+	ReasonTargetError = "target_error"
+	// execution_error: the call could not be carried out.
+	ReasonRequestNotBuilt = "request_not_built" // this process could not build the request; nothing was sent
+	// ReasonActivationFailed: the deploy target answered that it could not activate the deploy.
+	ReasonActivationFailed = "activation_failed"
+	// response_received, with an answer this process could not use or keep.
+	ReasonEvidenceNotRecorded   = "evidence_not_recorded"
+	ReasonResponseNotUnderstood = "response_not_understood"
 )
 
 // Reasons an operation's outcome became unknown: the reason of its outcome_unknown event. Records carry only

@@ -193,28 +193,26 @@ func (c *Controller) execute(ctx context.Context, r *run) error {
 		return c.stop(ctx, claim, err)
 	}
 
-	// The point of no return: finish what was started even if ctx ends now.
+	// The point of no return: finish what was started even if ctx ends now. Only waiting for a target that
+	// could not be reached still stops with the controller (stopping).
+	stopping := ctx
 	ctx = context.WithoutCancel(ctx)
-	failpoint.Hit(FailpointBeforeActivate)
-	call := map[string]any{"target": "deploy_target", "call": "activate", "deploy_id": claim.Deploy.ID, "fencing_token": claim.Token}
-	if err := c.retry(ctx, r, "record dispatch", func(ctx context.Context) error {
-		return opstatus.Append(ctx, c.DB, claim.Deploy.OperationID, opstatus.EventDispatchStarted, controllerActor, call)
-	}); err != nil {
-		// Without the record of the dispatch the call is not made; the lease runs out and the reconciler,
-		// finding no marker, settles the deploy.
-		return err
-	}
-	var marker Activation
-	err := c.retry(ctx, r, "activate", func(ctx context.Context) error {
-		// The target activates a deploy at most once and refuses stale tokens, so asking again is safe.
-		var err error
-		marker, err = c.Target.Activate(ctx, claim.Deploy, claim.Token)
-		return err
-	})
-	failpoint.Hit(FailpointAfterActivate)
-	c.recordDispatch(ctx, claim, call, marker, err)
+	marker, err := c.activate(ctx, stopping, r)
 	if errors.Is(err, ErrFenced) {
 		return ErrLockLost
+	}
+	if errors.Is(err, ErrActivationFailed) {
+		// The target answered: nothing is live. The deploy fails, its lock released, and says why.
+		if ferr := c.retry(ctx, r, "finish", func(ctx context.Context) error {
+			return c.tx(ctx, func(tx *gorm.DB) error {
+				return c.Store.Finish(ctx, tx, claim, false, controllerActor, opstatus.EventFailed,
+					map[string]any{"reason": opstatus.ReasonActivationFailed, "fencing_token": claim.Token})
+			})
+		}); ferr != nil {
+			return ferr
+		}
+		opstatus.ObserveFinished(c.Observer, claim.Deploy.OperationKind(), StateFailed)
+		return nil
 	}
 	if err != nil {
 		return err
@@ -228,6 +226,49 @@ func (c *Controller) execute(ctx context.Context, r *run) error {
 	}
 	opstatus.ObserveFinished(c.Observer, claim.Deploy.OperationKind(), StateSucceeded)
 	return nil
+}
+
+// notSentBackoff bounds the wait between activations that never reached the target.
+const notSentBackoff = 5 * time.Second
+
+// activate calls the target, each call recorded as a dispatch: dispatch_started committed before it, then what
+// was observed. An activation that never reached the target (NotReachedError) is safe to send again with the
+// same fencing token, so it is, after a backoff during which the leases are renewed: the deploy goes on, never
+// failed for it. It stops when the target answers, when the lock is lost (cancelled, taken over), or when
+// stopping ends (the controller shuts down: the leases then run out and the reconciler settles the deploy from
+// the target's marker).
+func (c *Controller) activate(ctx, stopping context.Context, r *run) (Activation, error) {
+	claim := r.claim
+	backoff := 20 * time.Millisecond
+	for {
+		failpoint.Hit(FailpointBeforeActivate)
+		call := map[string]any{"target": "deploy_target", "call": "activate", "deploy_id": claim.Deploy.ID, "fencing_token": claim.Token}
+		if err := c.retry(ctx, r, "record dispatch", func(ctx context.Context) error {
+			return opstatus.Append(ctx, c.DB, claim.Deploy.OperationID, opstatus.EventDispatchStarted, controllerActor, call)
+		}); err != nil {
+			// Without the record of the dispatch the call is not made; the lease runs out and the reconciler,
+			// finding no marker, settles the deploy.
+			return Activation{}, err
+		}
+		var marker Activation
+		err := c.retry(ctx, r, "activate", func(ctx context.Context) error {
+			// The target activates a deploy at most once and refuses stale tokens, so asking again is safe.
+			var err error
+			marker, err = c.Target.Activate(ctx, claim.Deploy, claim.Token)
+			return err
+		})
+		failpoint.Hit(FailpointAfterActivate)
+		c.recordDispatch(ctx, claim, call, marker, err)
+		if !errors.Is(err, ErrNotReached) {
+			return marker, err
+		}
+		r.log.WarnContext(ctx, "deploy target not reached; activating again with the same fencing token",
+			"retry_in", backoff.String(), "error", err.Error())
+		if werr := c.wait(stopping, r, backoff); werr != nil {
+			return Activation{}, errors.Join(err, werr)
+		}
+		backoff = min(backoff*2, notSentBackoff)
+	}
 }
 
 // activationBegun is BeginActivation's answer to a retry: lost is returned unless the deploy's activation has
@@ -284,16 +325,25 @@ func (c *Controller) retry(ctx context.Context, r *run, what string, do func(ctx
 	}
 }
 
-// recordDispatch records what the controller observed of its activation call. The simulated target answers
-// through the database, so a failed call may have committed there: sent_no_response, never not_sent.
+// recordDispatch records what the controller observed of its activation call: not_sent when it never reached
+// the target, execution_error when the target answered that the activation failed, response_received for an
+// activation or a fenced refusal, and sent_no_response for any other error (the simulated target answers
+// through the database, so a failed call may have committed there).
 func (c *Controller) recordDispatch(ctx context.Context, claim Claim, call map[string]any, marker Activation, err error) {
 	event := opstatus.EventDispatchResponseReceived
+	var notReached *NotReachedError
 	switch {
 	case errors.Is(err, ErrFenced):
 		call["state"], call["result"] = "response_received", "fenced"
+	case errors.As(err, &notReached):
+		event = opstatus.EventDispatchNotSent
+		call["state"], call["reason"] = "not_sent", notReached.Reason
+	case errors.Is(err, ErrActivationFailed):
+		event = opstatus.EventDispatchExecutionError
+		call["state"], call["reason"] = "execution_error", opstatus.ReasonActivationFailed
 	case err != nil:
 		event = opstatus.EventDispatchSentNoResponse
-		call["state"], call["reason"] = "sent_no_response", "target_error"
+		call["state"], call["reason"] = "sent_no_response", opstatus.ReasonTargetError
 	default:
 		call["state"], call["result"], call["remote_ref"] = "response_received", "activated", marker.DeployID
 		// The target counts calls per deploy: more than one means it answered from its earlier activation.

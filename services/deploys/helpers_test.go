@@ -27,8 +27,10 @@ type bundle struct {
 	approver *apitest.Client
 	store    deploys.PostgresStore
 	target   deploys.SimulatedTarget
-	ctrl     *deploys.Controller
-	recon    *deploys.Reconciler
+	// faults are armed on target (TargetFaults.Arm).
+	faults *deploys.TargetFaults
+	ctrl   *deploys.Controller
+	recon  *deploys.Reconciler
 }
 
 type options struct {
@@ -53,7 +55,8 @@ func setup(t *testing.T, o options) *bundle {
 		}))
 	}
 	env := servicetest.New(t, opts...)
-	b := &bundle{env: env, db: env.DB.DB, target: deploys.SimulatedTarget{DB: env.ServiceDB}}
+	faults := &deploys.TargetFaults{}
+	b := &bundle{env: env, db: env.DB.DB, target: deploys.SimulatedTarget{DB: env.ServiceDB, Faults: faults}, faults: faults}
 	step := 20 * time.Millisecond
 	if o.stepDuration > 0 {
 		step = o.stepDuration

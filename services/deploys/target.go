@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Target is where deploys take effect: a remote system, outside the deploys' transactions. It keeps, per
@@ -27,6 +30,65 @@ type Target interface {
 // ErrFenced is the target's refusal of a stale fencing token.
 var ErrFenced = errors.New("deploys: target refused a stale fencing token")
 
+// ErrNotReached matches a NotReachedError: the call never reached the target.
+var ErrNotReached = errors.New("deploys: target not reached")
+
+// NotReachedError is an activation that never reached the target (no connection was established: refused,
+// DNS, TLS). Nothing was activated, so activating again with the same deploy and fencing token is safe.
+type NotReachedError struct {
+	// Reason is one of opstatus's dispatch reasons (connection_refused, dns_failure, tls_failure, ...).
+	Reason string
+}
+
+func (e *NotReachedError) Error() string        { return "deploys: target not reached: " + e.Reason }
+func (e *NotReachedError) Is(target error) bool { return target == ErrNotReached }
+
+// ErrActivationFailed is the target's answer that it could not activate the deploy: nothing was activated and
+// the deploy fails (reason activation_failed).
+var ErrActivationFailed = errors.New("deploys: target: activation failed")
+
+// TargetFault is what an armed fault makes the simulated target do to one activation.
+type TargetFault string
+
+const (
+	// FaultUnreachable: the activation never reaches the target (connection refused); nothing is recorded
+	// there, not even the call.
+	FaultUnreachable TargetFault = "unreachable"
+	// FaultActivationFails: the target answers that the activation failed; nothing is activated.
+	FaultActivationFails TargetFault = "activation_fails"
+)
+
+// TargetFaults are faults armed on a SimulatedTarget, for tests: each Arm queues count activations that fail
+// that way, in order, like the provider sandbox's POST /admin/faults.
+type TargetFaults struct {
+	mu    sync.Mutex
+	armed []TargetFault
+}
+
+// Arm makes the next count activations (after those already armed) fail with f.
+func (f *TargetFaults) Arm(fault TargetFault, count int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for range count {
+		f.armed = append(f.armed, fault)
+	}
+}
+
+// take consumes the fault of one activation, "" when none is armed.
+func (f *TargetFaults) take() TargetFault {
+	if f == nil {
+		return ""
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.armed) == 0 {
+		return ""
+	}
+	next := f.armed[0]
+	f.armed = f.armed[1:]
+	return next
+}
+
 // Activation is the target's marker: what it activated for one deploy.
 type Activation struct {
 	DeployID     string    `json:"deploy_id"`
@@ -43,6 +105,8 @@ type Activation struct {
 // call its own transaction, as a remote system's would be.
 type SimulatedTarget struct {
 	DB *gorm.DB
+	// Faults, when set, are injected into activations (tests).
+	Faults *TargetFaults
 }
 
 var _ Target = SimulatedTarget{}
@@ -53,6 +117,12 @@ const activationColumns = `deploy_id, environment, service, artifact, commit_sha
 // there, and only then record the activation. A second call for the same deploy counts the call and changes
 // nothing else.
 func (t SimulatedTarget) Activate(ctx context.Context, d Deploy, token int64) (Activation, error) {
+	switch t.Faults.take() {
+	case FaultUnreachable:
+		return Activation{}, &NotReachedError{Reason: opstatus.ReasonConnectionRefused}
+	case FaultActivationFails:
+		return Activation{}, ErrActivationFailed
+	}
 	var rows []Activation
 	err := t.DB.WithContext(ctx).Raw(`
 WITH fence AS (
@@ -103,7 +173,8 @@ func (t SimulatedTarget) Activation(ctx context.Context, deployID string) (Activ
 }
 
 // ObserveTarget returns t reporting every call to observe (metrics): its duration and its outcome, "ok",
-// "refused" (ErrFenced: nothing activated) or "unknown" (an error: an activation may or may not have happened).
+// "refused" (ErrFenced, ErrActivationFailed, ErrNotReached: nothing activated) or "unknown" (another error: an
+// activation may or may not have happened).
 // A nil observe returns t itself.
 func ObserveTarget(t Target, observe func(outcome string, d time.Duration)) Target {
 	if observe == nil {
@@ -120,7 +191,7 @@ type observedTarget struct {
 func (o observedTarget) report(start time.Time, err error) {
 	outcome := "ok"
 	switch {
-	case errors.Is(err, ErrFenced):
+	case errors.Is(err, ErrFenced), errors.Is(err, ErrActivationFailed), errors.Is(err, ErrNotReached):
 		outcome = "refused"
 	case err != nil:
 		outcome = "unknown"

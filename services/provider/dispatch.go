@@ -12,6 +12,8 @@ import (
 	"net"
 	"os"
 	"syscall"
+
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // DispatchState is what the caller observed of one call that leaves the process. It says what the caller saw,
@@ -32,22 +34,23 @@ const (
 	DispatchExecutionError DispatchState = "execution_error"
 )
 
-// Dispatch reasons: the fixed list a Dispatch.Reason comes from. The error text goes to logs, not records.
+// Dispatch reasons: the fixed list a Dispatch.Reason comes from (opstatus's, shared by every downstream). The
+// error text goes to logs, not records.
 const (
-	ReasonConnectionRefused     = "connection_refused"
-	ReasonDNSFailure            = "dns_failure"
-	ReasonTLSFailure            = "tls_failure"
-	ReasonConnectTimeout        = "connect_timeout"
-	ReasonConnectFailed         = "connect_failed"
-	ReasonTimeout               = "timeout"
-	ReasonConnectionReset       = "connection_reset"
-	ReasonConnectionClosed      = "connection_closed"
-	ReasonCancelled             = "cancelled"
-	ReasonNoResponse            = "no_response"
-	ReasonResponseCut           = "response_cut"
-	ReasonRequestNotBuilt       = "request_not_built"
-	ReasonEvidenceNotRecorded   = "evidence_not_recorded"
-	ReasonResponseNotUnderstood = "response_not_understood"
+	ReasonConnectionRefused     = opstatus.ReasonConnectionRefused
+	ReasonDNSFailure            = opstatus.ReasonDNSFailure
+	ReasonTLSFailure            = opstatus.ReasonTLSFailure
+	ReasonConnectTimeout        = opstatus.ReasonConnectTimeout
+	ReasonConnectFailed         = opstatus.ReasonConnectFailed
+	ReasonTimeout               = opstatus.ReasonTimeout
+	ReasonConnectionReset       = opstatus.ReasonConnectionReset
+	ReasonConnectionClosed      = opstatus.ReasonConnectionClosed
+	ReasonCancelled             = opstatus.ReasonCancelled
+	ReasonNoResponse            = opstatus.ReasonNoResponse
+	ReasonResponseCut           = opstatus.ReasonResponseCut
+	ReasonRequestNotBuilt       = opstatus.ReasonRequestNotBuilt
+	ReasonEvidenceNotRecorded   = opstatus.ReasonEvidenceNotRecorded
+	ReasonResponseNotUnderstood = opstatus.ReasonResponseNotUnderstood
 )
 
 // Dispatch is the record of one call that carries an idempotency key.
