@@ -910,25 +910,27 @@ type TimelineApprovalsState string
 
 // TimelineEntry defines model for TimelineEntry.
 type TimelineEntry struct {
-	Actor           string                  `json:"actor"`
-	AgentRunId      *string                 `json:"agent_run_id,omitempty"`
-	At              time.Time               `json:"at"`
-	Attempt         *int                    `json:"attempt,omitempty"`
-	AttemptId       *string                 `json:"attempt_id,omitempty"`
-	Category        TimelineEntryCategory   `json:"category"`
-	Detail          *map[string]interface{} `json:"detail,omitempty"`
-	DurationMs      *int                    `json:"duration_ms,omitempty"`
-	FromState       *OperationState         `json:"from_state,omitempty"`
-	OffsetMs        int                     `json:"offset_ms"`
-	Outcome         *TimelineEntryOutcome   `json:"outcome,omitempty"`
-	Reason          *string                 `json:"reason,omitempty"`
-	RetryOf         *string                 `json:"retry_of,omitempty"`
-	RetryReason     *string                 `json:"retry_reason,omitempty"`
-	SameFingerprint *bool                   `json:"same_fingerprint,omitempty"`
-	Seq             int                     `json:"seq"`
-	Status          *int                    `json:"status,omitempty"`
-	ToState         *OperationState         `json:"to_state,omitempty"`
-	Type            string                  `json:"type"`
+	Actor      string                  `json:"actor"`
+	AgentRunId *string                 `json:"agent_run_id,omitempty"`
+	At         time.Time               `json:"at"`
+	Attempt    *int                    `json:"attempt,omitempty"`
+	AttemptId  *string                 `json:"attempt_id,omitempty"`
+	Category   TimelineEntryCategory   `json:"category"`
+	Detail     *map[string]interface{} `json:"detail,omitempty"`
+	DurationMs *int                    `json:"duration_ms,omitempty"`
+	FromState  *OperationState         `json:"from_state,omitempty"`
+	OffsetMs   int                     `json:"offset_ms"`
+	Outcome    *TimelineEntryOutcome   `json:"outcome,omitempty"`
+
+	// Reason From fixed lists, never error text. An attempt whose process died before its outcome: lease_expired (outcome unknown). outcome_unknown: no_definite_answer. reconciled: remote_record_found, remote_record_absent, or a stored failure's problem code. failed: queue_timeout, activation_failed. Dispatch records: not_sent (connection_refused, dns_failure, tls_failure, connect_timeout, connect_failed, cancelled, evidence_not_recorded), sent_no_response (timeout, connection_reset, connection_closed, cancelled, no_response, response_cut, target_error), execution_error (request_not_built, activation_failed), response_received (response_not_understood).
+	Reason          *string         `json:"reason,omitempty"`
+	RetryOf         *string         `json:"retry_of,omitempty"`
+	RetryReason     *string         `json:"retry_reason,omitempty"`
+	SameFingerprint *bool           `json:"same_fingerprint,omitempty"`
+	Seq             int             `json:"seq"`
+	Status          *int            `json:"status,omitempty"`
+	ToState         *OperationState `json:"to_state,omitempty"`
+	Type            string          `json:"type"`
 }
 
 // TimelineEntryCategory defines model for TimelineEntry.Category.
@@ -1905,9 +1907,10 @@ type ClientInterface interface {
 	//
 	// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
 	// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
-	// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-	// replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
-	// retry it freely.
+	// dispatch and observation, each state change; the approvals it used or that were asked for its exact
+	// request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
+	// who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
+	// with no effect: retry it freely.
 	//
 	// Corresponds with GET /v1/operations/{id}/timeline (the `GetOperationTimeline` operationId).
 	GetOperationTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2978,9 +2981,10 @@ func (c *Client) GetOperation(ctx context.Context, id string, reqEditors ...Requ
 //
 // Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
 // attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
-// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-// replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
-// retry it freely.
+// dispatch and observation, each state change; the approvals it used or that were asked for its exact
+// request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
+// who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
+// with no effect: retry it freely.
 //
 // Corresponds with GET /v1/operations/{id}/timeline (the `GetOperationTimeline` operationId).
 func (c *Client) GetOperationTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -5994,9 +5998,10 @@ type ClientWithResponsesInterface interface {
 	//
 	// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
 	// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
-	// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-	// replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
-	// retry it freely.
+	// dispatch and observation, each state change; the approvals it used or that were asked for its exact
+	// request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
+	// who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
+	// with no effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -10620,9 +10625,10 @@ func (c *ClientWithResponses) GetOperationWithResponse(ctx context.Context, id s
 //
 // Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
 // attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
-// dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-// replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
-// retry it freely.
+// dispatch and observation, each state change; the approvals it used or that were asked for its exact
+// request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
+// who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
+// with no effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -75,14 +75,16 @@ const (
 // payment provider's client, the deploy controller's target calls). A call's error text goes to the log, never
 // to a record.
 const (
-	// not_sent: no connection was established; nothing reached the other side.
-	ReasonConnectionRefused = "connection_refused"
-	ReasonDNSFailure        = "dns_failure"
-	ReasonTLSFailure        = "tls_failure"
-	ReasonConnectTimeout    = "connect_timeout"
-	ReasonConnectFailed     = "connect_failed"
-	ReasonCancelled         = "cancelled"
-	// sent_no_response: the request went out and no usable answer came back.
+	// not_sent: no connection was established, so nothing reached the other side (cancelled: the call was
+	// given up before; evidence_not_recorded: dispatch_started could not be written, so the call was not made).
+	ReasonConnectionRefused   = "connection_refused"
+	ReasonDNSFailure          = "dns_failure"
+	ReasonTLSFailure          = "tls_failure"
+	ReasonConnectTimeout      = "connect_timeout"
+	ReasonConnectFailed       = "connect_failed"
+	ReasonCancelled           = "cancelled"
+	ReasonEvidenceNotRecorded = "evidence_not_recorded"
+	// sent_no_response: the request went out and no usable answer came back (also cancelled, after the write).
 	ReasonTimeout          = "timeout"
 	ReasonConnectionReset  = "connection_reset"
 	ReasonConnectionClosed = "connection_closed"
@@ -90,12 +92,12 @@ const (
 	ReasonResponseCut      = "response_cut"
 	// ReasonTargetError: the deploy target's call failed in a way that does not say whether it activated.
 	ReasonTargetError = "target_error"
-	// execution_error: the call could not be carried out.
-	ReasonRequestNotBuilt = "request_not_built" // this process could not build the request; nothing was sent
-	// ReasonActivationFailed: the deploy target answered that it could not activate the deploy.
+	// execution_error: the call could not be carried out. ReasonRequestNotBuilt: this process could not build
+	// the request, nothing was sent; ReasonActivationFailed: the deploy target answered that it could not
+	// activate the deploy.
+	ReasonRequestNotBuilt  = "request_not_built"
 	ReasonActivationFailed = "activation_failed"
-	// response_received, with an answer this process could not use or keep.
-	ReasonEvidenceNotRecorded   = "evidence_not_recorded"
+	// response_received, with an answer this process could not use.
 	ReasonResponseNotUnderstood = "response_not_understood"
 )
 

@@ -68,7 +68,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	lookup := map[string]any{"target": "deploy_target", "call": "activation", "deploy_id": d.ID}
 	if err != nil {
 		// A failed lookup is recorded too: when someone asked, and that they could not learn.
-		lookup["result"], lookup["reason"] = "failed", "target_error"
+		lookup["result"], lookup["reason"] = "failed", opstatus.ReasonTargetError
 		if aerr := opstatus.Append(ctx, r.DB, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
 			return errors.Join(err, aerr)
 		}

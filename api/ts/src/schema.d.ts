@@ -98,9 +98,10 @@ export interface paths {
          * One operation's story for an investigator, with its audit chain verified.
          * @description Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
          *     attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
-         *     dispatch and observation, each state change; the approvals it used; the operations it replaces or that
-         *     replace it; who settled it; and whether the chain verifies against the checkpoints. A read with no effect:
-         *     retry it freely.
+         *     dispatch and observation, each state change; the approvals it used or that were asked for its exact
+         *     request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
+         *     who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
+         *     with no effect: retry it freely.
          */
         get: operations["getOperationTimeline"];
         put?: never;
@@ -1004,6 +1005,7 @@ export interface components {
             status?: number;
             duration_ms?: number;
             same_fingerprint?: boolean;
+            /** @description From fixed lists, never error text. An attempt whose process died before its outcome: lease_expired (outcome unknown). outcome_unknown: no_definite_answer. reconciled: remote_record_found, remote_record_absent, or a stored failure's problem code. failed: queue_timeout, activation_failed. Dispatch records: not_sent (connection_refused, dns_failure, tls_failure, connect_timeout, connect_failed, cancelled, evidence_not_recorded), sent_no_response (timeout, connection_reset, connection_closed, cancelled, no_response, response_cut, target_error), execution_error (request_not_built, activation_failed), response_received (response_not_understood). */
             reason?: string;
             detail?: {
                 [key: string]: unknown;
