@@ -335,3 +335,20 @@ func TestApprovalExpiryIsRecordedOnce(t *testing.T) {
 		t.Error("the timeline did not notice a changed record of its approval's chain")
 	}
 }
+
+// TestServedApprovalsExpireOnRecord: the expiry worker runs with every served set of services (beside the
+// recovery worker), and records an approval that ran out without anyone asking.
+func TestServedApprovalsExpireOnRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{recovery: 20 * time.Millisecond})
+	id := requestApproval(t, b.agent, "/v1/deploys", "served", deployBody("api", "production", artifact(1)))["id"].(string)
+	if err := b.db.Exec(`UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = ?`, id).Error; err != nil {
+		t.Fatal(err)
+	}
+	servicetest.Eventually(t, "the expiry worker records the approval expired", func() bool {
+		return count(t, b.db, `SELECT count(*) FROM approvals WHERE id = ? AND state = 'expired'`, id) == 1
+	})
+	if n := count(t, b.db, `SELECT count(*) FROM approval_events WHERE approval_id = ? AND type = 'expired'`, id); n != 1 {
+		t.Fatalf("%d expired records, want 1", n)
+	}
+}

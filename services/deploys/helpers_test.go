@@ -34,8 +34,10 @@ type bundle struct {
 }
 
 type options struct {
-	// background starts the controller; otherwise tests drive it with b.runOnce.
+	// background starts the controller; otherwise tests drive it with b.runOnce. recovery, when set, starts
+	// the controller and the process-wide workers (recovery, approval expiry) with that interval.
 	background bool
+	recovery   time.Duration
 	// throughProxy runs the service, its controller and target on a pool through env.Proxy (b.db stays direct).
 	throughProxy bool
 	// stepDuration replaces the 20 ms steps.
@@ -77,8 +79,8 @@ func setup(t *testing.T, o options) *bundle {
 		t.Fatal(err)
 	}
 	b.ctrl, b.recon = svc.Controller, svc.Reconciler
-	if o.background {
-		env.RunWorkers(t, service.Background{}, svc)
+	if o.background || o.recovery > 0 {
+		env.RunWorkers(t, service.Background{RecoveryInterval: o.recovery}, svc)
 	}
 	b.agent = env.Serve(t, svc)
 	b.approver = b.agent.As(servicetest.ApproverSecret)
