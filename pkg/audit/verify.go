@@ -71,11 +71,10 @@ var sources = []chainSource{
 		table: "operation_events", chainColumn: "operation_id",
 		columns: `id, operation_id AS chain, account_id, type, actor, detail::text AS detail, from_state, to_state, attempt, created_at, chain_seq, prev_hash, hash`,
 		record: func(r recordRow) map[string]any {
-			return map[string]any{
-				"account_id": r.AccountID, "actor": r.Actor, "attempt": r.Attempt, "created_at": auditchain.FormatTime(r.CreatedAt),
-				"detail": json.RawMessage(r.Detail), "from_state": r.FromState, "operation_id": r.Chain,
-				"to_state": r.ToState, "type": r.Type,
-			}
+			return OperationEvent{
+				OperationID: r.Chain, AccountID: r.AccountID, Type: r.Type, Actor: r.Actor, FromState: r.FromState,
+				ToState: r.ToState, Detail: json.RawMessage(r.Detail), Attempt: r.Attempt, CreatedAt: r.CreatedAt,
+			}.Record()
 		},
 	},
 	{

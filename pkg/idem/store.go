@@ -11,6 +11,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -267,15 +268,20 @@ type LocalStore interface {
 
 var _ LocalStore = PostgresStore{}
 
-// CompleteNew implements LocalStore in one statement.
+// CompleteNew implements LocalStore in one statement. The operation's chain is new, so its two records are
+// linked here (audit.NewOperationChain) and stored with the chain's head: the database's chaining trigger, which
+// would read and update the head for each, is skipped.
 func (PostgresStore) CompleteNew(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string, detail map[string]any, c Completion) error {
 	header, err := json.Marshal(c.Response.Header)
 	if err != nil {
 		return fmt.Errorf("idem: complete: headers: %w", err)
 	}
+	if detail == nil {
+		detail = map[string]any{}
+	}
 	claimed, err := json.Marshal(detail)
-	if err != nil || detail == nil {
-		claimed = []byte("{}")
+	if err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
 	}
 	evDetail := c.Detail
 	if evDetail == nil {
@@ -291,16 +297,34 @@ func (PostgresStore) CompleteNew(ctx context.Context, tx *gorm.DB, op opstatus.O
 	}
 	// The events are the ones Claim and Complete write, in their order: claimed (to running), then the
 	// completion (running to the final state).
+	running, final := string(opstatus.StateRunning), string(c.State)
+	at := time.Now().UTC().Truncate(time.Microsecond)
+	events := []audit.OperationEvent{
+		{OperationID: op.ID, AccountID: op.AccountID, Type: opstatus.EventClaimed, Actor: actor, ToState: &running,
+			Detail: claimed, CreatedAt: at},
+		{OperationID: op.ID, AccountID: op.AccountID, Type: c.Event, Actor: c.Actor, FromState: &running, ToState: &final,
+			Detail: completed, CreatedAt: at},
+	}
+	links, attempts, err := audit.NewOperationChain(events, []bool{audit.IsAttempt(detail), audit.IsAttempt(evDetail)})
+	if err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
+	}
 	res, err := database.Query[struct{ Completed int }](tx.WithContext(ctx), `
 WITH op AS (
     INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?)
     RETURNING id, account_id
 ), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-    SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb
-    FROM op, (VALUES (1, ?, NULL, ?, ?, ?), (2, ?, ?, ?, ?, ?)) AS v(ord, type, from_state, to_state, actor, detail)
-    ORDER BY v.ord
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, created_at,
+                                  attempt, chain_seq, prev_hash, hash)
+    SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb, ?,
+           v.attempt, v.seq, v.prev_hash, v.hash
+    FROM op, (VALUES (?, NULL, ?, ?, ?, ?::bigint, ?::bigint, ?, ?), (?, ?, ?, ?, ?, ?::bigint, ?::bigint, ?, ?))
+        AS v(type, from_state, to_state, actor, detail, attempt, seq, prev_hash, hash)
+    ORDER BY v.seq
+), head AS (
+    INSERT INTO audit_chain_heads (chain, seq, hash, prev_hash, attempts)
+    SELECT id, ?, ?, ?, ? FROM op
 ), key AS (
     UPDATE idempotency_keys
     SET state = 'completed', response_status = ?, response_headers = ?::jsonb, response_body = ?, completed_at = now()
@@ -309,8 +333,10 @@ WITH op AS (
 )
 SELECT (SELECT count(*) FROM key) AS completed`,
 		op.ID, op.AccountID, op.Kind, c.State, op.IdempotencyKey, op.Fingerprint, resType, resID,
-		opstatus.EventClaimed, opstatus.StateRunning, actor, string(claimed),
-		c.Event, opstatus.StateRunning, c.State, c.Actor, string(completed),
+		at,
+		events[0].Type, running, actor, string(claimed), links[0].Attempt, links[0].Seq, links[0].PrevHash, links[0].Hash,
+		events[1].Type, running, final, c.Actor, string(completed), links[1].Attempt, links[1].Seq, links[1].PrevHash, links[1].Hash,
+		links[1].Seq, links[1].Hash, links[1].PrevHash, attempts,
 		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key, op.ID)
 	if err != nil {
 		return fmt.Errorf("idem: complete: %w", err)
