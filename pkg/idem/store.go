@@ -150,11 +150,12 @@ func (PostgresStore) ClaimKey(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 }
 
 // claim is Claim, with the statements of with (WITH items after the claim's, reading it) in the same statement.
+// When the key exists the statement inserts nothing and returns no row, and a Lookup reads the stored key. The
+// handlers read the key before they claim (Handler.findExisting), so a claim finds an existing key only when it
+// was committed in between, mostly while this statement waited for the transaction that held it (a storm of
+// copies): then the key was outside the statement's snapshot anyway, and only a new statement sees it.
 func claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, with string, withArgs ...any) (Record, bool, error) {
 	for attempt := 0; attempt < 3; attempt++ {
-		// The last SELECT also returns the stored key when the insert found one already committed, so a retry
-		// learns what to answer in the same round trip; only a key committed while this statement waited is
-		// outside its snapshot and needs the Lookup below.
 		args := append([]any{op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID}, withArgs...)
 		rows, err := queryKeys(ctx, tx, true, `
 WITH claim AS (
@@ -165,25 +166,15 @@ WITH claim AS (
 )`+with+`
 SELECT true AS claimed, account_id, idempotency_key, fingerprint, operation_id, state, NULL::integer AS response_status,
        NULL::text AS response_headers, NULL::bytea AS response_body, NULL::text AS operation_state, created_at
-FROM claim
-UNION ALL
-SELECT false, k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, k.response_status,
-       k.response_headers::text, k.response_body, o.state, k.created_at
-FROM idempotency_keys k LEFT JOIN operations o ON o.id = k.operation_id
-WHERE k.account_id = ? AND k.idempotency_key = ? AND NOT EXISTS (SELECT 1 FROM claim)`,
-			append(args, op.AccountID, op.IdempotencyKey)...)
+FROM claim`, args...)
 		if err != nil {
 			return Record{}, false, fmt.Errorf("idem: claim: %w", err)
 		}
 		if len(rows) == 1 {
-			row := rows[0]
-			r, err := row.record()
-			if row.Claimed {
-				r.OperationState = op.State
-			}
-			return r, row.Claimed, err
+			r, err := rows[0].record()
+			r.OperationState = op.State
+			return r, true, err
 		}
-		// The key was committed by a transaction this statement waited for; a new statement sees it.
 		stored, err := PostgresStore{}.Lookup(ctx, tx, op.AccountID, op.IdempotencyKey)
 		if err == nil {
 			return stored, false, nil
