@@ -35,10 +35,10 @@ func TestNewOperationChainMatchesTrigger(t *testing.T) {
 	}
 	type row struct {
 		Type, Actor, Detail string
-		CreatedAt          time.Time
-		Attempt            *int64
-		ChainSeq           int64
-		PrevHash, Hash     string
+		CreatedAt           time.Time
+		Attempt             *int64
+		ChainSeq            int64
+		PrevHash, Hash      string
 	}
 	var stored []row
 	if err := db.Raw(`SELECT type, actor, detail::text AS detail, created_at, attempt, chain_seq, prev_hash, hash

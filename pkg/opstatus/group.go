@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"sync"
 
 	"gorm.io/gorm"
@@ -118,24 +117,22 @@ func (g *GroupAppender) writeGroups(ctx context.Context, lane int, q *groupQueue
 }
 
 func (g *GroupAppender) insert(ctx context.Context, group []*groupItem) error {
-	var sb strings.Builder
-	args := make([]any, 0, 4*len(group))
+	ids, types, actors, details := make([]string, len(group)), make([]string, len(group)), make([]string, len(group)), make([]string, len(group))
 	for i, it := range group {
-		if i > 0 {
-			sb.WriteString(", ")
-		}
-		fmt.Fprintf(&sb, "(%d, ?, ?, ?, ?::jsonb)", i)
-		args = append(args, it.id, it.eventType, it.actor, string(it.detail))
+		ids[i], types[i], actors[i], details[i] = it.id, it.eventType, it.actor, string(it.detail)
 	}
 	// The caller that writes may have hung up; the others still wait for their events. Rows go in by operation
 	// id, then arrival: each row takes its chain's head, and groups written at once by other processes (replicas
 	// of this service) may hold heads of the same operations: taken in one global order, they never wait on each
-	// other in a cycle.
-	err := g.DB.WithContext(context.WithoutCancel(ctx)).Exec(`
+	// other in a cycle. One statement text whatever the group's size (arrays, not a VALUES list per size), so
+	// the driver prepares it once and the server plans it once; through database/sql, not gorm, which renders
+	// every statement with its arguments for its logger.
+	_, err := g.DB.Statement.ConnPool.ExecContext(context.WithoutCancel(ctx), `
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-SELECT o.id, o.account_id, v.type, v.actor, v.detail
-FROM (VALUES `+sb.String()+`) AS v(ord, id, type, actor, detail) JOIN operations o ON o.id = v.id
-ORDER BY v.id COLLATE "C", v.ord`, args...).Error
+SELECT o.id, o.account_id, v.type, v.actor, v.detail::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS v(id, type, actor, detail, ord)
+JOIN operations o ON o.id = v.id
+ORDER BY v.id COLLATE "C", v.ord`, ids, types, actors, details)
 	if err != nil {
 		if len(group) == 1 {
 			return fmt.Errorf("opstatus: append to %s: %w", group[0].id, err)
