@@ -7,7 +7,7 @@
 #   create    today's create: the read that serves retries, BEGIN, the claim, the ticket, the completion (operation,
 #             two chained events linked by the writer, the chain head, the stored response), COMMIT
 #   trigger   the same, with the events chained by the database's trigger (how creates were written before
-#             migration 00011)
+#             migration 00012)
 # usage: scripts/bench-db-steps.sh [SECONDS]   (needs pgbench and psql; PGHOST etc. or 127.0.0.1:5432 user postgres)
 set -eu
 D=${1:-10}

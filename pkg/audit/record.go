@@ -55,7 +55,7 @@ type Link struct {
 // record's link and the number of attempts. The writer stores the records with these links and inserts the
 // chain's head (audit_chain_heads: the last link, the attempt count) in the same transaction; that insert fails
 // if the chain already exists, so a precomputed link can only ever start a chain. The trigger chains every record
-// written without a hash (migration 00011).
+// written without a hash (migration 00012).
 func NewOperationChain(events []OperationEvent, attempts []bool) ([]Link, int64, error) {
 	c := auditchain.Chain{}
 	links := make([]Link, len(events))
