@@ -8,12 +8,13 @@
 #             two chained events linked by the writer, the chain head, the stored response), COMMIT
 #   trigger   the same, with the events chained by the database's trigger (how creates were written before
 #             migration 00012)
-# usage: scripts/bench-db-steps.sh [SECONDS]   (needs pgbench and psql; PGHOST etc. or 127.0.0.1:5432 user postgres)
+# usage: scripts/bench-db-steps.sh [SECONDS]   (needs pgbench and psql; PGHOST etc. or 127.0.0.1:5432 user postgres;
+# KEEP=1 keeps the database retrysafe_db_steps to look at afterwards)
 set -eu
 D=${1:-10}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 db=retrysafe_db_steps
-dir=$(mktemp -d); trap 'rm -rf "$dir"; psql -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true' EXIT
+dir=$(mktemp -d); trap 'rm -rf "$dir"; [ -n "${KEEP:-}" ] || psql -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true' EXIT
 psql -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null && psql -qc "CREATE DATABASE $db" >/dev/null
 DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/$db?sslmode=disable" go run ./cmd/retrysafe migrate >/dev/null
 

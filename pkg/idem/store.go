@@ -415,8 +415,8 @@ WHERE account_id = ? AND idempotency_key = ? AND operation_id = ? AND state = 'r
 func (PostgresStore) Prune(ctx context.Context, db *gorm.DB, cutoff time.Time) (int64, error) {
 	res := db.WithContext(ctx).Exec(`
 DELETE FROM idempotency_keys k USING operations o
-WHERE o.id = k.operation_id AND k.state = 'completed' AND k.completed_at < ?
-  AND o.state IN ('succeeded', 'failed', 'cancelled')`, cutoff)
+WHERE o.id = k.operation_id AND k.state = 'completed' AND k.created_at < ? AND k.completed_at < ?
+  AND o.state IN ('succeeded', 'failed', 'cancelled')`, cutoff, cutoff)
 	if res.Error != nil {
 		return 0, fmt.Errorf("idem: prune: %w", res.Error)
 	}
