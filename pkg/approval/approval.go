@@ -330,7 +330,7 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 			return problem.New(problem.CodeApprovalInvalid, "no such approval in this account")
 		}
 		var a Approval
-		res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE id = ? AND account_id = ? FOR UPDATE`, id, op.AccountID).Scan(&a)
+		res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE account_id = ? AND id = ? FOR UPDATE`, op.AccountID, id).Scan(&a)
 		if res.Error != nil {
 			return fmt.Errorf("approval: load %s: %w", id, res.Error)
 		}
@@ -354,11 +354,12 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 		if reason != "" {
 			return problem.New(problem.CodeApprovalInvalid, "%s", reason).With("approval_id", id)
 		}
-		err := tx.WithContext(ctx).Exec(`UPDATE approvals SET used_by_operation_id = ? WHERE id = ?`, op.ID, id).Error
+		err := tx.WithContext(ctx).Exec(`UPDATE approvals SET used_by_operation_id = ? WHERE account_id = ? AND id = ?`,
+			op.ID, op.AccountID, id).Error
 		if err != nil {
 			return fmt.Errorf("approval: use %s: %w", id, err)
 		}
-		return opstatus.Append(ctx, tx, op.ID, "approval_checked", "system:approval",
+		return opstatus.Append(ctx, tx, op.AccountID, op.ID, "approval_checked", "system:approval",
 			map[string]any{"approval_id": id, "approved_by": a.DecidedBy})
 	}
 }
@@ -501,8 +502,8 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 			return expiredError(a)
 		}
 		// decided_by names the last decision (the revoker, for a revoke); approval_events keeps every one.
-		return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ?, decided_by = ?, decided_at = now() WHERE id = ?
-RETURNING `+columns, to, p.Actor(), a.ID).Scan(&a).Error
+		return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ?, decided_by = ?, decided_at = now()
+WHERE account_id = ? AND id = ? RETURNING `+columns, to, p.Actor(), a.AccountID, a.ID).Scan(&a).Error
 	})
 	if err == nil && late != nil {
 		return Approval{}, late

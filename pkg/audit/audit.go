@@ -79,9 +79,9 @@ func (w *CheckpointWorker) RunOnce(ctx context.Context) (*auditchain.Checkpoint,
 		var heads []auditchain.Head
 		err := tx.Raw(`
 WITH moved AS (
-    SELECT chain FROM audit_chain_heads WHERE NOT checkpointed ORDER BY chain LIMIT 50000 FOR UPDATE SKIP LOCKED
+    SELECT account_id, chain FROM audit_chain_heads WHERE NOT checkpointed ORDER BY chain LIMIT 50000 FOR UPDATE SKIP LOCKED
 )
-UPDATE audit_chain_heads h SET checkpointed = true FROM moved WHERE h.chain = moved.chain
+UPDATE audit_chain_heads h SET checkpointed = true FROM moved WHERE h.account_id = moved.account_id AND h.chain = moved.chain
 RETURNING h.chain, h.seq, h.hash`).Scan(&heads).Error
 		if err != nil || len(heads) == 0 {
 			return err

@@ -54,10 +54,10 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 			"text":   "quote \" backslash \\ tab \t nl \n ctl \u0001 del \u007f é 日本 😀 <&>",
 			"nested": map[string]any{"z": []any{true, false, nil, "x"}, "a": map[string]any{}, "é": 1, "e": 2, "": 0},
 		}
-		if err := opstatus.Append(ctx, db, op.ID, opstatus.EventReplayed, "agent:a", detail); err != nil {
+		if err := opstatus.Append(ctx, db, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", detail); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := opstatus.Transition(ctx, db, op.ID, opstatus.StateSucceeded, "agent:a"); err != nil {
+		if _, err := opstatus.Transition(ctx, db, op.AccountID, op.ID, opstatus.StateSucceeded, "agent:a"); err != nil {
 			t.Fatal(err)
 		}
 		opIDs = append(opIDs, op.ID)
@@ -102,7 +102,7 @@ func TestIntactChainsVerify(t *testing.T) {
 	if again, err := w.RunOnce(context.Background()); err != nil || again != nil {
 		t.Fatalf("nothing moved: no checkpoint, got %v %v", again, err)
 	}
-	if err := opstatus.Append(context.Background(), db.DB, ops[1], "observed", "system:test", nil); err != nil {
+	if err := opstatus.Append(context.Background(), db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
 	cp2, err := w.RunOnce(context.Background())

@@ -24,6 +24,9 @@ type VerifyOptions struct {
 	// Chains, with OperationID, are more chains checked the same way (the approvals an operation's timeline
 	// shows).
 	Chains []string
+	// AccountID, when set, reads only that account's chains: with OperationID, the operation's account, so the
+	// records and the head are found by their keys (account_id first), on the account's shard.
+	AccountID string
 	// PublicKey, when set, requires every checkpoint checked to carry a valid signature by its key.
 	PublicKey ed25519.PublicKey
 }
@@ -190,10 +193,14 @@ func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) 
 	// The head table is the store's own bookkeeping: weaker evidence than a signed checkpoint, but it covers the
 	// records written since the last checkpoint.
 	var heads []auditchain.Head
-	hq := `SELECT chain, seq, hash FROM audit_chain_heads`
+	hq := `SELECT chain, seq, hash FROM audit_chain_heads WHERE true`
 	var hargs []any
+	if opt.AccountID != "" {
+		hq += ` AND account_id = ?`
+		hargs = append(hargs, opt.AccountID)
+	}
 	if scoped {
-		hq += ` WHERE chain IN ?`
+		hq += ` AND chain IN ?`
 		hargs = append(hargs, names)
 	}
 	if err := tx.Raw(hq, hargs...).Scan(&heads).Error; err != nil {
@@ -204,7 +211,7 @@ func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) 
 	}
 
 	for _, s := range sources {
-		if err := verifySource(ctx, tx, s, scoped, names, &v); err != nil {
+		if err := verifySource(ctx, tx, s, opt.AccountID, scoped, names, &v); err != nil {
 			return err
 		}
 	}
@@ -225,11 +232,15 @@ func contains(names []string, n string) bool {
 
 // verifySource streams one table's records, ordered by chain and then by storage order (the order readers see),
 // and verifies each chain as it completes.
-func verifySource(ctx context.Context, tx *gorm.DB, s chainSource, scoped bool, names []string, v *auditchain.Verifier) error {
-	q := `SELECT ` + s.columns + ` FROM ` + s.table
+func verifySource(ctx context.Context, tx *gorm.DB, s chainSource, accountID string, scoped bool, names []string, v *auditchain.Verifier) error {
+	q := `SELECT ` + s.columns + ` FROM ` + s.table + ` WHERE true`
 	var args []any
+	if accountID != "" {
+		q += ` AND account_id = ?`
+		args = append(args, accountID)
+	}
 	if scoped {
-		q += ` WHERE ` + s.chainColumn + ` IN ?`
+		q += ` AND ` + s.chainColumn + ` IN ?`
 		args = append(args, names)
 	}
 	rows, err := tx.WithContext(ctx).Raw(q+` ORDER BY `+s.chainColumn+`, id`, args...).Rows()

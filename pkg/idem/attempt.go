@@ -155,23 +155,23 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *gorm.DB, cl call) e
 		return nil
 	}
 	var n int64
-	err := tx.WithContext(ctx).Raw(`SELECT count(*) FROM operations WHERE id = ? AND account_id = ?`,
-		cl.lineage.supersedes, cl.op.AccountID).Scan(&n).Error
+	err := tx.WithContext(ctx).Raw(`SELECT count(*) FROM operations WHERE account_id = ? AND id = ?`,
+		cl.op.AccountID, cl.lineage.supersedes).Scan(&n).Error
 	if err != nil {
 		return fmt.Errorf("idem: supersedes: %w", err)
 	}
 	if n == 0 {
 		return headerProblem(HeaderSupersedes, "names no operation of this account")
 	}
-	return opstatus.Append(ctx, tx, cl.lineage.supersedes, opstatus.EventSuperseded, cl.principal.Actor(),
+	return opstatus.Append(ctx, tx, cl.op.AccountID, cl.lineage.supersedes, opstatus.EventSuperseded, cl.principal.Actor(),
 		map[string]any{"superseded_by": cl.op.ID, "attempt_id": cl.lineage.attempt})
 }
 
-// knownAttempt reports whether attempt is one of operation opID's attempts.
-func (h *Handler) knownAttempt(ctx context.Context, opID, attempt string) (bool, error) {
+// knownAttempt reports whether attempt is one of operation opID's attempts (of account).
+func (h *Handler) knownAttempt(ctx context.Context, accountID, opID, attempt string) (bool, error) {
 	var n int64
-	err := h.DB.WithContext(ctx).Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND detail->>'attempt_id' = ?`,
-		opID, attempt).Scan(&n).Error
+	err := h.DB.WithContext(ctx).Raw(`SELECT count(*) FROM operation_events
+WHERE account_id = ? AND operation_id = ? AND detail->>'attempt_id' = ?`, accountID, opID, attempt).Scan(&n).Error
 	if err != nil {
 		return false, fmt.Errorf("idem: retry-of: %w", err)
 	}
@@ -182,7 +182,7 @@ func (h *Handler) knownAttempt(ctx context.Context, opID, attempt string) (bool,
 // the evidence of a duplicate attempt must not be lost in a crash. Concurrent attempts, at one operation or
 // many, share commits (opstatus.GroupAppender).
 func (h *Handler) recordAttempt(ctx context.Context, opID, eventType string, cl call, outcome string, status int, extra map[string]any) error {
-	return h.events().Append(ctx, opID, eventType, cl.principal.Actor(), cl.record(outcome, status, extra))
+	return h.events().Append(ctx, cl.op.AccountID, opID, eventType, cl.principal.Actor(), cl.record(outcome, status, extra))
 }
 
 func (h *Handler) events() *opstatus.GroupAppender {

@@ -92,7 +92,7 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 		// (another request holding the same order) must not hand the effect a lease already spent.
 		if time.Since(claimStart) > h.Lease/20 {
 			lease = time.Now().Add(h.Lease)
-			if _, err := opstatus.ExtendLease(ctx, tx, cl.op.ID, lease); err != nil {
+			if _, err := opstatus.ExtendLease(ctx, tx, cl.op.AccountID, cl.op.ID, lease); err != nil {
 				return err
 			}
 		}
@@ -182,7 +182,7 @@ func (h *Handler) dispatchMargin() time.Duration {
 // claim stays and the recovery worker settles it when its lease ends; nothing was sent either way.
 func (h *Handler) releaseUnsent(ctx context.Context, c *gin.Context, cl call, steps externalSteps, left time.Duration) {
 	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		moved, err := opstatus.Transition(ctx, tx, cl.op.ID, opstatus.StateCancelled, cl.principal.Actor(),
+		moved, err := opstatus.Transition(ctx, tx, cl.op.AccountID, cl.op.ID, opstatus.StateCancelled, cl.principal.Actor(),
 			opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
 			opstatus.WithEvent(EventNotSent, cl.lineage.identity(map[string]any{"reason": "lease_too_short", "lease_left_ms": left.Milliseconds()})))
 		if err != nil {
@@ -261,7 +261,7 @@ func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor strin
 func (h *Handler) markUnknown(ctx context.Context, cl call, cause error) {
 	// The record carries a reason from a fixed list; the error's own words go to the log only.
 	h.log().InfoContext(ctx, "outcome unknown", "operation_id", cl.op.ID, "error", cause.Error())
-	_, err := opstatus.Transition(ctx, h.DB, cl.op.ID, opstatus.StateUnknown, cl.principal.Actor(),
+	_, err := opstatus.Transition(ctx, h.DB, cl.op.AccountID, cl.op.ID, opstatus.StateUnknown, cl.principal.Actor(),
 		opstatus.From(opstatus.StateRunning),
 		opstatus.WithEvent(opstatus.EventOutcomeUnknown, cl.record(AttemptUnknown, http.StatusAccepted,
 			map[string]any{"reason": opstatus.ReasonNoDefiniteAnswer})))

@@ -402,7 +402,7 @@ func (h *Handler) answerExisting(c *gin.Context, cl call, stored Record) {
 	ctx := c.Request.Context()
 	kind := cl.op.Kind
 	if cl.lineage.retryOf != "" {
-		known, err := h.knownAttempt(ctx, stored.OperationID, cl.lineage.retryOf)
+		known, err := h.knownAttempt(ctx, stored.AccountID, stored.OperationID, cl.lineage.retryOf)
 		if err != nil {
 			h.observe(kind, failureOutcome(err, OutcomeRefused))
 			problem.Write(c, err)

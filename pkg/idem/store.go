@@ -232,7 +232,7 @@ func (PostgresStore) Lookup(ctx context.Context, db *gorm.DB, accountID, key str
 	rows, err := queryKeys(ctx, db, false, `
 SELECT k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, k.response_status,
        k.response_headers::text AS response_headers, k.response_body, o.state AS operation_state, k.created_at
-FROM idempotency_keys k LEFT JOIN operations o ON o.id = k.operation_id
+FROM idempotency_keys k LEFT JOIN operations o ON o.account_id = k.account_id AND o.id = k.operation_id
 WHERE k.account_id = ? AND k.idempotency_key = ?`, accountID, key)
 	if err != nil {
 		return Record{}, fmt.Errorf("idem: lookup: %w", err)
@@ -314,8 +314,8 @@ WITH op AS (
         AS v(type, from_state, to_state, actor, detail, attempt, seq, prev_hash, hash)
     ORDER BY v.seq
 ), head AS (
-    INSERT INTO audit_chain_heads (chain, seq, hash, prev_hash, attempts)
-    SELECT id, ?, ?, ?, ? FROM op
+    INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, attempts)
+    SELECT account_id, id, ?, ?, ?, ? FROM op
 ), key AS (
     UPDATE idempotency_keys
     SET state = 'completed', response_status = ?, response_headers = ?::jsonb, response_body = ?, completed_at = now()
@@ -361,13 +361,13 @@ func (PostgresStore) Complete(ctx context.Context, tx *gorm.DB, c Completion) er
 	// SHARE on the operation for its foreign key; FOR UPDATE would conflict with that and deadlock.
 	rows, err := database.Query[struct{ Moved, Completed int }](tx.WithContext(ctx), `
 WITH prev AS (
-    SELECT id, state FROM operations WHERE id = ? FOR NO KEY UPDATE
+    SELECT account_id, id, state FROM operations WHERE account_id = ? AND id = ? FOR NO KEY UPDATE
 ), op AS (
     UPDATE operations o
     SET state = ?, updated_at = now(), lease_expires_at = NULL,
         resource_type = COALESCE(?, o.resource_type), resource_id = COALESCE(?, o.resource_id)
     FROM prev
-    WHERE o.id = prev.id AND prev.state IN ('running', 'unknown')
+    WHERE o.account_id = prev.account_id AND o.id = prev.id AND prev.state IN ('running', 'unknown')
     RETURNING o.id, o.account_id, prev.state AS from_state, o.state AS to_state
 ), ev AS (
     INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
@@ -379,7 +379,7 @@ WITH prev AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM op) AS moved, (SELECT count(*) FROM key) AS completed`,
-		c.OperationID, c.State, resType, resID,
+		c.AccountID, c.OperationID, c.State, resType, resID,
 		c.Event, c.Actor, string(detail),
 		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key)
 	if err != nil {
@@ -415,7 +415,7 @@ WHERE account_id = ? AND idempotency_key = ? AND operation_id = ? AND state = 'r
 func (PostgresStore) Prune(ctx context.Context, db *gorm.DB, cutoff time.Time) (int64, error) {
 	res := db.WithContext(ctx).Exec(`
 DELETE FROM idempotency_keys k USING operations o
-WHERE o.id = k.operation_id AND k.state = 'completed' AND k.created_at < ? AND k.completed_at < ?
+WHERE o.account_id = k.account_id AND o.id = k.operation_id AND k.state = 'completed' AND k.created_at < ? AND k.completed_at < ?
   AND o.state IN ('succeeded', 'failed', 'cancelled')`, cutoff, cutoff)
 	if res.Error != nil {
 		return 0, fmt.Errorf("idem: prune: %w", res.Error)

@@ -125,7 +125,7 @@ func TestUnknownOperationGauges(t *testing.T) {
 		if i == 2 {
 			continue // still running: not unknown
 		}
-		if _, err := opstatus.Transition(ctx, tx, op.ID, opstatus.StateUnknown, "test"); err != nil {
+		if _, err := opstatus.Transition(ctx, tx, op.AccountID, op.ID, opstatus.StateUnknown, "test"); err != nil {
 			t.Fatal(err)
 		}
 	}

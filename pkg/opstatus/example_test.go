@@ -14,13 +14,13 @@ import (
 func ExampleTransition() {
 	var db *gorm.DB // the service's database
 	ctx := context.Background()
-	jobID, opID := "job_1", "op_1"
+	jobID, accountID, opID := "job_1", "acct_1", "op_1"
 	err := db.Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec(`UPDATE jobs SET state = 'running' WHERE id = ? AND state = 'queued'`, jobID).Error; err != nil {
 			return err
 		}
 		// From makes the move conditional: a job already picked up by another worker is left alone.
-		_, err := opstatus.Transition(ctx, tx, opID, opstatus.StateRunning, "system:jobs.worker",
+		_, err := opstatus.Transition(ctx, tx, accountID, opID, opstatus.StateRunning, "system:jobs.worker",
 			opstatus.From(opstatus.StateQueued), opstatus.WithEvent("started", map[string]any{"worker": 1}))
 		return err
 	})

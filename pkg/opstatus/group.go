@@ -36,9 +36,9 @@ type groupQueue struct {
 }
 
 type groupItem struct {
-	id, eventType, actor string
-	detail               []byte
-	done                 chan error
+	accountID, id, eventType, actor string
+	detail                          []byte
+	done                            chan error
 	// lead is closed, instead of done being sent to, when this item's caller must write the next group.
 	lead chan struct{}
 }
@@ -54,8 +54,8 @@ func (g *GroupAppender) lane(id string) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-// Append adds an event to operation id, committed (with synchronous_commit on) when it returns nil.
-func (g *GroupAppender) Append(ctx context.Context, id, eventType, actor string, detail any) error {
+// Append adds an event to operation id of account, committed (with synchronous_commit on) when it returns nil.
+func (g *GroupAppender) Append(ctx context.Context, accountID, id, eventType, actor string, detail any) error {
 	raw := []byte("{}")
 	if detail != nil {
 		var err error
@@ -63,7 +63,7 @@ func (g *GroupAppender) Append(ctx context.Context, id, eventType, actor string,
 			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
 		}
 	}
-	it := &groupItem{id: id, eventType: eventType, actor: actor, detail: raw, done: make(chan error, 1), lead: make(chan struct{})}
+	it := &groupItem{accountID: accountID, id: id, eventType: eventType, actor: actor, detail: raw, done: make(chan error, 1), lead: make(chan struct{})}
 	lane := g.lane(id)
 	g.mu.Lock()
 	if g.queues == nil {
@@ -117,9 +117,10 @@ func (g *GroupAppender) writeGroups(ctx context.Context, lane int, q *groupQueue
 }
 
 func (g *GroupAppender) insert(ctx context.Context, group []*groupItem) error {
-	ids, types, actors, details := make([]string, len(group)), make([]string, len(group)), make([]string, len(group)), make([]string, len(group))
+	accounts, ids, types, actors, details := make([]string, len(group)), make([]string, len(group)), make([]string, len(group)),
+		make([]string, len(group)), make([]string, len(group))
 	for i, it := range group {
-		ids[i], types[i], actors[i], details[i] = it.id, it.eventType, it.actor, string(it.detail)
+		accounts[i], ids[i], types[i], actors[i], details[i] = it.accountID, it.id, it.eventType, it.actor, string(it.detail)
 	}
 	// The caller that writes may have hung up; the others still wait for their events. Rows go in by operation
 	// id, then arrival: each row takes its chain's head, and groups written at once by other processes (replicas
@@ -130,9 +131,9 @@ func (g *GroupAppender) insert(ctx context.Context, group []*groupItem) error {
 	_, err := g.DB.Statement.ConnPool.ExecContext(context.WithoutCancel(ctx), `
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
 SELECT o.id, o.account_id, v.type, v.actor, v.detail::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS v(id, type, actor, detail, ord)
-JOIN operations o ON o.id = v.id
-ORDER BY v.id COLLATE "C", v.ord`, ids, types, actors, details)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS v(account_id, id, type, actor, detail, ord)
+JOIN operations o ON o.account_id = v.account_id AND o.id = v.id
+ORDER BY v.id COLLATE "C", v.ord`, accounts, ids, types, actors, details)
 	if err != nil {
 		if len(group) == 1 {
 			return fmt.Errorf("opstatus: append to %s: %w", group[0].id, err)

@@ -8,13 +8,13 @@ import (
 	"gorm.io/gorm"
 )
 
-// ExtendLease moves the lease of a queued or running operation to until: a worker that is still alive calls it
+// ExtendLease moves the lease of a queued or running operation id of account to until: a worker that is still alive calls it
 // (a heartbeat) so that the recovery worker does not call the outcome unknown. It returns false, and changes
 // nothing, when the operation is in no such state: settled, or already unknown because the lease had run out,
 // in which case the worker must stop and leave the operation to its reconciler.
-func ExtendLease(ctx context.Context, tx *gorm.DB, id string, until time.Time) (bool, error) {
+func ExtendLease(ctx context.Context, tx *gorm.DB, accountID, id string, until time.Time) (bool, error) {
 	res := tx.WithContext(ctx).Exec(`UPDATE operations SET lease_expires_at = ?
-WHERE id = ? AND state IN ('queued', 'running')`, until, id)
+WHERE account_id = ? AND id = ? AND state IN ('queued', 'running')`, until, accountID, id)
 	if res.Error != nil {
 		return false, fmt.Errorf("opstatus: extend lease of %s: %w", id, res.Error)
 	}

@@ -207,10 +207,10 @@ func WithEvent(eventType string, detail any) TransitionOption {
 	return func(t *transition) { t.event, t.detail = eventType, detail }
 }
 
-// Transition moves operation id to state to and appends an event, in one statement. It returns false, and
+// Transition moves operation id of account to state to and appends an event, in one statement. It returns false, and
 // changes nothing, when the operation is not in one of the From states, or is already in state to: repeating a
 // transition records no second event. A final state is never left unless From names it.
-func Transition(ctx context.Context, tx *gorm.DB, id string, to State, actor string, opts ...TransitionOption) (bool, error) {
+func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State, actor string, opts ...TransitionOption) (bool, error) {
 	t := transition{event: EventStateChanged}
 	for _, o := range opts {
 		o(&t)
@@ -239,14 +239,14 @@ func Transition(ctx context.Context, tx *gorm.DB, id string, to State, actor str
 	// SHARE on the operation for its foreign key; FOR UPDATE would conflict with that and deadlock.
 	err := tx.WithContext(ctx).Raw(`
 WITH prev AS (
-    SELECT id, state FROM operations WHERE id = ? FOR NO KEY UPDATE
+    SELECT account_id, id, state FROM operations WHERE account_id = ? AND id = ? FOR NO KEY UPDATE
 ), op AS (
     UPDATE operations o
     SET state = ?, updated_at = now(),
         resource_type = COALESCE(?, o.resource_type), resource_id = COALESCE(?, o.resource_id),
         lease_expires_at = CASE WHEN ? THEN NULL ELSE COALESCE(?, o.lease_expires_at) END
     FROM prev
-    WHERE o.id = prev.id AND prev.state IN ? AND prev.state <> ?
+    WHERE o.account_id = prev.account_id AND o.id = prev.id AND prev.state IN ? AND prev.state <> ?
     RETURNING o.id, o.account_id, prev.state AS from_state, o.state AS to_state
 ), ev AS (
     INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
@@ -254,26 +254,27 @@ WITH prev AS (
     RETURNING 1
 )
 SELECT count(*) FROM ev`,
-		id, to, resType, resID, t.clear, t.lease, fromText, to, t.event, actor, string(detail)).Scan(&n).Error
+		accountID, id, to, resType, resID, t.clear, t.lease, fromText, to, t.event, actor, string(detail)).Scan(&n).Error
 	if err != nil {
 		return false, fmt.Errorf("opstatus: transition %s to %s: %w", id, to, err)
 	}
 	return n == 1, nil
 }
 
-// Append adds an event that does not change the state (replayed, conflict_rejected, reconcile evidence, ...).
-func Append(ctx context.Context, db *gorm.DB, id, eventType, actor string, detail any) error {
-	return appendEvent(ctx, db, id, eventType, actor, detail, "on")
+// Append adds an event to operation id of account that does not change the state (replayed, conflict_rejected,
+// reconcile evidence, ...).
+func Append(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
+	return appendEvent(ctx, db, accountID, id, eventType, actor, detail, "on")
 }
 
 // AppendNoWait is Append without waiting for the WAL flush at commit (synchronous_commit off for this one
 // statement). It is for audit events whose loss in a crash loses no effect, such as a replay or a refused
 // conflict: the answer to the caller need not wait on the disk for them.
-func AppendNoWait(ctx context.Context, db *gorm.DB, id, eventType, actor string, detail any) error {
-	return appendEvent(ctx, db, id, eventType, actor, detail, "off")
+func AppendNoWait(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
+	return appendEvent(ctx, db, accountID, id, eventType, actor, detail, "off")
 }
 
-func appendEvent(ctx context.Context, db *gorm.DB, id, eventType, actor string, detail any, syncCommit string) error {
+func appendEvent(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any, syncCommit string) error {
 	raw := []byte("{}")
 	if detail != nil {
 		var err error
@@ -286,7 +287,7 @@ func appendEvent(ctx context.Context, db *gorm.DB, id, eventType, actor string, 
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
 SELECT o.id, o.account_id, ?, ?, ?::jsonb
 FROM operations o, (SELECT set_config('synchronous_commit', ?, true)) AS commit_mode
-WHERE o.id = ?`, eventType, actor, string(raw), syncCommit, id).Error
+WHERE o.account_id = ? AND o.id = ?`, eventType, actor, string(raw), syncCommit, accountID, id).Error
 	if err != nil {
 		return fmt.Errorf("opstatus: append to %s: %w", id, err)
 	}
@@ -331,7 +332,7 @@ const selectOperation = `SELECT id, account_id, kind, state, idempotency_key, fi
 // operation does not exist in that account.
 func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, error) {
 	var rows []operationRow
-	err := db.WithContext(ctx).Raw(selectOperation+`WHERE id = ? AND account_id = ?`, id, accountID).Scan(&rows).Error
+	err := db.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND id = ?`, accountID, id).Scan(&rows).Error
 	if err != nil {
 		return Operation{}, fmt.Errorf("opstatus: get %s: %w", id, err)
 	}
@@ -339,7 +340,7 @@ func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, err
 		return Operation{}, problem.NotFound("operation")
 	}
 	op := rows[0].operation()
-	if op.Events, err = events(ctx, db, op.ID); err != nil {
+	if op.Events, err = events(ctx, db, accountID, op.ID); err != nil {
 		return Operation{}, err
 	}
 	return op, nil
@@ -368,7 +369,7 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 	ops := make([]Operation, 0, len(rows))
 	for _, r := range rows {
 		op := r.operation()
-		if op.Events, err = events(ctx, db, op.ID); err != nil {
+		if op.Events, err = events(ctx, db, accountID, op.ID); err != nil {
 			return nil, err
 		}
 		ops = append(ops, op)
@@ -376,7 +377,7 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 	return ops, nil
 }
 
-func events(ctx context.Context, db *gorm.DB, opID string) ([]Event, error) {
+func events(ctx context.Context, db *gorm.DB, accountID, opID string) ([]Event, error) {
 	var rows []struct {
 		ID        int64
 		ChainSeq  int64
@@ -389,7 +390,7 @@ func events(ctx context.Context, db *gorm.DB, opID string) ([]Event, error) {
 		CreatedAt time.Time
 	}
 	err := db.WithContext(ctx).Raw(`SELECT id, chain_seq, attempt, type, from_state, to_state, actor, detail::text AS detail, created_at
-FROM operation_events WHERE operation_id = ? ORDER BY id`, opID).Scan(&rows).Error
+FROM operation_events WHERE account_id = ? AND operation_id = ? ORDER BY id`, accountID, opID).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("opstatus: events of %s: %w", opID, err)
 	}

@@ -30,17 +30,17 @@ func TestTransitionRecordsOneEventPerChange(t *testing.T) {
 	ctx := context.Background()
 	op := create(t, db, opstatus.StateQueued, nil)
 	for range 3 {
-		if _, err := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateRunning, "worker", opstatus.From(opstatus.StateQueued)); err != nil {
+		if _, err := opstatus.Transition(ctx, db.DB, op.AccountID, op.ID, opstatus.StateRunning, "worker", opstatus.From(opstatus.StateQueued)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	moved, err := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateSucceeded, "worker",
+	moved, err := opstatus.Transition(ctx, db.DB, op.AccountID, op.ID, opstatus.StateSucceeded, "worker",
 		opstatus.WithResource(opstatus.Resource{Type: "thing", ID: "t1"}), opstatus.WithEvent("finished", map[string]int{"steps": 3}))
 	if err != nil || !moved {
 		t.Fatalf("moved=%v err=%v", moved, err)
 	}
 	// A final state is left only when From names it.
-	if moved, _ := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateFailed, "worker"); moved {
+	if moved, _ := opstatus.Transition(ctx, db.DB, op.AccountID, op.ID, opstatus.StateFailed, "worker"); moved {
 		t.Fatal("a final operation moved again")
 	}
 	got, err := opstatus.Get(ctx, db.DB, "acct", op.ID)
@@ -109,7 +109,7 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 				if fails {
 					return errors.New("the other side is down")
 				}
-				_, err := opstatus.Transition(ctx, db.DB, op.ID, opstatus.StateSucceeded, "reconciler", opstatus.From(opstatus.StateUnknown))
+				_, err := opstatus.Transition(ctx, db.DB, op.AccountID, op.ID, opstatus.StateSucceeded, "reconciler", opstatus.From(opstatus.StateUnknown))
 				return err
 			}),
 		}}

@@ -157,14 +157,14 @@ func ExpireLeases(ctx context.Context, db *gorm.DB, now time.Time) ([]Operation,
 	var rows []operationRow
 	err := db.WithContext(ctx).Raw(`
 WITH expired AS (
-    SELECT id, state FROM operations
+    SELECT account_id, id, state FROM operations
     WHERE state IN ('queued', 'running') AND lease_expires_at < ?
     ORDER BY lease_expires_at
     LIMIT 100
     FOR NO KEY UPDATE SKIP LOCKED
 ), op AS (
     UPDATE operations o SET state = 'unknown', updated_at = now()
-    FROM expired WHERE o.id = expired.id
+    FROM expired WHERE o.account_id = expired.account_id AND o.id = expired.id
     RETURNING o.id, o.account_id, o.kind, o.state, o.idempotency_key, o.fingerprint, o.resource_type,
               o.resource_id, o.lease_expires_at, o.created_at, o.updated_at, expired.state AS from_state
 ), ev AS (

@@ -184,7 +184,7 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 		chains = append(chains, a.ApprovalID)
 	}
 
-	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{OperationID: id, Chains: chains})
+	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{AccountID: accountID, OperationID: id, Chains: chains})
 	if err != nil {
 		return Timeline{}, fmt.Errorf("opstatus: timeline of %s: %w", id, err)
 	}
@@ -210,7 +210,8 @@ func timelineApprovals(ctx context.Context, db *gorm.DB, op Operation) ([]Timeli
 	err := db.WithContext(ctx).Raw(`
 SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at,
        (SELECT e.detail->>'attempt_id' FROM operation_events e
-        WHERE e.operation_id = a.used_by_operation_id AND e.type = 'claimed' LIMIT 1) AS attempt
+        WHERE e.account_id = a.account_id AND e.operation_id = a.used_by_operation_id AND e.type = 'claimed'
+        LIMIT 1) AS attempt
 FROM approvals a
 WHERE a.account_id = ? AND a.idempotency_key = ? AND (a.used_by_operation_id = ? OR a.fingerprint = ?)
 ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerprint).Scan(&rows).Error

@@ -244,7 +244,7 @@ func (c *Controller) activate(ctx, stopping context.Context, r *run) (Activation
 		failpoint.Hit(FailpointBeforeActivate)
 		call := map[string]any{"target": "deploy_target", "call": "activate", "deploy_id": claim.Deploy.ID, "fencing_token": claim.Token}
 		if err := c.retry(ctx, r, "record dispatch", func(ctx context.Context) error {
-			return opstatus.Append(ctx, c.DB, claim.Deploy.OperationID, opstatus.EventDispatchStarted, controllerActor, call)
+			return opstatus.Append(ctx, c.DB, claim.Deploy.AccountID, claim.Deploy.OperationID, opstatus.EventDispatchStarted, controllerActor, call)
 		}); err != nil {
 			// Without the record of the dispatch the call is not made; the lease runs out and the reconciler,
 			// finding no marker, settles the deploy.
@@ -349,7 +349,7 @@ func (c *Controller) recordDispatch(ctx context.Context, claim Claim, call map[s
 		// The target counts calls per deploy: more than one means it answered from its earlier activation.
 		call["replayed"] = marker.Calls > 1
 	}
-	if rerr := opstatus.Append(ctx, c.DB, claim.Deploy.OperationID, event, controllerActor, call); rerr != nil {
+	if rerr := opstatus.Append(ctx, c.DB, claim.Deploy.AccountID, claim.Deploy.OperationID, event, controllerActor, call); rerr != nil {
 		c.Logger.WarnContext(ctx, "dispatch outcome not recorded", "deploy_id", claim.Deploy.ID, "error", rerr.Error())
 	}
 }

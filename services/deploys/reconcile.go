@@ -69,7 +69,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	if err != nil {
 		// A failed lookup is recorded too: when someone asked, and that they could not learn.
 		lookup["result"], lookup["reason"] = "failed", opstatus.ReasonTargetError
-		if aerr := opstatus.Append(ctx, r.DB, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
+		if aerr := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
 			return errors.Join(err, aerr)
 		}
 		return err
@@ -78,7 +78,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	if activated {
 		lookup["result"], lookup["marker"] = "found", marker
 	}
-	if err := opstatus.Append(ctx, r.DB, op.ID, EventTargetLookup, reconcilerActor, lookup); err != nil {
+	if err := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); err != nil {
 		return err
 	}
 	evidence := map[string]any{"target_marker": nil, "fencing_token": claim.Token,

@@ -38,7 +38,7 @@ d.commit_sha, d.rolls_back_deploy_id, CASE WHEN o.state = 'unknown' THEN 'unknow
 d.state AS stored_state, d.environment_version, d.fencing_token, d.steps_total, d.steps_completed,
 d.activation_started_at AS activation_started, d.started_at, d.finished_at, d.created_at, d.updated_at`
 
-const selectDeploy = `SELECT ` + deployColumns + ` FROM deploys d JOIN operations o ON o.id = d.operation_id `
+const selectDeploy = `SELECT ` + deployColumns + ` FROM deploys d JOIN operations o ON o.account_id = d.account_id AND o.id = d.operation_id `
 
 // CreateDeploy implements Store. The environment row, locked FOR UPDATE, serializes every deploy request of an
 // environment; the lock row decides between them in one statement.
@@ -114,7 +114,7 @@ WITH d AS (
     VALUES (?, ?, ?, ?, ?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, 'queued', ?, ?, ?)
     RETURNING *
 )
-SELECT `+deployColumns+` FROM d JOIN operations o ON o.id = d.operation_id`,
+SELECT `+deployColumns+` FROM d JOIN operations o ON o.account_id = d.account_id AND o.id = d.operation_id`,
 		id, nd.AccountID, nd.OperationID, nd.Kind, nd.Service, nd.Environment, nd.Artifact, nd.CommitSHA,
 		nd.RollsBackDeployID, version, token[0], nd.StepsTotal).Scan(&rows).Error
 	if err != nil {
@@ -255,7 +255,7 @@ func (s PostgresStore) Cancel(ctx context.Context, tx *gorm.DB, accountID, id, a
 UPDATE deploys SET state = 'cancelled', finished_at = now(), updated_at = now()
 WHERE id = ? AND account_id = ?
   AND (state = 'queued' OR (state = 'running' AND activation_started_at IS NULL))
-RETURNING id, operation_id, environment, state`, id, accountID).Scan(&cancelled).Error
+RETURNING id, account_id, operation_id, environment, state`, id, accountID).Scan(&cancelled).Error
 	if err != nil {
 		return Deploy{}, false, fmt.Errorf("deploys: cancel: %w", err)
 	}
@@ -282,7 +282,7 @@ RETURNING id, operation_id, environment, state`, id, accountID).Scan(&cancelled)
 	}
 	// The operation may be unknown (its worker died before activating): cancelling it is still the truth,
 	// because activation had not started and can no longer start.
-	if _, err := opstatus.Transition(ctx, tx, d.OperationID, opstatus.StateCancelled, actor,
+	if _, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.StateCancelled, actor,
 		opstatus.From(opstatus.StateQueued, opstatus.StateRunning, opstatus.StateUnknown),
 		opstatus.WithLease(time.Time{}),
 		opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"reason": "cancel requested"})); err != nil {
@@ -342,16 +342,16 @@ LIMIT 1 FOR UPDATE OF a SKIP LOCKED`, passed, maxRunning).Scan(&account).Error
 		var rows []deployRow
 		err = db.Raw(`
 WITH next AS (
-    SELECT id FROM deploys
+    SELECT account_id, id FROM deploys
     WHERE account_id = ? AND state = 'queued'
       AND (SELECT count(*) FROM deploys r WHERE r.account_id = ? AND r.state = 'running') < ?
     ORDER BY queued_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
 ), d AS (
     UPDATE deploys SET state = 'running', started_at = clock_timestamp(), updated_at = now()
-    FROM next WHERE deploys.id = next.id
+    FROM next WHERE deploys.account_id = next.account_id AND deploys.id = next.id
     RETURNING deploys.*
 )
-SELECT `+deployColumns+` FROM d JOIN operations o ON o.id = d.operation_id`, account[0], account[0], maxRunning).Scan(&rows).Error
+SELECT `+deployColumns+` FROM d JOIN operations o ON o.account_id = d.account_id AND o.id = d.operation_id`, account[0], account[0], maxRunning).Scan(&rows).Error
 		if err != nil {
 			return Claim{}, false, fmt.Errorf("deploys: claim queued: %w", err)
 		}
@@ -367,7 +367,7 @@ SELECT `+deployColumns+` FROM d JOIN operations o ON o.id = d.operation_id`, acc
 		if err := renewLock(ctx, tx, c, leaseUntil); err != nil {
 			return Claim{}, false, fmt.Errorf("deploys: claim %s: %w", c.Deploy.ID, err)
 		}
-		moved, err := opstatus.Transition(ctx, tx, c.Deploy.OperationID, opstatus.StateRunning, actor,
+		moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateRunning, actor,
 			opstatus.From(opstatus.StateQueued), opstatus.WithLease(leaseUntil),
 			opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"fencing_token": c.Token, "steps": c.Deploy.StepsTotal}))
 		if err != nil {
@@ -393,14 +393,14 @@ func (PostgresStore) ExpireQueued(ctx context.Context, tx *gorm.DB, queuedBefore
 	var expired []deployRow
 	err := db.Raw(`
 WITH old AS (
-    SELECT id FROM deploys WHERE state = 'queued' AND queued_at < ?
+    SELECT account_id, id FROM deploys WHERE state = 'queued' AND queued_at < ?
     ORDER BY queued_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 ), d AS (
     UPDATE deploys SET state = 'failed', finished_at = now(), updated_at = now()
-    FROM old WHERE deploys.id = old.id
+    FROM old WHERE deploys.account_id = old.account_id AND deploys.id = old.id
     RETURNING deploys.*
 )
-SELECT `+deployColumns+` FROM d JOIN operations o ON o.id = d.operation_id ORDER BY d.queued_at, d.id`,
+SELECT `+deployColumns+` FROM d JOIN operations o ON o.account_id = d.account_id AND o.id = d.operation_id ORDER BY d.queued_at, d.id`,
 		queuedBefore, limit).Scan(&expired).Error
 	if err != nil {
 		return nil, fmt.Errorf("deploys: expire queued: %w", err)
@@ -410,7 +410,7 @@ SELECT `+deployColumns+` FROM d JOIN operations o ON o.id = d.operation_id ORDER
 		if err := releaseLock(ctx, tx, d.AccountID, d.Environment, d.ID, nil); err != nil {
 			return nil, err
 		}
-		moved, err := opstatus.Transition(ctx, tx, d.OperationID, opstatus.StateFailed, actor,
+		moved, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.StateFailed, actor,
 			opstatus.From(opstatus.StateQueued), opstatus.WithLease(time.Time{}),
 			opstatus.WithEvent(opstatus.EventFailed, detail))
 		if err != nil {
@@ -449,7 +449,7 @@ func (PostgresStore) Renew(ctx context.Context, tx *gorm.DB, c Claim, leaseUntil
 }
 
 func extendOperation(ctx context.Context, tx *gorm.DB, c Claim, until time.Time) error {
-	ok, err := opstatus.ExtendLease(ctx, tx, c.Deploy.OperationID, until)
+	ok, err := opstatus.ExtendLease(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, until)
 	if err != nil {
 		return err
 	}
@@ -463,9 +463,9 @@ func extendOperation(ctx context.Context, tx *gorm.DB, c Claim, until time.Time)
 // updateRunning applies set to the deploy while it is running and not yet activating, the controller's
 // condition for every write before activation.
 func updateRunning(ctx context.Context, tx *gorm.DB, c Claim, set string, args ...any) error {
-	args = append(args, c.Deploy.ID)
+	args = append(args, c.Deploy.AccountID, c.Deploy.ID)
 	res := tx.WithContext(ctx).Exec(`UPDATE deploys SET `+set+`, updated_at = now()
-WHERE id = ? AND state = 'running' AND activation_started_at IS NULL`, args...)
+WHERE account_id = ? AND id = ? AND state = 'running' AND activation_started_at IS NULL`, args...)
 	if res.Error != nil {
 		return fmt.Errorf("deploys: update %s: %w", c.Deploy.ID, res.Error)
 	}
@@ -486,7 +486,7 @@ func (PostgresStore) CompleteStep(ctx context.Context, tx *gorm.DB, c Claim, ste
 	if err := extendOperation(ctx, tx, c, leaseUntil); err != nil {
 		return err
 	}
-	return opstatus.Append(ctx, tx, c.Deploy.OperationID, EventStepCompleted, actor,
+	return opstatus.Append(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, EventStepCompleted, actor,
 		map[string]any{"step": step, "of": c.Deploy.StepsTotal})
 }
 
@@ -501,7 +501,7 @@ func (PostgresStore) BeginActivation(ctx context.Context, tx *gorm.DB, c Claim, 
 	if err := extendOperation(ctx, tx, c, leaseUntil); err != nil {
 		return err
 	}
-	return opstatus.Append(ctx, tx, c.Deploy.OperationID, EventActivationStarted, actor,
+	return opstatus.Append(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, EventActivationStarted, actor,
 		map[string]any{"reference": c.Deploy.Reference().String(), "fencing_token": c.Token})
 }
 
@@ -519,7 +519,7 @@ WHERE account_id = ? AND environment = ? AND holder_deploy_id = ? AND fencing_to
 	if res.RowsAffected != 1 {
 		return ErrLockLost
 	}
-	moved, err := opstatus.Transition(ctx, tx, c.Deploy.OperationID, opstatus.StateQueued, actor,
+	moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
 		opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
 		opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"reason": "controller stopped before activation"}))
 	if err != nil {
@@ -544,7 +544,7 @@ func (PostgresStore) Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded
 		state = StateSucceeded
 	}
 	res := db.Exec(`UPDATE deploys SET state = ?, finished_at = now(), updated_at = now()
-WHERE id = ? AND state = 'running'`, state, d.ID)
+WHERE account_id = ? AND id = ? AND state = 'running'`, state, d.AccountID, d.ID)
 	if res.Error != nil {
 		return fmt.Errorf("deploys: finish %s: %w", d.ID, res.Error)
 	}
@@ -559,12 +559,12 @@ WHERE id = ? AND state = 'running'`, state, d.ID)
 UPDATE environments e
 SET version = e.version + 1, previous_deploy_id = e.current_deploy_id, current_deploy_id = d.id,
     current_artifact = d.artifact, current_commit_sha = d.commit_sha, updated_at = now()
-FROM deploys d WHERE d.id = ? AND e.account_id = d.account_id AND e.name = d.environment`, d.ID).Error
+FROM deploys d WHERE d.account_id = ? AND d.id = ? AND e.account_id = d.account_id AND e.name = d.environment`, d.AccountID, d.ID).Error
 		if err != nil {
 			return fmt.Errorf("deploys: finish %s: environment: %w", d.ID, err)
 		}
 	}
-	moved, err := opstatus.Transition(ctx, tx, d.OperationID, opstatus.State(state), actor,
+	moved, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.State(state), actor,
 		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown), opstatus.WithLease(time.Time{}),
 		opstatus.WithEvent(event, detail))
 	if err != nil {

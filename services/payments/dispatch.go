@@ -11,23 +11,24 @@ import (
 
 // dispatchRecorder writes an operation's provider calls into its chained history.
 type dispatchRecorder struct {
-	db    *gorm.DB
-	opID  string
-	actor string
-	s     *Server
+	db        *gorm.DB
+	accountID string
+	opID      string
+	actor     string
+	s         *Server
 }
 
 var _ provider.DispatchObserver = dispatchRecorder{}
 
 func (r dispatchRecorder) Started(ctx context.Context, d provider.Dispatch) error {
-	return opstatus.Append(ctx, r.db, r.opID, opstatus.EventDispatchStarted, r.actor, d)
+	return opstatus.Append(ctx, r.db, r.accountID, r.opID, opstatus.EventDispatchStarted, r.actor, d)
 }
 
 func (r dispatchRecorder) Finished(ctx context.Context, d provider.Dispatch) {
 	// The call's own deadline may be what ended it; the record of how it ended must still be written.
 	ctx = context.WithoutCancel(ctx)
 	// opstatus.EventDispatch* are "dispatch_" and the state.
-	if err := opstatus.Append(ctx, r.db, r.opID, "dispatch_"+string(d.State), r.actor, d); err != nil {
+	if err := opstatus.Append(ctx, r.db, r.accountID, r.opID, "dispatch_"+string(d.State), r.actor, d); err != nil {
 		if l := r.s.idem.Logger; l != nil {
 			l.WarnContext(ctx, "dispatch outcome not recorded", "operation_id", r.opID,
 				"state", string(d.State), "error", err.Error())

@@ -95,7 +95,7 @@ func unknown(err error) error {
 // conclude from an empty lookup that the call never executed, so the call must not start or run after it.
 // Every keyed call made with it is recorded in the operation's history (dispatchRecorder).
 func (s *Server) callContext(ctx context.Context, op opstatus.Operation) (context.Context, context.CancelFunc) {
-	ctx = provider.WithDispatchObserver(ctx, dispatchRecorder{db: s.db, opID: op.ID, actor: "system:payments", s: s})
+	ctx = provider.WithDispatchObserver(ctx, dispatchRecorder{db: s.db, accountID: op.AccountID, opID: op.ID, actor: "system:payments", s: s})
 	if op.LeaseExpiresAt == nil {
 		return context.WithCancel(ctx)
 	}

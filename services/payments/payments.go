@@ -259,31 +259,31 @@ var ErrNotReserved = errors.New("payments: operation holds no reservation")
 
 // Store keeps intents and refunds. Methods that reserve or record take the caller's transaction: the
 // reservation commits with the idempotency claim, the outcome with the stored response. Reads are scoped to an
-// account; Finish and Release methods find their row by the operation that reserved it.
+// account; Finish and Release methods find their row by the operation that reserved it, in its account.
 type Store interface {
 	// BeginIntent inserts an intent in status authorizing for operation opID. When the account already has an
 	// active intent (not failed, not canceled) for the order, also one inserted concurrently, it returns a 409
 	// order_has_active_intent *problem.Error with existing_intent_id.
 	BeginIntent(ctx context.Context, tx *gorm.DB, accountID, opID string, cmd CreateIntent) (Intent, error)
 	// Authorized moves the intent of create operation opID from authorizing to requires_capture.
-	Authorized(ctx context.Context, tx *gorm.DB, opID, authorizationID string) (Intent, error)
+	Authorized(ctx context.Context, tx *gorm.DB, accountID, opID, authorizationID string) (Intent, error)
 	// AuthorizationFailed moves the intent of create operation opID from authorizing to failed, which frees its order.
-	AuthorizationFailed(ctx context.Context, tx *gorm.DB, opID string) (Intent, error)
+	AuthorizationFailed(ctx context.Context, tx *gorm.DB, accountID, opID string) (Intent, error)
 
 	// BeginCapture reserves an intent in requires_capture for capture operation opID (status capturing), with
 	// one conditional statement: of concurrent captures exactly one passes. Others get a 409 invalid_state
 	// *problem.Error; an intent missing from the account matches problem.ErrNotFound.
 	BeginCapture(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string) (Intent, error)
 	// Captured moves the intent reserved by opID from capturing to succeeded with captured_minor.
-	Captured(ctx context.Context, tx *gorm.DB, opID string, capturedMinor int64) (Intent, error)
+	Captured(ctx context.Context, tx *gorm.DB, accountID, opID string, capturedMinor int64) (Intent, error)
 	// BeginCancel reserves an intent in requires_capture for cancel operation opID (status canceling); errors
 	// as BeginCapture.
 	BeginCancel(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string) (Intent, error)
 	// Canceled moves the intent reserved by opID from canceling to canceled.
-	Canceled(ctx context.Context, tx *gorm.DB, opID string) (Intent, error)
+	Canceled(ctx context.Context, tx *gorm.DB, accountID, opID string) (Intent, error)
 	// Release returns the intent reserved by capture or cancel operation opID to requires_capture: the provider
 	// refused the call or never executed it.
-	Release(ctx context.Context, tx *gorm.DB, opID string) (Intent, error)
+	Release(ctx context.Context, tx *gorm.DB, accountID, opID string) (Intent, error)
 
 	// ReserveRefund locks the intent, checks that captured minus every refund not failed covers cmd.AmountMinor
 	// (else 422 amount_too_large) and inserts a pending refund for operation opID. It returns the refund and the
@@ -293,9 +293,9 @@ type Store interface {
 	// refunds that are not failed: succeeded and pending. Returns problem.ErrNotFound.
 	RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error)
 	// RefundSucceeded marks the pending refund of opID succeeded and adds it to the intent's refunded_minor.
-	RefundSucceeded(ctx context.Context, tx *gorm.DB, opID, providerRefundID string) (Refund, error)
+	RefundSucceeded(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string) (Refund, error)
 	// RefundFailed marks the pending refund of opID failed, which releases its amount.
-	RefundFailed(ctx context.Context, tx *gorm.DB, opID string) (Refund, error)
+	RefundFailed(ctx context.Context, tx *gorm.DB, accountID, opID string) (Refund, error)
 
 	// Intent returns an intent. Returns an error matching problem.ErrNotFound if it does not exist in the account.
 	Intent(ctx context.Context, db *gorm.DB, accountID, id string) (Intent, error)

@@ -49,7 +49,7 @@ func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 			// Unreachable provider, or the call is still running there: ask again on a later pass. The failed
 			// lookup is evidence too: it says when someone asked and could not learn.
 			evidence["result"], evidence["reason"] = "failed", lookupFailure(err)
-			if aerr := opstatus.Append(ctx, s.db, op.ID, EventProviderLookup, reconcilerActor, evidence); aerr != nil {
+			if aerr := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); aerr != nil {
 				return aerr
 			}
 			return fmt.Errorf("payments: reconcile %s: lookup %s: %w", op.ID, key, err)
@@ -66,7 +66,7 @@ func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 			if op.LeaseExpiresAt != nil && time.Now().Before(*op.LeaseExpiresAt) {
 				// A negative answer while our call may still arrive proves nothing, but it is recorded.
 				evidence["found"], evidence["result"], evidence["lease_running"] = false, "not_found", true
-				if err := opstatus.Append(ctx, s.db, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+				if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 					return err
 				}
 				return errLeaseRunning
@@ -82,7 +82,7 @@ func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 		if res.Found {
 			evidence["effects"] = res.Effects
 		}
-		if err := opstatus.Append(ctx, s.db, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+		if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 			return err
 		}
 		write := func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {

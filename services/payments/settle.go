@@ -29,13 +29,13 @@ func (s *Server) recordCreate(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 		if err != nil {
 			return idem.Result{}, err
 		}
-		in, err := s.cfg.Store.AuthorizationFailed(ctx, tx, op.ID)
+		in, err := s.cfg.Store.AuthorizationFailed(ctx, tx, op.AccountID, op.ID)
 		if err != nil {
 			return idem.Result{}, recorded(err)
 		}
 		return withResource(idem.ProblemResult(p.With("intent_id", in.ID), opstatus.StateFailed), "payment_intent", in.ID), nil
 	}
-	in, err := s.cfg.Store.Authorized(ctx, tx, op.ID, a.ID)
+	in, err := s.cfg.Store.Authorized(ctx, tx, op.AccountID, op.ID, a.ID)
 	if err != nil {
 		return idem.Result{}, recorded(err)
 	}
@@ -48,7 +48,7 @@ func (s *Server) recordCapture(ctx context.Context, tx *gorm.DB, op opstatus.Ope
 	if callErr != nil {
 		return s.release(ctx, tx, op, callErr, "capture")
 	}
-	in, err := s.cfg.Store.Captured(ctx, tx, op.ID, cp.AmountMinor)
+	in, err := s.cfg.Store.Captured(ctx, tx, op.AccountID, op.ID, cp.AmountMinor)
 	if err != nil {
 		return idem.Result{}, recorded(err)
 	}
@@ -61,7 +61,7 @@ func (s *Server) release(ctx context.Context, tx *gorm.DB, op opstatus.Operation
 	if err != nil {
 		return idem.Result{}, err
 	}
-	in, err := s.cfg.Store.Release(ctx, tx, op.ID)
+	in, err := s.cfg.Store.Release(ctx, tx, op.AccountID, op.ID)
 	if err != nil {
 		return idem.Result{}, recorded(err)
 	}
@@ -73,7 +73,7 @@ func (s *Server) recordCancel(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 	if callErr != nil {
 		return s.release(ctx, tx, op, callErr, "cancel")
 	}
-	in, err := s.cfg.Store.Canceled(ctx, tx, op.ID)
+	in, err := s.cfg.Store.Canceled(ctx, tx, op.AccountID, op.ID)
 	if err != nil {
 		return idem.Result{}, recorded(err)
 	}
@@ -88,13 +88,13 @@ func (s *Server) recordRefund(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 		if err != nil {
 			return idem.Result{}, err
 		}
-		rf, err := s.cfg.Store.RefundFailed(ctx, tx, op.ID)
+		rf, err := s.cfg.Store.RefundFailed(ctx, tx, op.AccountID, op.ID)
 		if err != nil {
 			return idem.Result{}, recorded(err)
 		}
 		return withResource(idem.ProblemResult(p.With("refund_id", rf.ID), opstatus.StateFailed), "refund", rf.ID), nil
 	}
-	rf, err := s.cfg.Store.RefundSucceeded(ctx, tx, op.ID, prf.ID)
+	rf, err := s.cfg.Store.RefundSucceeded(ctx, tx, op.AccountID, op.ID, prf.ID)
 	if err != nil {
 		return idem.Result{}, recorded(err)
 	}

@@ -71,15 +71,15 @@ func moveIntent(ctx context.Context, tx *gorm.DB, what, set, where string, args 
 }
 
 // Authorized implements Store.
-func (PostgresStore) Authorized(ctx context.Context, tx *gorm.DB, opID, authorizationID string) (Intent, error) {
+func (PostgresStore) Authorized(ctx context.Context, tx *gorm.DB, accountID, opID, authorizationID string) (Intent, error) {
 	return moveIntent(ctx, tx, "authorized", `status = 'requires_capture', provider_authorization_id = ?`,
-		`create_operation_id = ? AND status = 'authorizing'`, authorizationID, opID)
+		`account_id = ? AND create_operation_id = ? AND status = 'authorizing'`, authorizationID, accountID, opID)
 }
 
 // AuthorizationFailed implements Store.
-func (PostgresStore) AuthorizationFailed(ctx context.Context, tx *gorm.DB, opID string) (Intent, error) {
+func (PostgresStore) AuthorizationFailed(ctx context.Context, tx *gorm.DB, accountID, opID string) (Intent, error) {
 	return moveIntent(ctx, tx, "authorization failed", `status = 'failed'`,
-		`create_operation_id = ? AND status = 'authorizing'`, opID)
+		`account_id = ? AND create_operation_id = ? AND status = 'authorizing'`, accountID, opID)
 }
 
 // BeginCapture implements Store.
@@ -96,7 +96,7 @@ func (s PostgresStore) BeginCancel(ctx context.Context, tx *gorm.DB, accountID, 
 // reservation waits on the row and then finds it no longer in requires_capture.
 func (s PostgresStore) reserve(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, status IntentStatus, verb string) (Intent, error) {
 	in, err := moveIntent(ctx, tx, "reserve "+string(status), `status = ?, pending_operation_id = ?`,
-		`id = ? AND account_id = ? AND status = 'requires_capture'`, status, opID, intentID, accountID)
+		`account_id = ? AND id = ? AND status = 'requires_capture'`, status, opID, accountID, intentID)
 	if !errors.Is(err, ErrNotReserved) {
 		return in, err
 	}
@@ -109,21 +109,21 @@ func (s PostgresStore) reserve(ctx context.Context, tx *gorm.DB, accountID, inte
 }
 
 // Captured implements Store.
-func (PostgresStore) Captured(ctx context.Context, tx *gorm.DB, opID string, capturedMinor int64) (Intent, error) {
+func (PostgresStore) Captured(ctx context.Context, tx *gorm.DB, accountID, opID string, capturedMinor int64) (Intent, error) {
 	return moveIntent(ctx, tx, "captured", `status = 'succeeded', captured_minor = ?, pending_operation_id = NULL`,
-		`pending_operation_id = ? AND status = 'capturing'`, capturedMinor, opID)
+		`account_id = ? AND pending_operation_id = ? AND status = 'capturing'`, capturedMinor, accountID, opID)
 }
 
 // Canceled implements Store.
-func (PostgresStore) Canceled(ctx context.Context, tx *gorm.DB, opID string) (Intent, error) {
+func (PostgresStore) Canceled(ctx context.Context, tx *gorm.DB, accountID, opID string) (Intent, error) {
 	return moveIntent(ctx, tx, "canceled", `status = 'canceled', pending_operation_id = NULL`,
-		`pending_operation_id = ? AND status = 'canceling'`, opID)
+		`account_id = ? AND pending_operation_id = ? AND status = 'canceling'`, accountID, opID)
 }
 
 // Release implements Store.
-func (PostgresStore) Release(ctx context.Context, tx *gorm.DB, opID string) (Intent, error) {
+func (PostgresStore) Release(ctx context.Context, tx *gorm.DB, accountID, opID string) (Intent, error) {
 	return moveIntent(ctx, tx, "release", `status = 'requires_capture', pending_operation_id = NULL`,
-		`pending_operation_id = ? AND status IN ('capturing', 'canceling')`, opID)
+		`account_id = ? AND pending_operation_id = ? AND status IN ('capturing', 'canceling')`, accountID, opID)
 }
 
 // ReserveRefund implements Store. The intent row lock serializes every refund reservation of one intent. The
@@ -132,8 +132,8 @@ func (PostgresStore) Release(ctx context.Context, tx *gorm.DB, opID string) (Int
 // refund the previous lock holder just committed.
 func (s PostgresStore) ReserveRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund) (Refund, Intent, error) {
 	var locked []Intent
-	err := tx.WithContext(ctx).Raw(`SELECT `+intentColumns+` FROM payment_intents WHERE id = ? AND account_id = ? FOR UPDATE`,
-		intentID, accountID).Scan(&locked).Error
+	err := tx.WithContext(ctx).Raw(`SELECT `+intentColumns+` FROM payment_intents WHERE account_id = ? AND id = ? FOR UPDATE`,
+		accountID, intentID).Scan(&locked).Error
 	if err != nil {
 		return Refund{}, Intent{}, fmt.Errorf("payments: reserve refund: lock intent: %w", err)
 	}
@@ -142,7 +142,7 @@ func (s PostgresStore) ReserveRefund(ctx context.Context, tx *gorm.DB, accountID
 	}
 	var held int64
 	err = tx.WithContext(ctx).Raw(`SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
-WHERE intent_id = ? AND status <> 'failed'`, intentID).Scan(&held).Error
+WHERE account_id = ? AND intent_id = ? AND status <> 'failed'`, accountID, intentID).Scan(&held).Error
 	if err != nil {
 		return Refund{}, Intent{}, fmt.Errorf("payments: reserve refund: refunded so far: %w", err)
 	}
@@ -171,8 +171,8 @@ RETURNING `+refundColumns, ids.New("re_"), accountID, in.ID, in.Currency, cmd.Am
 // RefundsHeld implements Store. As in ReserveRefund, the sum is a statement of its own after the lock.
 func (PostgresStore) RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error) {
 	var locked []string
-	err := tx.WithContext(ctx).Raw(`SELECT id FROM payment_intents WHERE id = ? AND account_id = ? FOR UPDATE`,
-		intentID, accountID).Scan(&locked).Error
+	err := tx.WithContext(ctx).Raw(`SELECT id FROM payment_intents WHERE account_id = ? AND id = ? FOR UPDATE`,
+		accountID, intentID).Scan(&locked).Error
 	if err != nil {
 		return 0, fmt.Errorf("payments: refunds held: lock intent: %w", err)
 	}
@@ -181,7 +181,7 @@ func (PostgresStore) RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, in
 	}
 	var held int64
 	err = tx.WithContext(ctx).Raw(`SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
-WHERE intent_id = ? AND status <> 'failed'`, intentID).Scan(&held).Error
+WHERE account_id = ? AND intent_id = ? AND status <> 'failed'`, accountID, intentID).Scan(&held).Error
 	if err != nil {
 		return 0, fmt.Errorf("payments: refunds held: %w", err)
 	}
@@ -189,18 +189,18 @@ WHERE intent_id = ? AND status <> 'failed'`, intentID).Scan(&held).Error
 }
 
 // RefundSucceeded implements Store: the refund and the intent's refunded total change in one statement.
-func (PostgresStore) RefundSucceeded(ctx context.Context, tx *gorm.DB, opID, providerRefundID string) (Refund, error) {
+func (PostgresStore) RefundSucceeded(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string) (Refund, error) {
 	var rows []Refund
 	err := tx.WithContext(ctx).Raw(`
 WITH r AS (
     UPDATE payment_refunds SET status = 'succeeded', provider_refund_id = ?, updated_at = now()
-    WHERE operation_id = ? AND status = 'pending'
+    WHERE account_id = ? AND operation_id = ? AND status = 'pending'
     RETURNING `+refundColumns+`
 ), i AS (
     UPDATE payment_intents SET refunded_minor = refunded_minor + r.amount_minor, updated_at = now()
-    FROM r WHERE payment_intents.id = r.intent_id
+    FROM r WHERE payment_intents.account_id = r.account_id AND payment_intents.id = r.intent_id
 )
-SELECT * FROM r`, providerRefundID, opID).Scan(&rows).Error
+SELECT * FROM r`, providerRefundID, accountID, opID).Scan(&rows).Error
 	if err != nil {
 		return Refund{}, fmt.Errorf("payments: refund succeeded: %w", err)
 	}
@@ -211,10 +211,10 @@ SELECT * FROM r`, providerRefundID, opID).Scan(&rows).Error
 }
 
 // RefundFailed implements Store.
-func (PostgresStore) RefundFailed(ctx context.Context, tx *gorm.DB, opID string) (Refund, error) {
+func (PostgresStore) RefundFailed(ctx context.Context, tx *gorm.DB, accountID, opID string) (Refund, error) {
 	var rows []Refund
 	err := tx.WithContext(ctx).Raw(`UPDATE payment_refunds SET status = 'failed', updated_at = now()
-WHERE operation_id = ? AND status = 'pending' RETURNING `+refundColumns, opID).Scan(&rows).Error
+WHERE account_id = ? AND operation_id = ? AND status = 'pending' RETURNING `+refundColumns, accountID, opID).Scan(&rows).Error
 	if err != nil {
 		return Refund{}, fmt.Errorf("payments: refund failed: %w", err)
 	}
@@ -227,8 +227,8 @@ WHERE operation_id = ? AND status = 'pending' RETURNING `+refundColumns, opID).S
 // Intent implements Store.
 func (PostgresStore) Intent(ctx context.Context, db *gorm.DB, accountID, id string) (Intent, error) {
 	var rows []Intent
-	err := db.WithContext(ctx).Raw(`SELECT `+intentColumns+` FROM payment_intents WHERE id = ? AND account_id = ?`,
-		id, accountID).Scan(&rows).Error
+	err := db.WithContext(ctx).Raw(`SELECT `+intentColumns+` FROM payment_intents WHERE account_id = ? AND id = ?`,
+		accountID, id).Scan(&rows).Error
 	if err != nil {
 		return Intent{}, fmt.Errorf("payments: get intent: %w", err)
 	}
@@ -241,8 +241,8 @@ func (PostgresStore) Intent(ctx context.Context, db *gorm.DB, accountID, id stri
 // Refund implements Store.
 func (PostgresStore) Refund(ctx context.Context, db *gorm.DB, accountID, id string) (Refund, error) {
 	var rows []Refund
-	err := db.WithContext(ctx).Raw(`SELECT `+refundColumns+` FROM payment_refunds WHERE id = ? AND account_id = ?`,
-		id, accountID).Scan(&rows).Error
+	err := db.WithContext(ctx).Raw(`SELECT `+refundColumns+` FROM payment_refunds WHERE account_id = ? AND id = ?`,
+		accountID, id).Scan(&rows).Error
 	if err != nil {
 		return Refund{}, fmt.Errorf("payments: get refund: %w", err)
 	}
@@ -257,7 +257,7 @@ func (s PostgresStore) Refunds(ctx context.Context, db *gorm.DB, accountID, inte
 	if _, err := s.Intent(ctx, db, accountID, intentID); err != nil {
 		return nil, err
 	}
-	q := db.WithContext(ctx).Table("payment_refunds").Select(refundColumns).Where("intent_id = ? AND account_id = ?", intentID, accountID)
+	q := db.WithContext(ctx).Table("payment_refunds").Select(refundColumns).Where("account_id = ? AND intent_id = ?", accountID, intentID)
 	if p.After != nil {
 		q = q.Where("(created_at, id) > (?, ?)", p.After.At, p.After.ID)
 	}

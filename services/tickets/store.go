@@ -114,10 +114,10 @@ func (PostgresStore) SetStatus(ctx context.Context, db *gorm.DB, accountID, tick
 	var changed []Ticket
 	err := db.WithContext(ctx).Raw(`
 WITH prev AS (
-    SELECT id, status FROM tickets WHERE id = ? AND account_id = ? FOR UPDATE
+    SELECT account_id, id, status FROM tickets WHERE id = ? AND account_id = ? FOR UPDATE
 ), t AS (
     UPDATE tickets SET status = ?, updated_at = now()
-    FROM prev WHERE tickets.id = prev.id AND prev.status <> ?
+    FROM prev WHERE tickets.account_id = prev.account_id AND tickets.id = prev.id AND prev.status <> ?
     RETURNING tickets.*, prev.status AS from_status
 ), change AS (
     INSERT INTO ticket_status_changes (ticket_id, account_id, from_status, to_status, actor)

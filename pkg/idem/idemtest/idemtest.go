@@ -213,7 +213,7 @@ func Exercise(t *testing.T, newStore NewStore) {
 		complete(t, s, db, done, opstatus.StateSucceeded)
 		claimCommitted(t, s, db, "acct", "running", "fp")
 		unknown := claimCommitted(t, s, db, "acct", "unknown", "fp")
-		if _, err := opstatus.Transition(ctx, db, unknown.OperationID, opstatus.StateUnknown, "test"); err != nil {
+		if _, err := opstatus.Transition(ctx, db, "acct", unknown.OperationID, opstatus.StateUnknown, "test"); err != nil {
 			t.Fatal(err)
 		}
 		queued := claimCommitted(t, s, db, "acct", "queued", "fp")
