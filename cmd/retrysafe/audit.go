@@ -196,6 +196,8 @@ func runAuditTimeline(ctx context.Context, inv invocation, operationID string) e
 	if err != nil {
 		return exitError{code: 2, err: err}
 	}
+	// The one lookup by id alone (the operator knows the operation, not its account): a scan of every account,
+	// on a sharded database a query of every shard. All that follows is addressed by account and id.
 	var accounts []string
 	if err := db.WithContext(ctx).Raw(`SELECT account_id FROM operations WHERE id = ?`, operationID).Scan(&accounts).Error; err != nil {
 		return exitError{code: 2, err: fmt.Errorf("audit timeline: %w", err)}
