@@ -1,12 +1,14 @@
 package migrations_test
 
 import (
+	"context"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"testing"
 
+	"github.com/pressly/goose/v3"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	gormlogger "gorm.io/gorm/logger"
@@ -83,6 +85,9 @@ CREATE UNIQUE INDEX bad_unique_index ON bad_unique (ref) WHERE ref IS NOT NULL;
 CREATE TABLE bad_fk (account_id text, id text, good_id text, CONSTRAINT bad_fk_pk PRIMARY KEY (account_id, id),
     CONSTRAINT bad_fk_good_fkey FOREIGN KEY (good_id, account_id) REFERENCES good (id, account_id));
 CREATE UNIQUE INDEX good_id_account ON good (id, account_id);
+-- Leads with account_id, but pairs it with the referenced table's id: the rows of one account could point at
+-- another's.
+ALTER TABLE bad_fk ADD CONSTRAINT bad_fk_crossed_fkey FOREIGN KEY (account_id, good_id) REFERENCES good (id, account_id);
 CREATE TABLE good_fk (account_id text, id text, good_id text, CONSTRAINT good_fk_pk PRIMARY KEY (account_id, id),
     CONSTRAINT good_fk_good_fkey FOREIGN KEY (account_id, good_id) REFERENCES good (account_id, id));
 CREATE TABLE no_account (id text CONSTRAINT no_account_pk PRIMARY KEY);
@@ -97,7 +102,8 @@ CREATE TABLE listed_local (id text PRIMARY KEY);
 		"bad_pk: primary key bad_pk_pk (id) does not lead with account_id",
 		"bad_unique: unique constraint bad_unique_ref_key (ref, account_id) does not lead with account_id",
 		"bad_unique: unique index bad_unique_index (ref) does not lead with account_id",
-		"bad_fk: foreign key bad_fk_good_fkey (good_id, account_id) does not lead with account_id",
+		"bad_fk: foreign key bad_fk_good_fkey (good_id, account_id) -> good (id, account_id) does not lead with account_id",
+		"bad_fk: foreign key bad_fk_crossed_fkey (account_id, good_id) -> good (id, account_id) does not lead with account_id",
 		"good: unique index good_id_account (id, account_id) does not lead with account_id",
 		"no_account: no account_id column, and not listed as a local table",
 	} {
@@ -105,11 +111,46 @@ CREATE TABLE listed_local (id text PRIMARY KEY);
 			t.Errorf("the check did not report %q; it reported:\n%s", want, got)
 		}
 	}
-	if len(problems) != 6 {
-		t.Errorf("%d problems, want exactly the 6 bad keys:\n%s", len(problems), got)
+	if len(problems) != 7 {
+		t.Errorf("%d problems, want exactly the 7 bad keys:\n%s", len(problems), got)
 	}
 	if strings.Join(tenant, " ") != "bad_fk bad_pk bad_unique good good_fk" {
 		t.Errorf("tenant tables %v", tenant)
+	}
+}
+
+// TestShardKeysCatchTheOldSchema runs the check on the schema before migration 00011, keyed by id alone, and
+// expects it to fail there.
+func TestShardKeysCatchTheOldSchema(t *testing.T) {
+	t.Parallel()
+	db, err := gorm.Open(postgres.Open(testdb.EmptySchema(t)), &gorm.Config{Logger: gormlogger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(1)
+	t.Cleanup(func() { sqlDB.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS("."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(context.Background(), 10); err != nil {
+		t.Fatal(err)
+	}
+	problems, _ := shardProblems(t, db, localTables)
+	got := strings.Join(problems, "\n")
+	for _, want := range []string{
+		"operations: primary key operations_pkey (id) does not lead with account_id",
+		"deploys: unique constraint deploys_operation_id_key (operation_id) does not lead with account_id",
+		"operation_events: foreign key operation_events_operation_id_fkey (operation_id) -> operations (id) does not lead with account_id",
+		"audit_chain_heads: no account_id column, and not listed as a local table",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the check did not report %q on the schema of migration 00010; it reported:\n%s", want, got)
+		}
 	}
 }
 
@@ -147,7 +188,9 @@ ORDER BY c.relname`).Scan(&tables).Error
 	// referencing account_id must be paired with the referenced table's account_id.
 	var keys []struct {
 		Table, Kind, Name, Columns string
-		FirstIsAccount             bool
+		// References is, for a foreign key, the referenced table and columns: " -> t (a, b)".
+		References     string
+		FirstIsAccount bool
 	}
 	err = db.Raw(`
 WITH keys AS (
@@ -168,6 +211,9 @@ SELECT r.relname AS "table", k.kind, k.name,
        (SELECT string_agg(coalesce(a.attname, 'an expression'), ', ' ORDER BY n.ord)
         FROM unnest(k.cols) WITH ORDINALITY AS n(num, ord)
         LEFT JOIN pg_attribute a ON a.attrelid = k.rel AND a.attnum = n.num) AS columns,
+       CASE WHEN k.frel <> 0 THEN ' -> ' || k.frel::regclass::text || ' (' ||
+           (SELECT string_agg(a.attname, ', ' ORDER BY n.ord) FROM unnest(k.fcols) WITH ORDINALITY AS n(num, ord)
+            JOIN pg_attribute a ON a.attrelid = k.frel AND a.attnum = n.num) || ')' ELSE '' END AS "references",
        coalesce((SELECT a.attname = 'account_id' FROM pg_attribute a WHERE a.attrelid = k.rel AND a.attnum = k.cols[1]), false)
        AND (k.frel = 0 OR coalesce((SELECT a.attname = 'account_id' FROM pg_attribute a
                                     WHERE a.attrelid = k.frel AND a.attnum = k.fcols[1]), false)) AS first_is_account
@@ -182,7 +228,7 @@ ORDER BY 1, 3`).Scan(&keys).Error
 	}
 	for _, k := range keys {
 		if isTenant[k.Table] && !k.FirstIsAccount {
-			problems = append(problems, k.Table+": "+k.Kind+" "+k.Name+" ("+k.Columns+") does not lead with account_id")
+			problems = append(problems, k.Table+": "+k.Kind+" "+k.Name+" ("+k.Columns+")"+k.References+" does not lead with account_id")
 		}
 	}
 	return problems, tenant
