@@ -113,7 +113,7 @@ func (r Route) match(method, path string) (map[string]string, bool) {
 func Expire(ctx context.Context, db *gorm.DB, now time.Time, limit int) (int, error) {
 	res := db.WithContext(ctx).Exec(`
 UPDATE approvals SET state = 'expired'
-WHERE id IN (SELECT id FROM approvals
+WHERE (account_id, id) IN (SELECT account_id, id FROM approvals
              WHERE state IN ('pending', 'approved') AND used_by_operation_id IS NULL AND expires_at <= ?
              ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)
   AND state IN ('pending', 'approved') AND used_by_operation_id IS NULL AND expires_at <= ?`, now, limit, now)
@@ -492,8 +492,8 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 			// It ran out before the expiry worker came by: record that now, in this transaction, and refuse
 			// after it commits. The row is locked, so the worker cannot record it too.
 			late = expiredError(a)
-			return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ? WHERE id = ? RETURNING `+columns,
-				StateExpired, a.ID).Scan(&a).Error
+			return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ? WHERE account_id = ? AND id = ? RETURNING `+columns,
+				StateExpired, a.AccountID, a.ID).Scan(&a).Error
 		case a.State != from:
 			return problem.New(problem.CodeInvalidState, "the approval is already %s", a.State)
 		case to == StateRevoked && a.UsedByOperationID != nil:

@@ -235,13 +235,15 @@ func (h *Handler) settle(ctx context.Context, cl call, write func(ctx context.Co
 // row lock. Two statements: the read takes its snapshot after the lock is held, so it sees a record committed
 // by the worker this transaction waited for.
 func attemptRecorded(ctx context.Context, tx *gorm.DB, cl call) (bool, error) {
-	err := tx.WithContext(ctx).Exec(`SELECT 1 FROM operations WHERE id = ? FOR NO KEY UPDATE`, cl.op.ID).Error
+	err := tx.WithContext(ctx).Exec(`SELECT 1 FROM operations WHERE account_id = ? AND id = ? FOR NO KEY UPDATE`,
+		cl.op.AccountID, cl.op.ID).Error
 	if err != nil {
 		return false, fmt.Errorf("idem: lock %s: %w", cl.op.ID, err)
 	}
 	var found bool
 	err = tx.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM operation_events
-WHERE operation_id = ? AND attempt IS NOT NULL AND detail->>'attempt_id' = ?)`, cl.op.ID, cl.lineage.attempt).Scan(&found).Error
+WHERE account_id = ? AND operation_id = ? AND attempt IS NOT NULL AND detail->>'attempt_id' = ?)`,
+		cl.op.AccountID, cl.op.ID, cl.lineage.attempt).Scan(&found).Error
 	if err != nil {
 		return false, fmt.Errorf("idem: attempt record of %s: %w", cl.op.ID, err)
 	}

@@ -174,9 +174,10 @@ WITH expired AS (
         -- and the outcome): this event is that record, outcome unknown, so the attempt has its number.
         SELECT (c.detail - 'supersedes_operation_id') || jsonb_build_object('outcome', 'unknown', 'reason', ?::text, 'fingerprint', op.fingerprint)
         FROM operation_events c
-        WHERE c.operation_id = op.id AND c.type = 'claimed' AND c.detail ? 'attempt_id' AND NOT EXISTS (
+        WHERE c.account_id = op.account_id AND c.operation_id = op.id AND c.type = 'claimed' AND c.detail ? 'attempt_id'
+          AND NOT EXISTS (
             SELECT 1 FROM operation_events a
-            WHERE a.operation_id = op.id AND a.attempt IS NOT NULL AND a.detail->>'attempt_id' = c.detail->>'attempt_id')
+            WHERE a.account_id = op.account_id AND a.operation_id = op.id AND a.attempt IS NOT NULL AND a.detail->>'attempt_id' = c.detail->>'attempt_id')
         LIMIT 1), '{}'::jsonb)
     FROM op
 )

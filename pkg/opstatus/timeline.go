@@ -240,7 +240,7 @@ ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerp
 		CreatedAt  time.Time
 	}
 	err = db.WithContext(ctx).Raw(`SELECT approval_id, chain_seq, type, actor, created_at FROM approval_events
-WHERE approval_id IN ? ORDER BY approval_id, id`, keys(index)).Scan(&recs).Error
+WHERE account_id = ? AND approval_id IN ? ORDER BY approval_id, id`, op.AccountID, keys(index)).Scan(&recs).Error
 	if err != nil {
 		return nil, fmt.Errorf("opstatus: approval records of %s: %w", op.ID, err)
 	}
