@@ -119,7 +119,7 @@ CREATE TABLE listed_local (id text PRIMARY KEY);
 	}
 }
 
-// TestShardKeysCatchTheOldSchema runs the check on the schema before migration 00012, keyed by id alone, and
+// TestShardKeysCatchTheOldSchema runs the check on the schema before migration 00013, keyed by id alone, and
 // expects it to fail there.
 func TestShardKeysCatchTheOldSchema(t *testing.T) {
 	t.Parallel()
@@ -137,7 +137,7 @@ func TestShardKeysCatchTheOldSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.UpTo(context.Background(), 11); err != nil {
+	if _, err := p.UpTo(context.Background(), 12); err != nil {
 		t.Fatal(err)
 	}
 	problems, _ := shardProblems(t, db, localTables)
@@ -149,7 +149,7 @@ func TestShardKeysCatchTheOldSchema(t *testing.T) {
 		"audit_chain_heads: no account_id column, and not listed as a local table",
 	} {
 		if !strings.Contains(got, want) {
-			t.Errorf("the check did not report %q on the schema of migration 00011; it reported:\n%s", want, got)
+			t.Errorf("the check did not report %q on the schema of migration 00012; it reported:\n%s", want, got)
 		}
 	}
 }
