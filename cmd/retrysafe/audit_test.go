@@ -79,6 +79,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 	}
 	t.Logf("timeline:\n%s", text)
 
+	db.Tampered()
 	err := db.Exec(`ALTER TABLE operation_events DISABLE TRIGGER USER`).Error
 	if err == nil {
 		err = db.Exec(`UPDATE operation_events SET detail = '{"status":200}' WHERE type = 'completed'`).Error

@@ -10,7 +10,9 @@
 //   - Tx(t) is a transaction in the package's base schema, rolled back at cleanup: for tests that never need
 //     another connection to see their writes.
 //   - Schema(t) lends a whole migrated schema, emptied when lent, for tests that must commit: concurrency,
-//     crash recovery, a server under test. Its DSN lets a subprocess connect to the same schema.
+//     crash recovery, a server under test. Its DSN lets a subprocess connect to the same schema. When the test
+//     ends, its schema's audit record is verified (audit.Verify, what `retrysafe audit verify` runs): a test
+//     whose traffic leaves a broken chain fails, unless it breaks the record on purpose and says so (Tampered).
 package testdb
 
 import (
@@ -34,6 +36,7 @@ import (
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/migrations"
+	"github.com/retrysafe/retrysafe/pkg/audit"
 )
 
 // DefaultURL is used when TEST_DATABASE_URL is unset: the local PostgreSQL of the development machine.
@@ -53,7 +56,13 @@ type DB struct {
 	// DSN connects to the same schema (search_path set), for a subprocess under test.
 	DSN    string
 	Schema string
+
+	tampered bool
 }
+
+// Tampered says the test breaks the schema's audit record on purpose (a tampering test), so it is not verified
+// when the test ends.
+func (db *DB) Tampered() { db.tampered = true }
 
 var (
 	mu   sync.Mutex
@@ -84,12 +93,31 @@ func Schema(t testing.TB) *DB {
 	if err := truncate(db.DB); err != nil {
 		t.Fatalf("testdb: empty schema %s: %v", db.Schema, err)
 	}
+	db.tampered = false
 	t.Cleanup(func() {
+		// Cleanups run last in, first out: whatever the test started after lending (servers, processes) has
+		// stopped writing by now.
+		if !db.tampered && !t.Failed() {
+			verifyAudit(t, db)
+		}
 		mu.Lock()
 		free = append(free, db)
 		mu.Unlock()
 	})
 	return db
+}
+
+// verifyAudit fails t if the audit record the test's traffic left in db does not verify.
+func verifyAudit(t testing.TB, db *DB) {
+	t.Helper()
+	rep, err := audit.Verify(context.Background(), db.DB, audit.VerifyOptions{})
+	switch {
+	case err != nil:
+		t.Errorf("testdb: audit verify of schema %s after the test: %v", db.Schema, err)
+	case !rep.Intact():
+		t.Errorf("testdb: the test's traffic left schema %s with a broken audit record (%d problems), first: %+v; a test that breaks it on purpose calls Tampered",
+			db.Schema, len(rep.Problems), rep.Problems[0])
+	}
 }
 
 var (

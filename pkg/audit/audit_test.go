@@ -123,6 +123,7 @@ func TestIntactChainsVerify(t *testing.T) {
 	if !rep.Intact() || rep.Checkpoints != 1 || rep.Chains != 1 || rep.Records != 4 {
 		t.Fatalf("since the second checkpoint: %+v", rep)
 	}
+	db.Tampered()
 	exec(t, db.DB, `DELETE FROM operation_events WHERE operation_id = ? AND chain_seq = 4`, ops[1])
 	if rep = mustVerify(t, db.DB, audit.VerifyOptions{Since: cp2.At, PublicKey: pub}); rep.Intact() || rep.Problems[0].Kind != auditchain.Missing {
 		t.Fatalf("since, after deleting the sealed tail: %+v", rep)
@@ -197,6 +198,7 @@ WHERE h.chain = ? AND e.operation_id = h.chain AND e.chain_seq = 2`, ops[1])
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			db := testdb.Schema(t)
+			db.Tampered()
 			ops := history(t, db.DB, 3)
 			if _, err := (&audit.CheckpointWorker{DB: db.DB, Signer: signer}).RunOnce(context.Background()); err != nil {
 				t.Fatal(err)

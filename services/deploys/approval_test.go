@@ -322,6 +322,7 @@ func TestApprovalExpiryIsRecordedOnce(t *testing.T) {
 		t.Fatalf("audit verify: %v %+v", err, rep.Problems)
 	}
 	// A tampered expiry record is caught by the timeline's check.
+	b.env.DB.Tampered()
 	if err := b.db.Exec(`ALTER TABLE approval_events DISABLE TRIGGER approval_events_append_only`).Error; err != nil {
 		t.Fatal(err)
 	}
