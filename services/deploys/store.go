@@ -33,12 +33,16 @@ type deployRow struct {
 	StoredState State
 }
 
+// The operation's state is a subquery on its whole key, not a join: with the account known, a join lets the
+// planner scan the account's operations and filter them by id (see idem's lookupSQL).
 const deployColumns = `d.id, d.account_id, d.operation_id, d.kind, d.service, d.environment, d.artifact,
-d.commit_sha, d.rolls_back_deploy_id, CASE WHEN o.state = 'unknown' THEN 'unknown' ELSE d.state END AS state,
+d.commit_sha, d.rolls_back_deploy_id,
+CASE WHEN (SELECT o.state FROM operations o WHERE o.account_id = d.account_id AND o.id = d.operation_id) = 'unknown'
+     THEN 'unknown' ELSE d.state END AS state,
 d.state AS stored_state, d.environment_version, d.fencing_token, d.steps_total, d.steps_completed,
 d.activation_started_at AS activation_started, d.started_at, d.finished_at, d.created_at, d.updated_at`
 
-const selectDeploy = `SELECT ` + deployColumns + ` FROM deploys d JOIN operations o ON o.account_id = d.account_id AND o.id = d.operation_id `
+const selectDeploy = `SELECT ` + deployColumns + ` FROM deploys d `
 
 // CreateDeploy implements Store. The environment row, locked FOR UPDATE, serializes every deploy request of an
 // environment; the lock row decides between them in one statement.
@@ -114,7 +118,7 @@ WITH d AS (
     VALUES (?, ?, ?, ?, ?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, 'queued', ?, ?, ?)
     RETURNING *
 )
-SELECT `+deployColumns+` FROM d JOIN operations o ON o.account_id = d.account_id AND o.id = d.operation_id`,
+SELECT `+deployColumns+` FROM d`,
 		id, nd.AccountID, nd.OperationID, nd.Kind, nd.Service, nd.Environment, nd.Artifact, nd.CommitSHA,
 		nd.RollsBackDeployID, version, token[0], nd.StepsTotal).Scan(&rows).Error
 	if err != nil {
@@ -351,7 +355,7 @@ WITH next AS (
     FROM next WHERE deploys.account_id = next.account_id AND deploys.id = next.id
     RETURNING deploys.*
 )
-SELECT `+deployColumns+` FROM d JOIN operations o ON o.account_id = d.account_id AND o.id = d.operation_id`, account[0], account[0], maxRunning).Scan(&rows).Error
+SELECT `+deployColumns+` FROM d`, account[0], account[0], maxRunning).Scan(&rows).Error
 		if err != nil {
 			return Claim{}, false, fmt.Errorf("deploys: claim queued: %w", err)
 		}
@@ -400,7 +404,7 @@ WITH old AS (
     FROM old WHERE deploys.account_id = old.account_id AND deploys.id = old.id
     RETURNING deploys.*
 )
-SELECT `+deployColumns+` FROM d JOIN operations o ON o.account_id = d.account_id AND o.id = d.operation_id ORDER BY d.queued_at, d.id`,
+SELECT `+deployColumns+` FROM d ORDER BY d.queued_at, d.id`,
 		queuedBefore, limit).Scan(&expired).Error
 	if err != nil {
 		return nil, fmt.Errorf("deploys: expire queued: %w", err)

@@ -1,0 +1,4 @@
+package idem
+
+// LookupSQL is the statement Lookup runs, for the plan test.
+var LookupSQL = numbered(lookupSQL)
