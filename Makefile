@@ -71,7 +71,7 @@ bench: build
 	  ./bin/retrysafe-bench -pg "$$base" -bin bin/retrysafe -preload $(BENCH_PRELOAD) $(BENCH_FLAGS)
 
 # make bench with the growth run on GROWTH_ROWS (default 10M) completed creates: loading them takes a while (see
-# README) and about 2.4 GB of disk per million.
+# README) and about 3 GB of disk per million.
 GROWTH_ROWS ?= 10000000
 bench-growth:
 	$(MAKE) bench BENCH_PRELOAD=$(GROWTH_ROWS)

@@ -51,6 +51,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	payments := fs.Bool("payments", true, "measure payments' intent create and capture")
 	preload := fs.Int64("preload", 0, "growth: also measure create and replay on tables holding this many completed creates")
 	preloadSQL := fs.String("preload-sql", "scripts/bench-preload.sql", "the loader of -preload")
+	preloadFor := fs.Duration("preload-for", 0, "stop loading after this long and measure with what was loaded (0: load all of -preload)")
 	batch := fs.Int64("preload-batch", 250_000, "creates loaded per transaction")
 	chart := fs.String("chart", "docs/bench.png", "PNG chart to write (empty: none)")
 	logs := fs.String("logs", "", "directory for the servers' logs (default: a new temporary directory)")
@@ -96,7 +97,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Server: bench.Server{Base: *pg}, Bin: binPath, Self: self,
 		Duration: *d, Warmup: *warmup, Clients: *clients, Storm: *storm, ReplayKeys: *keys,
 		Pgbench: *pgbench, Payments: *payments,
-		Preload: *preload, PreloadSQL: *preloadSQL, PreloadBatch: *batch,
+		Preload: *preload, PreloadSQL: *preloadSQL, PreloadBatch: *batch, PreloadFor: *preloadFor,
 		KeyIDSecret: secret, Chart: *chart, LogDir: logDir, Out: stdout, Progress: stderr, TTY: tty,
 	}
 	fmt.Fprintf(stderr, "bench: servers' logs in %s\n", logDir)
@@ -110,8 +111,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if *chart != "" {
 		series := []bench.Series{{Name: "baseline (gin + gorm insert)", Target: bench.TargetBaseline},
 			{Name: "retrysafe serve tickets", Target: bench.TargetTickets}}
-		if *preload > 0 {
-			t := fmt.Sprintf("retrysafe, %s preloaded", bench.Count(*preload))
+		if rep.Preloaded > 0 {
+			t := fmt.Sprintf("retrysafe, %s preloaded", bench.Count(rep.Preloaded))
 			series = append(series, bench.Series{Name: t, Target: t})
 		}
 		title := fmt.Sprintf("POST /v1/tickets, %d clients, %s per mode, storm of %d; %s, load average %s",

@@ -51,7 +51,7 @@ func TestTable(t *testing.T) {
 	base := Result{Target: "baseline", Mode: "create", Requests: 50000, RPS: 5000, P50: 5 * time.Millisecond,
 		P99: 20 * time.Millisecond, Max: 80 * time.Millisecond, Statuses: map[string]int{"201": 50000}, Rows: 50000}
 	rs := Result{Target: "retrysafe", Mode: "storm", Requests: 1000, RPS: 2500, P50: 200 * time.Millisecond,
-		P99: 390 * time.Millisecond, Max: 401500 * time.Microsecond, Statuses: map[string]int{"201": 1000}, Rows: 1}
+		P99: 390 * time.Millisecond, Max: 401500 * time.Microsecond, Statuses: map[string]int{"201": 1000}, Rows: 1, RSS: 61_000_000}
 	pg := Result{Target: "pgbench insert", Mode: "create", Requests: 90000, RPS: 9000, Statuses: map[string]int{}, Rows: -1}
 	var b strings.Builder
 	if err := Table(&b, []Result{pg, base, rs}, base, "baseline create"); err != nil {
@@ -62,10 +62,10 @@ func TestTable(t *testing.T) {
 		t.Fatalf("%d lines, want a header and 3 rows:\n%s", len(lines), b.String())
 	}
 	want := [][]string{
-		{"target", "mode", "requests", "req/s", "p50", "ms", "p99", "ms", "max", "ms", "statuses", "rows", "req/s", "vs", "baseline", "create", "p99", "vs", "baseline", "create"},
-		{"pgbench", "insert", "create", "90000", "9000", "-", "-", "-", "-", "-", "1.80x", "-"},
-		{"baseline", "create", "50000", "5000", "5.0", "20", "80", "50000", "x", "201", "50000", "1.00x", "1.00x"},
-		{"retrysafe", "storm", "1000", "2500", "200", "390", "402", "1000", "x", "201", "1", "0.50x", "19.50x"},
+		{"target", "mode", "requests", "req/s", "p50", "ms", "p99", "ms", "max", "ms", "statuses", "rows", "peak", "RSS", "req/s", "vs", "baseline", "create", "p99", "vs", "baseline", "create"},
+		{"pgbench", "insert", "create", "90000", "9000", "-", "-", "-", "-", "-", "-", "1.80x", "-"},
+		{"baseline", "create", "50000", "5000", "5.0", "20", "80", "50000", "x", "201", "50000", "-", "1.00x", "1.00x"},
+		{"retrysafe", "storm", "1000", "2500", "200", "390", "402", "1000", "x", "201", "1", "61.0", "MB", "0.50x", "19.50x"},
 	}
 	for i, l := range lines {
 		if got := strings.Fields(l); strings.Join(got, " ") != strings.Join(want[i], " ") {

@@ -54,6 +54,8 @@ type Config struct {
 	Preload      int64
 	PreloadSQL   string
 	PreloadBatch int64
+	// PreloadFor, when > 0, bounds the loading: the growth run measures with what was loaded by then.
+	PreloadFor time.Duration
 	// KeyIDSecret is API_KEY_ID_SECRET for the services.
 	KeyIDSecret string
 	// Chart, when set, is where the PNG goes.
@@ -73,9 +75,11 @@ type Report struct {
 	// MemoryOrder is the order the processes ran in.
 	MemoryOrder []string
 	// Preloaded is how many creates the growth database held, and how long loading and sealing them took.
-	Preloaded              int64
-	PreloadTook, SealTook  time.Duration
-	PreloadBytes           int64
+	Preloaded             int64
+	PreloadTook, SealTook time.Duration
+	PreloadBytes          int64
+	// Unsealed is how many loaded chain heads the checkpoint worker had not sealed when the growth run began.
+	Unsealed               int64
 	Load                   string
 	Started, Finished      time.Time
 	Duration               time.Duration
@@ -139,7 +143,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	if cfg.Preload > 0 {
-		if err := h.tickets(ctx, fmt.Sprintf(targetGrowthFmt, Count(cfg.Preload)), "bench_growth", cfg.Preload); err != nil {
+		if err := h.tickets(ctx, h.growthTarget(), "bench_growth", cfg.Preload); err != nil {
 			return nil, err
 		}
 	}
@@ -323,7 +327,7 @@ func (h *harness) baseline(ctx context.Context) error {
 	if err := p.WaitReady("http://"+addr+"/healthz", 30*time.Second); err != nil {
 		return err
 	}
-	return h.ticketModes(ctx, TargetBaseline, db, "http://"+addr, true)
+	return h.ticketModes(ctx, TargetBaseline, db, "http://"+addr, true, nil)
 }
 
 // tickets measures `retrysafe serve tickets` on a fresh database, first loaded with preload completed creates
@@ -344,6 +348,7 @@ func (h *harness) tickets(ctx context.Context, target, db string, preload int64)
 		if err := h.preload(ctx, db, preload); err != nil {
 			return err
 		}
+		target = h.growthTarget()
 		// Seal the loaded chains quickly, so that the measurement does not share the machine with the sealing.
 		env = append(env, "AUDIT_CHECKPOINT_INTERVAL=1s")
 	}
@@ -357,7 +362,6 @@ func (h *harness) tickets(ctx context.Context, target, db string, preload int64)
 		h.rep.Memory[target] = m
 		h.rep.MemoryOrder = append(h.rep.MemoryOrder, target)
 	}()
-	_ = mem
 	if err := p.WaitReady("http://"+addr+"/readyz", 2*time.Minute); err != nil {
 		return err
 	}
@@ -366,7 +370,15 @@ func (h *harness) tickets(ctx context.Context, target, db string, preload int64)
 			return err
 		}
 	}
-	return h.ticketModes(ctx, target, db, "http://"+addr, preload == 0)
+	return h.ticketModes(ctx, target, db, "http://"+addr, preload == 0, mem)
+}
+
+// growthTarget names the growth run by what was loaded (what was asked for, before loading).
+func (h *harness) growthTarget() string {
+	if h.rep.Preloaded > 0 {
+		return fmt.Sprintf(targetGrowthFmt, Count(h.rep.Preloaded))
+	}
+	return fmt.Sprintf(targetGrowthFmt, Count(h.cfg.Preload))
 }
 
 func ticketRequest(base, key string) Request {
@@ -375,12 +387,19 @@ func ticketRequest(base, key string) Request {
 }
 
 // ticketModes runs warm-up, create, replay and (with storm) the storm against one target.
-func (h *harness) ticketModes(ctx context.Context, target, db, base string, storm bool) error {
+func (h *harness) ticketModes(ctx context.Context, target, db, base string, storm bool, mem *MemSampler) error {
+	peak := func() int64 {
+		if mem == nil {
+			return 0
+		}
+		return mem.PhasePeak()
+	}
 	c := NewClient(agentSecret, h.cfg.Clients*2)
 	defer c.Close()
 	create := Load{Clients: h.cfg.Clients, Duration: h.cfg.Warmup,
 		Next: func(int64) (Request, bool) { return ticketRequest(base, Key()), true }}
 	h.timed(target+" warm-up (create, not counted)", h.cfg.Warmup, func() { create.Run(ctx, c) })
+	peak()
 
 	create.Duration = h.cfg.Duration
 	since := time.Now()
@@ -388,6 +407,7 @@ func (h *harness) ticketModes(ctx context.Context, target, db, base string, stor
 	var took time.Duration
 	h.timed(target+" create (a new key each request)", h.cfg.Duration, func() { samples, took = create.Run(ctx, c) })
 	r := Summarize(target, "create", samples, took)
+	r.RSS = peak()
 	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
 	h.record(r)
 	if err := ctx.Err(); err != nil {
@@ -412,6 +432,7 @@ func (h *harness) ticketModes(ctx context.Context, target, db, base string, stor
 		}
 	}}
 	seed.Run(ctx, c)
+	peak()
 	if seedErr != nil {
 		return seedErr
 	}
@@ -421,6 +442,7 @@ func (h *harness) ticketModes(ctx context.Context, target, db, base string, stor
 	since = time.Now()
 	h.timed(fmt.Sprintf("%s replay (%d stored keys again)", target, len(keys)), h.cfg.Duration, func() { samples, took = replay.Run(ctx, c) })
 	r = Summarize(target, "replay", samples, took)
+	r.RSS = peak()
 	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
 	h.record(r)
 	if !storm || ctx.Err() != nil {
@@ -434,6 +456,7 @@ func (h *harness) ticketModes(ctx context.Context, target, db, base string, stor
 		func(e time.Duration) string { return fmt.Sprintf("%s so far", e.Round(time.Second)) },
 		func() { samples, took = Storm(ctx, sc, ticketRequest(base, key), h.cfg.Storm) })
 	r = Summarize(target, "storm", samples, took)
+	r.RSS = peak()
 	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE title = $1`, "ticket "+key)
 	h.record(r)
 	return nil
@@ -467,6 +490,10 @@ func (h *harness) preload(ctx context.Context, db string, n int64) error {
 		},
 		func() {
 			for from := int64(0); from < n && loadErr == nil; from += batch {
+				if h.cfg.PreloadFor > 0 && time.Since(start) > h.cfg.PreloadFor {
+					h.say("   -preload-for %s is over: %s of %s loaded", h.cfg.PreloadFor, Count(done), Count(n))
+					break
+				}
 				to := min(from+batch, n)
 				if _, err := c.Exec(ctx, `SELECT set_config('bench.from', $1, false), set_config('bench.to', $2, false), set_config('bench.t0', $3, false)`,
 					strconv.FormatInt(from, 10), strconv.FormatInt(to, 10), t0); err != nil {
@@ -487,10 +514,10 @@ func (h *harness) preload(ctx context.Context, db string, n int64) error {
 	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) tickets, operations, idempotency_keys, operation_events, audit_chain_heads`); err != nil {
 		return fmt.Errorf("preload: vacuum: %w", err)
 	}
-	h.rep.Preloaded = n
+	h.rep.Preloaded = done
 	h.rep.PreloadTook = time.Since(start)
 	_ = c.QueryRow(ctx, `SELECT pg_database_size(current_database())`).Scan(&h.rep.PreloadBytes)
-	h.say("   loaded %s creates in %s; database %s", Count(n), h.rep.PreloadTook.Round(time.Second), MB(h.rep.PreloadBytes))
+	h.say("   loaded %s creates in %s; database %s", Count(done), h.rep.PreloadTook.Round(time.Second), MB(h.rep.PreloadBytes))
 	return nil
 }
 
@@ -504,6 +531,7 @@ func (h *harness) seal(ctx context.Context, db string) error {
 	start := time.Now()
 	var left int64 = -1
 	var sealErr error
+	best, progressed := int64(-1), time.Now()
 	h.untimed("growth: the service's checkpoint worker seals the loaded chains",
 		func(time.Duration) string { return fmt.Sprintf("%s heads left", Count(left)) },
 		func() {
@@ -513,6 +541,16 @@ func (h *harness) seal(ctx context.Context, db string) error {
 					return
 				}
 				if left == 0 {
+					return
+				}
+				if best < 0 || left < best {
+					best, progressed = left, time.Now()
+				}
+				// The worker seals one batch per interval; one that stopped sealing (its statement timed out
+				// on this machine, say) is reported, and the run goes on with the rest unsealed.
+				if time.Since(progressed) > 2*time.Minute {
+					h.rep.Unsealed = left
+					h.say("   the checkpoint worker sealed nothing for 2 minutes: measuring with %s heads unsealed (see %s)", Count(left), h.logPath(h.growthTarget()))
 					return
 				}
 				select {
@@ -561,7 +599,7 @@ func (h *harness) payments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.SampleMemory(200 * time.Millisecond)
+	mem := p.SampleMemory(200 * time.Millisecond)
 	defer func() {
 		h.rep.Memory[TargetPayments] = p.Stop()
 		h.rep.MemoryOrder = append(h.rep.MemoryOrder, TargetPayments)
@@ -593,6 +631,7 @@ func (h *harness) payments(ctx context.Context) error {
 			}
 		}}
 	h.timed("payments warm-up (intent create, not counted)", h.cfg.Warmup, func() { create.Run(ctx, c) })
+	mem.PhasePeak()
 	create.Duration = h.cfg.Duration
 	since := time.Now()
 	var samples []Sample
@@ -600,6 +639,7 @@ func (h *harness) payments(ctx context.Context) error {
 	h.timed("payments intent create (authorize at the sandbox; a new key and order each)", h.cfg.Duration,
 		func() { samples, took = create.Run(ctx, c) })
 	r := Summarize(TargetPayments, "intent create", samples, took)
+	r.RSS = mem.PhasePeak()
 	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM payment_intents WHERE created_at >= $1`, since)
 	h.record(r)
 	if err := ctx.Err(); err != nil {
@@ -621,6 +661,7 @@ func (h *harness) payments(ctx context.Context) error {
 	h.timed(fmt.Sprintf("payments capture (%d intents, each once, a new key each)", len(pool)), h.cfg.Duration,
 		func() { samples, took = capture.Run(ctx, c) })
 	r = Summarize(TargetPayments, "capture", samples, took)
+	r.RSS = mem.PhasePeak()
 	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM payment_intents WHERE status = 'succeeded' AND updated_at >= $1`, since)
 	h.record(r)
 	return ctx.Err()

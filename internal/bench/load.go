@@ -51,6 +51,9 @@ type Result struct {
 	// Rows is what the target's table holds for this mode's effect (storm: the rows the one key left); -1 when
 	// not counted.
 	Rows int64
+	// RSS is the largest resident memory of the target's retrysafe process sampled during this mode (0: not
+	// sampled, as for the baseline).
+	RSS int64
 }
 
 // Summarize turns samples taken over elapsed into a Result.

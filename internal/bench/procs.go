@@ -127,6 +127,18 @@ type MemSampler struct {
 	wg   sync.WaitGroup
 	mu   sync.Mutex
 	mem  Memory
+	// phase is the largest VmRSS since the last PhasePeak.
+	phase int64
+}
+
+// PhasePeak returns the largest VmRSS sampled since the last call (a sample is taken now too), and starts over.
+func (s *MemSampler) PhasePeak() int64 {
+	s.sample()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.phase
+	s.phase = 0
+	return p
 }
 
 // NewMemSampler starts sampling pid.
@@ -158,6 +170,7 @@ func (s *MemSampler) sample() {
 	defer s.mu.Unlock()
 	s.mem.Samples++
 	s.mem.PeakRSS = max(s.mem.PeakRSS, st["VmRSS"])
+	s.phase = max(s.phase, st["VmRSS"])
 	s.mem.HWM = max(s.mem.HWM, st["VmHWM"])
 }
 

@@ -56,7 +56,7 @@ func Ratio(a, b float64) string {
 // named refName in the header; a zero ref leaves the ratio columns out.
 func Table(w io.Writer, rows []Result, ref Result, refName string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "target\tmode\trequests\treq/s\tp50 ms\tp99 ms\tmax ms\tstatuses\trows\t"
+	head := "target\tmode\trequests\treq/s\tp50 ms\tp99 ms\tmax ms\tstatuses\trows\tpeak RSS\t"
 	if ref.RPS > 0 {
 		head += "req/s vs " + refName + "\tp99 vs " + refName + "\t"
 	}
@@ -70,8 +70,8 @@ func Table(w io.Writer, rows []Result, ref Result, refName string) error {
 		if len(r.Statuses) == 0 { // pgbench: a rate, no latencies of ours
 			p50, p99, mx, p99Ratio = "-", "-", "-", "-"
 		}
-		line := fmt.Sprintf("%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t", r.Target, r.Mode, r.Requests, r.RPS,
-			p50, p99, mx, Statuses(r.Statuses), rowsCol)
+		line := fmt.Sprintf("%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t", r.Target, r.Mode, r.Requests, r.RPS,
+			p50, p99, mx, Statuses(r.Statuses), rowsCol, rssCol(r.RSS))
 		if ref.RPS > 0 {
 			line += Ratio(r.RPS, ref.RPS) + "\t" + p99Ratio + "\t"
 		}
@@ -133,12 +133,15 @@ func Print(w io.Writer, rep *Report) error {
 	if len(growth) > 0 {
 		fmt.Fprintf(w, "\ngrowth: %s completed creates loaded first (%s, loaded in %s, sealed in %s), compared to the empty tables' run:\n",
 			Count(rep.Preloaded), MB(rep.PreloadBytes), rep.PreloadTook.Round(time.Second), rep.SealTook.Round(time.Second))
+		if rep.Unsealed > 0 {
+			fmt.Fprintf(w, "(%s loaded chain heads were still unsealed when it was measured)\n", Count(rep.Unsealed))
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "target\tmode\trequests\treq/s\tp50 ms\tp99 ms\tmax ms\tstatuses\trows\treq/s vs empty\tp99 vs empty\t")
+		fmt.Fprintln(tw, "target\tmode\trequests\treq/s\tp50 ms\tp99 ms\tmax ms\tstatuses\trows\tpeak RSS\treq/s vs empty\tp99 vs empty\t")
 		for _, r := range growth {
 			empty, _ := Find(rep.Results, TargetTickets, r.Mode)
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t\n", r.Target, r.Mode, r.Requests, r.RPS,
-				Ms(r.P50), Ms(r.P99), Ms(r.Max), Statuses(r.Statuses), r.Rows, Ratio(r.RPS, empty.RPS),
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t\n", r.Target, r.Mode, r.Requests, r.RPS,
+				Ms(r.P50), Ms(r.P99), Ms(r.Max), Statuses(r.Statuses), r.Rows, rssCol(r.RSS), Ratio(r.RPS, empty.RPS),
 				Ratio(float64(r.P99), float64(empty.P99)))
 		}
 		if err := tw.Flush(); err != nil {
@@ -146,7 +149,7 @@ func Print(w io.Writer, rep *Report) error {
 		}
 	}
 	if len(rep.MemoryOrder) > 0 {
-		fmt.Fprintln(w, "\npeak resident memory (VmHWM / largest VmRSS sampled, /proc/PID/status every 200 ms; goal < 60 MB):")
+		fmt.Fprintln(w, "\npeak resident memory of each process over its whole run (VmHWM, and the largest VmRSS sampled from /proc/PID/status every 200 ms; goal < 60 MB; the tables above show the largest VmRSS in each mode):")
 		for _, name := range rep.MemoryOrder {
 			m := rep.Memory[name]
 			fmt.Fprintf(w, "  %-28s %s (VmHWM %s, VmRSS max %s, %d samples)\n", name, MB(m.Peak()), MB(m.HWM), MB(m.PeakRSS), m.Samples)
@@ -157,4 +160,11 @@ func Print(w io.Writer, rep *Report) error {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, Summary(base, create, replay, storm))
 	return nil
+}
+
+func rssCol(b int64) string {
+	if b <= 0 {
+		return "-"
+	}
+	return MB(b)
 }
