@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -115,12 +116,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			t := fmt.Sprintf("retrysafe, %s preloaded", bench.Count(rep.Preloaded))
 			series = append(series, bench.Series{Name: t, Target: t})
 		}
-		title := fmt.Sprintf("POST /v1/tickets, %d clients, %s per mode, storm of %d; %s, load average %s",
-			*clients, *d, *storm, rep.Started.UTC().Format("2006-01-02"), rep.Load)
+		title := fmt.Sprintf("POST /v1/tickets, %d clients, %s per mode, storm of %d; %s, load average %s at the start, %s at the end",
+			*clients, *d, *storm, rep.Started.UTC().Format("2006-01-02"), first(rep.LoadStart), first(rep.Load))
 		if err := bench.Chart(*chart, title, rep.Results, []string{"create", "replay", "storm"}, series); err != nil {
 			return fmt.Errorf("chart: %w", err)
 		}
 		fmt.Fprintf(stderr, "bench: chart in %s\n", *chart)
 	}
 	return nil
+}
+
+// first is the 1-minute figure of a load average line.
+func first(load string) string {
+	f := strings.Fields(load)
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }

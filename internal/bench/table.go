@@ -105,8 +105,8 @@ func MB(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/1e6) }
 // tickets create, the growth table against the empty-table run, the peak memory of each process and the
 // summary line.
 func Print(w io.Writer, rep *Report) error {
-	fmt.Fprintf(w, "\nretrysafe bench, %s, %d clients, %s per mode, storm of %d; load average at the end %s\n\n",
-		rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Clients, rep.Duration, rep.Storm, rep.Load)
+	fmt.Fprintf(w, "\nretrysafe bench, %s, %d clients, %s per mode, storm of %d; load average %s at the start, %s at the end\n\n",
+		rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Clients, rep.Duration, rep.Storm, rep.LoadStart, rep.Load)
 	base, _ := Find(rep.Results, TargetBaseline, "create")
 	var tickets, payments, growth []Result
 	for _, r := range rep.Results {
