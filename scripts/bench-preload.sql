@@ -3,7 +3,7 @@
 -- batches). Each one leaves the rows a real `POST /v1/tickets` leaves once committed (services/tickets,
 -- idem.LocalStore): the ticket, the completed idempotency key with its stored 201 answer, the operation
 -- (tickets.create, succeeded), its two chained events (claimed; completed, attempt 1) and its chain head, with
--- the hashes the audit trigger would compute (migrations 00006, 00010), so `retrysafe audit verify` finds every
+-- the hashes the audit trigger would compute (migrations 00006, 00010, 00014), so `retrysafe audit verify` finds every
 -- chain intact. The heads are left unsealed (checkpointed = false), as after a burst of real creates: the
 -- service's checkpoint worker seals them (the harness waits for it before it measures).
 --
@@ -76,6 +76,6 @@ CROSS JOIN LATERAL (VALUES (1, 'claimed', NULL, 'running', p.d1, NULL::bigint, r
 ORDER BY p.i, e.seq;
 SELECT setval('operation_events_id_seq', (SELECT max(id) FROM operation_events));
 
-INSERT INTO audit_chain_heads (chain, seq, hash, prev_hash, checkpointed, attempts)
-SELECT op, 2, hash2, hash1, false, 1 FROM preload ORDER BY i;
+INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, checkpointed, attempts)
+SELECT 'acct_a', op, 2, hash2, hash1, false, 1 FROM preload ORDER BY i;
 COMMIT;
