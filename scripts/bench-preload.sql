@@ -10,7 +10,9 @@
 -- The hashes are computed here in one set-based statement per table instead of row by row in the trigger
 -- (session_replication_role = replica turns the triggers, and the deferred foreign key check, off for this
 -- session only: superuser, as the postgres user of the development server is). The ids are UUIDv7-shaped, time
--- first, as ids.New makes them; the key is "preload-<n>", the account acct_a, the actor agent:preload.
+-- first, as ids.New makes them; the key is "preload-<n>", the account acct_a, the actor agent:preload; the
+-- fingerprint is the real one of `{"project":"bench","title":"ticket preload-<n>","priority":"normal"}`, so
+-- sending that request again with its key replays the stored 201.
 --
 -- By hand: PGOPTIONS='-c bench.from=0 -c bench.to=1000 -c bench.t0=2026-11-30T00:00:00Z' psql -v ON_ERROR_STOP=1 \
 --   -d postgres://postgres@127.0.0.1:5432/DB -f scripts/bench-preload.sql
@@ -26,7 +28,10 @@ WITH n AS (
     SELECT i, ts, audit_time(ts) AS t,
            lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0') AS ms,
            md5('op' || i) AS hop, md5('tkt' || i) AS htk, md5('att' || i) AS hat,
-           encode(sha256(convert_to('preload-fingerprint-' || i, 'UTF8')), 'hex') AS fingerprint
+           -- idem.Fingerprint of the request the harness sends for this key (services/tickets CreateTicket,
+           -- defaults applied), so the key replays its stored answer to that request.
+           encode(sha256(convert_to('{"account_id":"acct_a","command":{"description":"","priority":"normal","project":"bench","title":"ticket preload-'
+                                    || i || '"},"method":"POST","params":{},"route":"/v1/tickets"}', 'UTF8')), 'hex') AS fingerprint
     FROM n
 ), ids AS (
     SELECT i, ts, t, fingerprint, 'preload-' || i AS key,
