@@ -5,7 +5,7 @@ SHELL := /bin/bash
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-.PHONY: run build test lint bench fuzz db stop-db migrate generate ci-fresh screenshots
+.PHONY: run build test lint bench bench-growth bench-go fuzz db stop-db migrate generate ci-fresh screenshots
 
 build:
 	$(GO) build -o bin/retrysafe ./cmd/retrysafe
@@ -55,7 +55,29 @@ api/node_modules/.package-lock.json: api/package-lock.json
 api/ts/node_modules/.package-lock.json: api/ts/package-lock.json
 	cd api/ts && npm ci --no-audit --no-fund
 
-bench:
+# The load benchmark (cmd/retrysafe-bench, README "Benchmarks"): pgbench's one-row insert, a bare gin + gorm
+# ticket insert (the baseline) and `retrysafe serve tickets`, then payments' intent create and capture against the
+# provider sandbox, each process on a fresh database of the PostgreSQL that DATABASE_URL names (its server) or
+# scripts/devdb.sh finds or starts; the databases are dropped at the end. Prints a table (stdout), progress
+# (stderr), and draws docs/bench.png. BENCH_PRELOAD=N also measures on tables holding N completed creates
+# (scripts/bench-preload.sql); BENCH_FLAGS passes more flags (bin/retrysafe-bench -h).
+BENCH_PRELOAD ?= 0
+BENCH_FLAGS ?=
+bench: build
+	$(GO) build -o bin/retrysafe-bench ./cmd/retrysafe-bench
+	@if [ -n "$$DATABASE_URL" ]; then base="$${DATABASE_URL%%\?*}"; base="$${base%/*}"; \
+	else base=$$(scripts/devdb.sh url); fi && \
+	API_KEY_ID_SECRET="$${API_KEY_ID_SECRET:-bench-secret-0123456789abcdef0123456789}" \
+	  ./bin/retrysafe-bench -pg "$$base" -bin bin/retrysafe -preload $(BENCH_PRELOAD) $(BENCH_FLAGS)
+
+# make bench with the growth run on GROWTH_ROWS (default 10M) completed creates: loading them takes a while (see
+# README) and about 3 GB of disk per million.
+GROWTH_ROWS ?= 10000000
+bench-growth:
+	$(MAKE) bench BENCH_PRELOAD=$(GROWTH_ROWS)
+
+# The in-process Go benchmark of the tickets router (BenchmarkCreateTicket), no second process.
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchtime 3s -benchmem ./services/tickets/
 
 # Runs every fuzz target of every package for FUZZTIME each (make test runs only their seed corpora). Targets

@@ -1,0 +1,73 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Server is a PostgreSQL server the harness makes its databases on, by a base URL without a database
+// (postgres://postgres@127.0.0.1:5432, what scripts/devdb.sh url prints).
+type Server struct{ Base string }
+
+// URL is the URL of database name on the server.
+func (s Server) URL(name string) string {
+	u, err := url.Parse(strings.TrimRight(s.Base, "/"))
+	if err != nil {
+		return s.Base + "/" + name
+	}
+	u.Path = "/" + name
+	q := u.Query()
+	if q.Get("sslmode") == "" {
+		q.Set("sslmode", "disable")
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func (s Server) admin(ctx context.Context) (*pgx.Conn, error) {
+	return pgx.Connect(ctx, s.URL("postgres"))
+}
+
+// Fresh drops database name if it exists and creates it empty.
+func (s Server) Fresh(ctx context.Context, name string) error {
+	c, err := s.admin(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	id := pgx.Identifier{name}.Sanitize()
+	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop %s: %w", name, err)
+	}
+	if _, err := c.Exec(ctx, "CREATE DATABASE "+id); err != nil {
+		return fmt.Errorf("create %s: %w", name, err)
+	}
+	return nil
+}
+
+// Drop drops database name.
+func (s Server) Drop(ctx context.Context, name string) error {
+	c, err := s.admin(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	_, err = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	return err
+}
+
+// Query1 runs a query returning one integer on database name.
+func (s Server) Query1(ctx context.Context, name, sql string, args ...any) (int64, error) {
+	c, err := pgx.Connect(ctx, s.URL(name))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close(ctx)
+	var n int64
+	err = c.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
+}

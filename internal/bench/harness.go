@@ -1,0 +1,676 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The API keys the services run with (acct_a's agent secret is what the load sends), as ../shared/bench/run.sh
+// sets them.
+const (
+	apiKeys     = "acct_a:agent:ka-agent-secret-0001-long-enough,acct_a:approver:ka-approver-secret-0001-long-enough,acct_b:agent:kb-agent-secret-0001-long-enough"
+	agentSecret = "ka-agent-secret-0001-long-enough"
+	// DefaultKeyIDSecret keys the services' key ids when API_KEY_ID_SECRET is not set: any 32+ characters do.
+	DefaultKeyIDSecret = "bench-secret-0123456789abcdef0123456789"
+)
+
+// Target names in results.
+const (
+	TargetPgbench   = "pgbench insert"
+	TargetBaseline  = "baseline"
+	TargetTickets   = "retrysafe"
+	TargetPayments  = "payments"
+	targetGrowthFmt = "retrysafe, %s preloaded"
+)
+
+// Config is one run of the harness.
+type Config struct {
+	Server Server
+	// Bin is the retrysafe binary; Self this harness's binary, started as `Self baseline` for the baseline.
+	Bin, Self string
+	// Duration of each timed mode, Warmup of the untimed create before them; Clients the concurrency; Storm the
+	// copies of one key sent at once; ReplayKeys the stored keys replay cycles over.
+	Duration, Warmup time.Duration
+	Clients, Storm   int
+	ReplayKeys       int
+	// Pgbench adds pgbench's one-row insert (the machine's limit) when the pgbench command is found.
+	Pgbench  bool
+	Payments bool
+	// Preload, when > 0, adds the growth run: a database with Preload completed creates (PreloadSQL, in batches
+	// of PreloadBatch), measured with create and replay.
+	Preload      int64
+	PreloadSQL   string
+	PreloadBatch int64
+	// PreloadFor, when > 0, bounds the loading: the growth run measures with what was loaded by then.
+	PreloadFor time.Duration
+	// KeyIDSecret is API_KEY_ID_SECRET for the services.
+	KeyIDSecret string
+	// Chart, when set, is where the PNG goes.
+	Chart  string
+	LogDir string
+	Out    io.Writer
+	// Progress receives what is running and how long it has left; TTY rewrites one line.
+	Progress io.Writer
+	TTY      bool
+}
+
+// Report is what a run measured.
+type Report struct {
+	Results []Result
+	// Memory is the peak of each retrysafe process, by name.
+	Memory map[string]Memory
+	// MemoryOrder is the order the processes ran in.
+	MemoryOrder []string
+	// Preloaded is how many creates the growth database held, and how long loading and sealing them took.
+	Preloaded             int64
+	PreloadTook, SealTook time.Duration
+	PreloadBytes          int64
+	// Unsealed is how many loaded chain heads the checkpoint worker had not sealed when the growth run began.
+	Unsealed int64
+	// LoadStart and Load are the load averages (1, 5, 15 minutes) when the run began and ended.
+	LoadStart, Load        string
+	Started, Finished      time.Time
+	Duration               time.Duration
+	Clients, Storm, Phases int
+}
+
+type harness struct {
+	cfg   Config
+	rep   *Report
+	phase int
+	total int
+	mu    sync.Mutex
+	dbs   []string
+}
+
+// Run measures everything the config asks for. The databases it makes are dropped at the end, also on error.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	h := &harness{cfg: cfg, rep: &Report{Memory: map[string]Memory{}, Started: time.Now(), Duration: cfg.Duration,
+		Clients: cfg.Clients, Storm: cfg.Storm}}
+	if cfg.Pgbench {
+		if _, err := exec.LookPath("pgbench"); err != nil {
+			h.say("pgbench not found: its insert limit is left out")
+			cfg.Pgbench = false
+			h.cfg.Pgbench = false
+		}
+	}
+	h.total = 4 + 4 // baseline and retrysafe: warm-up, create, replay, storm
+	if cfg.Pgbench {
+		h.total++
+	}
+	if cfg.Payments {
+		h.total += 3
+	}
+	if cfg.Preload > 0 {
+		h.total += 5 // load, seal, warm-up, create, replay
+	}
+	h.rep.Phases = h.total
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		for _, db := range h.dbs {
+			if err := cfg.Server.Drop(dctx, db); err != nil {
+				h.say("drop %s: %v", db, err)
+			}
+		}
+	}()
+	h.rep.LoadStart = loadavg()
+	// The growth run goes first: loading takes long and the machine's load drifts meanwhile, so the empty-table
+	// runs it is compared with are measured right after it, not an hour before.
+	if cfg.Preload > 0 {
+		if err := h.tickets(ctx, h.growthTarget(), "bench_growth", cfg.Preload); err != nil {
+			return nil, err
+		}
+		// Its 10M rows are not needed any more: dropped now, not at the end, to give the disk back.
+		if err := cfg.Server.Drop(ctx, "bench_growth"); err != nil {
+			h.say("drop bench_growth: %v", err)
+		}
+	}
+	if cfg.Pgbench {
+		if err := h.pgbench(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := h.baseline(ctx); err != nil {
+		return nil, err
+	}
+	if err := h.tickets(ctx, TargetTickets, "bench_tickets", 0); err != nil {
+		return nil, err
+	}
+	if cfg.Payments {
+		if err := h.payments(ctx); err != nil {
+			return nil, err
+		}
+	}
+	h.rep.Finished = time.Now()
+	h.rep.Load = loadavg()
+	return h.rep, nil
+}
+
+// Count renders n as 10M, 250k or 1234.
+func Count(n int64) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 1_000_000:
+		return fmt.Sprintf("%.1fM", float64(n)/1e6)
+	case n >= 1000 && n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func (h *harness) say(format string, args ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cfg.TTY {
+		fmt.Fprint(h.cfg.Progress, "\r\033[K")
+	}
+	fmt.Fprintf(h.cfg.Progress, "bench: "+format+"\n", args...)
+}
+
+// timed shows a phase of known length while fn runs: its number, name and the seconds left.
+func (h *harness) timed(name string, d time.Duration, fn func()) {
+	h.phase++
+	label := fmt.Sprintf("[%d/%d] %s", h.phase, h.total, name)
+	h.show(label, func(elapsed time.Duration) string {
+		left := (d - elapsed).Round(time.Second)
+		if left < 0 {
+			return "finishing"
+		}
+		return fmt.Sprintf("%s left", left)
+	}, fn)
+}
+
+// untimed shows a phase whose length is not known; status tells how far it is.
+func (h *harness) untimed(name string, status func(elapsed time.Duration) string, fn func()) {
+	h.phase++
+	h.show(fmt.Sprintf("[%d/%d] %s", h.phase, h.total, name), status, fn)
+}
+
+func (h *harness) show(label string, status func(time.Duration) string, fn func()) {
+	t0 := time.Now()
+	h.say("%s", label)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		every := 5 * time.Second
+		if h.cfg.TTY {
+			every = time.Second
+		}
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				h.mu.Lock()
+				if h.cfg.TTY {
+					fmt.Fprintf(h.cfg.Progress, "\r\033[Kbench: %s: %s", label, status(time.Since(t0)))
+				} else {
+					fmt.Fprintf(h.cfg.Progress, "bench: %s: %s\n", label, status(time.Since(t0)))
+				}
+				h.mu.Unlock()
+			}
+		}
+	}()
+	fn()
+	close(done)
+	wg.Wait()
+}
+
+func (h *harness) fresh(ctx context.Context, db string) error {
+	h.dbs = append(h.dbs, db)
+	return h.cfg.Server.Fresh(ctx, db)
+}
+
+func (h *harness) logPath(name string) string {
+	return filepath.Join(h.cfg.LogDir, strings.NewReplacer(" ", "-", ",", "").Replace(name)+".log")
+}
+
+func (h *harness) serviceEnv(db string) []string {
+	return []string{
+		"DATABASE_URL=" + h.cfg.Server.URL(db),
+		"API_KEYS=" + apiKeys,
+		"API_KEY_ID_SECRET=" + h.cfg.KeyIDSecret,
+		"RATE_LIMIT_WRITES_PER_SECOND=0",
+	}
+}
+
+func (h *harness) record(r Result) Result {
+	h.rep.Results = append(h.rep.Results, r)
+	if len(r.Statuses) == 0 {
+		h.say("   %s %s: %.0f per second", r.Target, r.Mode, r.RPS)
+		return r
+	}
+	h.say("   %s %s: %.0f req/s, p50 %s ms, p99 %s ms, max %s ms, %s", r.Target, r.Mode, r.RPS, Ms(r.P50), Ms(r.P99),
+		Ms(r.Max), Statuses(r.Statuses))
+	return r
+}
+
+var tpsLine = regexp.MustCompile(`(?m)^tps = ([0-9.]+)`)
+
+// pgbench measures PostgreSQL's durable one-row insert with the same clients: what no server on it can pass.
+func (h *harness) pgbench(ctx context.Context) error {
+	const db = "bench_pg"
+	if err := h.fresh(ctx, db); err != nil {
+		return err
+	}
+	c, err := pgx.Connect(ctx, h.cfg.Server.URL(db))
+	if err != nil {
+		return err
+	}
+	_, err = c.Exec(ctx, `CREATE TABLE t (id text PRIMARY KEY, account_id text, project text, title text, priority text, status text, created_at timestamptz DEFAULT now())`)
+	c.Close(ctx)
+	if err != nil {
+		return err
+	}
+	script := filepath.Join(h.cfg.LogDir, "pgbench-insert.sql")
+	if err := os.WriteFile(script, []byte("insert into t (id, account_id, project, title, priority, status) values (gen_random_uuid()::text, 'a', 'bench', md5(random()::text), 'normal', 'open');\n"), 0o644); err != nil {
+		return err
+	}
+	var out []byte
+	var runErr error
+	h.timed("pgbench one-row insert (the database's limit)", h.cfg.Duration, func() {
+		cmd := exec.CommandContext(ctx, "pgbench", "-n", "-c", fmt.Sprint(h.cfg.Clients), "-j", "2",
+			"-T", fmt.Sprint(int(h.cfg.Duration.Seconds())), "-f", script, h.cfg.Server.URL(db))
+		out, runErr = cmd.CombinedOutput()
+	})
+	if runErr != nil {
+		return fmt.Errorf("pgbench: %w\n%s", runErr, out)
+	}
+	m := tpsLine.FindSubmatch(out)
+	if m == nil {
+		return fmt.Errorf("pgbench printed no tps:\n%s", out)
+	}
+	tps, _ := strconv.ParseFloat(string(m[1]), 64)
+	h.record(Result{Target: TargetPgbench, Mode: "create", RPS: tps, Seconds: h.cfg.Duration.Seconds(),
+		Requests: int(tps * h.cfg.Duration.Seconds()), Statuses: map[string]int{}, Rows: -1})
+	return nil
+}
+
+func (h *harness) baseline(ctx context.Context) error {
+	const db = "bench_baseline"
+	if err := h.fresh(ctx, db); err != nil {
+		return err
+	}
+	addr, err := FreeAddr()
+	if err != nil {
+		return err
+	}
+	p, err := Start(TargetBaseline, h.logPath(TargetBaseline), h.cfg.Self, []string{"baseline"},
+		[]string{"DATABASE_URL=" + h.cfg.Server.URL(db), "ADDR=" + addr})
+	if err != nil {
+		return err
+	}
+	defer p.Stop()
+	if err := p.WaitReady("http://"+addr+"/healthz", 30*time.Second); err != nil {
+		return err
+	}
+	return h.ticketModes(ctx, TargetBaseline, db, "http://"+addr, true, nil)
+}
+
+// tickets measures `retrysafe serve tickets` on a fresh database, first loaded with preload completed creates
+// when preload > 0.
+func (h *harness) tickets(ctx context.Context, target, db string, preload int64) error {
+	if err := h.fresh(ctx, db); err != nil {
+		return err
+	}
+	addr, err := FreeAddr()
+	if err != nil {
+		return err
+	}
+	env := append(h.serviceEnv(db), "TICKETS_ADDR="+addr)
+	if preload > 0 {
+		if err := run(ctx, h.serviceEnv(db), h.cfg.Bin, "migrate"); err != nil {
+			return err
+		}
+		if err := h.preload(ctx, db, preload); err != nil {
+			return err
+		}
+		target = h.growthTarget()
+		// Seal the loaded chains quickly, so that the measurement does not share the machine with the sealing.
+		env = append(env, "AUDIT_CHECKPOINT_INTERVAL=1s")
+	}
+	p, err := Start(target, h.logPath(target), h.cfg.Bin, []string{"serve", "tickets"}, env)
+	if err != nil {
+		return err
+	}
+	mem := p.SampleMemory(200 * time.Millisecond)
+	defer func() {
+		m := p.Stop()
+		h.rep.Memory[target] = m
+		h.rep.MemoryOrder = append(h.rep.MemoryOrder, target)
+	}()
+	if err := p.WaitReady("http://"+addr+"/readyz", 2*time.Minute); err != nil {
+		return err
+	}
+	if preload > 0 {
+		if err := h.seal(ctx, db); err != nil {
+			return err
+		}
+	}
+	return h.ticketModes(ctx, target, db, "http://"+addr, preload == 0, mem)
+}
+
+// growthTarget names the growth run by what was loaded (what was asked for, before loading).
+func (h *harness) growthTarget() string {
+	if h.rep.Preloaded > 0 {
+		return fmt.Sprintf(targetGrowthFmt, Count(h.rep.Preloaded))
+	}
+	return fmt.Sprintf(targetGrowthFmt, Count(h.cfg.Preload))
+}
+
+func ticketRequest(base, key string) Request {
+	return Request{Method: "POST", URL: base + "/v1/tickets", Key: key,
+		Body: []byte(`{"project":"bench","title":"ticket ` + key + `","priority":"normal"}`)}
+}
+
+// ticketModes runs warm-up, create, replay and (with storm) the storm against one target.
+func (h *harness) ticketModes(ctx context.Context, target, db, base string, storm bool, mem *MemSampler) error {
+	peak := func() int64 {
+		if mem == nil {
+			return 0
+		}
+		return mem.PhasePeak()
+	}
+	c := NewClient(agentSecret, h.cfg.Clients*2)
+	defer c.Close()
+	create := Load{Clients: h.cfg.Clients, Duration: h.cfg.Warmup,
+		Next: func(int64) (Request, bool) { return ticketRequest(base, Key()), true }}
+	h.timed(target+" warm-up (create, not counted)", h.cfg.Warmup, func() { create.Run(ctx, c) })
+	peak()
+
+	create.Duration = h.cfg.Duration
+	since := time.Now()
+	var samples []Sample
+	var took time.Duration
+	h.timed(target+" create (a new key each request)", h.cfg.Duration, func() { samples, took = create.Run(ctx, c) })
+	r := Summarize(target, "create", samples, took)
+	r.RSS = peak()
+	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
+	h.record(r)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	// Replay: ReplayKeys keys stored first (not timed), then sent again and again.
+	keys := make([]string, h.cfg.ReplayKeys)
+	var seedErr error
+	var seedMu sync.Mutex
+	seed := Load{Clients: h.cfg.Clients, Duration: 5 * time.Minute, Next: func(n int64) (Request, bool) {
+		if n >= int64(len(keys)) {
+			return Request{}, false
+		}
+		keys[n] = Key()
+		return ticketRequest(base, keys[n]), true
+	}, Answer: func(r Request, status int, _ []byte) {
+		if status < 200 || status >= 300 {
+			seedMu.Lock()
+			seedErr = fmt.Errorf("%s: storing replay keys: status %d", target, status)
+			seedMu.Unlock()
+		}
+	}}
+	seed.Run(ctx, c)
+	peak()
+	if seedErr != nil {
+		return seedErr
+	}
+	replay := Load{Clients: h.cfg.Clients, Duration: h.cfg.Duration, Next: func(n int64) (Request, bool) {
+		return ticketRequest(base, keys[n%int64(len(keys))]), true
+	}}
+	since = time.Now()
+	h.timed(fmt.Sprintf("%s replay (%d stored keys again)", target, len(keys)), h.cfg.Duration, func() { samples, took = replay.Run(ctx, c) })
+	r = Summarize(target, "replay", samples, took)
+	r.RSS = peak()
+	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
+	h.record(r)
+	if !storm || ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	sc := NewClient(agentSecret, h.cfg.Storm)
+	defer sc.Close()
+	key := Key()
+	h.untimed(fmt.Sprintf("%s storm (%d copies of one key at once)", target, h.cfg.Storm),
+		func(e time.Duration) string { return fmt.Sprintf("%s so far", e.Round(time.Second)) },
+		func() { samples, took = Storm(ctx, sc, ticketRequest(base, key), h.cfg.Storm) })
+	r = Summarize(target, "storm", samples, took)
+	r.RSS = peak()
+	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE title = $1`, "ticket "+key)
+	h.record(r)
+	return nil
+}
+
+// preload loads n completed creates into db with PreloadSQL, in batches, showing how far it is.
+func (h *harness) preload(ctx context.Context, db string, n int64) error {
+	sql, err := os.ReadFile(h.cfg.PreloadSQL)
+	if err != nil {
+		return fmt.Errorf("preload: %w", err)
+	}
+	c, err := pgx.Connect(ctx, h.cfg.Server.URL(db))
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	// Creates of the last hours (keys are kept 72 h: none is old enough to be pruned during the run).
+	t0 := time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339)
+	batch := max(h.cfg.PreloadBatch, 1)
+	var done int64
+	start := time.Now()
+	var loadErr error
+	h.untimed(fmt.Sprintf("growth: loading %s completed creates (scripts/bench-preload.sql)", Count(n)),
+		func(e time.Duration) string {
+			d := done
+			if d == 0 {
+				return fmt.Sprintf("%s so far", e.Round(time.Second))
+			}
+			left := time.Duration(float64(e) / float64(d) * float64(n-d))
+			return fmt.Sprintf("%s of %s, %.0f/s, about %s left", Count(d), Count(n), float64(d)/e.Seconds(), left.Round(time.Second))
+		},
+		func() {
+			for from := int64(0); from < n && loadErr == nil; from += batch {
+				if h.cfg.PreloadFor > 0 && time.Since(start) > h.cfg.PreloadFor {
+					h.say("   -preload-for %s is over: %s of %s loaded", h.cfg.PreloadFor, Count(done), Count(n))
+					break
+				}
+				to := min(from+batch, n)
+				if _, err := c.Exec(ctx, `SELECT set_config('bench.from', $1, false), set_config('bench.to', $2, false), set_config('bench.t0', $3, false)`,
+					strconv.FormatInt(from, 10), strconv.FormatInt(to, 10), t0); err != nil {
+					loadErr = err
+					break
+				}
+				if _, err := c.Exec(ctx, string(sql)); err != nil {
+					loadErr = fmt.Errorf("preload %d..%d: %w", from, to, err)
+					break
+				}
+				done = to
+			}
+		})
+	if loadErr != nil {
+		return loadErr
+	}
+	// What autovacuum would have done to tables this old: visibility map and statistics.
+	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) tickets, operations, idempotency_keys, operation_events, audit_chain_heads`); err != nil {
+		return fmt.Errorf("preload: vacuum: %w", err)
+	}
+	h.rep.Preloaded = done
+	h.rep.PreloadTook = time.Since(start)
+	_ = c.QueryRow(ctx, `SELECT pg_database_size(current_database())`).Scan(&h.rep.PreloadBytes)
+	h.say("   loaded %s creates in %s; database %s", Count(done), h.rep.PreloadTook.Round(time.Second), MB(h.rep.PreloadBytes))
+	return nil
+}
+
+// seal waits until the service's checkpoint worker has sealed every loaded chain head.
+func (h *harness) seal(ctx context.Context, db string) error {
+	c, err := pgx.Connect(ctx, h.cfg.Server.URL(db))
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	start := time.Now()
+	var left int64 = -1
+	var sealErr error
+	best, progressed := int64(-1), time.Now()
+	h.untimed("growth: the service's checkpoint worker seals the loaded chains",
+		func(time.Duration) string { return fmt.Sprintf("%s heads left", Count(left)) },
+		func() {
+			for {
+				if err := c.QueryRow(ctx, `SELECT count(*) FROM audit_chain_heads WHERE NOT checkpointed`).Scan(&left); err != nil {
+					sealErr = err
+					return
+				}
+				if left == 0 {
+					return
+				}
+				if best < 0 || left < best {
+					best, progressed = left, time.Now()
+				}
+				// The worker seals one batch per interval; one that stopped sealing (its statement timed out
+				// on this machine, say) is reported, and the run goes on with the rest unsealed.
+				if time.Since(progressed) > 2*time.Minute {
+					h.rep.Unsealed = left
+					h.say("   the checkpoint worker sealed nothing for 2 minutes: measuring with %s heads unsealed (see %s)", Count(left), h.logPath(h.growthTarget()))
+					return
+				}
+				select {
+				case <-ctx.Done():
+					sealErr = ctx.Err()
+					return
+				case <-time.After(2 * time.Second):
+				}
+			}
+		})
+	h.rep.SealTook = time.Since(start)
+	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) audit_chain_heads`); err != nil && sealErr == nil {
+		sealErr = err
+	}
+	return sealErr
+}
+
+func (h *harness) payments(ctx context.Context) error {
+	const db = "bench_payments"
+	if err := h.fresh(ctx, db); err != nil {
+		return err
+	}
+	paddr, err := FreeAddr()
+	if err != nil {
+		return err
+	}
+	prov, err := Start("provider", h.logPath("provider"), h.cfg.Bin, []string{"provider"},
+		append(h.serviceEnv(db), "PROVIDER_ADDR="+paddr))
+	if err != nil {
+		return err
+	}
+	prov.SampleMemory(200 * time.Millisecond)
+	defer func() {
+		h.rep.Memory["provider (sandbox)"] = prov.Stop()
+		h.rep.MemoryOrder = append(h.rep.MemoryOrder, "provider (sandbox)")
+	}()
+	if err := prov.WaitReady("http://"+paddr+"/healthz", 30*time.Second); err != nil {
+		return err
+	}
+	addr, err := FreeAddr()
+	if err != nil {
+		return err
+	}
+	p, err := Start(TargetPayments, h.logPath(TargetPayments), h.cfg.Bin, []string{"serve", "payments"},
+		append(h.serviceEnv(db), "PAYMENTS_ADDR="+addr, "PROVIDER_URL=http://"+paddr))
+	if err != nil {
+		return err
+	}
+	mem := p.SampleMemory(200 * time.Millisecond)
+	defer func() {
+		h.rep.Memory[TargetPayments] = p.Stop()
+		h.rep.MemoryOrder = append(h.rep.MemoryOrder, TargetPayments)
+	}()
+	base := "http://" + addr
+	if err := p.WaitReady(base+"/readyz", 2*time.Minute); err != nil {
+		return err
+	}
+
+	c := NewClient(agentSecret, h.cfg.Clients*2)
+	defer c.Close()
+	var mu sync.Mutex
+	var intents []string
+	create := Load{Clients: h.cfg.Clients, Duration: h.cfg.Warmup,
+		Next: func(int64) (Request, bool) {
+			k := Key()
+			return Request{Method: "POST", URL: base + "/v1/payment_intents", Key: k,
+				Body: []byte(`{"order_id":"bench-` + k + `","amount_minor":2500,"currency":"USD"}`)}, true
+		},
+		Answer: func(_ Request, status int, body []byte) {
+			if status != 201 {
+				return
+			}
+			var v struct{ ID string }
+			if json.Unmarshal(body, &v) == nil && v.ID != "" {
+				mu.Lock()
+				intents = append(intents, v.ID)
+				mu.Unlock()
+			}
+		}}
+	h.timed("payments warm-up (intent create, not counted)", h.cfg.Warmup, func() { create.Run(ctx, c) })
+	mem.PhasePeak()
+	create.Duration = h.cfg.Duration
+	since := time.Now()
+	var samples []Sample
+	var took time.Duration
+	h.timed("payments intent create (authorize at the sandbox; a new key and order each)", h.cfg.Duration,
+		func() { samples, took = create.Run(ctx, c) })
+	r := Summarize(TargetPayments, "intent create", samples, took)
+	r.RSS = mem.PhasePeak()
+	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM payment_intents WHERE created_at >= $1`, since)
+	h.record(r)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(intents) == 0 {
+		return errors.New("payments: no intent was created; see " + p.Log)
+	}
+	// Capture each intent made above once, under a new key; the run ends early when they run out.
+	pool := intents
+	capture := Load{Clients: h.cfg.Clients, Duration: h.cfg.Duration, Next: func(n int64) (Request, bool) {
+		if n >= int64(len(pool)) {
+			return Request{}, false
+		}
+		return Request{Method: "POST", URL: base + "/v1/payment_intents/" + pool[n] + "/capture", Key: Key(),
+			Body: []byte(`{}`)}, true
+	}}
+	since = time.Now()
+	h.timed(fmt.Sprintf("payments capture (%d intents, each once, a new key each)", len(pool)), h.cfg.Duration,
+		func() { samples, took = capture.Run(ctx, c) })
+	r = Summarize(TargetPayments, "capture", samples, took)
+	r.RSS = mem.PhasePeak()
+	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM payment_intents WHERE status = 'succeeded' AND updated_at >= $1`, since)
+	h.record(r)
+	return ctx.Err()
+}
