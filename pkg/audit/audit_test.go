@@ -295,3 +295,55 @@ func forge(t *testing.T, db *gorm.DB, op string) {
 	raw, _ := json.Marshal(forged.Heads)
 	exec(t, db, `UPDATE audit_checkpoints SET heads = ?::jsonb, hash = ?, signature = ? WHERE seq = 1`, string(raw), forged.Hash, forged.Signature)
 }
+
+// TestCheckpointBacklogIsSealedInBatches gives the worker more moved chains than one checkpoint seals: one tick
+// of Run seals them all (the two checkpoints are written well within one interval of each other), in
+// checkpoints of at most MaxCheckpointHeads heads each, chained one after another.
+func TestCheckpointBacklogIsSealedInBatches(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	db.Tampered() // heads without records: only the checkpoints are under test here
+	backlog := audit.MaxCheckpointHeads + 50
+	const interval = 3 * time.Second
+	exec(t, db.DB, `INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash)
+SELECT 'acct_a', 'op_backlog_' || g, 1, md5(g::text) || md5(g::text), repeat('0', 64) FROM generate_series(1, ?) g`, backlog)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		(&audit.CheckpointWorker{DB: db.DB, Interval: interval}).Run(ctx)
+	}()
+	type row struct {
+		Heads     int
+		CreatedAt time.Time
+	}
+	var sealed []row
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		sealed = nil
+		if err := db.Raw(`SELECT jsonb_array_length(heads) AS heads, created_at FROM audit_checkpoints ORDER BY seq`).Scan(&sealed).Error; err != nil {
+			t.Fatal(err)
+		}
+		if len(sealed) >= 2 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if len(sealed) != 2 || sealed[0].Heads != audit.MaxCheckpointHeads || sealed[1].Heads != 50 {
+		t.Fatalf("checkpoints sealed %+v; want %d heads, then 50", sealed, audit.MaxCheckpointHeads)
+	}
+	if gap := sealed[1].CreatedAt.Sub(sealed[0].CreatedAt); gap > interval/2 {
+		t.Errorf("the second checkpoint came %v after the first: the backlog waited for the next tick (%v)", gap, interval)
+	}
+	rep := mustVerify(t, db.DB, audit.VerifyOptions{})
+	for _, p := range rep.Problems {
+		if p.Chain == auditchain.CheckpointChain {
+			t.Errorf("the checkpoints' own chain: %+v", p)
+		}
+	}
+	if rep.Checkpoints != 2 {
+		t.Errorf("verify checked %d checkpoints; want 2", rep.Checkpoints)
+	}
+}
