@@ -55,6 +55,7 @@ func (g *GroupAppender) lane(id string) int {
 }
 
 // Append adds an event to operation id of account, committed (with synchronous_commit on) when it returns nil.
+// The operation must exist: the foreign key refuses the whole group otherwise.
 func (g *GroupAppender) Append(ctx context.Context, accountID, id, eventType, actor string, detail any) error {
 	raw := []byte("{}")
 	if detail != nil {
@@ -127,12 +128,13 @@ func (g *GroupAppender) insert(ctx context.Context, group []*groupItem) error {
 	// of this service) may hold heads of the same operations: taken in one global order, they never wait on each
 	// other in a cycle. One statement text whatever the group's size (arrays, not a VALUES list per size), so
 	// the driver prepares it once and the server plans it once; through database/sql, not gorm, which renders
-	// every statement with its arguments for its logger.
+	// every statement with its arguments for its logger. No join with operations: the foreign key checks that
+	// each operation exists, one primary-key probe per row, where a join's plan, cached while the table was
+	// empty, was a hash join over every operation, on every group from then on.
 	_, err := g.DB.Statement.ConnPool.ExecContext(context.WithoutCancel(ctx), `
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-SELECT o.id, o.account_id, v.type, v.actor, v.detail::jsonb
+SELECT v.id, v.account_id, v.type, v.actor, v.detail::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS v(account_id, id, type, actor, detail, ord)
-JOIN operations o ON o.account_id = v.account_id AND o.id = v.id
 ORDER BY v.id COLLATE "C", v.ord`, accounts, ids, types, actors, details)
 	if err != nil {
 		if len(group) == 1 {
