@@ -98,7 +98,10 @@ func Schema(t testing.TB) *DB {
 		// Cleanups run last in, first out: whatever the test started after lending (servers, processes) has
 		// stopped writing by now.
 		if !db.tampered && !t.Failed() {
-			verifyAudit(t, db)
+			if err := AuditIntact(db.DB); err != nil {
+				t.Errorf("testdb: the test's traffic left schema %s with %v; a test that breaks it on purpose calls Tampered",
+					db.Schema, err)
+			}
 		}
 		mu.Lock()
 		free = append(free, db)
@@ -107,17 +110,17 @@ func Schema(t testing.TB) *DB {
 	return db
 }
 
-// verifyAudit fails t if the audit record the test's traffic left in db does not verify.
-func verifyAudit(t testing.TB, db *DB) {
-	t.Helper()
-	rep, err := audit.Verify(context.Background(), db.DB, audit.VerifyOptions{})
+// AuditIntact returns an error naming what `retrysafe audit verify` finds wrong with db's audit record (chains
+// and checkpoints), or nil when it is intact.
+func AuditIntact(db *gorm.DB) error {
+	rep, err := audit.Verify(context.Background(), db, audit.VerifyOptions{})
 	switch {
 	case err != nil:
-		t.Errorf("testdb: audit verify of schema %s after the test: %v", db.Schema, err)
+		return fmt.Errorf("audit verify: %w", err)
 	case !rep.Intact():
-		t.Errorf("testdb: the test's traffic left schema %s with a broken audit record (%d problems), first: %+v; a test that breaks it on purpose calls Tampered",
-			db.Schema, len(rep.Problems), rep.Problems[0])
+		return fmt.Errorf("audit record broken (%d problems), first: %+v", len(rep.Problems), rep.Problems[0])
 	}
+	return nil
 }
 
 var (
