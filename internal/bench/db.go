@@ -34,16 +34,15 @@ func (s Server) admin(ctx context.Context) (*pgx.Conn, error) {
 
 // Fresh drops database name if it exists and creates it empty.
 func (s Server) Fresh(ctx context.Context, name string) error {
+	if err := s.Drop(ctx, name); err != nil {
+		return fmt.Errorf("drop %s: %w", name, err)
+	}
 	c, err := s.admin(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Close(ctx)
-	id := pgx.Identifier{name}.Sanitize()
-	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)"); err != nil {
-		return fmt.Errorf("drop %s: %w", name, err)
-	}
-	if _, err := c.Exec(ctx, "CREATE DATABASE "+id); err != nil {
+	if _, err := c.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return fmt.Errorf("create %s: %w", name, err)
 	}
 	return nil
