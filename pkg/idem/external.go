@@ -80,7 +80,7 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), h.Lease)
 	defer cancel()
 	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := h.claim(ctx, tx, cl, req); err != nil {
+		if err := h.claim(ctx, tx, cl, req, h.claimIn(ctx, tx, cl)); err != nil {
 			return err
 		}
 		if steps.prepare != nil {

@@ -45,6 +45,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -201,19 +202,10 @@ type errClaimTaken struct{ stored Record }
 
 func (errClaimTaken) Error() string { return "idem: key already claimed" }
 
-// claim runs in tx: claim the key, create the operation, run the guard and prepare. It returns errClaimTaken
-// when the key existed.
-func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) error {
-	var (
-		stored  Record
-		claimed bool
-		err     error
-	)
-	if cl.late != nil {
-		stored, claimed, err = cl.late.ClaimKey(ctx, tx, cl.op)
-	} else {
-		stored, claimed, err = h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor(), cl.claimDetail())
-	}
+// claim runs in tx: claim the key (with claimFn), create the operation, run the guard and prepare. It returns
+// errClaimTaken when the key existed.
+func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request, claimFn func() (Record, bool, error)) error {
+	stored, claimed, err := claimFn()
 	if err != nil {
 		return err
 	}
@@ -229,6 +221,16 @@ func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request) 
 		}
 	}
 	return nil
+}
+
+// claimIn is the claim of cl in tx, gorm's transaction.
+func (h *Handler) claimIn(ctx context.Context, tx *gorm.DB, cl call) func() (Record, bool, error) {
+	return func() (Record, bool, error) {
+		if cl.late != nil {
+			return cl.late.ClaimKey(ctx, tx, cl.op)
+		}
+		return h.Store.Claim(ctx, tx, cl.op, cl.principal.Actor(), cl.claimDetail())
+	}
 }
 
 // findExisting reads the key's record before any transaction: a retry of a key that is already committed is
@@ -270,23 +272,19 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		state      opstatus.State
 		committing bool
 	)
-	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := h.claim(ctx, tx, cl, req); err != nil {
-			return err
-		}
+	err := h.local(ctx, cl, req, func(tx *gorm.DB) (Completion, error) {
 		failpoint.Hit(FailpointAfterClaim)
 		res, err := write(ctx, tx, cl.op)
 		if err != nil {
-			return err
+			return Completion{}, err
 		}
 		state = resultState(res)
-		resp, err = h.storeResult(ctx, tx, cl, res, opstatus.EventCompleted, cl.principal.Actor())
-		if err != nil {
-			return err
-		}
+		var c Completion
+		resp, c, err = h.completion(cl, res, opstatus.EventCompleted, cl.principal.Actor())
+		return c, err
+	}, func() {
 		failpoint.Hit(FailpointBeforeCommit, cl.op)
 		committing = true
-		return nil
 	})
 	var taken errClaimTaken
 	switch {
@@ -310,11 +308,80 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 	}
 }
 
-// storeResult marshals res, stores it as the key's response and moves the operation to its state, all in tx.
+// local runs a local write's transaction: the claim, then body (the write, which returns the completion to
+// store), the completion, then, after beforeCommit, the commit. With a PipelinedStore the claim is sent with the
+// transaction's BEGIN and an operation born at completion with its COMMIT, so the transaction costs two round
+// trips fewer; beforeCommit then runs before the completion is sent.
+func (h *Handler) local(ctx context.Context, cl call, req Request, body func(tx *gorm.DB) (Completion, error), beforeCommit func()) error {
+	ps, ok := h.Store.(PipelinedStore)
+	if !ok {
+		return h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			if err := h.claim(ctx, tx, cl, req, h.claimIn(ctx, tx, cl)); err != nil {
+				return err
+			}
+			c, err := body(tx)
+			if err != nil {
+				return err
+			}
+			if err := h.complete(ctx, tx, cl, c); err != nil {
+				return err
+			}
+			beforeCommit()
+			return nil
+		})
+	}
+	t, err := database.BeginPipelined(ctx, h.DB)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	tx := t.DB()
+	err = h.claim(ctx, tx, cl, req, func() (Record, bool, error) {
+		if cl.late != nil {
+			return ps.ClaimKeyBegin(ctx, t, cl.op)
+		}
+		return ps.ClaimBegin(ctx, t, cl.op, cl.principal.Actor(), cl.claimDetail())
+	})
+	if err != nil {
+		return err
+	}
+	c, err := body(tx)
+	if err != nil {
+		return err
+	}
+	if cl.late != nil {
+		beforeCommit()
+		return ps.CompleteNewCommit(ctx, t, cl.op, cl.principal.Actor(), cl.claimDetail(), c)
+	}
+	if err := h.Store.Complete(ctx, tx, c); err != nil {
+		return err
+	}
+	beforeCommit()
+	return t.Commit(ctx, "")
+}
+
+// storeResult stores res as the key's response and moves the operation to its state, in tx.
 func (h *Handler) storeResult(ctx context.Context, tx *gorm.DB, cl call, res Result, event, actor string) (Response, error) {
-	resp, err := response(res)
+	resp, c, err := h.completion(cl, res, event, actor)
 	if err != nil {
 		return Response{}, err
+	}
+	return resp, h.complete(ctx, tx, cl, c)
+}
+
+// complete stores the completion c of cl in tx.
+func (h *Handler) complete(ctx context.Context, tx *gorm.DB, cl call, c Completion) error {
+	if cl.late != nil {
+		return cl.late.CompleteNew(ctx, tx, cl.op, cl.principal.Actor(), cl.claimDetail(), c)
+	}
+	return h.Store.Complete(ctx, tx, c)
+}
+
+// completion marshals res into the response to store and send, and the completion that stores it.
+func (h *Handler) completion(cl call, res Result, event, actor string) (Response, Completion, error) {
+	resp, err := response(res)
+	if err != nil {
+		return Response{}, Completion{}, err
 	}
 	var detail map[string]any
 	switch {
@@ -332,14 +399,10 @@ func (h *Handler) storeResult(ctx context.Context, tx *gorm.DB, cl call, res Res
 		}
 		detail["reason"] = res.Reason
 	}
-	completion := Completion{
+	return resp, Completion{
 		AccountID: cl.op.AccountID, Key: cl.key, OperationID: cl.op.ID, Response: resp,
 		State: resultState(res), Resource: res.Resource, Event: event, Actor: actor, Detail: detail,
-	}
-	if cl.late != nil {
-		return resp, cl.late.CompleteNew(ctx, tx, cl.op, cl.principal.Actor(), cl.claimDetail(), completion)
-	}
-	return resp, h.Store.Complete(ctx, tx, completion)
+	}, nil
 }
 
 // resultState is the operation's state once res is stored: succeeded unless res says otherwise.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
@@ -130,40 +131,60 @@ func (r keyRow) record() (Record, error) {
 // on the row until the first transaction ends; if the first commits it gets the conflict, if it rolls back (local
 // mode: the write failed or the process died) the key is free again and the waiting claim takes it.
 func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string, detail map[string]any) (Record, bool, error) {
+	return claim(ctx, tx, gormKeys(ctx, tx), op, operationClaim(op, actor, detail))
+}
+
+// ClaimKey implements LocalStore: Claim without the operation, which CompleteNew inserts.
+func (PostgresStore) ClaimKey(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (Record, bool, error) {
+	return claim(ctx, tx, gormKeys(ctx, tx), op, withItems{})
+}
+
+// withItems are WITH items that run in the claim's statement after the key's insert, reading it (claim).
+type withItems struct {
+	sql  string
+	args []any
+}
+
+// operationClaim inserts the claim's operation and its claimed event, in the claim's statement.
+func operationClaim(op opstatus.Operation, actor string, detail map[string]any) withItems {
 	rawDetail, err := json.Marshal(detail)
 	if err != nil || detail == nil {
 		rawDetail = []byte("{}")
 	}
-	return claim(ctx, tx, op, `, op AS (
+	return withItems{`, op AS (
     INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, lease_expires_at)
     SELECT operation_id, account_id, ?, ?, idempotency_key, fingerprint, ? FROM claim
     RETURNING id, account_id, state
 ), ev AS (
     INSERT INTO operation_events (operation_id, account_id, type, to_state, actor, detail)
     SELECT id, account_id, ?, state, ?, ?::jsonb FROM op
-)`, op.Kind, op.State, op.LeaseExpiresAt, opstatus.EventClaimed, actor, string(rawDetail))
+)`, []any{op.Kind, op.State, op.LeaseExpiresAt, opstatus.EventClaimed, actor, string(rawDetail)}}
 }
 
-// ClaimKey implements LocalStore: Claim without the operation, which CompleteNew inserts.
-func (PostgresStore) ClaimKey(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (Record, bool, error) {
-	return claim(ctx, tx, op, "")
+// keyQuery runs a statement whose rows are keyRows (queryKeys): through gorm, or sent with a pipelined
+// transaction's BEGIN.
+type keyQuery func(query string, args ...any) ([]keyRow, error)
+
+func gormKeys(ctx context.Context, tx *gorm.DB) keyQuery {
+	return func(query string, args ...any) ([]keyRow, error) { return queryKeys(ctx, tx, true, query, args...) }
 }
 
-// claim is Claim, with the statements of with (WITH items after the claim's, reading it) in the same statement.
-// When the key exists the statement inserts nothing and returns no row, and a Lookup reads the stored key. The
-// handlers read the key before they claim (Handler.findExisting), so a claim finds an existing key only when it
-// was committed in between, mostly while this statement waited for the transaction that held it (a storm of
-// copies): then the key was outside the statement's snapshot anyway, and only a new statement sees it.
-func claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, with string, withArgs ...any) (Record, bool, error) {
+// claim is Claim, with the statements of with in the same statement; first runs its first try. When the key
+// exists the statement inserts nothing and returns no row, and a Lookup reads the stored key. The handlers read
+// the key before they claim (Handler.findExisting), so a claim finds an existing key only when it was committed
+// in between, mostly while this statement waited for the transaction that held it (a storm of copies): then the
+// key was outside the statement's snapshot anyway, and only a new statement sees it.
+func claim(ctx context.Context, tx *gorm.DB, first keyQuery, op opstatus.Operation, with withItems) (Record, bool, error) {
+	query := first
 	for attempt := 0; attempt < 3; attempt++ {
-		args := append([]any{op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID}, withArgs...)
-		rows, err := queryKeys(ctx, tx, true, `
+		args := append([]any{op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID}, with.args...)
+		rows, err := query(`
 WITH claim AS (
     INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
     VALUES (?, ?, ?, ?, 'running')
     ON CONFLICT (account_id, idempotency_key) DO NOTHING
     RETURNING account_id, idempotency_key, fingerprint, operation_id, state, created_at
-)`+with+`
+)`+with.sql+`
 SELECT true AS claimed, account_id, idempotency_key, fingerprint, operation_id, state, NULL::integer AS response_status,
        NULL::text AS response_headers, NULL::bytea AS response_body, NULL::text AS operation_state, created_at
 FROM claim`, args...)
@@ -183,6 +204,7 @@ FROM claim`, args...)
 			return Record{}, false, err
 		}
 		// Pruned between the two statements: claim again.
+		query = gormKeys(ctx, tx)
 	}
 	return Record{}, false, fmt.Errorf("idem: claim: key vanished three times while claiming")
 }
@@ -196,6 +218,15 @@ func queryKeys(ctx context.Context, db *gorm.DB, claimed bool, query string, arg
 		return nil, err
 	}
 	defer rows.Close()
+	return scanKeys(rows, claimed)
+}
+
+// scanKeys reads keyRows from database/sql's rows or pgx's.
+func scanKeys(rows interface {
+	Next() bool
+	Scan(...any) error
+	Err() error
+}, claimed bool) ([]keyRow, error) {
 	var out []keyRow
 	for rows.Next() {
 		var r keyRow
@@ -267,20 +298,41 @@ type LocalStore interface {
 
 var _ LocalStore = PostgresStore{}
 
-// CompleteNew implements LocalStore in one statement. The operation's chain is new, so its two records are
-// linked here (audit.NewOperationChain) and stored with the chain's head: the database's chaining trigger, which
-// would read and update the head for each, is skipped.
+// CompleteNew implements LocalStore in one statement (completeNew).
 func (PostgresStore) CompleteNew(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string, detail map[string]any, c Completion) error {
+	query, args, err := completeNew(op, actor, detail, c)
+	if err != nil {
+		return err
+	}
+	res, err := database.Query[struct{ Completed int }](tx.WithContext(ctx), query, args...)
+	if err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
+	}
+	if len(res) != 1 || res[0].Completed == 0 {
+		return fmt.Errorf("idem: complete: %w", problem.NotFound("running idempotency key"))
+	}
+	return nil
+}
+
+// completeNew is CompleteNew's statement: the key's response, then, only if the key was running under op, the
+// operation, its two events and its chain's head. The operation's chain is new, so its two records are linked
+// here (audit.NewOperationChain) and stored with the head: the database's chaining trigger, which would read and
+// update the head for each, is skipped.
+//
+// When the key is not running under op nothing is written, and the transaction cannot commit: the key op's claim
+// inserted names an operation that does not exist, and the key's foreign key, checked at COMMIT, fails it. That
+// is what lets CompleteNewCommit send COMMIT without reading this statement's answer first.
+func completeNew(op opstatus.Operation, actor string, detail map[string]any, c Completion) (string, []any, error) {
 	header, err := json.Marshal(c.Response.Header)
 	if err != nil {
-		return fmt.Errorf("idem: complete: headers: %w", err)
+		return "", nil, fmt.Errorf("idem: complete: headers: %w", err)
 	}
 	if detail == nil {
 		detail = map[string]any{}
 	}
 	claimed, err := json.Marshal(detail)
 	if err != nil {
-		return fmt.Errorf("idem: complete: %w", err)
+		return "", nil, fmt.Errorf("idem: complete: %w", err)
 	}
 	evDetail := c.Detail
 	if evDetail == nil {
@@ -288,7 +340,7 @@ func (PostgresStore) CompleteNew(ctx context.Context, tx *gorm.DB, op opstatus.O
 	}
 	completed, err := json.Marshal(evDetail)
 	if err != nil {
-		return fmt.Errorf("idem: complete: %w", err)
+		return "", nil, fmt.Errorf("idem: complete: %w", err)
 	}
 	var resType, resID *string
 	if c.Resource != nil {
@@ -306,12 +358,17 @@ func (PostgresStore) CompleteNew(ctx context.Context, tx *gorm.DB, op opstatus.O
 	}
 	links, attempts, err := audit.NewOperationChain(events, []bool{audit.IsAttempt(detail), audit.IsAttempt(evDetail)})
 	if err != nil {
-		return fmt.Errorf("idem: complete: %w", err)
+		return "", nil, fmt.Errorf("idem: complete: %w", err)
 	}
-	res, err := database.Query[struct{ Completed int }](tx.WithContext(ctx), `
-WITH op AS (
+	return `
+WITH key AS (
+    UPDATE idempotency_keys
+    SET state = 'completed', response_status = ?, response_headers = ?::jsonb, response_body = ?, completed_at = now()
+    WHERE account_id = ? AND idempotency_key = ? AND operation_id = ? AND state = 'running'
+    RETURNING account_id, operation_id
+), op AS (
     INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    SELECT operation_id, account_id, ?, ?, ?, ?, ?, ? FROM key
     RETURNING id, account_id
 ), ev AS (
     INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, created_at,
@@ -324,24 +381,62 @@ WITH op AS (
 ), head AS (
     INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, attempts)
     SELECT account_id, id, ?, ?, ?, ? FROM op
-), key AS (
-    UPDATE idempotency_keys
-    SET state = 'completed', response_status = ?, response_headers = ?::jsonb, response_body = ?, completed_at = now()
-    WHERE account_id = ? AND idempotency_key = ? AND operation_id = ? AND state = 'running'
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM key) AS completed`,
-		op.ID, op.AccountID, op.Kind, c.State, op.IdempotencyKey, op.Fingerprint, resType, resID,
-		at,
-		events[0].Type, running, actor, string(claimed), links[0].Attempt, links[0].Seq, links[0].PrevHash, links[0].Hash,
-		events[1].Type, running, final, c.Actor, string(completed), links[1].Attempt, links[1].Seq, links[1].PrevHash, links[1].Hash,
-		links[1].Seq, links[1].Hash, links[1].PrevHash, attempts,
-		c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key, op.ID)
-	if err != nil {
-		return fmt.Errorf("idem: complete: %w", err)
+SELECT count(*) AS completed FROM key`, []any{
+			c.Response.Status, string(header), c.Response.Body, c.AccountID, c.Key, op.ID,
+			op.Kind, c.State, op.IdempotencyKey, op.Fingerprint, resType, resID,
+			at,
+			events[0].Type, running, actor, string(claimed), links[0].Attempt, links[0].Seq, links[0].PrevHash, links[0].Hash,
+			events[1].Type, running, final, c.Actor, string(completed), links[1].Attempt, links[1].Seq, links[1].PrevHash, links[1].Hash,
+			links[1].Seq, links[1].Hash, links[1].PrevHash, attempts,
+		}, nil
+}
+
+// PipelinedStore is what a Store offers to spend no round trip of a local write on its transaction's BEGIN and
+// COMMIT (database.PipelinedTx): the claim travels with BEGIN, and an operation born at completion (LocalStore)
+// travels with COMMIT. The handler uses it when the Store has it.
+type PipelinedStore interface {
+	// ClaimBegin is Claim, sent with t's BEGIN.
+	ClaimBegin(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any) (Record, bool, error)
+	// ClaimKeyBegin is LocalStore's ClaimKey, sent with t's BEGIN.
+	ClaimKeyBegin(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation) (Record, bool, error)
+	// CompleteNewCommit is LocalStore's CompleteNew, sent with t's COMMIT: t is committed when it returns nil,
+	// and if CompleteNew would fail the COMMIT fails. Errors are PipelinedTx.Commit's.
+	CompleteNewCommit(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any, c Completion) error
+}
+
+var _ PipelinedStore = PostgresStore{}
+
+// ClaimBegin implements PipelinedStore.
+func (PostgresStore) ClaimBegin(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any) (Record, bool, error) {
+	return claim(ctx, t.DB(), beginKeys(ctx, t), op, operationClaim(op, actor, detail))
+}
+
+// ClaimKeyBegin implements PipelinedStore.
+func (PostgresStore) ClaimKeyBegin(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation) (Record, bool, error) {
+	return claim(ctx, t.DB(), beginKeys(ctx, t), op, withItems{})
+}
+
+// beginKeys sends a claim with t's BEGIN.
+func beginKeys(ctx context.Context, t *database.PipelinedTx) keyQuery {
+	return func(query string, args ...any) ([]keyRow, error) {
+		var rows []keyRow
+		err := t.Begin(ctx, func(r pgx.Rows) (err error) {
+			rows, err = scanKeys(r, true)
+			return err
+		}, numbered(query), args...)
+		return rows, err
 	}
-	if len(res) != 1 || res[0].Completed == 0 {
-		return fmt.Errorf("idem: complete: %w", problem.NotFound("running idempotency key"))
+}
+
+// CompleteNewCommit implements PipelinedStore.
+func (PostgresStore) CompleteNewCommit(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any, c Completion) error {
+	query, args, err := completeNew(op, actor, detail, c)
+	if err != nil {
+		return err
+	}
+	if err := t.Commit(ctx, numbered(query), args...); err != nil {
+		return fmt.Errorf("idem: complete: %w", err)
 	}
 	return nil
 }
