@@ -65,7 +65,7 @@ func BeginPipelined(ctx context.Context, db *gorm.DB) (*PipelinedTx, error) {
 	}
 	t := &PipelinedTx{conn: conn}
 	t.db = db.Session(&gorm.Session{Context: ctx, NewDB: true})
-	t.db.Statement.ConnPool = txPool{conn}
+	t.db.Statement.ConnPool = &txPool{conn}
 	return t, nil
 }
 
@@ -105,7 +105,8 @@ func (t *PipelinedTx) Begin(ctx context.Context, scan func(pgx.Rows) error, quer
 // fail: the transaction ends with Commit or Close.
 func (t *PipelinedTx) DB() *gorm.DB { return t.db }
 
-// Commit sends query (placeholders $1, $2, ..., or none for a bare COMMIT) and COMMIT in one round trip.
+// Commit sends query (placeholders $1, $2, ..., or none for a bare COMMIT) and COMMIT in one round trip, and
+// returns the connection to the pool when they succeed.
 // COMMIT runs unless query fails in the database, so query must fail whenever the transaction must not commit
 // (a constraint, a deferred foreign key checked at COMMIT, a raised error): nothing in its result is looked at.
 //
@@ -135,13 +136,18 @@ func (t *PipelinedTx) Commit(ctx context.Context, query string, args ...any) err
 	})
 	if err == nil {
 		t.state = txCommitted
+		t.conn.Close()
 	}
 	return err
 }
 
 // Close ends the transaction: it rolls back one that did not commit, and returns the connection to the pool, or
-// discards it when it cannot be brought back to the idle state.
+// discards it when it cannot be brought back to the idle state. After a Commit that succeeded (which returned
+// the connection already) it does nothing, so it can be deferred.
 func (t *PipelinedTx) Close() {
+	if t.state == txCommitted {
+		return
+	}
 	if t.state == txOpen {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = t.pipeline(ctx, func(c *pgx.Conn) error {
@@ -189,15 +195,16 @@ func (t *PipelinedTx) pipeline(ctx context.Context, fn func(*pgx.Conn) error) er
 }
 
 // txPool is the pipelined transaction's connection as a gorm.ConnPool. Its Commit and Rollback make gorm treat
-// it as a transaction already open (a nested Transaction takes a savepoint), and refuse to end it.
+// it as a transaction already open (a nested Transaction takes a savepoint), and refuse to end it. It is used as
+// a pointer: gorm checks it for nil with reflect.
 type txPool struct{ *sql.Conn }
 
 var (
-	_ gorm.ConnPool    = txPool{}
-	_ gorm.TxCommitter = txPool{}
+	_ gorm.ConnPool    = (*txPool)(nil)
+	_ gorm.TxCommitter = (*txPool)(nil)
 )
 
 var errPipelinedEnd = errors.New("database: a pipelined transaction ends with its Commit or Close")
 
-func (txPool) Commit() error   { return errPipelinedEnd }
-func (txPool) Rollback() error { return errPipelinedEnd }
+func (*txPool) Commit() error   { return errPipelinedEnd }
+func (*txPool) Rollback() error { return errPipelinedEnd }

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"regexp"
 	"strings"
 	"testing"
@@ -8,8 +9,10 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemtest"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 func TestPostgresStore(t *testing.T) {
@@ -45,5 +48,57 @@ func TestLookupPlanReadsOneOperation(t *testing.T) {
 	if !regexp.MustCompile(`on operations o [^\n]*\n\s*Index Cond: \(\(account_id = k\.account_id\) AND \(id = k\.operation_id\)\)`).MatchString(text) ||
 		strings.Contains(text, "Filter") {
 		t.Fatalf("Lookup's generic plan does not read the operation by its primary key:\n%s", text)
+	}
+}
+
+// TestCompleteNewCommitSendsCommitSafely: CompleteNewCommit sends COMMIT without reading its statement's answer.
+// A completion for an operation other than the one the key was claimed for writes nothing, and the COMMIT fails
+// on the key's foreign key (its operation was never inserted): nothing of the transaction is kept. The same
+// completion for the right operation commits the key, the operation, its two events and its chain's head.
+func TestCompleteNewCommitSendsCommitSafely(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.Schema(t)
+	s := idem.PostgresStore{}
+	op := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct", Kind: "test", State: opstatus.StateRunning,
+		IdempotencyKey: "k", Fingerprint: "fp"}
+	completion := func(opID string) idem.Completion {
+		return idem.Completion{AccountID: "acct", Key: "k", OperationID: opID, Response: idem.Response{Status: 201, Body: []byte(`{}`)},
+			State: opstatus.StateSucceeded, Event: opstatus.EventCompleted, Actor: "test"}
+	}
+	count := func(table string) (n int64) {
+		if err := db.DB.Table(table).Count(&n).Error; err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name     string
+		complete opstatus.Operation
+		rows     int64
+	}{
+		{"another operation", opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct", Kind: "test", IdempotencyKey: "k", Fingerprint: "fp"}, 0},
+		{"its operation", op, 1},
+	} {
+		tx, err := database.BeginPipelined(ctx, db.DB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, claimed, err := s.ClaimKeyBegin(ctx, tx, op); err != nil || !claimed {
+			t.Fatalf("%s: claim: %v, %v", tc.name, claimed, err)
+		}
+		err = s.CompleteNewCommit(ctx, tx, tc.complete, "test", nil, completion(tc.complete.ID))
+		tx.Close()
+		if (err == nil) != (tc.rows == 1) {
+			t.Fatalf("%s: CompleteNewCommit = %v", tc.name, err)
+		}
+		for _, table := range []string{"idempotency_keys", "operations", "audit_chain_heads"} {
+			if n := count(table); n != tc.rows {
+				t.Fatalf("%s: %d rows in %s; want %d", tc.name, n, table, tc.rows)
+			}
+		}
+		if n := count("operation_events"); n != 2*tc.rows {
+			t.Fatalf("%s: %d events; want %d", tc.name, n, 2*tc.rows)
+		}
 	}
 }

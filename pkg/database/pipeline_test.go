@@ -1,0 +1,208 @@
+package database_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/database"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// probe is a pool of one connection on an empty schema with two tables: notes, and refs whose foreign key to
+// notes is checked at COMMIT. One connection, so every test also shows the connection came back usable.
+func probe(t *testing.T, dsn string, o database.Options) *gorm.DB {
+	t.Helper()
+	o.MaxConns = 1
+	db := open(t, dsn, o).DB
+	err := db.Exec(`CREATE TABLE IF NOT EXISTS notes (id int PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS refs (note int REFERENCES notes DEFERRABLE INITIALLY DEFERRED)`).Error
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func notes(t *testing.T, db *gorm.DB) []int {
+	t.Helper()
+	var ids []int
+	if err := db.Raw(`SELECT id FROM notes ORDER BY id`).Scan(&ids).Error; err != nil {
+		t.Fatalf("reading the notes (is the connection back idle?): %v", err)
+	}
+	return ids
+}
+
+func scanInts(into *[]int) func(pgx.Rows) error {
+	return func(rows pgx.Rows) error {
+		for rows.Next() {
+			var n int
+			if err := rows.Scan(&n); err != nil {
+				return err
+			}
+			*into = append(*into, n)
+		}
+		return rows.Err()
+	}
+}
+
+// TestPipelinedTxCommitsAllItSent: the statement sent with BEGIN, one through gorm in between, and the one sent
+// with COMMIT are one transaction, invisible to others until the COMMIT.
+func TestPipelinedTxCommitsAllItSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testdb.EmptySchema(t)
+	db := probe(t, dsn, database.Options{AcquireTimeout: time.Second})
+	other := open(t, dsn, database.Options{}).DB
+
+	tx, err := database.BeginPipelined(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	var got []int
+	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != 1 {
+		t.Fatalf("rows of the statement sent with BEGIN: %v", got)
+	}
+	if err := tx.DB().Exec(`INSERT INTO notes VALUES (?)`, 2).Error; err != nil {
+		t.Fatal(err)
+	}
+	var inTx int
+	tx.DB().Raw(`SELECT count(*) FROM notes`).Scan(&inTx)
+	if inTx != 2 {
+		t.Fatalf("the transaction sees %d notes; want its 2", inTx)
+	}
+	if ids := notes(t, other); len(ids) != 0 {
+		t.Fatalf("another connection sees %v before the COMMIT", ids)
+	}
+	if err := tx.Commit(ctx, `INSERT INTO notes VALUES ($1)`, 3); err != nil {
+		t.Fatal(err)
+	}
+	tx.Close()
+	if ids := notes(t, db); len(ids) != 3 {
+		t.Fatalf("notes after COMMIT: %v; want 1, 2, 3", ids)
+	}
+}
+
+// TestPipelinedTxCloseRollsBack: a transaction that never commits leaves nothing, and its connection goes back
+// to the pool idle.
+func TestPipelinedTxCloseRollsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := probe(t, testdb.EmptySchema(t), database.Options{})
+	tx, err := database.BeginPipelined(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
+		t.Fatal(err)
+	}
+	tx.Close()
+	if ids := notes(t, db); len(ids) != 0 {
+		t.Fatalf("notes after Close without Commit: %v; want none", ids)
+	}
+}
+
+// TestPipelinedCommitFailsWithItsStatement: when the statement sent with COMMIT fails, or the COMMIT itself
+// (a deferred foreign key), the database's error comes back and nothing of the transaction is kept.
+func TestPipelinedCommitFailsWithItsStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := probe(t, testdb.EmptySchema(t), database.Options{})
+	for _, tc := range []struct {
+		name, last, code string
+	}{
+		{"statement", `INSERT INTO notes VALUES (1)`, "23505"},    // the note Begin inserted: unique violation
+		{"deferred key", `INSERT INTO refs VALUES (99)`, "23503"}, // no note 99, found at COMMIT
+	} {
+		tx, err := database.BeginPipelined(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int
+		if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
+			t.Fatal(err)
+		}
+		err = tx.Commit(ctx, tc.last)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != tc.code {
+			t.Fatalf("%s: Commit = %v; want the database's %s", tc.name, err, tc.code)
+		}
+		tx.Close()
+		if ids := notes(t, db); len(ids) != 0 {
+			t.Fatalf("%s: notes after the failed Commit: %v; want none", tc.name, ids)
+		}
+	}
+}
+
+// TestPipelinedTxNestsAsSavepoints: gorm sees the transaction as one already open, so a nested Transaction is a
+// savepoint, and gorm cannot commit or roll it back behind the pipeline's back.
+func TestPipelinedTxNestsAsSavepoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := probe(t, testdb.EmptySchema(t), database.Options{})
+	tx, err := database.BeginPipelined(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	var got []int
+	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
+		t.Fatal(err)
+	}
+	inner := tx.DB().Transaction(func(sp *gorm.DB) error {
+		if err := sp.Exec(`INSERT INTO notes VALUES (2)`).Error; err != nil {
+			return err
+		}
+		return errors.New("undo the savepoint")
+	})
+	if inner == nil {
+		t.Fatal("the nested transaction's error was lost")
+	}
+	if err := tx.DB().Commit().Error; err == nil {
+		t.Fatal("gorm's Commit ended the pipelined transaction")
+	}
+	if err := tx.Commit(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	if ids := notes(t, db); len(ids) != 1 || ids[0] != 1 {
+		t.Fatalf("notes: %v; want 1 alone (2 was in the rolled back savepoint)", ids)
+	}
+}
+
+// TestPipelinedCommitLostIsAStoreFailure: the connection drops after the COMMIT's pipeline left. The error is a
+// store failure (the caller cannot know whether it committed), and the pool replaces the connection.
+func TestPipelinedCommitLostIsAStoreFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := proxy(t)
+	db := probe(t, p.DSN(testdb.EmptySchema(t)), database.Options{StatementTimeout: 500 * time.Millisecond})
+	tx, err := database.BeginPipelined(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
+		t.Fatal(err)
+	}
+	p.Stall(true)
+	err = tx.Commit(ctx, `INSERT INTO notes VALUES ($1)`, 2)
+	if err == nil || !problem.IsStoreUnavailable(err) {
+		t.Fatalf("Commit with its answer lost: %v; want a store failure", err)
+	}
+	tx.Close()
+	p.Stall(false)
+	p.CutAll()
+	if ids := notes(t, db); len(ids) != 0 && len(ids) != 2 {
+		t.Fatalf("notes: %v; want all of the transaction or none of it", ids)
+	}
+}
