@@ -45,6 +45,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/batch"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
@@ -134,8 +135,10 @@ type Handler struct {
 	// Observer, when set, is told each request's outcome and each operation the handler settles (metrics).
 	Observer Observer
 
-	groupOnce sync.Once
-	group     *opstatus.GroupAppender
+	groupOnce  sync.Once
+	group      *opstatus.GroupAppender
+	lookupOnce sync.Once
+	lookups    *batch.Batcher[KeyRef, lookup]
 }
 
 // log is h.Logger, or a logger that discards.
@@ -236,10 +239,44 @@ func (h *Handler) claimIn(ctx context.Context, tx *gorm.DB, cl call) func() (Rec
 // findExisting reads the key's record before any transaction: a retry of a key that is already committed is
 // answered from this one read (and its attempt record), without a claim that would only find the key taken and
 // roll back. A key not visible yet (absent, or claimed by a transaction still running) goes through the claim,
-// which waits for that transaction and decides; so does any error here, which the claim then reports.
+// which waits for that transaction and decides; so does any error here, which the claim then reports. With a
+// BatchLookupStore the reads of concurrent requests share statements.
 func (h *Handler) findExisting(ctx context.Context, cl call) (Record, bool) {
-	stored, err := h.Store.Lookup(ctx, h.DB, cl.op.AccountID, cl.key)
+	ref := KeyRef{AccountID: cl.op.AccountID, Key: cl.key}
+	if lookups := h.batchedLookups(); lookups != nil {
+		r, err := lookups.Do(ctx, ref.AccountID+"\x00"+ref.Key, ref)
+		return r.Record, err == nil && r.found
+	}
+	stored, err := h.Store.Lookup(ctx, h.DB, ref.AccountID, ref.Key)
 	return stored, err == nil
+}
+
+// lookup is one key's result in a batch of reads.
+type lookup struct {
+	Record
+	found bool
+}
+
+// batchedLookups is the batcher of findExisting's reads, or nil when the Store reads one key at a time.
+func (h *Handler) batchedLookups() *batch.Batcher[KeyRef, lookup] {
+	h.lookupOnce.Do(func() {
+		store, ok := h.Store.(BatchLookupStore)
+		if !ok {
+			return
+		}
+		h.lookups = &batch.Batcher[KeyRef, lookup]{Run: func(ctx context.Context, refs []KeyRef) ([]lookup, error) {
+			records, found, err := store.LookupMany(ctx, h.DB, refs)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]lookup, len(refs))
+			for i := range refs {
+				out[i] = lookup{records[i], found[i]}
+			}
+			return out, nil
+		}}
+	})
+	return h.lookups
 }
 
 // claimDetail is the detail of the claimed event.
