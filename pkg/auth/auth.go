@@ -153,6 +153,13 @@ func Middleware(ks *Keys) gin.HandlerFunc {
 	}
 }
 
+// Lookup returns the authenticated principal, if the request has one (the access log asks every request).
+func Lookup(c *gin.Context) (Principal, bool) {
+	v, ok := c.Get(principalKey)
+	p, _ := v.(Principal)
+	return p, ok
+}
+
 // From returns the authenticated principal; it panics on a route that is not behind Middleware, which is a
 // wiring bug, not a request error.
 func From(c *gin.Context) Principal {

@@ -27,6 +27,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -133,6 +134,9 @@ func accessLog(logger *slog.Logger) gin.HandlerFunc {
 		attrs := []any{
 			"method", c.Request.Method, "route", c.FullPath(), "status", c.Writer.Status(),
 			"duration_ms", time.Since(start).Milliseconds(), "attempt_id", AttemptID(c),
+		}
+		if p, ok := auth.Lookup(c); ok {
+			attrs = append(attrs, "account_id", p.AccountID)
 		}
 		if op := c.Writer.Header().Get("Operation-Id"); op != "" {
 			attrs = append(attrs, "operation_id", op)

@@ -339,8 +339,7 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 	default:
 		h.observe(req.Kind, OutcomeCreated)
 		opstatus.ObserveFinished(h.OperationObserver(), req.Kind, state)
-		h.log().InfoContext(ctx, "operation completed", "operation_id", cl.op.ID, "kind", req.Kind,
-			"account_id", cl.principal.AccountID, "status", resp.Status)
+		// No log line of its own: the request's access log line names the operation, its account and status.
 		writeResponse(c, cl.op.ID, resp, false)
 	}
 }
