@@ -79,13 +79,10 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 	// lease instead. Once it commits the operation is the server's to finish, whoever still listens.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), h.Lease)
 	defer cancel()
-	err := h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := h.claim(ctx, tx, cl, req, h.claimIn(ctx, tx, cl)); err != nil {
-			return err
-		}
+	err := h.inClaim(ctx, cl, req, func(tx *gorm.DB) (*Completion, error) {
 		if steps.prepare != nil {
 			if err := steps.prepare(ctx, tx, cl.op); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		// The lease is the effect's time, counted from the claim's commit: a claim that waited on a row lock
@@ -93,12 +90,12 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 		if time.Since(claimStart) > h.Lease/20 {
 			lease = time.Now().Add(h.Lease)
 			if _, err := opstatus.ExtendLease(ctx, tx, cl.op.AccountID, cl.op.ID, lease); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		failpoint.Hit(FailpointExternalClaimed, cl.op)
-		return nil
-	})
+		return nil, nil
+	}, nil)
 	var taken errClaimTaken
 	if errors.As(err, &taken) {
 		h.answerExisting(c, cl, taken.stored)

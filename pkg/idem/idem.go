@@ -309,16 +309,16 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		state      opstatus.State
 		committing bool
 	)
-	err := h.local(ctx, cl, req, func(tx *gorm.DB) (Completion, error) {
+	err := h.inClaim(ctx, cl, req, func(tx *gorm.DB) (*Completion, error) {
 		failpoint.Hit(FailpointAfterClaim)
 		res, err := write(ctx, tx, cl.op)
 		if err != nil {
-			return Completion{}, err
+			return nil, err
 		}
 		state = resultState(res)
 		var c Completion
 		resp, c, err = h.completion(cl, res, opstatus.EventCompleted, cl.principal.Actor())
-		return c, err
+		return &c, err
 	}, func() {
 		failpoint.Hit(FailpointBeforeCommit, cl.op)
 		committing = true
@@ -344,11 +344,15 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 	}
 }
 
-// local runs a local write's transaction: the claim, then body (the write, which returns the completion to
-// store), the completion, then, after beforeCommit, the commit. With a PipelinedStore the claim is sent with the
-// transaction's BEGIN and an operation born at completion with its COMMIT, so the transaction costs two round
-// trips fewer; beforeCommit then runs before the completion is sent.
-func (h *Handler) local(ctx context.Context, cl call, req Request, body func(tx *gorm.DB) (Completion, error), beforeCommit func()) error {
+// inClaim runs a transaction that starts with cl's claim and goes on with body. body returns the completion to
+// store before the commit (a local write's), or nil (an external claim, which commits alone); beforeCommit, when
+// set, runs right before the commit. With a PipelinedStore the claim is sent with the transaction's BEGIN and an
+// operation born at completion with its COMMIT, two round trips fewer; beforeCommit then runs before the
+// completion is sent.
+func (h *Handler) inClaim(ctx context.Context, cl call, req Request, body func(tx *gorm.DB) (*Completion, error), beforeCommit func()) error {
+	if beforeCommit == nil {
+		beforeCommit = func() {}
+	}
 	ps, ok := h.Store.(PipelinedStore)
 	if !ok {
 		return h.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -359,8 +363,10 @@ func (h *Handler) local(ctx context.Context, cl call, req Request, body func(tx 
 			if err != nil {
 				return err
 			}
-			if err := h.complete(ctx, tx, cl, c); err != nil {
-				return err
+			if c != nil {
+				if err := h.complete(ctx, tx, cl, *c); err != nil {
+					return err
+				}
 			}
 			beforeCommit()
 			return nil
@@ -385,12 +391,14 @@ func (h *Handler) local(ctx context.Context, cl call, req Request, body func(tx 
 	if err != nil {
 		return err
 	}
-	if cl.late != nil {
+	switch {
+	case c != nil && cl.late != nil:
 		beforeCommit()
-		return ps.CompleteNewCommit(ctx, t, cl.op, cl.principal.Actor(), cl.claimDetail(), c)
-	}
-	if err := h.Store.Complete(ctx, tx, c); err != nil {
-		return err
+		return ps.CompleteNewCommit(ctx, t, cl.op, cl.principal.Actor(), cl.claimDetail(), *c)
+	case c != nil:
+		if err := h.Store.Complete(ctx, tx, *c); err != nil {
+			return err
+		}
 	}
 	beforeCommit()
 	return t.Commit(ctx, "")
