@@ -131,7 +131,11 @@ func (r keyRow) record() (Record, error) {
 // on the row until the first transaction ends; if the first commits it gets the conflict, if it rolls back (local
 // mode: the write failed or the process died) the key is free again and the waiting claim takes it.
 func (PostgresStore) Claim(ctx context.Context, tx *gorm.DB, op opstatus.Operation, actor string, detail map[string]any) (Record, bool, error) {
-	return claim(ctx, tx, gormKeys(ctx, tx), op, operationClaim(op, actor, detail))
+	with, err := operationClaim(op, actor, detail)
+	if err != nil {
+		return Record{}, false, err
+	}
+	return claim(ctx, tx, gormKeys(ctx, tx), op, with)
 }
 
 // ClaimKey implements LocalStore: Claim without the operation, which CompleteNew inserts.
@@ -145,20 +149,39 @@ type withItems struct {
 	args []any
 }
 
-// operationClaim inserts the claim's operation and its claimed event, in the claim's statement.
-func operationClaim(op opstatus.Operation, actor string, detail map[string]any) withItems {
-	rawDetail, err := json.Marshal(detail)
-	if err != nil || detail == nil {
-		rawDetail = []byte("{}")
+// operationClaim inserts the claim's operation, its claimed event and its chain's head, in the claim's
+// statement. The chain is new, so the event is linked here (audit.NewOperationChain), as completeNew links its
+// two, and the chaining trigger is skipped.
+func operationClaim(op opstatus.Operation, actor string, detail map[string]any) (withItems, error) {
+	if detail == nil {
+		detail = map[string]any{}
 	}
+	raw, err := json.Marshal(detail)
+	if err != nil {
+		return withItems{}, fmt.Errorf("idem: claim: %w", err)
+	}
+	state := string(op.State)
+	event := audit.OperationEvent{OperationID: op.ID, AccountID: op.AccountID, Type: opstatus.EventClaimed, Actor: actor,
+		ToState: &state, Detail: raw, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	links, attempts, err := audit.NewOperationChain([]audit.OperationEvent{event}, []bool{audit.IsAttempt(detail)})
+	if err != nil {
+		return withItems{}, fmt.Errorf("idem: claim: %w", err)
+	}
+	link := links[0]
 	return withItems{`, op AS (
     INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, lease_expires_at)
     SELECT operation_id, account_id, ?, ?, idempotency_key, fingerprint, ? FROM claim
     RETURNING id, account_id, state
 ), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, to_state, actor, detail)
-    SELECT id, account_id, ?, state, ?, ?::jsonb FROM op
-)`, []any{op.Kind, op.State, op.LeaseExpiresAt, opstatus.EventClaimed, actor, string(rawDetail)}}
+    INSERT INTO operation_events (operation_id, account_id, type, to_state, actor, detail, created_at,
+                                  attempt, chain_seq, prev_hash, hash)
+    SELECT id, account_id, ?, state, ?, ?::jsonb, ?, ?::bigint, ?::bigint, ?, ? FROM op
+), head AS (
+    INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, attempts)
+    SELECT account_id, id, ?, ?, ?, ? FROM op
+)`, []any{op.Kind, op.State, op.LeaseExpiresAt,
+		event.Type, actor, string(raw), event.CreatedAt, link.Attempt, link.Seq, link.PrevHash, link.Hash,
+		link.Seq, link.Hash, link.PrevHash, attempts}}, nil
 }
 
 // keyQuery runs a statement whose rows are keyRows (queryKeys): through gorm, or sent with a pipelined
@@ -475,7 +498,11 @@ var _ PipelinedStore = PostgresStore{}
 
 // ClaimBegin implements PipelinedStore.
 func (PostgresStore) ClaimBegin(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any) (Record, bool, error) {
-	return claim(ctx, t.DB(), beginKeys(ctx, t), op, operationClaim(op, actor, detail))
+	with, err := operationClaim(op, actor, detail)
+	if err != nil {
+		return Record{}, false, err
+	}
+	return claim(ctx, t.DB(), beginKeys(ctx, t), op, with)
 }
 
 // ClaimKeyBegin implements PipelinedStore.
