@@ -48,18 +48,7 @@ const (
 // BeginPipelined reserves a connection of db's pool for a transaction, within the pool's acquire bound. Nothing
 // is sent before Begin. Close must follow.
 func BeginPipelined(ctx context.Context, db *gorm.DB) (*PipelinedTx, error) {
-	var (
-		conn *sql.Conn
-		err  error
-	)
-	switch pool := db.Statement.ConnPool.(type) {
-	case *acquireBound:
-		conn, err = pool.conn(ctx)
-	case *sql.DB:
-		conn, err = pool.Conn(ctx)
-	default:
-		return nil, fmt.Errorf("database: a pipelined transaction needs the pool, not a %T", pool)
-	}
+	conn, err := poolConn(ctx, db)
 	if err != nil {
 		return nil, err
 	}
@@ -67,6 +56,55 @@ func BeginPipelined(ctx context.Context, db *gorm.DB) (*PipelinedTx, error) {
 	t.db = db.Session(&gorm.Session{Context: ctx, NewDB: true})
 	t.db.Statement.ConnPool = &txPool{conn}
 	return t, nil
+}
+
+// poolConn reserves a connection of db's pool, within the pool's acquire bound.
+func poolConn(ctx context.Context, db *gorm.DB) (*sql.Conn, error) {
+	switch pool := db.Statement.ConnPool.(type) {
+	case *acquireBound:
+		return pool.conn(ctx)
+	case *sql.DB:
+		return pool.Conn(ctx)
+	default:
+		return nil, fmt.Errorf("database: a pipeline needs the pool, not a %T", pool)
+	}
+}
+
+// SendBatch sends the statements of b in one round trip on a connection of db's pool, and hands their results,
+// in b's order, to read. Without a BEGIN in b they run in one implicit transaction (they all commit, or none
+// does); the connection goes back to the pool idle, or is discarded.
+//
+// It is how many small reads share a round trip, each with its own prepared statement: one statement over
+// arrays of all their arguments would be planned again at every execution, because the plan for the arrays at
+// hand always looks cheaper to PostgreSQL than the cached generic one (0.3 to 0.5 ms of planning per batch of
+// key reads, measured), where each small statement keeps its generic plan.
+func SendBatch(ctx context.Context, db *gorm.DB, b *pgx.Batch, read func(pgx.BatchResults) error) error {
+	conn, err := poolConn(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var readErr error
+	err = conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("database: a batch needs pgx's stdlib driver, not %T", dc)
+		}
+		c := sc.Conn()
+		br := c.SendBatch(ctx, b)
+		readErr = read(br)
+		if cerr := br.Close(); readErr == nil {
+			readErr = cerr
+		}
+		if c.IsClosed() || c.PgConn().TxStatus() != 'I' {
+			return driver.ErrBadConn // database/sql discards the connection
+		}
+		return nil
+	})
+	if readErr != nil {
+		return readErr
+	}
+	return err
 }
 
 // Begin sends BEGIN and query (placeholders $1, $2, ...) in one round trip and hands query's rows to scan.
