@@ -206,3 +206,52 @@ func TestPipelinedCommitLostIsAStoreFailure(t *testing.T) {
 		t.Fatalf("notes: %v; want all of the transaction or none of it", ids)
 	}
 }
+
+// TestSendBatchIsOneImplicitTransaction: a batch's results come back in its order, and a batch whose second
+// statement fails keeps nothing of the first; the connection goes back to the pool usable either way.
+func TestSendBatchIsOneImplicitTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := probe(t, testdb.EmptySchema(t), database.Options{})
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO notes VALUES (1)`)
+	b.Queue(`INSERT INTO notes VALUES (1)`)
+	err := database.SendBatch(ctx, db, b, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		_, err := br.Exec()
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("batch with a duplicate: %v; want the unique violation", err)
+	}
+	if ids := notes(t, db); len(ids) != 0 {
+		t.Fatalf("notes after the failed batch: %v; want none", ids)
+	}
+	b = &pgx.Batch{}
+	for _, n := range []int{3, 1, 2} {
+		b.Queue(`SELECT $1::int * 10`, n)
+	}
+	var got []int
+	err = database.SendBatch(ctx, db, b, func(br pgx.BatchResults) error {
+		for range 3 {
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			if err := scanInts(&got)(rows); err != nil {
+				return err
+			}
+			rows.Close()
+		}
+		return nil
+	})
+	if err != nil || len(got) != 3 || got[0] != 30 || got[1] != 10 || got[2] != 20 {
+		t.Fatalf("batch of reads: %v, %v; want 30 10 20", got, err)
+	}
+	if ids := notes(t, db); len(ids) != 0 {
+		t.Fatalf("after the reads: %v", ids)
+	}
+}
