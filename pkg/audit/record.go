@@ -2,6 +2,7 @@ package audit
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
@@ -9,7 +10,7 @@ import (
 
 // OperationEvent is the hashed content of one operation_events record: the same fields, in JSON, as
 // operation_event_record in migrations/00006_audit_chain.sql. Verify builds it from stored rows; a writer that
-// starts a chain itself (NewOperationChain) builds it before the insert.
+// links its records itself (ContinueOperationChain) builds it before the insert.
 type OperationEvent struct {
 	OperationID string
 	AccountID   string
@@ -41,6 +42,27 @@ func IsAttempt(detail map[string]any) bool {
 	return outcome && attempt
 }
 
+// IsAttemptJSON is IsAttempt of a detail given as JSON text, with all of the trigger's test: jsonb's ? also finds
+// a name among the strings of an array, so an array holding both names counts too.
+func IsAttemptJSON(detail json.RawMessage) bool {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(detail, &fields); err == nil {
+		_, outcome := fields["outcome"]
+		_, attempt := fields["attempt_id"]
+		return outcome && attempt
+	}
+	var elems []any
+	if err := json.Unmarshal(detail, &elems); err != nil {
+		return false
+	}
+	var outcome, attempt bool
+	for _, e := range elems {
+		outcome = outcome || e == "outcome"
+		attempt = attempt || e == "attempt_id"
+	}
+	return outcome && attempt
+}
+
 // Link is where a record sits in its chain.
 type Link struct {
 	Seq      int64
@@ -50,19 +72,34 @@ type Link struct {
 	Attempt *int64
 }
 
-// NewOperationChain links events as the first records of a new operation's chain, numbering the attempt records
-// among them (attempts[i] says whether events[i] is one) as the database's trigger does, and returns each
-// record's link and the number of attempts. The writer stores the records with these links and inserts the
-// chain's head (audit_chain_heads: the last link, the attempt count) in the same transaction; that insert fails
-// if the chain already exists, so a precomputed link can only ever start a chain. The trigger chains every record
-// written without a hash (migration 00012).
-func NewOperationChain(events []OperationEvent, attempts []bool) ([]Link, int64, error) {
-	c := auditchain.Chain{}
+// Head is where an operation's chain stands, as its row of audit_chain_heads keeps it: its last record (seq 0
+// and no hash when the chain has none) and how many attempt records it holds.
+type Head struct {
+	Seq      int64
+	Hash     string
+	Attempts int64
+}
+
+// ContinueOperationChain links events, all of one operation, as the records that follow head in the operation's
+// chain, numbering the attempt records among them (attempts[i] says whether events[i] is one) after head's count
+// as the database's trigger does. It returns each record's link and the chain's attempt count after them.
+//
+// The writer stores the records with these links and moves the chain's head row to the last one in the same
+// transaction, and must hold that row locked (SELECT ... FOR UPDATE) from the read of head to the commit:
+// otherwise another writer could link its own records from the same head. The trigger chains every record
+// written without a hash (migration 00012), so writers of both kinds share the head row and its lock.
+func ContinueOperationChain(head Head, events []OperationEvent, attempts []bool) ([]Link, int64, error) {
+	if len(events) == 0 {
+		return nil, head.Attempts, nil
+	}
+	c := auditchain.Resume(auditchain.Head{Chain: events[0].OperationID, Seq: head.Seq, Hash: head.Hash})
 	links := make([]Link, len(events))
-	var n int64
+	n := head.Attempts
 	for i := range events {
 		e := &events[i]
-		c.Name = e.OperationID
+		if e.OperationID != c.Name {
+			return nil, 0, fmt.Errorf("audit: one chain links the records of %s and %s", c.Name, e.OperationID)
+		}
 		if attempts[i] {
 			n++
 			num := n
@@ -75,4 +112,11 @@ func NewOperationChain(events []OperationEvent, attempts []bool) ([]Link, int64,
 		links[i] = Link{Seq: rec.Seq, PrevHash: rec.Prev, Hash: rec.Hash, Attempt: e.Attempt}
 	}
 	return links, n, nil
+}
+
+// NewOperationChain is ContinueOperationChain for the first records of a new operation's chain. The writer
+// inserts the chain's head (audit_chain_heads: the last link, the attempt count) in the same transaction; that
+// insert fails if the chain already exists, so these links can only ever start a chain.
+func NewOperationChain(events []OperationEvent, attempts []bool) ([]Link, int64, error) {
+	return ContinueOperationChain(Head{}, events, attempts)
 }

@@ -2,6 +2,7 @@ package audit_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,10 +10,11 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/audit"
 )
 
-// TestNewOperationChainMatchesTrigger writes an operation's first records through the database's chaining
-// trigger, then links the same content with audit.NewOperationChain: every seq, prev, hash and attempt number
-// must be the trigger's. A writer that starts a chain itself (idem's local completion) therefore stores exactly
-// the chain the trigger would have.
+// TestNewOperationChainMatchesTrigger writes an operation's records through the database's chaining trigger, then
+// links the same content in Go: with audit.NewOperationChain from the start, and with
+// audit.ContinueOperationChain from the head the chain had after each record. Every seq, prev, hash and attempt
+// number must be the trigger's, and the attempt count the head row's. A writer that links records itself (idem's
+// local completion, opstatus.GroupAppender) therefore stores exactly the chain the trigger would have.
 func TestNewOperationChainMatchesTrigger(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
@@ -20,12 +22,15 @@ func TestNewOperationChainMatchesTrigger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	details := []map[string]any{
-		{"attempt_id": "att_1", "agent_run_id": "run <7> & é 😀"},
-		{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "abc", "duration_ms": 12, "reason": "x"},
-		{"attempt_id": "att_2", "outcome": "replayed", "status": 201, "nested": map[string]any{"b": []any{1, "2", nil}, "a": true}},
+	details := []any{
+		map[string]any{"attempt_id": "att_1", "agent_run_id": "run <7> & é 😀"},
+		map[string]any{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "abc", "duration_ms": 12, "reason": "x"},
+		map[string]any{"attempt_id": "att_2", "outcome": "replayed", "status": 201, "nested": map[string]any{"b": []any{1, "2", nil}, "a": true}},
+		map[string]any{"evidence": "provider says done", "outcome": "seen"},
+		[]any{"outcome", "attempt_id"}, // jsonb's ? finds array elements: the trigger counts this one
+		map[string]any{"attempt_id": "att_3", "outcome": "replayed", "status": 201},
 	}
-	types := []string{"claimed", "completed", "replayed"}
+	types := []string{"claimed", "completed", "replayed", "reconciled", "replayed", "replayed"}
 	for i, d := range details {
 		raw, _ := json.Marshal(d)
 		if err := db.Exec(`INSERT INTO operation_events (operation_id, account_id, type, actor, detail) VALUES ('op_match', 'acct_a', ?, 'agent:a', ?::jsonb)`,
@@ -48,27 +53,62 @@ FROM operation_events WHERE operation_id = 'op_match' ORDER BY id`).Scan(&stored
 	if len(stored) != len(details) {
 		t.Fatalf("%d records stored; want %d", len(stored), len(details))
 	}
-	events := make([]audit.OperationEvent, len(details))
-	attempts := make([]bool, len(details))
-	for i, d := range details {
-		raw, _ := json.Marshal(d) // Go's own JSON text, as the writer sends it: canonicalized before hashing
-		events[i] = audit.OperationEvent{OperationID: "op_match", AccountID: "acct_a", Type: types[i], Actor: "agent:a",
-			Detail: raw, CreatedAt: stored[i].CreatedAt}
-		attempts[i] = audit.IsAttempt(d)
+	var headAttempts int64
+	if err := db.Raw(`SELECT attempts FROM audit_chain_heads WHERE account_id = 'acct_a' AND chain = 'op_match'`).Scan(&headAttempts).Error; err != nil {
+		t.Fatal(err)
 	}
-	links, n, err := audit.NewOperationChain(events, attempts)
+	// events is the Go side of the records from index from on: new values each time, as linking fills in attempts.
+	events := func(from int) ([]audit.OperationEvent, []bool) {
+		var evs []audit.OperationEvent
+		var attempts []bool
+		for i := from; i < len(details); i++ {
+			raw, _ := json.Marshal(details[i]) // Go's own JSON text, as the writer sends it: canonicalized before hashing
+			evs = append(evs, audit.OperationEvent{OperationID: "op_match", AccountID: "acct_a", Type: types[i], Actor: "agent:a",
+				Detail: raw, CreatedAt: stored[i].CreatedAt})
+			attempts = append(attempts, audit.IsAttemptJSON(raw))
+			if m, ok := details[i].(map[string]any); ok && audit.IsAttempt(m) != audit.IsAttemptJSON(raw) {
+				t.Errorf("record %d: IsAttempt and IsAttemptJSON disagree", i)
+			}
+		}
+		return evs, attempts
+	}
+	check := func(name string, from int, links []audit.Link, n int64) {
+		t.Helper()
+		if n != headAttempts {
+			t.Errorf("%s: %d attempts counted; the trigger's head has %d", name, n, headAttempts)
+		}
+		if len(links) != len(stored)-from {
+			t.Fatalf("%s: %d links; want %d", name, len(links), len(stored)-from)
+		}
+		for i, l := range links {
+			s := stored[from+i]
+			if l.Seq != s.ChainSeq || l.PrevHash != s.PrevHash || l.Hash != s.Hash || !sameAttempt(l.Attempt, s.Attempt) {
+				t.Errorf("%s: record %d (%s): Go links seq %d attempt %v hash %s; the trigger stored seq %d attempt %v hash %s",
+					name, from+i, s.Type, l.Seq, deref(l.Attempt), l.Hash, s.ChainSeq, deref(s.Attempt), s.Hash)
+			}
+		}
+	}
+
+	evs, attempts := events(0)
+	links, n, err := audit.NewOperationChain(evs, attempts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 {
-		t.Errorf("%d attempts counted; want 2", n)
-	}
-	for i, l := range links {
-		s := stored[i]
-		if l.Seq != s.ChainSeq || l.PrevHash != s.PrevHash || l.Hash != s.Hash || !sameAttempt(l.Attempt, s.Attempt) {
-			t.Errorf("record %d (%s): Go links seq %d attempt %v hash %s; the trigger stored seq %d attempt %v hash %s",
-				i, s.Type, l.Seq, deref(l.Attempt), l.Hash, s.ChainSeq, deref(s.Attempt), s.Hash)
+	check("new chain", 0, links, n)
+
+	// Continued from every head the chain had: after record k-1, with the attempts counted up to there.
+	var attemptsBefore int64
+	for k := 1; k < len(stored); k++ {
+		if stored[k-1].Attempt != nil {
+			attemptsBefore++
 		}
+		head := audit.Head{Seq: stored[k-1].ChainSeq, Hash: stored[k-1].Hash, Attempts: attemptsBefore}
+		evs, attempts := events(k)
+		links, n, err := audit.ContinueOperationChain(head, evs, attempts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("continued after record %d", k-1), k, links, n)
 	}
 }
 
