@@ -2,7 +2,9 @@
 //
 // The links are written by triggers (migrations/00006_audit_chain.sql) in the same statement that inserts an
 // operation event or an approval decision, so every write path is chained without a round trip of its own: one
-// chain per operation, one per approval, each serialized on its own head row. This package adds the rest:
+// chain per operation, one per approval, each serialized on its own head row. A writer may link an operation's
+// records itself instead (ContinueOperationChain), in the same format, under the same head row. This package
+// adds the rest:
 //
 //   - CheckpointWorker seals the heads of the chains that moved, every interval, optionally signed; any number
 //     of replicas may run it and one chain of checkpoints results.

@@ -1,0 +1,304 @@
+package opstatus_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// attemptDetail is the detail of an attempt record (audit.IsAttempt); evidence is one of an event that is not.
+func attemptDetail(n int) map[string]any {
+	return map[string]any{"attempt_id": fmt.Sprintf("att_%d", n), "outcome": "replayed", "status": 201}
+}
+
+func evidence(n int) map[string]any { return map[string]any{"evidence": n} }
+
+// appendConcurrently appends n events to every operation of ops, each from a goroutine of its own, all started
+// at once: attempt records, but every third. It returns the first error.
+func appendConcurrently(ctx context.Context, g *opstatus.GroupAppender, ops []opstatus.Operation, n int) error {
+	start := make(chan struct{})
+	errs := make(chan error, len(ops)*n)
+	var wg sync.WaitGroup
+	for _, op := range ops {
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				var detail map[string]any
+				if i%3 == 2 {
+					detail = evidence(i)
+				} else {
+					detail = attemptDetail(i)
+				}
+				errs <- g.Append(ctx, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", detail)
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type chainRow struct {
+	ID             int64
+	Attempt        *int64
+	ChainSeq       int64
+	PrevHash, Hash string
+}
+
+// checkChain checks op's records and head: want records in all, ids in chain order, attempt records numbered
+// 1, 2, ... in that order, and the head at the last record with the attempt count.
+func checkChain(t *testing.T, db *gorm.DB, op opstatus.Operation, want int) {
+	t.Helper()
+	var rows []chainRow
+	if err := db.Raw(`SELECT id, attempt, chain_seq, prev_hash, hash FROM operation_events
+WHERE account_id = ? AND operation_id = ? ORDER BY id`, op.AccountID, op.ID).Scan(&rows).Error; err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != want {
+		t.Fatalf("%s: %d records; want %d", op.ID, len(rows), want)
+	}
+	var attempts int64
+	for i, r := range rows {
+		if r.ChainSeq != int64(i+1) {
+			t.Fatalf("%s: record %d by id (id %d) has chain_seq %d: ids do not follow the chain", op.ID, i+1, r.ID, r.ChainSeq)
+		}
+		if r.Attempt != nil {
+			attempts++
+			if *r.Attempt != attempts {
+				t.Fatalf("%s: record %d is attempt %d; want %d", op.ID, i+1, *r.Attempt, attempts)
+			}
+		}
+	}
+	var head struct {
+		Seq            int64
+		Hash, PrevHash string
+		Attempts       int64
+		Checkpointed   bool
+	}
+	if err := db.Raw(`SELECT seq, hash, prev_hash, attempts, checkpointed FROM audit_chain_heads WHERE account_id = ? AND chain = ?`,
+		op.AccountID, op.ID).Scan(&head).Error; err != nil {
+		t.Fatal(err)
+	}
+	last := rows[len(rows)-1]
+	if head.Seq != last.ChainSeq || head.Hash != last.Hash || head.PrevHash != last.PrevHash || head.Attempts != attempts ||
+		head.Checkpointed {
+		t.Fatalf("%s: head %+v; the last record is seq %d hash %s prev %s, with %d attempts before it", op.ID, head,
+			last.ChainSeq, last.Hash, last.PrevHash, attempts)
+	}
+}
+
+// TestGroupAppenderLinksConcurrentAppends: appends to several operations at once, between records the trigger
+// links, leave every chain intact, in id order, with its head at its last record and its attempts numbered on
+// from the head's count, in the records the group wrote and in those the trigger writes after.
+func TestGroupAppenderLinksConcurrentAppends(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	var ops []opstatus.Operation
+	for range 6 {
+		op := create(t, db, opstatus.StateSucceeded, nil)
+		// An attempt the trigger numbers: the group's numbering continues from the head's count.
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", attemptDetail(0)); err != nil {
+			t.Fatal(err)
+		}
+		ops = append(ops, op)
+	}
+	g := &opstatus.GroupAppender{DB: db.DB, Lanes: 2}
+	if err := appendConcurrently(ctx, g, ops, 20); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops {
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", attemptDetail(99)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := testdb.AuditIntact(db.DB); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops {
+		checkChain(t, db.DB, op, 1+1+20+1) // claimed, the trigger's attempt, the group's, the trigger's again
+	}
+}
+
+// TestTwoGroupAppendersShareChains: two GroupAppenders (two replicas of a service) and a writer whose records
+// the trigger links, a group at a time (a replica of an older version), appending to the same chains at once,
+// lock the heads in one order: none deadlocks, and the chains stay intact.
+func TestTwoGroupAppendersShareChains(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var ops []opstatus.Operation
+	var accounts, ids []string
+	for range 5 {
+		op := create(t, db, opstatus.StateSucceeded, nil)
+		ops, accounts, ids = append(ops, op), append(accounts, op.AccountID), append(ids, op.ID)
+	}
+	// One lane each: every group holds records of several chains, and the two replicas' groups overlap.
+	replicas := []*opstatus.GroupAppender{{DB: db.DB, Lanes: 1, MaxGroup: 8}, {DB: db.DB, Lanes: 1, MaxGroup: 8}}
+	const triggerGroups = 40
+	errs := make([]error, len(replicas)+1)
+	var wg sync.WaitGroup
+	for i, g := range replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = appendConcurrently(ctx, g, ops, 24)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range triggerGroups {
+			// A record on every chain, in one statement: the trigger takes the heads row by row, by chain.
+			_, err := db.Statement.ConnPool.ExecContext(ctx, `INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
+SELECT v.id, v.account_id, 'replayed', 'agent:b', '{"attempt_id": "att_b", "outcome": "replayed"}'
+FROM unnest($1::text[], $2::text[]) AS v(account_id, id) ORDER BY v.id COLLATE "C"`, accounts, ids)
+			if err != nil {
+				errs[len(replicas)] = err
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err) // a deadlock is an error (40P01), a wait without end the context's
+		}
+	}
+	if err := testdb.AuditIntact(db.DB); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops {
+		checkChain(t, db.DB, op, 1+2*24+triggerGroups)
+	}
+}
+
+// TestGroupWithUnknownOperationWritesNothing: a group that names an operation that does not exist fails whole,
+// for every event in it: no record of the other operations is written and no head moves.
+func TestGroupWithUnknownOperationWritesNothing(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	a, b := create(t, db, opstatus.StateSucceeded, nil), create(t, db, opstatus.StateSucceeded, nil)
+	type snapshot struct{ Records, Heads, SeqSum int64 }
+	state := func() (s snapshot) {
+		if err := db.Raw(`SELECT (SELECT count(*) FROM operation_events) AS records, count(*) AS heads, sum(seq) AS seq_sum
+FROM audit_chain_heads`).Scan(&s).Error; err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := state()
+	g := &opstatus.GroupAppender{DB: db.DB}
+	for _, ghost := range []opstatus.GroupEvent{
+		{AccountID: a.AccountID, ID: "op_missing", Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail(1)},
+		{AccountID: "acct_other", ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail(1)},
+	} {
+		err := g.AppendGroup(ctx, []opstatus.GroupEvent{
+			{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail(1)},
+			ghost,
+			{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: evidence(1)},
+		})
+		if err == nil {
+			t.Fatalf("a group with an event of %s/%s was written", ghost.AccountID, ghost.ID)
+		}
+		if after := state(); after != before {
+			t.Fatalf("a refused group changed the records and heads from %+v to %+v", before, after)
+		}
+	}
+	// The same group without the ghost is written.
+	err := g.AppendGroup(ctx, []opstatus.GroupEvent{
+		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail(1)},
+		{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: evidence(1)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkChain(t, db.DB, a, 2)
+	checkChain(t, db.DB, b, 2)
+}
+
+// TestGroupLeavesHeadlessChainToTheTrigger: an operation whose chain has no head row (every operation gets one
+// with its first record, but a group must not depend on it) has its records linked by the trigger, in the same
+// group as records linked in Go.
+func TestGroupLeavesHeadlessChainToTheTrigger(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	linked := create(t, db, opstatus.StateSucceeded, nil)
+	headless := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct"}
+	if err := db.Exec(`INSERT INTO operations (id, account_id, kind, state) VALUES (?, ?, 'test.kind', 'succeeded')`,
+		headless.ID, headless.AccountID).Error; err != nil {
+		t.Fatal(err)
+	}
+	var events []opstatus.GroupEvent
+	for i := range 3 {
+		for _, op := range []opstatus.Operation{headless, linked} {
+			events = append(events, opstatus.GroupEvent{AccountID: op.AccountID, ID: op.ID, Type: opstatus.EventReplayed,
+				Actor: "agent:a", Detail: attemptDetail(i)})
+		}
+	}
+	if err := (&opstatus.GroupAppender{DB: db.DB}).AppendGroup(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	if err := testdb.AuditIntact(db.DB); err != nil {
+		t.Fatal(err)
+	}
+	checkChain(t, db.DB, headless, 3)
+	checkChain(t, db.DB, linked, 4)
+}
+
+// TestGroupAppenderPlansReadHeadsByKey checks the generic plans PostgreSQL keeps for GroupAppender's statements,
+// made while the tables are empty (as after a deploy on a new database): the heads are locked and moved by their
+// primary key, never found by scanning or hashing all of them.
+func TestGroupAppenderPlansReadHeadsByKey(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	plan := func(query, args string) string {
+		var lines []string
+		err := db.Connection(func(conn *gorm.DB) error {
+			if err := conn.Exec(`SET plan_cache_mode = force_generic_plan`).Error; err != nil {
+				return err
+			}
+			defer conn.Exec(`RESET plan_cache_mode`)
+			if err := conn.Exec(`PREPARE group_plan AS ` + query).Error; err != nil {
+				return err
+			}
+			defer conn.Exec(`DEALLOCATE group_plan`)
+			return conn.Raw(`EXPLAIN EXECUTE group_plan(` + args + `)`).Scan(&lines).Error
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	lock := plan(opstatus.LockHeadsSQL, `'{acct}', '{op_a}'`)
+	if !regexp.MustCompile(`LockRows[^\n]*\n\s*->  Index Scan using audit_chain_heads_pkey on audit_chain_heads h[^\n]*\n\s*Index Cond: \(\(account_id = k\.account_id\) AND \(chain = k\.chain\)\)`).MatchString(lock) ||
+		!strings.Contains(lock, `Sort Key: k.chain COLLATE "C"`) || strings.Contains(lock, "Seq Scan") || strings.Contains(lock, "Hash") {
+		t.Errorf("the heads are not locked by their primary key, in chain order:\n%s", lock)
+	}
+	write := plan(opstatus.AppendLinkedSQL, `'{acct}', '{op_a}', '{replayed}', '{agent:a}', '{"{}"}', '{1}', '{2}', '{p}', '{h}', now(),
+'{acct}', '{op_a}', '{2}', '{h}', '{p}', '{1}'`)
+	if !strings.Contains(write, "Conflict Arbiter Indexes: audit_chain_heads_pkey") || strings.Contains(write, "Scan on audit_chain_heads") ||
+		strings.Contains(write, "Scan on operations") || strings.Contains(write, "Join") {
+		t.Errorf("the heads are not moved by their primary key, or the write reads a table:\n%s", write)
+	}
+}
