@@ -268,37 +268,61 @@ func TestGroupLeavesHeadlessChainToTheTrigger(t *testing.T) {
 
 // TestGroupAppenderPlansReadHeadsByKey checks the generic plans PostgreSQL keeps for GroupAppender's statements,
 // made while the tables are empty (as after a deploy on a new database): the heads are locked and moved by their
-// primary key, never found by scanning or hashing all of them.
+// primary key, never found by scanning or hashing all of them. And the generic plans are kept, for groups of one
+// chain too, instead of planning each group again.
 func TestGroupAppenderPlansReadHeadsByKey(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
-	plan := func(query, args string) string {
+	op := create(t, db, opstatus.StateSucceeded, nil)
+	lockArgs := fmt.Sprintf(`'{%s}', '{%s}'`, op.AccountID, op.ID)
+	writeArgs := fmt.Sprintf(`'{%[1]s}', '{%[2]s}', '{replayed}', '{agent:a}', '{"{}"}', '{1}', '{2}', '{p}', '{h}', now(),
+'{%[1]s}', '{%[2]s}', '{2}', '{h}', '{p}', '{1}'`, op.AccountID, op.ID)
+	// plan returns the generic plan of query, and how many of six executions (in a transaction rolled back) used
+	// the generic plan with PostgreSQL left to choose.
+	plan := func(query, args string) (string, int) {
 		var lines []string
+		var generic int
 		err := db.Connection(func(conn *gorm.DB) error {
-			if err := conn.Exec(`SET plan_cache_mode = force_generic_plan`).Error; err != nil {
-				return err
-			}
-			defer conn.Exec(`RESET plan_cache_mode`)
 			if err := conn.Exec(`PREPARE group_plan AS ` + query).Error; err != nil {
 				return err
 			}
 			defer conn.Exec(`DEALLOCATE group_plan`)
+			if err := conn.Exec(`BEGIN`).Error; err != nil {
+				return err
+			}
+			defer conn.Exec(`ROLLBACK`)
+			for range 6 {
+				if err := conn.Exec(`EXECUTE group_plan(` + args + `)`).Error; err != nil {
+					return err
+				}
+			}
+			if err := conn.Raw(`SELECT generic_plans FROM pg_prepared_statements WHERE name = 'group_plan'`).Scan(&generic).Error; err != nil {
+				return err
+			}
+			if err := conn.Exec(`SET LOCAL plan_cache_mode = force_generic_plan`).Error; err != nil {
+				return err
+			}
 			return conn.Raw(`EXPLAIN EXECUTE group_plan(` + args + `)`).Scan(&lines).Error
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return strings.Join(lines, "\n")
+		return strings.Join(lines, "\n"), generic
 	}
-	lock := plan(opstatus.LockHeadsSQL, `'{acct}', '{op_a}'`)
-	if !regexp.MustCompile(`LockRows[^\n]*\n\s*->  Index Scan using audit_chain_heads_pkey on audit_chain_heads h[^\n]*\n\s*Index Cond: \(\(account_id = k\.account_id\) AND \(chain = k\.chain\)\)`).MatchString(lock) ||
-		!strings.Contains(lock, `Sort Key: k.chain COLLATE "C"`) || strings.Contains(lock, "Seq Scan") || strings.Contains(lock, "Hash") {
+	lock, generic := plan(opstatus.LockHeadsSQL, lockArgs)
+	if !regexp.MustCompile(`LockRows[^\n]*\n\s*->  Index Scan using audit_chain_heads_pkey on audit_chain_heads h[^\n]*\n\s*Index Cond: \(\(account_id = [^\n]*\) AND \(chain = [^\n]*\)\)`).MatchString(lock) ||
+		!regexp.MustCompile(`Sort Key: [^\n]* COLLATE "C"`).MatchString(lock) || strings.Contains(lock, "Seq Scan") || strings.Contains(lock, "Hash") {
 		t.Errorf("the heads are not locked by their primary key, in chain order:\n%s", lock)
 	}
-	write := plan(opstatus.AppendLinkedSQL, `'{acct}', '{op_a}', '{replayed}', '{agent:a}', '{"{}"}', '{1}', '{2}', '{p}', '{h}', now(),
-'{acct}', '{op_a}', '{2}', '{h}', '{p}', '{1}'`)
+	if generic == 0 {
+		t.Errorf("the lock of a group of one chain is planned again at every execution")
+	}
+	write, generic := plan(opstatus.AppendLinkedSQL, writeArgs)
 	if !strings.Contains(write, "Conflict Arbiter Indexes: audit_chain_heads_pkey") || strings.Contains(write, "Scan on audit_chain_heads") ||
 		strings.Contains(write, "Scan on operations") || strings.Contains(write, "Join") {
 		t.Errorf("the heads are not moved by their primary key, or the write reads a table:\n%s", write)
+	}
+	if generic == 0 {
+		t.Errorf("the write of a group of one record is planned again at every execution")
 	}
 }
