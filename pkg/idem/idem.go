@@ -13,7 +13,12 @@
 // state, with both events (LocalStore): the same rows as seen after the commit, one row version fewer.
 //
 // A retry of a key already committed is answered from one read (Lookup) and its attempt record, with no claim
-// transaction; attempt records of concurrent retries share commits (opstatus.GroupAppender).
+// transaction; attempt records of concurrent retries share commits (opstatus.GroupAppender), and so do the reads
+// of concurrent requests share round trips (BatchLookupStore, package batch).
+//
+// Round trips are what a write costs most on a loopback connection, so a PipelinedStore's claim travels with its
+// transaction's BEGIN, and an operation born at completion with its COMMIT (database.PipelinedTx): a local
+// write is the read, BEGIN with the claim, the write's own statements, and the completion with COMMIT.
 //
 // Local mode, for effects that live in the same database: the claim, the business write and the stored response
 // commit in one transaction, so a crash leaves nothing behind and the key free. A concurrent copy of the request

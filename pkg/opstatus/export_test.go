@@ -2,12 +2,6 @@ package opstatus
 
 import "context"
 
-// The statements of GroupAppender, for the plan test.
-const (
-	LockHeadsSQL    = lockHeadsSQL
-	AppendLinkedSQL = appendLinkedSQL
-)
-
 // GroupEvent is one Append of a group.
 type GroupEvent struct {
 	AccountID, ID, Type, Actor string

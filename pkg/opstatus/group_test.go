@@ -3,8 +3,6 @@ package opstatus_test
 import (
 	"context"
 	"fmt"
-	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -104,9 +102,9 @@ WHERE account_id = ? AND operation_id = ? ORDER BY id`, op.AccountID, op.ID).Sca
 	}
 }
 
-// TestGroupAppenderLinksConcurrentAppends: appends to several operations at once, between records the trigger
-// links, leave every chain intact, in id order, with its head at its last record and its attempts numbered on
-// from the head's count, in the records the group wrote and in those the trigger writes after.
+// TestGroupAppenderLinksConcurrentAppends: appends to several operations at once, between records written one at
+// a time, leave every chain intact, in id order, with its head at its last record and its attempts numbered on
+// from the head's count, in the records the groups wrote and in those written after.
 func TestGroupAppenderLinksConcurrentAppends(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
@@ -137,9 +135,8 @@ func TestGroupAppenderLinksConcurrentAppends(t *testing.T) {
 	}
 }
 
-// TestTwoGroupAppendersShareChains: two GroupAppenders (two replicas of a service) and a writer whose records
-// the trigger links, a group at a time (a replica of an older version), appending to the same chains at once,
-// lock the heads in one order: none deadlocks, and the chains stay intact.
+// TestTwoGroupAppendersShareChains: two GroupAppenders (two replicas of a service) and a writer of single records,
+// appending to the same chains at once, take the heads in one order: none deadlocks, and the chains stay intact.
 func TestTwoGroupAppendersShareChains(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
@@ -234,95 +231,4 @@ FROM audit_chain_heads`).Scan(&s).Error; err != nil {
 	}
 	checkChain(t, db.DB, a, 2)
 	checkChain(t, db.DB, b, 2)
-}
-
-// TestGroupLeavesHeadlessChainToTheTrigger: an operation whose chain has no head row (every operation gets one
-// with its first record, but a group must not depend on it) has its records linked by the trigger, in the same
-// group as records linked in Go.
-func TestGroupLeavesHeadlessChainToTheTrigger(t *testing.T) {
-	t.Parallel()
-	db := testdb.Schema(t)
-	ctx := context.Background()
-	linked := create(t, db, opstatus.StateSucceeded, nil)
-	headless := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct"}
-	if err := db.Exec(`INSERT INTO operations (id, account_id, kind, state) VALUES (?, ?, 'test.kind', 'succeeded')`,
-		headless.ID, headless.AccountID).Error; err != nil {
-		t.Fatal(err)
-	}
-	var events []opstatus.GroupEvent
-	for i := range 3 {
-		for _, op := range []opstatus.Operation{headless, linked} {
-			events = append(events, opstatus.GroupEvent{AccountID: op.AccountID, ID: op.ID, Type: opstatus.EventReplayed,
-				Actor: "agent:a", Detail: attemptDetail(i)})
-		}
-	}
-	if err := (&opstatus.GroupAppender{DB: db.DB}).AppendGroup(ctx, events); err != nil {
-		t.Fatal(err)
-	}
-	if err := testdb.AuditIntact(db.DB); err != nil {
-		t.Fatal(err)
-	}
-	checkChain(t, db.DB, headless, 3)
-	checkChain(t, db.DB, linked, 4)
-}
-
-// TestGroupAppenderPlansReadHeadsByKey checks the generic plans PostgreSQL keeps for GroupAppender's statements,
-// made while the tables are empty (as after a deploy on a new database): the heads are locked and moved by their
-// primary key, never found by scanning or hashing all of them. And the generic plans are kept, for groups of one
-// chain too, instead of planning each group again.
-func TestGroupAppenderPlansReadHeadsByKey(t *testing.T) {
-	t.Parallel()
-	db := testdb.Schema(t)
-	op := create(t, db, opstatus.StateSucceeded, nil)
-	lockArgs := fmt.Sprintf(`'{%s}', '{%s}'`, op.AccountID, op.ID)
-	writeArgs := fmt.Sprintf(`'{%[1]s}', '{%[2]s}', '{replayed}', '{agent:a}', '{"{}"}', '{1}', '{2}', '{p}', '{h}', now(),
-'{%[1]s}', '{%[2]s}', '{2}', '{h}', '{p}', '{1}'`, op.AccountID, op.ID)
-	// plan returns the generic plan of query, and how many of six executions (in a transaction rolled back) used
-	// the generic plan with PostgreSQL left to choose.
-	plan := func(query, args string) (string, int) {
-		var lines []string
-		var generic int
-		err := db.Connection(func(conn *gorm.DB) error {
-			if err := conn.Exec(`PREPARE group_plan AS ` + query).Error; err != nil {
-				return err
-			}
-			defer conn.Exec(`DEALLOCATE group_plan`)
-			if err := conn.Exec(`BEGIN`).Error; err != nil {
-				return err
-			}
-			defer conn.Exec(`ROLLBACK`)
-			for range 6 {
-				if err := conn.Exec(`EXECUTE group_plan(` + args + `)`).Error; err != nil {
-					return err
-				}
-			}
-			if err := conn.Raw(`SELECT generic_plans FROM pg_prepared_statements WHERE name = 'group_plan'`).Scan(&generic).Error; err != nil {
-				return err
-			}
-			if err := conn.Exec(`SET LOCAL plan_cache_mode = force_generic_plan`).Error; err != nil {
-				return err
-			}
-			return conn.Raw(`EXPLAIN EXECUTE group_plan(` + args + `)`).Scan(&lines).Error
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(lines, "\n"), generic
-	}
-	lock, generic := plan(opstatus.LockHeadsSQL, lockArgs)
-	if !regexp.MustCompile(`LockRows[^\n]*\n\s*->  Index Scan using audit_chain_heads_pkey on audit_chain_heads h[^\n]*\n\s*Index Cond: \(\(account_id = [^\n]*\) AND \(chain = [^\n]*\)\)`).MatchString(lock) ||
-		!regexp.MustCompile(`Sort Key: [^\n]* COLLATE "C"`).MatchString(lock) || strings.Contains(lock, "Seq Scan") || strings.Contains(lock, "Hash") {
-		t.Errorf("the heads are not locked by their primary key, in chain order:\n%s", lock)
-	}
-	if generic == 0 {
-		t.Errorf("the lock of a group of one chain is planned again at every execution")
-	}
-	write, generic := plan(opstatus.AppendLinkedSQL, writeArgs)
-	if !strings.Contains(write, "Conflict Arbiter Indexes: audit_chain_heads_pkey") || strings.Contains(write, "Scan on audit_chain_heads") ||
-		strings.Contains(write, "Scan on operations") || strings.Contains(write, "Join") {
-		t.Errorf("the heads are not moved by their primary key, or the write reads a table:\n%s", write)
-	}
-	if generic == 0 {
-		t.Errorf("the write of a group of one record is planned again at every execution")
-	}
 }
