@@ -51,6 +51,27 @@ func scanInts(into *[]int) func(pgx.Rows) error {
 	}
 }
 
+// begun begins a pipelined transaction on db whose statement sent with BEGIN inserts note 1, and checks the
+// rows that statement returned.
+func begun(t *testing.T, db *gorm.DB) *database.PipelinedTx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := database.BeginPipelined(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
+		tx.Close()
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != 1 {
+		tx.Close()
+		t.Fatalf("rows of the statement sent with BEGIN: %v", got)
+	}
+	return tx
+}
+
 // TestPipelinedTxCommitsAllItSent: the statement sent with BEGIN, one through gorm in between, and the one sent
 // with COMMIT are one transaction, invisible to others until the COMMIT.
 func TestPipelinedTxCommitsAllItSent(t *testing.T) {
@@ -60,18 +81,8 @@ func TestPipelinedTxCommitsAllItSent(t *testing.T) {
 	db := probe(t, dsn, database.Options{AcquireTimeout: time.Second})
 	other := open(t, dsn, database.Options{}).DB
 
-	tx, err := database.BeginPipelined(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := begun(t, db)
 	defer tx.Close()
-	var got []int
-	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0] != 1 {
-		t.Fatalf("rows of the statement sent with BEGIN: %v", got)
-	}
 	if err := tx.DB().Exec(`INSERT INTO notes VALUES (?)`, 2).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -96,16 +107,8 @@ func TestPipelinedTxCommitsAllItSent(t *testing.T) {
 // to the pool idle.
 func TestPipelinedTxCloseRollsBack(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := probe(t, testdb.EmptySchema(t), database.Options{})
-	tx, err := database.BeginPipelined(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []int
-	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
-		t.Fatal(err)
-	}
+	tx := begun(t, db)
 	tx.Close()
 	if ids := notes(t, db); len(ids) != 0 {
 		t.Fatalf("notes after Close without Commit: %v; want none", ids)
@@ -124,15 +127,8 @@ func TestPipelinedCommitFailsWithItsStatement(t *testing.T) {
 		{"statement", `INSERT INTO notes VALUES (1)`, "23505"},    // the note Begin inserted: unique violation
 		{"deferred key", `INSERT INTO refs VALUES (99)`, "23503"}, // no note 99, found at COMMIT
 	} {
-		tx, err := database.BeginPipelined(ctx, db)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []int
-		if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
-			t.Fatal(err)
-		}
-		err = tx.Commit(ctx, tc.last)
+		tx := begun(t, db)
+		err := tx.Commit(ctx, tc.last)
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != tc.code {
 			t.Fatalf("%s: Commit = %v; want the database's %s", tc.name, err, tc.code)
@@ -150,15 +146,8 @@ func TestPipelinedTxNestsAsSavepoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := probe(t, testdb.EmptySchema(t), database.Options{})
-	tx, err := database.BeginPipelined(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := begun(t, db)
 	defer tx.Close()
-	var got []int
-	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
-		t.Fatal(err)
-	}
 	inner := tx.DB().Transaction(func(sp *gorm.DB) error {
 		if err := sp.Exec(`INSERT INTO notes VALUES (2)`).Error; err != nil {
 			return err
@@ -186,16 +175,9 @@ func TestPipelinedCommitLostIsAStoreFailure(t *testing.T) {
 	ctx := context.Background()
 	p := proxy(t)
 	db := probe(t, p.DSN(testdb.EmptySchema(t)), database.Options{StatementTimeout: 500 * time.Millisecond})
-	tx, err := database.BeginPipelined(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []int
-	if err := tx.Begin(ctx, scanInts(&got), `INSERT INTO notes VALUES ($1) RETURNING id`, 1); err != nil {
-		t.Fatal(err)
-	}
+	tx := begun(t, db)
 	p.Stall(true)
-	err = tx.Commit(ctx, `INSERT INTO notes VALUES ($1)`, 2)
+	err := tx.Commit(ctx, `INSERT INTO notes VALUES ($1)`, 2)
 	if err == nil || !problem.IsStoreUnavailable(err) {
 		t.Fatalf("Commit with its answer lost: %v; want a store failure", err)
 	}
