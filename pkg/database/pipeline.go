@@ -85,12 +85,7 @@ func SendBatch(ctx context.Context, db *gorm.DB, b *pgx.Batch, read func(pgx.Bat
 	}
 	defer conn.Close()
 	var readErr error
-	err = conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("database: a batch needs pgx's stdlib driver, not %T", dc)
-		}
-		c := sc.Conn()
+	err = withPgx(conn, func(c *pgx.Conn) error {
 		br := c.SendBatch(ctx, b)
 		readErr = read(br)
 		if cerr := br.Close(); readErr == nil {
@@ -207,29 +202,32 @@ func (t *PipelinedTx) Close() {
 // pipeline runs fn on the pgx connection under t's, and marks t broken when the connection is left closed or
 // inside a transaction block nobody will end.
 func (t *PipelinedTx) pipeline(ctx context.Context, fn func(*pgx.Conn) error) error {
-	var fnErr error
-	err := t.conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("database: a pipelined transaction needs pgx's stdlib driver, not %T", dc)
-		}
-		c := sc.Conn()
-		fnErr = fn(c)
+	err := withPgx(t.conn, func(c *pgx.Conn) error {
+		err := fn(c)
 		if c.IsClosed() {
 			t.state = txBroken
 		}
-		return nil
-	})
-	if err != nil {
-		t.state = txBroken
 		return err
-	}
+	})
 	var pgErr *pgconn.PgError
-	if fnErr != nil && !errors.As(fnErr, &pgErr) && t.state == txOpen {
-		// Not the database's answer: whatever the connection holds is not known, so it is not reused.
+	if err != nil && !errors.As(err, &pgErr) && t.state == txOpen {
+		// Not the database's answer (or no connection to ask): whatever the connection holds is not known, so
+		// it is not reused.
 		t.state = txBroken
 	}
-	return fnErr
+	return err
+}
+
+// withPgx runs fn on the pgx connection under conn, and returns fn's error, or database/sql's when there is no
+// connection to run it on.
+func withPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("database: pipelining needs pgx's stdlib driver, not %T", dc)
+		}
+		return fn(sc.Conn())
+	})
 }
 
 // txPool is the pipelined transaction's connection as a gorm.ConnPool. Its Commit and Rollback make gorm treat
