@@ -42,27 +42,6 @@ func IsAttempt(detail map[string]any) bool {
 	return outcome && attempt
 }
 
-// IsAttemptJSON is IsAttempt of a detail given as JSON text, with all of the trigger's test: jsonb's ? also finds
-// a name among the strings of an array, so an array holding both names counts too.
-func IsAttemptJSON(detail json.RawMessage) bool {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(detail, &fields); err == nil {
-		_, outcome := fields["outcome"]
-		_, attempt := fields["attempt_id"]
-		return outcome && attempt
-	}
-	var elems []any
-	if err := json.Unmarshal(detail, &elems); err != nil {
-		return false
-	}
-	var outcome, attempt bool
-	for _, e := range elems {
-		outcome = outcome || e == "outcome"
-		attempt = attempt || e == "attempt_id"
-	}
-	return outcome && attempt
-}
-
 // Link is where a record sits in its chain.
 type Link struct {
 	Seq      int64
