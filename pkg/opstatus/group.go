@@ -76,11 +76,11 @@ func (g *GroupAppender) insert(ctx context.Context, group []groupItem) ([]struct
 	}
 	// Rows go in by operation id, then arrival: each row takes its chain's head, and groups written at once by
 	// other processes (replicas of this service) may hold heads of the same operations: taken in one global
-	// order, they never wait on each other in a cycle. One statement text whatever the group's size (arrays, not a VALUES list per size), so
-	// the driver prepares it once and the server plans it once; through database/sql, not gorm, which renders
-	// every statement with its arguments for its logger. No join with operations: the foreign key checks that
-	// each operation exists, one primary-key probe per row, where a join's plan, cached while the table was
-	// empty, was a hash join over every operation, on every group from then on.
+	// order, they never wait on each other in a cycle. One statement text whatever the group's size (arrays, not
+	// a VALUES list per size), so the driver prepares it once and the server plans it once; through database/sql,
+	// not gorm, which renders every statement with its arguments for its logger. No join with operations: the
+	// foreign key checks that each operation exists, one primary-key probe per row, where a join's plan, cached
+	// while the table was empty, was a hash join over every operation, on every group from then on.
 	_, err := g.DB.Statement.ConnPool.ExecContext(ctx, `
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
 SELECT v.id, v.account_id, v.type, v.actor, v.detail::jsonb
