@@ -213,7 +213,13 @@ func (p *acquireBound) GetDBConn() (*sql.DB, error) { return p.DB, nil }
 // maps them. It is gorm's Raw(...).Scan(&rows) without the cost Scan adds to every call: Scan records the
 // statement with its arguments rendered into SQL text (for its logger, even a discarding one), which was a
 // tenth of a write's CPU in the service; Rows and ScanRows do not.
+//
+// On a PipelinedTx whose BeginWithNext statement is still queued, the statement goes with it and BEGIN, in one
+// round trip (queryWithBegin).
 func Query[T any](db *gorm.DB, sql string, args ...any) ([]T, error) {
+	if p, ok := db.Statement.ConnPool.(*txPool); ok && p.t.state == txPending {
+		return queryWithBegin[T](db, p.t, sql, args)
+	}
 	rows, err := db.Raw(sql, args...).Rows()
 	if err != nil {
 		return nil, err

@@ -6,12 +6,14 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
+	"gorm.io/gorm/schema"
 )
 
 // PipelinedTx is a transaction that spends no round trip of its own on BEGIN and COMMIT: BEGIN travels with the
@@ -30,16 +32,32 @@ import (
 //	err = t.Begin(ctx, scanClaim, claimSQL, args...)   // BEGIN + the claim, one round trip
 //	... t.DB() for the write ...
 //	err = t.Commit(ctx, completeSQL, args...)          // the completion + COMMIT, one round trip
+//
+// A first statement whose rows nobody needs can wait for the second instead (BeginWithNext): BEGIN, a claim and
+// the first statement of the write it guards then share one round trip, and the write never runs unless the
+// claim did, because PostgreSQL skips the rest of a pipeline after a statement fails.
 type PipelinedTx struct {
 	conn  *sql.Conn
 	db    *gorm.DB
 	state txState
+	// next is the statement BeginWithNext queued, sent with BEGIN and the transaction's next statement.
+	next pendingBegin
+	// beginErr is the database's error for next, once it was sent and failed.
+	beginErr error
+}
+
+// pendingBegin is the statement BeginWithNext queued, with what runs once it succeeded.
+type pendingBegin struct {
+	query string
+	args  []any
+	begun func()
 }
 
 type txState int
 
 const (
 	txIdle      txState = iota // nothing sent yet
+	txPending                  // BEGIN queued with a statement (BeginWithNext), nothing sent yet
 	txOpen                     // BEGIN sent: Close must roll back
 	txCommitted                // COMMIT answered
 	txBroken                   // the connection is unusable: Close discards it
@@ -54,7 +72,7 @@ func BeginPipelined(ctx context.Context, db *gorm.DB) (*PipelinedTx, error) {
 	}
 	t := &PipelinedTx{conn: conn}
 	t.db = db.Session(&gorm.Session{Context: ctx, NewDB: true})
-	t.db.Statement.ConnPool = &txPool{conn}
+	t.db.Statement.ConnPool = &txPool{Conn: conn, t: t}
 	return t, nil
 }
 
@@ -133,6 +151,137 @@ func (t *PipelinedTx) Begin(ctx context.Context, scan func(pgx.Rows) error, quer
 	})
 }
 
+// BeginWithNext queues BEGIN and query (placeholders $1, $2, ...) to be sent with the transaction's next
+// statement, all in one round trip: the next statement is the one Query runs on DB, or Commit's. Any other
+// statement through DB first sends BEGIN and query alone. query's rows, if any, are not read.
+//
+// If query fails in the database, the statements sent with it do not run (PostgreSQL skips the rest of a
+// pipeline after an error), and the call that sent them returns an error matching query's (a *pgconn.PgError,
+// with errors.As), which BeginErr returns too; the transaction is then aborted, and only Close may follow.
+// begun, when set, runs once query has run and before the statement sent with it returns its rows to its
+// caller (a crash test's failpoint); not when query went with Commit, which has ended the transaction.
+func (t *PipelinedTx) BeginWithNext(begun func(), query string, args ...any) error {
+	if t.state != txIdle {
+		return errors.New("database: BeginWithNext on a transaction already begun")
+	}
+	t.state = txPending
+	t.next = pendingBegin{query: query, args: args, begun: begun}
+	return nil
+}
+
+// BeginErr is the database's error for the statement BeginWithNext queued, once it was sent and failed; nil
+// before it is sent, or when it succeeded.
+func (t *PipelinedTx) BeginErr() error { return t.beginErr }
+
+// sendWithBegin sends BEGIN, the queued statement and then whatever queue adds, in one round trip, and hands the
+// results of queue's statements to read. When the queued statement fails read is not called, and the error is
+// the queued statement's, also kept for BeginErr.
+func (t *PipelinedTx) sendWithBegin(ctx context.Context, queue func(*pgx.Batch), read func(pgx.BatchResults) error) error {
+	next := t.next
+	t.next, t.state = pendingBegin{}, txOpen
+	err := t.pipeline(ctx, func(c *pgx.Conn) error {
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(next.query, next.args...)
+		queue(b)
+		br := c.SendBatch(ctx, b)
+		_, err := br.Exec()
+		if err == nil {
+			if _, err = br.Exec(); err != nil {
+				t.beginErr = err
+			}
+		}
+		if err == nil && read != nil {
+			err = read(br)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if t.beginErr != nil {
+		return fmt.Errorf("database: the statement sent with BEGIN: %w", t.beginErr)
+	}
+	return err
+}
+
+// flushBegin sends a statement BeginWithNext queued, with BEGIN and nothing else: a statement that goes through
+// gorm cannot travel with it. An error is the queued statement's (or the connection's).
+func (t *PipelinedTx) flushBegin(ctx context.Context) error {
+	if t.state != txPending {
+		return t.beginErr
+	}
+	begun := t.next.begun
+	if err := t.sendWithBegin(ctx, func(*pgx.Batch) {}, nil); err != nil {
+		return err
+	}
+	if begun != nil {
+		begun()
+	}
+	return nil
+}
+
+// queryWithBegin is Query's statement sent with t's BEGIN and queued statement, read with pgx: its rows never
+// pass through database/sql, so they are mapped to T's fields here, by column name as gorm maps them (gorm's
+// schema of T), or scanned into T itself when T is no struct gorm can map (one column).
+func queryWithBegin[T any](db *gorm.DB, t *PipelinedTx, query string, args []any) ([]T, error) {
+	stmt := db.Raw(query, args...).Statement // gorm renders the placeholders ($1, ...) and expands the arguments
+	if stmt.Error != nil {
+		return nil, stmt.Error
+	}
+	var sch *schema.Schema
+	if err := stmt.Parse(new(T)); err == nil {
+		sch = stmt.Schema
+	} else if !errors.Is(err, schema.ErrUnsupportedDataType) {
+		return nil, err
+	}
+	ctx := stmt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	begun := t.next.begun
+	var out []T
+	err := t.sendWithBegin(ctx, func(b *pgx.Batch) { b.Queue(stmt.SQL.String(), stmt.Vars...) }, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var v T
+			dest := []any{&v}
+			if sch != nil {
+				dest = fieldsOf(ctx, sch, reflect.ValueOf(&v).Elem(), rows.FieldDescriptions())
+			}
+			if err := rows.Scan(dest...); err != nil {
+				return err
+			}
+			out = append(out, v)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	if begun != nil {
+		begun()
+	}
+	return out, nil
+}
+
+// fieldsOf is where each column of a row goes in v: the field gorm maps the column to, or nowhere.
+func fieldsOf(ctx context.Context, sch *schema.Schema, v reflect.Value, cols []pgconn.FieldDescription) []any {
+	dest := make([]any, len(cols))
+	for i, col := range cols {
+		if f := sch.LookUpField(col.Name); f != nil && f.Readable {
+			dest[i] = f.ReflectValueOf(ctx, v).Addr().Interface()
+		} else {
+			dest[i] = new(any)
+		}
+	}
+	return dest
+}
+
 // DB is the transaction as gorm sees it, for the statements between Begin and Commit: they run on the
 // transaction's connection, and a nested Transaction on it is a savepoint. gorm's Commit and Rollback on it
 // fail: the transaction ends with Commit or Close.
@@ -146,6 +295,25 @@ func (t *PipelinedTx) DB() *gorm.DB { return t.db }
 // An error that the database answered (a *pgconn.PgError) means nothing was committed. Any other error (the
 // connection dropped or timed out after the pipeline left) leaves the outcome unknown: COMMIT may have run.
 func (t *PipelinedTx) Commit(ctx context.Context, query string, args ...any) error {
+	if t.state == txPending {
+		err := t.sendWithBegin(ctx, func(b *pgx.Batch) {
+			if query != "" {
+				b.Queue(query, args...)
+			}
+			b.Queue("COMMIT")
+		}, func(br pgx.BatchResults) error {
+			_, err := br.Exec()
+			if err == nil && query != "" {
+				_, err = br.Exec()
+			}
+			return err
+		})
+		if err == nil {
+			t.state = txCommitted
+			t.conn.Close()
+		}
+		return err
+	}
 	if t.state != txOpen {
 		return errors.New("database: Commit on a transaction not begun")
 	}
@@ -231,9 +399,40 @@ func withPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {
 }
 
 // txPool is the pipelined transaction's connection as a gorm.ConnPool. Its Commit and Rollback make gorm treat
-// it as a transaction already open (a nested Transaction takes a savepoint), and refuse to end it. It is used as
-// a pointer: gorm checks it for nil with reflect.
-type txPool struct{ *sql.Conn }
+// it as a transaction already open (a nested Transaction takes a savepoint), and refuse to end it. A statement
+// through it first sends what BeginWithNext queued. It is used as a pointer: gorm checks it for nil with reflect.
+type txPool struct {
+	*sql.Conn
+	t *PipelinedTx
+}
+
+func (p *txPool) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := p.t.flushBegin(ctx); err != nil {
+		return nil, err
+	}
+	return p.Conn.ExecContext(ctx, query, args...)
+}
+
+func (p *txPool) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if err := p.t.flushBegin(ctx); err != nil {
+		return nil, err
+	}
+	return p.Conn.QueryContext(ctx, query, args...)
+}
+
+// QueryRowContext runs query even when the statement BeginWithNext queued failed: the transaction is aborted
+// then, so query fails in the database, and its *sql.Row carries that error (only database/sql can make one).
+func (p *txPool) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	_ = p.t.flushBegin(ctx)
+	return p.Conn.QueryRowContext(ctx, query, args...)
+}
+
+func (p *txPool) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	if err := p.t.flushBegin(ctx); err != nil {
+		return nil, err
+	}
+	return p.Conn.PrepareContext(ctx, query)
+}
 
 var (
 	_ gorm.ConnPool    = (*txPool)(nil)

@@ -237,3 +237,118 @@ func TestSendBatchIsOneImplicitTransaction(t *testing.T) {
 		t.Fatalf("after the reads: %v", ids)
 	}
 }
+
+// TestBeginWithNextTravelsWithTheNextStatement: the statement BeginWithNext queues runs first, in the
+// transaction that the next statement (Query's, any gorm statement, or Commit's) begins with it; begun runs once
+// it has run, before Query returns, and not for Commit, which has ended the transaction. Query maps the rows
+// that come back through pgx by column as gorm does (a column tag, an unmapped column ignored).
+func TestBeginWithNextTravelsWithTheNextStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := probe(t, testdb.EmptySchema(t), database.Options{})
+	type row struct {
+		ID      int
+		Tenfold int `gorm:"column:ten"`
+	}
+	for _, next := range []string{"Query", "gorm", "Commit"} {
+		db.Exec(`DELETE FROM notes`)
+		tx, err := database.BeginPipelined(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var order []string
+		if err := tx.BeginWithNext(func() { order = append(order, "begun") }, `INSERT INTO notes VALUES ($1)`, 1); err != nil {
+			t.Fatal(err)
+		}
+		switch next {
+		case "Query":
+			rows, err := database.Query[row](tx.DB(), `INSERT INTO notes VALUES (?) RETURNING id, id * 10 AS ten, 'x' AS extra`, 2)
+			order = append(order, "returned")
+			if err != nil || len(rows) != 1 || rows[0] != (row{2, 20}) {
+				t.Fatalf("Query sent with BEGIN: %v, %v; want [{2 20}]", rows, err)
+			}
+		case "gorm":
+			err = tx.DB().Exec(`INSERT INTO notes VALUES (?)`, 2).Error
+			order = append(order, "returned")
+		}
+		if err == nil {
+			err = tx.Commit(ctx, map[bool]string{true: `INSERT INTO notes VALUES (2)`}[next == "Commit"])
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", next, err)
+		}
+		tx.Close()
+		want := []string{"begun", "returned"}
+		if next == "Commit" {
+			want = nil
+		}
+		if len(order) != len(want) || (len(want) > 0 && (order[0] != want[0] || order[1] != want[1])) {
+			t.Fatalf("%s: order %v; want %v", next, order, want)
+		}
+		if ids := notes(t, db); len(ids) != 2 || ids[0] != 1 || ids[1] != 2 {
+			t.Fatalf("%s: notes %v; want 1 (queued) and 2 (sent with it)", next, ids)
+		}
+	}
+}
+
+// TestBeginWithNextFailureSkipsWhatTravelsWithIt: when the queued statement fails, the statement sent with it
+// never runs (whether Query's, gorm's or Commit's), its caller gets the queued statement's error, BeginErr keeps
+// it, begun is not called, and Close leaves nothing and the connection usable.
+func TestBeginWithNextFailureSkipsWhatTravelsWithIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := probe(t, testdb.EmptySchema(t), database.Options{})
+	if err := db.Exec(`INSERT INTO notes VALUES (1)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	for _, next := range []string{"Query", "gorm", "Commit"} {
+		tx, err := database.BeginPipelined(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		called := false
+		if err := tx.BeginWithNext(func() { called = true }, `INSERT INTO notes VALUES ($1)`, 1); err != nil {
+			t.Fatal(err)
+		}
+		switch next {
+		case "Query":
+			_, err = database.Query[struct{ ID int }](tx.DB(), `INSERT INTO notes VALUES (5) RETURNING id`)
+		case "gorm":
+			err = tx.DB().Exec(`INSERT INTO notes VALUES (5)`).Error
+		case "Commit":
+			err = tx.Commit(ctx, `INSERT INTO notes VALUES (5)`)
+		}
+		var pgErr, kept *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23505" || !errors.As(tx.BeginErr(), &kept) || kept.Code != "23505" {
+			t.Fatalf("%s after a failing queued statement: %v (BeginErr %v); want its unique violation", next, err, tx.BeginErr())
+		}
+		if called {
+			t.Fatalf("%s: begun ran for a queued statement that failed", next)
+		}
+		tx.Close()
+		if ids := notes(t, db); len(ids) != 1 || ids[0] != 1 {
+			t.Fatalf("%s: notes %v; want 1 alone (5 never ran)", next, ids)
+		}
+	}
+}
+
+// TestBeginWithNextUnsentIsDropped: a transaction closed before anything went out sends nothing.
+func TestBeginWithNextUnsentIsDropped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := probe(t, testdb.EmptySchema(t), database.Options{})
+	tx, err := database.BeginPipelined(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.BeginWithNext(nil, `INSERT INTO notes VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.BeginWithNext(nil, `INSERT INTO notes VALUES (2)`); err == nil {
+		t.Fatal("a second BeginWithNext was taken")
+	}
+	tx.Close()
+	if ids := notes(t, db); len(ids) != 0 {
+		t.Fatalf("notes %v; want none", ids)
+	}
+}

@@ -79,7 +79,7 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 	// lease instead. Once it commits the operation is the server's to finish, whoever still listens.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), h.Lease)
 	defer cancel()
-	err := h.inClaim(ctx, cl, req, func(tx *gorm.DB) (*Completion, error) {
+	err := h.inClaim(ctx, cl, req, nil, func(tx *gorm.DB) (*Completion, error) {
 		if steps.prepare != nil {
 			if err := steps.prepare(ctx, tx, cl.op); err != nil {
 				return nil, err

@@ -17,8 +17,11 @@
 // of concurrent requests share round trips (BatchLookupStore, package batch).
 //
 // Round trips are what a write costs most on a loopback connection, so a PipelinedStore's claim travels with its
-// transaction's BEGIN, and an operation born at completion with its COMMIT (database.PipelinedTx): a local
-// write is the read, BEGIN with the claim, the write's own statements, and the completion with COMMIT.
+// transaction's BEGIN, and an operation born at completion with its COMMIT (database.PipelinedTx). Such a claim
+// needs no answer before the write starts, so it waits for the write's first statement and goes with it: a
+// local write is the read, one round trip with BEGIN, the claim and the write's first statement (the write's
+// statement is skipped by PostgreSQL if the claim fails on a key that exists), any further statements of the
+// write, and the completion with COMMIT.
 //
 // Local mode, for effects that live in the same database: the claim, the business write and the stored response
 // commit in one transaction, so a crash leaves nothing behind and the key free. A concurrent copy of the request
@@ -59,7 +62,8 @@ import (
 )
 
 // Failpoints of idem (package failpoint), for crash tests: right after a claim (in local mode, before the
-// write), just before and after an external call, and right before the commit of a local write
+// write goes on; a claim sent with the write's first statement has that statement run too), just before and
+// after an external call, and right before the commit of a local write
 // (FailpointBeforeCommit) or of an external claim, after Prepare (FailpointExternalClaimed); those two pass the
 // operation to functions set with failpoint.Set.
 const (
@@ -205,8 +209,12 @@ func (h *Handler) begin(c *gin.Context, req Request) (call, bool) {
 	}}, true
 }
 
-// errClaimTaken rolls back a claim transaction whose key already existed.
-type errClaimTaken struct{ stored Record }
+// errClaimTaken rolls back a claim transaction whose key already existed. read is false when the claim failed
+// on the existing key without reading it (a claim sent with the write's first statement): the handler reads it.
+type errClaimTaken struct {
+	stored Record
+	read   bool
+}
 
 func (errClaimTaken) Error() string { return "idem: key already claimed" }
 
@@ -218,7 +226,7 @@ func (h *Handler) claim(ctx context.Context, tx *gorm.DB, cl call, req Request, 
 		return err
 	}
 	if !claimed {
-		return errClaimTaken{stored}
+		return errClaimTaken{stored, true}
 	}
 	if err := h.checkClaimLineage(ctx, tx, cl); err != nil {
 		return err
@@ -314,8 +322,7 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		state      opstatus.State
 		committing bool
 	)
-	err := h.inClaim(ctx, cl, req, func(tx *gorm.DB) (*Completion, error) {
-		failpoint.Hit(FailpointAfterClaim)
+	err := h.inClaim(ctx, cl, req, func() { failpoint.Hit(FailpointAfterClaim) }, func(tx *gorm.DB) (*Completion, error) {
 		res, err := write(ctx, tx, cl.op)
 		if err != nil {
 			return nil, err
@@ -329,6 +336,17 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		committing = true
 	})
 	var taken errClaimTaken
+	if errors.As(err, &taken) && !taken.read {
+		// The key was committed by another request: read it now that this transaction is over. (A key pruned
+		// or released in between is not worth a loop: nothing was done, and the caller's retry claims it.)
+		taken.stored, err = h.Store.Lookup(ctx, h.DB, cl.op.AccountID, cl.key)
+		switch {
+		case err == nil:
+			err = taken
+		case problemIsNotFound(err):
+			err = fmt.Errorf("%w: the key was taken and gone again before it could be read", problem.ErrStoreUnavailable)
+		}
+	}
 	switch {
 	case errors.As(err, &taken):
 		h.answerExisting(c, cl, taken.stored)
@@ -350,11 +368,16 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 }
 
 // inClaim runs a transaction that starts with cl's claim and goes on with body. body returns the completion to
-// store before the commit (a local write's), or nil (an external claim, which commits alone); beforeCommit, when
-// set, runs right before the commit. With a PipelinedStore the claim is sent with the transaction's BEGIN and an
-// operation born at completion with its COMMIT, two round trips fewer; beforeCommit then runs before the
-// completion is sent.
-func (h *Handler) inClaim(ctx context.Context, cl call, req Request, body func(tx *gorm.DB) (*Completion, error), beforeCommit func()) error {
+// store before the commit (a local write's), or nil (an external claim, which commits alone); afterClaim and
+// beforeCommit, when set, run right after the claim and right before the commit. With a PipelinedStore the
+// claim is sent with the transaction's BEGIN and an operation born at completion with its COMMIT, two round
+// trips fewer; beforeCommit then runs before the completion is sent. A claim that needs no check of its own
+// before the write (an operation born at completion, no Retry-Of) waits for the write's first statement and goes
+// with it, one round trip fewer again: afterClaim then runs once both have run.
+func (h *Handler) inClaim(ctx context.Context, cl call, req Request, afterClaim func(), body func(tx *gorm.DB) (*Completion, error), beforeCommit func()) error {
+	if afterClaim == nil {
+		afterClaim = func() {}
+	}
 	if beforeCommit == nil {
 		beforeCommit = func() {}
 	}
@@ -364,6 +387,7 @@ func (h *Handler) inClaim(ctx context.Context, cl call, req Request, body func(t
 			if err := h.claim(ctx, tx, cl, req, h.claimIn(ctx, tx, cl)); err != nil {
 				return err
 			}
+			afterClaim()
 			c, err := body(tx)
 			if err != nil {
 				return err
@@ -383,6 +407,9 @@ func (h *Handler) inClaim(ctx context.Context, cl call, req Request, body func(t
 	}
 	defer t.Close()
 	tx := t.DB()
+	if cl.late != nil && cl.lineage.retryOf == "" {
+		return h.claimWithWrite(ctx, t, ps, cl, afterClaim, body, beforeCommit)
+	}
 	err = h.claim(ctx, tx, cl, req, func() (Record, bool, error) {
 		if cl.late != nil {
 			return ps.ClaimKeyBegin(ctx, t, cl.op)
@@ -392,6 +419,7 @@ func (h *Handler) inClaim(ctx context.Context, cl call, req Request, body func(t
 	if err != nil {
 		return err
 	}
+	afterClaim()
 	c, err := body(tx)
 	if err != nil {
 		return err
@@ -407,6 +435,49 @@ func (h *Handler) inClaim(ctx context.Context, cl call, req Request, body func(t
 	}
 	beforeCommit()
 	return t.Commit(ctx, "")
+}
+
+// claimWithWrite is inClaim's transaction for an operation born at completion: the claim is queued to go with
+// BEGIN and the write's first statement (PipelinedStore.ClaimKeyWithNext), so a local write is the read, that
+// round trip, any further statements of the write, and the completion with COMMIT. The write never runs on a key
+// it does not hold: when the key exists the claim fails, PostgreSQL skips the statement sent with it, and the
+// transaction is aborted, so whatever body makes of that, the claim's failure decides (errClaimTaken, with the
+// key to read). A write that sends no statement has its claim sent with its completion and COMMIT.
+func (h *Handler) claimWithWrite(ctx context.Context, t *database.PipelinedTx, ps PipelinedStore, cl call, afterClaim func(),
+	body func(tx *gorm.DB) (*Completion, error), beforeCommit func()) error {
+	if err := ps.ClaimKeyWithNext(t, cl.op, afterClaim); err != nil {
+		return err
+	}
+	claimFailed := func() error {
+		err := t.BeginErr()
+		if err != nil && ps.KeyTaken(err) {
+			return errClaimTaken{}
+		}
+		if err != nil {
+			return fmt.Errorf("idem: claim: %w", err)
+		}
+		return nil
+	}
+	c, err := body(t.DB())
+	if cerr := claimFailed(); cerr != nil {
+		return cerr
+	}
+	if err != nil {
+		return err
+	}
+	beforeCommit()
+	if c == nil {
+		err = t.Commit(ctx, "")
+	} else {
+		err = ps.CompleteNewCommit(ctx, t, cl.op, cl.principal.Actor(), cl.claimDetail(), *c)
+	}
+	if err != nil {
+		if cerr := claimFailed(); cerr != nil {
+			return cerr
+		}
+		return err
+	}
+	return nil
 }
 
 // storeResult stores res as the key's response and moves the operation to its state, in tx.

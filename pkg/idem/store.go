@@ -475,6 +475,13 @@ type PipelinedStore interface {
 	ClaimBegin(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any) (Record, bool, error)
 	// ClaimKeyBegin is LocalStore's ClaimKey, sent with t's BEGIN.
 	ClaimKeyBegin(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation) (Record, bool, error)
+	// ClaimKeyWithNext is LocalStore's ClaimKey, queued to be sent with t's BEGIN and the transaction's next
+	// statement, the write's first (database.PipelinedTx.BeginWithNext); begun runs once the key is claimed. It
+	// does not read an existing key: it fails on it, and so does the statement sent with it, which then does
+	// not run. t.BeginErr has the failure, which KeyTaken tells apart from others.
+	ClaimKeyWithNext(t *database.PipelinedTx, op opstatus.Operation, begun func()) error
+	// KeyTaken reports whether err, a failure of ClaimKeyWithNext's statement, says that the key exists.
+	KeyTaken(err error) bool
 	// CompleteNewCommit is LocalStore's CompleteNew, sent with t's COMMIT: t is committed when it returns nil,
 	// and if CompleteNew would fail the COMMIT fails. Errors are PipelinedTx.Commit's.
 	CompleteNewCommit(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any, c Completion) error
@@ -494,6 +501,21 @@ func (PostgresStore) ClaimBegin(ctx context.Context, t *database.PipelinedTx, op
 // ClaimKeyBegin implements PipelinedStore.
 func (PostgresStore) ClaimKeyBegin(ctx context.Context, t *database.PipelinedTx, op opstatus.Operation) (Record, bool, error) {
 	return claim(ctx, t.DB(), beginKeys(ctx, t), op, withItems{})
+}
+
+// claimKeySQL is ClaimKeyWithNext's statement: a plain insert, which fails on a key that exists (the primary
+// key), or after waiting for the transaction that holds it, if that one commits, as ON CONFLICT would wait.
+const claimKeySQL = `INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
+VALUES ($1, $2, $3, $4, 'running')`
+
+// ClaimKeyWithNext implements PipelinedStore.
+func (PostgresStore) ClaimKeyWithNext(t *database.PipelinedTx, op opstatus.Operation, begun func()) error {
+	return t.BeginWithNext(begun, claimKeySQL, op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID)
+}
+
+// KeyTaken implements PipelinedStore.
+func (PostgresStore) KeyTaken(err error) bool {
+	return problem.IsUniqueViolation(err, "idempotency_keys_pkey")
 }
 
 // beginKeys sends a claim with t's BEGIN.

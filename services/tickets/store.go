@@ -77,11 +77,10 @@ func (PostgresStore) Tickets(ctx context.Context, db *gorm.DB, accountID string,
 
 // AddComment implements Store.
 func (PostgresStore) AddComment(ctx context.Context, tx *gorm.DB, accountID, ticketID string, cmd AddComment) (Comment, error) {
-	var rows []Comment
-	err := tx.WithContext(ctx).Raw(`
+	rows, err := database.Query[Comment](tx.WithContext(ctx), `
 INSERT INTO ticket_comments (id, ticket_id, account_id, body)
 SELECT ?, id, account_id, ? FROM tickets WHERE id = ? AND account_id = ?
-RETURNING id, ticket_id, body, created_at`, ids.New("cmt_"), cmd.Body, ticketID, accountID).Scan(&rows).Error
+RETURNING id, ticket_id, body, created_at`, ids.New("cmt_"), cmd.Body, ticketID, accountID)
 	if err != nil {
 		return Comment{}, fmt.Errorf("tickets: add comment: %w", err)
 	}

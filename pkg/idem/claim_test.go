@@ -1,0 +1,114 @@
+package idem_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/database"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// TestClaimSentWithTheWriteLosesCleanly: a local write's claim travels with the write's first statement. Two
+// copies of one request race: the first holds its claim (and its note) uncommitted while the second, which found
+// no key, sends its claim and note together and waits on the first's key. When the first commits, the second's
+// claim fails, so its note never runs (not even to be rolled back: the write's code counts it), and the second
+// answers with the first's result as a replay, recorded as such.
+func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
+	t.Parallel()
+	env := servicetest.New(t)
+	if err := env.DB.Exec(`CREATE TABLE IF NOT EXISTS notes (id text PRIMARY KEY)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	var (
+		notesWritten atomic.Int64
+		firstPID     atomic.Int64
+		hold         = make(chan struct{})
+	)
+	notes := func(c *gin.Context) {
+		env.Idem.Do(c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}, OperationAtCompletion: true},
+			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+				rows, err := database.Query[struct{ ID string }](tx.WithContext(ctx), `INSERT INTO notes VALUES (?) RETURNING id`, op.ID)
+				if err != nil {
+					return idem.Result{}, err
+				}
+				if notesWritten.Add(1) == 1 {
+					var pid int64
+					if err := tx.Raw(`SELECT pg_backend_pid()`).Scan(&pid).Error; err != nil {
+						return idem.Result{}, err
+					}
+					firstPID.Store(pid)
+					<-hold // the first copy keeps its claim uncommitted until the second waits on it
+				}
+				return idem.Result{Status: http.StatusCreated, Body: map[string]any{"note": rows[0].ID}}, nil
+			})
+	}
+	env.Serve(t, servicetest.Routes(func(api gin.IRouter) { api.POST("/notes", notes) }))
+
+	first, second := make(chan answer, 1), make(chan answer, 1)
+	go func() { first <- post(env.URL+"/notes", "race", `{"n":1}`) }()
+	servicetest.Eventually(t, "the first copy holds the key", func() bool { return firstPID.Load() != 0 })
+	go func() { second <- post(env.URL+"/notes", "race", `{"n":1}`) }()
+	servicetest.Eventually(t, "the second copy's claim waits for the first's transaction", func() bool {
+		var waiting int64
+		env.DB.Raw(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = ?
+WHERE NOT l.granted AND l.locktype = 'transactionid' AND l.transactionid = a.backend_xid`, firstPID.Load()).Scan(&waiting)
+		return waiting == 1
+	})
+	close(hold)
+	a, b := <-first, <-second
+	if a.err != nil || b.err != nil {
+		t.Fatalf("answers: %v, %v", a.err, b.err)
+	}
+	if a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "" {
+		t.Fatalf("first copy: %d %v %s; want a fresh 201", a.status, a.header, a.body)
+	}
+	if b.status != http.StatusCreated || b.header.Get(idem.HeaderReplayed) != "true" || b.body != a.body ||
+		b.header.Get(idem.HeaderOperationID) != a.header.Get(idem.HeaderOperationID) {
+		t.Fatalf("second copy: %d %v %s; want the first's answer replayed: %s", b.status, b.header, b.body, a.body)
+	}
+	var notesStored, keys, ops, replays int64
+	env.DB.Raw(`SELECT count(*) FROM notes`).Scan(&notesStored)
+	env.DB.Raw(`SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'race'`).Scan(&keys)
+	env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race'`).Scan(&ops)
+	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ?`, opstatus.EventReplayed).Scan(&replays)
+	if n := notesWritten.Load(); n != 1 || notesStored != 1 || keys != 1 || ops != 1 || replays != 1 {
+		t.Fatalf("notes written %d, stored %d; keys %d, operations %d, replay records %d; want 1 of each", n, notesStored, keys, ops, replays)
+	}
+	var stored string
+	env.DB.Raw(`SELECT id FROM notes`).Scan(&stored)
+	var body map[string]string
+	if err := json.Unmarshal([]byte(a.body), &body); err != nil || body["note"] != stored {
+		t.Fatalf("answer %s names note %q; the stored one is %q", a.body, body["note"], stored)
+	}
+}
+
+// answer is a reply read without failing the test, for requests sent from other goroutines.
+type answer struct {
+	status int
+	header http.Header
+	body   string
+	err    error
+}
+
+func post(url, key, body string) answer {
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+servicetest.AgentSecret)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, header: resp.Header, body: string(raw), err: err}
+}
