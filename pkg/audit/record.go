@@ -3,6 +3,7 @@ package audit
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
@@ -32,6 +33,51 @@ func (e OperationEvent) Record() map[string]any {
 		"detail": e.Detail, "from_state": e.FromState, "operation_id": e.OperationID,
 		"to_state": e.ToState, "type": e.Type,
 	}
+}
+
+// Canonical is Record's canonical JSON, the bytes auditchain.Canonical makes of it, built field by field: the
+// record's own keys and their order are fixed, so only the detail, whose keys are its writer's, goes through the
+// canonicalizer. A writer that links its records itself does this for every record it writes, and marshalling
+// the whole record to parse it again was a tenth of a ticket create's CPU in the service.
+// TestCanonicalIsCanonicalOfRecord holds it to auditchain.Canonical(Record()).
+func (e OperationEvent) Canonical() ([]byte, error) {
+	detail := []byte("null")
+	if e.Detail != nil {
+		var err error
+		if detail, err = auditchain.Canonical(e.Detail); err != nil {
+			return nil, err
+		}
+	}
+	nullable := func(b []byte, s *string) []byte {
+		if s == nil {
+			return append(b, "null"...)
+		}
+		return auditchain.AppendString(b, *s)
+	}
+	b := make([]byte, 0, 256+len(detail))
+	b = append(b, `{"account_id":`...)
+	b = auditchain.AppendString(b, e.AccountID)
+	b = append(b, `,"actor":`...)
+	b = auditchain.AppendString(b, e.Actor)
+	b = append(b, `,"attempt":`...)
+	if e.Attempt == nil {
+		b = append(b, "null"...)
+	} else {
+		b = strconv.AppendInt(b, *e.Attempt, 10)
+	}
+	b = append(b, `,"created_at":`...)
+	b = auditchain.AppendString(b, auditchain.FormatTime(e.CreatedAt))
+	b = append(b, `,"detail":`...)
+	b = append(b, detail...)
+	b = append(b, `,"from_state":`...)
+	b = nullable(b, e.FromState)
+	b = append(b, `,"operation_id":`...)
+	b = auditchain.AppendString(b, e.OperationID)
+	b = append(b, `,"to_state":`...)
+	b = nullable(b, e.ToState)
+	b = append(b, `,"type":`...)
+	b = auditchain.AppendString(b, e.Type)
+	return append(b, '}'), nil
 }
 
 // IsAttempt reports whether an event with detail is an attempt record: one HTTP attempt at a write, whose detail
@@ -84,10 +130,11 @@ func ContinueOperationChain(head Head, events []OperationEvent, attempts []bool)
 			num := n
 			e.Attempt = &num
 		}
-		rec, err := c.Append(e.Record())
+		canon, err := e.Canonical()
 		if err != nil {
 			return nil, 0, err
 		}
+		rec := c.AppendCanonical(canon)
 		links[i] = Link{Seq: rec.Seq, PrevHash: rec.Prev, Hash: rec.Hash, Attempt: e.Attempt}
 	}
 	return links, n, nil

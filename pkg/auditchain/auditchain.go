@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gowebpki/jcs"
 )
@@ -151,9 +152,58 @@ func (c *Chain) Append(body any) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
+	return c.AppendCanonical(canon), nil
+}
+
+// AppendCanonical links canon, a body already in canonical JSON (Canonical's output, or built to be exactly
+// that), as the chain's next record.
+func (c *Chain) AppendCanonical(canon []byte) Record {
 	prev := c.Head()
 	r := Record{Chain: c.Name, Seq: prev.Seq + 1, Prev: prev.Hash, Body: canon}
 	r.Hash = LinkHash(r.Chain, r.Seq, r.Prev, canon)
 	c.head = Head{Chain: c.Name, Seq: r.Seq, Hash: r.Hash}
-	return r, nil
+	return r
+}
+
+// AppendString appends s to dst as RFC 8785 writes a string (section 3.2.2.2): quoted, with " and \ escaped,
+// \b \t \n \f \r for those controls and \u00xx for the others, everything else as it is; invalid UTF-8 becomes
+// U+FFFD, as json.Marshal makes it. It is for a writer that builds a record's canonical JSON field by field
+// instead of marshalling and canonicalizing it whole (Canonical parses the JSON again); FuzzAppendString holds
+// it to Canonical.
+func AppendString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		b := s[i]
+		if b >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = utf8.AppendRune(dst, utf8.RuneError)
+			} else {
+				dst = append(dst, s[i:i+size]...)
+			}
+			i += size
+			continue
+		}
+		switch {
+		case b == '"' || b == '\\':
+			dst = append(dst, '\\', b)
+		case b == '\b':
+			dst = append(dst, '\\', 'b')
+		case b == '\t':
+			dst = append(dst, '\\', 't')
+		case b == '\n':
+			dst = append(dst, '\\', 'n')
+		case b == '\f':
+			dst = append(dst, '\\', 'f')
+		case b == '\r':
+			dst = append(dst, '\\', 'r')
+		case b < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xf])
+		default:
+			dst = append(dst, b)
+		}
+		i++
+	}
+	return append(dst, '"')
 }

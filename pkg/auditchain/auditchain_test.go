@@ -227,3 +227,21 @@ func sha(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
+
+// FuzzAppendString: a string written by AppendString is what Canonical makes of it, byte for byte (controls,
+// quotes, backslashes, the characters json.Marshal escapes for HTML, U+2028, astral characters, invalid UTF-8).
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "plain", `q"uote\back`, "\x00\x01\b\t\n\v\f\r\x1f\x7f", "<a&b>", "\u2028\u2029",
+		"é漢字😀", "\xff\xfe bad \xc3", "agent:a64244808174"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want, err := auditchain.Canonical(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := auditchain.AppendString(nil, s); string(got) != string(want) {
+			t.Fatalf("AppendString(%q) = %s; Canonical: %s", s, got, want)
+		}
+	})
+}
