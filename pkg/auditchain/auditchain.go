@@ -73,10 +73,9 @@ func Canonical(v any) ([]byte, error) {
 
 // LinkHash is the hash of record seq of chain, whose predecessor's hash is prev; body must already be canonical.
 func LinkHash(chain string, seq int64, prev string, body []byte) string {
-	name, _ := json.Marshal(chain) // a Go string always marshals; no HTML escaping happens for canonical input below
 	buf := make([]byte, 0, len(body)+len(chain)+128)
 	buf = append(buf, `{"chain":`...)
-	buf = append(buf, canonicalString(name)...)
+	buf = AppendString(buf, chain)
 	buf = append(buf, `,"prev":"`...)
 	buf = append(buf, prev...)
 	buf = append(buf, `","record":`...)
@@ -86,15 +85,6 @@ func LinkHash(chain string, seq int64, prev string, body []byte) string {
 	buf = append(buf, '}')
 	sum := sha256.Sum256(buf)
 	return hex.EncodeToString(sum[:])
-}
-
-// canonicalString re-encodes a JSON string the RFC 8785 way (json.Marshal escapes <, > and & as \u003c...).
-func canonicalString(quoted []byte) []byte {
-	out, err := jcs.Transform(quoted)
-	if err != nil {
-		return quoted
-	}
-	return out
 }
 
 // Record is one link of a chain as stored.

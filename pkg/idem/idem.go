@@ -1,7 +1,7 @@
 // Package idem makes POST handlers of a gin + gorm service safe to retry.
 //
 // A caller names one intended action with an Idempotency-Key. The first request claims the key atomically
-// (INSERT ... ON CONFLICT on (account, key)) before any side effect; later requests with the same key and the same
+// (an INSERT on the primary key (account, key)) before any side effect; later requests with the same key and the same
 // fingerprint (see Fingerprint) get the stored response again, byte for byte, with Idempotent-Replayed: true; the
 // same key with another request is refused with 422 idempotency_key_reused. Each claim is an operation of package
 // opstatus, so a caller that timed out can ask what happened.
