@@ -347,3 +347,56 @@ SELECT 'acct_a', 'op_backlog_' || g, 1, md5(g::text) || md5(g::text), repeat('0'
 		t.Errorf("verify checked %d checkpoints; want 2", rep.Checkpoints)
 	}
 }
+
+// TestCheckpointDoesNotHoldWriters: a record appended to a chain while a checkpoint is being written (here from
+// inside it, between reading the heads and committing) goes through at once, on its own connection with a short
+// lock timeout: the checkpoint holds no head while it renders and stores itself. The checkpoint covers the chain
+// as it read it, leaves that head unsealed because it moved, and the next checkpoint covers its new state; verify
+// finds every chain and checkpoint intact.
+func TestCheckpointDoesNotHoldWriters(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ops := history(t, db.DB, 3)
+	ctx := context.Background()
+	var appendErr error
+	w := &audit.CheckpointWorker{DB: db.DB, Now: func() time.Time {
+		appendErr = db.DB.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec(`SET LOCAL lock_timeout = '1s'`).Error; err != nil {
+				return err
+			}
+			return opstatus.Append(ctx, tx, "acct_a", ops[1], "observed", "system:test", nil)
+		})
+		return time.Now()
+	}}
+	cp, err := w.RunOnce(ctx)
+	if err != nil || cp == nil {
+		t.Fatalf("checkpoint: %v %v", cp, err)
+	}
+	if appendErr != nil {
+		t.Fatalf("a record appended during the checkpoint: %v; want it written at once", appendErr)
+	}
+	var covered auditchain.Head
+	for _, h := range cp.Heads {
+		if h.Chain == ops[1] {
+			covered = h
+		}
+	}
+	if len(cp.Heads) != 4 || covered.Seq != 3 {
+		t.Fatalf("checkpoint heads %+v; want the 4 chains, %s at seq 3 as read", cp.Heads, ops[1])
+	}
+	var unsealed []string
+	if err := db.Raw(`SELECT chain FROM audit_chain_heads WHERE NOT checkpointed`).Scan(&unsealed).Error; err != nil {
+		t.Fatal(err)
+	}
+	if len(unsealed) != 1 || unsealed[0] != ops[1] {
+		t.Fatalf("unsealed heads after the checkpoint: %v; want only %s, which moved", unsealed, ops[1])
+	}
+	w.Now = nil
+	cp2, err := w.RunOnce(ctx)
+	if err != nil || cp2 == nil || len(cp2.Heads) != 1 || cp2.Heads[0].Chain != ops[1] || cp2.Heads[0].Seq != 4 {
+		t.Fatalf("the next checkpoint covers the moved chain's new head: %+v %v", cp2, err)
+	}
+	if rep := mustVerify(t, db.DB, audit.VerifyOptions{}); !rep.Intact() || rep.Checkpoints != 2 {
+		t.Fatalf("verify: %+v", rep)
+	}
+}
