@@ -42,7 +42,8 @@ type CheckpointWorker struct {
 	// Signer signs each checkpoint; nil leaves them unsigned.
 	Signer   *auditchain.Signer
 	Interval time.Duration
-	Logger   *slog.Logger
+	// Logger is told of failed checkpoints; nil discards.
+	Logger *slog.Logger
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -64,7 +65,7 @@ func (w *CheckpointWorker) Run(ctx context.Context) {
 		// A full checkpoint means more chains may be waiting: seal them now, not one batch per tick.
 		for ctx.Err() == nil {
 			cp, err := w.RunOnce(ctx)
-			if err != nil && ctx.Err() == nil {
+			if err != nil && ctx.Err() == nil && w.Logger != nil {
 				w.Logger.WarnContext(ctx, "audit checkpoint failed", "error", err.Error())
 			}
 			if err != nil || cp == nil || len(cp.Heads) < MaxCheckpointHeads {
@@ -82,58 +83,68 @@ func (w *CheckpointWorker) RunOnce(ctx context.Context) (*auditchain.Checkpoint,
 		now = w.Now
 	}
 	var written *auditchain.Checkpoint
-	err := w.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Exec(`SELECT pg_advisory_xact_lock(?)`, int64(checkpointLock)).Error; err != nil {
+	// One connection for the whole of it, holding the session's advisory lock: the checkpoint commits first and
+	// its heads are sealed after, in short transactions of their own, and another replica's checkpoint must not
+	// start in between (it would cover the same heads again).
+	err := w.DB.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+		if err := conn.Exec(`SELECT pg_advisory_lock(?)`, int64(checkpointLock)).Error; err != nil {
 			return err
 		}
-		var prevRows []checkpointRow
-		if err := tx.Raw(`SELECT ` + checkpointColumns + ` FROM audit_checkpoints ORDER BY seq DESC LIMIT 1`).Scan(&prevRows).Error; err != nil {
-			return err
-		}
-		// The moved heads are read without a lock, as committed: every write to one of these chains (a retry's
-		// attempt record moves its head) would otherwise wait for the whole checkpoint, its rendering and its
-		// insert included (300 ms and more for 10,000 heads under load: the slowest replays of a run). They are
-		// sealed at the end (seal), only where they have not moved since.
+		defer func() {
+			// Not with ctx, which may be over; a connection that cannot say it ends its session, and the lock.
+			unlock, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			conn.WithContext(unlock).Exec(`SELECT pg_advisory_unlock(?)`, int64(checkpointLock))
+		}()
 		var moved []movedHead
-		err := tx.Raw(`SELECT account_id, chain, seq, hash FROM audit_chain_heads WHERE NOT checkpointed ORDER BY chain LIMIT ?`,
-			MaxCheckpointHeads).Scan(&moved).Error
-		if err != nil || len(moved) == 0 {
-			return err
-		}
-		heads := make([]auditchain.Head, len(moved))
-		for i, m := range moved {
-			heads[i] = auditchain.Head{Chain: m.Chain, Seq: m.Seq, Hash: m.Hash}
-		}
-		var prev *auditchain.Checkpoint
-		if len(prevRows) == 1 {
-			p, err := prevRows[0].checkpoint()
+		err := conn.Transaction(func(tx *gorm.DB) error {
+			var prev []struct {
+				Seq  int64
+				Hash string
+			}
+			if err := tx.Raw(`SELECT seq, hash FROM audit_checkpoints ORDER BY seq DESC LIMIT 1`).Scan(&prev).Error; err != nil {
+				return err
+			}
+			// The moved heads are read without a lock, as committed: every write to one of these chains (a
+			// retry's attempt record moves its head) would otherwise wait for the whole checkpoint (300 ms and
+			// more for 10,000 heads under load: the slowest replays of a run). They are sealed once it commits.
+			err := tx.Raw(`SELECT account_id, chain, seq, hash FROM audit_chain_heads WHERE NOT checkpointed ORDER BY chain LIMIT ?`,
+				MaxCheckpointHeads).Scan(&moved).Error
+			if err != nil || len(moved) == 0 {
+				return err
+			}
+			heads := make([]auditchain.Head, len(moved))
+			for i, m := range moved {
+				heads[i] = auditchain.Head{Chain: m.Chain, Seq: m.Seq, Hash: m.Hash}
+			}
+			var last *auditchain.Checkpoint // NextCheckpoint links to its seq and hash alone
+			if len(prev) == 1 {
+				last = &auditchain.Checkpoint{Seq: prev[0].Seq, Hash: prev[0].Hash}
+			}
+			cp, err := auditchain.NextCheckpoint(last, now(), heads, w.Signer)
 			if err != nil {
 				return err
 			}
-			prev = &p
-		}
-		cp, err := auditchain.NextCheckpoint(prev, now(), heads, w.Signer)
-		if err != nil {
+			rawHeads, err := json.Marshal(cp.Heads)
+			if err != nil {
+				return err
+			}
+			var sig *string
+			if cp.Signature != "" {
+				sig = &cp.Signature
+			}
+			err = tx.Exec(`INSERT INTO audit_checkpoints (seq, prev_hash, created_at, heads, hash, signature) VALUES (?, ?, ?, ?::jsonb, ?, ?)`,
+				cp.Seq, cp.Prev, cp.At, string(rawHeads), cp.Hash, sig).Error
+			if err != nil {
+				return err
+			}
+			written = &cp
+			return nil
+		})
+		if err != nil || written == nil {
 			return err
 		}
-		rawHeads, err := json.Marshal(cp.Heads)
-		if err != nil {
-			return err
-		}
-		var sig *string
-		if cp.Signature != "" {
-			sig = &cp.Signature
-		}
-		err = tx.Exec(`INSERT INTO audit_checkpoints (seq, prev_hash, created_at, heads, hash, signature) VALUES (?, ?, ?, ?::jsonb, ?, ?)`,
-			cp.Seq, cp.Prev, cp.At, string(rawHeads), cp.Hash, sig).Error
-		if err != nil {
-			return err
-		}
-		if err := seal(ctx, tx, moved); err != nil {
-			return err
-		}
-		written = &cp
-		return nil
+		return seal(ctx, conn, moved)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("audit: checkpoint: %w", err)
@@ -149,17 +160,32 @@ type movedHead struct {
 	Hash      string
 }
 
-// seal marks the heads a checkpoint covers as checkpointed, in the checkpoint's transaction, where each still is
-// what the checkpoint holds. A head that moved after it was read, or that a writer holds right now (skipped, not
-// waited for), stays unsealed: its writer's commit leaves it moved, and the next checkpoint covers its new state;
-// this one is still true of the chain as it was.
-func seal(ctx context.Context, tx *gorm.DB, moved []movedHead) error {
+// sealBatch is how many heads one sealing statement marks: each holds its heads' rows until it commits, and a
+// writer of one of those chains waits for it (about 25 ms for 500 heads under load, where one statement for
+// 10,000 took 350 ms).
+const sealBatch = 500
+
+// seal marks the heads a committed checkpoint covers as checkpointed, sealBatch at a time, each batch its own
+// statement and commit, where each head still is what the checkpoint holds. A head that moved after it was read,
+// or that a writer holds right now (skipped, not waited for), stays unsealed: its writer's commit leaves it
+// moved, and the next checkpoint covers its new state; this one is still true of the chain as it was. So is a
+// head left unsealed by a failure here: it is covered again next time.
+func seal(ctx context.Context, db *gorm.DB, moved []movedHead) error {
+	for start := 0; start < len(moved); start += sealBatch {
+		if err := sealHeads(ctx, db, moved[start:min(start+sealBatch, len(moved))]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sealHeads(ctx context.Context, db *gorm.DB, moved []movedHead) error {
 	accounts, chains, seqs := make([]string, len(moved)), make([]string, len(moved)), make([]int64, len(moved))
 	for i, m := range moved {
 		accounts[i], chains[i], seqs[i] = m.AccountID, m.Chain, m.Seq
 	}
 	// database/sql directly: gorm would spread the slices into lists of placeholders.
-	_, err := tx.Statement.ConnPool.ExecContext(ctx, `
+	_, err := db.Statement.ConnPool.ExecContext(ctx, `
 WITH still AS (
     SELECT h.account_id, h.chain FROM audit_chain_heads h
     JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS m(account_id, chain, seq)
