@@ -247,11 +247,15 @@ func queryWithBegin[T any](db *gorm.DB, t *PipelinedTx, query string, args []any
 			return err
 		}
 		defer rows.Close()
+		var fields []*schema.Field
+		if sch != nil {
+			fields = columnFields(sch, rows.FieldDescriptions())
+		}
 		for rows.Next() {
 			var v T
 			dest := []any{&v}
 			if sch != nil {
-				dest = fieldsOf(ctx, sch, reflect.ValueOf(&v).Elem(), rows.FieldDescriptions())
+				dest = fieldsOf(ctx, fields, reflect.ValueOf(&v).Elem())
 			}
 			if err := rows.Scan(dest...); err != nil {
 				return err
@@ -269,11 +273,22 @@ func queryWithBegin[T any](db *gorm.DB, t *PipelinedTx, query string, args []any
 	return out, nil
 }
 
-// fieldsOf is where each column of a row goes in v: the field gorm maps the column to, or nowhere.
-func fieldsOf(ctx context.Context, sch *schema.Schema, v reflect.Value, cols []pgconn.FieldDescription) []any {
-	dest := make([]any, len(cols))
+// columnFields is the field of sch that gorm maps each column to, nil for a column it maps to none.
+func columnFields(sch *schema.Schema, cols []pgconn.FieldDescription) []*schema.Field {
+	fields := make([]*schema.Field, len(cols))
 	for i, col := range cols {
 		if f := sch.LookUpField(col.Name); f != nil && f.Readable {
+			fields[i] = f
+		}
+	}
+	return fields
+}
+
+// fieldsOf is where each column of a row goes in v: its field (columnFields), or nowhere.
+func fieldsOf(ctx context.Context, fields []*schema.Field, v reflect.Value) []any {
+	dest := make([]any, len(fields))
+	for i, f := range fields {
+		if f != nil {
 			dest[i] = f.ReflectValueOf(ctx, v).Addr().Interface()
 		} else {
 			dest[i] = new(any)
@@ -295,46 +310,42 @@ func (t *PipelinedTx) DB() *gorm.DB { return t.db }
 // An error that the database answered (a *pgconn.PgError) means nothing was committed. Any other error (the
 // connection dropped or timed out after the pipeline left) leaves the outcome unknown: COMMIT may have run.
 func (t *PipelinedTx) Commit(ctx context.Context, query string, args ...any) error {
-	if t.state == txPending {
-		err := t.sendWithBegin(ctx, func(b *pgx.Batch) {
-			if query != "" {
-				b.Queue(query, args...)
+	// The statements that end the transaction: query, if any, and COMMIT, read in that order.
+	queue := func(b *pgx.Batch) {
+		if query != "" {
+			b.Queue(query, args...)
+		}
+		b.Queue("COMMIT")
+	}
+	read := func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		if err == nil && query != "" {
+			_, err = br.Exec()
+		}
+		return err
+	}
+	var err error
+	switch t.state {
+	case txPending:
+		err = t.sendWithBegin(ctx, queue, read)
+	case txOpen:
+		err = t.pipeline(ctx, func(c *pgx.Conn) error {
+			if query == "" {
+				_, err := c.Exec(ctx, "COMMIT")
+				return err
 			}
-			b.Queue("COMMIT")
-		}, func(br pgx.BatchResults) error {
-			_, err := br.Exec()
-			if err == nil && query != "" {
-				_, err = br.Exec()
+			b := &pgx.Batch{}
+			queue(b)
+			br := c.SendBatch(ctx, b)
+			err := read(br)
+			if cerr := br.Close(); err == nil {
+				err = cerr
 			}
 			return err
 		})
-		if err == nil {
-			t.state = txCommitted
-			t.conn.Close()
-		}
-		return err
-	}
-	if t.state != txOpen {
+	default:
 		return errors.New("database: Commit on a transaction not begun")
 	}
-	err := t.pipeline(ctx, func(c *pgx.Conn) error {
-		if query == "" {
-			_, err := c.Exec(ctx, "COMMIT")
-			return err
-		}
-		b := &pgx.Batch{}
-		b.Queue(query, args...)
-		b.Queue("COMMIT")
-		br := c.SendBatch(ctx, b)
-		_, err := br.Exec()
-		if err == nil {
-			_, err = br.Exec()
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	})
 	if err == nil {
 		t.state = txCommitted
 		t.conn.Close()
