@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
@@ -111,4 +112,69 @@ func post(url, key, body string) answer {
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	return answer{status: resp.StatusCode, header: resp.Header, body: string(raw), err: err}
+}
+
+// TestExternalClaimSentWithPrepareLosesCleanly: an external claim (key, operation and claimed event) goes with
+// Prepare's first statement. The first copy holds its claim and its reservation uncommitted; the second, which
+// found no key, sends its claim with its reservation and waits on the first's key. Once the first commits, the
+// second's claim fails, its reservation never runs, and it answers from the stored key; the effect ran once and
+// there is one operation.
+func TestExternalClaimSentWithPrepareLosesCleanly(t *testing.T) {
+	t.Parallel()
+	e := setupExternal(t, 5*time.Second)
+	if err := e.env.DB.Exec(`CREATE TABLE IF NOT EXISTS reservations (operation_id text PRIMARY KEY)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	var (
+		reserved atomic.Int64
+		firstPID atomic.Int64
+		hold     = make(chan struct{})
+	)
+	e.effect.prepare = func(ctx context.Context, tx *gorm.DB) error {
+		var pid []int64
+		if err := tx.Raw(`INSERT INTO reservations SELECT id FROM operations WHERE idempotency_key = 'race' AND state = 'running'
+RETURNING pg_backend_pid()`).Scan(&pid).Error; err != nil {
+			return err
+		}
+		if reserved.Add(1) == 1 {
+			firstPID.Store(pid[0])
+			<-hold
+		}
+		return nil
+	}
+	first, second := make(chan answer, 1), make(chan answer, 1)
+	go func() { first <- post(e.url+"/charges", "race", `{"amount":5}`) }()
+	servicetest.Eventually(t, "the first copy holds the key", func() bool { return firstPID.Load() != 0 })
+	go func() { second <- post(e.url+"/charges", "race", `{"amount":5}`) }()
+	servicetest.Eventually(t, "the second copy's claim waits for the first's transaction", func() bool {
+		var waiting int64
+		e.env.DB.Raw(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = ?
+WHERE NOT l.granted AND l.locktype = 'transactionid' AND l.transactionid = a.backend_xid`, firstPID.Load()).Scan(&waiting)
+		return waiting == 1
+	})
+	close(hold)
+	a, b := <-first, <-second
+	if a.err != nil || b.err != nil {
+		t.Fatalf("answers: %v, %v", a.err, b.err)
+	}
+	if a.status != http.StatusOK || a.header.Get(idem.HeaderReplayed) != "" {
+		t.Fatalf("first copy: %d %s; want a fresh 200", a.status, a.body)
+	}
+	// The second copy read the key while the first's effect was out (409 request_in_progress) or after it was
+	// recorded (the stored answer, replayed): both name the first's operation.
+	opID := a.header.Get(idem.HeaderOperationID)
+	switch {
+	case b.status == http.StatusOK && b.header.Get(idem.HeaderReplayed) == "true" && b.body == a.body:
+	case b.status == http.StatusConflict && strings.Contains(b.body, `"request_in_progress"`) && strings.Contains(b.body, opID):
+	default:
+		t.Fatalf("second copy: %d %v %s; want the first's answer replayed, or request_in_progress naming %s", b.status, b.header, b.body, opID)
+	}
+	var reservations, keys, ops int64
+	e.env.DB.Raw(`SELECT count(*) FROM reservations`).Scan(&reservations)
+	e.env.DB.Raw(`SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'race'`).Scan(&keys)
+	e.env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race'`).Scan(&ops)
+	if n := reserved.Load(); n != 1 || reservations != 1 || keys != 1 || ops != 1 || e.effect.calls.Load() != 1 {
+		t.Fatalf("reservations made %d, stored %d; keys %d, operations %d, effect calls %d; want 1 of each",
+			n, reservations, keys, ops, e.effect.calls.Load())
+	}
 }

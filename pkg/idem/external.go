@@ -96,6 +96,7 @@ func (h *Handler) doExternal(c *gin.Context, req Request, steps externalSteps) {
 		failpoint.Hit(FailpointExternalClaimed, cl.op)
 		return nil, nil
 	}, nil)
+	err = h.readTaken(ctx, cl, err)
 	var taken errClaimTaken
 	if errors.As(err, &taken) {
 		h.answerExisting(c, cl, taken.stored)

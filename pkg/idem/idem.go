@@ -335,18 +335,8 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		failpoint.Hit(FailpointBeforeCommit, cl.op)
 		committing = true
 	})
+	err = h.readTaken(ctx, cl, err)
 	var taken errClaimTaken
-	if errors.As(err, &taken) && !taken.read {
-		// The key was committed by another request: read it now that this transaction is over. (A key pruned
-		// or released in between is not worth a loop: nothing was done, and the caller's retry claims it.)
-		taken.stored, err = h.Store.Lookup(ctx, h.DB, cl.op.AccountID, cl.key)
-		switch {
-		case err == nil:
-			err = taken
-		case problemIsNotFound(err):
-			err = fmt.Errorf("%w: the key was taken and gone again before it could be read", problem.ErrStoreUnavailable)
-		}
-	}
 	switch {
 	case errors.As(err, &taken):
 		h.answerExisting(c, cl, taken.stored)
@@ -365,6 +355,24 @@ func (h *Handler) Do(c *gin.Context, req Request, write WriteFunc) {
 		// No log line of its own: the request's access log line names the operation, its account and status.
 		writeResponse(c, cl.op.ID, resp, false)
 	}
+}
+
+// readTaken reads the key of a claim that failed on it without reading it (errClaimTaken from claimWithNext),
+// now that the claim's transaction is over; any other err is returned as it is. (A key pruned or released in
+// between is not worth a loop: nothing was done, and the caller's retry claims it.)
+func (h *Handler) readTaken(ctx context.Context, cl call, err error) error {
+	var taken errClaimTaken
+	if !errors.As(err, &taken) || taken.read {
+		return err
+	}
+	stored, err := h.Store.Lookup(ctx, h.DB, cl.op.AccountID, cl.key)
+	switch {
+	case err == nil:
+		return errClaimTaken{stored, true}
+	case problemIsNotFound(err):
+		return fmt.Errorf("%w: the key was taken and gone again before it could be read", problem.ErrStoreUnavailable)
+	}
+	return err
 }
 
 // inClaim runs a transaction that starts with cl's claim and goes on with body. body returns the completion to
@@ -407,8 +415,8 @@ func (h *Handler) inClaim(ctx context.Context, cl call, req Request, afterClaim 
 	}
 	defer t.Close()
 	tx := t.DB()
-	if cl.late != nil && cl.lineage.retryOf == "" {
-		return h.claimWithWrite(ctx, t, ps, cl, afterClaim, body, beforeCommit)
+	if cl.lineage.retryOf == "" {
+		return h.claimWithNext(ctx, t, ps, cl, req, afterClaim, body, beforeCommit)
 	}
 	err = h.claim(ctx, tx, cl, req, func() (Record, bool, error) {
 		if cl.late != nil {
@@ -437,45 +445,59 @@ func (h *Handler) inClaim(ctx context.Context, cl call, req Request, afterClaim 
 	return t.Commit(ctx, "")
 }
 
-// claimWithWrite is inClaim's transaction for an operation born at completion: the claim is queued to go with
-// BEGIN and the write's first statement (PipelinedStore.ClaimKeyWithNext), so a local write is the read, that
-// round trip, any further statements of the write, and the completion with COMMIT. The write never runs on a key
-// it does not hold: when the key exists the claim fails, PostgreSQL skips the statement sent with it, and the
-// transaction is aborted, so whatever body makes of that, the claim's failure decides (errClaimTaken, with the
-// key to read). A write that sends no statement has its claim sent with its completion and COMMIT.
-func (h *Handler) claimWithWrite(ctx context.Context, t *database.PipelinedTx, ps PipelinedStore, cl call, afterClaim func(),
-	body func(tx *gorm.DB) (*Completion, error), beforeCommit func()) error {
-	if err := ps.ClaimKeyWithNext(t, cl.op, afterClaim); err != nil {
-		return err
-	}
-	claimFailed := func() error {
-		err := t.BeginErr()
-		if err != nil && ps.KeyTaken(err) {
-			return errClaimTaken{}
-		}
-		if err != nil {
-			return fmt.Errorf("idem: claim: %w", err)
-		}
-		return nil
-	}
-	c, err := body(t.DB())
-	if cerr := claimFailed(); cerr != nil {
-		return cerr
+// claimWithNext is inClaim's transaction for a claim that needs no answer before what follows it (no Retry-Of
+// to check against the key): the claim is queued (PipelinedStore.ClaimKeyWithNext for an operation born at
+// completion, ClaimWithNext for one claimed with it) and goes with BEGIN and the transaction's next statement,
+// the first of the claim's own checks (Supersedes-Operation-Id), its Guard, or body's; with the completion and
+// COMMIT when none sends one. So a ticket create is the read, BEGIN with the claim and the ticket's insert, and
+// the completion with COMMIT; an external claim without statements of its own is one round trip. Nothing runs
+// on a key the claim does not hold: when the key exists the claim fails, PostgreSQL skips the statement sent
+// with it, and the transaction is aborted, so whatever the checks or body make of that, the claim's failure
+// decides (errClaimTaken, with the key to read).
+func (h *Handler) claimWithNext(ctx context.Context, t *database.PipelinedTx, ps PipelinedStore, cl call, req Request,
+	afterClaim func(), body func(tx *gorm.DB) (*Completion, error), beforeCommit func()) error {
+	var err error
+	if cl.late != nil {
+		err = ps.ClaimKeyWithNext(t, cl.op, afterClaim)
+	} else {
+		err = ps.ClaimWithNext(t, cl.op, cl.principal.Actor(), cl.claimDetail(), afterClaim)
 	}
 	if err != nil {
 		return err
+	}
+	// decided is the claim's failure, when it failed, before anything else: what failed after it failed for it.
+	decided := func(err error) error {
+		cerr := t.BeginErr()
+		switch {
+		case cerr != nil && ps.KeyTaken(cerr):
+			return errClaimTaken{}
+		case cerr != nil:
+			return fmt.Errorf("idem: claim: %w", cerr)
+		}
+		return err
+	}
+	tx := t.DB()
+	queued := func() (Record, bool, error) { return Record{}, true, nil } // its failure shows in decided
+	if err := h.claim(ctx, tx, cl, req, queued); err != nil {
+		return decided(err)
+	}
+	c, err := body(tx)
+	if err != nil {
+		return decided(err)
+	}
+	if c != nil && cl.late == nil {
+		if err := h.Store.Complete(ctx, tx, *c); err != nil {
+			return decided(err)
+		}
 	}
 	beforeCommit()
-	if c == nil {
-		err = t.Commit(ctx, "")
-	} else {
+	if c != nil && cl.late != nil {
 		err = ps.CompleteNewCommit(ctx, t, cl.op, cl.principal.Actor(), cl.claimDetail(), *c)
+	} else {
+		err = t.Commit(ctx, "")
 	}
 	if err != nil {
-		if cerr := claimFailed(); cerr != nil {
-			return cerr
-		}
-		return err
+		return decided(err)
 	}
 	return nil
 }

@@ -480,7 +480,12 @@ type PipelinedStore interface {
 	// does not read an existing key: it fails on it, and so does the statement sent with it, which then does
 	// not run. t.BeginErr has the failure, which KeyTaken tells apart from others.
 	ClaimKeyWithNext(t *database.PipelinedTx, op opstatus.Operation, begun func()) error
-	// KeyTaken reports whether err, a failure of ClaimKeyWithNext's statement, says that the key exists.
+	// ClaimWithNext is Claim, queued like ClaimKeyWithNext: the key, the operation and its claimed event in one
+	// statement, sent with t's BEGIN and the transaction's next statement. It does not read an existing key
+	// either: it fails on it.
+	ClaimWithNext(t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any, begun func()) error
+	// KeyTaken reports whether err, a failure of ClaimKeyWithNext's or ClaimWithNext's statement, says that the
+	// key exists.
 	KeyTaken(err error) bool
 	// CompleteNewCommit is LocalStore's CompleteNew, sent with t's COMMIT: t is committed when it returns nil,
 	// and if CompleteNew would fail the COMMIT fails. Errors are PipelinedTx.Commit's.
@@ -503,14 +508,30 @@ func (PostgresStore) ClaimKeyBegin(ctx context.Context, t *database.PipelinedTx,
 	return claim(ctx, t.DB(), beginKeys(ctx, t), op, withItems{})
 }
 
-// claimKeySQL is ClaimKeyWithNext's statement: a plain insert, which fails on a key that exists (the primary
-// key), or after waiting for the transaction that holds it, if that one commits, as ON CONFLICT would wait.
+// claimKeySQL is the key's insert of ClaimKeyWithNext and ClaimWithNext: a plain insert, which fails on a key
+// that exists (the primary key), or after waiting for the transaction that holds it, if that one commits, as ON
+// CONFLICT would wait.
 const claimKeySQL = `INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
-VALUES ($1, $2, $3, $4, 'running')`
+VALUES (?, ?, ?, ?, 'running')`
 
 // ClaimKeyWithNext implements PipelinedStore.
 func (PostgresStore) ClaimKeyWithNext(t *database.PipelinedTx, op opstatus.Operation, begun func()) error {
-	return t.BeginWithNext(begun, claimKeySQL, op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID)
+	return t.BeginWithNext(begun, numbered(claimKeySQL), op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID)
+}
+
+// ClaimWithNext implements PipelinedStore: the key's insert, then the operation, its claimed event and its
+// chain's head (operationClaim), as Claim's statement does, but failing where Claim's does nothing.
+func (PostgresStore) ClaimWithNext(t *database.PipelinedTx, op opstatus.Operation, actor string, detail map[string]any, begun func()) error {
+	with, err := operationClaim(op, actor, detail)
+	if err != nil {
+		return err
+	}
+	query := `
+WITH claim AS (` + claimKeySQL + `
+    RETURNING account_id, idempotency_key, fingerprint, operation_id
+)` + with.sql + `
+SELECT count(*) FROM claim`
+	return t.BeginWithNext(begun, numbered(query), append([]any{op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID}, with.args...)...)
 }
 
 // KeyTaken implements PipelinedStore.
