@@ -16,12 +16,12 @@
 // transaction; attempt records of concurrent retries share commits (opstatus.GroupAppender), and so do the reads
 // of concurrent requests share round trips (BatchLookupStore, package batch).
 //
-// Round trips are what a write costs most on a loopback connection, so a PipelinedStore's claim travels with its
-// transaction's BEGIN, and an operation born at completion with its COMMIT (database.PipelinedTx). Such a claim
-// needs no answer before the write starts, so it waits for the write's first statement and goes with it: a
-// local write is the read, one round trip with BEGIN, the claim and the write's first statement (the write's
-// statement is skipped by PostgreSQL if the claim fails on a key that exists), any further statements of the
-// write, and the completion with COMMIT.
+// Round trips are what a write costs most on a loopback connection, so with a PipelinedStore the claim travels
+// with its transaction's BEGIN and the statement after it, and an operation born at completion with its COMMIT
+// (database.PipelinedTx). A claim needs no answer before what follows it: if it fails on a key that exists,
+// PostgreSQL skips the statements sent with it, and the handler reads the key. So a local write is the read, one
+// round trip with BEGIN, the claim and the write's first statement, any further statements of the write, and
+// the completion with COMMIT; an external claim goes with Prepare's first statement, or with its COMMIT.
 //
 // Local mode, for effects that live in the same database: the claim, the business write and the stored response
 // commit in one transaction, so a crash leaves nothing behind and the key free. A concurrent copy of the request
