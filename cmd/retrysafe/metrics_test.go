@@ -191,7 +191,12 @@ func TestMetricsCountADeploy(t *testing.T) {
 		c.Get("/v1/deploys/"+d.ID).Status(t, http.StatusOK).Decode(t, &d)
 		return d.State == "succeeded"
 	})
-	after := metricstest.Scrape(t, c)
+	// The controller counts the deploy once its success is committed, so a GET can see it first.
+	var after metricstest.Sample
+	servicetest.Eventually(t, "the success counted", func() bool {
+		after = metricstest.Scrape(t, c)
+		return after.Delta(before, "retrysafe_operations_finished_total", "kind", "deploys.create", "state", "succeeded") > 0
+	})
 	for _, tc := range []struct {
 		name   string
 		labels []string

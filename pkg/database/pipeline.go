@@ -159,7 +159,9 @@ func (t *PipelinedTx) Begin(ctx context.Context, scan func(pgx.Rows) error, quer
 // pipeline after an error), and the call that sent them returns an error matching query's (a *pgconn.PgError,
 // with errors.As), which BeginErr returns too; the transaction is then aborted, and only Close may follow.
 // begun, when set, runs once query has run and before the statement sent with it returns its rows to its
-// caller (a crash test's failpoint); not when query went with Commit, which has ended the transaction.
+// caller (a crash test's failpoint); not when query went with Commit, which has ended the transaction. With
+// an empty query BEGIN alone waits for the next statement: a transaction whose first statement is Query's
+// spends no round trip on BEGIN.
 func (t *PipelinedTx) BeginWithNext(begun func(), query string, args ...any) error {
 	if t.state != txIdle {
 		return errors.New("database: BeginWithNext on a transaction already begun")
@@ -182,11 +184,13 @@ func (t *PipelinedTx) sendWithBegin(ctx context.Context, queue func(*pgx.Batch),
 	err := t.pipeline(ctx, func(c *pgx.Conn) error {
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
-		b.Queue(next.query, next.args...)
+		if next.query != "" {
+			b.Queue(next.query, next.args...)
+		}
 		queue(b)
 		br := c.SendBatch(ctx, b)
 		_, err := br.Exec()
-		if err == nil {
+		if err == nil && next.query != "" {
 			if _, err = br.Exec(); err != nil {
 				t.beginErr = err
 			}

@@ -352,3 +352,40 @@ func TestBeginWithNextUnsentIsDropped(t *testing.T) {
 		t.Fatalf("notes %v; want none", ids)
 	}
 }
+
+// TestBeginWithNextBeginAlone: with no statement of its own, BEGIN alone waits for the next statement: what
+// Query sends is inside the transaction (another connection sees nothing of it until Commit), and Close
+// without Commit leaves nothing.
+func TestBeginWithNextBeginAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testdb.EmptySchema(t)
+	db := probe(t, dsn, database.Options{})
+	other := open(t, dsn, database.Options{}).DB
+	for _, commit := range []bool{true, false} {
+		tx, err := database.BeginPipelined(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.BeginWithNext(nil, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := database.Query[struct{ ID int }](tx.DB(), `INSERT INTO notes VALUES (7) RETURNING id`); err != nil {
+			t.Fatal(err)
+		}
+		if ids := notes(t, other); len(ids) != 0 {
+			t.Fatalf("another connection sees %v before the COMMIT: the statement ran outside a transaction", ids)
+		}
+		if commit {
+			if err := tx.Commit(ctx, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tx.Close()
+		want := map[bool]int{true: 1, false: 0}[commit]
+		if ids := notes(t, db); len(ids) != want {
+			t.Fatalf("commit %v: notes %v; want %d", commit, ids, want)
+		}
+		db.Exec(`DELETE FROM notes`)
+	}
+}
