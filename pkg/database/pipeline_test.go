@@ -238,6 +238,20 @@ func TestSendBatchIsOneImplicitTransaction(t *testing.T) {
 	}
 }
 
+// queued begins a pipelined transaction on db with query queued by BeginWithNext (begun and args as there).
+func queued(t *testing.T, db *gorm.DB, begun func(), query string, args ...any) *database.PipelinedTx {
+	t.Helper()
+	tx, err := database.BeginPipelined(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.BeginWithNext(begun, query, args...); err != nil {
+		tx.Close()
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // TestBeginWithNextTravelsWithTheNextStatement: the statement BeginWithNext queues runs first, in the
 // transaction that the next statement (Query's, any gorm statement, or Commit's) begins with it; begun runs once
 // it has run, before Query returns, and not for Commit, which has ended the transaction. Query maps the rows
@@ -252,14 +266,9 @@ func TestBeginWithNextTravelsWithTheNextStatement(t *testing.T) {
 	}
 	for _, next := range []string{"Query", "gorm", "Commit"} {
 		db.Exec(`DELETE FROM notes`)
-		tx, err := database.BeginPipelined(ctx, db)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var order []string
-		if err := tx.BeginWithNext(func() { order = append(order, "begun") }, `INSERT INTO notes VALUES ($1)`, 1); err != nil {
-			t.Fatal(err)
-		}
+		tx := queued(t, db, func() { order = append(order, "begun") }, `INSERT INTO notes VALUES ($1)`, 1)
+		var err error
 		switch next {
 		case "Query":
 			rows, err := database.Query[row](tx.DB(), `INSERT INTO notes VALUES (?) RETURNING id, id * 10 AS ten, 'x' AS extra`, 2)
@@ -302,14 +311,9 @@ func TestBeginWithNextFailureSkipsWhatTravelsWithIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, next := range []string{"Query", "gorm", "Commit"} {
-		tx, err := database.BeginPipelined(ctx, db)
-		if err != nil {
-			t.Fatal(err)
-		}
 		called := false
-		if err := tx.BeginWithNext(func() { called = true }, `INSERT INTO notes VALUES ($1)`, 1); err != nil {
-			t.Fatal(err)
-		}
+		tx := queued(t, db, func() { called = true }, `INSERT INTO notes VALUES ($1)`, 1)
+		var err error
 		switch next {
 		case "Query":
 			_, err = database.Query[struct{ ID int }](tx.DB(), `INSERT INTO notes VALUES (5) RETURNING id`)
@@ -335,15 +339,8 @@ func TestBeginWithNextFailureSkipsWhatTravelsWithIt(t *testing.T) {
 // TestBeginWithNextUnsentIsDropped: a transaction closed before anything went out sends nothing.
 func TestBeginWithNextUnsentIsDropped(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := probe(t, testdb.EmptySchema(t), database.Options{})
-	tx, err := database.BeginPipelined(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.BeginWithNext(nil, `INSERT INTO notes VALUES (1)`); err != nil {
-		t.Fatal(err)
-	}
+	tx := queued(t, db, nil, `INSERT INTO notes VALUES (1)`)
 	if err := tx.BeginWithNext(nil, `INSERT INTO notes VALUES (2)`); err == nil {
 		t.Fatal("a second BeginWithNext was taken")
 	}
@@ -363,13 +360,7 @@ func TestBeginWithNextBeginAlone(t *testing.T) {
 	db := probe(t, dsn, database.Options{})
 	other := open(t, dsn, database.Options{}).DB
 	for _, commit := range []bool{true, false} {
-		tx, err := database.BeginPipelined(ctx, db)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.BeginWithNext(nil, ""); err != nil {
-			t.Fatal(err)
-		}
+		tx := queued(t, db, nil, "")
 		if _, err := database.Query[struct{ ID int }](tx.DB(), `INSERT INTO notes VALUES (7) RETURNING id`); err != nil {
 			t.Fatal(err)
 		}

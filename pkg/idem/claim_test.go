@@ -55,21 +55,7 @@ func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
 	}
 	env.Serve(t, servicetest.Routes(func(api gin.IRouter) { api.POST("/notes", notes) }))
 
-	first, second := make(chan answer, 1), make(chan answer, 1)
-	go func() { first <- post(env.URL+"/notes", "race", `{"n":1}`) }()
-	servicetest.Eventually(t, "the first copy holds the key", func() bool { return firstPID.Load() != 0 })
-	go func() { second <- post(env.URL+"/notes", "race", `{"n":1}`) }()
-	servicetest.Eventually(t, "the second copy's claim waits for the first's transaction", func() bool {
-		var waiting int64
-		env.DB.Raw(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = ?
-WHERE NOT l.granted AND l.locktype = 'transactionid' AND l.transactionid = a.backend_xid`, firstPID.Load()).Scan(&waiting)
-		return waiting == 1
-	})
-	close(hold)
-	a, b := <-first, <-second
-	if a.err != nil || b.err != nil {
-		t.Fatalf("answers: %v, %v", a.err, b.err)
-	}
+	a, b := race(t, env.DB.DB, env.URL+"/notes", `{"n":1}`, &firstPID, hold)
 	if a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "" {
 		t.Fatalf("first copy: %d %v %s; want a fresh 201", a.status, a.header, a.body)
 	}
@@ -91,6 +77,30 @@ WHERE NOT l.granted AND l.locktype = 'transactionid' AND l.transactionid = a.bac
 	if err := json.Unmarshal([]byte(a.body), &body); err != nil || body["note"] != stored {
 		t.Fatalf("answer %s names note %q; the stored one is %q", a.body, body["note"], stored)
 	}
+}
+
+// race sends two copies of one request under the key "race": the first, whose handler stores its backend's
+// pid in firstPID and then blocks on hold with its claim uncommitted; then the second, once the first holds.
+// When the second's claim waits on the first's transaction (pg_locks), it lets the first go, and returns both
+// answers, the first's first.
+func race(t *testing.T, db *gorm.DB, url, body string, firstPID *atomic.Int64, hold chan struct{}) (answer, answer) {
+	t.Helper()
+	first, second := make(chan answer, 1), make(chan answer, 1)
+	go func() { first <- post(url, "race", body) }()
+	servicetest.Eventually(t, "the first copy holds the key", func() bool { return firstPID.Load() != 0 })
+	go func() { second <- post(url, "race", body) }()
+	servicetest.Eventually(t, "the second copy's claim waits for the first's transaction", func() bool {
+		var waiting int64
+		db.Raw(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = ?
+WHERE NOT l.granted AND l.locktype = 'transactionid' AND l.transactionid = a.backend_xid`, firstPID.Load()).Scan(&waiting)
+		return waiting == 1
+	})
+	close(hold)
+	a, b := <-first, <-second
+	if a.err != nil || b.err != nil {
+		t.Fatalf("answers: %v, %v", a.err, b.err)
+	}
+	return a, b
 }
 
 // answer is a reply read without failing the test, for requests sent from other goroutines.
@@ -142,21 +152,7 @@ RETURNING pg_backend_pid()`).Scan(&pid).Error; err != nil {
 		}
 		return nil
 	}
-	first, second := make(chan answer, 1), make(chan answer, 1)
-	go func() { first <- post(e.url+"/charges", "race", `{"amount":5}`) }()
-	servicetest.Eventually(t, "the first copy holds the key", func() bool { return firstPID.Load() != 0 })
-	go func() { second <- post(e.url+"/charges", "race", `{"amount":5}`) }()
-	servicetest.Eventually(t, "the second copy's claim waits for the first's transaction", func() bool {
-		var waiting int64
-		e.env.DB.Raw(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = ?
-WHERE NOT l.granted AND l.locktype = 'transactionid' AND l.transactionid = a.backend_xid`, firstPID.Load()).Scan(&waiting)
-		return waiting == 1
-	})
-	close(hold)
-	a, b := <-first, <-second
-	if a.err != nil || b.err != nil {
-		t.Fatalf("answers: %v, %v", a.err, b.err)
-	}
+	a, b := race(t, e.env.DB.DB, e.url+"/charges", `{"amount":5}`, &firstPID, hold)
 	if a.status != http.StatusOK || a.header.Get(idem.HeaderReplayed) != "" {
 		t.Fatalf("first copy: %d %s; want a fresh 200", a.status, a.body)
 	}
