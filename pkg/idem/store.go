@@ -202,9 +202,7 @@ func claim(ctx context.Context, tx *gorm.DB, first keyQuery, op opstatus.Operati
 	for attempt := 0; attempt < 3; attempt++ {
 		args := append([]any{op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID}, with.args...)
 		rows, err := query(`
-WITH claim AS (
-    INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
-    VALUES (?, ?, ?, ?, 'running')
+WITH claim AS (`+claimKeySQL+`
     ON CONFLICT (account_id, idempotency_key) DO NOTHING
     RETURNING account_id, idempotency_key, fingerprint, operation_id, state, created_at
 )`+with.sql+`
@@ -508,9 +506,9 @@ func (PostgresStore) ClaimKeyBegin(ctx context.Context, t *database.PipelinedTx,
 	return claim(ctx, t.DB(), beginKeys(ctx, t), op, withItems{})
 }
 
-// claimKeySQL is the key's insert of ClaimKeyWithNext and ClaimWithNext: a plain insert, which fails on a key
-// that exists (the primary key), or after waiting for the transaction that holds it, if that one commits, as ON
-// CONFLICT would wait.
+// claimKeySQL is the key's insert of every claim. Claim adds ON CONFLICT DO NOTHING; ClaimKeyWithNext and
+// ClaimWithNext send it plain, so it fails on a key that exists (the primary key), or after waiting for the
+// transaction that holds it, if that one commits, as ON CONFLICT would wait.
 const claimKeySQL = `INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state)
 VALUES (?, ?, ?, ?, 'running')`
 
