@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # The database's share of a ticket create, measured with pgbench alone (no Go, no HTTP): each variant is the
-# statements one create sends, in its round trips, 32 clients, prepared statements, on a fresh database migrated
-# by `retrysafe migrate`. The variants run back to back in one go so their ratios compare; absolute TPS move with
-# the machine's load.
-#   bare      one INSERT INTO tickets per transaction (what the baseline server does)
-#   create    today's create: the read that serves retries, BEGIN, the claim, the ticket, the completion (operation,
-#             two chained events linked by the writer, the chain head, the stored response), COMMIT
-#   trigger   the same, with the events chained by the database's trigger (how creates were written before
-#             migration 00012)
+# statements one create sends, in the round trips the code sends them (pgbench pipelines), 32 clients, prepared
+# statements, on a fresh database migrated by `retrysafe migrate`. Besides TPS it prints the CPU the database's
+# processes spent per transaction (their /proc counters, so run it as root or as postgres on the database's
+# machine), which is what bounds the whole request on a machine whose cores the service shares. The variants run
+# back to back in one go so their ratios compare; absolute figures move with the machine's load.
+#   bare       one INSERT INTO tickets per transaction (what the baseline server does)
+#   key        the least any idempotent create can write: the read that serves retries, then BEGIN, the key's
+#              claim and the ticket, then the key's completion (its stored response) and COMMIT. No operation,
+#              no records.
+#   threerows  a schema that does not exist (scratch tables made here): one row that is both the key and the
+#              operation, claimed running and completed in place, one chained record, the ticket; same round
+#              trips. The issue's "at most three rows".
+#   create     today's create: the read, BEGIN with the claim and the ticket, then the completion (the operation,
+#              its two records linked by the writer, the chain head, the stored response) with COMMIT
 # usage: scripts/bench-db-steps.sh [SECONDS]   (needs pgbench and psql; PGHOST etc. or 127.0.0.1:5432 user postgres;
 # KEEP=1 keeps the database retrysafe_db_steps to look at afterwards)
 set -eu
@@ -15,40 +21,99 @@ D=${1:-10}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 db=retrysafe_db_steps
 dir=$(mktemp -d); trap 'rm -rf "$dir"; [ -n "${KEEP:-}" ] || psql -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true' EXIT
-psql -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null && psql -qc "CREATE DATABASE $db" >/dev/null
+psql -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 && psql -qc "CREATE DATABASE $db" >/dev/null
 DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/$db?sslmode=disable" go run ./cmd/retrysafe migrate >/dev/null
-
-cat >"$dir/bare.sql" <<'SQL'
-\set r random(1, 9000000000000000)
-INSERT INTO tickets (id, account_id, project, title, description, priority, status) VALUES ('tkt_' || :client_id::text || '_' || :r::text, 'acct_a', 'bench', md5(:r::text), '', 'normal', 'open');
+# The merged key-and-operation row with the indexes it would need: by key, by id (the status resource), by
+# time (listings); and one record per create, keyed by its chain as operation_events is.
+psql -q -d "$db" >/dev/null <<'SQL'
+CREATE TABLE scratch_opkeys (
+    account_id text NOT NULL, idempotency_key text NOT NULL, id text NOT NULL, kind text NOT NULL,
+    state text NOT NULL, fingerprint text NOT NULL, resource_type text, resource_id text,
+    response_status integer, response_headers jsonb, response_body bytea,
+    created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now(),
+    chain_seq bigint NOT NULL DEFAULT 0, chain_hash text,
+    PRIMARY KEY (account_id, idempotency_key), UNIQUE (account_id, id)
+) WITH (fillfactor = 80);
+CREATE INDEX ON scratch_opkeys (account_id, created_at, id);
+CREATE TABLE scratch_records (
+    account_id text NOT NULL, operation_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
+    from_state text, to_state text, actor text NOT NULL, detail jsonb NOT NULL, attempt bigint,
+    created_at timestamptz NOT NULL DEFAULT now(), prev_hash text NOT NULL, hash text NOT NULL,
+    PRIMARY KEY (account_id, operation_id, seq),
+    FOREIGN KEY (account_id, operation_id) REFERENCES scratch_opkeys (account_id, id)
+);
 SQL
 
-common_head='\set r random(1, 9000000000000000)
-SELECT k.state, o.state FROM idempotency_keys k LEFT JOIN operations o ON o.account_id = k.account_id AND o.id = k.operation_id WHERE k.account_id = '"'acct_a'"' AND k.idempotency_key = '"'k_'"' || :client_id::text || '"'_'"' || :r::text;
-BEGIN;
-WITH claim AS (INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state) VALUES ('"'acct_a'"', '"'k_'"' || :client_id::text || '"'_'"' || :r::text, md5(:r::text), '"'op_'"' || :client_id::text || '"'_'"' || :r::text, '"'running'"') ON CONFLICT (account_id, idempotency_key) DO NOTHING RETURNING account_id, idempotency_key, created_at) SELECT * FROM claim;
-INSERT INTO tickets (id, account_id, project, title, description, priority, status) VALUES ('"'tkt_'"' || :client_id::text || '"'_'"' || :r::text, '"'acct_a'"', '"'bench'"', md5(:r::text), '"''"', '"'normal'"', '"'open'"') ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING RETURNING id, created_at;'
+K="'k_' || :client_id::text || '_' || :r::text"
+OP="'op_' || :client_id::text || '_' || :r::text"
+TKT="'tkt_' || :client_id::text || '_' || :r::text"
+ticket="INSERT INTO tickets (id, account_id, project, title, description, priority, status) VALUES ($TKT, 'acct_a', 'bench', md5(:r::text), '', 'normal', 'open') ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING RETURNING id, created_at;"
 detail1='{"attempt_id": "att_1"}'
 detail2='{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "duration_ms": 3}'
-{
-  echo "$common_head"
-  cat <<SQL
-WITH op AS (INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id) VALUES ('op_' || :client_id::text || '_' || :r::text, 'acct_a', 'tickets.create', 'succeeded', 'k_' || :client_id::text || '_' || :r::text, md5(:r::text), 'ticket', 'tkt_' || :client_id::text || '_' || :r::text) RETURNING id, account_id), ev AS (INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, created_at, attempt, chain_seq, prev_hash, hash) SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb, now(), v.attempt, v.seq, v.prev_hash, v.hash FROM op, (VALUES ('claimed', NULL, 'running', 'agent_a', '$detail1', NULL::bigint, 1::bigint, repeat('0', 64), md5('a') || md5('b')), ('completed', 'running', 'succeeded', 'agent_a', '$detail2', 1::bigint, 2::bigint, md5('a') || md5('b'), md5('c') || md5('d'))) AS v(type, from_state, to_state, actor, detail, attempt, seq, prev_hash, hash) ORDER BY v.seq), head AS (INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, attempts) SELECT account_id, id, 2, md5('c') || md5('d'), md5('a') || md5('b'), 1 FROM op), key AS (UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now() WHERE account_id = 'acct_a' AND idempotency_key = 'k_' || :client_id::text || '_' || :r::text AND state = 'running' RETURNING 1) SELECT (SELECT count(*) FROM key);
-COMMIT;
-SQL
-} >"$dir/create.sql"
-{
-  echo "$common_head"
-  cat <<SQL
-WITH op AS (INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id) VALUES ('op_' || :client_id::text || '_' || :r::text, 'acct_a', 'tickets.create', 'succeeded', 'k_' || :client_id::text || '_' || :r::text, md5(:r::text), 'ticket', 'tkt_' || :client_id::text || '_' || :r::text) RETURNING id, account_id), ev AS (INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail) SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb FROM op, (VALUES (1, 'claimed', NULL, 'running', 'agent_a', '$detail1'), (2, 'completed', 'running', 'succeeded', 'agent_a', '$detail2')) AS v(ord, type, from_state, to_state, actor, detail) ORDER BY v.ord), key AS (UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now() WHERE account_id = 'acct_a' AND idempotency_key = 'k_' || :client_id::text || '_' || :r::text AND state = 'running' RETURNING 1) SELECT (SELECT count(*) FROM key);
-COMMIT;
-SQL
-} >"$dir/trigger.sql"
+H1="md5('a') || md5('b')"; H2="md5('c') || md5('d')"
+r='\set r random(1, 9000000000000000)'
 
-printf '%-8s %10s %8s\n' variant tps ratio
+printf '%s\n%s\n' "$r" "${ticket/ ON CONFLICT*RETURNING id, created_at;/;}" >"$dir/bare.sql"
+
+cat >"$dir/key.sql" <<SQL
+$r
+SELECT k.state FROM idempotency_keys k WHERE k.account_id = 'acct_a' AND k.idempotency_key = $K;
+\startpipeline
+BEGIN;
+INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state) VALUES ('acct_a', $K, md5(:r::text), $OP, 'running');
+$ticket
+\endpipeline
+\startpipeline
+UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now() WHERE account_id = 'acct_a' AND idempotency_key = $K AND state = 'running';
+COMMIT;
+\endpipeline
+SQL
+# key.sql's key has no operation: its deferred foreign key would fail the commit.
+psql -q -d "$db" -c 'ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_operation_id_fkey' >/dev/null
+
+cat >"$dir/threerows.sql" <<SQL
+$r
+SELECT k.state FROM scratch_opkeys k WHERE k.account_id = 'acct_a' AND k.idempotency_key = $K;
+\startpipeline
+BEGIN;
+INSERT INTO scratch_opkeys (account_id, idempotency_key, id, kind, state, fingerprint) VALUES ('acct_a', $K, $OP, 'tickets.create', 'running', md5(:r::text));
+$ticket
+\endpipeline
+\startpipeline
+WITH k AS (UPDATE scratch_opkeys SET state = 'succeeded', resource_type = 'ticket', resource_id = $TKT, response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', updated_at = now(), chain_seq = 1, chain_hash = $H2 WHERE account_id = 'acct_a' AND idempotency_key = $K AND state = 'running' RETURNING account_id, id), ev AS (INSERT INTO scratch_records (account_id, operation_id, seq, type, from_state, to_state, actor, detail, attempt, prev_hash, hash) SELECT account_id, id, 1, 'completed', NULL, 'succeeded', 'agent_a', '$detail2'::jsonb, 1, $H1, $H2 FROM k) SELECT count(*) FROM k;
+COMMIT;
+\endpipeline
+SQL
+
+cat >"$dir/create.sql" <<SQL
+$r
+SELECT k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, k.response_status, k.response_headers, k.response_body, (SELECT o.state FROM operations o WHERE o.account_id = k.account_id AND o.id = k.operation_id) FROM idempotency_keys k WHERE k.account_id = 'acct_a' AND k.idempotency_key = $K;
+\startpipeline
+BEGIN;
+INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state) VALUES ('acct_a', $K, md5(:r::text), $OP, 'running');
+$ticket
+\endpipeline
+\startpipeline
+WITH key AS (UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now() WHERE account_id = 'acct_a' AND idempotency_key = $K AND operation_id = $OP AND state = 'running' RETURNING account_id, operation_id), op AS (INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id) SELECT operation_id, account_id, 'tickets.create', 'succeeded', $K, md5(:r::text), 'ticket', $TKT FROM key RETURNING id, account_id), ev AS (INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, created_at, attempt, chain_seq, prev_hash, hash) SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb, now(), v.attempt, v.seq, v.prev_hash, v.hash FROM op, (VALUES ('claimed', NULL, 'running', 'agent_a', '$detail1', NULL::bigint, 1::bigint, repeat('0', 64), $H1), ('completed', 'running', 'succeeded', 'agent_a', '$detail2', 1::bigint, 2::bigint, $H1, $H2)) AS v(type, from_state, to_state, actor, detail, attempt, seq, prev_hash, hash) ORDER BY v.seq), head AS (INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, attempts) SELECT account_id, id, 2, $H2, $H1, 1 FROM op) SELECT count(*) FROM key;
+COMMIT;
+\endpipeline
+SQL
+
+# cpu: the CPU ticks (1/100 s) of every process of the database server's user (PGOS_USER, postgres) so far,
+# with their reaped children's (a backend that exited is counted in the postmaster's).
+cpu() { local s=0 t p; for p in $(pgrep -u "${PGOS_USER:-postgres}"); do
+  t=$(awk '{print $14+$15+$16+$17}' /proc/$p/stat 2>/dev/null) && s=$((s + ${t:-0})); done; echo $s; }
+
+printf '%-10s %8s %7s %14s\n' variant tps ratio 'db CPU per tx'
 base=
-for v in bare create trigger; do
-  tps=$(pgbench -n -M prepared -c 32 -j 2 -T "$D" -f "$dir/$v.sql" "$db" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -n1)
+for v in bare key threerows create; do
+  # create.sql needs the key's deferred check of its operation back (key.sql's keys have none: NOT VALID).
+  [ "$v" = create ] && psql -q -d "$db" -c 'ALTER TABLE idempotency_keys ADD FOREIGN KEY (account_id, operation_id) REFERENCES operations (account_id, id) DEFERRABLE INITIALLY DEFERRED NOT VALID' >/dev/null
+  c0=$(cpu)
+  out=$(pgbench -n -M prepared -c 32 -j 2 -T "$D" -f "$dir/$v.sql" "$db" 2>&1) || { echo "$v failed:"; echo "$out" | tail -5; exit 1; }
+  c1=$(cpu)
+  tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -n1)
+  n=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
   base=${base:-$tps}
-  printf '%-8s %10.0f %7.2fx\n' "$v" "${tps:-0}" "$(echo "${tps:-0} / $base" | bc -l)"
+  printf '%-10s %8.0f %6.2fx %11.0f us\n' "$v" "${tps:-0}" "$(echo "${tps:-0} / $base" | bc -l)" "$(echo "($c1 - $c0) * 10000 / $n" | bc -l)"
 done
