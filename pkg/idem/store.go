@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -264,8 +266,28 @@ func scanKeys(rows interface {
 	return out, rows.Err()
 }
 
-// numbered turns the ? placeholders of query into $1, $2, ... (the queries given to it have no other ?).
+// numbered turns the ? placeholders of query into $1, $2, ... (the queries given to it have no other ?). The
+// statements of a write are the same few texts every time, so each is turned once and kept (a bounded number:
+// a text made of values, which no caller passes, would only stop being kept).
 func numbered(query string) string {
+	if q, ok := numberedTexts.Load(query); ok {
+		return q.(string)
+	}
+	q := renumber(query)
+	if numberedKept.Add(1) <= maxNumberedKept {
+		numberedTexts.Store(query, q)
+	}
+	return q
+}
+
+var (
+	numberedTexts sync.Map // query -> numbered(query)
+	numberedKept  atomic.Int64
+)
+
+const maxNumberedKept = 256
+
+func renumber(query string) string {
 	var b strings.Builder
 	n := 0
 	for i := 0; i < len(query); i++ {
@@ -290,6 +312,9 @@ SELECT k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, 
        k.created_at
 FROM idempotency_keys k
 WHERE k.account_id = ? AND k.idempotency_key = ?`
+
+// lookupQuery is lookupSQL as pgx takes it.
+var lookupQuery = numbered(lookupSQL)
 
 // Lookup implements Store.
 func (PostgresStore) Lookup(ctx context.Context, db *gorm.DB, accountID, key string) (Record, error) {
@@ -322,35 +347,53 @@ var _ BatchLookupStore = PostgresStore{}
 
 // LookupMany implements BatchLookupStore: one Lookup statement per key, all sent in one round trip
 // (database.SendBatch), each keeping the generic plan TestLookupPlanReadsOneOperation checks.
+//
+// A key asked for more than once in a batch (copies of one request arriving together: a client's quick retries,
+// a storm) is read once, and each copy gets its own Record decoded from that row.
 func (PostgresStore) LookupMany(ctx context.Context, db *gorm.DB, refs []KeyRef) ([]Record, []bool, error) {
+	distinct := make(map[KeyRef]int, len(refs))
+	slot := make([]int, len(refs)) // refs[i] is read by the slot[i]th statement
 	b := &pgx.Batch{}
-	query := numbered(lookupSQL)
-	for _, r := range refs {
-		b.Queue(query, r.AccountID, r.Key)
+	for i, r := range refs {
+		j, ok := distinct[r]
+		if !ok {
+			j = len(distinct)
+			distinct[r] = j
+			b.Queue(lookupQuery, r.AccountID, r.Key)
+		}
+		slot[i] = j
 	}
-	records, found := make([]Record, len(refs)), make([]bool, len(refs))
+	rows := make([]*keyRow, len(distinct))
 	err := database.SendBatch(ctx, db, b, func(br pgx.BatchResults) error {
-		for i := range refs {
-			rows, err := br.Query()
+		for j := range rows {
+			res, err := br.Query()
 			if err != nil {
 				return err
 			}
-			keys, err := scanKeys(rows, false)
-			rows.Close()
+			keys, err := scanKeys(res, false)
+			res.Close()
 			if err != nil {
 				return err
 			}
 			if len(keys) == 1 {
-				if records[i], err = keys[0].record(); err != nil {
-					return err
-				}
-				found[i] = true
+				rows[j] = &keys[0]
 			}
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("idem: lookup: %w", err)
+	}
+	records, found := make([]Record, len(refs)), make([]bool, len(refs))
+	for i := range refs {
+		row := rows[slot[i]]
+		if row == nil {
+			continue
+		}
+		if records[i], err = row.record(); err != nil {
+			return nil, nil, fmt.Errorf("idem: lookup: %w", err)
+		}
+		found[i] = true
 	}
 	return records, found, nil
 }
