@@ -36,8 +36,11 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "baseline" {
+	if len(args) > 0 && args[0] == bench.TargetBaseline {
 		return bench.ServeBaseline(ctx, getenv("DATABASE_URL"), getenv("ADDR"))
+	}
+	if len(args) > 0 && args[0] == bench.TargetCeiling {
+		return bench.ServeCeiling(ctx, getenv("DATABASE_URL"), getenv("ADDR"))
 	}
 	fs := flag.NewFlagSet("retrysafe-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -49,6 +52,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	storm := fs.Int("storm", 1000, "copies of one key sent at once")
 	keys := fs.Int("keys", 1000, "stored keys that replay cycles over")
 	pgbench := fs.Bool("pgbench", true, "measure pgbench's one-row insert first, when pgbench is installed")
+	ceiling := fs.Bool("ceiling", true, "measure the ceiling too: the baseline with the least idempotency, a stored key (internal/bench/ceiling.go)")
 	payments := fs.Bool("payments", true, "measure payments' intent create and capture")
 	preload := fs.Int64("preload", 0, "growth: also measure create and replay on tables holding this many completed creates")
 	preloadSQL := fs.String("preload-sql", "scripts/bench-preload.sql", "the loader of -preload")
@@ -97,7 +101,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	cfg := bench.Config{
 		Server: bench.Server{Base: *pg}, Bin: binPath, Self: self,
 		Duration: *d, Warmup: *warmup, Clients: *clients, Storm: *storm, ReplayKeys: *keys,
-		Pgbench: *pgbench, Payments: *payments,
+		Pgbench: *pgbench, Ceiling: *ceiling, Payments: *payments,
 		Preload: *preload, PreloadSQL: *preloadSQL, PreloadBatch: *batch, PreloadFor: *preloadFor,
 		KeyIDSecret: secret, Chart: *chart, LogDir: logDir, Out: stdout, Progress: stderr, TTY: tty,
 	}
@@ -110,8 +114,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	if *chart != "" {
-		series := []bench.Series{{Name: "baseline (gin + gorm insert)", Target: bench.TargetBaseline},
-			{Name: "retrysafe serve tickets", Target: bench.TargetTickets}}
+		series := []bench.Series{{Name: "baseline (gin + gorm insert)", Target: bench.TargetBaseline}}
+		if *ceiling {
+			series = append(series, bench.Series{Name: "ceiling (the insert and a stored key)", Target: bench.TargetCeiling})
+		}
+		series = append(series, bench.Series{Name: "retrysafe serve tickets", Target: bench.TargetTickets})
 		if rep.Preloaded > 0 {
 			t := fmt.Sprintf("retrysafe, %s preloaded", bench.Count(rep.Preloaded))
 			series = append(series, bench.Series{Name: t, Target: t})

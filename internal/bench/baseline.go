@@ -41,21 +41,11 @@ type baselineCreate struct {
 // ServeBaseline serves POST /v1/tickets (and GET /healthz, for the harness to wait on) at addr on databaseURL
 // until ctx ends.
 func ServeBaseline(ctx context.Context, databaseURL, addr string) error {
-	gin.SetMode(gin.ReleaseMode)
-	db, err := gorm.Open(postgres.Open(databaseURL), &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
+	db, closeDB, err := openReference(databaseURL, &baselineTicket{})
 	if err != nil {
 		return err
 	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return err
-	}
-	defer sqlDB.Close()
-	sqlDB.SetMaxOpenConns(20)
-	sqlDB.SetMaxIdleConns(20)
-	if err := db.AutoMigrate(&baselineTicket{}); err != nil {
-		return err
-	}
+	defer closeDB()
 	r := gin.New()
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.POST("/v1/tickets", func(c *gin.Context) {
@@ -79,6 +69,32 @@ func ServeBaseline(ctx context.Context, databaseURL, addr string) error {
 		}
 		c.JSON(http.StatusCreated, t)
 	})
+	return serveReference(ctx, addr, r)
+}
+
+// openReference opens a reference server's pool as the shared baseline does (gorm, no default transaction, 20
+// connections) and creates its tables.
+func openReference(databaseURL string, tables ...any) (*gorm.DB, func(), error) {
+	gin.SetMode(gin.ReleaseMode)
+	db, err := gorm.Open(postgres.Open(databaseURL), &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, nil, err
+	}
+	sqlDB.SetMaxOpenConns(20)
+	sqlDB.SetMaxIdleConns(20)
+	if err := db.AutoMigrate(tables...); err != nil {
+		sqlDB.Close()
+		return nil, nil, err
+	}
+	return db, func() { sqlDB.Close() }, nil
+}
+
+// serveReference serves r at addr until ctx ends.
+func serveReference(ctx context.Context, addr string, r http.Handler) error {
 	srv := &http.Server{Addr: addr, Handler: r, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()

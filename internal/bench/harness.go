@@ -31,6 +31,7 @@ const (
 const (
 	TargetPgbench   = "pgbench insert"
 	TargetBaseline  = "baseline"
+	TargetCeiling   = "ceiling"
 	TargetTickets   = "retrysafe"
 	TargetPayments  = "payments"
 	targetGrowthFmt = "retrysafe, %s preloaded"
@@ -39,7 +40,8 @@ const (
 // Config is one run of the harness.
 type Config struct {
 	Server Server
-	// Bin is the retrysafe binary; Self this harness's binary, started as `Self baseline` for the baseline.
+	// Bin is the retrysafe binary; Self this harness's binary, started as `Self baseline` for the baseline and
+	// `Self ceiling` for the ceiling.
 	Bin, Self string
 	// Duration of each timed mode, Warmup of the untimed create before them; Clients the concurrency; Storm the
 	// copies of one key sent at once; ReplayKeys the stored keys replay cycles over.
@@ -47,7 +49,9 @@ type Config struct {
 	Clients, Storm   int
 	ReplayKeys       int
 	// Pgbench adds pgbench's one-row insert (the machine's limit) when the pgbench command is found.
-	Pgbench  bool
+	Pgbench bool
+	// Ceiling adds the ceiling (ServeCeiling): the baseline with the least idempotency, a stored key.
+	Ceiling  bool
 	Payments bool
 	// Preload, when > 0, adds the growth run: a database with Preload completed creates (PreloadSQL, in batches
 	// of PreloadBatch), measured with create and replay.
@@ -111,6 +115,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Pgbench {
 		h.total++
 	}
+	if cfg.Ceiling {
+		h.total += 4
+	}
 	if cfg.Payments {
 		h.total += 3
 	}
@@ -144,8 +151,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 	}
-	if err := h.baseline(ctx); err != nil {
+	if err := h.reference(ctx, TargetBaseline); err != nil {
 		return nil, err
+	}
+	if cfg.Ceiling {
+		if err := h.reference(ctx, TargetCeiling); err != nil {
+			return nil, err
+		}
 	}
 	if err := h.tickets(ctx, TargetTickets, "bench_tickets", 0); err != nil {
 		return nil, err
@@ -317,8 +329,10 @@ func (h *harness) pgbench(ctx context.Context) error {
 	return nil
 }
 
-func (h *harness) baseline(ctx context.Context) error {
-	const db = "bench_baseline"
+// reference measures a reference server of this harness's own binary (`Self baseline`, `Self ceiling`) on a
+// fresh database.
+func (h *harness) reference(ctx context.Context, target string) error {
+	db := "bench_" + target
 	if err := h.fresh(ctx, db); err != nil {
 		return err
 	}
@@ -326,7 +340,7 @@ func (h *harness) baseline(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := Start(TargetBaseline, h.logPath(TargetBaseline), h.cfg.Self, []string{"baseline"},
+	p, err := Start(target, h.logPath(target), h.cfg.Self, []string{target},
 		[]string{"DATABASE_URL=" + h.cfg.Server.URL(db), "ADDR=" + addr})
 	if err != nil {
 		return err
@@ -335,7 +349,7 @@ func (h *harness) baseline(ctx context.Context) error {
 	if err := p.WaitReady("http://"+addr+"/healthz", 30*time.Second); err != nil {
 		return err
 	}
-	return h.ticketModes(ctx, TargetBaseline, db, "http://"+addr, true, nil)
+	return h.ticketModes(ctx, target, db, "http://"+addr, true, nil)
 }
 
 // tickets measures `retrysafe serve tickets` on a fresh database, first loaded with preload completed creates
