@@ -345,11 +345,17 @@ func (h *harness) reference(ctx context.Context, target string) error {
 	if err != nil {
 		return err
 	}
-	defer p.Stop()
+	// Its memory too: what the same load costs a server with no idempotency (or the least) is the yardstick
+	// for retrysafe's.
+	mem := p.SampleMemory(200 * time.Millisecond)
+	defer func() {
+		h.rep.Memory[target] = p.Stop()
+		h.rep.MemoryOrder = append(h.rep.MemoryOrder, target)
+	}()
 	if err := p.WaitReady("http://"+addr+"/healthz", 30*time.Second); err != nil {
 		return err
 	}
-	return h.ticketModes(ctx, target, db, "http://"+addr, true, nil)
+	return h.ticketModes(ctx, target, db, "http://"+addr, true, mem)
 }
 
 // tickets measures `retrysafe serve tickets` on a fresh database, first loaded with preload completed creates
