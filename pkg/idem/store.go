@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -385,11 +386,18 @@ func (PostgresStore) LookupMany(ctx context.Context, db *gorm.DB, refs []KeyRef)
 		return nil, nil, fmt.Errorf("idem: lookup: %w", err)
 	}
 	records, found := make([]Record, len(refs)), make([]bool, len(refs))
+	given := make([]bool, len(rows))
 	for i := range refs {
 		row := rows[slot[i]]
 		if row == nil {
 			continue
 		}
+		if given[slot[i]] {
+			copied := *row // a later copy's Record shares no bytes with the first's
+			copied.ResponseBody = bytes.Clone(row.ResponseBody)
+			row = &copied
+		}
+		given[slot[i]] = true
 		if records[i], err = row.record(); err != nil {
 			return nil, nil, fmt.Errorf("idem: lookup: %w", err)
 		}
