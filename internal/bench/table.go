@@ -152,7 +152,7 @@ func Print(w io.Writer, rep *Report) error {
 		fmt.Fprintln(w, "\npeak resident memory of each process over its whole run (VmHWM, and the largest VmRSS sampled from /proc/PID/status every 200 ms; goal < 60 MB; the tables above show the largest VmRSS in each mode):")
 		for _, name := range rep.MemoryOrder {
 			m := rep.Memory[name]
-			fmt.Fprintf(w, "  %-28s %s (VmHWM %s, VmRSS max %s, %d samples)\n", name, MB(m.Peak()), MB(m.HWM), MB(m.PeakRSS), m.Samples)
+			fmt.Fprintf(w, "  %-36s %s (VmHWM %s, VmRSS max %s, %d samples)\n", name, MB(m.Peak()), MB(m.HWM), MB(m.PeakRSS), m.Samples)
 		}
 	}
 	replay, _ := Find(rep.Results, TargetTickets, "replay")
