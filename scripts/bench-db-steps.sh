@@ -6,9 +6,10 @@
 # machine), which is what bounds the whole request on a machine whose cores the service shares. The variants run
 # back to back in one go so their ratios compare; absolute figures move with the machine's load.
 #   bare       one INSERT INTO tickets per transaction (what the baseline server does)
-#   key        the least any idempotent create can write: the read that serves retries, then BEGIN, the key's
-#              claim and the ticket, then the key's completion (its stored response) and COMMIT. No operation,
-#              no records.
+#   key        the least a create can send whose write runs between its claim and its completion (as a
+#              WriteFunc does): the read that serves retries, then BEGIN, the key's claim and the ticket, then the
+#              key's completion (its stored response) and COMMIT. No operation, no records. (One statement with
+#              the answer made before the write is less again: internal/bench/ceiling.go.)
 #   threerows  a schema that does not exist (scratch tables made here): one row that is both the key and the
 #              operation, claimed running and completed in place, one chained record, the ticket; same round
 #              trips. The "at most three rows".
