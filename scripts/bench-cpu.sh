@@ -30,11 +30,7 @@ export ADDR=127.0.0.1:18100 TICKETS_ADDR=127.0.0.1:18100
 db=retrysafe_bench_cpu
 trap 'psql -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true' EXIT
 
-# ticks: user+system CPU (1/100 s) of pid; pgticks: of every process of the database server's OS user
-# (PGOS_USER, postgres), with their reaped children's (a backend that exited is counted in the postmaster's).
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-pgticks() { local s=0 t p; for p in $(pgrep -u "${PGOS_USER:-postgres}"); do
-  t=$(awk '{print $14+$15+$16+$17}' "/proc/$p/stat" 2>/dev/null) && s=$((s + ${t:-0})); done; echo $s; }
+. "$(dirname "$0")/proc-cpu.sh" # ticks, pgticks
 
 for target in "$@"; do
   name=${target%%=*}; cmd=${target#*=}

@@ -53,17 +53,19 @@ detail1='{"attempt_id": "att_1"}'
 detail2='{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "duration_ms": 3}'
 H1="md5('a') || md5('b')"; H2="md5('c') || md5('d')"
 r='\set r random(1, 9000000000000000)'
+# The key's claim and the ticket, sent with BEGIN in one round trip: how key and create both begin.
+claim="\\startpipeline
+BEGIN;
+INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state) VALUES ('acct_a', $K, md5(:r::text), $OP, 'running');
+$ticket
+\\endpipeline"
 
 printf '%s\n%s\n' "$r" "${ticket/ ON CONFLICT*RETURNING id, created_at;/;}" >"$dir/bare.sql"
 
 cat >"$dir/key.sql" <<SQL
 $r
 SELECT k.state FROM idempotency_keys k WHERE k.account_id = 'acct_a' AND k.idempotency_key = $K;
-\startpipeline
-BEGIN;
-INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state) VALUES ('acct_a', $K, md5(:r::text), $OP, 'running');
-$ticket
-\endpipeline
+$claim
 \startpipeline
 UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now() WHERE account_id = 'acct_a' AND idempotency_key = $K AND state = 'running';
 COMMIT;
@@ -89,30 +91,23 @@ SQL
 cat >"$dir/create.sql" <<SQL
 $r
 SELECT k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, k.response_status, k.response_headers, k.response_body, (SELECT o.state FROM operations o WHERE o.account_id = k.account_id AND o.id = k.operation_id) FROM idempotency_keys k WHERE k.account_id = 'acct_a' AND k.idempotency_key = $K;
-\startpipeline
-BEGIN;
-INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state) VALUES ('acct_a', $K, md5(:r::text), $OP, 'running');
-$ticket
-\endpipeline
+$claim
 \startpipeline
 WITH key AS (UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now() WHERE account_id = 'acct_a' AND idempotency_key = $K AND operation_id = $OP AND state = 'running' RETURNING account_id, operation_id), op AS (INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id) SELECT operation_id, account_id, 'tickets.create', 'succeeded', $K, md5(:r::text), 'ticket', $TKT FROM key RETURNING id, account_id), ev AS (INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, created_at, attempt, chain_seq, prev_hash, hash) SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb, now(), v.attempt, v.seq, v.prev_hash, v.hash FROM op, (VALUES ('claimed', NULL, 'running', 'agent_a', '$detail1', NULL::bigint, 1::bigint, repeat('0', 64), $H1), ('completed', 'running', 'succeeded', 'agent_a', '$detail2', 1::bigint, 2::bigint, $H1, $H2)) AS v(type, from_state, to_state, actor, detail, attempt, seq, prev_hash, hash) ORDER BY v.seq), head AS (INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, attempts) SELECT account_id, id, 2, $H2, $H1, 1 FROM op) SELECT count(*) FROM key;
 COMMIT;
 \endpipeline
 SQL
 
-# cpu: the CPU ticks (1/100 s) of every process of the database server's user (PGOS_USER, postgres) so far,
-# with their reaped children's (a backend that exited is counted in the postmaster's).
-cpu() { local s=0 t p; for p in $(pgrep -u "${PGOS_USER:-postgres}"); do
-  t=$(awk '{print $14+$15+$16+$17}' /proc/$p/stat 2>/dev/null) && s=$((s + ${t:-0})); done; echo $s; }
+. "$(dirname "$0")/proc-cpu.sh" # pgticks
 
 printf '%-10s %8s %7s %14s\n' variant tps ratio 'db CPU per tx'
 base=
 for v in bare key threerows create; do
   # create.sql needs the key's deferred check of its operation back (key.sql's keys have none: NOT VALID).
   [ "$v" = create ] && psql -q -d "$db" -c 'ALTER TABLE idempotency_keys ADD FOREIGN KEY (account_id, operation_id) REFERENCES operations (account_id, id) DEFERRABLE INITIALLY DEFERRED NOT VALID' >/dev/null
-  c0=$(cpu)
+  c0=$(pgticks)
   out=$(pgbench -n -M prepared -c 32 -j 2 -T "$D" -f "$dir/$v.sql" "$db" 2>&1) || { echo "$v failed:"; echo "$out" | tail -5; exit 1; }
-  c1=$(cpu)
+  c1=$(pgticks)
   tps=$(echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -n1)
   n=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
   base=${base:-$tps}
