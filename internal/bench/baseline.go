@@ -54,15 +54,7 @@ func ServeBaseline(ctx context.Context, databaseURL, addr string) error {
 			c.JSON(http.StatusBadRequest, gin.H{"error": err.Error()})
 			return
 		}
-		if in.Priority == "" {
-			in.Priority = "normal"
-		}
-		b := make([]byte, 12)
-		_, _ = rand.Read(b)
-		t := baselineTicket{ID: "tkt_" + hex.EncodeToString(b),
-			// The account is the bearer secret, as in the shared baseline: no key lookup.
-			AccountID: strings.TrimPrefix(c.GetHeader("Authorization"), "Bearer "),
-			Project:   in.Project, Title: in.Title, Priority: in.Priority, Status: "open", CreatedAt: time.Now().UTC()}
+		t := newBaselineTicket(referenceAccount(c), in)
 		if err := db.WithContext(c).Create(&t).Error; err != nil {
 			c.JSON(http.StatusInternalServerError, gin.H{"error": "insert failed"})
 			return
@@ -70,6 +62,23 @@ func ServeBaseline(ctx context.Context, databaseURL, addr string) error {
 		c.JSON(http.StatusCreated, t)
 	})
 	return serveReference(ctx, addr, r)
+}
+
+// referenceAccount is the account of a reference server's request: the bearer secret, as in the shared
+// baseline (no key lookup).
+func referenceAccount(c *gin.Context) string {
+	return strings.TrimPrefix(c.GetHeader("Authorization"), "Bearer ")
+}
+
+// newBaselineTicket is the ticket the reference servers insert for in: a new id, the default priority.
+func newBaselineTicket(account string, in baselineCreate) baselineTicket {
+	if in.Priority == "" {
+		in.Priority = "normal"
+	}
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return baselineTicket{ID: "tkt_" + hex.EncodeToString(b), AccountID: account, Project: in.Project, Title: in.Title,
+		Priority: in.Priority, Status: "open", CreatedAt: time.Now().UTC()}
 }
 
 // openReference opens a reference server's pool as the shared baseline does (gorm, no default transaction, 20

@@ -2,13 +2,11 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -57,7 +55,7 @@ func ceilingCreate(c *gin.Context, db *gorm.DB) {
 	}
 	sum := sha256.Sum256(raw)
 	fingerprint := hex.EncodeToString(sum[:])
-	account := strings.TrimPrefix(c.GetHeader("Authorization"), "Bearer ")
+	account := referenceAccount(c)
 	key := c.GetHeader("Idempotency-Key")
 	if key == "" {
 		c.JSON(http.StatusBadRequest, gin.H{"error": "Idempotency-Key is required"})
@@ -71,13 +69,7 @@ func ceilingCreate(c *gin.Context, db *gorm.DB) {
 		c.JSON(http.StatusBadRequest, gin.H{"error": "project and title are required"})
 		return
 	}
-	if in.Priority == "" {
-		in.Priority = "normal"
-	}
-	b := make([]byte, 12)
-	_, _ = rand.Read(b)
-	t := baselineTicket{ID: "tkt_" + hex.EncodeToString(b), AccountID: account, Project: in.Project, Title: in.Title,
-		Priority: in.Priority, Status: "open", CreatedAt: time.Now().UTC()}
+	t := newBaselineTicket(account, in)
 	body, err := json.Marshal(t)
 	if err != nil {
 		c.JSON(http.StatusInternalServerError, gin.H{"error": err.Error()})
