@@ -194,7 +194,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	m := metrics.New()
 	m.WatchOperations(db, 2*time.Second)
 	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: &idem.Handler{
-		DB: db, Store: idem.PostgresStore{}, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m,
+		DB: db, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m,
 		// An effect is sent only with time for a whole provider call left in its lease.
 		DispatchMargin: cfg.ProviderTimeout,
 	}}

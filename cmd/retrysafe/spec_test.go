@@ -36,7 +36,7 @@ func TestEveryRouteIsInTheSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := service.Deps{DB: db.DB, Logger: servicetest.Logger(), Metrics: metrics.New(),
-		Idem: &idem.Handler{DB: db.DB, Store: idem.PostgresStore{}, Logger: servicetest.Logger()}}
+		Idem: &idem.Handler{DB: db.DB, Logger: servicetest.Logger()}}
 	stack, err := httpStack(cfg, db.DB)
 	if err != nil {
 		t.Fatal(err)

@@ -98,7 +98,7 @@ func New(t testing.TB, opts ...Option) *Env {
 	for _, opt := range opts {
 		opt(t, e)
 	}
-	e.Idem = &idem.Handler{DB: e.ServiceDB, Store: idem.PostgresStore{}, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1}
+	e.Idem = &idem.Handler{DB: e.ServiceDB, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1}
 	e.Deps = service.Deps{DB: e.ServiceDB, Idem: e.Idem, Logger: logger}
 	return e
 }

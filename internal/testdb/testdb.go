@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
@@ -37,6 +38,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // DefaultURL is used when TEST_DATABASE_URL is unset: the local PostgreSQL of the development machine.
@@ -368,4 +370,20 @@ func EmptySchema(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return dsn
+}
+
+// CreateOperation inserts op with its claimed event by actor "test", as a claim does (opstatus.QueueCreate), on
+// db: a pool, a lent schema or a test's transaction.
+func CreateOperation(t testing.TB, db *gorm.DB, op opstatus.Operation) {
+	t.Helper()
+	b := &pgx.Batch{}
+	err := opstatus.QueueCreate(b, op, []opstatus.NewEvent{{Type: opstatus.EventClaimed, To: op.State, Actor: "test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range b.QueuedQueries {
+		if _, err := db.Statement.ConnPool.ExecContext(t.Context(), q.SQL, q.Arguments...); err != nil {
+			t.Fatalf("create operation %s: %v", op.ID, err)
+		}
+	}
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -389,7 +390,7 @@ func (s *Service) create(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	s.idem.Do(c, idem.Request{Kind: "approvals.request", Command: b},
+	idemgin.Do(s.idem, c, idem.Request{Kind: "approvals.request", Command: b},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			summary, err := json.Marshal(b.Summary)
 			if err != nil {

@@ -9,6 +9,9 @@
 // from the pool when every one is busy, and each statement (from sending it to the last byte of its answer,
 // enforced by the client, so a frozen server is noticed too; the server gets the same statement_timeout so it
 // stops working on a statement nobody waits for).
+//
+// Tx is the transaction the idempotency library runs a write in: its own statements through pgx, the write's
+// through gorm, on one connection.
 package database
 
 import (
@@ -213,13 +216,7 @@ func (p *acquireBound) GetDBConn() (*sql.DB, error) { return p.DB, nil }
 // maps them. It is gorm's Raw(...).Scan(&rows) without the cost Scan adds to every call: Scan records the
 // statement with its arguments rendered into SQL text (for its logger, even a discarding one), which was a
 // tenth of a write's CPU in the service; Rows and ScanRows do not.
-//
-// On a PipelinedTx whose BeginWithNext statement is still queued, the statement goes with it and BEGIN, in one
-// round trip (queryWithBegin).
 func Query[T any](db *gorm.DB, sql string, args ...any) ([]T, error) {
-	if p, ok := db.Statement.ConnPool.(*txPool); ok && p.t.state == txPending {
-		return queryWithBegin[T](db, p.t, sql, args)
-	}
 	rows, err := db.Raw(sql, args...).Rows()
 	if err != nil {
 		return nil, err

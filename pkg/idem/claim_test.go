@@ -16,6 +16,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
@@ -36,7 +37,7 @@ func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
 		hold         = make(chan struct{})
 	)
 	notes := func(c *gin.Context) {
-		env.Idem.Do(c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}, OperationAtCompletion: true},
+		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}, OperationAtCompletion: true},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				rows, err := database.Query[struct{ ID string }](tx.WithContext(ctx), `INSERT INTO notes VALUES (?) RETURNING id`, op.ID)
 				if err != nil {

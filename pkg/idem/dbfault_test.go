@@ -16,6 +16,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
@@ -118,7 +119,7 @@ func TestConnectionLostUnderWaitingWrite(t *testing.T) {
 	slow.Store(true)
 	var writes atomic.Int64
 	notes := func(c *gin.Context) {
-		env.Idem.Do(c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}},
+		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				if slow.Load() {
 					if err := tx.Exec(`SELECT pg_sleep(?) -- `+marker, 30).Error; err != nil {
@@ -297,7 +298,7 @@ func TestFrozenDatabaseAnswers503(t *testing.T) {
 	}))
 	var writes atomic.Int64
 	notes := func(c *gin.Context) {
-		env.Idem.Do(c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}},
+		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				writes.Add(1)
 				return idem.Result{Status: 201, Body: map[string]any{"operation": op.ID}}, nil
@@ -332,7 +333,7 @@ func TestLocalCommitLostIsOutcomeUnknown(t *testing.T) {
 	}))
 	var writes atomic.Int64
 	notes := func(c *gin.Context) {
-		env.Idem.Do(c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}},
+		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				if err := tx.Exec(`CREATE TABLE IF NOT EXISTS notes (id text PRIMARY KEY)`).Error; err != nil {
 					return idem.Result{}, err

@@ -2,14 +2,15 @@ package idem_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
-	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -31,11 +32,40 @@ type note struct {
 	Text string `json:"text"`
 }
 
-// Local mode: the claim, the business write and the stored response commit in one transaction. Validation runs
-// before Do, so a refused request never burns the key.
-func ExampleHandler_Do() {
-	var db *gorm.DB // the service's database, migrated with migrations/
-	h := &idem.Handler{DB: db, Store: idem.PostgresStore{}}
+// A net/http service: the caller is put in the request's context by the service's authentication, and the
+// write runs in the transaction that holds the claim. Validation runs before Handle, so a refused request never
+// burns the key.
+func ExampleHandler_Handle() {
+	var db *gorm.DB // gorm.Open(postgres.Open(dsn), &gorm.Config{}), migrated with migrations.Up
+	h := &idem.Handler{DB: db}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/notes", func(w http.ResponseWriter, r *http.Request) {
+		var cmd createNote
+		if err := json.NewDecoder(r.Body).Decode(&cmd); err != nil || cmd.Validate() != nil {
+			problem.WriteHTTP(w, r, problem.New(problem.CodeInvalidRequest, "send {\"text\": \"...\"}"))
+			return
+		}
+		h.Handle(w, r, idem.Request{Kind: "notes.create", Command: cmd},
+			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+				n := note{ID: "note_" + op.ID, Text: cmd.Text}
+				if err := tx.Create(&n).Error; err != nil {
+					return idem.Result{}, err // rolls the claim back: the key stays free
+				}
+				return idem.Result{Status: http.StatusCreated, Body: n, Resource: &opstatus.Resource{Type: "note", ID: n.ID}}, nil
+			})
+	})
+	authenticated := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The service's own authentication names the caller.
+		ctx := idem.WithCaller(r.Context(), idem.Caller{AccountID: "acct_1", Actor: "agent:key_1"})
+		mux.ServeHTTP(w, r.WithContext(ctx))
+	})
+	_ = http.ListenAndServe("127.0.0.1:8080", authenticated)
+}
+
+// The same write in gin (package idemgin), behind auth.Middleware.
+func Example_gin() {
+	var db *gorm.DB
+	h := &idem.Handler{DB: db}
 	r := gin.New()
 	r.POST("/v1/notes", func(c *gin.Context) {
 		var cmd createNote
@@ -43,12 +73,11 @@ func ExampleHandler_Do() {
 			problem.Write(c, err)
 			return
 		}
-		h.Do(c, idem.Request{Kind: "notes.create", Command: cmd},
+		idemgin.Do(h, c, idem.Request{Kind: "notes.create", Command: cmd},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				n := note{ID: "note_" + op.ID, Text: cmd.Text}
-				err := tx.Exec(`INSERT INTO notes (id, account_id, text) VALUES (?, ?, ?)`, n.ID, auth.From(c).AccountID, n.Text).Error
-				if err != nil {
-					return idem.Result{}, err // rolls the claim back: the key stays free
+				if err := tx.Create(&n).Error; err != nil {
+					return idem.Result{}, err
 				}
 				return idem.Result{Status: http.StatusCreated, Body: n, Resource: &opstatus.Resource{Type: "note", ID: n.ID}}, nil
 			})
@@ -57,10 +86,10 @@ func ExampleHandler_Do() {
 
 // External mode: the claim commits with a lease, the effect leaves the process with a downstream key derived from
 // the operation, and its answer is recorded after. A lost answer leaves the operation unknown for a Reconciler.
-func ExampleDoExternal() {
+func ExampleRunExternal() {
 	var db *gorm.DB
 	send := func(ctx context.Context, downstreamKey, text string) (string, error) { return "msg_1", nil } // the other side
-	h := &idem.Handler{DB: db, Store: idem.PostgresStore{}}
+	h := &idem.Handler{DB: db}
 	r := gin.New()
 	r.POST("/v1/messages", func(c *gin.Context) {
 		var cmd createNote
@@ -69,7 +98,7 @@ func ExampleDoExternal() {
 			return
 		}
 		// string is the type of the other side's answer: Call returns it and Record receives it.
-		idem.DoExternal(h, c, idem.Request{Kind: "messages.send", Command: cmd}, idem.ExternalSteps[string]{
+		idemgin.DoExternal(h, c, idem.Request{Kind: "messages.send", Command: cmd}, idem.ExternalSteps[string]{
 			Call: func(ctx context.Context, op opstatus.Operation) (string, error) {
 				// Return an error wrapping idem.ErrOutcomeUnknown when the answer was lost.
 				return send(ctx, "rs-"+op.ID, cmd.Text)

@@ -20,6 +20,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -71,7 +72,7 @@ func setupExternal(t *testing.T, lease time.Duration, opts ...servicetest.Option
 			problem.Write(c, err)
 			return
 		}
-		idem.DoExternal(env.Idem, c, idem.Request{Kind: "test.charge", Command: cmd}, idem.ExternalSteps[string]{
+		idemgin.DoExternal(env.Idem, c, idem.Request{Kind: "test.charge", Command: cmd}, idem.ExternalSteps[string]{
 			Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 				if cmd.Amount == 13 {
 					return problem.New(problem.CodeInvalidState, "unlucky")

@@ -12,7 +12,6 @@ import (
 // or unknown are kept whatever their age: their outcome is still owed to the caller.
 type Pruner struct {
 	DB        *gorm.DB
-	Store     Store
 	Retention time.Duration
 	Interval  time.Duration
 	Logger    *slog.Logger
@@ -28,7 +27,7 @@ func (p *Pruner) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := p.Store.Prune(ctx, p.DB, time.Now().Add(-p.Retention))
+		n, err := pruneKeys(ctx, p.DB, time.Now().Add(-p.Retention))
 		if err != nil {
 			if ctx.Err() == nil {
 				p.log().WarnContext(ctx, "idempotency key pruning failed", "error", err.Error())
@@ -41,10 +40,9 @@ func (p *Pruner) Run(ctx context.Context) {
 	}
 }
 
-// log is the Logger, or a logger that discards when it is nil.
 func (p *Pruner) log() *slog.Logger {
 	if p.Logger == nil {
-		return slog.New(slog.DiscardHandler)
+		return slog.Default()
 	}
 	return p.Logger
 }

@@ -8,7 +8,7 @@
 //	m := metrics.New()
 //	m.WatchOperations(db, 2*time.Second) // the gauges of unknown operations
 //	d := service.Deps{DB: db, Logger: logger, Metrics: m,
-//		Idem: &idem.Handler{DB: db, Store: idem.PostgresStore{}, Observer: m}}
+//		Idem: &idem.Handler{DB: db, Observer: m}}
 //	client := provider.NewClient(url, secret, timeout).WithObserver(m.Downstream("provider"))
 //
 // Without pkg/service: httpserver.Options{Middleware: []gin.HandlerFunc{m.Middleware("tickets")}} and

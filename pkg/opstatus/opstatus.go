@@ -1,12 +1,11 @@
 // Package opstatus records operations: one row per intended action, with a state and an append-only history of
 // events, so a caller that timed out can ask what happened instead of guessing.
 //
-// Who writes what: an operation is born in the same statement that claims its idempotency key
-// (idem.Store.Claim inserts the key, the operation and its claimed event in one round trip; for a local write
-// that never touches its operation, idem inserts it at completion instead, already final), and idem records its
-// result (idem.Store.Complete moves it to its final state with the stored response). Everything after the claim
-// goes through this package: Transition for a change of state (a deploy controller moving queued to running, the
-// recovery worker marking an expired lease unknown), Append for evidence that changes no state (a provider
+// This package is the only writer of the operations and operation_events tables. An operation is born with
+// QueueCreate, in the transaction that claims its idempotency key (pkg/idem: at the claim, or at completion,
+// already final, for a local write that never touches its operation). Everything after goes through
+// Transition for a change of state (idem recording a result, a deploy controller moving queued to running, the
+// recovery worker marking an expired lease unknown) and Append for evidence that changes no state (a provider
 // lookup, an approval check). Reads (Get, FindByKey, GET /v1/operations) are here too.
 //
 // Writes take the caller's transaction, so an operation changes state in the same commit as the business row it

@@ -8,19 +8,15 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 func create(t *testing.T, db *testdb.DB, state opstatus.State, lease *time.Time) opstatus.Operation {
 	t.Helper()
-	// Operations are born with their idempotency key's claim (see the package doc: idem owns the insert).
 	op := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct", Kind: "test.kind", State: state,
 		IdempotencyKey: "k-" + opstatus.NewID(), Fingerprint: "fp", LeaseExpiresAt: lease}
-	if _, claimed, err := (idem.PostgresStore{}).Claim(context.Background(), db.DB, op, "test", nil); err != nil || !claimed {
-		t.Fatalf("claim: %v (claimed %v)", err, claimed)
-	}
+	testdb.CreateOperation(t, db.DB, op)
 	return op
 }
 

@@ -167,7 +167,7 @@ func Workers(d Deps, b Background, svcs ...Service) []Worker {
 		out = append(out, Worker{Name: "approval-expiry", Run: expiry.Run})
 	}
 	if b.PruneInterval > 0 {
-		pruner := &idem.Pruner{DB: d.DB, Store: d.Idem.Store, Retention: b.Retention, Interval: b.PruneInterval, Logger: d.Log()}
+		pruner := &idem.Pruner{DB: d.DB, Retention: b.Retention, Interval: b.PruneInterval, Logger: d.Log()}
 		out = append(out, Worker{Name: "pruner", Run: pruner.Run})
 	}
 	return out

@@ -13,6 +13,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -53,7 +54,7 @@ func (s *Server) createDeploy(c *gin.Context) {
 	}
 	account := auth.From(c).AccountID
 	guard := s.Approvals.Guard(c, s.needsApproval(cmd.Environment))
-	s.Idem.Do(c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			d, err := s.Store.CreateDeploy(ctx, tx, NewDeploy{
 				AccountID: account, OperationID: op.ID, Kind: DeployForward, Service: cmd.Service,
@@ -82,7 +83,7 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 		return
 	}
 	guard := s.Approvals.Guard(c, s.needsApproval(of.Environment))
-	s.Idem.Do(c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			plan, err := s.Store.RollbackPlan(ctx, tx, account, id)
 			if err != nil {

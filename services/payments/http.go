@@ -15,6 +15,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -116,7 +117,7 @@ func (s *Server) createIntent(c *gin.Context) {
 		return
 	}
 	account := auth.From(c).AccountID
-	idem.DoExternal(s.idem, c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps[provider.Authorization]{
+	idemgin.DoExternal(s.idem, c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			_, err := s.cfg.Store.BeginIntent(ctx, tx, account, op.ID, cmd)
 			return err
@@ -174,7 +175,7 @@ func (s *Server) capture(c *gin.Context) {
 		return
 	}
 	var reserved Intent
-	idem.DoExternal(s.idem, c, idem.Request{
+	idemgin.DoExternal(s.idem, c, idem.Request{
 		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
 	}, idem.ExternalSteps[provider.Capture]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
@@ -202,7 +203,7 @@ func (s *Server) cancel(c *gin.Context) {
 	}
 	account, intentID := auth.From(c).AccountID, c.Param("id")
 	var reserved Intent
-	idem.DoExternal(s.idem, c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps[provider.Authorization]{
+	idemgin.DoExternal(s.idem, c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
 			reserved, err = s.cfg.Store.BeginCancel(ctx, tx, account, intentID, op.ID)
@@ -274,7 +275,7 @@ func (s *Server) createRefund(c *gin.Context) {
 		return s.needsApproval(cmd.Currency, held+cmd.AmountMinor), nil
 	}
 	var reserved Intent
-	idem.DoExternal(s.idem, c, idem.Request{
+	idemgin.DoExternal(s.idem, c, idem.Request{
 		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed),
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {

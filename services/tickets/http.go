@@ -11,6 +11,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -48,7 +49,7 @@ func (s *Server) createTicket(c *gin.Context) {
 		httpserver.JSON(c, res.Status, res.Body)
 		return
 	}
-	s.Idem.Do(c, idem.Request{Kind: "tickets.create", Command: cmd, OperationAtCompletion: true},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: "tickets.create", Command: cmd, OperationAtCompletion: true},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			return s.create(ctx, tx, account, cmd)
 		})
@@ -105,7 +106,7 @@ func (s *Server) addComment(c *gin.Context) {
 		return
 	}
 	account, ticketID := auth.From(c).AccountID, c.Param("id")
-	s.Idem.Do(c, idem.Request{Kind: "tickets.comment", Command: cmd, OperationAtCompletion: true},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: "tickets.comment", Command: cmd, OperationAtCompletion: true},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			cm, err := s.Store.AddComment(ctx, tx, account, ticketID, cmd)
 			if err != nil {

@@ -7,15 +7,15 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// Lineage headers a caller may send on any write (CONVENTIONS.md, "Attempts, lineage and evidence").
+// Lineage headers a caller may send on any write (docs/contract.md, "Attempts, lineage and evidence").
 const (
 	HeaderAgentRunID  = "Agent-Run-Id"
 	HeaderRetryOf     = "Retry-Of"
@@ -68,10 +68,16 @@ func headerProblem(name, detail string) error {
 	return problem.New(problem.CodeInvalidRequest, "the %s header %s", name, detail).With("header", name)
 }
 
-// parseLineage validates the lineage headers; a malformed one is 400 invalid_request naming it.
-func parseLineage(c *gin.Context) (lineage, error) {
-	h := c.Request.Header
-	l := lineage{attempt: httpserver.AttemptID(c), start: time.Now()}
+// parseLineage validates the lineage headers; a malformed one is 400 invalid_request naming it. attemptID is the
+// adapter's (gin's middleware makes one); when empty it is the Attempt-Id header, or a new one.
+func parseLineage(h http.Header, attemptID string) (lineage, error) {
+	if attemptID == "" {
+		attemptID = h.Get(httpserver.HeaderAttemptID)
+		if !printable(attemptID) {
+			attemptID = ids.New("att_")
+		}
+	}
+	l := lineage{attempt: attemptID, start: time.Now()}
 	one := func(name string) (string, bool, error) {
 		vs := h.Values(name)
 		switch {
@@ -136,35 +142,35 @@ func (l lineage) identity(detail map[string]any) map[string]any {
 
 // record is an attempt record's detail: its identity, its outcome and answer, and how long it took so far.
 // The database numbers it within the operation (operation_events.attempt) when it is written.
-func (cl call) record(outcome string, status int, extra map[string]any) map[string]any {
-	d := cl.lineage.identity(extra)
+func (a *attempt) record(outcome string, status int, extra map[string]any) map[string]any {
+	d := a.lineage.identity(extra)
 	d["outcome"] = outcome
 	d["status"] = status
-	d["fingerprint"] = cl.fingerprint
-	d["duration_ms"] = time.Since(cl.lineage.start).Milliseconds()
+	d["fingerprint"] = a.fingerprint
+	d["duration_ms"] = time.Since(a.lineage.start).Milliseconds()
 	return d
 }
 
 // checkClaimLineage runs in the claim's transaction of a new operation: a new operation has no earlier attempt
 // to retry, and the operation it supersedes must be one of the same account, which learns of the link.
-func (h *Handler) checkClaimLineage(ctx context.Context, tx *gorm.DB, cl call) error {
-	if cl.lineage.retryOf != "" {
+func (h *Handler) checkClaimLineage(ctx context.Context, tx *gorm.DB, a *attempt) error {
+	if a.lineage.retryOf != "" {
 		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
 	}
-	if cl.lineage.supersedes == "" {
+	if a.lineage.supersedes == "" {
 		return nil
 	}
 	var n int64
 	err := tx.WithContext(ctx).Raw(`SELECT count(*) FROM operations WHERE account_id = ? AND id = ?`,
-		cl.op.AccountID, cl.lineage.supersedes).Scan(&n).Error
+		a.op.AccountID, a.lineage.supersedes).Scan(&n).Error
 	if err != nil {
 		return fmt.Errorf("idem: supersedes: %w", err)
 	}
 	if n == 0 {
 		return headerProblem(HeaderSupersedes, "names no operation of this account")
 	}
-	return opstatus.Append(ctx, tx, cl.op.AccountID, cl.lineage.supersedes, opstatus.EventSuperseded, cl.principal.Actor(),
-		map[string]any{"superseded_by": cl.op.ID, "attempt_id": cl.lineage.attempt})
+	return opstatus.Append(ctx, tx, a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
+		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})
 }
 
 // knownAttempt reports whether attempt is one of operation opID's attempts (of account).
@@ -178,22 +184,39 @@ WHERE account_id = ? AND operation_id = ? AND detail->>'attempt_id' = ?`, accoun
 	return n > 0, nil
 }
 
-// recordAttempt writes the attempt record of a request that found its key claimed, durably, before the answer:
-// the evidence of a duplicate attempt must not be lost in a crash. Concurrent attempts, at one operation or
-// many, share commits (opstatus.GroupAppender).
-func (h *Handler) recordAttempt(ctx context.Context, opID, eventType string, cl call, outcome string, status int, extra map[string]any) error {
-	return h.events().Append(ctx, cl.op.AccountID, opID, eventType, cl.principal.Actor(), cl.record(outcome, status, extra))
-}
-
-func (h *Handler) events() *opstatus.GroupAppender {
-	h.groupOnce.Do(func() { h.group = &opstatus.GroupAppender{DB: h.DB} })
-	return h.group
-}
-
 // AttemptCreatedOrRefused is the outcome of the attempt that claimed the key, from the status it stored.
 func AttemptCreatedOrRefused(status int) string {
 	if status >= http.StatusBadRequest {
 		return AttemptRefused
 	}
 	return AttemptCreated
+}
+
+// claimDetail is the detail of the claimed event.
+func (a *attempt) claimDetail() map[string]any {
+	detail := a.lineage.identity(nil)
+	if a.lineage.supersedes != "" {
+		detail["supersedes_operation_id"] = a.lineage.supersedes
+	}
+	return detail
+}
+
+// completionDetail is the detail of the event that records the result: the attempt record of the attempt that
+// claimed the key, or {"status": ...} for a worker's settlement; reason, when set, is the result's.
+func (a *attempt) completionDetail(status int, reason string) map[string]any {
+	var detail map[string]any
+	switch {
+	case a.lineage.attempt != "" && a.attemptRecorded:
+		// The recovery worker already wrote this attempt's record (outcome unknown, its lease ran out): the
+		// result is told without an outcome, so the attempt is not numbered twice.
+		detail = a.lineage.identity(map[string]any{"status": status})
+	case a.lineage.attempt != "":
+		detail = a.record(AttemptCreatedOrRefused(status), status, nil)
+	default:
+		detail = map[string]any{"status": status}
+	}
+	if reason != "" {
+		detail["reason"] = reason
+	}
+	return detail
 }

@@ -1,0 +1,251 @@
+package database
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/gorm"
+)
+
+// Tx is one transaction on one connection of a pool, reachable two ways: pgx batches (Send, Commit) for the
+// library's own statements, and a gorm handle (Gorm) for the caller's write. Both run on the same connection,
+// inside the same transaction, whatever the gorm configuration of the pool it came from.
+//
+// Two round trips are saved by name, not hidden: BEGIN is sent with the first batch (or the first gorm
+// statement), and COMMIT with the last batch (Commit). docs/benchmarks.md has what that is worth.
+//
+//	tx, err := database.Begin(ctx, db)
+//	if err != nil { ... }
+//	defer tx.Close()                // rolls back unless Commit succeeded
+//	err = tx.Send(ctx, claimBatch)  // BEGIN + the batch: one round trip
+//	err = write(ctx, tx.Gorm())     // the caller's statements, in the transaction
+//	err = tx.Commit(ctx, lastBatch) // the batch + COMMIT: one round trip
+type Tx struct {
+	conn  *sql.Conn
+	gorm  *gorm.DB
+	state txState
+}
+
+type txState int
+
+const (
+	txIdle      txState = iota // nothing sent: BEGIN goes with the first statement
+	txOpen                     // BEGIN sent: Close rolls back
+	txCommitted                // COMMIT answered
+	txBroken                   // the connection is unusable: Close discards it
+)
+
+// Begin reserves a connection of db's pool for a transaction, within the pool's acquire bound (Options). Nothing
+// is sent yet. Close must follow.
+func Begin(ctx context.Context, db *gorm.DB) (*Tx, error) {
+	conn, err := poolConn(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tx{conn: conn}
+	t.gorm = db.Session(&gorm.Session{Context: ctx, NewDB: true})
+	t.gorm.Statement.ConnPool = &txConn{t: t}
+	return t, nil
+}
+
+// Gorm is the transaction as a gorm handle. gorm sees a transaction already open: its default transaction
+// (SkipDefaultTransaction false) is not started, a nested Transaction takes a savepoint, and Commit or Rollback
+// on it fail: the transaction ends with Tx.Commit or Tx.Close.
+func (t *Tx) Gorm() *gorm.DB { return t.gorm }
+
+// Send sends b in one round trip, with BEGIN in front when the transaction has not begun, and runs the
+// callbacks queued on b (QueuedQuery.Query, QueryRow, Exec). It returns the first error; PostgreSQL skips the
+// statements after a failed one, and the transaction can then only be closed.
+func (t *Tx) Send(ctx context.Context, b *pgx.Batch) error {
+	if t.state != txIdle && t.state != txOpen {
+		return errTxDone
+	}
+	if t.state == txIdle {
+		b = withFirst(b, "BEGIN")
+	}
+	return t.send(ctx, b, txOpen)
+}
+
+// Commit sends b (nil for none) and COMMIT in one round trip. When it returns nil the transaction committed. An
+// error that problem.IsStoreUnavailable recognises means the COMMIT may or may not have been applied.
+func (t *Tx) Commit(ctx context.Context, b *pgx.Batch) error {
+	if t.state != txIdle && t.state != txOpen {
+		return errTxDone
+	}
+	if b == nil {
+		b = &pgx.Batch{}
+	}
+	if t.state == txIdle {
+		b = withFirst(b, "BEGIN")
+	}
+	b.Queue("COMMIT")
+	return t.send(ctx, b, txCommitted)
+}
+
+// Close rolls back a transaction that did not commit and gives the connection back to the pool, or discards it
+// if it is not idle. It is safe to call more than once.
+func (t *Tx) Close() {
+	if t.conn == nil {
+		return
+	}
+	if t.state == txOpen {
+		// Not with the caller's context, which may be over: a connection that cannot roll back is discarded.
+		if _, err := t.conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+			t.state = txBroken
+		}
+	}
+	_ = t.conn.Raw(func(dc any) error {
+		if sc, ok := dc.(*stdlib.Conn); !ok || sc.Conn().IsClosed() || sc.Conn().PgConn().TxStatus() != 'I' {
+			return driver.ErrBadConn // database/sql discards the connection
+		}
+		return nil
+	})
+	t.conn.Close()
+	t.conn = nil
+}
+
+var errTxDone = errors.New("database: the transaction is over")
+
+func (t *Tx) send(ctx context.Context, b *pgx.Batch, after txState) error {
+	err := withPgx(t.conn, func(c *pgx.Conn) error { return c.SendBatch(ctx, b).Close() })
+	if err != nil {
+		t.state = txBroken
+		if t.conn != nil && connUsable(t.conn) {
+			t.state = txOpen // a statement failed; the transaction is aborted and rolls back at Close
+		}
+		return err
+	}
+	t.state = after
+	return nil
+}
+
+// begin sends BEGIN alone, for a gorm statement that comes first.
+func (t *Tx) begin(ctx context.Context) error {
+	if t.state != txIdle {
+		return nil
+	}
+	return t.send(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: "BEGIN"}}}, txOpen)
+}
+
+func withFirst(b *pgx.Batch, sql string) *pgx.Batch {
+	return &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: sql}}, b.QueuedQueries...)}
+}
+
+// Send sends b in one round trip on a connection of db's pool, outside any transaction of the caller: without
+// a BEGIN in b its statements run in one implicit transaction (all commit, or none does).
+func Send(ctx context.Context, db *gorm.DB, b *pgx.Batch) error {
+	conn, err := poolConn(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return withPgx(conn, func(c *pgx.Conn) error {
+		err := c.SendBatch(ctx, b).Close()
+		if c.IsClosed() || c.PgConn().TxStatus() != 'I' {
+			if err == nil {
+				err = driver.ErrBadConn
+			}
+			return errors.Join(err, driver.ErrBadConn) // database/sql discards the connection
+		}
+		return err
+	})
+}
+
+// poolConn reserves a connection of db's pool, within the pool's acquire bound.
+func poolConn(ctx context.Context, db *gorm.DB) (*sql.Conn, error) {
+	pool := db.Statement.ConnPool
+	if prepared, ok := pool.(*gorm.PreparedStmtDB); ok { // gorm.Config{PrepareStmt: true}
+		pool = prepared.ConnPool
+	}
+	switch pool := pool.(type) {
+	case *acquireBound:
+		return pool.conn(ctx)
+	case *sql.DB:
+		return pool.Conn(ctx)
+	default:
+		return nil, fmt.Errorf("database: retrysafe needs the *gorm.DB of a pool opened by database.Open or gorm's postgres driver, not one on a %T (a transaction or another driver)", pool)
+	}
+}
+
+// CheckPool reports whether db is a pool the library can use: gorm on pgx's database/sql driver (gorm.io/driver/
+// postgres or database.Open), not inside a transaction.
+func CheckPool(ctx context.Context, db *gorm.DB) error {
+	conn, err := poolConn(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return withPgx(conn, func(*pgx.Conn) error { return nil })
+}
+
+// withPgx runs fn on the pgx connection under conn.
+func withPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("database: retrysafe needs pgx's database/sql driver (gorm.io/driver/postgres), not %T", dc)
+		}
+		return fn(sc.Conn())
+	})
+}
+
+func connUsable(conn *sql.Conn) bool {
+	usable := false
+	_ = conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		usable = ok && !sc.Conn().IsClosed()
+		return nil
+	})
+	return usable
+}
+
+// txConn is the transaction's connection as a gorm.ConnPool. It has no BeginTx, so gorm never starts a
+// transaction of its own on it; its Commit and Rollback make gorm treat it as a transaction already open, and
+// refuse to end it. It is used as a pointer: gorm checks it for nil with reflect.
+type txConn struct{ t *Tx }
+
+var errEndedByOwner = errors.New("database: this transaction is committed or rolled back by its owner (database.Tx), not through gorm")
+
+func (p *txConn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := p.t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return p.t.conn.ExecContext(ctx, query, args...)
+}
+
+func (p *txConn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if err := p.t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return p.t.conn.QueryContext(ctx, query, args...)
+}
+
+func (p *txConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if err := p.t.begin(ctx); err != nil {
+		// A *sql.Row carries an error only from a query: this one fails at Scan on a context already over.
+		over, cancel := context.WithCancel(ctx)
+		cancel()
+		return p.t.conn.QueryRowContext(over, query, args...)
+	}
+	return p.t.conn.QueryRowContext(ctx, query, args...)
+}
+
+func (p *txConn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	if err := p.t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return p.t.conn.PrepareContext(ctx, query)
+}
+
+func (*txConn) Commit() error   { return errEndedByOwner }
+func (*txConn) Rollback() error { return errEndedByOwner }
+
+var (
+	_ gorm.ConnPool    = (*txConn)(nil)
+	_ gorm.TxCommitter = (*txConn)(nil)
+)

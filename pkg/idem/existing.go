@@ -1,0 +1,220 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// verdict is what the handler decided about a request whose key was already claimed.
+type verdict int
+
+const (
+	verdictReplay     verdict = iota // the stored response, again
+	verdictConflict                  // the key was first used for another request: 422
+	verdictInProgress                // the first request is still running: 409
+	verdictUnknown                   // the operation's outcome is not known: 202
+	verdictBadRetryOf                // Retry-Of names no attempt of the operation: 400
+)
+
+// decision is a verdict with the key it was made on.
+type decision struct {
+	verdict verdict
+	key     stored
+}
+
+// existing answers a request whose key was already claimed: decide, then record the attempt, count it and
+// render it, each in one place.
+func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header http.Header) Answer {
+	d, err := h.decide(ctx, a, s, header)
+	if err != nil {
+		h.observe(a.op.Kind, failureOutcome(err, OutcomeRefused))
+		return Answer{Err: err}
+	}
+	return h.respond(ctx, a, d)
+}
+
+// decide is the verdict on a, whose key is stored as s: after waiting (Prefer: wait) for a key still running,
+// and asking the reconciler about an unknown operation.
+func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.Header) (decision, error) {
+	if a.lineage.retryOf != "" {
+		known, err := h.knownAttempt(ctx, a.op.AccountID, s.operationID, a.lineage.retryOf)
+		if err != nil {
+			return decision{}, err
+		}
+		if !known {
+			return decision{verdictBadRetryOf, s}, nil
+		}
+	}
+	if s.fingerprint != a.fingerprint {
+		return decision{verdictConflict, s}, nil
+	}
+	if wait := h.preferWait(header); wait > 0 && !s.completed && s.opState != opstatus.StateUnknown {
+		s = h.waitFor(ctx, a, s, wait)
+	}
+	if s.opState == opstatus.StateUnknown {
+		s = h.reconcileNow(ctx, a, s)
+	}
+	switch {
+	case s.completed:
+		return decision{verdictReplay, s}, nil
+	case s.opState == opstatus.StateUnknown:
+		return decision{verdictUnknown, s}, nil
+	}
+	return decision{verdictInProgress, s}, nil
+}
+
+// respond records the attempt that got d (durably, before the answer: a retry whose evidence cannot be written
+// gets an error, never an answer the record does not show), counts it, and renders it.
+func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
+	opID := d.key.operationID
+	var (
+		outcome Outcome
+		event   = opstatus.EventRetried
+		record  string
+		status  int
+		extra   map[string]any
+	)
+	switch d.verdict {
+	case verdictBadRetryOf:
+		outcome, event, record, status = OutcomeRefused, opstatus.EventAttemptRefused, AttemptRefused, http.StatusBadRequest
+		extra = map[string]any{"refusal": "unknown_retry_of"}
+	case verdictConflict:
+		outcome, event, record, status = OutcomeConflict, opstatus.EventConflictRejected, AttemptConflictRejected, http.StatusUnprocessableEntity
+		extra = map[string]any{"prior_fingerprint": d.key.fingerprint}
+	case verdictReplay:
+		outcome, event, record, status = OutcomeReplayed, opstatus.EventReplayed, AttemptReplayed, d.key.response.Status
+	case verdictUnknown:
+		outcome, record, status = OutcomeUnknown, AttemptUnknown, http.StatusAccepted
+	case verdictInProgress:
+		outcome, record, status = OutcomeInProgress, AttemptInProgress, http.StatusConflict
+		extra = map[string]any{"state": d.key.opState}
+	}
+	h.observe(a.op.Kind, outcome)
+	if err := h.attempts().Append(ctx, a.op.AccountID, opID, event, a.caller.Actor, a.record(record, status, extra)); err != nil {
+		return Answer{Err: err}
+	}
+	switch d.verdict {
+	case verdictBadRetryOf:
+		return Answer{Err: headerProblem(HeaderRetryOf, "names no earlier attempt of this operation")}
+	case verdictConflict:
+		return Answer{Err: problem.New(problem.CodeIdempotencyKeyReused,
+			"this Idempotency-Key was first used for a different request; use a new key for a new action").
+			With("operation_id", opID).With("state", d.key.opState)}
+	case verdictReplay:
+		return answer(opID, *d.key.response, true)
+	case verdictUnknown:
+		return h.unknown(ctx, a.op.AccountID, opID)
+	}
+	return Answer{Err: &problem.Error{
+		Code:       problem.CodeRequestInProgress,
+		Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
+		RetryAfter: max(h.RetryAfter, 1),
+		Extensions: map[string]any{"operation_id": opID, "state": d.key.opState},
+	}}
+}
+
+// reconcileNow asks the reconciler of the operation's kind to settle it while the caller waits, so a retry after
+// a lost answer learns the outcome as soon as the other side can tell, not at the recovery worker's next pass.
+// Whatever the reconciler decides, it decides from the other side's records; it never repeats the effect.
+func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored {
+	op, err := opstatus.Get(ctx, h.DB, a.op.AccountID, s.operationID)
+	if err != nil || op.State != opstatus.StateUnknown {
+		return s
+	}
+	rec, ok := h.Reconcilers[op.Kind]
+	if !ok {
+		return s
+	}
+	if err := rec.Reconcile(ctx, op); err != nil {
+		opstatus.ObserveReconciled(h.OperationObserver(), op.Kind, opstatus.ReconcileError)
+		h.log().InfoContext(ctx, "retry could not settle the operation yet", "operation_id", op.ID, "error", err.Error())
+		return s
+	}
+	latest, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key)
+	if err != nil || !found {
+		return s
+	}
+	result := opstatus.ReconcileSettled
+	if latest.opState == opstatus.StateUnknown {
+		result = opstatus.ReconcileStillUnknown
+	}
+	opstatus.ObserveReconciled(h.OperationObserver(), op.Kind, result)
+	return latest
+}
+
+// unknown is the 202 for an operation whose outcome is not known: the caller must not start a new action, but
+// ask GET /v1/operations/{id} (or retry with the same key) until it settles.
+func (h *Handler) unknown(ctx context.Context, accountID, opID string) Answer {
+	op, err := opstatus.Get(ctx, h.DB, accountID, opID)
+	if err != nil {
+		// Still unknown, only not readable now: the same answer without the operation's details.
+		return Answer{Err: problem.OutcomeUnknown(opID, err)}
+	}
+	// The operation itself, and operation_id as the contract names it in every answer about an operation.
+	body, err := json.Marshal(struct {
+		opstatus.Operation
+		OperationID string `json:"operation_id"`
+	}{op, opID})
+	if err != nil {
+		return Answer{Err: err}
+	}
+	h2 := http.Header{}
+	h2.Set(HeaderOperationID, opID)
+	h2.Set("Location", "/v1/operations/"+opID)
+	h2.Set("Retry-After", "5")
+	h2.Set("Content-Type", "application/json")
+	return Answer{Status: http.StatusAccepted, Header: h2, Body: body}
+}
+
+// preferWait parses `Prefer: wait=N` (RFC 7240), capped at MaxWait.
+func (h *Handler) preferWait(header http.Header) time.Duration {
+	limit := h.MaxWait
+	if limit <= 0 {
+		limit = 30 * time.Second
+	}
+	for _, pref := range header.Values("Prefer") {
+		for _, part := range strings.Split(pref, ",") {
+			name, value, ok := strings.Cut(strings.TrimSpace(part), "=")
+			if !ok || !strings.EqualFold(name, "wait") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.TrimSpace(value))
+			if err != nil || n <= 0 {
+				continue
+			}
+			return min(time.Duration(n)*time.Second, limit)
+		}
+	}
+	return 0
+}
+
+// waitFor polls the key until it completes, its operation becomes unknown, or wait passes.
+func (h *Handler) waitFor(ctx context.Context, a *attempt, s stored, wait time.Duration) stored {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return s
+		case <-deadline.C:
+			return s
+		case <-tick.C:
+		}
+		latest, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key)
+		if err != nil || !found {
+			return s
+		}
+		if latest.completed || latest.opState == opstatus.StateUnknown {
+			return latest
+		}
+	}
+}

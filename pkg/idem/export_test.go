@@ -1,4 +1,0 @@
-package idem
-
-// LookupSQL is the statement Lookup runs, for the plan test.
-var LookupSQL = numbered(lookupSQL)

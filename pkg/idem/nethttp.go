@@ -1,0 +1,75 @@
+package idem
+
+import (
+	"context"
+	"net/http"
+	"strings"
+
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Handle is Run for a net/http handler: the Call comes from r (its ServeMux pattern and path values, its
+// headers, the caller WithCaller put in its context) and the answer is written on w.
+func (h *Handler) Handle(w http.ResponseWriter, r *http.Request, req Request, write WriteFunc) {
+	call := HTTPCall(r)
+	w.Header().Set(httpserver.HeaderAttemptID, call.AttemptID)
+	WriteAnswer(w, r, h.Run(r.Context(), call, req, write))
+}
+
+// HandleExternal is RunExternal for a net/http handler, as Handle.
+func HandleExternal[T any](h *Handler, w http.ResponseWriter, r *http.Request, req Request, steps ExternalSteps[T]) {
+	call := HTTPCall(r)
+	w.Header().Set(httpserver.HeaderAttemptID, call.AttemptID)
+	WriteAnswer(w, r, RunExternal(r.Context(), h, call, req, steps))
+}
+
+type callerKey struct{}
+
+// WithCaller returns ctx carrying the caller of the request, for HTTPCall: the service's authentication
+// middleware sets it.
+func WithCaller(ctx context.Context, c Caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
+}
+
+// HTTPCall is the Call of r, routed by a net/http ServeMux (Go 1.22 patterns): the route is r.Pattern without its
+// method, the parameters its wildcards' values, the attempt its valid Attempt-Id header or a new one.
+func HTTPCall(r *http.Request) Call {
+	caller, _ := r.Context().Value(callerKey{}).(Caller)
+	route := r.Pattern
+	if _, path, ok := strings.Cut(route, " "); ok {
+		route = path
+	}
+	params := map[string]string{}
+	for rest := route; ; {
+		open := strings.IndexByte(rest, '{')
+		end := strings.IndexByte(rest, '}')
+		if open < 0 || end < open {
+			break
+		}
+		name := strings.TrimSuffix(rest[open+1:end], "...")
+		if name != "$" {
+			params[name] = r.PathValue(name)
+		}
+		rest = rest[end+1:]
+	}
+	attempt := r.Header.Get(httpserver.HeaderAttemptID)
+	if !printable(attempt) {
+		attempt = ids.New("att_")
+	}
+	return Call{Method: r.Method, Route: route, Params: params, Header: r.Header, Caller: caller, AttemptID: attempt}
+}
+
+// WriteAnswer writes a on w; a problem goes through problem.WriteHTTP.
+func WriteAnswer(w http.ResponseWriter, r *http.Request, a Answer) {
+	for name, values := range a.Header {
+		w.Header()[name] = values
+	}
+	if a.Err != nil {
+		problem.WriteHTTP(w, r, a.Err)
+		return
+	}
+	w.WriteHeader(a.Status)
+	_, _ = w.Write(a.Body)
+}
