@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
@@ -75,6 +77,23 @@ func ThroughProxy(o database.Options) Option {
 			o.MaxConns = 6
 		}
 		db, err := database.Open(e.Proxy.DSN(e.DB.DSN), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if sqlDB, err := db.DB(); err == nil {
+				sqlDB.Close()
+			}
+		})
+		e.ServiceDB = db
+	}
+}
+
+// GormDefaults makes the service's pool one opened as an adopter opens gorm: gorm.Open(postgres.Open(dsn),
+// &gorm.Config{}), its default transaction on.
+func GormDefaults() Option {
+	return func(t testing.TB, e *Env) {
+		db, err := gorm.Open(postgres.Open(e.DB.DSN), &gorm.Config{Logger: gormlogger.Discard})
 		if err != nil {
 			t.Fatal(err)
 		}

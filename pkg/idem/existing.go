@@ -20,13 +20,14 @@ const (
 	verdictConflict                  // the key was first used for another request: 422
 	verdictInProgress                // the first request is still running: 409
 	verdictUnknown                   // the operation's outcome is not known: 202
-	verdictBadRetryOf                // Retry-Of names no attempt of the operation: 400
+	verdictBadLineage                // a lineage header that cannot apply: 400
 )
 
-// decision is a verdict with the key it was made on.
+// decision is a verdict with the key it was made on (and, for verdictBadLineage, the refusal).
 type decision struct {
 	verdict verdict
 	key     stored
+	refusal error
 }
 
 // existing answers a request whose key was already claimed: decide, then record the attempt, count it and
@@ -43,17 +44,17 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 // decide is the verdict on a, whose key is stored as s: after waiting (Prefer: wait) for a key still running,
 // and asking the reconciler about an unknown operation.
 func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.Header) (decision, error) {
-	if a.lineage.retryOf != "" {
-		known, err := h.knownAttempt(ctx, a.op.AccountID, s.operationID, a.lineage.retryOf)
+	if a.lineage.retryOf != "" || a.lineage.supersedes != "" {
+		refusal, err := h.checkRetry(ctx, a, s.operationID)
 		if err != nil {
 			return decision{}, err
 		}
-		if !known {
-			return decision{verdictBadRetryOf, s}, nil
+		if refusal != nil {
+			return decision{verdict: verdictBadLineage, key: s, refusal: refusal}, nil
 		}
 	}
 	if s.fingerprint != a.fingerprint {
-		return decision{verdictConflict, s}, nil
+		return decision{verdict: verdictConflict, key: s}, nil
 	}
 	if wait := h.preferWait(header); wait > 0 && !s.completed && s.opState != opstatus.StateUnknown {
 		s = h.waitFor(ctx, a, s, wait)
@@ -63,11 +64,11 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 	}
 	switch {
 	case s.completed:
-		return decision{verdictReplay, s}, nil
+		return decision{verdict: verdictReplay, key: s}, nil
 	case s.opState == opstatus.StateUnknown:
-		return decision{verdictUnknown, s}, nil
+		return decision{verdict: verdictUnknown, key: s}, nil
 	}
-	return decision{verdictInProgress, s}, nil
+	return decision{verdict: verdictInProgress, key: s}, nil
 }
 
 // respond records the attempt that got d (durably, before the answer: a retry whose evidence cannot be written
@@ -82,7 +83,7 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 		extra   map[string]any
 	)
 	switch d.verdict {
-	case verdictBadRetryOf:
+	case verdictBadLineage:
 		outcome, event, record, status = OutcomeRefused, opstatus.EventAttemptRefused, AttemptRefused, http.StatusBadRequest
 		extra = map[string]any{"refusal": "unknown_retry_of"}
 	case verdictConflict:
@@ -101,8 +102,8 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 		return Answer{Err: err}
 	}
 	switch d.verdict {
-	case verdictBadRetryOf:
-		return Answer{Err: headerProblem(HeaderRetryOf, "names no earlier attempt of this operation")}
+	case verdictBadLineage:
+		return Answer{Err: d.refusal}
 	case verdictConflict:
 		return Answer{Err: problem.New(problem.CodeIdempotencyKeyReused,
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").

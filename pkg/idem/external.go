@@ -235,7 +235,7 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 		return response{}, err
 	}
 	if a.lineage.attempt != "" {
-		if a.attemptRecorded, err = attemptRecorded(ctx, tx.Gorm(), a); err != nil {
+		if a.attemptRecorded, err = attemptRecorded(ctx, tx, a); err != nil {
 			return response{}, err
 		}
 	}
@@ -250,21 +250,15 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 	return resp, nil
 }
 
-// attemptRecorded locks cl's operation and reports whether the attempt that claimed it already has its attempt
+// attemptRecorded locks a's operation and reports whether the attempt that claimed it already has its attempt
 // record: the recovery worker writes one when the lease runs out before the outcome is recorded, under the same
-// row lock. Two statements: the read takes its snapshot after the lock is held, so it sees a record committed
-// by the worker this transaction waited for.
-func attemptRecorded(ctx context.Context, tx *gorm.DB, a *attempt) (bool, error) {
-	err := tx.WithContext(ctx).Exec(`SELECT 1 FROM operations WHERE account_id = ? AND id = ? FOR NO KEY UPDATE`,
-		a.op.AccountID, a.op.ID).Error
-	if err != nil {
-		return false, fmt.Errorf("idem: lock %s: %w", a.op.ID, err)
-	}
+// row lock.
+func attemptRecorded(ctx context.Context, tx *database.Tx, a *attempt) (bool, error) {
 	var found bool
-	err = tx.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM operation_events
-WHERE account_id = ? AND operation_id = ? AND attempt IS NOT NULL AND detail->>'attempt_id' = ?)`,
-		a.op.AccountID, a.op.ID, a.lineage.attempt).Scan(&found).Error
-	if err != nil {
+	b := &pgx.Batch{}
+	b.Queue(lockOperationSQL, a.op.AccountID, a.op.ID)
+	b.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error { return row.Scan(&found) })
+	if err := tx.Send(ctx, b); err != nil {
 		return false, fmt.Errorf("idem: attempt record of %s: %w", a.op.ID, err)
 	}
 	return found, nil

@@ -278,7 +278,7 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 	if err := tx.Send(ctx, b); err != nil {
 		return claimError(err)
 	}
-	if err := h.checkClaimLineage(ctx, tx.Gorm(), a); err != nil {
+	if err := h.checkClaimLineage(ctx, tx, a); err != nil {
 		return err
 	}
 	if req.Guard != nil {

@@ -18,7 +18,8 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// The key store: the idempotency_keys table, written only here. Its statements are in sql/.
+// The key store (the idempotency_keys table, written only here) and the few reads of operations the flow
+// needs. The statements are in sql/.
 var (
 	//go:embed sql/lookup.sql
 	lookupSQL string
@@ -30,6 +31,16 @@ var (
 	releaseSQL string
 	//go:embed sql/prune.sql
 	pruneSQL string
+	//go:embed sql/attempt_known.sql
+	attemptKnownSQL string
+	//go:embed sql/attempt_recorded.sql
+	attemptRecordedSQL string
+	//go:embed sql/lock_operation.sql
+	lockOperationSQL string
+	//go:embed sql/superseded.sql
+	supersededSQL string
+	//go:embed sql/claimed_supersedes.sql
+	claimedSupersedesSQL string
 )
 
 // stored is a claimed key as read back.

@@ -7,8 +7,9 @@ import (
 	"slices"
 	"time"
 
-	"gorm.io/gorm"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -152,36 +153,82 @@ func (a *attempt) record(outcome string, status int, extra map[string]any) map[s
 }
 
 // checkClaimLineage runs in the claim's transaction of a new operation: a new operation has no earlier attempt
-// to retry, and the operation it supersedes must be one of the same account, which learns of the link.
-func (h *Handler) checkClaimLineage(ctx context.Context, tx *gorm.DB, a *attempt) error {
+// to retry, and the operation it supersedes must be one of the same account and kind, not superseded yet, which
+// learns of the link.
+func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt) error {
 	if a.lineage.retryOf != "" {
 		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
 	}
 	if a.lineage.supersedes == "" {
 		return nil
 	}
-	var n int64
-	err := tx.WithContext(ctx).Raw(`SELECT count(*) FROM operations WHERE account_id = ? AND id = ?`,
-		a.op.AccountID, a.lineage.supersedes).Scan(&n).Error
-	if err != nil {
+	var (
+		kind       string
+		superseded bool
+		found      bool
+	)
+	b := &pgx.Batch{}
+	b.Queue(supersededSQL, a.op.AccountID, a.lineage.supersedes).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			found = true
+			if err := rows.Scan(&kind, &superseded); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	if err := tx.Send(ctx, b); err != nil {
 		return fmt.Errorf("idem: supersedes: %w", err)
 	}
-	if n == 0 {
+	switch {
+	case !found:
 		return headerProblem(HeaderSupersedes, "names no operation of this account")
+	case kind != a.op.Kind:
+		return headerProblem(HeaderSupersedes, "names an operation of another kind ("+kind+"); only an operation of the same kind can be superseded")
+	case superseded:
+		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
 	}
-	return opstatus.Append(ctx, tx, a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
+	return opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
 		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})
 }
 
-// knownAttempt reports whether attempt is one of operation opID's attempts (of account).
-func (h *Handler) knownAttempt(ctx context.Context, accountID, opID, attempt string) (bool, error) {
-	var n int64
-	err := h.DB.WithContext(ctx).Raw(`SELECT count(*) FROM operation_events
-WHERE account_id = ? AND operation_id = ? AND detail->>'attempt_id' = ?`, accountID, opID, attempt).Scan(&n).Error
-	if err != nil {
-		return false, fmt.Errorf("idem: retry-of: %w", err)
+// checkRetry checks the lineage headers of a request whose key found operation opID: Supersedes-Operation-Id
+// must repeat what the operation's claim said (a header that cannot apply is refused, not dropped); the attempt
+// Retry-Of names must be a recorded attempt of that operation, not this one, and this attempt's id new to it.
+// A refusal is a 400 naming the header.
+func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (refusal error, err error) {
+	if a.lineage.supersedes != "" {
+		var claimed string
+		b := &pgx.Batch{}
+		b.Queue(claimedSupersedesSQL, a.op.AccountID, opID).QueryRow(func(row pgx.Row) error { return row.Scan(&claimed) })
+		if err := database.Send(ctx, h.DB, b); err != nil {
+			return nil, fmt.Errorf("idem: supersedes: %w", err)
+		}
+		if claimed != a.lineage.supersedes {
+			return headerProblem(HeaderSupersedes, "cannot apply: this Idempotency-Key's operation exists and did not supersede that operation"), nil
+		}
 	}
-	return n > 0, nil
+	if a.lineage.retryOf == "" {
+		return nil, nil
+	}
+	if a.lineage.retryOf == a.lineage.attempt {
+		return headerProblem(HeaderRetryOf, "names this attempt itself"), nil
+	}
+	var parentKnown, attemptUsed bool
+	b := &pgx.Batch{}
+	b.Queue(attemptKnownSQL, a.op.AccountID, opID, a.lineage.retryOf, a.lineage.attempt).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&parentKnown, &attemptUsed)
+	})
+	if err := database.Send(ctx, h.DB, b); err != nil {
+		return nil, fmt.Errorf("idem: retry-of: %w", err)
+	}
+	switch {
+	case !parentKnown:
+		return headerProblem(HeaderRetryOf, "names no earlier attempt of this operation"), nil
+	case attemptUsed:
+		return headerProblem(httpserver.HeaderAttemptID, "was already used by another attempt of this operation"), nil
+	}
+	return nil, nil
 }
 
 // AttemptCreatedOrRefused is the outcome of the attempt that claimed the key, from the status it stored.
