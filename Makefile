@@ -55,7 +55,7 @@ api/node_modules/.package-lock.json: api/package-lock.json
 api/ts/node_modules/.package-lock.json: api/ts/package-lock.json
 	cd api/ts && npm ci --no-audit --no-fund
 
-# The load benchmark (cmd/retrysafe-bench, README "Benchmarks"): pgbench's one-row insert, a bare gin + gorm
+# The load benchmark (cmd/retrysafe-bench, docs/benchmarks.md): pgbench's one-row insert, a bare gin + gorm
 # ticket insert (the baseline) and `retrysafe serve tickets`, then payments' intent create and capture against the
 # provider sandbox, each process on a fresh database of the PostgreSQL that DATABASE_URL names (its server) or
 # scripts/devdb.sh finds or starts; the databases are dropped at the end. Prints a table (stdout), progress
@@ -71,7 +71,7 @@ bench: build
 	  ./bin/retrysafe-bench -pg "$$base" -bin bin/retrysafe -preload $(BENCH_PRELOAD) $(BENCH_FLAGS)
 
 # make bench with the growth run on GROWTH_ROWS (default 10M) completed creates: loading them takes a while (see
-# README) and about 3 GB of disk per million.
+# docs/benchmarks.md) and about 3 GB of disk per million.
 GROWTH_ROWS ?= 10000000
 bench-growth:
 	$(MAKE) bench BENCH_PRELOAD=$(GROWTH_ROWS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU one request costs, by process: the server, every PostgreSQL process, the load generator. On a machine
 # whose cores all three share (the benchmark's), req/s is the cores over that sum, so this is where a ratio to
-# the baseline comes from (README, "Fifth round"). Run from the project root, on the database's machine, as root
+# the baseline comes from (docs/benchmarks.md). Run from the project root, on the database's machine, as root
 # or as the database's OS user (it reads /proc of the PostgreSQL processes).
 #
 #   scripts/bench-cpu.sh [-d SECONDS] name=command ...

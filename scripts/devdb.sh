@@ -4,22 +4,39 @@
 #   scripts/devdb.sh url          print postgres://postgres@HOST:PORT of a running server, starting one if needed
 #   scripts/devdb.sh createdb DB  create database DB on that server if it is missing
 #   scripts/devdb.sh stop         stop the project-local cluster (make stop-db)
+#   scripts/devdb.sh dir          print the project-local cluster's data directory
 #
 # A server answering on 127.0.0.1:5432 (RETRYSAFE_PG_SYSTEM_PORT; the system one, trust authentication for postgres) is used as it is.
 # When nothing answers there, a project-local cluster is used: Debian's postgresql package (installed with apt
 # when initdb is missing), initdb'd into .pgdata/ of the repository (gitignored), listening on 127.0.0.1 at
-# RETRYSAFE_PG_PORT (default 54329) with trust authentication, logging to .pgdata/server.log.
+# RETRYSAFE_PG_PORT (default 54329) with trust authentication, logging to server.log in its data directory.
+# RETRYSAFE_PG_DATA names another data directory.
+#
+# As root the cluster runs as the postgres user (PostgreSQL refuses root), who must be able to enter the
+# repository to reach .pgdata/. A clone in root's home or in a `mktemp -d` is closed to it, so such a clone's
+# cluster lives in postgres's home instead, one per clone: ~postgres/retrysafe-<hash of the clone's path>.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-data="$root/.pgdata"
 port="${RETRYSAFE_PG_PORT:-54329}"
 # Where an already running server is looked for first (set it to a closed port to force the local cluster).
 system_port="${RETRYSAFE_PG_SYSTEM_PORT:-5432}"
 
 say() { echo "devdb: $*" >&2; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
-# PostgreSQL refuses to run as root: the cluster belongs to the postgres user then.
-as_owner() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+# PostgreSQL refuses to run as root: the cluster belongs to the postgres user then. It starts in / because the
+# caller's working directory may be closed to postgres too.
+as_owner() { if [ "$(id -u)" -eq 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
+
+# datadir prints the cluster's data directory (see the top of this file).
+datadir() {
+  if [ -n "${RETRYSAFE_PG_DATA:-}" ]; then
+    echo "$RETRYSAFE_PG_DATA"
+  elif [ "$(id -u)" -eq 0 ] && id -u postgres >/dev/null 2>&1 && ! runuser -u postgres -- test -x "$root"; then
+    echo "$(getent passwd postgres | cut -d: -f6)/retrysafe-$(printf '%s' "$root" | sha256sum | cut -c1-12)"
+  else
+    echo "$root/.pgdata"
+  fi
+}
 
 bindir() {
   local d
@@ -36,8 +53,9 @@ bindir() {
 ready() { pg_isready -h 127.0.0.1 -p "$1" -q 2>/dev/null; }
 
 local_cluster() {
-  local bin
-  bin=$(bindir)
+  local bin data
+  bin=$(bindir) # installs the package, and with it the postgres user, before datadir asks for it
+  data=$(datadir)
   if [ ! -f "$data/PG_VERSION" ]; then
     say "creating a project-local cluster in $data"
     mkdir -p "$data"
@@ -74,12 +92,14 @@ case "${1:-}" in
     psql "$base/postgres?sslmode=disable" -tAc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 ||
       psql "$base/postgres?sslmode=disable" -qc "CREATE DATABASE \"$db\"" >&2
     ;;
+  dir) datadir ;;
   stop)
+    data=$(datadir)
     if [ -f "$data/PG_VERSION" ] && ready "$port"; then
       as_owner "$(bindir)/pg_ctl" -D "$data" -w stop >/dev/null && say "stopped the project-local cluster"
     else
       say "the project-local cluster is not running"
     fi
     ;;
-  *) echo "usage: scripts/devdb.sh url | createdb DB | stop" >&2; exit 2 ;;
+  *) echo "usage: scripts/devdb.sh url | createdb DB | stop | dir" >&2; exit 2 ;;
 esac

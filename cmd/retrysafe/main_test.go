@@ -225,7 +225,7 @@ func TestConfigMasksSecrets(t *testing.T) {
 		}
 	}
 	if cfg.IdempotencyRetention != 72*time.Hour || cfg.TicketsAddr != ":8081" || cfg.PaymentsAddr != ":8082" || cfg.DeploysAddr != ":8083" {
-		t.Errorf("defaults differ from CONVENTIONS.md: %+v", cfg)
+		t.Errorf("defaults differ from docs/contract.md: %+v", cfg)
 	}
 }
 

@@ -6,7 +6,8 @@
 //
 //	DATABASE_URL=postgres://... SHOP_TOKEN=secret ADDR=:8096 go run ./examples/nofingerprint
 //
-// Its tables are nofp_orders and nofp_keys.
+// Its tables are nofp_orders and nofp_keys. It holds at most maxConns connections to the database, and logs
+// every error it answers 500 for (JSON lines on stderr).
 package main
 
 import (
@@ -14,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -56,11 +58,35 @@ type createOrder struct {
 	Quantity int    `json:"quantity" binding:"required,min=1,max=1000"`
 }
 
+// maxConns bounds the pool: concurrent copies of one request wait for a connection instead of opening one each,
+// which past PostgreSQL's max_connections would fail them with 500s.
+const maxConns = 10
+
+// open connects to dsn with the pool bounded by maxConns.
+func open(dsn string) (*gorm.DB, error) {
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: gormlogger.Discard})
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, err
+	}
+	sqlDB.SetMaxOpenConns(maxConns)
+	sqlDB.SetMaxIdleConns(maxConns)
+	return db, nil
+}
+
 // newServer serves POST /v1/orders and GET /v1/orders?customer=; token, when not empty, is the bearer secret.
-func newServer(db *gorm.DB, token string) http.Handler {
+// Every 500 is logged on logger with its cause; the client gets only the code.
+func newServer(db *gorm.DB, token string, logger *slog.Logger) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.Recovery(), bearer(token))
+	internal := func(c *gin.Context, msg string, err error) {
+		logger.ErrorContext(c, msg, "method", c.Request.Method, "path", c.Request.URL.Path, "error", err.Error())
+		c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
+	}
 	r.POST("/v1/orders", func(c *gin.Context) {
 		key, ok := c.Request.Header["Idempotency-Key"]
 		if !ok || !validKey(key[0]) {
@@ -95,7 +121,7 @@ func newServer(db *gorm.DB, token string) http.Handler {
 			return tx.Model(&Key{}).Where("key = ?", key[0]).Updates(map[string]any{"status": http.StatusCreated, "body": body, "done": true}).Error
 		})
 		if err != nil {
-			c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
+			internal(c, "order not written", err)
 			return
 		}
 		if !replay {
@@ -104,7 +130,7 @@ func newServer(db *gorm.DB, token string) http.Handler {
 		}
 		var stored Key
 		if err := db.WithContext(c).Where("key = ?", key[0]).First(&stored).Error; err != nil {
-			c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
+			internal(c, "stored answer not read", err)
 			return
 		}
 		if !stored.Done {
@@ -119,7 +145,7 @@ func newServer(db *gorm.DB, token string) http.Handler {
 	r.GET("/v1/orders", func(c *gin.Context) {
 		orders := []Order{}
 		if err := db.WithContext(c).Where("customer = ?", c.Query("customer")).Order("id").Limit(1000).Find(&orders).Error; err != nil {
-			c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
+			internal(c, "orders not listed", err)
 			return
 		}
 		c.JSON(http.StatusOK, gin.H{"items": orders})
@@ -159,7 +185,7 @@ func main() {
 	if addr == "" {
 		addr = ":8096"
 	}
-	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: gormlogger.Discard})
+	db, err := open(dsn)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -168,7 +194,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv := &http.Server{Addr: addr, Handler: newServer(db, os.Getenv("SHOP_TOKEN")), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: addr, Handler: newServer(db, os.Getenv("SHOP_TOKEN"), slog.New(slog.NewJSONHandler(os.Stderr, nil))), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)

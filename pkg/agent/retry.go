@@ -19,7 +19,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/ids"
 )
 
-// Retry reasons: the fixed list the services accept in Retry-Reason (CONVENTIONS.md).
+// Retry reasons: the fixed list the services accept in Retry-Reason (docs/contract.md).
 const (
 	ReasonConnectionNotEstablished  = "connection_not_established"
 	ReasonRateLimited               = "rate_limited"

@@ -20,7 +20,7 @@ import (
 // Code is the machine-readable name of a problem, the `code` member of every error response.
 type Code string
 
-// The codes of CONVENTIONS.md and of each service. Add a code here, with its status, when a service needs one.
+// The codes of docs/contract.md, each with its status there. Add a code here, and there, when a service needs one.
 const (
 	CodeInvalidRequest        Code = "invalid_request"
 	CodeValidationFailed      Code = "validation_failed"
