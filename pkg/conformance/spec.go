@@ -189,7 +189,7 @@ var (
 	varName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
-// envName is the count command's environment variable that holds the case's value name.
+// envName names the count command's environment variable that holds the case's value called name.
 func envName(name string) string { return "CONFORMANCE_" + strings.ToUpper(name) }
 
 // checkHeaders refuses credentials written into the file: they belong in the environment.
