@@ -28,6 +28,8 @@ var conformanceCommand = command{
 		return runConformance(ctx, inv.args, inv.getenv, inv.stdout)
 	},
 	env: `  ${NAME}                   each variable the request file's headers name (a secret): read, never printed
+  CONFORMANCE_<NAME>        set for the count command: {{unique}} and each value a setup step saved (from the
+                            target: the command uses them as data, never splices them into shell or SQL)
   Flags: ` + conformanceFlagsHelp,
 }
 

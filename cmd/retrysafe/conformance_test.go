@@ -3,11 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/retrysafe/retrysafe/internal/proctest"
@@ -142,5 +147,81 @@ func TestConformanceRefuses(t *testing.T) {
 		if strings.Contains(err.Error()+out.String(), "sk_live_123") {
 			t.Errorf("run(%v) printed the secret", tc.args)
 		}
+	}
+}
+
+// TestConformanceHostileTarget: `retrysafe conformance` against a target that answers with shell in the value a
+// setup step saves and terminal escapes in its problem codes, echoing the (short) secret it was sent. A count
+// command that would splice the saved value is refused (exit 2, nothing sent); one that reads it from its
+// environment runs it as data. Nothing the target sent runs, no raw control character reaches stdout or the JUnit
+// report, and the secret is masked.
+func TestConformanceHostileTarget(t *testing.T) {
+	t.Parallel()
+	marks := t.TempDir()
+	var requests atomic.Int64
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		switch {
+		case r.URL.Path == "/setup":
+			w.WriteHeader(http.StatusCreated)
+			json.NewEncoder(w).Encode(map[string]string{"id": fmt.Sprintf("$(touch %[1]s/a)\"$(touch %[1]s/b)\"'`touch %[1]s/c`'", marks)})
+		default:
+			w.WriteHeader(http.StatusBadRequest)
+			json.NewEncoder(w).Encode(map[string]string{"code": "\x1b]0;owned\a\x1b[2J\u009b0m " + r.Header.Get("Authorization")})
+		}
+	}))
+	t.Cleanup(target.Close)
+	dir := t.TempDir()
+	write := func(name, command string) string {
+		p := filepath.Join(dir, name)
+		quoted, err := json.Marshal(command)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec := `{"method":"POST","path":"/w","headers":{"Authorization":"Bearer ${TOKEN}"},"body":{"a":1},"variant":{"a":2},
+			"setup":[{"method":"POST","path":"/setup","save":{"id":"id"}}],"count":{"command":` + string(quoted) + `}}`
+		if err := os.WriteFile(p, []byte(spec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	vars := env(map[string]string{"TOKEN": "k1"})
+
+	spliced := write("spliced.json", `echo "{{id}}" >/dev/null; echo 0`)
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"conformance", "--target", target.URL, "--request", spliced}, vars, &out)
+	if exitCode(err) != 2 || !strings.Contains(fmt.Sprint(err), "$CONFORMANCE_ID") {
+		t.Errorf("a count command with {{id}} = %v (exit %d); want refused, exit 2, naming $CONFORMANCE_ID", err, exitCode(err))
+	}
+	if n := requests.Load(); n != 0 {
+		t.Errorf("the target got %d requests from a refused request file", n)
+	}
+
+	fromEnv := write("env.json", `test -n "$CONFORMANCE_ID" && echo 0`)
+	report := filepath.Join(dir, "report.xml")
+	out.Reset()
+	err = run(context.Background(), []string{"conformance", "--target", target.URL, "--request", fromEnv,
+		"--report", report, "--cases", "6"}, vars, &out)
+	if err != nil {
+		t.Fatalf("conformance = %v; want case 6 passed\n%s", err, out.String())
+	}
+	junit, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s\n%s", out.String(), junit)
+	for name, printed := range map[string]string{"stdout": out.String(), "the JUnit report": string(junit)} {
+		if i := strings.IndexFunc(printed, func(c rune) bool { return c == 0x1b || c == '\a' || c == 0x9b }); i >= 0 {
+			t.Errorf("%s carries %U raw", name, []rune(printed[i:])[0])
+		}
+		if !strings.Contains(printed, `400 \x1b]0;owned\a\x1b[2J\u009b0m Bearer ***`) {
+			t.Errorf("%s does not show the target's code escaped and its secret masked", name)
+		}
+		if strings.Contains(printed, "k1") {
+			t.Errorf("%s shows the secret", name)
+		}
+	}
+	if entries, _ := os.ReadDir(marks); len(entries) > 0 {
+		t.Errorf("a value from the target ran as shell: %d marker file(s)", len(entries))
 	}
 }

@@ -12,7 +12,9 @@
 //
 // It talks only to the target and the addresses named in Options.Allow (every connection is checked before it
 // is dialled, redirects are never followed), bounds every loop in count and time, and never prints the values of
-// the environment variables that headers name.
+// the environment variables that headers name, however short. It treats the target as hostile: a value saved from
+// its answers reaches the count command only through the environment, never in the command's text, and what it
+// answered is printed with control characters escaped (see Spec).
 package conformance
 
 import (
@@ -316,16 +318,17 @@ func (r *runner) collectSecrets() error {
 				if val == "" {
 					return fmt.Errorf("environment variable %s (named in a header) is empty or unset", m[1])
 				}
-				if len(val) >= 4 {
-					r.secrets = append(r.secrets, val)
-				}
+				r.secrets = append(r.secrets, val)
 			}
 		}
 	}
+	// Longest first: a secret that holds another is masked whole, not left with the other's remainder.
+	slices.SortFunc(r.secrets, func(a, b string) int { return len(b) - len(a) })
 	return nil
 }
 
-// mask removes secret values from text meant for output.
+// mask removes secret values from text meant for output. Every secret is masked, however short: a short one
+// garbles the evidence where its characters recur, which is better than printing it.
 func (r *runner) mask(s string) string {
 	for _, sec := range r.secrets {
 		s = strings.ReplaceAll(s, sec, "***")
@@ -395,7 +398,7 @@ func (r *runner) runCase(ctx context.Context, n int, run func(context.Context, *
 	}
 	ev := make([]string, len(c.evidence))
 	for i, e := range c.evidence {
-		ev[i] = r.mask(e)
+		ev[i] = escapeControls(r.mask(e))
 	}
 	return Result{Case: n, Name: caseNames[n], Verdict: c.verdict, Evidence: ev, Duration: time.Since(start)}
 }
@@ -474,14 +477,10 @@ func keyOf(k string) keyArg { return &k }
 // send makes one attempt at base+path with the spec's headers (or those given), the key and the body.
 func (r *runner) send(ctx context.Context, client *http.Client, base *url.URL, method, path string, headers map[string]string, key keyArg, body []byte, vars map[string]string) response {
 	start := time.Now()
-	p, err := fill(path, vars, url.PathEscape)
+	u, err := fillURL(base, path, vars)
 	if err != nil {
 		return response{err: err}
 	}
-	u := *base
-	p, q, _ := strings.Cut(p, "?")
-	u.Path = base.Path + p
-	u.RawQuery = q
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -497,13 +496,11 @@ func (r *runner) send(ctx context.Context, client *http.Client, base *url.URL, m
 		req.GetBody = nil
 	}
 	for name, v := range headers {
-		v, err := fill(v, vars, func(s string) string { return s })
+		v, err := expandHeader(v, vars, r.opts.Getenv)
 		if err != nil {
 			return response{err: err}
 		}
-		req.Header.Set(name, envRef.ReplaceAllStringFunc(v, func(m string) string {
-			return r.opts.Getenv(envRef.FindStringSubmatch(m)[1])
-		}))
+		req.Header.Set(name, v)
 	}
 	if key != nil {
 		req.Header[r.spec.KeyHeader] = []string{*key}
@@ -518,6 +515,28 @@ func (r *runner) send(ctx context.Context, client *http.Client, base *url.URL, m
 		return response{err: errors.New(r.mask(shortError(err))), elapsed: time.Since(start)}
 	}
 	return response{status: resp.StatusCode, header: resp.Header, body: data, elapsed: time.Since(start)}
+}
+
+// fillURL is base with ref (a path and an optional query, with placeholders) appended. Each value is escaped
+// once, as a path segment or a query value, so a value from the target stays one segment or one value: its '/',
+// '?', '&' or '#' cannot change where the request goes.
+func fillURL(base *url.URL, ref string, vars map[string]string) (*url.URL, error) {
+	p, q, _ := strings.Cut(ref, "?")
+	p, err := fill(p, vars, url.PathEscape)
+	if err != nil {
+		return nil, err
+	}
+	q, err = fill(q, vars, url.QueryEscape)
+	if err != nil {
+		return nil, err
+	}
+	u := *base
+	u.RawPath = base.EscapedPath() + p
+	if u.Path, err = url.PathUnescape(u.RawPath); err != nil {
+		return nil, fmt.Errorf("path %q: %v", ref, err)
+	}
+	u.RawQuery = q
+	return &u, nil
 }
 
 // shortError drops the request URL that url.Error repeats.

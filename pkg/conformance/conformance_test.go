@@ -59,6 +59,8 @@ func TestParseSpecRefuses(t *testing.T) {
 		{`{` + base + `,"headers":{"Cookie":"s=1"}}`, "environment"},
 		{`{` + base + `,"copies":100000}`, "copies"},
 		{`{"method":"POST","path":"/x","body":{"a":1},"variant":{"a":2},"count":{"url":"/n"}}`, "length"},
+		{`{` + base + `,"setup":[{"method":"POST","path":"/s","save":{"a-b":"id"}}]}`, "save"},
+		{`{"method":"POST","path":"/x","body":{"a":1},"variant":{"a":2},"count":{"command":"echo {{unique}}"}}`, "CONFORMANCE_UNIQUE"},
 	} {
 		if _, err := ParseSpec([]byte(tc.spec)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseSpec(%s) = %v; want an error mentioning %q", tc.spec, err, tc.want)

@@ -55,7 +55,7 @@ func (r *runner) forward(in *http.Request, client *http.Client) response {
 		return response{err: err}
 	}
 	u := *r.target
-	u.Path = in.URL.Path
+	u.Path, u.RawPath = in.URL.Path, in.URL.RawPath
 	u.RawQuery = in.URL.RawQuery
 	out, err := http.NewRequestWithContext(context.WithoutCancel(in.Context()), in.Method, u.String(), bytes.NewReader(body))
 	if err != nil {

@@ -4,14 +4,42 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 )
 
-// WriteTable prints the report for a person: one line per case with its verdict, time and evidence.
+// escapeControls writes every rune a terminal or a log viewer could act on as a Go escape (\x1b, \a, \n, \u009b,
+// \u202e; a byte that is not UTF-8 as \xff). Evidence quotes what the target answered, and a hostile target's ESC,
+// OSC, BEL or bidirectional override must reach the reader as text, never as a command to the terminal; a newline
+// or a tab would also break the table. Printable text, spaces included, is kept as it is.
+func escapeControls(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(c rune) bool { return !strconv.IsPrint(c) }) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		c, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case c == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case strconv.IsPrint(c):
+			b.WriteRune(c)
+		default:
+			q := strconv.QuoteRune(c)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// WriteTable prints the report for a person: one line per case with its verdict, time and evidence. Every string
+// is passed through escapeControls on the way out.
 func (r *Report) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "retrysafe conformance: %s at %s\n\n", r.Write, r.Target)
+	fmt.Fprintf(w, "retrysafe conformance: %s at %s\n\n", escapeControls(r.Write), escapeControls(r.Target))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CASE\tVERDICT\tTIME\tEVIDENCE")
 	for _, res := range r.Results {
@@ -19,9 +47,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 		if len(ev) == 0 {
 			ev = []string{""}
 		}
-		fmt.Fprintf(tw, "%d %s\t%s\t%s\t%s\n", res.Case, res.Name, res.Verdict, seconds(res.Duration), ev[0])
+		fmt.Fprintf(tw, "%d %s\t%s\t%s\t%s\n", res.Case, escapeControls(res.Name), escapeControls(string(res.Verdict)),
+			seconds(res.Duration), escapeControls(ev[0]))
 		for _, e := range ev[1:] {
-			fmt.Fprintf(tw, "\t\t\t%s\n", e)
+			fmt.Fprintf(tw, "\t\t\t%s\n", escapeControls(e))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -86,20 +115,26 @@ type junitMessage struct {
 }
 
 // WriteJUnit writes the report as JUnit XML, which CI systems read: a failed case is a failure, a case that
-// could not run an error, and a case not checked is skipped (never passed).
+// could not run an error, and a case not checked is skipped (never passed). Strings pass through escapeControls,
+// as in WriteTable: CI logs and pages show them to a person too.
 func (r *Report) WriteJUnit(w io.Writer) error {
+	write := escapeControls(r.Write)
 	s := junitSuite{
-		Name: "retrysafe conformance: " + r.Write, Tests: len(r.Results),
+		Name: "retrysafe conformance: " + write, Tests: len(r.Results),
 		Time: fmt.Sprintf("%.3f", r.Elapsed.Seconds()), Timestamp: r.Started.UTC().Format(time.RFC3339),
 	}
 	for _, res := range r.Results {
-		evidence := strings.Join(res.Evidence, "\n")
+		ev := make([]string, len(res.Evidence))
+		for i, e := range res.Evidence {
+			ev[i] = escapeControls(e)
+		}
+		evidence := strings.Join(ev, "\n")
 		first := ""
-		if len(res.Evidence) > 0 {
-			first = res.Evidence[0]
+		if len(ev) > 0 {
+			first = ev[0]
 		}
 		jc := junitCase{
-			Name: fmt.Sprintf("%d %s", res.Case, res.Name), Classname: "conformance." + r.Write,
+			Name: fmt.Sprintf("%d %s", res.Case, escapeControls(res.Name)), Classname: "conformance." + write,
 			Time: fmt.Sprintf("%.3f", res.Duration.Seconds()),
 		}
 		switch res.Verdict {
@@ -110,10 +145,10 @@ func (r *Report) WriteJUnit(w io.Writer) error {
 			jc.Skipped = &junitMessage{Message: "not checked: " + first, Text: evidence}
 		case Fail:
 			s.Failures++
-			jc.Failure = &junitMessage{Message: failureMessage(res.Evidence), Text: evidence}
+			jc.Failure = &junitMessage{Message: failureMessage(ev), Text: evidence}
 		default:
 			s.Errors++
-			jc.Error = &junitMessage{Message: failureMessage(res.Evidence), Text: evidence}
+			jc.Error = &junitMessage{Message: failureMessage(ev), Text: evidence}
 		}
 		s.Cases = append(s.Cases, jc)
 	}

@@ -6,18 +6,22 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
 )
 
 // callerState is what a caller stores before it sends a write, so that after a restart it can retry with the
-// same key. Header values keep their ${NAME} references: secrets are never written to the file.
+// same key. Path is filled and escaped, as sent; header values are kept as the file wrote them, with their
+// ${NAME} references (secrets are never written to the file) and their {{name}} placeholders, filled from Vars
+// by the new caller in the same single pass as the first: a saved value is never read as a reference.
 type callerState struct {
 	Target    string            `json:"target"`
 	Method    string            `json:"method"`
 	Path      string            `json:"path"`
 	Headers   map[string]string `json:"headers"`
+	Vars      map[string]string `json:"vars"`
 	KeyHeader string            `json:"key_header"`
 	Key       string            `json:"key"`
 	Body      json.RawMessage   `json:"body"`
@@ -37,18 +41,21 @@ type resumed struct {
 
 // saveState writes the caller's state file (mode 0600, in a new temporary directory) for case 3.
 func (r *runner) saveState(c *caseRun, key string, body []byte) (string, func(), error) {
-	path, err := fill(r.spec.Path, c.vars, func(s string) string { return s })
+	u, err := fillURL(&url.URL{}, r.spec.Path, c.vars)
 	if err != nil {
 		return "", nil, err
 	}
-	headers := map[string]string{}
-	for k, v := range r.spec.Headers {
-		if headers[k], err = fill(v, c.vars, func(s string) string { return s }); err != nil {
+	path := u.EscapedPath()
+	if u.RawQuery != "" {
+		path += "?" + u.RawQuery
+	}
+	for _, v := range r.spec.Headers {
+		if _, err := expandHeader(v, c.vars, func(string) string { return "" }); err != nil {
 			return "", nil, err
 		}
 	}
 	st := callerState{
-		Target: r.target.String(), Method: r.spec.Method, Path: path, Headers: headers,
+		Target: r.target.String(), Method: r.spec.Method, Path: path, Headers: r.spec.Headers, Vars: c.vars,
 		KeyHeader: r.spec.KeyHeader, Key: key, Body: body,
 		TimeoutMS: r.opts.RequestTimeout.Milliseconds(), SettleMS: r.opts.SettleTimeout.Milliseconds(),
 	}
@@ -107,7 +114,7 @@ func resume(ctx context.Context, stateFile string, getenv func(string) string) (
 		return response{}, err
 	}
 	defer r.close()
-	c := &caseRun{n: CaseRestartedCaller, vars: map[string]string{}}
+	c := &caseRun{n: CaseRestartedCaller, vars: st.Vars}
 	a, _ := r.settle(ctx, c, st.Key, st.Body)
 	if a.err != nil {
 		return a, a.err

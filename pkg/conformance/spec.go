@@ -13,10 +13,17 @@ import (
 
 // Spec describes one write to check; it is the request file, in JSON.
 //
-// Strings in path, headers, body, variant, setup and count may hold placeholders: {{unique}} is a token of
-// lowercase letters, digits and a dash, new for every case, so each case creates its own resource (a new order
-// id, a new environment); {{name}} is a value a setup step saved. Header values may name environment variables
-// as ${NAME}: that is the only way to pass a secret. An Authorization header written out in the file is refused.
+// Strings in path, headers, body, variant, setup and the count url and headers may hold placeholders:
+// {{unique}} is a token of lowercase letters, digits and a dash, new for every case, so each case creates its own
+// resource (a new order id, a new environment); {{name}} is a value a setup step saved. Each is escaped for where
+// it lands (a path segment, a query value, a JSON string). Header values may name environment variables as
+// ${NAME}: that is the only way to pass a secret. An Authorization header written out in the file is refused.
+//
+// The count command and the kill hook are never filled: a saved value comes from the target's answer, and no
+// quoting survives every shell and SQL context it could be spliced into. The count command reads the case's
+// values from its environment instead, as CONFORMANCE_UNIQUE and CONFORMANCE_<NAME>; it must use them as data,
+// e.g. "$CONFORMANCE_INTENT" in double quotes in the shell, or psql -v intent="$CONFORMANCE_INTENT" and :'intent'
+// in SQL read from standard input.
 type Spec struct {
 	// Name is what the report calls the write; by default "METHOD path".
 	Name    string            `json:"name,omitempty"`
@@ -45,7 +52,8 @@ type Spec struct {
 // Count is how the effect is counted, by one of:
 //   - a GET (URL: a path on the target, or an absolute URL on an address named with Options.Allow) whose JSON
 //     answer holds a list (Length: a dotted path to it, "." for the whole answer) or a number (Field);
-//   - a shell Command that prints one integer.
+//   - a shell Command (run with sh -c, its text as written) that prints one integer; the case's values are in its
+//     environment as CONFORMANCE_UNIQUE and CONFORMANCE_<NAME> for each saved name.
 type Count struct {
 	URL     string            `json:"url,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`
@@ -54,7 +62,9 @@ type Count struct {
 	Command string            `json:"command,omitempty"`
 }
 
-// Step is one setup request. Save names values of its JSON answer (dotted paths) to use as {{name}} later.
+// Step is one setup request. Save names values of its JSON answer (dotted paths) to use as {{name}} later (and
+// as $CONFORMANCE_<NAME> in the count command); a name is a letter or underscore, then letters, digits and
+// underscores.
 type Step struct {
 	Method  string            `json:"method"`
 	Path    string            `json:"path"`
@@ -130,6 +140,10 @@ func (s *Spec) check() error {
 	if kinds > 1 {
 		return fmt.Errorf("count: url or command, not both")
 	}
+	if m := placeholder.FindStringSubmatch(s.Count.Command); m != nil {
+		return fmt.Errorf("count: command: {{%s}} is never filled into a command (a value from the target could run as "+
+			"code); read it from the environment, quoted, as \"$%s\"", m[1], envName(m[1]))
+	}
 	if len(s.Setup) > maxSetupSteps {
 		return fmt.Errorf("setup: at most %d steps", maxSetupSteps)
 	}
@@ -144,6 +158,11 @@ func (s *Spec) check() error {
 		}
 		if err := checkHeaders(st.Headers); err != nil {
 			return fmt.Errorf("setup %d: %w", i+1, err)
+		}
+		for name := range st.Save {
+			if !varName.MatchString(name) {
+				return fmt.Errorf("setup %d: save %q: a name is a letter or underscore, then letters, digits and underscores", i+1, name)
+			}
 		}
 	}
 	if s.KeyHeader == "" {
@@ -165,7 +184,13 @@ func (s *Spec) check() error {
 	return nil
 }
 
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+var (
+	envRef  = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+	varName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// envName names the count command's environment variable that holds the case's value called name.
+func envName(name string) string { return "CONFORMANCE_" + strings.ToUpper(name) }
 
 // checkHeaders refuses credentials written into the file: they belong in the environment.
 func checkHeaders(h map[string]string) error {
@@ -196,6 +221,31 @@ func fill(s string, vars map[string]string, esc func(string) string) (string, er
 	})
 	if len(missing) > 0 {
 		return "", fmt.Errorf("no value for {{%s}} (a setup step saves values with save)", missing[0])
+	}
+	return out, nil
+}
+
+// headerRef is a placeholder or an environment reference in a header value.
+var headerRef = regexp.MustCompile(`\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}|\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// expandHeader fills a header value's {{name}} placeholders with vars and its ${NAME} references with getenv, in
+// one pass over the text the file wrote: a saved value that itself reads ${NAME} stays that text, so a target
+// cannot have the run send it an environment variable of its choosing.
+func expandHeader(s string, vars map[string]string, getenv func(string) string) (string, error) {
+	var missing string
+	out := headerRef.ReplaceAllStringFunc(s, func(m string) string {
+		sub := headerRef.FindStringSubmatch(m)
+		if sub[2] != "" {
+			return getenv(sub[2])
+		}
+		v, ok := vars[sub[1]]
+		if !ok && missing == "" {
+			missing = sub[1]
+		}
+		return v
+	})
+	if missing != "" {
+		return "", fmt.Errorf("no value for {{%s}} (a setup step saves values with save)", missing)
 	}
 	return out, nil
 }
