@@ -586,7 +586,7 @@ func TestAgentCommandRefusesAnotherKeysJournal(t *testing.T) {
 	} {
 		out.Reset()
 		err := run(t.Context(), args, vars("key-of-a"), &out)
-		if exitCode(err) != 1 || !strings.Contains(fmt.Sprint(err), "--same-account") || out.Len() != 0 {
+		if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "--same-account") || out.Len() != 0 {
 			t.Errorf("%v under another key: exit %d, %v, stdout %q; want 1, naming --same-account, nothing printed", args[:2], exitCode(err), err, out.String())
 		}
 	}
@@ -600,14 +600,14 @@ func TestAgentCommandRefusesAnotherKeysJournal(t *testing.T) {
 	precious := filepath.Join(dir, "precious")
 	os.WriteFile(precious, []byte("PRECIOUS"), 0o600)
 	err := run(t.Context(), append([]string{"agent", "do", "--journal", precious, "--action", "p"}, ticket...), vars("key-of-a"), &out)
-	if got, _ := os.ReadFile(precious); exitCode(err) != 1 || string(got) != "PRECIOUS" {
+	if got, _ := os.ReadFile(precious); err == nil || exitCode(err) != 1 || string(got) != "PRECIOUS" {
 		t.Errorf("do --journal on a file that is not a journal: exit %d (%v), the file now %q; want 1 and the file unchanged", exitCode(err), err, got)
 	}
 
 	big := fmt.Sprintf(`{"project":"ops","title":%q}`, strings.Repeat("x", 2000))
 	err = run(t.Context(), []string{"agent", "do", "--journal", filepath.Join(dir, "big.journal"), "--action", "big", "create_ticket", big},
 		vars("key-of-a", "AGENT_MAX_BODY_BYTES", "1024"), &out)
-	if exitCode(err) != 1 || !strings.Contains(fmt.Sprint(err), "at most 1024") || requests.Load() != 1 {
+	if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "at most 1024") || requests.Load() != 1 {
 		t.Errorf("arguments over AGENT_MAX_BODY_BYTES: exit %d, %v, %d requests; want 1, naming the limit, nothing sent", exitCode(err), err, requests.Load())
 	}
 }

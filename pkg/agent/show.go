@@ -119,7 +119,7 @@ func (j *Journal) WriteSummary(w io.Writer) {
 // WriteTimeline prints one operation's story, agent side: the intent, every attempt with its lineage and
 // dispatch state, every observation (negative ones too), and how it ended.
 func (op *Operation) WriteTimeline(w io.Writer) {
-	printSafe(w, "operation %s  action %q  state %s\n", op.OperationID, op.ActionID, op.State())
+	printSafe(w, "operation %s  action %s  state %s\n", op.OperationID, strconv.Quote(op.ActionID), op.State())
 	printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
 	printSafe(w, "  arguments   %s\n", op.Args)
 	printSafe(w, "  fingerprint sha256:%s\n", op.Fingerprint)
