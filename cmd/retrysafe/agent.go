@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -31,6 +33,8 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the services (default
   AGENT_BUDGET              attempts per operation before a person decides (default 5)
   AGENT_MAX_WAIT            how long one call waits for a settled answer (default 2m)
   AGENT_LOCK_WAIT           how long to wait for another agent holding the journal (default 30s; mcp 10s)
+  AGENT_MAX_BODY_BYTES      largest arguments and request body the agent sends (default 1048576, the services'
+                            BODY_LIMIT_BYTES); larger ones are refused before anything is journaled or sent
   RETRYSAFE_AGENT_FAILPOINTS   crash points for tests: agent.before_journal|before_send|after_send|after_answer=pause|exit`
 
 // agentCommand is `retrysafe agent do|resume|show`: pkg/agent for shell-driven agents and scripts.
@@ -40,7 +44,9 @@ func agentCommand() command {
 		synopsis: "agent do|resume|show --journal PATH ...",
 		summary: "make writes an agent can retry without doubling them: do --action ACTION_ID TOOL 'JSON' " +
 			"(exit 0 succeeded, 3 needs_human, 4 refused or changed intent, 5 failed, 1 usage or internal error), " +
-			"resume (settle every unfinished operation), show [OPERATION_ID|ACTION_ID]",
+			"resume (settle every unfinished operation), show [OPERATION_ID|ACTION_ID]. A journal acts for the API key " +
+			"its operations were made with; do and resume under another key are refused (exit 1) unless " +
+			"--same-account says the key is a new one of the same account",
 		noConfig: true,
 		check:    checkAgent,
 		run:      runAgent,
@@ -52,7 +58,7 @@ func agentCommand() command {
 func mcpCommand() command {
 	return command{
 		name:     "mcp",
-		synopsis: "mcp --journal PATH",
+		synopsis: "mcp --journal PATH [--same-account]",
 		summary:  "serve the agent tools (and get_operation) over the Model Context Protocol on stdin/stdout",
 		noConfig: true,
 		check: func(args []string) error {
@@ -70,10 +76,11 @@ func agentUsage(format string, args ...any) error {
 }
 
 type agentFlags struct {
-	journal    string
-	action     string
-	supersedes string
-	rest       []string
+	journal     string
+	action      string
+	supersedes  string
+	sameAccount bool
+	rest        []string
 }
 
 func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, error) {
@@ -84,6 +91,10 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 	if name == "agent do" {
 		fs.StringVar(&f.action, "action", "", "ACTION_ID: your name for this intended action; the same name continues it")
 		fs.StringVar(&f.supersedes, "supersedes", "", "ACTION_ID whose intent this new action replaces (a changed intent)")
+	}
+	if name != "agent show" {
+		fs.BoolVar(&f.sameAccount, "same-account", false, "AGENT_API_KEY belongs to the account the journal's operations "+
+			"were made in, though the journal names another key or none (a rotated key, an older journal): adopt it")
 	}
 	if err := fs.Parse(args); err != nil {
 		return f, agentUsage("%s: %v", name, err)
@@ -137,10 +148,10 @@ func checkAgent(args []string) error {
 	return nil
 }
 
-// agentConfig reads the agent's environment; like loadConfig, once, here.
 // openAgent reads the agent's configuration and opens its journal, for the commands that send (agent do and
-// resume, mcp); a missing key is a usage error, a journal that cannot be opened exit 1.
-func openAgent(inv invocation, journal, command string, lockWait time.Duration) (*agent.Agent, error) {
+// resume, mcp); a missing key, a path that is not a journal or a journal of another key is a usage error, a
+// journal that cannot be opened exit 1.
+func openAgent(inv invocation, f agentFlags, command string, lockWait time.Duration) (*agent.Agent, error) {
 	cfg, err := agentConfig(inv.getenv, command, lockWait)
 	if err != nil {
 		return nil, err
@@ -148,18 +159,24 @@ func openAgent(inv invocation, journal, command string, lockWait time.Duration) 
 	if cfg.APIKey == "" {
 		return nil, agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
 	}
-	a, err := agent.Open(journal, cfg)
-	if err != nil {
+	cfg.SameAccount = f.sameAccount
+	a, err := agent.Open(f.journal, cfg)
+	switch {
+	case errors.Is(err, agent.ErrOtherPrincipal), errors.Is(err, agent.ErrNotJournal):
+		return nil, agentUsage("%v", err)
+	case err != nil:
 		return nil, exitError{code: 1, err: err}
 	}
 	return a, nil
 }
 
+// agentConfig reads the agent's environment; like loadConfig, once, here.
 func agentConfig(getenv func(string) string, command string, lockWait time.Duration) (agent.Config, error) {
 	cfg := agent.Config{
 		TicketsURL: getenv("TICKETS_URL"), PaymentsURL: getenv("PAYMENTS_URL"), DeploysURL: getenv("DEPLOYS_URL"),
 		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
 		Hook: func(point string) { failpoint.Hit("agent." + point) },
+		Warn: func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
 	}
 	if v := getenv("AGENT_BUDGET"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -167,6 +184,13 @@ func agentConfig(getenv func(string) string, command string, lockWait time.Durat
 			return cfg, agentUsage("AGENT_BUDGET=%q: want 1 to 100 attempts", v)
 		}
 		cfg.Budget = n
+	}
+	if v := getenv("AGENT_MAX_BODY_BYTES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1024 || n > 1<<30 {
+			return cfg, agentUsage("AGENT_MAX_BODY_BYTES=%q: want 1024 to 1073741824 bytes", v)
+		}
+		cfg.MaxBodyBytes = n
 	}
 	for name, dst := range map[string]*time.Duration{"AGENT_MAX_WAIT": &cfg.MaxWait, "AGENT_LOCK_WAIT": &cfg.LockWait} {
 		if v := getenv(name); v != "" {
@@ -183,7 +207,11 @@ func agentConfig(getenv func(string) string, command string, lockWait time.Durat
 	return cfg, nil
 }
 
-func runAgent(ctx context.Context, inv invocation) error {
+// runAgent runs agent do, resume or show. What it prints carries text from models and services (action ids,
+// problem codes, operation ids): its JSON and its error are escaped so no control or bidirectional character
+// reaches a terminal raw.
+func runAgent(ctx context.Context, inv invocation) (err error) {
+	defer func() { err = printableError(err) }()
 	sub := inv.args[0]
 	f, err := parseAgentFlags("agent "+sub, inv.args[1:], io.Discard)
 	if err != nil {
@@ -192,12 +220,12 @@ func runAgent(ctx context.Context, inv invocation) error {
 	if sub == "show" {
 		return runAgentShow(inv.stdout, f)
 	}
-	a, err := openAgent(inv, f.journal, "agent "+sub, 30*time.Second)
+	a, err := openAgent(inv, f, "agent "+sub, 30*time.Second)
 	if err != nil {
 		return err
 	}
 	defer a.Close()
-	enc := json.NewEncoder(inv.stdout)
+	enc := json.NewEncoder(printableJSON{inv.stdout})
 	if sub == "resume" {
 		results, err := a.Resume(ctx)
 		for _, r := range results {
@@ -277,11 +305,49 @@ func runMCP(ctx context.Context, inv invocation) error {
 	if len(f.rest) != 0 {
 		return agentUsage("mcp takes no arguments besides --journal")
 	}
-	a, err := openAgent(inv, f.journal, "mcp", 10*time.Second)
+	a, err := openAgent(inv, f, "mcp", 10*time.Second)
 	if err != nil {
 		return err
 	}
 	defer a.Close()
-	fmt.Fprintf(os.Stderr, "retrysafe mcp: serving on stdio, journal %s, run %s\n", f.journal, a.RunID())
+	fmt.Fprintf(os.Stderr, "retrysafe mcp: serving on stdio, journal %s, run %s\n", agent.Printable(f.journal), a.RunID())
 	return agentmcp.NewServer(a, versionString()).Run(ctx, &mcp.StdioTransport{})
+}
+
+// printableError is err with its message made agent.Printable; its exit code and errors.Is still hold.
+func printableError(err error) error {
+	if err == nil || agent.Printable(err.Error()) == err.Error() {
+		return err
+	}
+	return exitError{code: exitCode(err), err: printableMessage{err}}
+}
+
+type printableMessage struct{ err error }
+
+func (e printableMessage) Error() string { return agent.Printable(e.err.Error()) }
+func (e printableMessage) Unwrap() error { return e.err }
+
+// printableJSON writes JSON values (one per Write, as json.Encoder does) with every character a terminal could
+// act on (C1 controls, DEL, bidirectional and other format characters) written as a \u escape: the same JSON
+// to a parser, inert on a terminal. json.Encoder already escapes the C0 controls; outside strings JSON is
+// ASCII, so only string contents change.
+type printableJSON struct{ w io.Writer }
+
+func (p printableJSON) Write(b []byte) (int, error) {
+	var out []byte
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == '\n' || (strconv.IsPrint(r) && !(r == utf8.RuneError && size == 1)) {
+			out = append(out, b[i:i+size]...)
+		} else {
+			for _, u := range utf16.Encode([]rune{r}) {
+				out = fmt.Appendf(out, `\u%04x`, u)
+			}
+		}
+		i += size
+	}
+	if _, err := p.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }

@@ -9,14 +9,17 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
@@ -536,5 +539,123 @@ func TestAgentCommandExitCodes(t *testing.T) {
 	show := w.runAgent(t, nil, "agent", "show", "--journal", path, "t")
 	if show.code != 0 || !strings.Contains(show.stdout, "changed_intent_refused") || !strings.Contains(show.stdout, "attempt 1") {
 		t.Errorf("show: exit %d\n%s", show.code, show.stdout)
+	}
+}
+
+// fakeServices answers every agent request with answer and counts them: for what `retrysafe agent` decides
+// before or without the real services.
+func fakeServices(t *testing.T, answer string, status int) (url string, requests *atomic.Int32) {
+	t.Helper()
+	requests = &atomic.Int32{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		w.Write([]byte(answer))
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, requests
+}
+
+// TestAgentCommandRefusesAnotherKeysJournal: do and resume under a key other than the one the journal's
+// operations were made with exit 1 (usage), send nothing and write nothing; --same-account adopts the new key.
+// A file that is not a journal is refused the same way and left alone; oversized arguments are refused before
+// anything is sent.
+func TestAgentCommandRefusesAnotherKeysJournal(t *testing.T) {
+	t.Parallel()
+	url, requests := fakeServices(t, `{"id":"tkt_1","operation_id":"op_1"}`, http.StatusCreated)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "keyed.journal")
+	vars := func(key string, more ...string) func(string) string {
+		m := map[string]string{"TICKETS_URL": url, "AGENT_API_KEY": key, "AGENT_LOCK_WAIT": "0s"}
+		for i := 0; i+1 < len(more); i += 2 {
+			m[more[i]] = more[i+1]
+		}
+		return env(m)
+	}
+	ticket := []string{"create_ticket", `{"project":"ops","title":"keyed"}`}
+	var out bytes.Buffer
+	if err := run(t.Context(), append([]string{"agent", "do", "--journal", path, "--action", "t"}, ticket...), vars("key-of-b"), &out); err != nil {
+		t.Fatalf("do under the journal's key: %v", err)
+	}
+	before, _ := os.ReadFile(path)
+	for _, args := range [][]string{
+		{"agent", "resume", "--journal", path},
+		append([]string{"agent", "do", "--journal", path, "--action", "t"}, ticket...),
+		append([]string{"agent", "do", "--journal", path, "--action", "new"}, ticket...),
+	} {
+		out.Reset()
+		err := run(t.Context(), args, vars("key-of-a"), &out)
+		if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "--same-account") || out.Len() != 0 {
+			t.Errorf("%v under another key: exit %d, %v, stdout %q; want 1, naming --same-account, nothing printed", args[:2], exitCode(err), err, out.String())
+		}
+	}
+	if after, _ := os.ReadFile(path); !bytes.Equal(after, before) || requests.Load() != 1 {
+		t.Errorf("under another key: the journal changed (%v), %d requests; want neither beyond the first", !bytes.Equal(after, before), requests.Load())
+	}
+	if err := run(t.Context(), []string{"agent", "resume", "--journal", path, "--same-account"}, vars("key-of-a"), &out); err != nil {
+		t.Errorf("resume --same-account: %v", err)
+	}
+
+	precious := filepath.Join(dir, "precious")
+	os.WriteFile(precious, []byte("PRECIOUS"), 0o600)
+	err := run(t.Context(), append([]string{"agent", "do", "--journal", precious, "--action", "p"}, ticket...), vars("key-of-a"), &out)
+	if got, _ := os.ReadFile(precious); err == nil || exitCode(err) != 1 || string(got) != "PRECIOUS" {
+		t.Errorf("do --journal on a file that is not a journal: exit %d (%v), the file now %q; want 1 and the file unchanged", exitCode(err), err, got)
+	}
+
+	big := fmt.Sprintf(`{"project":"ops","title":%q}`, strings.Repeat("x", 2000))
+	err = run(t.Context(), []string{"agent", "do", "--journal", filepath.Join(dir, "big.journal"), "--action", "big", "create_ticket", big},
+		vars("key-of-a", "AGENT_MAX_BODY_BYTES", "1024"), &out)
+	if err == nil || exitCode(err) != 1 || !strings.Contains(err.Error(), "at most 1024") || requests.Load() != 1 {
+		t.Errorf("arguments over AGENT_MAX_BODY_BYTES: exit %d, %v, %d requests; want 1, naming the limit, nothing sent", exitCode(err), err, requests.Load())
+	}
+}
+
+// terminalHostile is what a model or a service might send to take over a terminal: OSC 52 (write the
+// clipboard), a title change ended by BEL, CSI erase, a C1 CSI, DEL, a right-to-left override, a forged line.
+const terminalHostile = "\x1b]52;c;cHduZWQ=\x07\x1b]0;owned\x07\x1b[2J\u009b31m\x7f\u202eevil\u2066\r\nretrysafe: done"
+
+func checkTerminalSafe(t *testing.T, what, s string) {
+	t.Helper()
+	for _, r := range s {
+		if r != '\n' && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r)) {
+			t.Errorf("%s carries %U raw:\n%s", what, r, s)
+			return
+		}
+	}
+}
+
+// TestAgentCommandEscapesWhatOthersSupplied: agent do's JSON and error, and agent show's summary and
+// timeline, carry a model's action id and arguments and a service's problem code and operation id escaped;
+// the JSON still decodes to the service's exact code.
+func TestAgentCommandEscapesWhatOthersSupplied(t *testing.T) {
+	t.Parallel()
+	code, _ := json.Marshal(terminalHostile)
+	url, _ := fakeServices(t, `{"type":"about:blank","status":400,"code":`+string(code)+`,"operation_id":`+string(code)+`}`, http.StatusBadRequest)
+	path := filepath.Join(t.TempDir(), "hostile.journal")
+	vars := env(map[string]string{"TICKETS_URL": url, "AGENT_API_KEY": "k"})
+	args, _ := json.Marshal(map[string]string{"project": "ops", "title": terminalHostile})
+	action := "act" + terminalHostile
+	var out bytes.Buffer
+	err := run(t.Context(), []string{"agent", "do", "--journal", path, "--action", action, "create_ticket", string(args)}, vars, &out)
+	if exitCode(err) != exitRefused {
+		t.Fatalf("do: exit %d, %v; want %d (refused)", exitCode(err), err, exitRefused)
+	}
+	checkTerminalSafe(t, "do's error", err.Error())
+	checkTerminalSafe(t, "do's JSON", out.String())
+	var res agent.Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil || res.Code != terminalHostile || res.ActionID != action {
+		t.Errorf("do's JSON = %q (%v); want the service's code and the action id, exactly", out.String(), err)
+	}
+	for _, show := range [][]string{{"agent", "show", "--journal", path}, {"agent", "show", "--journal", path, action}} {
+		out.Reset()
+		if err := run(t.Context(), show, vars, &out); err != nil {
+			t.Fatalf("%v: %v", show[:2], err)
+		}
+		checkTerminalSafe(t, "agent show", out.String())
+		if !strings.Contains(out.String(), `\x1b]52;c;`) {
+			t.Errorf("agent show does not show the hostile text escaped:\n%s", out.String())
+		}
 	}
 }

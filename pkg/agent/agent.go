@@ -7,10 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/ids"
@@ -44,6 +47,16 @@ type Config struct {
 	BackoffBase, BackoffMax time.Duration
 	// LockWait is how long Open waits for another process holding the journal (default 0: refuse at once).
 	LockWait time.Duration
+	// SameAccount says APIKey belongs to the account the journal's operations were made in, though the journal
+	// records another key for them, or none (a journal from before keys were recorded): a rotated key. Open
+	// then binds the journal to APIKey instead of refusing it with ErrOtherPrincipal.
+	SameAccount bool
+	// MaxBodyBytes bounds a call's arguments and the request body made from them (default 1 MiB, the services'
+	// default BODY_LIMIT_BYTES): larger ones are refused before anything is journaled or sent.
+	MaxBodyBytes int
+	// Warn receives what the operator should know but that stops nothing, such as a journal others can write
+	// (default: slog.Warn).
+	Warn func(msg string)
 	// HTTPClient sends the requests (default: no keep-alive, so net/http never resends on its own; no client
 	// timeout, AttemptTimeout applies).
 	HTTPClient *http.Client
@@ -88,14 +101,21 @@ func (c *Config) defaults() {
 	if c.Hook == nil {
 		c.Hook = func(string) {}
 	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.Warn == nil {
+		c.Warn = func(msg string) { slog.Warn(msg) }
+	}
 }
 
 // Agent makes writes through a journal it holds locked. It is safe for concurrent use: calls for different
 // actions run at once, calls for one action one after the other.
 type Agent struct {
-	cfg   Config
-	j     *journal
-	runID string
+	cfg       Config
+	j         *journal
+	runID     string
+	principal Principal
 
 	mu      sync.Mutex // guards v and journal appends
 	v       *view
@@ -104,25 +124,42 @@ type Agent struct {
 
 // Open opens (creating) and locks the journal at path and starts an agent run in it. Another process holding
 // the journal makes Open wait up to cfg.LockWait and then fail with ErrJournalLocked: two agents never write
-// one journal at once, so neither can double an effect through it.
+// one journal at once, so neither can double an effect through it. A file that is not a journal, or a
+// symbolic link, is refused with ErrNotJournal and left as it is; a journal whose operations were made with
+// another API key, with ErrOtherPrincipal.
 func Open(path string, cfg Config) (*Agent, error) {
 	cfg.defaults()
-	j, err := openJournal(path, cfg.LockWait, time.Now)
+	if !httpguts.ValidHeaderFieldValue(cfg.APIKey) {
+		return nil, errors.New("agent: the API key holds a character an HTTP header cannot carry (a line break?)")
+	}
+	j, err := openJournal(path, cfg.LockWait, time.Now, cfg.Warn)
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, j: j, v: newView(), actions: map[string]*sync.Mutex{}, runID: ids.New("run_")}
+	a := &Agent{cfg: cfg, j: j, v: newView(), actions: map[string]*sync.Mutex{}, runID: ids.New("run_"),
+		principal: principalOf(cfg.APIKey)}
 	for _, rec := range j.recs {
 		if err := a.v.apply(rec); err != nil {
 			j.close()
 			return nil, err
 		}
 	}
-	host, _ := os.Hostname()
-	if err := a.record(map[string]any{"type": RecRunStarted, "run_id": a.runID, "host": host, "pid": os.Getpid(),
-		"command": cfg.Command, "started_at": a.now()}); err != nil {
+	adopted, err := a.checkPrincipal()
+	if err != nil {
 		j.close()
 		return nil, err
+	}
+	host, _ := os.Hostname()
+	if err := a.record(map[string]any{"type": RecRunStarted, "run_id": a.runID, "host": host, "pid": os.Getpid(),
+		"command": cfg.Command, "principal": a.principal, "started_at": a.now()}); err != nil {
+		j.close()
+		return nil, err
+	}
+	if adopted != nil {
+		if err := a.record(adopted); err != nil {
+			j.close()
+			return nil, err
+		}
 	}
 	return a, nil
 }
@@ -195,9 +232,18 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	if actionID == "" || len(actionID) > 200 {
 		return Result{}, fmt.Errorf("%w: an action id is 1 to 200 characters", ErrBadArguments)
 	}
+	// A body the service would not take is never sent: it would fail every attempt before an answer.
+	if len(args) > a.cfg.MaxBodyBytes {
+		return Result{}, fmt.Errorf("%w: the arguments are %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
+			ErrBadArguments, len(args), a.cfg.MaxBodyBytes)
+	}
 	req, err := tool.prepare(args)
 	if err != nil {
 		return Result{}, err
+	}
+	if len(req.body) > a.cfg.MaxBodyBytes {
+		return Result{}, fmt.Errorf("%w: the request body is %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
+			ErrBadArguments, len(req.body), a.cfg.MaxBodyBytes)
 	}
 	unlock := a.lockAction(actionID)
 	defer unlock()
@@ -276,7 +322,7 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		Type: RecOperationCreated, OperationID: ids.New("aop_"), ActionID: actionID, Tool: tool.Name,
 		Service: tool.Service, Method: tool.Method, RouteTemplate: tool.Route, Path: req.path, Args: req.args,
 		Fingerprint: req.fingerprint, RetryMode: tool.Mode, Budget: a.cfg.Budget, AuthorityRef: a.cfg.AuthorityRef,
-		RunID: a.runID, At: a.now(),
+		Principal: &a.principal, RunID: a.runID, At: a.now(),
 	}
 	if tool.Keyed {
 		op.IdempotencyKey = ids.New("idk_")
@@ -306,6 +352,10 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		}
 		op.SupersedesOperationID = old.OperationID
 		op.SupersedesServerOpID = old.ServerOperationID()
+		if !httpguts.ValidHeaderFieldValue(op.SupersedesServerOpID) {
+			return nil, fmt.Errorf("%w: supersedes %q: the service named that operation with characters a header cannot carry",
+				ErrBadArguments, opts.Supersedes)
+		}
 	}
 	a.cfg.Hook("before_journal")
 	if err := a.record(op); err != nil {

@@ -63,7 +63,23 @@
 // effect through it. The lock dies with its holder, even on SIGKILL.
 //
 // The journal holds the arguments (resume must resend them) but never the API key: it records
-// Config.AuthorityRef instead. Put no secret in arguments.
+// Config.AuthorityRef instead, and a key id the agent derives from the key (Principal). Put no secret in
+// arguments.
+//
+// A journal acts for one key, the one its operations were made with. Idempotency keys are scoped to an
+// account: under a key of another account, a lookup finds nothing and a retry does the effect a second time,
+// there. Open refuses such a journal with ErrOtherPrincipal, as it does a journal whose operations were
+// journaled without their key (written before keys were recorded); Config.SameAccount is the operator saying
+// the key is a new one of the same account, and binds the journal to it.
+//
+// Open refuses, and leaves as it is, anything that is not a journal (ErrNotJournal): a symbolic link (the
+// journal is opened with O_NOFOLLOW), a file that is not regular, a file whose first line, or whose unfinished
+// last line, is not the start of a record. It warns (Config.Warn) about a journal others can write.
+//
+// A call is refused before anything is journaled or sent when it could never leave: arguments or a body over
+// Config.MaxBodyBytes, an approval_id that is not an id, any header value HTTP forbids. What show prints from a
+// model, a service or the journal goes through Printable, so no control or bidirectional character reaches a
+// terminal raw.
 //
 // # Commands
 //

@@ -22,6 +22,10 @@ var ErrJournalBroken = errors.New("agent: the journal's hash chain is broken")
 // ErrJournalLocked is returned by Open when another process holds the journal for longer than Config.LockWait.
 var ErrJournalLocked = errors.New("agent: the journal is in use by another agent process")
 
+// ErrNotJournal is returned by Open for a path that is not a journal: a symbolic link, something other than a
+// regular file, or a file whose first line is not a journal record. The file is left as it is.
+var ErrNotJournal = errors.New("agent: not a journal")
+
 // Record types of the journal, in the order an operation's story usually runs.
 const (
 	RecJournalOpened     = "journal_opened"
@@ -33,7 +37,12 @@ const (
 	RecOperationSettled  = "operation_settled"
 	RecIntentRefused     = "changed_intent_refused"
 	RecTornTailDiscarded = "torn_tail_discarded"
+	RecPrincipalAdopted  = "principal_adopted"
 )
+
+// recordStart is how every journal line begins (entry's first field, and the prefix of every chain name): a
+// torn tail is a prefix of a line, so it begins so too, or is shorter than this.
+const recordStart = `{"chain":"jnl_`
 
 // entry is one line of the journal file: an auditchain record (the server's format) as JSON.
 type entry struct {
@@ -59,10 +68,32 @@ type journal struct {
 
 // openJournal opens (creating) and locks the journal at path, waiting up to wait for another process to let go.
 // The lock is an flock(2) on the file itself: the kernel drops it when the holder dies, even by SIGKILL.
-func openJournal(path string, wait time.Duration, now func() time.Time) (*journal, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+//
+// The journal is opened without following a symbolic link, and must be a regular file: an agent appends to it
+// and truncates a torn last line, which must never happen to a file the link points at. A journal others can
+// write is used, with a warning: whoever can write it can change what resume sends.
+func openJournal(path string, wait time.Duration, now func() time.Time, warn func(string)) (*journal, error) {
+	if st, err := os.Lstat(path); err == nil && !st.Mode().IsRegular() {
+		return nil, notRegular(path, st.Mode())
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, notRegular(path, os.ModeSymlink)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("agent: open journal: %w", err)
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = notRegular(path, st.Mode())
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if perm := st.Mode().Perm(); perm&0o022 != 0 {
+		warn(fmt.Sprintf("agent: journal %s can be written by others (mode %v): whoever can write it can change what "+
+			"resume sends; chmod go-w it", path, perm))
 	}
 	if err := lockFile(f, wait); err != nil {
 		f.Close()
@@ -74,6 +105,14 @@ func openJournal(path string, wait time.Duration, now func() time.Time) (*journa
 		return nil, err
 	}
 	return j, nil
+}
+
+func notRegular(path string, mode os.FileMode) error {
+	what := "not a regular file"
+	if mode&os.ModeSymlink != 0 {
+		what = "a symbolic link; name the journal file itself"
+	}
+	return fmt.Errorf("%w: %s is %s", ErrNotJournal, path, what)
 }
 
 func lockFile(f *os.File, wait time.Duration) error {
@@ -96,9 +135,15 @@ func lockFile(f *os.File, wait time.Duration) error {
 // load reads the records, discards an unfinished last line (a write the kernel never completed: nothing was
 // acted on after it, because every record is fsynced before the agent acts), and resumes the chain.
 func (j *journal) load() error {
-	entries, torn, err := readEntries(j.f)
+	entries, tail, err := readEntries(j.f)
 	if err != nil {
 		return err
+	}
+	torn := len(tail)
+	if torn > 0 && !bytes.HasPrefix(tail, []byte(recordStart)) && !bytes.HasPrefix([]byte(recordStart), tail) {
+		// Not the start of a record: bytes an agent never wrote, perhaps the whole file. Never truncated.
+		return fmt.Errorf("%w: %s ends with %d bytes that are not a journal record; the file was left as it is",
+			ErrNotJournal, j.path, torn)
 	}
 	if rep := verifyEntries(entries); !rep.Intact() {
 		// Resume would act on what the journal says: not on a journal that was changed.
@@ -132,14 +177,15 @@ func (j *journal) load() error {
 	return nil
 }
 
-// readEntries parses every complete line of r; torn is the length of a last line without its newline.
-func readEntries(r io.ReaderAt) (entries []entry, torn int, err error) {
+// readEntries parses every complete line of r; tail is a last line without its newline. A first line that is
+// not a record is ErrNotJournal: the file is something else.
+func readEntries(r io.ReaderAt) (entries []entry, tail []byte, err error) {
 	data, err := io.ReadAll(io.NewSectionReader(r, 0, 1<<40))
 	if err != nil {
-		return nil, 0, fmt.Errorf("agent: read journal: %w", err)
+		return nil, nil, fmt.Errorf("agent: read journal: %w", err)
 	}
 	if i := bytes.LastIndexByte(data, '\n'); i < len(data)-1 {
-		torn = len(data) - 1 - i
+		tail = data[i+1:]
 		data = data[:i+1]
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -148,12 +194,16 @@ func readEntries(r io.ReaderAt) (entries []entry, torn int, err error) {
 	for sc.Scan() {
 		line++
 		var e entry
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return nil, 0, fmt.Errorf("agent: journal line %d is not a record: %w", line, err)
+		err := json.Unmarshal(sc.Bytes(), &e)
+		switch {
+		case line == 1 && (err != nil || !bytes.HasPrefix(sc.Bytes(), []byte(recordStart))):
+			return nil, nil, fmt.Errorf("%w: its first line is not a journal record; the file was left as it is", ErrNotJournal)
+		case err != nil:
+			return nil, nil, fmt.Errorf("agent: journal line %d is not a record: %w", line, err)
 		}
 		entries = append(entries, e)
 	}
-	return entries, torn, sc.Err()
+	return entries, tail, sc.Err()
 }
 
 // append chains body as the next record, writes it as one line and fsyncs. j.mu must be held, or j not shared yet.

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/retrysafe/retrysafe/pkg/ids"
 )
 
@@ -364,7 +366,7 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 			}
 		}
 	}
-	body, err := a.requestBody(op)
+	req, err := a.newRequest(op, at, approvalID)
 	if err != nil {
 		return err
 	}
@@ -373,29 +375,6 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 	}
 	a.cfg.Hook("before_send")
 
-	req, err := http.NewRequest(op.Method, a.baseURL(op.Service)+op.Path, bytes.NewReader(body))
-	if err != nil {
-		return a.finish(op, at, &AttemptResult{DispatchState: ExecutionError, Error: "request_build_failed"}, time.Now())
-	}
-	h := req.Header
-	h.Set("Content-Type", "application/json")
-	h.Set("Authorization", "Bearer "+a.cfg.APIKey)
-	h.Set("Attempt-Id", at.AttemptID)
-	h.Set("Agent-Run-Id", a.runID)
-	if op.IdempotencyKey != "" {
-		h.Set("Idempotency-Key", op.IdempotencyKey)
-		h.Set("Prefer", "wait=10")
-	}
-	if at.RetryOfSent != "" {
-		h.Set("Retry-Of", at.RetryOfSent)
-		h.Set("Retry-Reason", at.RetryReason)
-	}
-	if op.SupersedesServerOpID != "" {
-		h.Set("Supersedes-Operation-Id", op.SupersedesServerOpID)
-	}
-	if approvalID != "" {
-		h.Set("Approval-Id", approvalID)
-	}
 	// The after_send hook runs once the request's bytes are on the socket (net/http reports WroteRequest while
 	// they may still sit in its buffer): from the connection's Write after WroteRequest, or, with a client whose
 	// connections this package does not see, once Do returns. A test that stops the process there stops it
@@ -447,6 +426,51 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		}
 	}
 	return a.finish(op, at, r, start)
+}
+
+// newRequest builds the attempt's request, or refuses it before the attempt is journaled: a request that could
+// not leave (a body over the limit, a header value HTTP forbids) would fail every attempt as not_sent and spend
+// the budget on nothing.
+func (a *Agent) newRequest(op *Operation, at *Attempt, approvalID string) (*http.Request, error) {
+	body, err := a.requestBody(op)
+	if err != nil {
+		return nil, err
+	}
+	if len(body) > a.cfg.MaxBodyBytes {
+		return nil, fmt.Errorf("%w: the request body is %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
+			ErrBadArguments, len(body), a.cfg.MaxBodyBytes)
+	}
+	req, err := http.NewRequest(op.Method, a.baseURL(op.Service)+op.Path, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("agent: %s %s: the request cannot be built (check the service URL); nothing was sent", op.Method, op.RouteTemplate)
+	}
+	h := req.Header
+	h.Set("Content-Type", "application/json")
+	h.Set("Authorization", "Bearer "+a.cfg.APIKey)
+	h.Set("Attempt-Id", at.AttemptID)
+	h.Set("Agent-Run-Id", a.runID)
+	if op.IdempotencyKey != "" {
+		h.Set("Idempotency-Key", op.IdempotencyKey)
+		h.Set("Prefer", "wait=10")
+	}
+	if at.RetryOfSent != "" {
+		h.Set("Retry-Of", at.RetryOfSent)
+		h.Set("Retry-Reason", at.RetryReason)
+	}
+	if op.SupersedesServerOpID != "" {
+		h.Set("Supersedes-Operation-Id", op.SupersedesServerOpID)
+	}
+	if approvalID != "" {
+		h.Set("Approval-Id", approvalID)
+	}
+	for name, values := range h {
+		for _, v := range values {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return nil, fmt.Errorf("%w: the %s header would carry a character HTTP forbids; nothing was sent", ErrBadArguments, name)
+			}
+		}
+	}
+	return req, nil
 }
 
 func (a *Agent) finish(op *Operation, at *Attempt, r *AttemptResult, start time.Time) error {

@@ -1,10 +1,14 @@
 package agent
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"reflect"
 	"sort"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Journal is a read-only view of a journal file, for people and tools that must not take the lock (show,
@@ -51,32 +55,90 @@ func (o *Operation) State() string {
 	return o.Settled.State
 }
 
+// Printable returns s with every character a terminal could act on written as a Go escape (\x1b, \u202e):
+// C0 and C1 controls (ESC, BEL, OSC and CSI introducers, line breaks), DEL, bidirectional and other format
+// characters, separators other than the space, and bytes that are not UTF-8. What a model, a service or a
+// journal supplies is shown through it, so it can neither move the cursor, retitle or recolour the terminal,
+// write to the clipboard, reorder what is shown, nor forge a line of its own.
+func Printable(s string) string {
+	i := 0
+	for i < len(s) {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size == 1) || !strconv.IsPrint(r) {
+			break
+		}
+		i += size
+	}
+	if i == len(s) {
+		return s
+	}
+	var b strings.Builder
+	b.WriteString(s[:i])
+	for i < len(s) {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case strconv.IsPrint(r):
+			b.WriteString(s[i : i+size])
+		default:
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// printSafe is fmt.Fprintf with every string argument made Printable: show's layout comes from its format
+// strings alone, and nothing from the journal reaches the terminal raw.
+func printSafe(w io.Writer, format string, args ...any) {
+	for i, arg := range args {
+		switch v := arg.(type) {
+		case []byte:
+			args[i] = Printable(string(v))
+		case json.RawMessage:
+			args[i] = Printable(string(v))
+		default:
+			if rv := reflect.ValueOf(arg); rv.Kind() == reflect.String {
+				args[i] = Printable(rv.String())
+			}
+		}
+	}
+	fmt.Fprintf(w, format, args...)
+}
+
 // WriteSummary prints one line per operation.
 func (j *Journal) WriteSummary(w io.Writer) {
-	fmt.Fprintf(w, "%-44s %-24s %-22s %-12s %s\n", "OPERATION", "ACTION", "TOOL", "STATE", "ATTEMPTS")
+	printSafe(w, "%-44s %-24s %-22s %-12s %s\n", "OPERATION", "ACTION", "TOOL", "STATE", "ATTEMPTS")
 	for _, op := range j.v.order {
-		fmt.Fprintf(w, "%-44s %-24s %-22s %-12s %d\n", op.OperationID, op.ActionID, op.Tool, op.State(), len(op.Attempts))
+		printSafe(w, "%-44s %-24s %-22s %-12s %d\n", op.OperationID, op.ActionID, op.Tool, op.State(), len(op.Attempts))
 	}
 }
 
 // WriteTimeline prints one operation's story, agent side: the intent, every attempt with its lineage and
 // dispatch state, every observation (negative ones too), and how it ended.
 func (op *Operation) WriteTimeline(w io.Writer) {
-	fmt.Fprintf(w, "operation %s  action %q  state %s\n", op.OperationID, op.ActionID, op.State())
-	fmt.Fprintf(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
-	fmt.Fprintf(w, "  arguments   %s\n", op.Args)
-	fmt.Fprintf(w, "  fingerprint sha256:%s\n", op.Fingerprint)
+	printSafe(w, "operation %s  action %s  state %s\n", op.OperationID, strconv.Quote(op.ActionID), op.State())
+	printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
+	printSafe(w, "  arguments   %s\n", op.Args)
+	printSafe(w, "  fingerprint sha256:%s\n", op.Fingerprint)
 	if op.IdempotencyKey != "" {
-		fmt.Fprintf(w, "  key         %s (made and journaled %s, before the first send)\n", op.IdempotencyKey, op.At)
+		printSafe(w, "  key         %s (made and journaled %s, before the first send)\n", op.IdempotencyKey, op.At)
 	} else {
-		fmt.Fprintf(w, "  key         none: a declared state, safe to send again\n")
+		printSafe(w, "  key         none: a declared state, safe to send again\n")
 	}
-	fmt.Fprintf(w, "  authority   %s\n", op.AuthorityRef)
+	printSafe(w, "  authority   %s\n", op.AuthorityRef)
+	if op.Principal != nil {
+		printSafe(w, "  key id      %s (the agent's name for the API key it was made with)\n", op.Principal.KeyID)
+	} else {
+		printSafe(w, "  key id      not recorded (journaled before agents recorded their key)\n")
+	}
 	if op.SupersedesOperationID != "" {
-		fmt.Fprintf(w, "  supersedes  %s (server %s)\n", op.SupersedesOperationID, op.SupersedesServerOpID)
+		printSafe(w, "  supersedes  %s (server %s)\n", op.SupersedesOperationID, op.SupersedesServerOpID)
 	}
 	if id := op.ServerOperationID(); id != "" {
-		fmt.Fprintf(w, "  server op   %s\n", id)
+		printSafe(w, "  server op   %s\n", id)
 	}
 	type line struct{ at, text string }
 	var lines []line
@@ -145,11 +207,11 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 	}
 	sort.SliceStable(lines, func(i, k int) bool { return lines[i].at < lines[k].at })
 	for _, l := range lines {
-		fmt.Fprintf(w, "  %-27s %s\n", strings.TrimSuffix(l.at, "~"), l.text)
+		printSafe(w, "  %-27s %s\n", strings.TrimSuffix(l.at, "~"), l.text)
 	}
 	if s := op.Settled; s != nil {
-		fmt.Fprintf(w, "  next step: %s\n", s.NextStep)
+		printSafe(w, "  next step: %s\n", s.NextStep)
 	} else {
-		fmt.Fprintf(w, "  not settled: resume drives it to an end\n")
+		printSafe(w, "  not settled: resume drives it to an end\n")
 	}
 }

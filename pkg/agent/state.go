@@ -42,8 +42,10 @@ type Operation struct {
 	SupersedesServerOpID  string          `json:"supersedes_server_operation_id,omitempty"`
 	// AuthorityRef names where the credential came from, never the credential.
 	AuthorityRef string `json:"authority_ref"`
-	RunID        string `json:"run_id"`
-	At           string `json:"at"`
+	// Principal is the key the operation was made with (absent in journals from before keys were recorded).
+	Principal *Principal `json:"principal,omitempty"`
+	RunID     string     `json:"run_id"`
+	At        string     `json:"at"`
 
 	Attempts     []*Attempt     `json:"-"`
 	Observations []*Observation `json:"-"`
@@ -170,6 +172,10 @@ type view struct {
 	order    []*Operation
 	byAction map[string]*Operation
 	attempts map[string]*Attempt
+	// principal is the key the journal acts for: the one its operations were made with, or the one an
+	// operator adopted since. unrecorded counts operations journaled without their key since then.
+	principal  *Principal
+	unrecorded int
 }
 
 func newView() *view {
@@ -203,6 +209,17 @@ func (v *view) apply(body json.RawMessage) error {
 		v.ops[o.OperationID] = o
 		v.order = append(v.order, o)
 		v.byAction[o.ActionID] = o
+		if o.Principal != nil {
+			v.principal = o.Principal
+		} else {
+			v.unrecorded++
+		}
+	case RecPrincipalAdopted:
+		p := &principalAdopted{}
+		if err := json.Unmarshal(body, p); err != nil {
+			return err
+		}
+		v.principal, v.unrecorded = &p.Principal, 0
 	case RecAttemptStarted:
 		a := &Attempt{}
 		if err := json.Unmarshal(body, a); err != nil {

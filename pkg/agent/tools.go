@@ -193,8 +193,9 @@ func (t Tool) prepare(args json.RawMessage) (request, error) {
 		if !t.Approval {
 			return request{}, fmt.Errorf("%w: %s takes no approval_id", ErrBadArguments, t.Name)
 		}
-		if err := json.Unmarshal(raw, &r.approvalID); err != nil || r.approvalID == "" {
-			return request{}, fmt.Errorf("%w: approval_id must be a non-empty string", ErrBadArguments)
+		if err := json.Unmarshal(raw, &r.approvalID); err != nil || !validID(r.approvalID) {
+			// It goes in the Approval-Id header: a line break there would fail every attempt before it is sent.
+			return request{}, fmt.Errorf("%w: approval_id must be an approval's id: 1 to 200 printable ASCII characters, no spaces", ErrBadArguments)
 		}
 		delete(fields, "approval_id")
 	}
@@ -223,4 +224,17 @@ func (t Tool) prepare(args json.RawMessage) (request, error) {
 	}
 	r.fingerprint = sha256Hex(fp)
 	return r, nil
+}
+
+// validID reports whether s can be an id the services issued: what travels in a header needs no more.
+func validID(s string) bool {
+	if s == "" || len(s) > 200 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
 }

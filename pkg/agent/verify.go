@@ -32,7 +32,7 @@ func VerifyJournal(path string) (VerifyReport, error) {
 		return VerifyReport{}, fmt.Errorf("agent: verify: %w", err)
 	}
 	defer f.Close()
-	entries, torn, err := readEntries(f)
+	entries, tail, err := readEntries(f)
 	if err != nil {
 		return VerifyReport{}, err
 	}
@@ -40,7 +40,7 @@ func VerifyJournal(path string) (VerifyReport, error) {
 		return VerifyReport{}, fmt.Errorf("agent: verify: %s has no records", path)
 	}
 	rep := verifyEntries(entries)
-	rep.TornBytes = torn
+	rep.TornBytes = len(tail)
 	return rep, nil
 }
 
