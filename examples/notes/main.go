@@ -1,0 +1,164 @@
+// Command notes is a small notes API on plain net/http and gorm, made retry-safe with pkg/idem: the shape of an
+// adopter's service that uses no gin. Its database is opened the usual way, gorm.Open(postgres.Open(dsn),
+// &gorm.Config{}), with gorm's default transaction on, and its write is a tx.Create: idem runs it inside the
+// transaction that holds the idempotency key's claim, whatever the gorm configuration.
+//
+//	DATABASE_URL=postgres://... NOTES_TOKEN=secret ADDR=127.0.0.1:8096 go run .
+//
+// POST /v1/notes {"author": "...", "text": "..."} with an Idempotency-Key creates a note once per key;
+// GET /v1/notes?author= lists an author's notes. It is its own module (go.mod, with a replace to this
+// repository); `make test` builds it and runs `retrysafe conformance` on it, every case including a worker killed
+// after its claim (scripts/example-conformance.sh). RETRYSAFE_FAILPOINTS (package failpoint) lets that test stop
+// it right after a claim.
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
+
+	"github.com/retrysafe/retrysafe/migrations"
+	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// Note is one note; its id is derived from the operation that created it.
+type Note struct {
+	ID        string    `json:"id" gorm:"primaryKey"`
+	Author    string    `json:"author" gorm:"index"`
+	Text      string    `json:"text"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// TableName keeps the example's table apart from the library's.
+func (Note) TableName() string { return "example_notes" }
+
+type createNote struct {
+	Author string `json:"author"`
+	Text   string `json:"text"`
+}
+
+func (c createNote) validate() error {
+	var fields []problem.FieldError
+	fields = problem.CheckText(fields, "author", c.Author, 100, true)
+	fields = problem.CheckText(fields, "text", c.Text, 1000, true)
+	if len(fields) > 0 {
+		return problem.Validation(fields...)
+	}
+	return nil
+}
+
+// newServer serves the notes API with h; token is the one bearer secret it accepts.
+func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/notes", func(w http.ResponseWriter, r *http.Request) {
+		var cmd createNote
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cmd); err != nil {
+			problem.WriteHTTP(w, r, problem.New(problem.CodeInvalidRequest, "the body must be {\"author\": \"...\", \"text\": \"...\"}"))
+			return
+		}
+		if err := cmd.validate(); err != nil {
+			problem.WriteHTTP(w, r, err) // before the claim: a refused request never burns its key
+			return
+		}
+		h.Handle(w, r, idem.Request{Kind: "notes.create", Command: cmd, OperationAtCompletion: true},
+			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+				n := Note{ID: "note_" + strings.TrimPrefix(op.ID, "op_"), Author: cmd.Author, Text: cmd.Text}
+				if err := tx.WithContext(ctx).Create(&n).Error; err != nil {
+					return idem.Result{}, err // rolls the claim back: the key stays free
+				}
+				return idem.Result{Status: http.StatusCreated, Body: n, Resource: &opstatus.Resource{Type: "note", ID: n.ID}}, nil
+			})
+	})
+	mux.HandleFunc("GET /v1/notes", func(w http.ResponseWriter, r *http.Request) {
+		var notes []Note
+		if err := db.WithContext(r.Context()).Where("author = ?", r.URL.Query().Get("author")).Order("created_at").Limit(1000).Find(&notes).Error; err != nil {
+			problem.WriteHTTP(w, r, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"items": notes})
+	})
+	return authenticate(token, mux)
+}
+
+// authenticate admits requests bearing token and names their caller for idem (idem.WithCaller).
+func authenticate(token string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			problem.WriteHTTP(w, r, problem.New(problem.CodeUnauthorized, "send Authorization: Bearer <token>"))
+			return
+		}
+		ctx := idem.WithCaller(r.Context(), idem.Caller{AccountID: "acct_notes", Actor: "agent:notes"})
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+func main() {
+	if err := run(); err != nil {
+		slog.Error("notes stopped", "error", err.Error())
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	dsn, token, addr := os.Getenv("DATABASE_URL"), os.Getenv("NOTES_TOKEN"), os.Getenv("ADDR")
+	if dsn == "" || token == "" {
+		return errors.New("set DATABASE_URL and NOTES_TOKEN")
+	}
+	if addr == "" {
+		addr = "127.0.0.1:8096"
+	}
+	if err := failpoint.Configure(os.Getenv("RETRYSAFE_FAILPOINTS")); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: gormlogger.Discard})
+	if err != nil {
+		return err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	sqlDB.SetMaxOpenConns(10)
+	if err := migrations.Up(ctx, sqlDB); err != nil {
+		return err
+	}
+	if err := db.AutoMigrate(&Note{}); err != nil {
+		return err
+	}
+	h := &idem.Handler{DB: db}
+	go (&idem.Pruner{DB: db, Retention: 72 * time.Hour, Interval: time.Hour}).Run(ctx)
+	srv := &http.Server{Addr: addr, Handler: newServer(db, h, token), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	slog.Info("notes listening", "addr", addr)
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
