@@ -70,19 +70,10 @@ func (p *Proxy) DSN(dsn string) string {
 	return u.String()
 }
 
-// Accepted is how many connections the proxy has accepted, refused ones included.
-func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
-
 // Held is how many chunks of bytes the proxy has received and holds back because it is stalled: a test learns
 // from it that a statement (a COMMIT) has left the client.
 func (p *Proxy) Held() int64 { return p.held.Load() }
 
-// Open is how many proxied connections are open now.
-func (p *Proxy) Open() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.conns)
-}
 
 // CutAll closes every open connection at once, both sides, as a crash or an immediate restart of the server
 // does. New connections are accepted as before unless Refuse is on.
@@ -103,9 +94,6 @@ func (p *Proxy) Refuse(on bool) {
 	p.mu.Unlock()
 }
 
-// Restart is what a fast database restart looks like to a client: every connection drops, and new ones are
-// accepted again at once.
-func (p *Proxy) Restart() { p.CutAll() }
 
 // Stall stops (on) or resumes (off) the bytes of every connection, open or new, in both directions: the
 // connections stay open and nothing arrives, as with a frozen server.

@@ -74,18 +74,6 @@ func (s Sample) Delta(before Sample, name string, labelPairs ...string) float64 
 	return s.Value(name, labelPairs...) - before.Value(name, labelPairs...)
 }
 
-// LabelValues lists the values label takes among the series of name.
-func (s Sample) LabelValues(name, label string) []string {
-	var out []string
-	for _, m := range s.families[name].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == label {
-				out = append(out, l.GetValue())
-			}
-		}
-	}
-	return out
-}
 
 func matches(m *dto.Metric, pairs []string) bool {
 	for i := 0; i+1 < len(pairs); i += 2 {

@@ -340,8 +340,6 @@ func packagePrefix() string {
 	return "t_" + nonIdent.ReplaceAllString(strings.ToLower(name), "_") + "_m" + migrations.Digest()
 }
 
-var emptyMade int
-
 // EmptySchema creates a schema with nothing in it, not even migrations, and returns a DSN that uses it; it is
 // dropped when the test ends (or, if the process dies first, by a later run). For tests of migrating and of
 // readiness before migrations.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
@@ -60,7 +59,6 @@ type journal struct {
 	path string
 	f    *os.File
 
-	mu    sync.Mutex
 	chain *auditchain.Chain
 	recs  []json.RawMessage
 	now   func() time.Time
@@ -206,7 +204,8 @@ func readEntries(r io.ReaderAt) (entries []entry, tail []byte, err error) {
 	return entries, tail, sc.Err()
 }
 
-// append chains body as the next record, writes it as one line and fsyncs. j.mu must be held, or j not shared yet.
+// append chains body as the next record, writes it as one line and fsyncs. The Agent's mu must be held, or j not
+// shared yet.
 func (j *journal) append(body any) (json.RawMessage, error) {
 	rec, err := j.chain.Append(body)
 	if err != nil {

@@ -556,7 +556,3 @@ type Cursor struct {
 	ID        string
 }
 
-// Get returns approval id of account. Returns an error matching problem.ErrNotFound if there is none.
-func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Approval, error) {
-	return load(ctx, db, accountID, id, false)
-}

@@ -105,7 +105,7 @@ func (b *Batcher[T, R]) runBatch(ctx context.Context, lane int, q *queue[T, R]) 
 	for i, c := range calls {
 		items[i] = c.item
 	}
-	values, err, panicked := b.run(ctx, items)
+	values, panicked, err := b.run(ctx, items)
 	if err == nil && len(values) != len(items) {
 		err = fmt.Errorf("batch: %d results for %d items", len(values), len(items))
 	}
@@ -130,12 +130,12 @@ func (b *Batcher[T, R]) runBatch(ctx context.Context, lane int, q *queue[T, R]) 
 }
 
 // run calls Run, turning a panic into the batch's error (and returning it, to be raised again).
-func (b *Batcher[T, R]) run(ctx context.Context, items []T) (values []R, err error, panicked any) {
+func (b *Batcher[T, R]) run(ctx context.Context, items []T) (values []R, panicked any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			panicked, err = p, fmt.Errorf("batch: panic: %v", p)
 		}
 	}()
 	values, err = b.Run(context.WithoutCancel(ctx), items)
-	return values, err, nil
+	return values, nil, err
 }

@@ -172,16 +172,6 @@ func poolConn(ctx context.Context, db *gorm.DB) (*sql.Conn, error) {
 	}
 }
 
-// CheckPool reports whether db is a pool the library can use: gorm on pgx's database/sql driver (gorm.io/driver/
-// postgres or database.Open), not inside a transaction.
-func CheckPool(ctx context.Context, db *gorm.DB) error {
-	conn, err := poolConn(ctx, db)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	return withPgx(conn, func(*pgx.Conn) error { return nil })
-}
 
 // withPgx runs fn on the pgx connection under conn.
 func withPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {

@@ -263,17 +263,6 @@ SELECT count(*) FROM ev`,
 // Append adds an event to operation id of account that does not change the state (replayed, conflict_rejected,
 // reconcile evidence, ...).
 func Append(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
-	return appendEvent(ctx, db, accountID, id, eventType, actor, detail, "on")
-}
-
-// AppendNoWait is Append without waiting for the WAL flush at commit (synchronous_commit off for this one
-// statement). It is for audit events whose loss in a crash loses no effect, such as a replay or a refused
-// conflict: the answer to the caller need not wait on the disk for them.
-func AppendNoWait(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
-	return appendEvent(ctx, db, accountID, id, eventType, actor, detail, "off")
-}
-
-func appendEvent(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any, syncCommit string) error {
 	raw := []byte("{}")
 	if detail != nil {
 		var err error
@@ -281,12 +270,10 @@ func appendEvent(ctx context.Context, db *gorm.DB, accountID, id, eventType, act
 			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
 		}
 	}
-	// set_config(..., true) lasts until the end of the statement's own transaction, commit included.
 	err := db.WithContext(ctx).Exec(`
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-SELECT o.id, o.account_id, ?, ?, ?::jsonb
-FROM operations o, (SELECT set_config('synchronous_commit', ?, true)) AS commit_mode
-WHERE o.account_id = ? AND o.id = ?`, eventType, actor, string(raw), syncCommit, accountID, id).Error
+SELECT o.id, o.account_id, ?, ?, ?::jsonb FROM operations o WHERE o.account_id = ? AND o.id = ?`,
+		eventType, actor, string(raw), accountID, id).Error
 	if err != nil {
 		return fmt.Errorf("opstatus: append to %s: %w", id, err)
 	}
