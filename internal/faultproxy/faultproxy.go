@@ -74,7 +74,6 @@ func (p *Proxy) DSN(dsn string) string {
 // from it that a statement (a COMMIT) has left the client.
 func (p *Proxy) Held() int64 { return p.held.Load() }
 
-
 // CutAll closes every open connection at once, both sides, as a crash or an immediate restart of the server
 // does. New connections are accepted as before unless Refuse is on.
 func (p *Proxy) CutAll() {
@@ -93,7 +92,6 @@ func (p *Proxy) Refuse(on bool) {
 	p.refuse = on
 	p.mu.Unlock()
 }
-
 
 // Stall stops (on) or resumes (off) the bytes of every connection, open or new, in both directions: the
 // connections stay open and nothing arrives, as with a frozen server.

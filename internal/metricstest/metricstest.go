@@ -74,7 +74,6 @@ func (s Sample) Delta(before Sample, name string, labelPairs ...string) float64 
 	return s.Value(name, labelPairs...) - before.Value(name, labelPairs...)
 }
 
-
 func matches(m *dto.Metric, pairs []string) bool {
 	for i := 0; i+1 < len(pairs); i += 2 {
 		found := false

@@ -555,4 +555,3 @@ type Cursor struct {
 	CreatedAt time.Time
 	ID        string
 }
-

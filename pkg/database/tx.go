@@ -172,7 +172,6 @@ func poolConn(ctx context.Context, db *gorm.DB) (*sql.Conn, error) {
 	}
 }
 
-
 // withPgx runs fn on the pgx connection under conn.
 func withPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {
 	return conn.Raw(func(dc any) error {
