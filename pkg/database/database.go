@@ -111,21 +111,13 @@ func (c *boundedConn) Write(b []byte) (int, error) {
 }
 
 // acquireBound is the pool as gorm sees it, with a bound on waiting for a free connection: database/sql waits
-// for one as long as the context lets it, and a request context has no deadline. When the pool is full it
-// reserves a connection with its own deadline first, then runs the statement on it with the caller's context.
-// While a connection is idle or may still be opened (bounded by the connect timeout) it goes straight to the
-// pool: the reservation costs about as much as the round trip itself. Two statements racing for the last idle
-// connection may leave one waiting unbounded, but then only for a statement to finish, which the statement
-// timeout bounds.
+// as long as the context lets it, and a request context has no deadline. When the pool is full a statement first
+// reserves a connection within the bound, then runs on it with the caller's context; otherwise it goes straight
+// to the pool (a reservation costs about a round trip). Two statements racing for the last idle connection may
+// leave one waiting for a statement to finish, which the statement timeout bounds.
 type acquireBound struct {
 	*sql.DB
 	timeout time.Duration
-}
-
-// full reports whether a statement would have to wait for a connection.
-func (p *acquireBound) full() bool {
-	st := p.DB.Stats()
-	return st.Idle == 0 && st.OpenConnections >= st.MaxOpenConnections
 }
 
 var (
@@ -143,79 +135,76 @@ func (p *acquireBound) conn(ctx context.Context) (*sql.Conn, error) {
 	return c, err
 }
 
+// reserved is the connection a statement must use, or nil when the pool has one to spare.
+func (p *acquireBound) reserved(ctx context.Context) (*sql.Conn, error) {
+	if st := p.DB.Stats(); st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections {
+		return nil, nil
+	}
+	return p.conn(ctx)
+}
+
 // release returns c to the pool once whatever still reads from it (rows, a transaction) is done: sql.Conn.Close
 // waits for that.
 func release(c *sql.Conn) { go c.Close() }
 
 func (p *acquireBound) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if !p.full() {
+	c, err := p.reserved(ctx)
+	if c == nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
 		return p.DB.ExecContext(ctx, query, args...)
-	}
-	c, err := p.conn(ctx)
-	if err != nil {
-		return nil, err
 	}
 	defer c.Close()
 	return c.ExecContext(ctx, query, args...)
 }
 
 func (p *acquireBound) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	if !p.full() {
+	c, err := p.reserved(ctx)
+	if c == nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
 		return p.DB.QueryContext(ctx, query, args...)
 	}
-	c, err := p.conn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := c.QueryContext(ctx, query, args...)
-	release(c)
-	return rows, err
+	defer release(c)
+	return c.QueryContext(ctx, query, args...)
 }
 
 func (p *acquireBound) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	if !p.full() {
+	c, err := p.reserved(ctx)
+	if err != nil {
+		// A *sql.Row carries an error only from a query: this one fails at Scan on a context already over,
+		// which is a store failure as the acquire timeout is.
+		over, cancel := context.WithDeadline(ctx, time.Time{})
+		defer cancel()
+		return p.DB.QueryRowContext(over, query, args...)
+	}
+	if c == nil {
 		return p.DB.QueryRowContext(ctx, query, args...)
 	}
-	c, err := p.conn(ctx)
-	if err != nil {
-		// A *sql.Row carries an error only from a query: this one, on a context already past its deadline, fails
-		// at Scan with context.DeadlineExceeded, which is a store failure as the acquire timeout is.
-		expired, cancel := context.WithDeadline(ctx, time.Time{})
-		defer cancel()
-		return p.DB.QueryRowContext(expired, query, args...)
-	}
-	row := c.QueryRowContext(ctx, query, args...)
-	release(c)
-	return row
-}
-
-func (p *acquireBound) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	return p.DB.PrepareContext(ctx, query)
+	defer release(c)
+	return c.QueryRowContext(ctx, query, args...)
 }
 
 func (p *acquireBound) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
-	if !p.full() {
+	c, err := p.reserved(ctx)
+	if c == nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
 		return p.DB.BeginTx(ctx, opts)
 	}
-	c, err := p.conn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	tx, err := c.BeginTx(ctx, opts)
-	release(c)
-	return tx, err
+	defer release(c)
+	return c.BeginTx(ctx, opts)
 }
-
-// Ping lets readiness checks reach the pool through gorm's DB().
-func (p *acquireBound) PingContext(ctx context.Context) error { return p.DB.PingContext(ctx) }
 
 // GetDBConn is how gorm's DB() finds the *sql.DB under a wrapped pool.
 func (p *acquireBound) GetDBConn() (*sql.DB, error) { return p.DB, nil }
 
 // Query runs a statement on db (a pool or a transaction) and reads every row into a T, by column name as gorm
-// maps them. It is gorm's Raw(...).Scan(&rows) without the cost Scan adds to every call: Scan records the
-// statement with its arguments rendered into SQL text (for its logger, even a discarding one), which was a
-// tenth of a write's CPU in the service; Rows and ScanRows do not.
+// maps them: gorm's Raw(...).Scan(&rows) without rendering the statement with its arguments for the logger,
+// which Scan does on every call, even with a discarding logger.
 func Query[T any](db *gorm.DB, sql string, args ...any) ([]T, error) {
 	rows, err := db.Raw(sql, args...).Rows()
 	if err != nil {

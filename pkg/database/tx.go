@@ -37,7 +37,6 @@ const (
 	txIdle      txState = iota // nothing sent: BEGIN goes with the first statement
 	txOpen                     // BEGIN sent: Close rolls back
 	txCommitted                // COMMIT answered
-	txBroken                   // the connection is unusable: Close discards it
 )
 
 // Begin reserves a connection of db's pool for a transaction, within the pool's acquire bound (Options). Nothing
@@ -62,7 +61,7 @@ func (t *Tx) Gorm() *gorm.DB { return t.gorm }
 // callbacks queued on b (QueuedQuery.Query, QueryRow, Exec). It returns the first error; PostgreSQL skips the
 // statements after a failed one, and the transaction can then only be closed.
 func (t *Tx) Send(ctx context.Context, b *pgx.Batch) error {
-	if t.state != txIdle && t.state != txOpen {
+	if t.state == txCommitted {
 		return errTxDone
 	}
 	if t.state == txIdle {
@@ -74,7 +73,7 @@ func (t *Tx) Send(ctx context.Context, b *pgx.Batch) error {
 // Commit sends b (nil for none) and COMMIT in one round trip. When it returns nil the transaction committed. An
 // error that problem.IsStoreUnavailable recognises means the COMMIT may or may not have been applied.
 func (t *Tx) Commit(ctx context.Context, b *pgx.Batch) error {
-	if t.state != txIdle && t.state != txOpen {
+	if t.state == txCommitted {
 		return errTxDone
 	}
 	if b == nil {
@@ -93,14 +92,12 @@ func (t *Tx) Close() {
 	if t.conn == nil {
 		return
 	}
-	if t.state == txOpen {
-		// Not with the caller's context, which may be over: a connection that cannot roll back is discarded.
-		if _, err := t.conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
-			t.state = txBroken
+	_ = withPgx(t.conn, func(c *pgx.Conn) error {
+		if t.state == txOpen && !c.IsClosed() {
+			// Not with the caller's context, which may be over.
+			_, _ = c.Exec(context.Background(), "ROLLBACK")
 		}
-	}
-	_ = t.conn.Raw(func(dc any) error {
-		if sc, ok := dc.(*stdlib.Conn); !ok || sc.Conn().IsClosed() || sc.Conn().PgConn().TxStatus() != 'I' {
+		if c.IsClosed() || c.PgConn().TxStatus() != 'I' {
 			return driver.ErrBadConn // database/sql discards the connection
 		}
 		return nil
@@ -114,10 +111,7 @@ var errTxDone = errors.New("database: the transaction is over")
 func (t *Tx) send(ctx context.Context, b *pgx.Batch, after txState) error {
 	err := withPgx(t.conn, func(c *pgx.Conn) error { return c.SendBatch(ctx, b).Close() })
 	if err != nil {
-		t.state = txBroken
-		if t.conn != nil && connUsable(t.conn) {
-			t.state = txOpen // a statement failed; the transaction is aborted and rolls back at Close
-		}
+		t.state = txOpen // a statement failed, or the connection did: Close rolls back or discards it
 		return err
 	}
 	t.state = after
@@ -181,16 +175,6 @@ func withPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {
 		}
 		return fn(sc.Conn())
 	})
-}
-
-func connUsable(conn *sql.Conn) bool {
-	usable := false
-	_ = conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		usable = ok && !sc.Conn().IsClosed()
-		return nil
-	})
-	return usable
 }
 
 // txConn is the transaction's connection as a gorm.ConnPool. It has no BeginTx, so gorm never starts a

@@ -68,12 +68,9 @@ func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 }
 
 func (h *Handler) runExternal(ctx context.Context, call Call, req Request, steps externalSteps) Answer {
-	a, refused := h.begin(call, req)
-	if refused != nil {
-		return *refused
-	}
-	if s, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key); err == nil && found {
-		return h.existing(ctx, a, s, call.Header)
+	a, done := h.start(ctx, call, req)
+	if done != nil {
+		return *done
 	}
 	// The claim does not stop half way when the caller hangs up: a COMMIT cut short may still have committed, and
 	// the operation would be stranded, claimed but never run. It is bounded by the lease instead. Once it commits

@@ -195,16 +195,27 @@ func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
 	}}, nil
 }
 
+// start checks the request and reads its key: a request that is refused, or whose key exists, is answered
+// here; otherwise it goes on to claim the key. A failed read goes on too: the claim reports the failure.
+func (h *Handler) start(ctx context.Context, call Call, req Request) (*attempt, *Answer) {
+	a, refused := h.begin(call, req)
+	if refused != nil {
+		return nil, refused
+	}
+	if s, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key); err == nil && found {
+		ans := h.existing(ctx, a, s, call.Header)
+		return nil, &ans
+	}
+	return a, nil
+}
+
 // Run runs write once for the request's Idempotency-Key, in local mode: the claim, the write and the stored
 // response commit in one transaction; if write returns an error nothing is stored and the key stays free. The
 // answer is the new result, the stored one, or a problem.
 func (h *Handler) Run(ctx context.Context, call Call, req Request, write WriteFunc) Answer {
-	a, refused := h.begin(call, req)
-	if refused != nil {
-		return *refused
-	}
-	if s, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key); err == nil && found {
-		return h.existing(ctx, a, s, call.Header)
+	a, done := h.start(ctx, call, req)
+	if done != nil {
+		return *done
 	}
 	a.late = req.OperationAtCompletion && req.Guard == nil && a.lineage.supersedes == ""
 	// Once begun, the write is not cut short by the caller hanging up: it commits or rolls back whole, bounded
