@@ -4,10 +4,13 @@
 //
 //	a, _ := agent.Open("agent.journal", cfg)
 //	defer a.Close()
-//	err := agentmcp.NewServer(a, "v1").Run(ctx, &mcp.StdioTransport{})
+//	err := agentmcp.NewServer(a, "v1").Run(ctx, &agentmcp.Transport{In: os.Stdin, Out: os.Stdout})
 //
 // Every tool's input requires action_id; results carry the operation id, the state and the next step in words;
 // refusals are tool errors (isError) carrying the service's code, never a failure of the server.
+//
+// [Transport] is the stdio transport to serve with: it refuses a hostile message alone (see [MaxMessageBytes]
+// and [MaxMessageDepth]) and answers every request read before its input ended.
 package agentmcp
 
 import (
