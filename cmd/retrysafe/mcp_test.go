@@ -331,6 +331,13 @@ func TestMCPStdio(t *testing.T) {
 		if code != 0 || len(answers) != 3 {
 			t.Fatalf("exit %d, answers %v; want 0 and the three requests answered\n%s", code, slices.Collect(maps.Keys(answers)), stderr)
 		}
+		var init struct {
+			Capabilities map[string]json.RawMessage `json:"capabilities"`
+		}
+		_ = json.Unmarshal(answers["1"].Result, &init)
+		if string(init.Capabilities["tools"]) != "{}" {
+			t.Errorf("tools capability %s; want {} (the list never changes)", init.Capabilities["tools"])
+		}
 		if !strings.Contains(string(answers["2"].Result), `"create_ticket"`) {
 			t.Errorf("tools/list: %.300s", answers["2"].Result)
 		}
@@ -360,6 +367,7 @@ func TestMCPStdio(t *testing.T) {
 		deepNote := `{"jsonrpc":"2.0","method":"notifications/progress","params":` + nest + `}`
 		answers, stderr, code := pipeMCP(t, w, journal, append(mcpInitialize,
 			huge, deep, deepNote, "not json at all", `{"jsonrpc":"1.0","id":"old","method":"tools/list"}`,
+			rpc("unknown", "tools/call", map[string]any{"name": "drop_database", "arguments": map[string]any{}}),
 			rpc("after", "tools/call", map[string]any{"name": "create_ticket",
 				"arguments": map[string]any{"action_id": "after", "project": "mcp", "title": "after the hostile ones"}}),
 		)...)
@@ -377,11 +385,15 @@ func TestMCPStdio(t *testing.T) {
 		if m := answers[`"deep"`].Error; m == nil || !strings.Contains(m.Message, "64 levels") {
 			t.Errorf("the deep message's error does not name the limit: %+v", m)
 		}
-		if res, r := toolResult(t, answers[`"after"`]); res.IsError || r.State != agent.StateSucceeded || ticketCount(t, w, "after the hostile ones") != 1 {
+		res, r := toolResult(t, answers[`"unknown"`])
+		if !res.IsError || !strings.Contains(string(answers[`"unknown"`].Result), `"code":"unknown_tool"`) {
+			t.Errorf("an unknown tool: %s; want a tool error with code unknown_tool", answers[`"unknown"`].Result)
+		}
+		if res, r = toolResult(t, answers[`"after"`]); res.IsError || r.State != agent.StateSucceeded || ticketCount(t, w, "after the hostile ones") != 1 {
 			t.Errorf("the call after the hostile messages: %+v", r)
 		}
-		if len(answers) != 5 {
-			t.Errorf("answers %v; want initialize, huge, deep, old and after", slices.Collect(maps.Keys(answers)))
+		if len(answers) != 6 {
+			t.Errorf("answers %v; want initialize, huge, deep, old, unknown and after", slices.Collect(maps.Keys(answers)))
 		}
 		if n := strings.Count(stderr, "mcp: message refused"); n != 5 || strings.Contains(stderr, "AAAA") || strings.Contains(stderr, "[[[[") {
 			t.Errorf("%d refusals logged (want 5, without their content):\n%.2000s", n, stderr)
