@@ -363,7 +363,8 @@ func TestMCPStdio(t *testing.T) {
 		huge := rpc("huge", "tools/call", map[string]any{"name": "get_operation",
 			"arguments": map[string]any{"action_id": strings.Repeat("A", 30<<20)}})
 		nest := strings.Repeat("[", 1000) + strings.Repeat("]", 1000)
-		deep := `{"jsonrpc":"2.0","id":"deep","method":"tools/call","params":{"name":"get_operation","arguments":{"action_id":"x","n":` + nest + `}}}`
+		// As the TypeScript SDK writes a request: the id last.
+		deep := `{"method":"tools/call","params":{"name":"get_operation","arguments":{"action_id":"x","n":` + nest + `}},"jsonrpc":"2.0","id":"deep"}`
 		deepNote := `{"jsonrpc":"2.0","method":"notifications/progress","params":` + nest + `}`
 		answers, stderr, code := pipeMCP(t, w, journal, append(mcpInitialize,
 			huge, deep, deepNote, "not json at all", `{"jsonrpc":"1.0","id":"old","method":"tools/list"}`,

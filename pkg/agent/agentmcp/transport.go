@@ -27,16 +27,12 @@ const (
 	MaxMessageDepth = 64
 )
 
-// idPrefixBytes is how much of a line over MaxMessageBytes is kept to find its id: clients write the id
-// before the params.
-const idPrefixBytes = 64 << 10
-
 // Transport is MCP's stdio transport (one JSON-RPC message per line, as the specification has it) made to
 // outlast what arrives on In. A message longer than MaxMessageBytes, nested deeper than MaxMessageDepth, not
 // JSON, not JSON-RPC or a batch (removed from MCP in 2025-06-18) is refused alone: answered with a JSON-RPC
 // error when its id can be read, logged and skipped when not. At the end of In, the requests already read are
 // answered before the session ends, so that a client that writes its requests and closes its end gets every
-// answer and every call is carried out.
+// answer and every call is carried out. Closing the session closes In if it is an io.Closer.
 type Transport struct {
 	In  io.Reader
 	Out io.Writer
@@ -169,9 +165,10 @@ func (c *conn) readLoop() {
 	defer close(c.incoming)
 	br := bufio.NewReaderSize(c.in, 64<<10)
 	for {
-		line, size, err := readLine(br)
+		var scan frameScan
+		line, size, err := readLine(br, &scan)
 		if size > 0 {
-			if msg := c.accept(line, size); msg != nil {
+			if msg := c.accept(line, size, &scan); msg != nil {
 				select {
 				case c.incoming <- msg:
 				case <-c.closed:
@@ -186,21 +183,22 @@ func (c *conn) readLoop() {
 	}
 }
 
-// readLine reads one line without its end and returns its size. A line longer than MaxMessageBytes is read to
-// its end but only its first idPrefixBytes are returned; err is io.EOF after the last line.
-func readLine(br *bufio.Reader) (line []byte, size int, err error) {
+// readLine reads one line, passing every byte to scan, and returns it without its end, with its size. A line
+// longer than MaxMessageBytes is read to its end but not kept; err is io.EOF after the last line.
+func readLine(br *bufio.Reader, scan *frameScan) (line []byte, size int, err error) {
 	for {
 		chunk, err := br.ReadSlice('\n')
+		scan.write(chunk)
 		size += len(chunk)
 		if size <= MaxMessageBytes+2 { // room for "\r\n"
 			line = append(line, chunk...)
-		} else if len(line) < idPrefixBytes {
-			line = append(line, chunk[:min(len(chunk), idPrefixBytes-len(line))]...)
+		} else {
+			line = nil
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
-		if size <= MaxMessageBytes+2 {
+		if line != nil {
 			line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
 			size = len(line)
 		}
@@ -209,31 +207,33 @@ func readLine(br *bufio.Reader) (line []byte, size int, err error) {
 }
 
 // accept decodes one line, or refuses it and returns nil.
-func (c *conn) accept(line []byte, size int) jsonrpc.Message {
+func (c *conn) accept(line []byte, size int, scan *frameScan) jsonrpc.Message {
 	line = bytes.TrimSpace(line)
 	if size <= MaxMessageBytes && len(line) == 0 {
 		return nil
 	}
 	switch {
 	case size > MaxMessageBytes:
-		c.refuse(line, size, jsonrpc.CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", MaxMessageBytes))
-	case nestsDeeper(line, MaxMessageDepth):
-		c.refuse(line, size, jsonrpc.CodeInvalidRequest, fmt.Sprintf("message nested deeper than %d levels", MaxMessageDepth))
+		c.refuse(scan, size, jsonrpc.CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", MaxMessageBytes))
+	case scan.maxDepth > MaxMessageDepth:
+		c.refuse(scan, size, jsonrpc.CodeInvalidRequest, fmt.Sprintf("message nested deeper than %d levels", MaxMessageDepth))
 	case !json.Valid(line):
-		c.refuse(line, size, jsonrpc.CodeParseError, "message is not JSON")
+		c.refuse(scan, size, jsonrpc.CodeParseError, "message is not JSON")
 	case line[0] == '[':
 		var batch []json.RawMessage
 		_ = json.Unmarshal(line, &batch)
 		if len(batch) == 0 {
-			c.refuse(line, size, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are not supported")
+			c.refuse(scan, size, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are not supported")
 		}
 		for _, m := range batch {
-			c.refuse(m, size, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are not supported")
+			var member frameScan
+			member.write(m)
+			c.refuse(&member, size, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are not supported")
 		}
 	default:
 		msg, err := jsonrpc.DecodeMessage(line)
 		if err != nil {
-			c.refuse(line, size, jsonrpc.CodeInvalidRequest, "message is not a JSON-RPC 2.0 request, notification or response")
+			c.refuse(scan, size, jsonrpc.CodeInvalidRequest, "message is not a JSON-RPC 2.0 request, notification or response")
 			return nil
 		}
 		return msg
@@ -241,11 +241,11 @@ func (c *conn) accept(line []byte, size int) jsonrpc.Message {
 	return nil
 }
 
-// refuse answers a refused request by its id, if its first bytes show one, and logs the refusal.
-func (c *conn) refuse(head []byte, size, code int, reason string) {
-	id, request := envelope(head)
+// refuse answers a refused request by its id, if it has one, and logs the refusal.
+func (c *conn) refuse(scan *frameScan, size, code int, reason string) {
+	id := scan.plainID()
 	answered := false
-	if id != nil && request {
+	if id != nil && !scan.response {
 		resp := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":%s}}`, id, code, strconv.Quote(reason+": refused, the next messages are served"))
 		answered = c.writeLine(resp) == nil
 	}
@@ -256,69 +256,103 @@ func (c *conn) refuse(head []byte, size, code int, reason string) {
 	c.log.Warn("mcp: message refused", attrs...)
 }
 
-// nestsDeeper reports whether arrays and objects in b nest deeper than limit, in one pass that skips strings.
-func nestsDeeper(b []byte, limit int) bool {
-	depth, inString, escaped := 0, false, false
-	for _, ch := range b {
+// frameScan reads a message in one pass, as its bytes arrive and in constant memory: how deeply it nests,
+// and the id and kind its top-level members give. A message refused for its size or depth is thus answered
+// by its id wherever the id stands (clients write it before or after the params), even when the message is
+// never held whole. Broken JSON gives what could be read.
+type frameScan struct {
+	depth, maxDepth   int
+	inString, escaped bool
+	expectKey, inKey  bool   // at the top level, the next string names a member; reading that name
+	key               []byte // the member name, its first maxKeyBytes
+	keyLong           bool
+	inID, idDone      bool
+	id                []byte // the id's value as written, its first maxIDBytes
+	idLong            bool
+	response          bool // a result or error member: a response, never answered
+}
+
+const (
+	maxKeyBytes = 8
+	maxIDBytes  = 200
+)
+
+func (s *frameScan) write(p []byte) {
+	for _, ch := range p {
+		s.step(ch)
+	}
+}
+
+func (s *frameScan) step(ch byte) {
+	top := s.depth == 1
+	if s.inID {
+		// The id's value runs to the ',' or '}' that ends its member.
+		if !s.inString && top && (ch == ',' || ch == '}') {
+			s.inID, s.idDone = false, true
+		} else if len(s.id) < maxIDBytes {
+			s.id = append(s.id, ch)
+		} else {
+			s.idLong = true
+		}
+	}
+	if s.inString {
 		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case ch == '\\':
-				escaped = true
-			case ch == '"':
-				inString = false
-			}
+		case s.escaped:
+			s.escaped = false
+		case ch == '\\':
+			s.escaped = true
 		case ch == '"':
-			inString = true
-		case ch == '{' || ch == '[':
-			depth++
-			if depth > limit {
-				return true
+			s.inString = false
+			if s.inKey {
+				s.inKey, s.expectKey = false, false
 			}
-		case ch == '}' || ch == ']':
-			depth--
+			return
 		}
+		if s.inKey {
+			if len(s.key) < maxKeyBytes {
+				s.key = append(s.key, ch)
+			} else {
+				s.keyLong = true
+			}
+		}
+		return
 	}
-	return false
+	switch ch {
+	case '"':
+		s.inString = true
+		if top && s.expectKey {
+			s.inKey, s.key, s.keyLong = true, s.key[:0], false
+		}
+	case '{', '[':
+		s.depth++
+		s.maxDepth = max(s.maxDepth, s.depth)
+		s.expectKey = s.depth == 1 && ch == '{'
+	case '}', ']':
+		s.depth--
+	case ':':
+		if top && !s.keyLong {
+			switch string(s.key) {
+			case "id":
+				s.inID, s.idDone, s.id, s.idLong = true, false, s.id[:0], false
+			case "result", "error":
+				s.response = true
+			}
+		}
+	case ',':
+		s.expectKey = top
+	}
 }
 
-// envelope reads a message's id from its top-level members, as far as they are complete and valid JSON (a
-// refused message may be cut short or broken further on). request is false when a member shows a response
-// (result or error), which is never answered.
-func envelope(b []byte) (id json.RawMessage, request bool) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, false
+// plainID is the message's id if it is one worth echoing: complete, a string or a number, short.
+func (s *frameScan) plainID() json.RawMessage {
+	id := bytes.TrimSpace(s.id)
+	if !s.idDone || s.idLong || len(id) == 0 {
+		return nil
 	}
-	request = true
-	for dec.More() {
-		tok, err := dec.Token()
-		key, ok := tok.(string)
-		if err != nil || !ok {
-			break
-		}
-		if key == "result" || key == "error" {
-			request = false
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			break
-		}
-		if key == "id" && plainID(v) {
-			id = v
-		}
-	}
-	return id, request
-}
-
-// plainID reports whether v is a JSON-RPC id worth echoing: a string or a number, short.
-func plainID(v json.RawMessage) bool {
-	if len(v) == 0 || len(v) > 200 {
-		return false
-	}
-	var s string
+	var str string
 	var n json.Number
-	return json.Unmarshal(v, &s) == nil || json.Unmarshal(v, &n) == nil
+	if json.Unmarshal(id, &str) != nil && json.Unmarshal(id, &n) != nil {
+		return nil
+	}
+	return id
 }

@@ -33,9 +33,9 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// The transport's edges: CRLF and blank lines are fine; a message over the limits is answered by its id
-// only when it is a request (never a response), a batch is refused request by request, and Run returns once
-// stdin ended and every request read was answered.
+// The transport's edges: CRLF and blank lines are fine; a message over the limits is answered by its
+// top-level id wherever it stands, only when it is a request (never a response); a batch is refused request by
+// request; and Run returns once stdin ended and every request read was answered.
 func TestTransportEdges(t *testing.T) {
 	t.Parallel()
 	a, err := agent.Open(filepath.Join(t.TempDir(), "t.journal"), agent.Config{TicketsURL: "http://127.0.0.1:1", APIKey: "k"})
@@ -49,6 +49,11 @@ func TestTransportEdges(t *testing.T) {
 		``,
 		`   `,
 		`{"jsonrpc":"2.0","id":2,"result":"` + strings.Repeat("A", agentmcp.MaxMessageBytes) + `"}`,
+		`{"jsonrpc":"2.0","error":{"code":1,"message":"` + strings.Repeat("A", agentmcp.MaxMessageBytes) + `"},"id":2}`,
+		// The TypeScript SDK writes the id last.
+		`{"method":"tools/call","params":{"name":"get_operation","arguments":{"action_id":"` + strings.Repeat("A", agentmcp.MaxMessageBytes) + `"}},"jsonrpc":"2.0","id":8}`,
+		`{"method":"tools/list","params":{"a":` + strings.Repeat("[", 20000) + strings.Repeat("]", 20000) + `},"jsonrpc":"2.0","id":"nine"}`,
+		`{"method":"tools/list","params":{"id":"not this one","a":["}",{"id":3}]},"jsonrpc":"2.0","id":"te\"n","x":` + nested(agentmcp.MaxMessageDepth) + `}`,
 		`{"jsonrpc":"2.0","id":3,"method":"tools/list","params":` + nested(agentmcp.MaxMessageDepth-1) + `}`,
 		`{"jsonrpc":"2.0","id":7,"method":"tools/list","params":` + nested(agentmcp.MaxMessageDepth) + `}`,
 		`[{"jsonrpc":"2.0","id":4,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/x"},{"jsonrpc":"2.0","id":5,"method":"ping"}]`,
@@ -78,7 +83,8 @@ func TestTransportEdges(t *testing.T) {
 			got[string(m.ID)] = "error"
 		}
 	}
-	want := map[string]string{"1": "result", "3": "result", "4": "error", "5": "error", "6": "result", "7": "error"}
+	want := map[string]string{"1": "result", "3": "result", "4": "error", "5": "error", "6": "result", "7": "error",
+		"8": "error", `"nine"`: "error", `"te\"n"`: "error"}
 	if len(got) != len(want) {
 		t.Errorf("answers %v; want %v", got, want)
 	}
@@ -87,8 +93,8 @@ func TestTransportEdges(t *testing.T) {
 			t.Errorf("id %s: %q; want %s (all: %v)", id, got[id], kind, got)
 		}
 	}
-	if n := strings.Count(log.String(), "mcp: message refused"); n != 6 || strings.Contains(log.String(), "AAAA") {
-		t.Errorf("%d refusals logged; want 6 (the response, one too deep, three batch members, the object id), without content:\n%s", n, log.String())
+	if n := strings.Count(log.String(), "mcp: message refused"); n != 10 || strings.Contains(log.String(), "AAAA") {
+		t.Errorf("%d refusals logged; want 10 (three too long, two of them responses; three too deep; three batch members; the object id), without content:\n%s", n, log.String())
 	}
 }
 
