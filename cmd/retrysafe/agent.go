@@ -7,14 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf16"
 	"unicode/utf8"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/retrysafe/retrysafe/pkg/agent"
 	"github.com/retrysafe/retrysafe/pkg/agent/agentmcp"
@@ -59,7 +58,9 @@ func mcpCommand() command {
 	return command{
 		name:     "mcp",
 		synopsis: "mcp --journal PATH [--same-account]",
-		summary:  "serve the agent tools (and get_operation) over the Model Context Protocol on stdin/stdout",
+		summary: fmt.Sprintf("serve the agent tools (and get_operation) over the Model Context Protocol on stdin/stdout "+
+			"(a message over %d bytes or %d levels deep is refused alone; requests read before stdin ends are answered)",
+			agentmcp.MaxMessageBytes, agentmcp.MaxMessageDepth),
 		noConfig: true,
 		check: func(args []string) error {
 			_, err := parseAgentFlags("mcp", args, io.Discard)
@@ -311,7 +312,8 @@ func runMCP(ctx context.Context, inv invocation) error {
 	}
 	defer a.Close()
 	fmt.Fprintf(os.Stderr, "retrysafe mcp: serving on stdio, journal %s, run %s\n", agent.Printable(f.journal), a.RunID())
-	return agentmcp.NewServer(a, versionString()).Run(ctx, &mcp.StdioTransport{})
+	t := &agentmcp.Transport{In: os.Stdin, Out: inv.stdout, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	return agentmcp.NewServer(a, versionString()).Run(ctx, t)
 }
 
 // printableError is err with its message made agent.Printable; its exit code and errors.Is still hold.

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -215,4 +219,185 @@ func TestMCPServer(t *testing.T) {
 	if raw, _ := os.ReadFile(journal); strings.Contains(string(raw), w.env["AGENT_API_KEY"]) {
 		t.Error("the journal holds the API key")
 	}
+}
+
+// rpcAnswer is one JSON-RPC response read from `retrysafe mcp`.
+type rpcAnswer struct {
+	ID     json.RawMessage `json:"id"`
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// pipeMCP runs `retrysafe mcp`, writes lines to its stdin and closes it, as a client that sends its requests
+// and hangs up would: it returns the answers by id (as written), stderr, and the exit code.
+func pipeMCP(t *testing.T, w *agentWorld, journal string, lines ...string) (map[string]rpcAnswer, string, int) {
+	t.Helper()
+	cmd := w.command(nil, "mcp", "--journal", journal)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	hung := time.AfterFunc(2*time.Minute, func() { _ = cmd.Process.Kill() })
+	defer hung.Stop()
+	go func() {
+		for _, l := range lines {
+			if _, err := io.WriteString(stdin, l+"\n"); err != nil {
+				break
+			}
+		}
+		stdin.Close()
+	}()
+	answers := map[string]rpcAnswer{}
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(nil, 16<<20)
+	for sc.Scan() {
+		var a rpcAnswer
+		if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
+			t.Fatalf("stdout line is not JSON-RPC: %v: %.300s", err, sc.Bytes())
+		}
+		if _, dup := answers[string(a.ID)]; dup {
+			t.Errorf("two answers for id %s", a.ID)
+		}
+		answers[string(a.ID)] = a
+	}
+	err = cmd.Wait()
+	code := cmd.ProcessState.ExitCode()
+	if err != nil && code <= 0 {
+		t.Fatalf("retrysafe mcp: %v\n%s", err, stderr.String())
+	}
+	return answers, stderr.String(), code
+}
+
+func rpc(id any, method string, params any) string {
+	m := map[string]any{"jsonrpc": "2.0", "method": method}
+	if id != nil {
+		m["id"] = id
+	}
+	if params != nil {
+		m["params"] = params
+	}
+	raw, _ := json.Marshal(m)
+	return string(raw)
+}
+
+var mcpInitialize = []string{
+	rpc(1, "initialize", map[string]any{"protocolVersion": "2025-06-18", "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "pipe", "version": "v0"}}),
+	rpc(nil, "notifications/initialized", nil),
+}
+
+// toolResult decodes a tools/call answer.
+func toolResult(t *testing.T, a rpcAnswer) (mcp.CallToolResult, agent.Result) {
+	t.Helper()
+	if a.Error != nil || a.Result == nil {
+		t.Fatalf("answer %s: error %+v; want a tool result", a.ID, a.Error)
+	}
+	var res mcp.CallToolResult
+	var structured struct {
+		R agent.Result `json:"structuredContent"`
+	}
+	if err := errors.Join(json.Unmarshal(a.Result, &res), json.Unmarshal(a.Result, &structured)); err != nil {
+		t.Fatalf("answer %s: %v", a.ID, err)
+	}
+	return res, structured.R
+}
+
+// TestMCPStdio drives `retrysafe mcp` over raw pipes as a client that writes its requests and closes stdin.
+func TestMCPStdio(t *testing.T) {
+	t.Parallel()
+	w := startAgentWorld(t)
+	dir := t.TempDir()
+
+	// Every request read before the end of stdin is answered, and the call carried out and journaled.
+	t.Run("answers before exiting on EOF", func(t *testing.T) {
+		journal := filepath.Join(dir, "eof.journal")
+		answers, stderr, code := pipeMCP(t, w, journal, append(mcpInitialize,
+			rpc(2, "tools/list", nil),
+			rpc(3, "tools/call", map[string]any{"name": "create_ticket",
+				"arguments": map[string]any{"action_id": "eof", "project": "mcp", "title": "sent, then stdin closed"}}),
+		)...)
+		if code != 0 || len(answers) != 3 {
+			t.Fatalf("exit %d, answers %v; want 0 and the three requests answered\n%s", code, slices.Collect(maps.Keys(answers)), stderr)
+		}
+		var init struct {
+			Capabilities map[string]json.RawMessage `json:"capabilities"`
+		}
+		_ = json.Unmarshal(answers["1"].Result, &init)
+		if string(init.Capabilities["tools"]) != "{}" {
+			t.Errorf("tools capability %s; want {} (the list never changes)", init.Capabilities["tools"])
+		}
+		if !strings.Contains(string(answers["2"].Result), `"create_ticket"`) {
+			t.Errorf("tools/list: %.300s", answers["2"].Result)
+		}
+		if _, r := toolResult(t, answers["3"]); r.State != agent.StateSucceeded {
+			t.Errorf("the call: %+v", r)
+		}
+		if n := ticketCount(t, w, "sent, then stdin closed"); n != 1 {
+			t.Errorf("%d tickets; want 1", n)
+		}
+		j, err := agent.ReadJournal(journal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op, ok := j.Operation("eof"); !ok || op.State() != agent.StateSucceeded {
+			t.Errorf("the journal does not hold the call settled: %v", ok)
+		}
+	})
+
+	// A message too long or too deep is refused alone, answered by its id when it has one; the server keeps
+	// serving, and its log names the refusal without the message.
+	t.Run("refuses a hostile message and serves the next", func(t *testing.T) {
+		journal := filepath.Join(dir, "hostile.journal")
+		huge := rpc("huge", "tools/call", map[string]any{"name": "get_operation",
+			"arguments": map[string]any{"action_id": strings.Repeat("A", 30<<20)}})
+		nest := strings.Repeat("[", 1000) + strings.Repeat("]", 1000)
+		// As the TypeScript SDK writes a request: the id last.
+		deep := `{"method":"tools/call","params":{"name":"get_operation","arguments":{"action_id":"x","n":` + nest + `}},"jsonrpc":"2.0","id":"deep"}`
+		deepNote := `{"jsonrpc":"2.0","method":"notifications/progress","params":` + nest + `}`
+		answers, stderr, code := pipeMCP(t, w, journal, append(mcpInitialize,
+			huge, deep, deepNote, "not json at all", `{"jsonrpc":"1.0","id":"old","method":"tools/list"}`,
+			rpc("unknown", "tools/call", map[string]any{"name": "drop_database", "arguments": map[string]any{}}),
+			rpc("after", "tools/call", map[string]any{"name": "create_ticket",
+				"arguments": map[string]any{"action_id": "after", "project": "mcp", "title": "after the hostile ones"}}),
+		)...)
+		if code != 0 {
+			t.Fatalf("exit %d\n%.2000s", code, stderr)
+		}
+		for _, id := range []string{`"huge"`, `"deep"`, `"old"`} {
+			if a, ok := answers[id]; !ok || a.Error == nil || a.Error.Code != -32600 {
+				t.Errorf("id %s: %+v; want a JSON-RPC invalid request error", id, a)
+			}
+		}
+		if m := answers[`"huge"`].Error; m == nil || !strings.Contains(m.Message, "4194304 bytes") {
+			t.Errorf("the huge message's error does not name the limit: %+v", m)
+		}
+		if m := answers[`"deep"`].Error; m == nil || !strings.Contains(m.Message, "64 levels") {
+			t.Errorf("the deep message's error does not name the limit: %+v", m)
+		}
+		res, r := toolResult(t, answers[`"unknown"`])
+		if !res.IsError || !strings.Contains(string(answers[`"unknown"`].Result), `"code":"unknown_tool"`) {
+			t.Errorf("an unknown tool: %s; want a tool error with code unknown_tool", answers[`"unknown"`].Result)
+		}
+		if res, r = toolResult(t, answers[`"after"`]); res.IsError || r.State != agent.StateSucceeded || ticketCount(t, w, "after the hostile ones") != 1 {
+			t.Errorf("the call after the hostile messages: %+v", r)
+		}
+		if len(answers) != 6 {
+			t.Errorf("answers %v; want initialize, huge, deep, old, unknown and after", slices.Collect(maps.Keys(answers)))
+		}
+		if n := strings.Count(stderr, "mcp: message refused"); n != 5 || strings.Contains(stderr, "AAAA") || strings.Contains(stderr, "[[[[") {
+			t.Errorf("%d refusals logged (want 5, without their content):\n%.2000s", n, stderr)
+		}
+	})
 }

@@ -1,0 +1,27 @@
+// Package idem makes a write endpoint safe to retry: one Idempotency-Key runs the write once, and every retry
+// gets the first answer back (Idempotent-Replayed: true), a conflict if it is another request, or the truth about
+// a write still running or whose outcome is unknown. Each claim is an operation of package opstatus, so a caller
+// that timed out can ask what happened. docs/contract.md is the HTTP contract it keeps.
+//
+//	request ─► begin: key, fingerprint (canonical JSON of method, route, params, account, command), lineage
+//	   │          └─ malformed ─► 400
+//	   ▼
+//	lookupKey ── found ─► decide: replay │ conflict 422 │ in progress 409 │ unknown 202 ─► record attempt ─► answer
+//	   │ none                  ▲
+//	   ▼                       │ key taken (a copy committed first)
+//	BEGIN + claim (INSERT key [+ operation]) ── one round trip
+//	   ▼
+//	Guard, then   local: write(tx) ─► key's response + operation's outcome + COMMIT ─► answer
+//	              external: Prepare(tx), COMMIT ─► Call ─► Record(tx) + response + outcome ─► answer
+//	                                                  └─ lost ─► unknown, 202 (a Reconciler settles it)
+//
+// Local mode (Handler.Run) is for effects in the same database: the claim, the write and the stored response
+// commit together, so a crash leaves nothing and the key free; a concurrent copy waits on the claimed row and
+// then replays. External mode (RunExternal) is for effects that leave the process: the claim commits first with
+// a lease, the effect runs outside any transaction, its result is recorded after.
+//
+// The core speaks context.Context, http.Header and Answer; Handler.Handle adapts it to net/http and package
+// idemgin to gin. The write gets a *gorm.DB inside the claim's transaction (database.Tx), whatever the gorm
+// configuration of Handler.DB. The library's own statements are in sql/; the tables it needs come from
+// migrations/.
+package idem
