@@ -297,16 +297,20 @@ func (a *Agent) continueOperation(ctx context.Context, op *Operation, tool Tool,
 	if op.Final() {
 		if heldBack(op) && req.approvalID == "" {
 			a.mu.Lock()
+			ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsSupersededSettled, RunID: a.runID}
 			old := a.v.ops[op.SupersedesOperationID]
-			unknown, oldServerOp := outcomeUnknown(old) != "", old.ServerOperationID()
+			unknown := old == nil || outcomeUnknown(old) != ""
+			if !unknown {
+				ob.SupersededServerOpID = old.ServerOperationID()
+				ob.Detail = fmt.Sprintf("action %s, which this one supersedes, is no longer of unknown outcome (%s); this one may be sent",
+					old.ActionID, old.State())
+			}
 			a.mu.Unlock()
 			if unknown {
 				return a.result(op), nil
 			}
-			if err := a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsSupersededSettled, RunID: a.runID,
-				SupersededServerOpID: oldServerOp, At: a.now(),
-				Detail: fmt.Sprintf("action %s, which this one supersedes, is no longer of unknown outcome (%s); this one may be sent",
-					old.ActionID, old.State())}); err != nil {
+			ob.At = a.now()
+			if err := a.record(ob); err != nil {
 				return Result{}, err
 			}
 			return a.drive(ctx, op, "")
