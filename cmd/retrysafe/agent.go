@@ -20,15 +20,19 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 )
 
-// Exit codes of `retrysafe agent`, by how the operation ended (usage and internal errors are 1).
+// Exit codes of `retrysafe agent`, by how the operation ended (usage and internal errors are 1). Unknown is
+// 6, not 2: 2 is what a Go program that panics exits with, and what the other commands exit with on bad usage.
 const (
 	exitNeedsHuman = 3
 	exitRefused    = 4
 	exitFailed     = 5
+	exitUnknown    = 6
 )
 
 const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the services (default http://127.0.0.1:8081 :8082 :8083)
   AGENT_API_KEY             the bearer key requests carry (never written to the journal)
+  AGENT_NAMESPACE           what idempotency keys are derived from, with the action id (default: the key id of
+                            AGENT_API_KEY); agents given one action in one namespace send one key, so it runs once
   AGENT_BUDGET              attempts per operation before a person decides (default 5)
   AGENT_MAX_WAIT            how long one call waits for a settled answer (default 2m)
   AGENT_LOCK_WAIT           how long to wait for another agent holding the journal (default 30s; mcp 10s)
@@ -41,9 +45,11 @@ func agentCommand() command {
 	return command{
 		name:     "agent",
 		synopsis: "agent do|resume|show --journal PATH ...",
-		summary: "make writes an agent can retry without doubling them: do --action ACTION_ID TOOL 'JSON' " +
-			"(exit 0 succeeded, 3 needs_human, 4 refused or changed intent, 5 failed, 1 usage or internal error), " +
-			"resume (settle every unfinished operation), show [OPERATION_ID|ACTION_ID]. A journal acts for the API key " +
+		summary: "make writes an agent can retry without doubling them: do --action ACTION_ID [--supersedes ACTION_ID] " +
+			"[--parent-run RUN_ID] TOOL 'JSON' (exit 0 succeeded, 3 needs_human or still in progress, 4 refused or changed " +
+			"intent, 5 failed, 6 unknown: the service does not know yet whether it happened, call again with the same " +
+			"action, 1 usage or internal error), resume (settle every unfinished operation; exit 3 while one waits for a " +
+			"person or the service, else 6 while one is unknown), show [OPERATION_ID|ACTION_ID]. A journal acts for the API key " +
 			"its operations were made with; do and resume under another key are refused (exit 1) unless " +
 			"--same-account says the key is a new one of the same account",
 		noConfig: true,
@@ -80,6 +86,7 @@ type agentFlags struct {
 	journal     string
 	action      string
 	supersedes  string
+	parentRun   string
 	sameAccount bool
 	rest        []string
 }
@@ -92,6 +99,7 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 	if name == "agent do" {
 		fs.StringVar(&f.action, "action", "", "ACTION_ID: your name for this intended action; the same name continues it")
 		fs.StringVar(&f.supersedes, "supersedes", "", "ACTION_ID whose intent this new action replaces (a changed intent)")
+		fs.StringVar(&f.parentRun, "parent-run", "", "RUN_ID of the agent run that delegated this action, journaled with it")
 	}
 	if name != "agent show" {
 		fs.BoolVar(&f.sameAccount, "same-account", false, "AGENT_API_KEY belongs to the account the journal's operations "+
@@ -176,8 +184,9 @@ func agentConfig(getenv func(string) string, command string, lockWait time.Durat
 	cfg := agent.Config{
 		TicketsURL: getenv("TICKETS_URL"), PaymentsURL: getenv("PAYMENTS_URL"), DeploysURL: getenv("DEPLOYS_URL"),
 		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
-		Hook: func(point string) { failpoint.Hit("agent." + point) },
-		Warn: func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
+		Namespace: getenv("AGENT_NAMESPACE"),
+		Hook:      func(point string) { failpoint.Hit("agent." + point) },
+		Warn:      func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
 	}
 	if v := getenv("AGENT_BUDGET"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -237,20 +246,29 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 		if err != nil {
 			return exitError{code: 1, err: fmt.Errorf("agent resume: %w", err)}
 		}
-		// Exit 3 while any operation of the journal waits for a person, settled now or before.
-		var waiting []string
+		// Exit 3 while any operation of the journal waits for a person or for work the service is doing, settled
+		// now or before; else 6 while the service holds any as unknown.
+		var waiting, unknown []string
 		for _, op := range a.Operations() {
-			if st := op.State(); st == agent.StateNeedsHuman || st == agent.StateInProgress {
+			switch st := op.State(); st {
+			case agent.StateNeedsHuman, agent.StateInProgress:
 				waiting = append(waiting, op.ActionID+" ("+st+")")
+			case agent.StateUnknown:
+				unknown = append(unknown, op.ActionID)
 			}
 		}
 		if len(waiting) > 0 {
-			return exitError{code: exitNeedsHuman, err: fmt.Errorf("agent resume: waiting for a person or the service: %s; see agent show", strings.Join(waiting, ", "))}
+			return exitError{code: exitNeedsHuman, err: fmt.Errorf("agent resume: waiting for a person or the service: %s; see agent show",
+				strings.Join(append(waiting, unknown...), ", "))}
+		}
+		if len(unknown) > 0 {
+			return exitError{code: exitUnknown, err: fmt.Errorf("agent resume: the service does not know yet whether these happened: %s; "+
+				"run resume again later, see agent show", strings.Join(unknown, ", "))}
 		}
 		return nil
 	}
 
-	res, err := a.Do(ctx, f.action, f.rest[0], json.RawMessage(f.rest[1]), agent.DoOptions{Supersedes: f.supersedes})
+	res, err := a.Do(ctx, f.action, f.rest[0], json.RawMessage(f.rest[1]), agent.DoOptions{Supersedes: f.supersedes, ParentRun: f.parentRun})
 	switch {
 	case errors.Is(err, agent.ErrChangedIntent):
 		_ = enc.Encode(agent.Result{OperationID: res.OperationID, ActionID: f.action, Tool: res.Tool, State: agent.StateRefused,
@@ -275,6 +293,8 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 		return exitError{code: exitRefused, err: fmt.Errorf("refused: %s", res.Reason)}
 	case agent.StateFailed:
 		return exitError{code: exitFailed, err: fmt.Errorf("failed: %s", res.Reason)}
+	case agent.StateUnknown:
+		return exitError{code: exitUnknown, err: fmt.Errorf("unknown: %s", res.NextStep)}
 	default:
 		return exitError{code: exitNeedsHuman, err: fmt.Errorf("%s: %s", res.State, res.NextStep)}
 	}

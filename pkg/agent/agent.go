@@ -36,6 +36,10 @@ type Config struct {
 	APIKey                              string
 	// AuthorityRef says where APIKey came from ("env:AGENT_API_KEY"); it is what the journal records.
 	AuthorityRef string
+	// Namespace is what an action's idempotency key is derived from, with its action id: agents given one action
+	// in one namespace send one key, and the service runs it once (1 to 200 printable ASCII characters; default:
+	// the key id of APIKey, see namespace.go for why not the account).
+	Namespace string
 	// Budget is the number of attempts per operation before it goes to a person (default 5).
 	Budget int
 	// AttemptTimeout bounds one HTTP attempt (default 30s); past it the attempt is sent_no_response.
@@ -132,12 +136,20 @@ func Open(path string, cfg Config) (*Agent, error) {
 	if !httpguts.ValidHeaderFieldValue(cfg.APIKey) {
 		return nil, errors.New("agent: the API key holds a character an HTTP header cannot carry (a line break?)")
 	}
+	if cfg.Namespace != "" {
+		if err := checkNamespace(cfg.Namespace); err != nil {
+			return nil, err
+		}
+	}
 	j, err := openJournal(path, cfg.LockWait, time.Now, cfg.Warn)
 	if err != nil {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, j: j, v: newView(), actions: map[string]*sync.Mutex{}, runID: ids.New("run_"),
 		principal: principalOf(cfg.APIKey)}
+	if a.cfg.Namespace == "" {
+		a.cfg.Namespace = a.principal.KeyID
+	}
 	for _, rec := range j.recs {
 		if err := a.v.apply(rec); err != nil {
 			j.close()
@@ -216,8 +228,13 @@ type Result struct {
 // DoOptions are the rarer parts of a call.
 type DoOptions struct {
 	// Supersedes is the action id whose intent this new action replaces (a changed intent): the new operation
-	// is sent with Supersedes-Operation-Id.
+	// is sent with Supersedes-Operation-Id. While the old operation's outcome is unknown, the new one is not
+	// sent: it stops needs_human (code superseded_operation_unknown), and goes once the old one settled or a
+	// person approved it.
 	Supersedes string
+	// ParentRun is the agent run that delegated this action, journaled with its operation (1 to 128 printable
+	// ASCII characters, an Agent-Run-Id): a worker's journal names the run that handed it the action.
+	ParentRun string
 }
 
 // Do makes the write an action stands for, once. The first call for actionID creates the operation, its id
@@ -231,6 +248,9 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	}
 	if actionID == "" || len(actionID) > 200 {
 		return Result{}, fmt.Errorf("%w: an action id is 1 to 200 characters", ErrBadArguments)
+	}
+	if opts.ParentRun != "" && (len(opts.ParentRun) > 128 || !validID(opts.ParentRun)) {
+		return Result{}, fmt.Errorf("%w: a parent run is an agent run id: 1 to 128 printable ASCII characters, no spaces", ErrBadArguments)
 	}
 	// A body the service would not take is never sent: it would fail every attempt before an answer.
 	if len(args) > a.cfg.MaxBodyBytes {
@@ -258,6 +278,9 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	if err != nil {
 		return Result{}, err
 	}
+	if held, err := a.holdForSuperseded(op, req.approvalID); held || err != nil {
+		return a.result(op), err
+	}
 	return a.drive(ctx, op, req.approvalID)
 }
 
@@ -272,6 +295,26 @@ func (a *Agent) continueOperation(ctx context.Context, op *Operation, tool Tool,
 		return a.result(op), fmt.Errorf("%w: action %q already exists; supersedes applies to a new action only", ErrBadArguments, op.ActionID)
 	}
 	if op.Final() {
+		if heldBack(op) && req.approvalID == "" {
+			a.mu.Lock()
+			ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsSupersededSettled, RunID: a.runID}
+			old := a.v.ops[op.SupersedesOperationID]
+			unknown := old == nil || outcomeUnknown(old) != ""
+			if !unknown {
+				ob.SupersededServerOpID = old.ServerOperationID()
+				ob.Detail = fmt.Sprintf("action %s, which this one supersedes, is no longer of unknown outcome (%s); this one may be sent",
+					old.ActionID, old.State())
+			}
+			a.mu.Unlock()
+			if unknown {
+				return a.result(op), nil
+			}
+			ob.At = a.now()
+			if err := a.record(ob); err != nil {
+				return Result{}, err
+			}
+			return a.drive(ctx, op, "")
+		}
 		if op.Settled.State == StateNeedsHuman && req.approvalID != "" && req.approvalID != lastApproval(op) {
 			if err := a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsApproval, RunID: a.runID,
 				ApprovalID: req.approvalID, At: a.now(), Detail: "approval " + req.approvalID + " given; the budget starts again"}); err != nil {
@@ -286,6 +329,68 @@ func (a *Agent) continueOperation(ctx context.Context, op *Operation, tool Tool,
 		approval = lastApproval(op)
 	}
 	return a.drive(ctx, op, approval)
+}
+
+// holdForSuperseded stops op, new and not yet sent, with needs_human when the operation it supersedes may or may
+// not have happened: the replacement could add a second effect to it. It goes later, once the old one settled
+// (Do again), or with a person's approval of this exact request (Do again with approval_id), which the service
+// also asks for before it lets a write supersede an operation it holds as unknown.
+func (a *Agent) holdForSuperseded(op *Operation, approvalID string) (bool, error) {
+	if op.SupersedesOperationID == "" || approvalID != "" {
+		return false, nil
+	}
+	a.mu.Lock()
+	old := a.v.ops[op.SupersedesOperationID]
+	why := outcomeUnknown(old)
+	a.mu.Unlock()
+	if why == "" {
+		return false, nil
+	}
+	next := fmt.Sprintf("nothing sent: action %q (operation %s), which this one supersedes, may or may not have happened (%s), "+
+		"so a replacement could add to it. Settle it first: call %q again with its own arguments, or run resume, until it "+
+		"succeeds, fails or a person records what happened; then call %q again", old.ActionID, old.OperationID, why, old.ActionID, op.ActionID)
+	if Tools[op.Tool].Approval {
+		next += fmt.Sprintf(". To replace it anyway, a person decides: call request_approval with {\"for_action\": %q}, have "+
+			"a person approve it, then call %s again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)
+	}
+	return true, a.settle(op, step{state: StateNeedsHuman, code: CodeSupersededUnknown,
+		why: "supersedes an operation whose outcome is unknown", next: next})
+}
+
+// CodeSupersededUnknown is the code of a result held back because the operation it supersedes may or may not
+// have happened; the services answer a write that tries it with the same code (409).
+const CodeSupersededUnknown = "superseded_operation_unknown"
+
+// heldBack reports whether op was stopped by holdForSuperseded and has not been sent since.
+func heldBack(op *Operation) bool {
+	return op.Settled != nil && op.Settled.State == StateNeedsHuman && op.Settled.Code == CodeSupersededUnknown &&
+		len(op.Attempts) == 0 && op.SupersedesOperationID != ""
+}
+
+// outcomeUnknown says why op may or may not have had its effect, as far as the agent knows, or "" when its
+// outcome is known (or nothing of it was ever sent): the service last called it unknown, or its last attempt
+// may have reached the service and nothing said how it ended since. The caller holds a.mu.
+func outcomeUnknown(op *Operation) string {
+	switch op.State() {
+	case StateSucceeded, StateFailed, StateRefused:
+		return ""
+	case StateUnknown:
+		return "the service holds it as unknown"
+	}
+	last := lastAttempt(op)
+	if last == nil {
+		return ""
+	}
+	switch st := lastServerState(op); st {
+	case "unknown":
+		return "the service holds it as unknown"
+	case "succeeded", "failed", "cancelled":
+		return ""
+	}
+	if last.Finished == nil || last.Finished.DispatchState == SentNoResponse || last.Finished.DispatchState == ExecutionError {
+		return "its last attempt may have reached the service and no answer says how it ended"
+	}
+	return ""
 }
 
 func (a *Agent) supersededAction(op *Operation) string {
@@ -322,10 +427,10 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		Type: RecOperationCreated, OperationID: ids.New("aop_"), ActionID: actionID, Tool: tool.Name,
 		Service: tool.Service, Method: tool.Method, RouteTemplate: tool.Route, Path: req.path, Args: req.args,
 		Fingerprint: req.fingerprint, RetryMode: tool.Mode, Budget: a.cfg.Budget, AuthorityRef: a.cfg.AuthorityRef,
-		Principal: &a.principal, RunID: a.runID, At: a.now(),
+		Principal: &a.principal, RunID: a.runID, At: a.now(), ParentRunID: opts.ParentRun,
 	}
 	if tool.Keyed {
-		op.IdempotencyKey = ids.New("idk_")
+		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.Namespace, actionID), a.cfg.Namespace
 	}
 	if tool.Name == "request_approval" {
 		var f struct {

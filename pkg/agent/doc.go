@@ -10,8 +10,9 @@
 //
 // The caller names each intended action with an action id of its choosing ("alert-7c91-ticket"). The first
 // Do for an action id creates an operation: an id, an idempotency key, the tool, its route template, the
-// arguments and their canonical fingerprint (SHA-256 over RFC 8785 JSON), the tool's retry mode. The operation is
-// written to the journal and fsynced before anything is sent. Each HTTP send is an attempt, journaled before it
+// arguments and their canonical fingerprint (SHA-256 over RFC 8785 JSON), the tool's retry mode, and the run
+// that delegated the action, if one did (DoOptions.ParentRun). The operation is written to the journal and
+// fsynced before anything is sent. Each HTTP send is an attempt, journaled before it
 // leaves (attempt_started: id, parent, retry reason from the services' fixed list, the rule's decision, budget
 // left) and after (attempt_finished: dispatch state not_sent, sent_no_response, response_received or
 // execution_error; status, the service's code and Operation-Id, duration). What the agent learns without sending
@@ -22,7 +23,21 @@
 // A later Do with the same action id and the same arguments (spelled any way: key order and spacing do not
 // matter) continues that operation with the same key, or returns how it ended without sending. With other
 // arguments it returns ErrChangedIntent and sends nothing: a changed intent is a new action id, with
-// DoOptions.Supersedes naming the old one, which the service records as Supersedes-Operation-Id.
+// DoOptions.Supersedes naming the old one, which the service records as Supersedes-Operation-Id. A replacement
+// is not sent while the old operation may or may not have happened (the service holds it unknown, or its last
+// attempt may have reached the service unanswered): it stops needs_human with code superseded_operation_unknown,
+// and goes when called again once the old one settled, or with a person's approval_id.
+//
+// # One key per action, wherever it runs
+//
+// The idempotency key is derived from a namespace and the action id (SHA-256, "idk_" and 32 hex digits), not
+// drawn at random, so two journals given one action (two agents, or a worker handed the action by the run that
+// planned it) send one key, and the service runs it once: it dedupes what the journals cannot see of each
+// other. The namespace (Config.Namespace, AGENT_NAMESPACE) should be the account, the scope of the services'
+// keys; the services do not tell a caller its account, so the default is the agent's key id (Principal): one key
+// is of one account, and agents sharing a key converge with no setting. Agents of one account with different
+// keys converge when given one namespace; unrelated agents sharing a key and reusing action ids need their own.
+// Journals written before keys were derived keep, and resume with, the random keys they hold.
 //
 // # The retry rule
 //
@@ -35,10 +50,17 @@
 //     create tools do when the lookup itself fails, since the key still dedupes. Converge tools send the same state
 //     again.
 //   - 409 request_in_progress, 429, 5xx: send again with the same key after Retry-After (at least the backoff,
-//     full jitter, exponential).
-//   - 202 with an operation (unknown outcome, or accepted work such as a deploy): poll the operation until it
-//     settles; an unknown one is sent again with the same key after a few polls, which makes the service
-//     reconcile it at once.
+//     full jitter, exponential). A request_in_progress retry is journaled with its own reason,
+//     request_in_progress, and sent as rate_limited until the services list it (Attempt.RetryReasonSent).
+//   - 202 with an operation (unknown outcome, or accepted work such as a deploy), or 503 outcome_unknown: poll the
+//     operation until it settles; an unknown one is sent again with the same key after a few polls, which makes
+//     the service reconcile it at once. Still unknown when the call stops waiting (or the budget is spent): the
+//     state unknown, which resume keeps driving; still running: in_progress.
+//   - 409 idempotency_response_expired (the service kept the key, not its stored answer): settled from the state
+//     the answer names, or followed as a 202.
+//   - a key past the key_expires_at the service published (less an hour for clock skew) is never sent again: the
+//     operation settles from a lookup or poll made since, or goes to a person (needs_human).
+//   - 409 superseded_operation_unknown: needs_human, with the next step (settle the old operation, or an approval).
 //   - 422 idempotency_key_reused: refused, never retried (a changed intent).
 //   - 428 approval_required: needs_human, with the next step (request_approval, then Do again with approval_id).
 //   - 502 provider_unavailable, provider_declined: failed (the service says it did not happen).
@@ -81,10 +103,20 @@
 // model, a service or the journal goes through Printable, so no control or bidirectional character reaches a
 // terminal raw.
 //
+// # States
+//
+// A result's state is one of: succeeded; failed (the service says it did not happen); refused (a 4xx, or a
+// changed intent); needs_human (an approval, a spent budget, an expired key, a held replacement: next_step says
+// what a person does); unknown (the service itself does not know yet whether it happened and is reconciling it:
+// call again with the same action id, never a new one); in_progress (the service accepted the work and is still
+// doing it); open (created, not settled). Resume drives open, in_progress and unknown operations.
+//
 // # Commands
 //
 // cmd/retrysafe wraps this package as `retrysafe agent do|resume|show` for shell-driven agents and as
-// `retrysafe mcp` (package agentmcp) for MCP clients. Requests go through net/http rather than the generated
+// `retrysafe mcp` (package agentmcp) for MCP clients. `agent do` exits 0 succeeded, 3 needs_human or in_progress,
+// 4 refused, 5 failed, 6 unknown, 1 usage or internal error; `agent resume` exits 3 while any operation waits for
+// a person or the service, else 6 while any is unknown. Requests go through net/http rather than the generated
 // api/client: the rule is the same for every route, and needs each answer's raw status, headers and body, and
 // the moment the request was written (httptrace), which a typed per-endpoint client hides.
 package agent

@@ -18,17 +18,42 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 )
 
-// Retry reasons: the fixed list the services accept in Retry-Reason (docs/contract.md).
+// Retry reasons the journal records: the fixed list the services accept in Retry-Reason (docs/contract.md),
+// and the reasons wireReasons maps onto it.
 const (
 	ReasonConnectionNotEstablished  = "connection_not_established"
 	ReasonRateLimited               = "rate_limited"
 	ReasonDestination5xx            = "destination_5xx"
 	ReasonResponseLostAfterDispatch = "response_lost_after_dispatch"
 	ReasonOperatorRequested         = "operator_requested"
+	// ReasonRequestInProgress: the service answered 409 request_in_progress, its first request with the key
+	// still running; nothing was refused or limited.
+	ReasonRequestInProgress = "request_in_progress"
 )
+
+// wireReasons maps a reason the services do not list to the nearest one they do, which is what Retry-Reason
+// carries (they refuse any other); the journal keeps the precise one. A reason leaves this map when the services
+// list it.
+var wireReasons = map[string]string{
+	// Both are "the service said to come back after Retry-After".
+	ReasonRequestInProgress: ReasonRateLimited,
+}
+
+// sentReason is the Retry-Reason the attempt carries.
+func (a *Attempt) sentReason() string {
+	if a.RetryReasonSent != "" {
+		return a.RetryReasonSent
+	}
+	return a.RetryReason
+}
+
+// keyExpiryMargin is how long before the service's key_expires_at the agent stops sending a key: the agent's
+// and the service's clocks differ, and a send decided now may leave after a backoff. Keys live for days.
+const keyExpiryMargin = time.Hour
 
 // step is what the rule decided to do next.
 type step struct {
@@ -38,6 +63,11 @@ type step struct {
 	wait     time.Duration
 	// settle
 	state, why, next string
+	// code is the settlement's code when the agent, not an answer, decided it.
+	code string
+	// fromLookup: the settlement rests on a lookup or poll, not on the last answer, whose status and body
+	// it does not carry.
+	fromLookup bool
 }
 
 // drive runs the retry rule on op until it settles or the rule says to stop.
@@ -48,6 +78,9 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 			return a.result(op), err
 		}
 		s := a.decide(op)
+		if s.kind == "send" && op.IdempotencyKey != "" && keyExpired(op, time.Now()) {
+			s = a.expiredKey(op)
+		}
 		if s.kind != "settle" && s.wait > 0 {
 			if time.Now().Add(s.wait).After(deadline) {
 				s = a.outOfTime(op)
@@ -63,6 +96,13 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 			return a.result(op), nil
 		case "send":
 			if op.budgetLeft() <= 0 {
+				if lastServerState(op) == "unknown" {
+					// The service has the operation and is reconciling it: that, not a spent budget, is where it stands.
+					if err := a.settle(op, unknownStep(op, "the service holds it as unknown; the attempt budget is spent")); err != nil {
+						return Result{}, err
+					}
+					return a.result(op), nil
+				}
 				next := "the attempt budget is spent and the outcome is not settled: a person must check the operation " +
 					"(retrysafe agent show, GET /v1/operations?idempotency_key=) before anything else is sent"
 				if neverSent(op) {
@@ -89,15 +129,119 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 	}
 }
 
-// outOfTime is the end of a call that waited MaxWait: work the service acknowledged is in progress; anything
-// else goes to a person with the evidence.
+// outOfTime is the end of a call that waited MaxWait: work the service acknowledged is in progress, an operation
+// it holds as unknown is unknown; anything else goes to a person with the evidence.
 func (a *Agent) outOfTime(op *Operation) step {
-	if st := lastServerState(op); st == "queued" || st == "running" || st == "unknown" {
+	st := lastServerState(op)
+	if st == "unknown" {
+		return unknownStep(op, "the service holds it as unknown")
+	}
+	if st == "queued" || st == "running" {
 		return step{kind: "settle", state: StateInProgress, why: "the service is still working on it (" + st + ")",
 			next: "the service has the operation and is still working on it: call again with the same action_id, or run resume, to wait for it; never use a new action_id"}
 	}
 	return step{kind: "settle", state: StateNeedsHuman, why: "no settled answer within the wait",
 		next: "no settled answer within the wait: a person must check the service and the operation before anything else is sent"}
+}
+
+// unknownStep settles op as unknown: the service itself does not know yet whether it happened.
+func unknownStep(op *Operation, why string) step {
+	id := op.ServerOperationID()
+	return step{kind: "settle", state: StateUnknown, why: why,
+		next: fmt.Sprintf("the service holds operation %s as unknown: it may or may not have happened, and the service is "+
+			"reconciling it. Call again with the same action_id, or run resume, to learn how it ended; never use a new "+
+			"action_id, which could do it a second time. If it stays unknown, a person decides from its timeline "+
+			"(retrysafe audit timeline %s)", id, id)}
+}
+
+// keyExpiry is when the service forgets op's idempotency key, from the newest answer or observation that said
+// (key_expires_at); zero when none did.
+func keyExpiry(op *Operation) time.Time {
+	var exp, at string
+	for _, a := range op.Attempts {
+		if r := a.Finished; r != nil && r.KeyExpiresAt != "" && r.At >= at {
+			exp, at = r.KeyExpiresAt, r.At
+		}
+	}
+	for _, o := range op.Observations {
+		if o.KeyExpiresAt != "" && o.At >= at {
+			exp, at = o.KeyExpiresAt, o.At
+		}
+	}
+	t, err := time.Parse(time.RFC3339Nano, exp)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// keyExpired reports whether sending op's key at now could run the action a second time: the service said it
+// forgets the key by then (within keyExpiryMargin). A service that never said is taken to keep it.
+func keyExpired(op *Operation, now time.Time) bool {
+	exp := keyExpiry(op)
+	return !exp.IsZero() && !now.Before(exp.Add(-keyExpiryMargin))
+}
+
+// expiredKey replaces a send the key can no longer make: the operation is settled from a lookup (or a poll) made
+// once the key counted as expired, or goes to a person. Nothing is sent again.
+func (a *Agent) expiredKey(op *Operation) step {
+	exp := keyExpiry(op)
+	since := exp.Add(-keyExpiryMargin)
+	var last *Observation
+	failed := 0
+	for _, o := range op.Observations {
+		if (o.Kind != ObsLookup && o.Kind != ObsPoll) || recordTime(o.At).Before(since) {
+			continue
+		}
+		last = o
+		if o.Found == nil {
+			failed++
+		}
+	}
+	expiry := auditchain.FormatTime(exp)
+	ask := step{kind: "lookup", decision: "key_expired_look_up"}
+	if op.ServerOperationID() != "" {
+		ask = step{kind: "poll", decision: "key_expired_poll"}
+	}
+	person := func(saw string) step {
+		return step{kind: "settle", state: StateNeedsHuman, fromLookup: true,
+			why: "the idempotency key expired (" + expiry + ") before the outcome was settled",
+			next: fmt.Sprintf("the service forgets this action's idempotency key at %s and the agent never sends a key past it: "+
+				"the same request could run a second time. The service %s. A person checks the operation (retrysafe agent show, "+
+				"GET /v1/operations/{id}) and decides; nothing more is sent for this action", expiry, saw)}
+	}
+	switch {
+	case last == nil:
+		return ask
+	case last.Found == nil && failed < 3:
+		ask.wait = a.backoff(failed)
+		return ask
+	case last.Found == nil:
+		return person("could not be asked about it")
+	case !*last.Found:
+		return person("has no operation under the key, or under its id, any more")
+	}
+	switch last.ServerState {
+	case "succeeded":
+		return step{kind: "settle", state: StateSucceeded, fromLookup: true,
+			why: "the service reports the operation succeeded (its key expired " + expiry + ", so it was not sent again)",
+			next: fmt.Sprintf("done: nothing more to do for this action. Its key expired, so the agent did not fetch the stored "+
+				"answer: read the result from the operation (GET /v1/operations/%s)", last.ServerOperationID)}
+	case "failed", "cancelled":
+		return step{kind: "settle", state: StateFailed, fromLookup: true,
+			why:  "the service reports the operation " + last.ServerState + " (its key expired " + expiry + ")",
+			next: "the service says it did not complete: to try again, call with a new action_id"}
+	case "queued", "running":
+		ask.wait = a.backoff(len(op.Observations))
+		return ask
+	}
+	return person("last reported it " + last.ServerState)
+}
+
+// recordTime parses a journal timestamp; an unreadable one is the zero time.
+func recordTime(s string) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, s)
+	return t
 }
 
 // neverSent reports whether every attempt of op is known not to have left the process.
@@ -200,8 +344,12 @@ func (a *Agent) decide(op *Operation) step {
 		return a.accepted(op, res, obs, wait)
 	case res.Status >= 200 && res.Status < 300:
 		return step{kind: "settle", state: StateSucceeded, why: replayedWord(res), next: "done: nothing more to do for this action"}
+	case res.Code == "idempotency_response_expired":
+		return a.responseExpired(op, res, obs, wait)
 	case res.Code == "request_in_progress":
-		return step{kind: "send", reason: ReasonRateLimited, decision: "in_progress_same_key_after_retry_after", wait: wait}
+		return step{kind: "send", reason: ReasonRequestInProgress, decision: "in_progress_same_key_after_retry_after", wait: wait}
+	case res.Code == CodeSupersededUnknown:
+		return a.supersededUnknownAnswer(op)
 	case res.Status == http.StatusTooManyRequests:
 		return step{kind: "send", reason: ReasonRateLimited, decision: "rate_limited_after_retry_after", wait: wait}
 	case res.Code == "provider_unavailable" || res.Code == "provider_declined":
@@ -226,6 +374,42 @@ func (a *Agent) decide(op *Operation) step {
 		return step{kind: "settle", state: StateRefused, why: fmt.Sprintf("the service refused it (%d %s)", res.Status, res.Code),
 			next: "refused and final: do not retry this action; fix the request and use a new action_id"}
 	}
+}
+
+// responseExpired reads a 409 idempotency_response_expired: the service kept the key, not its stored answer,
+// and names the operation's state and resource. A settled one settles from the answer; one still running or
+// unknown is followed as a 202 is.
+func (a *Agent) responseExpired(op *Operation, res *AttemptResult, obs []*Observation, wait time.Duration) step {
+	switch res.ServerState {
+	case "succeeded":
+		return step{kind: "settle", state: StateSucceeded,
+			why:  "the service reports the operation succeeded; its stored answer has expired (idempotency_response_expired)",
+			next: "done: nothing more to do for this action; the body names the operation and the resource it made"}
+	case "failed", "cancelled":
+		return step{kind: "settle", state: StateFailed,
+			why:  "the service reports the operation " + res.ServerState + "; its stored answer has expired (idempotency_response_expired)",
+			next: "the service says it did not complete: to try again, call with a new action_id"}
+	}
+	return a.accepted(op, res, obs, wait)
+}
+
+// supersededUnknownAnswer reads a 409 superseded_operation_unknown: the service holds the operation this one
+// supersedes as unknown and will not run a replacement unless a person approved this exact request.
+func (a *Agent) supersededUnknownAnswer(op *Operation) step {
+	a.mu.Lock()
+	oldAction := op.SupersedesOperationID
+	if old := a.v.ops[op.SupersedesOperationID]; old != nil {
+		oldAction = old.ActionID
+	}
+	a.mu.Unlock()
+	next := fmt.Sprintf("the service holds the operation of action %q, which this one supersedes, as unknown and runs no "+
+		"replacement while it may have happened. Settle it first (call %q again, or run resume, until the service or a "+
+		"person settles it), then start the replacement under a new action_id", oldAction, oldAction)
+	if Tools[op.Tool].Approval {
+		next += fmt.Sprintf("; or, to replace it anyway, a person decides: call request_approval with {\"for_action\": %q}, "+
+			"have a person approve it, then call %s again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)
+	}
+	return step{kind: "settle", state: StateNeedsHuman, why: "the service refuses to supersede an operation of unknown outcome", next: next}
 }
 
 func replayedWord(res *AttemptResult) string {
@@ -355,6 +539,7 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		if at.RetryReason == "" {
 			at.RetryReason = ReasonResponseLostAfterDispatch
 		}
+		at.RetryReasonSent = wireReasons[at.RetryReason]
 		if op.IdempotencyKey == "" {
 			at.RetryOfSent = prev.AttemptID
 		} else {
@@ -412,16 +597,17 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 	if json.Valid(raw) {
 		r.Body = raw
 		var b struct {
-			Code        string `json:"code"`
-			OperationID string `json:"operation_id"`
-			State       string `json:"state"`
+			Code         string `json:"code"`
+			OperationID  string `json:"operation_id"`
+			State        string `json:"state"`
+			KeyExpiresAt string `json:"key_expires_at"`
 		}
 		_ = json.Unmarshal(raw, &b)
-		r.Code = b.Code
+		r.Code, r.KeyExpiresAt = b.Code, b.KeyExpiresAt
 		if r.ServerOperationID == "" {
 			r.ServerOperationID = b.OperationID
 		}
-		if resp.StatusCode == http.StatusAccepted || b.Code == "outcome_unknown" {
+		if resp.StatusCode == http.StatusAccepted || b.Code == "outcome_unknown" || b.Code == "idempotency_response_expired" {
 			r.ServerState = b.State
 		}
 	}
@@ -455,7 +641,7 @@ func (a *Agent) newRequest(op *Operation, at *Attempt, approvalID string) (*http
 	}
 	if at.RetryOfSent != "" {
 		h.Set("Retry-Of", at.RetryOfSent)
-		h.Set("Retry-Reason", at.RetryReason)
+		h.Set("Retry-Reason", at.sentReason())
 	}
 	if op.SupersedesServerOpID != "" {
 		h.Set("Supersedes-Operation-Id", op.SupersedesServerOpID)
@@ -538,9 +724,10 @@ func retryAfter(v string) int {
 
 // operationView is the part of a service's operation the agent reads.
 type operationView struct {
-	ID     string `json:"id"`
-	State  string `json:"state"`
-	Events []struct {
+	ID           string `json:"id"`
+	State        string `json:"state"`
+	KeyExpiresAt string `json:"key_expires_at"`
+	Events       []struct {
 		Detail map[string]any `json:"detail"`
 	} `json:"events"`
 }
@@ -576,6 +763,7 @@ func (a *Agent) lookup(ctx context.Context, op *Operation) error {
 		found := true
 		it := res.Items[0]
 		ob.Found, ob.ServerOperationID, ob.ServerState, ob.KnownAttempts = &found, it.ID, it.State, it.attempts()
+		ob.KeyExpiresAt = it.KeyExpiresAt
 	}
 	return a.record(ob)
 }
@@ -589,11 +777,16 @@ func (a *Agent) poll(ctx context.Context, op *Operation) error {
 	start := time.Now()
 	status, err := a.get(ctx, a.baseURL(op.Service)+endpoint, &it)
 	ob.Status, ob.DurationMS, ob.At = status, time.Since(start).Milliseconds(), a.now()
-	if err != nil {
+	switch {
+	case status == http.StatusNotFound:
+		found := false
+		ob.Found = &found
+		ob.Detail = "the service has no operation " + id
+	case err != nil:
 		ob.Detail = "poll failed: " + err.Error()
-	} else {
+	default:
 		found := true
-		ob.Found, ob.ServerOperationID, ob.ServerState = &found, it.ID, it.State
+		ob.Found, ob.ServerOperationID, ob.ServerState, ob.KeyExpiresAt = &found, it.ID, it.State, it.KeyExpiresAt
 	}
 	return a.record(ob)
 }
@@ -629,8 +822,8 @@ func (a *Agent) get(ctx context.Context, u string, out any) (int, error) {
 // settle records how the operation ended, with the evidence.
 func (a *Agent) settle(op *Operation, s step) error {
 	st := Settlement{Type: RecOperationSettled, OperationID: op.OperationID, State: s.state, Reason: s.why, NextStep: s.next,
-		ServerOperationID: op.ServerOperationID(), RunID: a.runID, At: a.now(), Evidence: evidence(op)}
-	if last := lastAttempt(op); last != nil && last.Finished != nil {
+		ServerOperationID: op.ServerOperationID(), RunID: a.runID, At: a.now(), Evidence: evidence(op), Code: s.code}
+	if last := lastAttempt(op); last != nil && last.Finished != nil && !s.fromLookup {
 		st.HTTPStatus, st.Code, st.Body = last.Finished.Status, last.Finished.Code, last.Finished.Body
 		st.ApprovalID = last.ApprovalID
 	}

@@ -123,12 +123,19 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 	printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
 	printSafe(w, "  arguments   %s\n", op.Args)
 	printSafe(w, "  fingerprint sha256:%s\n", op.Fingerprint)
-	if op.IdempotencyKey != "" {
+	switch {
+	case op.IdempotencyKey != "" && op.KeyNamespace != "":
+		printSafe(w, "  key         %s (derived from namespace %s and the action id; journaled %s, before the first send)\n",
+			op.IdempotencyKey, strconv.Quote(op.KeyNamespace), op.At)
+	case op.IdempotencyKey != "":
 		printSafe(w, "  key         %s (made and journaled %s, before the first send)\n", op.IdempotencyKey, op.At)
-	} else {
+	default:
 		printSafe(w, "  key         none: a declared state, safe to send again\n")
 	}
 	printSafe(w, "  authority   %s\n", op.AuthorityRef)
+	if op.ParentRunID != "" {
+		printSafe(w, "  parent run  %s (the run that delegated this action)\n", op.ParentRunID)
+	}
 	if op.Principal != nil {
 		printSafe(w, "  key id      %s (the agent's name for the API key it was made with)\n", op.Principal.KeyID)
 	} else {
@@ -148,6 +155,9 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 			t += fmt.Sprintf("  retry of %s (%s)", at.RetryOf, at.RetryReason)
 			if at.RetryOfSent != at.RetryOf {
 				t += fmt.Sprintf(" [Retry-Of sent: %q, the nearest attempt the service had seen]", at.RetryOfSent)
+			}
+			if at.RetryReasonSent != "" && at.RetryReasonSent != at.RetryReason {
+				t += fmt.Sprintf(" [Retry-Reason sent: %s, the nearest the service lists]", at.RetryReasonSent)
 			}
 		}
 		t += fmt.Sprintf("  budget left %d  run %s", at.BudgetLeft, at.RunID)
@@ -174,6 +184,9 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 			if r.ServerState != "" {
 				t += " state " + r.ServerState
 			}
+			if r.KeyExpiresAt != "" {
+				t += " key expires " + r.KeyExpiresAt
+			}
 			t += fmt.Sprintf(" in %dms", r.DurationMS)
 			lines = append(lines, line{r.At, t})
 		} else {
@@ -193,6 +206,9 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 			t += fmt.Sprintf("  found %s state %s", o.ServerOperationID, o.ServerState)
 			if len(o.KnownAttempts) > 0 {
 				t += "  attempts it saw: " + strings.Join(o.KnownAttempts, ", ")
+			}
+			if o.KeyExpiresAt != "" {
+				t += "  key expires " + o.KeyExpiresAt
 			}
 		case o.Found != nil:
 			t += "  NOT FOUND"

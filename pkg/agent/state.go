@@ -9,6 +9,10 @@ import (
 const (
 	StateOpen       = "open"        // created, not settled: resume drives it
 	StateInProgress = "in_progress" // the service accepted it and is still working (a deploy): resume keeps asking
+	// StateUnknown: the service itself holds the operation as unknown (a 202 naming it unknown, a 503
+	// outcome_unknown): it may or may not have happened, and the service is reconciling it. Resume keeps asking;
+	// only the same key, or a person, ever settles it.
+	StateUnknown    = "unknown"
 	StateSucceeded  = "succeeded"
 	StateFailed     = "failed"      // the service says it did not happen
 	StateRefused    = "refused"     // the service refused it (4xx), or the agent refused a changed intent
@@ -40,6 +44,11 @@ type Operation struct {
 	Budget                int             `json:"budget"`
 	SupersedesOperationID string          `json:"supersedes_operation_id,omitempty"`
 	SupersedesServerOpID  string          `json:"supersedes_server_operation_id,omitempty"`
+	// KeyNamespace is what IdempotencyKey was derived from, with the action id (absent when the key was made
+	// at random, in journals from before keys were derived).
+	KeyNamespace string `json:"key_namespace,omitempty"`
+	// ParentRunID is the agent run that delegated this action (agent do --parent-run).
+	ParentRunID string `json:"parent_run_id,omitempty"`
 	// AuthorityRef names where the credential came from, never the credential.
 	AuthorityRef string `json:"authority_ref"`
 	// Principal is the key the operation was made with (absent in journals from before keys were recorded).
@@ -66,31 +75,36 @@ type Attempt struct {
 	// lineage to an attempt it never received).
 	RetryOfSent string `json:"retry_of_sent,omitempty"`
 	RetryReason string `json:"retry_reason,omitempty"`
-	Decision    string `json:"decision"`
-	BudgetLeft  int    `json:"budget_left"`
-	ApprovalID  string `json:"approval_id,omitempty"`
-	RunID       string `json:"run_id"`
-	At          string `json:"at"`
+	// RetryReasonSent is the Retry-Reason header actually sent, when it differs from RetryReason: the nearest
+	// reason on the services' fixed list (absent: RetryReason was sent).
+	RetryReasonSent string `json:"retry_reason_sent,omitempty"`
+	Decision        string `json:"decision"`
+	BudgetLeft      int    `json:"budget_left"`
+	ApprovalID      string `json:"approval_id,omitempty"`
+	RunID           string `json:"run_id"`
+	At              string `json:"at"`
 
 	Finished *AttemptResult `json:"-"`
 }
 
 // AttemptResult is how an attempt ended.
 type AttemptResult struct {
-	Type              string          `json:"type"`
-	OperationID       string          `json:"operation_id"`
-	AttemptID         string          `json:"attempt_id"`
-	DispatchState     string          `json:"dispatch_state"`
-	Status            int             `json:"status,omitempty"`
-	Code              string          `json:"code,omitempty"`
-	ServerOperationID string          `json:"server_operation_id,omitempty"`
-	ServerState       string          `json:"server_state,omitempty"`
-	Replayed          bool            `json:"replayed,omitempty"`
-	RetryAfterSeconds int             `json:"retry_after_s,omitempty"`
-	Error             string          `json:"error,omitempty"`
-	Body              json.RawMessage `json:"body,omitempty"`
-	DurationMS        int64           `json:"duration_ms"`
-	At                string          `json:"at"`
+	Type              string `json:"type"`
+	OperationID       string `json:"operation_id"`
+	AttemptID         string `json:"attempt_id"`
+	DispatchState     string `json:"dispatch_state"`
+	Status            int    `json:"status,omitempty"`
+	Code              string `json:"code,omitempty"`
+	ServerOperationID string `json:"server_operation_id,omitempty"`
+	ServerState       string `json:"server_state,omitempty"`
+	Replayed          bool   `json:"replayed,omitempty"`
+	RetryAfterSeconds int    `json:"retry_after_s,omitempty"`
+	// KeyExpiresAt is when the service said it forgets the idempotency key (its key_expires_at), as it wrote it.
+	KeyExpiresAt string          `json:"key_expires_at,omitempty"`
+	Error        string          `json:"error,omitempty"`
+	Body         json.RawMessage `json:"body,omitempty"`
+	DurationMS   int64           `json:"duration_ms"`
+	At           string          `json:"at"`
 }
 
 // Observation is evidence gathered without sending the write again: an operation lookup or poll (negative ones
@@ -105,12 +119,15 @@ type Observation struct {
 	ServerOperationID string   `json:"server_operation_id,omitempty"`
 	ServerState       string   `json:"server_state,omitempty"`
 	KnownAttempts     []string `json:"known_attempts,omitempty"`
-	AttemptID         string   `json:"attempt_id,omitempty"`
-	ApprovalID        string   `json:"approval_id,omitempty"`
-	Detail            string   `json:"detail,omitempty"`
-	DurationMS        int64    `json:"duration_ms,omitempty"`
-	RunID             string   `json:"run_id"`
-	At                string   `json:"at"`
+	KeyExpiresAt      string   `json:"key_expires_at,omitempty"`
+	// SupersededServerOpID is, for superseded_settled, the service's id of the operation superseded.
+	SupersededServerOpID string `json:"superseded_server_operation_id,omitempty"`
+	AttemptID            string `json:"attempt_id,omitempty"`
+	ApprovalID           string `json:"approval_id,omitempty"`
+	Detail               string `json:"detail,omitempty"`
+	DurationMS           int64  `json:"duration_ms,omitempty"`
+	RunID                string `json:"run_id"`
+	At                   string `json:"at"`
 }
 
 // Observation kinds.
@@ -120,9 +137,13 @@ const (
 	ObsInterrupted = "attempt_interrupted" // an attempt started by a process that died before recording its end
 	ObsChanged     = "changed_intent_refused"
 	ObsApproval    = "approval_given" // a person's approval id arrived with a call
+	// ObsSupersededSettled: the operation this one supersedes, whose unknown outcome held this one back, has
+	// settled; this one may be sent.
+	ObsSupersededSettled = "superseded_settled"
 )
 
-// Settlement is how an operation ended (or, for in_progress, where it stands when the agent stopped waiting).
+// Settlement is how an operation ended (or, for in_progress and unknown, where it stands when the agent stopped
+// waiting).
 type Settlement struct {
 	Type              string          `json:"type"`
 	OperationID       string          `json:"operation_id"`
@@ -141,7 +162,7 @@ type Settlement struct {
 
 // Final reports whether the operation reached an end that resume leaves alone.
 func (o *Operation) Final() bool {
-	return o.Settled != nil && o.Settled.State != StateInProgress
+	return o.Settled != nil && o.Settled.State != StateInProgress && o.Settled.State != StateUnknown
 }
 
 // ServerOperationID is the service's operation id, from the last answer or observation that named it.
@@ -241,10 +262,16 @@ func (v *view) apply(body json.RawMessage) error {
 			return err
 		}
 		op.Observations = append(op.Observations, ob)
-		if ob.Kind == ObsApproval {
+		switch ob.Kind {
+		case ObsApproval:
 			// A person decided: the operation is open again, with a fresh budget.
 			op.budgetFrom = len(op.Attempts)
 			op.Settled = nil
+		case ObsSupersededSettled:
+			op.Settled = nil
+			if op.SupersedesServerOpID == "" {
+				op.SupersedesServerOpID = ob.SupersededServerOpID
+			}
 		}
 	case RecOperationSettled:
 		s := &Settlement{}
