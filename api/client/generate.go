@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "daed56e80f3068ca7610c736148a7c25c78f5a0bc4f6085f5ff5642f6fd02140"
+const SpecSHA256 = "347b50109bdb5443aec418d89d2bd7567f0525c3ac1b009829d7841745785a45"

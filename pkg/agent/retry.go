@@ -38,10 +38,7 @@ const (
 // wireReasons maps a reason the services do not list to the nearest one they do, which is what Retry-Reason
 // carries (they refuse any other); the journal keeps the precise one. A reason leaves this map when the services
 // list it.
-var wireReasons = map[string]string{
-	// Both are "the service said to come back after Retry-After".
-	ReasonRequestInProgress: ReasonRateLimited,
-}
+var wireReasons = map[string]string{}
 
 // sentReason is the Retry-Reason the attempt carries.
 func (a *Attempt) sentReason() string {

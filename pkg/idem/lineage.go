@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,7 +29,7 @@ const (
 // an agent's free-text explanation.
 var RetryReasons = []string{
 	"connection_not_established", "rate_limited", "destination_5xx", "response_lost_after_dispatch",
-	"credential_refreshed", "operator_requested",
+	"credential_refreshed", "operator_requested", "request_in_progress",
 }
 
 // Outcomes of an attempt, as its record says (the outcome field of an attempt record; Outcome is the metrics'
@@ -99,7 +100,7 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		{HeaderAgentRunID, &l.agentRun, printable, "must be 1 to 128 printable ASCII characters"},
 		{HeaderRetryOf, &l.retryOf, printable, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
 		{HeaderRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
-			"must be one of connection_not_established, rate_limited, destination_5xx, response_lost_after_dispatch, credential_refreshed, operator_requested"},
+			"must be one of "+strings.Join(RetryReasons, ", ")},
 		{HeaderSupersedes, &l.supersedes, func(v string) bool { return printable(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
 	} {
