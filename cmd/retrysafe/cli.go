@@ -74,7 +74,8 @@ func init() {
   BODY_LIMIT_BYTES          largest request body (default 1048576)
   RATE_LIMIT_WRITES_PER_SECOND RATE_LIMIT_WRITE_BURST   each account's writes: a token bucket (default 50/s,
                             bursts of 200; 0 per second turns it off); over it: 429 rate_limited with Retry-After
-  IDEMPOTENCY_RETENTION     how long finished keys are kept (default 72h, at least 24h)
+  IDEMPOTENCY_RETENTION     how long a finished key's response is replayed (default 72h, at least 24h)
+  IDEMPOTENCY_KEY_LIFETIME  how long the key itself is kept after, never run twice (default 2160h, at least the retention)
   PRUNE_INTERVAL            how often finished keys are pruned (default 10m)
   OPERATION_LEASE           how long an external effect may run before it is called unknown (default 30s)
   RECOVERY_INTERVAL         how often expired leases are looked for (default 5s)

@@ -46,10 +46,13 @@ type config struct {
 	ProviderURL  string
 
 	IdempotencyRetention time.Duration
-	PruneInterval        time.Duration
-	OperationLease       time.Duration
-	RecoveryInterval     time.Duration
-	Failpoints           string
+	// IdempotencyKeyLifetime is how long a key, its fingerprint and its operation are kept after its response
+	// is pruned: it never runs again while it lives.
+	IdempotencyKeyLifetime time.Duration
+	PruneInterval          time.Duration
+	OperationLease         time.Duration
+	RecoveryInterval       time.Duration
+	Failpoints             string
 
 	ProviderFaultInjection bool
 
@@ -100,11 +103,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ProviderAddr: r.addr("PROVIDER_ADDR", ":8090"),
 		ProviderURL:  r.httpURL("PROVIDER_URL", "http://127.0.0.1:8090"),
 
-		IdempotencyRetention: r.duration("IDEMPOTENCY_RETENTION", 72*time.Hour),
-		PruneInterval:        r.duration("PRUNE_INTERVAL", 10*time.Minute),
-		OperationLease:       r.duration("OPERATION_LEASE", 30*time.Second),
-		RecoveryInterval:     r.duration("RECOVERY_INTERVAL", 5*time.Second),
-		Failpoints:           getenv("RETRYSAFE_FAILPOINTS"),
+		IdempotencyRetention:   r.duration("IDEMPOTENCY_RETENTION", 72*time.Hour),
+		IdempotencyKeyLifetime: r.duration("IDEMPOTENCY_KEY_LIFETIME", 90*24*time.Hour),
+		PruneInterval:          r.duration("PRUNE_INTERVAL", 10*time.Minute),
+		OperationLease:         r.duration("OPERATION_LEASE", 30*time.Second),
+		RecoveryInterval:       r.duration("RECOVERY_INTERVAL", 5*time.Second),
+		Failpoints:             getenv("RETRYSAFE_FAILPOINTS"),
 
 		ProviderFaultInjection: r.boolean("PROVIDER_FAULT_INJECTION", false),
 
@@ -193,6 +197,8 @@ func (c config) check() error {
 	switch {
 	case c.IdempotencyRetention < 24*time.Hour:
 		return configError{fmt.Sprintf("IDEMPOTENCY_RETENTION must be at least 24h, got %s", c.IdempotencyRetention)}
+	case c.IdempotencyKeyLifetime < c.IdempotencyRetention:
+		return configError{fmt.Sprintf("IDEMPOTENCY_KEY_LIFETIME must be at least IDEMPOTENCY_RETENTION (%s), got %s", c.IdempotencyRetention, c.IdempotencyKeyLifetime)}
 	case c.ProviderTimeout >= c.OperationLease:
 		// The lease bounds how long a provider call may run before the reconciler may conclude it never
 		// executed; a call allowed to outlive it could execute after that conclusion.

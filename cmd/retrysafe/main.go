@@ -195,6 +195,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	m.WatchOperations(db, 2*time.Second)
 	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: &idem.Handler{
 		DB: db, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m,
+		Retention: cfg.IdempotencyRetention, KeyLifetime: cfg.IdempotencyKeyLifetime,
 		// An effect is sent only with time for a whole provider call left in its lease.
 		DispatchMargin: cfg.ProviderTimeout,
 	}}
@@ -221,7 +222,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	workers := service.Workers(d, service.Background{
-		RecoveryInterval: cfg.RecoveryInterval, Retention: cfg.IdempotencyRetention, PruneInterval: cfg.PruneInterval,
+		RecoveryInterval: cfg.RecoveryInterval, PruneInterval: cfg.PruneInterval,
 	}, svcs...)
 	workers = append(workers, service.Worker{Name: "audit-checkpoints", Run: checkpointWorker(cfg, db, logger).Run})
 	waitWorkers := service.Start(ctx, workers)

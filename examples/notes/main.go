@@ -147,7 +147,7 @@ func run() error {
 		return err
 	}
 	h := &idem.Handler{DB: db}
-	go (&idem.Pruner{DB: db, Retention: 72 * time.Hour, Interval: time.Hour}).Run(ctx)
+	go h.RunPruner(ctx, time.Hour) // responses kept 72 h, keys 90 days (Handler.Retention, KeyLifetime)
 	srv := &http.Server{Addr: addr, Handler: newServer(db, h, token), ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second}
 	go func() {

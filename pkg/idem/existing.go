@@ -21,6 +21,7 @@ const (
 	verdictInProgress                // the first request is still running: 409
 	verdictUnknown                   // the operation's outcome is not known: 202
 	verdictBadLineage                // a lineage header that cannot apply: 400
+	verdictExpired                   // the key lives but its stored response was pruned: 409, never run again
 )
 
 // decision is a verdict with the key it was made on (and, for verdictBadLineage, the refusal).
@@ -56,13 +57,15 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 	if s.fingerprint != a.fingerprint {
 		return decision{verdict: verdictConflict, key: s}, nil
 	}
-	if wait := h.preferWait(header); wait > 0 && !s.completed && s.opState != opstatus.StateUnknown {
+	if wait := h.preferWait(header); wait > 0 && !s.completed && !s.expired && s.opState != opstatus.StateUnknown {
 		s = h.waitFor(ctx, a, s, wait)
 	}
 	if s.opState == opstatus.StateUnknown {
 		s = h.reconcileNow(ctx, a, s)
 	}
 	switch {
+	case s.expired:
+		return decision{verdict: verdictExpired, key: s}, nil
 	case s.completed:
 		return decision{verdict: verdictReplay, key: s}, nil
 	case s.opState == opstatus.StateUnknown:
@@ -91,6 +94,8 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 		extra = map[string]any{"prior_fingerprint": d.key.fingerprint}
 	case verdictReplay:
 		outcome, event, record, status = OutcomeReplayed, opstatus.EventReplayed, AttemptReplayed, d.key.response.Status
+	case verdictExpired:
+		outcome, record, status = OutcomeExpired, AttemptResponseExpired, http.StatusConflict
 	case verdictUnknown:
 		outcome, record, status = OutcomeUnknown, AttemptUnknown, http.StatusAccepted
 	case verdictInProgress:
@@ -110,6 +115,11 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 			With("operation_id", opID).With("state", d.key.opState)}
 	case verdictReplay:
 		return answer(opID, *d.key.response, true)
+	case verdictExpired:
+		return Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
+			"this Idempotency-Key already ran; its stored response has expired, so it is not run again: read the result at the operation or its resource").
+			With("operation_id", opID).With("state", d.key.opState).With("resource", d.key.resource).
+			With("operation_url", "/v1/operations/"+opID)}
 	case verdictUnknown:
 		return h.unknown(ctx, a.op.AccountID, opID)
 	}
@@ -214,7 +224,7 @@ func (h *Handler) waitFor(ctx context.Context, a *attempt, s stored, wait time.D
 		if err != nil || !found {
 			return s
 		}
-		if latest.completed || latest.opState == opstatus.StateUnknown {
+		if latest.completed || latest.expired || latest.opState == opstatus.StateUnknown {
 			return latest
 		}
 	}

@@ -92,6 +92,11 @@ type Handler struct {
 	RetryAfter int
 	// MaxWait caps Prefer: wait=N (30 s when zero).
 	MaxWait time.Duration
+	// Retention is how long a stored response is replayed (DefaultRetention when zero); KeyLifetime how long
+	// the key itself, with its fingerprint and operation, is kept after (DefaultKeyLifetime when zero, never less
+	// than Retention). While the key lives it never runs again. Prune and RunPruner apply both.
+	Retention   time.Duration
+	KeyLifetime time.Duration
 	// Reconcilers, by operation kind, let a retry of an unknown operation settle it at once (reconcileNow).
 	Reconcilers map[string]opstatus.Reconciler
 	// Observer, when set, is told each request's outcome and each operation the handler settles (metrics).
@@ -310,7 +315,7 @@ func (h *Handler) completion(ctx context.Context, tx *database.Tx, a *attempt, r
 	state := resultState(res)
 	detail := a.completionDetail(resp.Status, res.Reason)
 	b := &pgx.Batch{}
-	if err := queueComplete(b, a.op, resp); err != nil {
+	if err := queueComplete(b, a.op, resp, h.retention(), h.keyLifetime()); err != nil {
 		return response{}, nil, err
 	}
 	a.op.State = state

@@ -29,8 +29,10 @@ var (
 	completeSQL string
 	//go:embed sql/release.sql
 	releaseSQL string
-	//go:embed sql/prune.sql
-	pruneSQL string
+	//go:embed sql/prune_responses.sql
+	pruneResponsesSQL string
+	//go:embed sql/prune_keys.sql
+	pruneKeysSQL string
 	//go:embed sql/attempt_known.sql
 	attemptKnownSQL string
 	//go:embed sql/attempt_recorded.sql
@@ -48,8 +50,11 @@ type stored struct {
 	fingerprint string
 	operationID string
 	completed   bool
-	// response is set once the key is completed.
+	// response is set once the key is completed, until it expires (expired).
 	response *response
+	expired  bool
+	// resource is the operation's, read once the response expired.
+	resource *opstatus.Resource
 	// opState is the state of the key's operation when the key was read.
 	opState opstatus.State
 }
@@ -68,13 +73,17 @@ func lookupKey(ctx context.Context, db *gorm.DB, account, key string) (s stored,
 		for rows.Next() {
 			found = true
 			var (
-				state, opState *string
-				status         *int
-				header         *string
-				body           []byte
+				state, opState, resType, resID *string
+				status                         *int
+				header                         *string
+				body                           []byte
 			)
-			if err := rows.Scan(&s.fingerprint, &s.operationID, &state, &status, &header, &body, &opState); err != nil {
+			if err := rows.Scan(&s.fingerprint, &s.operationID, &state, &status, &header, &body, &opState, &resType, &resID); err != nil {
 				return err
+			}
+			s.expired = *state == "expired"
+			if resType != nil && resID != nil {
+				s.resource = &opstatus.Resource{Type: *resType, ID: *resID}
 			}
 			if opState != nil {
 				s.opState = opstatus.State(*opState)
@@ -113,19 +122,21 @@ func claimError(err error) error {
 	return err
 }
 
-// queueComplete queues the storing of resp on op's running key.
-func queueComplete(b *pgx.Batch, op opstatus.Operation, resp response) error {
+// Defaults of Handler.Retention and Handler.KeyLifetime.
+const (
+	DefaultRetention   = 72 * time.Hour
+	DefaultKeyLifetime = 90 * 24 * time.Hour
+)
+
+// queueComplete queues the storing of resp on op's running key, kept for retention and the key for lifetime. When
+// the key is not running under op the statement fails, and so does everything sent after it, COMMIT included.
+func queueComplete(b *pgx.Batch, op opstatus.Operation, resp response, retention, lifetime time.Duration) error {
 	header, err := json.Marshal(resp.Header)
 	if err != nil {
 		return fmt.Errorf("idem: complete: headers: %w", err)
 	}
-	b.Queue(completeSQL, op.AccountID, op.IdempotencyKey, op.ID, resp.Status, string(header), resp.Body).Exec(
-		func(ct pgconn.CommandTag) error {
-			if ct.RowsAffected() != 1 {
-				return fmt.Errorf("idem: complete: %w", problem.NotFound("running idempotency key"))
-			}
-			return nil
-		})
+	b.Queue(completeSQL, op.AccountID, op.IdempotencyKey, op.ID, resp.Status, string(header), resp.Body,
+		retention.Seconds(), lifetime.Seconds())
 	return nil
 }
 
@@ -140,13 +151,14 @@ func queueRelease(b *pgx.Batch, op opstatus.Operation) {
 	})
 }
 
-// pruneKeys deletes completed keys of final operations finished before cutoff.
-func pruneKeys(ctx context.Context, db *gorm.DB, cutoff time.Time) (int64, error) {
-	var n int64
+// prune drops the stored responses older than retention, and the keys older than lifetime, of final operations.
+func prune(ctx context.Context, db *gorm.DB, retention, lifetime time.Duration) (responses, keys int64, err error) {
+	now := time.Now()
 	b := &pgx.Batch{}
-	b.Queue(pruneSQL, cutoff).Exec(func(ct pgconn.CommandTag) error { n = ct.RowsAffected(); return nil })
+	b.Queue(pruneResponsesSQL, now.Add(-retention)).Exec(func(ct pgconn.CommandTag) error { responses = ct.RowsAffected(); return nil })
+	b.Queue(pruneKeysSQL, now.Add(-lifetime)).Exec(func(ct pgconn.CommandTag) error { keys = ct.RowsAffected(); return nil })
 	if err := database.Send(ctx, db, b); err != nil {
-		return 0, fmt.Errorf("idem: prune: %w", err)
+		return 0, 0, fmt.Errorf("idem: prune: %w", err)
 	}
-	return n, nil
+	return responses, keys, nil
 }

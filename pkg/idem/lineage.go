@@ -37,6 +37,7 @@ var RetryReasons = []string{
 const (
 	AttemptCreated          = "created"           // it claimed the key and its result was stored
 	AttemptReplayed         = "replayed"          // the stored result was sent again
+	AttemptResponseExpired  = "response_expired"  // the key lives, its stored result was pruned: 409, not run
 	AttemptConflictRejected = "conflict_rejected" // same key, another request: 422
 	AttemptInProgress       = "in_progress"       // the first attempt was still running: 409
 	AttemptUnknown          = "unknown"           // the outcome is not known yet: 202

@@ -19,6 +19,7 @@ type Outcome string
 const (
 	OutcomeCreated          Outcome = "created"           // claimed and ran; its result is stored
 	OutcomeReplayed         Outcome = "replayed"          // the stored answer, sent again
+	OutcomeExpired          Outcome = "response_expired"  // the key lives, its stored answer was pruned: 409
 	OutcomeConflict         Outcome = "conflict"          // the key was first used for another request: 422
 	OutcomeInProgress       Outcome = "in_progress"       // the first request is still running: 409
 	OutcomeUnknown          Outcome = "unknown"           // the outcome is not known, or ran but was not recorded

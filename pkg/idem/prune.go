@@ -2,24 +2,19 @@ package idem
 
 import (
 	"context"
-	"log/slog"
 	"time"
-
-	"gorm.io/gorm"
 )
 
-// Pruner deletes completed keys older than Retention, every Interval. Keys whose operation is running, queued
-// or unknown are kept whatever their age: their outcome is still owed to the caller.
-type Pruner struct {
-	DB        *gorm.DB
-	Retention time.Duration
-	Interval  time.Duration
-	Logger    *slog.Logger
+// Prune drops the stored responses older than h.Retention and the keys older than h.KeyLifetime, of final
+// operations. A key whose response is gone still never runs again: a retry is answered 409
+// idempotency_response_expired, naming the operation and its resource.
+func (h *Handler) Prune(ctx context.Context) (responses, keys int64, err error) {
+	return prune(ctx, h.DB, h.retention(), h.keyLifetime())
 }
 
-// Run prunes until ctx ends.
-func (p *Pruner) Run(ctx context.Context) {
-	t := time.NewTicker(p.Interval)
+// RunPruner prunes every interval until ctx ends.
+func (h *Handler) RunPruner(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -27,22 +22,28 @@ func (p *Pruner) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := pruneKeys(ctx, p.DB, time.Now().Add(-p.Retention))
-		if err != nil {
-			if ctx.Err() == nil {
-				p.log().WarnContext(ctx, "idempotency key pruning failed", "error", err.Error())
-			}
-			continue
-		}
-		if n > 0 {
-			p.log().InfoContext(ctx, "idempotency keys pruned", "count", n, "retention", p.Retention.String())
+		responses, keys, err := h.Prune(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			h.log().WarnContext(ctx, "idempotency key pruning failed", "error", err.Error())
+		case responses > 0 || keys > 0:
+			h.log().InfoContext(ctx, "idempotency keys pruned", "responses", responses, "keys", keys,
+				"retention", h.retention().String(), "key_lifetime", h.keyLifetime().String())
 		}
 	}
 }
 
-func (p *Pruner) log() *slog.Logger {
-	if p.Logger == nil {
-		return slog.Default()
+func (h *Handler) retention() time.Duration {
+	if h.Retention <= 0 {
+		return DefaultRetention
 	}
-	return p.Logger
+	return h.Retention
+}
+
+// keyLifetime is never shorter than the retention: a key outlives its response.
+func (h *Handler) keyLifetime() time.Duration {
+	if h.KeyLifetime <= 0 {
+		return max(DefaultKeyLifetime, h.retention())
+	}
+	return max(h.KeyLifetime, h.retention())
 }

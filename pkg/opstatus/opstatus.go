@@ -144,9 +144,14 @@ type Operation struct {
 	Fingerprint    string     `json:"fingerprint,omitempty"`
 	Resource       *Resource  `json:"resource"`
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	UpdatedAt      time.Time  `json:"updated_at"`
-	Events         []Event    `json:"events"`
+	// ResponseExpiresAt is when the stored response of the operation's idempotency key is pruned, and
+	// KeyExpiresAt when the key itself is, after which the same key would run again; both are set once the
+	// operation's outcome is stored, and absent until then (package idem).
+	ResponseExpiresAt *time.Time `json:"response_expires_at,omitempty"`
+	KeyExpiresAt      *time.Time `json:"key_expires_at,omitempty"`
+	CreatedAt         time.Time  `json:"created_at"`
+	UpdatedAt         time.Time  `json:"updated_at"`
+	Events            []Event    `json:"events"`
 }
 
 // Event is one entry of an operation's history. Events are never updated or deleted (a trigger enforces it).
@@ -281,23 +286,26 @@ SELECT o.id, o.account_id, ?, ?, ?::jsonb FROM operations o WHERE o.account_id =
 }
 
 type operationRow struct {
-	ID             string
-	AccountID      string
-	Kind           string
-	State          State
-	IdempotencyKey *string
-	Fingerprint    *string
-	ResourceType   *string
-	ResourceID     *string
-	LeaseExpiresAt *time.Time
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	ID                string
+	AccountID         string
+	Kind              string
+	State             State
+	IdempotencyKey    *string
+	Fingerprint       *string
+	ResourceType      *string
+	ResourceID        *string
+	LeaseExpiresAt    *time.Time
+	ResponseExpiresAt *time.Time
+	KeyExpiresAt      *time.Time
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
 }
 
 func (r operationRow) operation() Operation {
 	op := Operation{
 		ID: r.ID, AccountID: r.AccountID, Kind: r.Kind, State: r.State,
-		LeaseExpiresAt: r.LeaseExpiresAt, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Events: []Event{},
+		LeaseExpiresAt: r.LeaseExpiresAt, ResponseExpiresAt: r.ResponseExpiresAt, KeyExpiresAt: r.KeyExpiresAt,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Events: []Event{},
 	}
 	if r.IdempotencyKey != nil {
 		op.IdempotencyKey = *r.IdempotencyKey
@@ -311,8 +319,14 @@ func (r operationRow) operation() Operation {
 	return op
 }
 
+// selectOperation reads operations with the expiries of their idempotency keys (read here, written by idem).
 const selectOperation = `SELECT id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
-       lease_expires_at, created_at, updated_at FROM operations `
+       lease_expires_at, created_at, updated_at,
+       (SELECT k.response_expires_at FROM idempotency_keys k WHERE k.account_id = operations.account_id
+            AND k.idempotency_key = operations.idempotency_key AND k.operation_id = operations.id) AS response_expires_at,
+       (SELECT k.key_expires_at FROM idempotency_keys k WHERE k.account_id = operations.account_id
+            AND k.idempotency_key = operations.idempotency_key AND k.operation_id = operations.id) AS key_expires_at
+FROM operations `
 
 // Get returns operation id of account with its events. Returns an error matching problem.ErrNotFound if the
 // operation does not exist in that account.

@@ -34,10 +34,13 @@ const (
 	CodeIdempotencyKeyInvalid Code = "idempotency_key_invalid"
 	CodeIdempotencyKeyReused  Code = "idempotency_key_reused"
 	CodeRequestInProgress     Code = "request_in_progress"
-	CodeOutcomeUnknown        Code = "outcome_unknown"
-	CodeStoreUnavailable      Code = "store_unavailable"
-	CodeRateLimited           Code = "rate_limited"
-	CodeInternal              Code = "internal"
+	// CodeIdempotencyResponseExpired: the key's stored response was pruned after its retention; the key still
+	// lives, so the request is not run again: the answer names the operation and its resource.
+	CodeIdempotencyResponseExpired Code = "idempotency_response_expired"
+	CodeOutcomeUnknown             Code = "outcome_unknown"
+	CodeStoreUnavailable           Code = "store_unavailable"
+	CodeRateLimited                Code = "rate_limited"
+	CodeInternal                   Code = "internal"
 
 	CodeApprovalRequired Code = "approval_required"
 	CodeApprovalInvalid  Code = "approval_invalid"
@@ -63,22 +66,23 @@ type codeInfo struct {
 
 // codes maps every Code to its HTTP status and title. It is the only status table in the code base.
 var codes = map[Code]codeInfo{
-	CodeInvalidRequest:        {http.StatusBadRequest, "Invalid request"},
-	CodeValidationFailed:      {http.StatusUnprocessableEntity, "Validation failed"},
-	CodeUnauthorized:          {http.StatusUnauthorized, "Unauthorized"},
-	CodeForbidden:             {http.StatusForbidden, "Forbidden"},
-	CodeNotFound:              {http.StatusNotFound, "Not found"},
-	CodeMethodNotAllowed:      {http.StatusMethodNotAllowed, "Method not allowed"},
-	CodeBodyTooLarge:          {http.StatusRequestEntityTooLarge, "Request body too large"},
-	CodeUnsupportedMediaType:  {http.StatusUnsupportedMediaType, "Unsupported media type"},
-	CodeIdempotencyKeyMissing: {http.StatusBadRequest, "Idempotency-Key header missing"},
-	CodeIdempotencyKeyInvalid: {http.StatusBadRequest, "Idempotency-Key header invalid"},
-	CodeIdempotencyKeyReused:  {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request"},
-	CodeRequestInProgress:     {http.StatusConflict, "Request with this Idempotency-Key is still in progress"},
-	CodeOutcomeUnknown:        {http.StatusServiceUnavailable, "Outcome of this operation is not known yet"},
-	CodeStoreUnavailable:      {http.StatusServiceUnavailable, "Store unavailable"},
-	CodeRateLimited:           {http.StatusTooManyRequests, "Rate limited"},
-	CodeInternal:              {http.StatusInternalServerError, "Internal error"},
+	CodeInvalidRequest:             {http.StatusBadRequest, "Invalid request"},
+	CodeValidationFailed:           {http.StatusUnprocessableEntity, "Validation failed"},
+	CodeUnauthorized:               {http.StatusUnauthorized, "Unauthorized"},
+	CodeForbidden:                  {http.StatusForbidden, "Forbidden"},
+	CodeNotFound:                   {http.StatusNotFound, "Not found"},
+	CodeMethodNotAllowed:           {http.StatusMethodNotAllowed, "Method not allowed"},
+	CodeBodyTooLarge:               {http.StatusRequestEntityTooLarge, "Request body too large"},
+	CodeUnsupportedMediaType:       {http.StatusUnsupportedMediaType, "Unsupported media type"},
+	CodeIdempotencyKeyMissing:      {http.StatusBadRequest, "Idempotency-Key header missing"},
+	CodeIdempotencyKeyInvalid:      {http.StatusBadRequest, "Idempotency-Key header invalid"},
+	CodeIdempotencyKeyReused:       {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request"},
+	CodeRequestInProgress:          {http.StatusConflict, "Request with this Idempotency-Key is still in progress"},
+	CodeIdempotencyResponseExpired: {http.StatusConflict, "The stored response of this Idempotency-Key has expired"},
+	CodeOutcomeUnknown:             {http.StatusServiceUnavailable, "Outcome of this operation is not known yet"},
+	CodeStoreUnavailable:           {http.StatusServiceUnavailable, "Store unavailable"},
+	CodeRateLimited:                {http.StatusTooManyRequests, "Rate limited"},
+	CodeInternal:                   {http.StatusInternalServerError, "Internal error"},
 
 	CodeApprovalRequired: {http.StatusPreconditionRequired, "Approval required"},
 	CodeApprovalInvalid:  {http.StatusForbidden, "Approval invalid"},

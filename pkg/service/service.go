@@ -143,10 +143,9 @@ func Reconcilers(svcs ...Service) map[string]opstatus.Reconciler {
 // Background configures the process-wide workers that every set of services runs beside its own.
 type Background struct {
 	// RecoveryInterval is how often expired leases are looked for, and approvals that ran out are recorded
-	// expired; Retention and PruneInterval govern pruning
-	// of finished idempotency keys. A zero interval leaves that worker out (tests that drive recovery by hand).
+	// expired; PruneInterval how often idempotency keys are pruned (Deps.Idem's Retention and KeyLifetime). A
+	// zero interval leaves that worker out (tests that drive recovery by hand).
 	RecoveryInterval time.Duration
-	Retention        time.Duration
 	PruneInterval    time.Duration
 }
 
@@ -167,8 +166,7 @@ func Workers(d Deps, b Background, svcs ...Service) []Worker {
 		out = append(out, Worker{Name: "approval-expiry", Run: expiry.Run})
 	}
 	if b.PruneInterval > 0 {
-		pruner := &idem.Pruner{DB: d.DB, Retention: b.Retention, Interval: b.PruneInterval, Logger: d.Log()}
-		out = append(out, Worker{Name: "pruner", Run: pruner.Run})
+		out = append(out, Worker{Name: "pruner", Run: func(ctx context.Context) { d.Idem.RunPruner(ctx, b.PruneInterval) }})
 	}
 	return out
 }
