@@ -18,7 +18,7 @@ import (
 
 // consoleQuery names every query parameter a console page reads (search, filters, cursors, the notice after a
 // decision), so each is sent the hostile value.
-var consoleQuery = []string{"q", "kind", "state", "after", "before", "done", "look"}
+var consoleQuery = []string{"q", "kind", "state", "after", "before", "done", "group"}
 
 // TestHostileInputOnEveryConsoleRoute is TestHostileInputOnEveryRoute for the browser console of every service:
 // signed in, every GET page with hostile values in its path parameters and in every query parameter. No answer

@@ -1,12 +1,17 @@
 package console_test
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -204,5 +209,36 @@ FROM (SELECT 0 AS i, 'apv_real' AS id, 'real' AS key, 'agent:realkey' AS request
 	}
 	if count != 55 {
 		t.Errorf("the group's pages list %d requests; want 55", count)
+	}
+}
+
+// TestPostWithoutSessionIsNotRead: a POST without a session that announces a large body and sends 4 bytes is
+// refused at once, closing the connection, as the API refuses a request without a key: the client holds
+// nothing by sending the rest slowly.
+func TestPostWithoutSessionIsNotRead(t *testing.T) {
+	t.Parallel()
+	_, base := serveConsole(t, console.Options{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(15 * time.Second)) // a watchdog: a server that drains the body never answers
+	fmt.Fprint(conn, "POST /console/approvals/apv_x/approve HTTP/1.1\r\nHost: x\r\n"+
+		"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\ncsrf")
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer before the body was sent: %v", err)
+	}
+	io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusUnauthorized || !res.Close {
+		t.Fatalf("%d, close %v; want 401 and Connection: close", res.StatusCode, res.Close)
+	}
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("the server sent more after its 401")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("the server kept the connection open after its 401")
 	}
 }

@@ -170,6 +170,8 @@ WHERE id_hash = ? AND last_seen_at >= ? RETURNING account_id, role, key_id, csrf
 	}
 	if !ok {
 		if ctx.Request.Method != http.MethodGet {
+			// Refused before the form is read, as the API refuses a request without a key.
+			problem.CloseUnread(ctx)
 			c.fail(ctx, problem.New(problem.CodeUnauthorized, "sign in first"))
 			return
 		}
