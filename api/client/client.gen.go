@@ -6760,6 +6760,11 @@ func (r RequestApprovalResponse) ContentType() string {
 	return ""
 }
 
+// GetApprovalResponse429Headers the declared response headers of an HTTP 429 response for GetApproval
+type GetApprovalResponse429Headers struct {
+	RetryAfter *int
+}
+
 type GetApprovalResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -6771,6 +6776,10 @@ type GetApprovalResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetApprovalResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -6791,6 +6800,11 @@ func (r GetApprovalResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetApprovalResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetApprovalResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -7677,6 +7691,11 @@ func (r CreateDeployResponse) ContentType() string {
 	return ""
 }
 
+// GetDeployResponse429Headers the declared response headers of an HTTP 429 response for GetDeploy
+type GetDeployResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetDeployResponse503Headers the declared response headers of an HTTP 503 response for GetDeploy
 type GetDeployResponse503Headers struct {
 	OperationId *string
@@ -7694,8 +7713,12 @@ type GetDeployResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetDeployResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetDeployResponse503Headers
 }
@@ -7718,6 +7741,11 @@ func (r GetDeployResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetDeployResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetDeployResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -7779,6 +7807,8 @@ type CancelDeployResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
@@ -7808,6 +7838,11 @@ func (r CancelDeployResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r CancelDeployResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CancelDeployResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -8008,6 +8043,11 @@ func (r RollbackDeployResponse) ContentType() string {
 	return ""
 }
 
+// GetEnvironmentResponse429Headers the declared response headers of an HTTP 429 response for GetEnvironment
+type GetEnvironmentResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetEnvironmentResponse503Headers the declared response headers of an HTTP 503 response for GetEnvironment
 type GetEnvironmentResponse503Headers struct {
 	OperationId *string
@@ -8025,8 +8065,12 @@ type GetEnvironmentResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetEnvironmentResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetEnvironmentResponse503Headers
 }
@@ -8049,6 +8093,11 @@ func (r GetEnvironmentResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetEnvironmentResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetEnvironmentResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -8154,6 +8203,11 @@ func (r GetProviderIdempotencyRecordResponse) ContentType() string {
 	return ""
 }
 
+// ListOperationsResponse429Headers the declared response headers of an HTTP 429 response for ListOperations
+type ListOperationsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // ListOperationsResponse503Headers the declared response headers of an HTTP 503 response for ListOperations
 type ListOperationsResponse503Headers struct {
 	OperationId *string
@@ -8176,8 +8230,12 @@ type ListOperationsResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListOperationsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ListOperationsResponse503Headers
 }
@@ -8205,6 +8263,11 @@ func (r ListOperationsResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r ListOperationsResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListOperationsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -8241,6 +8304,11 @@ func (r ListOperationsResponse) ContentType() string {
 	return ""
 }
 
+// GetOperationResponse429Headers the declared response headers of an HTTP 429 response for GetOperation
+type GetOperationResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetOperationResponse503Headers the declared response headers of an HTTP 503 response for GetOperation
 type GetOperationResponse503Headers struct {
 	OperationId *string
@@ -8258,8 +8326,12 @@ type GetOperationResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetOperationResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetOperationResponse503Headers
 }
@@ -8282,6 +8354,11 @@ func (r GetOperationResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetOperationResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetOperationResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -8318,6 +8395,11 @@ func (r GetOperationResponse) ContentType() string {
 	return ""
 }
 
+// GetOperationTimelineResponse429Headers the declared response headers of an HTTP 429 response for GetOperationTimeline
+type GetOperationTimelineResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetOperationTimelineResponse503Headers the declared response headers of an HTTP 503 response for GetOperationTimeline
 type GetOperationTimelineResponse503Headers struct {
 	OperationId *string
@@ -8333,8 +8415,12 @@ type GetOperationTimelineResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetOperationTimelineResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetOperationTimelineResponse503Headers
 }
@@ -8352,6 +8438,11 @@ func (r GetOperationTimelineResponse) GetApplicationproblemJSON401() *Unauthoriz
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetOperationTimelineResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetOperationTimelineResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -8429,6 +8520,8 @@ type CreatePaymentIntentResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
@@ -8473,6 +8566,11 @@ func (r CreatePaymentIntentResponse) GetApplicationproblemJSON400() *BadRequest 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r CreatePaymentIntentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreatePaymentIntentResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -8539,6 +8637,11 @@ func (r CreatePaymentIntentResponse) ContentType() string {
 	return ""
 }
 
+// GetPaymentIntentResponse429Headers the declared response headers of an HTTP 429 response for GetPaymentIntent
+type GetPaymentIntentResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetPaymentIntentResponse503Headers the declared response headers of an HTTP 503 response for GetPaymentIntent
 type GetPaymentIntentResponse503Headers struct {
 	OperationId *string
@@ -8556,8 +8659,12 @@ type GetPaymentIntentResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetPaymentIntentResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetPaymentIntentResponse503Headers
 }
@@ -8580,6 +8687,11 @@ func (r GetPaymentIntentResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetPaymentIntentResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetPaymentIntentResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -8656,6 +8768,8 @@ type CancelPaymentIntentResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
@@ -8702,6 +8816,11 @@ func (r CancelPaymentIntentResponse) GetApplicationproblemJSON400() *BadRequest 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r CancelPaymentIntentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CancelPaymentIntentResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -8944,6 +9063,11 @@ func (r CapturePaymentIntentResponse) ContentType() string {
 	return ""
 }
 
+// ListPaymentIntentRefundsResponse429Headers the declared response headers of an HTTP 429 response for ListPaymentIntentRefunds
+type ListPaymentIntentRefundsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // ListPaymentIntentRefundsResponse503Headers the declared response headers of an HTTP 503 response for ListPaymentIntentRefunds
 type ListPaymentIntentRefundsResponse503Headers struct {
 	OperationId *string
@@ -8966,8 +9090,12 @@ type ListPaymentIntentRefundsResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListPaymentIntentRefundsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ListPaymentIntentRefundsResponse503Headers
 }
@@ -8995,6 +9123,11 @@ func (r ListPaymentIntentRefundsResponse) GetApplicationproblemJSON401() *Unauth
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r ListPaymentIntentRefundsResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListPaymentIntentRefundsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -9203,6 +9336,11 @@ func (r CreateRefundResponse) ContentType() string {
 	return ""
 }
 
+// GetRefundResponse429Headers the declared response headers of an HTTP 429 response for GetRefund
+type GetRefundResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetRefundResponse503Headers the declared response headers of an HTTP 503 response for GetRefund
 type GetRefundResponse503Headers struct {
 	OperationId *string
@@ -9220,8 +9358,12 @@ type GetRefundResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetRefundResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetRefundResponse503Headers
 }
@@ -9244,6 +9386,11 @@ func (r GetRefundResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetRefundResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetRefundResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -9280,6 +9427,11 @@ func (r GetRefundResponse) ContentType() string {
 	return ""
 }
 
+// ListTicketsResponse429Headers the declared response headers of an HTTP 429 response for ListTickets
+type ListTicketsResponse429Headers struct {
+	RetryAfter *int
+}
+
 // ListTicketsResponse503Headers the declared response headers of an HTTP 503 response for ListTickets
 type ListTicketsResponse503Headers struct {
 	OperationId *string
@@ -9300,8 +9452,12 @@ type ListTicketsResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListTicketsResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ListTicketsResponse503Headers
 }
@@ -9324,6 +9480,11 @@ func (r ListTicketsResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r ListTicketsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListTicketsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -9401,6 +9562,8 @@ type CreateTicketResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
@@ -9443,6 +9606,11 @@ func (r CreateTicketResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r CreateTicketResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreateTicketResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -9504,6 +9672,11 @@ func (r CreateTicketResponse) ContentType() string {
 	return ""
 }
 
+// GetTicketResponse429Headers the declared response headers of an HTTP 429 response for GetTicket
+type GetTicketResponse429Headers struct {
+	RetryAfter *int
+}
+
 // GetTicketResponse503Headers the declared response headers of an HTTP 503 response for GetTicket
 type GetTicketResponse503Headers struct {
 	OperationId *string
@@ -9521,8 +9694,12 @@ type GetTicketResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetTicketResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetTicketResponse503Headers
 }
@@ -9545,6 +9722,11 @@ func (r GetTicketResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetTicketResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetTicketResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -9581,6 +9763,11 @@ func (r GetTicketResponse) ContentType() string {
 	return ""
 }
 
+// ListTicketCommentsResponse429Headers the declared response headers of an HTTP 429 response for ListTicketComments
+type ListTicketCommentsResponse429Headers struct {
+	RetryAfter *int
+}
+
 type ListTicketCommentsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -9597,6 +9784,10 @@ type ListTicketCommentsResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListTicketCommentsResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -9622,6 +9813,11 @@ func (r ListTicketCommentsResponse) GetApplicationproblemJSON401() *Unauthorized
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r ListTicketCommentsResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListTicketCommentsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -9684,6 +9880,8 @@ type AddTicketCommentResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
@@ -9717,6 +9915,11 @@ func (r AddTicketCommentResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r AddTicketCommentResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r AddTicketCommentResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -9793,6 +9996,8 @@ type SetTicketStatusResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
@@ -9820,6 +10025,11 @@ func (r SetTicketStatusResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r SetTicketStatusResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r SetTicketStatusResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
@@ -9871,6 +10081,11 @@ func (r SetTicketStatusResponse) ContentType() string {
 	return ""
 }
 
+// ListTicketStatusChangesResponse429Headers the declared response headers of an HTTP 429 response for ListTicketStatusChanges
+type ListTicketStatusChangesResponse429Headers struct {
+	RetryAfter *int
+}
+
 type ListTicketStatusChangesResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -9892,6 +10107,10 @@ type ListTicketStatusChangesResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListTicketStatusChangesResponse429Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -9922,6 +10141,11 @@ func (r ListTicketStatusChangesResponse) GetApplicationproblemJSON401() *Unautho
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r ListTicketStatusChangesResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListTicketStatusChangesResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
 }
 
 // GetBody returns the raw response body bytes
@@ -11474,6 +11698,26 @@ func ParseGetApprovalResponse(rsp *http.Response) (*GetApprovalResponse, error) 
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers GetApprovalResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -12334,6 +12578,13 @@ func ParseGetDeployResponse(rsp *http.Response) (*GetDeployResponse, error) {
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12344,6 +12595,16 @@ func ParseGetDeployResponse(rsp *http.Response) (*GetDeployResponse, error) {
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers GetDeployResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetDeployResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -12400,6 +12661,13 @@ func ParseCancelDeployResponse(rsp *http.Response) (*CancelDeployResponse, error
 			return nil, err
 		}
 		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest NotFound
@@ -12683,6 +12951,13 @@ func ParseGetEnvironmentResponse(rsp *http.Response) (*GetEnvironmentResponse, e
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12693,6 +12968,16 @@ func ParseGetEnvironmentResponse(rsp *http.Response) (*GetEnvironmentResponse, e
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers GetEnvironmentResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetEnvironmentResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -12822,6 +13107,13 @@ func ParseListOperationsResponse(rsp *http.Response) (*ListOperationsResponse, e
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12832,6 +13124,16 @@ func ParseListOperationsResponse(rsp *http.Response) (*ListOperationsResponse, e
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers ListOperationsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListOperationsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -12896,6 +13198,13 @@ func ParseGetOperationResponse(rsp *http.Response) (*GetOperationResponse, error
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12906,6 +13215,16 @@ func ParseGetOperationResponse(rsp *http.Response) (*GetOperationResponse, error
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers GetOperationResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetOperationResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -12963,6 +13282,13 @@ func ParseGetOperationTimelineResponse(rsp *http.Response) (*GetOperationTimelin
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12973,6 +13299,16 @@ func ParseGetOperationTimelineResponse(rsp *http.Response) (*GetOperationTimelin
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers GetOperationTimelineResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetOperationTimelineResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -13036,6 +13372,13 @@ func ParseCreatePaymentIntentResponse(rsp *http.Response) (*CreatePaymentIntentR
 			return nil, err
 		}
 		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest Conflict
@@ -13221,6 +13564,13 @@ func ParseGetPaymentIntentResponse(rsp *http.Response) (*GetPaymentIntentRespons
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13231,6 +13581,16 @@ func ParseGetPaymentIntentResponse(rsp *http.Response) (*GetPaymentIntentRespons
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers GetPaymentIntentResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetPaymentIntentResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -13294,6 +13654,13 @@ func ParseCancelPaymentIntentResponse(rsp *http.Response) (*CancelPaymentIntentR
 			return nil, err
 		}
 		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest NotFound
@@ -13682,6 +14049,13 @@ func ParseListPaymentIntentRefundsResponse(rsp *http.Response) (*ListPaymentInte
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13692,6 +14066,16 @@ func ParseListPaymentIntentRefundsResponse(rsp *http.Response) (*ListPaymentInte
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers ListPaymentIntentRefundsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListPaymentIntentRefundsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -13961,6 +14345,13 @@ func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13971,6 +14362,16 @@ func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers GetRefundResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetRefundResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -14033,6 +14434,13 @@ func ParseListTicketsResponse(rsp *http.Response) (*ListTicketsResponse, error) 
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -14043,6 +14451,16 @@ func ParseListTicketsResponse(rsp *http.Response) (*ListTicketsResponse, error) 
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers ListTicketsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListTicketsResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -14106,6 +14524,13 @@ func ParseCreateTicketResponse(rsp *http.Response) (*CreateTicketResponse, error
 			return nil, err
 		}
 		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest Conflict
@@ -14284,6 +14709,13 @@ func ParseGetTicketResponse(rsp *http.Response) (*GetTicketResponse, error) {
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest StoreUnavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -14294,6 +14726,16 @@ func ParseGetTicketResponse(rsp *http.Response) (*GetTicketResponse, error) {
 	}
 
 	switch {
+	case rsp.StatusCode == 429:
+		var headers GetTicketResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetTicketResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
@@ -14363,6 +14805,26 @@ func ParseListTicketCommentsResponse(rsp *http.Response) (*ListTicketCommentsRes
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ListTicketCommentsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil
@@ -14402,6 +14864,13 @@ func ParseAddTicketCommentResponse(rsp *http.Response) (*AddTicketCommentRespons
 			return nil, err
 		}
 		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest NotFound
@@ -14535,6 +15004,13 @@ func ParseSetTicketStatusResponse(rsp *http.Response) (*SetTicketStatusResponse,
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
 		var dest NotFound
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -14650,6 +15126,26 @@ func ParseListTicketStatusChangesResponse(rsp *http.Response) (*ListTicketStatus
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers ListTicketStatusChangesResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil

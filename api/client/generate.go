@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "347b50109bdb5443aec418d89d2bd7567f0525c3ac1b009829d7841745785a45"
+const SpecSHA256 = "8f4ca7144a4d0f5f55dcac6859c94b72f93d00ffbf033eccce975f8ea0963b80"

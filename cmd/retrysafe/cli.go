@@ -74,6 +74,15 @@ func init() {
   BODY_LIMIT_BYTES          largest request body (default 1048576)
   RATE_LIMIT_WRITES_PER_SECOND RATE_LIMIT_WRITE_BURST   each account's writes: a token bucket (default 50/s,
                             bursts of 200; 0 per second turns it off); over it: 429 rate_limited with Retry-After
+  AUTH_FAILURES_PER_MINUTE AUTH_FAILURE_BURST   unknown keys and refused console sign-ins per client address
+                            (default 30/min, bursts of 20; 0 per minute turns it off); over it: 429 on every request
+  HTTP_MAX_CONNS            connections open at once, per listening port (default 1024; more wait to be accepted)
+  HTTP_MAX_CONNS_PER_CLIENT connections of one client address, an IPv6 /64 (default 64, 0 for no cap); loopback
+                            and HTTP_TRUSTED_PROXIES are not capped
+  HTTP_IDLE_TIMEOUT         keep-alive connections idle longer are closed (default 30s)
+  HTTP_TRUSTED_PROXIES      IPs or CIDRs of the proxies in front, whose X-Forwarded-For names the client (default none)
+  CONSOLE_SECURE_COOKIE     true: the console's cookies are Secure on plain HTTP too, behind a TLS proxy (default false)
+  CONSOLE_MAX_SESSIONS_PER_KEY   console sessions one key holds; a new sign-in ends the least recent (default 10)
   IDEMPOTENCY_RETENTION     how long a finished key's response is replayed (default 72h, at least 24h)
   IDEMPOTENCY_KEY_LIFETIME  how long the key itself is kept after, never run twice (default 2160h, at least the retention)
   PRUNE_INTERVAL            how often finished keys are pruned (default 10m)
@@ -103,6 +112,7 @@ func init() {
 			check: noArgs("provider"), run: func(ctx context.Context, inv invocation) error { return serveProvider(ctx, inv.cfg, inv.logger) },
 			env: `  PROVIDER_ADDR             listen address (default :8090; 127.0.0.1 only while API_KEYS is unset)
   PROVIDER_FAULT_INJECTION  enable /admin/faults and /admin/reset (default false)
+  HTTP_MAX_CONNS HTTP_MAX_CONNS_PER_CLIENT HTTP_IDLE_TIMEOUT HTTP_TRUSTED_PROXIES   as for serve
 ` + commonEnv,
 		},
 		conformanceCommand,

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
 
@@ -38,6 +41,16 @@ type config struct {
 	// zero per second turns the limit off.
 	RateLimitWritesPerSecond int
 	RateLimitWriteBurst      int
+	// AuthFailuresPerMinute and AuthFailureBurst are each client address's budget of refused keys and
+	// sign-ins (ratelimit.Failures); zero per minute turns the throttle off.
+	AuthFailuresPerMinute int
+	AuthFailureBurst      int
+	// HTTP holds the connection limits of every listener (httpserver.Limits): HTTP_MAX_CONNS,
+	// HTTP_MAX_CONNS_PER_CLIENT (0: no per-client cap), HTTP_IDLE_TIMEOUT, HTTP_TRUSTED_PROXIES.
+	HTTP httpserver.Limits
+	// ConsoleSecureCookie marks the console's cookies Secure on plain HTTP too, for a TLS proxy in front.
+	ConsoleSecureCookie      bool
+	ConsoleMaxSessionsPerKey int
 
 	TicketsAddr  string
 	PaymentsAddr string
@@ -96,6 +109,17 @@ func loadConfig(getenv func(string) string) (config, error) {
 
 		RateLimitWritesPerSecond: r.integer("RATE_LIMIT_WRITES_PER_SECOND", 50, 0, 1_000_000),
 		RateLimitWriteBurst:      r.integer("RATE_LIMIT_WRITE_BURST", 200, 1, 1_000_000),
+		AuthFailuresPerMinute:    r.integer("AUTH_FAILURES_PER_MINUTE", 30, 0, 1_000_000),
+		AuthFailureBurst:         r.integer("AUTH_FAILURE_BURST", 20, 1, 1_000_000),
+
+		HTTP: httpserver.Limits{
+			MaxConns:          r.integer("HTTP_MAX_CONNS", httpserver.DefaultMaxConns, 1, 1_000_000),
+			MaxConnsPerClient: r.integer("HTTP_MAX_CONNS_PER_CLIENT", httpserver.DefaultMaxConnsPerClient, 0, 1_000_000),
+			IdleTimeout:       r.duration("HTTP_IDLE_TIMEOUT", httpserver.DefaultIdleTimeout),
+			TrustedProxies:    r.prefixes("HTTP_TRUSTED_PROXIES"),
+		},
+		ConsoleSecureCookie:      r.boolean("CONSOLE_SECURE_COOKIE", false),
+		ConsoleMaxSessionsPerKey: r.integer("CONSOLE_MAX_SESSIONS_PER_KEY", console.DefaultMaxSessionsPerKey, 1, 1000),
 
 		TicketsAddr:  r.addr("TICKETS_ADDR", ":8081"),
 		PaymentsAddr: r.addr("PAYMENTS_ADDR", ":8082"),
@@ -324,6 +348,24 @@ func (r *envReader) addr(name, def string) string {
 		return def
 	}
 	return v
+}
+
+// prefixes reads a comma-separated list of IP addresses and CIDR prefixes, such as 10.0.0.0/8,192.0.2.7.
+func (r *envReader) prefixes(name string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, item := range splitList(r.getenv(name)) {
+		p, err := netip.ParsePrefix(item)
+		if err != nil {
+			a, aerr := netip.ParseAddr(item)
+			if aerr != nil {
+				r.fail(name, "%q is not an IP address or a CIDR prefix such as 10.0.0.0/8", item)
+				return nil
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out
 }
 
 func (r *envReader) postgresURL(name, def string) string {

@@ -15,6 +15,8 @@ package main
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +31,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/migrations"
+	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
@@ -231,7 +234,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	for i, s := range svcs {
 		handler := service.Handler(d, httpStack, s)
 		wg.Go(func() {
-			if err := httpserver.Serve(ctx, addrs[i], handler, logger.With("service", s.Name())); err != nil {
+			if err := httpserver.Serve(ctx, addrs[i], handler, logger.With("service", s.Name()), cfg.HTTP); err != nil {
 				errc <- fmt.Errorf("%s: %w", s.Name(), err)
 				cancel()
 			}
@@ -252,8 +255,9 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	return nil
 }
 
-// httpStack is the shared HTTP configuration of every service: keys, body limit, one write limiter for the
-// process, readiness after migrations.
+// httpStack is the shared HTTP configuration of every service: keys, body limit, one write limiter and one
+// throttle of refused keys for the process, the proxies in front, the console's settings, readiness after
+// migrations.
 func httpStack(cfg config, db *gorm.DB) (service.HTTP, error) {
 	sqlDB, err := db.DB()
 	if err != nil {
@@ -263,8 +267,16 @@ func httpStack(cfg config, db *gorm.DB) (service.HTTP, error) {
 	if cfg.RateLimitWritesPerSecond > 0 {
 		limiter = ratelimit.New(ratelimit.Limit{PerSecond: float64(cfg.RateLimitWritesPerSecond), Burst: cfg.RateLimitWriteBurst})
 	}
+	var failures *ratelimit.Failures
+	if cfg.AuthFailuresPerMinute > 0 {
+		failures = ratelimit.NewFailures(ratelimit.Limit{PerSecond: float64(cfg.AuthFailuresPerMinute) / 60, Burst: cfg.AuthFailureBurst})
+	}
 	return service.HTTP{
-		Keys: cfg.Keys, BodyLimit: cfg.BodyLimit, WriteLimiter: limiter,
+		Keys: cfg.Keys, BodyLimit: cfg.BodyLimit, WriteLimiter: limiter, AuthFailures: failures,
+		TrustedProxies: cfg.HTTP.TrustedProxies,
+		Console: console.Options{
+			Secret: consoleSecret(cfg), SecureCookie: cfg.ConsoleSecureCookie, MaxSessionsPerKey: cfg.ConsoleMaxSessionsPerKey,
+		},
 		Ready: func(ctx context.Context) error {
 			pending, err := migrations.Pending(ctx, sqlDB)
 			if err != nil {
@@ -276,6 +288,18 @@ func httpStack(cfg config, db *gorm.DB) (service.HTTP, error) {
 			return nil
 		},
 	}, nil
+}
+
+// consoleSecret signs the console's sign-in forms. It is derived from API_KEY_ID_SECRET, so every replica
+// accepts the forms of the others, and keyed apart from the key ids it also makes. In demo mode (no
+// API_KEY_ID_SECRET) it is nil: each console draws its own.
+func consoleSecret(cfg config) []byte {
+	if cfg.APIKeyIDSecret == "" {
+		return nil
+	}
+	mac := hmac.New(sha256.New, []byte(cfg.APIKeyIDSecret))
+	mac.Write([]byte("retrysafe console sign-in forms"))
+	return mac.Sum(nil)
 }
 
 func buildTickets(_ config, d service.Deps) (service.Service, error) {

@@ -17,5 +17,5 @@ func serveProvider(ctx context.Context, cfg config, logger *slog.Logger) error {
 		logger.Warn("provider fault injection is enabled: /admin/faults can make calls fail, drop or hang")
 	}
 	srv := provider.NewServer(provider.Config{FaultInjection: cfg.ProviderFaultInjection}, logger)
-	return httpserver.Serve(ctx, cfg.ProviderAddr, srv.Handler(), logger.With("service", "provider"))
+	return httpserver.Serve(ctx, cfg.ProviderAddr, srv.Handler(), logger.With("service", "provider"), cfg.HTTP)
 }

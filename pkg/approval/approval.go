@@ -368,14 +368,27 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 const columns = `id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by,
 decided_by, decided_at, expires_at, used_by_operation_id, created_at, body`
 
+// The routes of the approval endpoints (gin templates).
+const (
+	pathRequest = "/v1/approvals"
+	pathGet     = "/v1/approvals/:id"
+	pathApprove = "/v1/approvals/:id/approve"
+	pathDeny    = "/v1/approvals/:id/deny"
+	pathRevoke  = "/v1/approvals/:id/revoke"
+)
+
+// WriteRoutes are the write routes of Routes: asking for an approval and deciding one. They are the only
+// writes an approver key may send (auth.AgentWrites).
+func WriteRoutes() []string { return []string{pathRequest, pathApprove, pathDeny, pathRevoke} }
+
 // Routes registers the approval endpoints on r, which must be behind auth.Middleware.
 func Routes(r gin.IRouter, s *Service) {
-	r.POST("/v1/approvals", s.create)
+	r.POST(pathRequest, s.create)
 	approval := httpserver.PathID("id", idPrefix, "approval")
-	r.GET("/v1/approvals/:id", approval, s.get)
-	r.POST("/v1/approvals/:id/approve", approval, func(c *gin.Context) { s.decide(c, StateApproved) })
-	r.POST("/v1/approvals/:id/deny", approval, func(c *gin.Context) { s.decide(c, StateDenied) })
-	r.POST("/v1/approvals/:id/revoke", approval, func(c *gin.Context) { s.decide(c, StateRevoked) })
+	r.GET(pathGet, approval, s.get)
+	r.POST(pathApprove, approval, func(c *gin.Context) { s.decide(c, StateApproved) })
+	r.POST(pathDeny, approval, func(c *gin.Context) { s.decide(c, StateDenied) })
+	r.POST(pathRevoke, approval, func(c *gin.Context) { s.decide(c, StateRevoked) })
 }
 
 func (s *Service) create(c *gin.Context) {
@@ -537,6 +550,7 @@ func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) ([]A
 	if f.Unused {
 		q += ` AND used_by_operation_id IS NULL`
 	}
+
 	if f.Before != nil {
 		q += ` AND (created_at, id) < (?, ?)`
 		args = append(args, f.Before.CreatedAt, f.Before.ID)
@@ -555,3 +569,115 @@ type Cursor struct {
 	CreatedAt time.Time
 	ID        string
 }
+
+// Pending is a pending approval as the inbox shows it: with Alike, how many pending approvals of the account
+// (itself included) read the same before their bodies: the same method, path and summary.
+type Pending struct {
+	Approval
+	Alike int
+}
+
+// Group is the pending approvals one key asked for one route. The inbox lists groups, not approvals, so that
+// however many requests one key sends (55 copies of a deploy, or 55 deploys that differ by a digit), they take
+// one place on its first page and the request of another key stays in sight; an account has the few keys its
+// operator configured, so the groups are few. Within a group, the approvals with fewest look-alikes come
+// first: a request is listed before its copies.
+type Group struct {
+	// ID names the group (InboxGroup): a SHA-256, in hex, of the requester, the method and the route.
+	ID          string
+	RequestedBy string
+	Method      string
+	Route       string
+	Count       int
+	// Newest is when the newest of the group was requested: the inbox's order.
+	Newest time.Time
+	// Approvals are the first InboxFilter.PerGroup of the group: fewest look-alikes first, then newest.
+	Approvals []Pending
+}
+
+// InboxFilter selects the groups Inbox returns.
+type InboxFilter struct {
+	// Before, when set, keeps the groups after it in Inbox's order (the last group of the previous page): a
+	// Cursor of a group is its Newest and its ID.
+	Before *Cursor
+	// Groups is the length of the page, PerGroup how many approvals of each group it lists.
+	Groups, PerGroup int
+}
+
+// Inbox returns the pending, unexpired approvals of account in groups (Group), the group with the newest
+// request first.
+func Inbox(ctx context.Context, db *gorm.DB, accountID string, f InboxFilter) ([]Group, error) {
+	var before any // NULL: the first page
+	beforeID := ""
+	if f.Before != nil {
+		before, beforeID = f.Before.CreatedAt, f.Before.ID
+	}
+	var rows []struct {
+		Pending
+		GroupID string
+		N       int
+		Newest  time.Time
+	}
+	err := db.WithContext(ctx).Raw(inboxQuery, accountID, before, before, beforeID, f.Groups, f.PerGroup).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("approval: inbox: %w", err)
+	}
+	var out []Group
+	for _, r := range rows {
+		if len(out) == 0 || out[len(out)-1].ID != r.GroupID {
+			out = append(out, Group{ID: r.GroupID, RequestedBy: r.RequestedBy, Method: r.Method, Route: r.Route, Count: r.N, Newest: r.Newest})
+		}
+		g := &out[len(out)-1]
+		g.Approvals = append(g.Approvals, r.Pending)
+	}
+	return out, nil
+}
+
+// InboxGroup returns the approvals of one group of the inbox (Group.ID), newest first, limit of them after
+// before when it is set.
+func InboxGroup(ctx context.Context, db *gorm.DB, accountID, groupID string, before *Cursor, limit int) ([]Pending, error) {
+	var at any
+	id := ""
+	if before != nil {
+		at, id = before.CreatedAt, before.ID
+	}
+	var out []Pending
+	err := db.WithContext(ctx).Raw(inboxGroupQuery, accountID, groupID, at, at, id, limit).Scan(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("approval: inbox group: %w", err)
+	}
+	return out, nil
+}
+
+// pendingQuery is the inbox's approvals of an account (its one argument): pending and unexpired, each with its
+// group and its count of look-alikes. jsonb's text form is one per value, so equal summaries compare equal.
+const pendingQuery = `
+SELECT ` + columns + `,
+       encode(sha256(convert_to(requested_by || ' ' || method || ' ' || route, 'UTF8')), 'hex') AS group_id,
+       count(*) OVER (PARTITION BY method, path, summary) AS alike
+FROM approvals WHERE account_id = ? AND state = 'pending' AND expires_at > now()`
+
+// inboxQuery pages the groups of pendingQuery (1st argument) by their newest request, after the cursor (2nd
+// to 4th: its time, twice, and its group; a NULL time for the first page), the page length (5th), and lists
+// the first approvals of each (6th: how many).
+const inboxQuery = `
+WITH pending AS (` + pendingQuery + `
+), page AS (
+    SELECT group_id, count(*) AS n, max(created_at) AS newest FROM pending GROUP BY group_id
+    HAVING ?::timestamptz IS NULL OR (max(created_at), group_id) < (?::timestamptz, ?)
+    ORDER BY newest DESC, group_id DESC LIMIT ?
+), ranked AS (
+    SELECT pending.*, page.n, page.newest,
+           row_number() OVER (PARTITION BY group_id ORDER BY alike, created_at DESC, id DESC) AS rank
+    FROM pending JOIN page USING (group_id)
+)
+SELECT ` + columns + `, alike, group_id, n, newest FROM ranked WHERE rank <= ? ORDER BY newest DESC, group_id DESC, rank`
+
+// inboxGroupQuery is one group (2nd argument) of pendingQuery (1st), newest first, after the cursor (3rd to
+// 5th, as in inboxQuery), limit (6th) of them.
+const inboxGroupQuery = `
+WITH pending AS (` + pendingQuery + `
+)
+SELECT ` + columns + `, alike FROM pending
+WHERE group_id = ? AND (?::timestamptz IS NULL OR (created_at, id) < (?::timestamptz, ?))
+ORDER BY created_at DESC, id DESC LIMIT ?`

@@ -17,6 +17,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -132,23 +133,52 @@ func (ks *Keys) Authenticate(secret string) (Principal, bool) {
 
 const principalKey = "retrysafe.principal"
 
-// Middleware rejects requests without a known bearer key (401) and stores the Principal for From.
+// Middleware rejects requests without a known bearer key (401) and stores the Principal for From. The 401 is
+// answered before the body is read, and closes the connection (problem.WriteAndClose): a client without a key
+// cannot hold a connection by sending a body slowly.
 func Middleware(ks *Keys) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		h := c.GetHeader("Authorization")
 		secret, found := strings.CutPrefix(h, "Bearer ")
 		if !found || secret == "" {
 			c.Header("WWW-Authenticate", `Bearer realm="retrysafe"`)
-			problem.Write(c, problem.New(problem.CodeUnauthorized, "send Authorization: Bearer <api key>"))
+			problem.WriteAndClose(c, problem.New(problem.CodeUnauthorized, "send Authorization: Bearer <api key>"))
 			return
 		}
 		p, ok := ks.Authenticate(secret)
 		if !ok {
 			c.Header("WWW-Authenticate", `Bearer realm="retrysafe", error="invalid_token"`)
-			problem.Write(c, problem.New(problem.CodeUnauthorized, "unknown API key"))
+			problem.WriteAndClose(c, problem.New(problem.CodeUnauthorized, "unknown API key"))
 			return
 		}
 		c.Set(principalKey, p)
+		c.Next()
+	}
+}
+
+// AgentWrites keeps the roles apart: agent keys write, approver keys read and decide. A write (any method but
+// GET, HEAD and OPTIONS) by a key that is not an agent key is 403 forbidden, before anything is decoded or
+// stored, except on the routes (gin templates) listed in approverWrites: the approval endpoints. An approver
+// key is a person's, held to approve what agents ask; if it could also send the writes, one stolen approver key
+// would be an agent key that can approve others' requests too. It runs after Middleware.
+//
+//	api := r.Group("", auth.Middleware(keys), auth.AgentWrites(approval.WriteRoutes()...))
+func AgentWrites(approverWrites ...string) gin.HandlerFunc {
+	allowed := make(map[string]bool, len(approverWrites))
+	for _, r := range approverWrites {
+		allowed[r] = true
+	}
+	return func(c *gin.Context) {
+		switch c.Request.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+			c.Next()
+			return
+		}
+		if From(c).Role != RoleAgent && !allowed[c.FullPath()] {
+			problem.Write(c, problem.New(problem.CodeForbidden,
+				"only an agent key can send writes; an approver key reads and decides approvals: nothing was done"))
+			return
+		}
 		c.Next()
 	}
 }

@@ -3,8 +3,12 @@ package auth_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 )
@@ -68,5 +72,42 @@ func TestKeyIDsAreKeyed(t *testing.T) {
 	}
 	if _, err := auth.ParseKeys(auth.DemoKeys, idSecret); err == nil {
 		t.Error("ParseKeys accepted the demo keys' short secrets")
+	}
+}
+
+// TestApproverKeysDoNotWrite: an approver key reads and sends the approval endpoints' writes; any other write
+// by it is 403 forbidden before its handler runs. An agent key writes.
+func TestApproverKeysDoNotWrite(t *testing.T) {
+	t.Parallel()
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	ran := map[string]int{}
+	handle := func(c *gin.Context) { ran[c.Request.Method+" "+c.FullPath()]++ }
+	api := r.Group("", auth.Middleware(auth.Demo()), auth.AgentWrites("/v1/approvals/:id/approve"))
+	api.GET("/v1/things", handle)
+	api.POST("/v1/things", handle)
+	api.PUT("/v1/things/:id", handle)
+	api.POST("/v1/approvals/:id/approve", handle)
+	for _, tc := range []struct {
+		secret, method, path string
+		status               int
+	}{
+		{"demo-approver-secret", http.MethodGet, "/v1/things", http.StatusOK},
+		{"demo-approver-secret", http.MethodPost, "/v1/things", http.StatusForbidden},
+		{"demo-approver-secret", http.MethodPut, "/v1/things/1", http.StatusForbidden},
+		{"demo-approver-secret", http.MethodPost, "/v1/approvals/apv_1/approve", http.StatusOK},
+		{"demo-agent-secret", http.MethodPost, "/v1/things", http.StatusOK},
+		{"demo-agent-secret", http.MethodPut, "/v1/things/1", http.StatusOK},
+	} {
+		req := httptest.NewRequest(tc.method, tc.path, strings.NewReader("{}"))
+		req.Header.Set("Authorization", "Bearer "+tc.secret)
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, req)
+		if rec.Code != tc.status || (rec.Code == http.StatusForbidden && !strings.Contains(rec.Body.String(), `"code":"forbidden"`)) {
+			t.Errorf("%s %s with %s: %d %s; want %d", tc.method, tc.path, tc.secret, rec.Code, rec.Body, tc.status)
+		}
+	}
+	if ran["POST /v1/things"] != 1 || ran["PUT /v1/things/:id"] != 1 {
+		t.Errorf("handlers ran %v; want each write once, by the agent key", ran)
 	}
 }

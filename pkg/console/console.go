@@ -4,9 +4,12 @@
 // runs no script and loads nothing from elsewhere, so it works offline.
 //
 // A person signs in with an API key typed in a form; the console keeps an opaque session id in an HttpOnly,
-// SameSite=Strict cookie (Secure under TLS) and the session in PostgreSQL (console_sessions), ended by sign out
-// or after 12 hours idle. Every POST carries the session's CSRF token. Every page is scoped to the session's
-// account: another account's approval or operation is a 404, as in the API.
+// SameSite=Strict cookie (Secure under TLS, or always with Options.SecureCookie) and the session in PostgreSQL
+// (console_sessions), ended by sign out, after 12 hours idle, or when the key opens more than
+// Options.MaxSessionsPerKey. Every POST must come from the console's own origin and carry a CSRF token: the
+// session's, or for the sign-in a token the server signed. Every page is scoped to the session's account:
+// another account's approval or operation is a 404, as in the API, and a path or query value that is not
+// clean text is refused before any page reads it (httpserver.URLError).
 //
 // pkg/service mounts it on every service:
 //
@@ -15,6 +18,7 @@ package console
 
 import (
 	"context"
+	"crypto/rand"
 	"embed"
 	"errors"
 	"html/template"
@@ -27,6 +31,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -49,7 +54,22 @@ type Options struct {
 	IdleTimeout time.Duration
 	// PageSize is the length of list pages (50 when zero).
 	PageSize int
+	// Secret signs the sign-in form's CSRF token. Give every replica behind one address the same (cmd/retrysafe
+	// derives it from API_KEY_ID_SECRET); when empty, Mount draws one, good for this process only.
+	Secret []byte
+	// SecureCookie marks the cookies Secure on every request, for a console served over HTTPS by a proxy in
+	// front (the request the server sees is then plain HTTP). Under TLS of its own they are Secure anyway.
+	SecureCookie bool
+	// MaxSessionsPerKey bounds the sessions one API key holds (DefaultMaxSessionsPerKey when zero): a new
+	// sign-in ends the least recently used beyond it.
+	MaxSessionsPerKey int
+	// Throttle, when set, runs before every console route: the process's ratelimit.Failures, so refused
+	// sign-ins count against the client as unknown API keys do.
+	Throttle gin.HandlerFunc
 }
+
+// DefaultMaxSessionsPerKey is Options.MaxSessionsPerKey when zero.
+const DefaultMaxSessionsPerKey = 10
 
 // Page is a page a service adds to its console, at Prefix+Path (a gin template, e.g. "/environments/:name").
 // Render builds it for the signed-in account; the console escapes everything in the View. Render returns
@@ -111,9 +131,10 @@ var templateFiles embed.FS
 var staticFiles embed.FS
 
 type console struct {
-	o     Options
-	pages map[string]*template.Template
-	nav   []navItem
+	o       Options
+	pages   map[string]*template.Template
+	nav     []navItem
+	origins *http.CrossOriginProtection
 }
 
 type navItem struct{ Label, Link string }
@@ -132,7 +153,14 @@ func Mount(r gin.IRouter, o Options) error {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &console{o: o, pages: map[string]*template.Template{}}
+	if o.MaxSessionsPerKey <= 0 {
+		o.MaxSessionsPerKey = DefaultMaxSessionsPerKey
+	}
+	if len(o.Secret) == 0 {
+		o.Secret = make([]byte, 32)
+		_, _ = rand.Read(o.Secret) // crypto/rand.Read never fails (Go 1.24+)
+	}
+	c := &console{o: o, pages: map[string]*template.Template{}, origins: http.NewCrossOriginProtection()}
 	for _, name := range []string{"signin", "approvals", "operations", "operation", "view", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
@@ -152,14 +180,17 @@ func Mount(r gin.IRouter, o Options) error {
 	}
 
 	g := r.Group(Prefix, securityHeaders)
+	if o.Throttle != nil {
+		g.Use(o.Throttle)
+	}
 	g.StaticFileFS("/static/console.css", "console.css", http.FS(static))
 	g.GET("/signin", c.signinPage)
-	g.POST("/signin", c.signin)
-	in := g.Group("", c.session)
+	g.POST("/signin", c.checkOrigin, c.signin)
+	in := g.Group("", c.session, c.checkURL)
 	in.GET("", func(ctx *gin.Context) { ctx.Redirect(http.StatusSeeOther, Prefix+"/approvals") })
-	in.POST("/signout", c.checkCSRF, c.signout)
+	in.POST("/signout", c.checkOrigin, c.checkCSRF, c.signout)
 	in.GET("/approvals", c.approvals)
-	in.POST("/approvals/:id/:decision", c.checkCSRF, c.decide)
+	in.POST("/approvals/:id/:decision", c.checkOrigin, c.checkCSRF, c.decide)
 	in.GET("/operations", c.operations)
 	in.GET("/operations/:id", c.operation)
 	for _, p := range o.Pages {
@@ -179,6 +210,17 @@ func securityHeaders(c *gin.Context) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
 	c.Next()
+}
+
+// checkURL holds the console's pages to the API's rule (httpserver.URLError): a path parameter or query value
+// that is not clean text is refused before any page reads it, so none reaches SQL; a malformed path parameter
+// is the 404 page, a malformed query the 400 page.
+func (c *console) checkURL(ctx *gin.Context) {
+	if err := httpserver.URLError(ctx); err != nil {
+		c.fail(ctx, err)
+		return
+	}
+	ctx.Next()
 }
 
 // render writes page name with data, and the layout's common fields.

@@ -57,6 +57,10 @@ var funcs = template.FuncMap{
 		}
 		return out.String()
 	},
+	// pending pairs an inbox item with the session, for the "pending" template (approvals.html).
+	"pending": func(it pendingItem, s Session) map[string]any {
+		return map[string]any{"Item": it, "Session": s}
+	},
 	"until": func(t time.Time) string {
 		d := time.Until(t).Round(time.Minute)
 		if d <= 0 {

@@ -27,17 +27,56 @@ type pendingItem struct {
 	Body     string
 	// Own is true when the signed-in key asked for it: it cannot decide its own request.
 	Own bool
+	// Alike counts the pending approvals, this one included, that read the same before their bodies.
+	Alike int
+}
+
+func (c *console) item(s Session, a approval.Approval) pendingItem {
+	it := pendingItem{Approval: a, Headline: headline(a.Summary), Details: details(a.Summary),
+		Own: a.RequestedBy == string(s.Role)+":"+s.KeyID, Alike: 1}
+	if a.Body != nil {
+		it.Body = *a.Body
+	}
+	return it
 }
 
 func (c *console) items(s Session, as []approval.Approval) []pendingItem {
 	out := make([]pendingItem, 0, len(as))
 	for _, a := range as {
-		it := pendingItem{Approval: a, Headline: headline(a.Summary), Details: details(a.Summary),
-			Own: a.RequestedBy == string(s.Role)+":"+s.KeyID}
-		if a.Body != nil {
-			it.Body = *a.Body
-		}
+		out = append(out, c.item(s, a))
+	}
+	return out
+}
+
+func (c *console) pendingItems(s Session, ps []approval.Pending) []pendingItem {
+	out := make([]pendingItem, 0, len(ps))
+	for _, p := range ps {
+		it := c.item(s, p.Approval)
+		it.Alike = p.Alike
 		out = append(out, it)
+	}
+	return out
+}
+
+// pendingGroup is an approval.Group as the inbox shows it: one place, however many requests its key sent.
+type pendingGroup struct {
+	approval.Group
+	Items []pendingItem
+	// All, when the inbox lists only some of the group, links to the page of all of them.
+	All string
+}
+
+// groupShown is how many requests of a group the inbox lists; the group's own page lists all of them.
+const groupShown = 5
+
+func (c *console) groups(s Session, gs []approval.Group) []pendingGroup {
+	out := make([]pendingGroup, 0, len(gs))
+	for _, g := range gs {
+		pg := pendingGroup{Group: g, Items: c.pendingItems(s, g.Approvals)}
+		if g.Count > len(g.Approvals) {
+			pg.All = Prefix + "/approvals?group=" + g.ID
+		}
+		out = append(out, pg)
 	}
 	return out
 }
@@ -101,9 +140,14 @@ func details(s approval.Summary) []Field {
 	return out
 }
 
-// cursor encodes an approval's place for the inbox's next-page link.
-func approvalCursor(a approval.Approval) string {
-	return a.CreatedAt.UTC().Format(time.RFC3339Nano) + "_" + a.ID
+// approvalCursor encodes an approval's place for a next-page link; groupCursor a group's, by its newest
+// request and its id. parseApprovalCursor reads either.
+func approvalCursor(a approval.Approval) string { return cursor(a.CreatedAt, a.ID) }
+
+func groupCursor(g approval.Group) string { return cursor(g.Newest, g.ID) }
+
+func cursor(at time.Time, id string) string {
+	return at.UTC().Format(time.RFC3339Nano) + "_" + id
 }
 
 func parseApprovalCursor(s string) (*approval.Cursor, error) {
@@ -115,6 +159,10 @@ func parseApprovalCursor(s string) (*approval.Cursor, error) {
 	return &approval.Cursor{CreatedAt: t, ID: id}, nil
 }
 
+var groupPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// approvals is the inbox: the pending requests in groups of one key and route (approval.Inbox), then the
+// approved ones not used yet. With ?group= it is the page of one group, every request of it.
 func (c *console) approvals(ctx *gin.Context) {
 	s := sessionOf(ctx)
 	var before *approval.Cursor
@@ -125,17 +173,21 @@ func (c *console) approvals(ctx *gin.Context) {
 			return
 		}
 	}
-	pending, err := approval.List(ctx, c.o.DB, s.AccountID, approval.ListFilter{
-		State: approval.StatePending, Unexpired: true, Before: before, Limit: c.o.PageSize + 1,
+	if group := ctx.Query("group"); group != "" {
+		c.inboxGroup(ctx, s, group, before)
+		return
+	}
+	groups, err := approval.Inbox(ctx, c.o.DB, s.AccountID, approval.InboxFilter{
+		Before: before, Groups: c.o.PageSize + 1, PerGroup: groupShown,
 	})
 	if err != nil {
 		c.fail(ctx, err)
 		return
 	}
 	next := ""
-	if len(pending) > c.o.PageSize {
-		pending = pending[:c.o.PageSize]
-		next = Prefix + "/approvals?before=" + url.QueryEscape(approvalCursor(pending[len(pending)-1]))
+	if len(groups) > c.o.PageSize {
+		groups = groups[:c.o.PageSize]
+		next = Prefix + "/approvals?before=" + url.QueryEscape(groupCursor(groups[len(groups)-1]))
 	}
 	// Approved but not yet used: the ones a revoke can still stop (the newest page of them).
 	unused, err := approval.List(ctx, c.o.DB, s.AccountID, approval.ListFilter{
@@ -146,8 +198,37 @@ func (c *console) approvals(ctx *gin.Context) {
 		return
 	}
 	c.render(ctx, http.StatusOK, "approvals", map[string]any{
-		"Title": "Approvals", "Pending": c.items(s, pending), "Approved": c.items(s, unused), "Next": next,
+		"Title": "Approvals", "Groups": c.groups(s, groups), "Approved": c.items(s, unused), "Next": next,
 		"Done": doneNotice(ctx.Query("done")),
+	})
+}
+
+// inboxGroup is the page of one group of the inbox: every pending request of it, a page at a time.
+func (c *console) inboxGroup(ctx *gin.Context, s Session, group string, before *approval.Cursor) {
+	if !groupPattern.MatchString(group) {
+		c.fail(ctx, problem.Validation(problem.FieldError{Field: "group", Message: "is not a group of this inbox"}))
+		return
+	}
+	pending, err := approval.InboxGroup(ctx, c.o.DB, s.AccountID, group, before, c.o.PageSize+1)
+	if err != nil {
+		c.fail(ctx, err)
+		return
+	}
+	next := ""
+	if len(pending) > c.o.PageSize {
+		pending = pending[:c.o.PageSize]
+		next = Prefix + "/approvals?group=" + group + "&before=" + url.QueryEscape(approvalCursor(pending[len(pending)-1].Approval))
+	}
+	var groups []pendingGroup
+	if len(pending) > 0 {
+		first := pending[0]
+		groups = []pendingGroup{{
+			Group: approval.Group{ID: group, RequestedBy: first.RequestedBy, Method: first.Method, Route: first.Route, Count: len(pending)},
+			Items: c.pendingItems(s, pending),
+		}}
+	}
+	c.render(ctx, http.StatusOK, "approvals", map[string]any{
+		"Title": "Approvals asked by one key", "Groups": groups, "Next": next, "OneGroup": true,
 	})
 }
 

@@ -1,16 +1,20 @@
 package console
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -48,51 +52,96 @@ func hashID(id string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func setCookie(ctx *gin.Context, name, value string, maxAge int) {
+// setCookie sets a cookie of the console: HttpOnly, SameSite=Strict, and Secure under TLS or when
+// Options.SecureCookie says a TLS proxy is in front (the request the server sees is then plain HTTP).
+func (c *console) setCookie(ctx *gin.Context, name, value string, maxAge int) {
 	http.SetCookie(ctx.Writer, &http.Cookie{
 		Name: name, Value: value, Path: Prefix, MaxAge: maxAge,
-		HttpOnly: true, Secure: ctx.Request.TLS != nil, SameSite: http.SameSiteStrictMode,
+		HttpOnly: true, Secure: c.o.SecureCookie || ctx.Request.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
 }
 
-func (c *console) signinPage(ctx *gin.Context) {
-	token := randomToken()
-	setCookie(ctx, signinCookie, token, 3600)
-	c.render(ctx, http.StatusOK, "signin", map[string]any{"Title": "Sign in", "CSRF": token})
+// signinTTL is how long a sign-in form stays usable.
+const signinTTL = time.Hour
+
+// signinToken is the CSRF token of a sign-in form, issued at now: a random nonce and the time, signed with the
+// console's secret. The form carries it and the browser keeps it in a cookie (double submit); as the server
+// signed it, a pair an attacker makes up is refused, and a pair the server issued runs out after signinTTL.
+func (c *console) signinToken(now time.Time) string {
+	payload := make([]byte, 24)
+	_, _ = rand.Read(payload[:16]) // crypto/rand.Read never fails (Go 1.24+)
+	binary.BigEndian.PutUint64(payload[16:], uint64(now.Unix()))
+	return base64.RawURLEncoding.EncodeToString(payload) + "." + base64.RawURLEncoding.EncodeToString(c.sign(payload))
 }
 
+func (c *console) sign(payload []byte) []byte {
+	mac := hmac.New(sha256.New, c.o.Secret)
+	mac.Write([]byte("retrysafe console sign-in\x00"))
+	mac.Write(payload)
+	return mac.Sum(nil)
+}
+
+// validSigninToken reports whether token is one signinToken issued within signinTTL before now.
+func (c *console) validSigninToken(token string, now time.Time) bool {
+	p, sig, ok := strings.Cut(token, ".")
+	payload, err1 := base64.RawURLEncoding.DecodeString(p)
+	mac, err2 := base64.RawURLEncoding.DecodeString(sig)
+	if !ok || err1 != nil || err2 != nil || len(payload) != 24 || !hmac.Equal(mac, c.sign(payload)) {
+		return false
+	}
+	issued := time.Unix(int64(binary.BigEndian.Uint64(payload[16:])), 0)
+	return !issued.After(now.Add(time.Minute)) && now.Sub(issued) < signinTTL
+}
+
+func (c *console) signinForm(ctx *gin.Context, status int, failed bool) {
+	token := c.signinToken(time.Now())
+	c.setCookie(ctx, signinCookie, token, int(signinTTL.Seconds()))
+	c.render(ctx, status, "signin", map[string]any{"Title": "Sign in", "CSRF": token, "Failed": failed})
+}
+
+func (c *console) signinPage(ctx *gin.Context) { c.signinForm(ctx, http.StatusOK, false) }
+
 // signin opens a session for the key typed in the form. The key travels only in the POST body and is never
-// stored: the session names the key by its id.
+// stored: the session names the key by its id. The form must come from this console: a same-origin POST
+// (checkOrigin) whose token matches its cookie and was signed here.
 func (c *console) signin(ctx *gin.Context) {
 	cookie, err := ctx.Cookie(signinCookie)
 	form := ctx.PostForm(csrfField)
-	if err != nil || cookie == "" || subtle.ConstantTimeCompare([]byte(cookie), []byte(form)) != 1 {
+	if err != nil || subtle.ConstantTimeCompare([]byte(cookie), []byte(form)) != 1 || !c.validSigninToken(form, time.Now()) {
 		c.fail(ctx, problem.New(problem.CodeForbidden, "the sign-in form expired or did not come from this console; reload it"))
 		return
 	}
 	p, ok := c.o.Keys.Authenticate(ctx.PostForm("key"))
 	if !ok {
-		token := randomToken()
-		setCookie(ctx, signinCookie, token, 3600)
-		c.render(ctx, http.StatusUnauthorized, "signin", map[string]any{"Title": "Sign in", "CSRF": token, "Failed": true})
+		c.signinForm(ctx, http.StatusUnauthorized, true)
 		return
 	}
 	id := randomToken()
-	db := c.o.DB.WithContext(ctx)
-	// Sweep sessions idle too long while here: they could no longer be used, only read.
-	err = db.Exec(`DELETE FROM console_sessions WHERE last_seen_at < ?`, time.Now().Add(-c.o.IdleTimeout)).Error
-	if err == nil {
-		err = db.Exec(`INSERT INTO console_sessions (id_hash, account_id, role, key_id, csrf_token) VALUES (?, ?, ?, ?, ?)`,
-			hashID(id), p.AccountID, string(p.Role), p.KeyID, randomToken()).Error
-	}
+	err = c.o.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// Sweep sessions idle too long while here: they could no longer be used, only read.
+		if err := tx.Exec(`DELETE FROM console_sessions WHERE last_seen_at < ?`, time.Now().Add(-c.o.IdleTimeout)).Error; err != nil {
+			return err
+		}
+		if err := tx.Exec(`INSERT INTO console_sessions (id_hash, account_id, role, key_id, csrf_token) VALUES (?, ?, ?, ?, ?)`,
+			hashID(id), p.AccountID, string(p.Role), p.KeyID, randomToken()).Error; err != nil {
+			return err
+		}
+		// A key holds at most MaxSessionsPerKey sessions: this one and the most recently used of the others.
+		return tx.Exec(evictSessions, p.KeyID, hashID(id), p.KeyID, hashID(id), c.o.MaxSessionsPerKey-1).Error
+	})
 	if err != nil {
 		c.fail(ctx, fmt.Errorf("console: open session: %w", err))
 		return
 	}
-	setCookie(ctx, signinCookie, "", -1)
-	setCookie(ctx, sessionCookie, id, 0)
+	c.setCookie(ctx, signinCookie, "", -1)
+	c.setCookie(ctx, sessionCookie, id, 0)
 	ctx.Redirect(http.StatusSeeOther, Prefix+"/approvals")
 }
+
+// evictSessions ends the sessions of a key (1st and 3rd arguments) but the new one (2nd and 4th) and the N
+// (5th) it used last. The person signing in is there now; a session left open elsewhere is the one to end.
+const evictSessions = `DELETE FROM console_sessions WHERE key_id = ? AND id_hash <> ? AND id_hash NOT IN (
+    SELECT id_hash FROM console_sessions WHERE key_id = ? AND id_hash <> ? ORDER BY last_seen_at DESC, id_hash LIMIT ?)`
 
 // session loads the session of the cookie, touching it in the same statement, or sends the browser to sign in.
 func (c *console) session(ctx *gin.Context) {
@@ -121,6 +170,8 @@ WHERE id_hash = ? AND last_seen_at >= ? RETURNING account_id, role, key_id, csrf
 	}
 	if !ok {
 		if ctx.Request.Method != http.MethodGet {
+			// Refused before the form is read, as the API refuses a request without a key.
+			problem.CloseUnread(ctx)
 			c.fail(ctx, problem.New(problem.CodeUnauthorized, "sign in first"))
 			return
 		}
@@ -134,6 +185,17 @@ WHERE id_hash = ? AND last_seen_at >= ? RETURNING account_id, role, key_id, csrf
 }
 
 func sessionOf(ctx *gin.Context) Session { return ctx.MustGet(sessionKey).(Session) }
+
+// checkOrigin refuses a POST a browser says came from another origin (Sec-Fetch-Site, or Origin against Host:
+// net/http's CrossOriginProtection). It runs before every POST of the console, the sign-in included, which has
+// no session yet to bind a token to.
+func (c *console) checkOrigin(ctx *gin.Context) {
+	if err := c.origins.Check(ctx.Request); err != nil {
+		c.fail(ctx, problem.New(problem.CodeForbidden, "this form was sent from another site; open the console and send it from there"))
+		return
+	}
+	ctx.Next()
+}
 
 // checkCSRF refuses a POST whose form does not carry the session's token: SameSite=Strict already keeps the
 // cookie off other sites' requests, the token keeps it so on browsers that ignore SameSite.
@@ -152,6 +214,6 @@ func (c *console) signout(ctx *gin.Context) {
 		c.fail(ctx, fmt.Errorf("console: sign out: %w", err))
 		return
 	}
-	setCookie(ctx, sessionCookie, "", -1)
+	c.setCookie(ctx, sessionCookie, "", -1)
 	ctx.Redirect(http.StatusSeeOther, Prefix+"/signin")
 }

@@ -1,12 +1,12 @@
 // Package httpserver is the HTTP plumbing every retrysafe service shares: a gin engine with JSON access logs,
 // panic recovery into problem+json, a request body limit, CheckURL for every path parameter and query value
-// before a handler sees it, health endpoints, strict JSON decoding, and a server that shuts down gracefully when its
-// context ends.
+// before a handler sees it, health endpoints, strict JSON decoding, and a server that caps its connections
+// (Limits) and shuts down gracefully when its context ends.
 //
 //	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20})
 //	api := r.Group("", auth.Middleware(keys))
 //	tickets.Routes(api, svc)
-//	err := httpserver.Serve(ctx, ":8081", r, logger)
+//	err := httpserver.Serve(ctx, ":8081", r, logger, httpserver.Limits{})
 package httpserver
 
 import (
@@ -20,6 +20,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/netip"
 	"reflect"
 	"time"
 	"unicode/utf8"
@@ -43,6 +44,10 @@ type Options struct {
 	// Middleware runs on every request, routes and health endpoints included, after the access log and
 	// outside panic recovery, so a panic is seen as the 500 it becomes (metrics).
 	Middleware []gin.HandlerFunc
+	// TrustedProxies are the addresses (CIDR prefixes) of the proxies in front of the server: only from them
+	// is X-Forwarded-For believed when gin's ClientIP names the client (the throttle of failed sign-ins counts
+	// by it). None by default: the client is the connection's peer, and a header anyone can send names nobody.
+	TrustedProxies []netip.Prefix
 }
 
 // NewRouter returns a gin engine with the shared middleware and /healthz, /readyz.
@@ -53,11 +58,18 @@ func NewRouter(o Options) *gin.Engine {
 		limit = 1 << 20
 	}
 	r := gin.New()
+	proxies := make([]string, len(o.TrustedProxies))
+	for i, p := range o.TrustedProxies {
+		proxies[i] = p.String()
+	}
+	if err := r.SetTrustedProxies(proxies); err != nil {
+		panic(err) // a netip.Prefix always parses: this is a bug
+	}
 	r.HandleMethodNotAllowed = true
 	// An API answers the path it was asked: /v1/tickets/ is no resource, not a redirect to the list.
 	r.RedirectTrailingSlash = false
 	r.ContextWithFallback = true
-	r.Use(attempt, accessLog(o.Logger))
+	r.Use(noSniff, attempt, accessLog(o.Logger))
 	r.Use(o.Middleware...)
 	r.Use(recovery(o.Logger), bodyLimit(limit))
 	r.NoRoute(func(c *gin.Context) { problem.Write(c, problem.New(problem.CodeNotFound, "no such route")) })
@@ -92,6 +104,13 @@ func ready(ctx context.Context, o Options) error {
 		return o.Ready(ctx)
 	}
 	return nil
+}
+
+// noSniff tells browsers to take every answer for the type it declares: a JSON answer that quotes a caller's
+// text is never rendered as HTML.
+func noSniff(c *gin.Context) {
+	c.Header("X-Content-Type-Options", "nosniff")
+	c.Next()
 }
 
 // HeaderAttemptID names one HTTP attempt. A caller may send its own (the agent's att_01, att_02 of one
@@ -301,25 +320,20 @@ func describeJSONError(err error) string {
 	return err.Error()
 }
 
-// Serve runs handler on addr until ctx ends, then shuts down gracefully within 10 seconds.
-func Serve(ctx context.Context, addr string, handler http.Handler, logger *slog.Logger) error {
+// Serve runs handler on addr, within limits, until ctx ends, then shuts down gracefully within 10 seconds.
+func Serve(ctx context.Context, addr string, handler http.Handler, logger *slog.Logger, limits Limits) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
-	return ServeListener(ctx, ln, handler, logger)
+	return ServeListener(ctx, ln, handler, logger, limits)
 }
 
 // ServeListener is Serve on a listener the caller opened (tests use ":0").
-func ServeListener(ctx context.Context, ln net.Listener, handler http.Handler, logger *slog.Logger) error {
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
+func ServeListener(ctx context.Context, ln net.Listener, handler http.Handler, logger *slog.Logger, limits Limits) error {
+	limits = limits.withDefaults()
+	srv := newServer(handler, logger, limits)
+	ln = limitListener(ln, limits, exemptPeer(limits.TrustedProxies))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	logger.Info("listening", "addr", ln.Addr().String())

@@ -16,44 +16,49 @@ const (
 	MaxQueryValueLength = 1024
 )
 
-// CheckURL is middleware for every API route, before its handlers (pkg/service puts it behind authentication): a path parameter or query string that is not UTF-8 text
-// without control, bidirectional or zero-width characters never reaches a handler, so no byte sequence from a URL
-// can reach SQL (PostgreSQL refuses NUL and invalid UTF-8 with SQLSTATE 22021, which would be a 500). A bad
-// path parameter names nothing that can exist: 404, as a missing resource. A bad query is 400 invalid_request
-// naming the parameter.
+// CheckURL is middleware for every API route, before its handlers (pkg/service puts it behind authentication):
+// it writes the problem URLError finds, so a URL that is not clean text never reaches a handler.
 func CheckURL(c *gin.Context) {
+	if err := URLError(c); err != nil {
+		problem.Write(c, err)
+		return
+	}
+	c.Next()
+}
+
+// URLError checks the path parameters and the query string of c's request: any that is not UTF-8 text without
+// control, bidirectional or zero-width characters is refused, so no byte sequence from a URL can reach SQL
+// (PostgreSQL refuses NUL and invalid UTF-8 with SQLSTATE 22021, which would be a 500). A bad path parameter
+// names nothing that can exist: a not_found problem, as a missing resource. A bad query is invalid_request
+// naming the parameter. The problem never quotes the value, so neither an answer nor a log line carries it.
+// CheckURL writes it as problem+json; the console renders it as its error page.
+func URLError(c *gin.Context) error {
 	for _, p := range c.Params {
 		if len(p.Value) > MaxPathParamLength || problem.TextFault(p.Value, false) != "" {
-			problem.Write(c, problem.New(problem.CodeNotFound, "nothing is found at this path: the %s is malformed", p.Key))
-			return
+			return problem.New(problem.CodeNotFound, "nothing is found at this path: the %s is malformed", p.Key)
 		}
 	}
 	if c.Request.URL.RawQuery == "" {
-		c.Next()
-		return
+		return nil
 	}
 	query, err := url.ParseQuery(c.Request.URL.RawQuery)
 	if err != nil {
-		problem.Write(c, problem.New(problem.CodeInvalidRequest, "the query string is malformed: send name=value pairs separated by & and percent-encoded"))
-		return
+		return problem.New(problem.CodeInvalidRequest, "the query string is malformed: send name=value pairs separated by & and percent-encoded")
 	}
 	for name, values := range query {
 		if len(name) > MaxQueryValueLength || problem.TextFault(name, false) != "" {
-			problem.Write(c, problem.New(problem.CodeInvalidRequest, "a query parameter name is not UTF-8 text without control characters"))
-			return
+			return problem.New(problem.CodeInvalidRequest, "a query parameter name is not UTF-8 text without control characters")
 		}
 		for _, v := range values {
 			if len(v) > MaxQueryValueLength {
-				problem.Write(c, problem.New(problem.CodeInvalidRequest, "query parameter %q is longer than %d bytes", name, MaxQueryValueLength))
-				return
+				return problem.New(problem.CodeInvalidRequest, "query parameter %q is longer than %d bytes", name, MaxQueryValueLength)
 			}
 			if fault := problem.TextFault(v, false); fault != "" {
-				problem.Write(c, problem.New(problem.CodeInvalidRequest, "query parameter %q %s", name, fault))
-				return
+				return problem.New(problem.CodeInvalidRequest, "query parameter %q %s", name, fault)
 			}
 		}
 	}
-	c.Next()
+	return nil
 }
 
 // PathID is route middleware for a path parameter that holds an id made by ids.New(prefix): any other value

@@ -1,5 +1,6 @@
 // Package ratelimit limits the writes of each account with a token bucket, so that one account cannot take
-// the database, the provider or the deploy queue from the others. Reads are not limited.
+// the database, the provider or the deploy queue from the others (Limiter; reads are not limited), and the
+// refused keys of each client address, so that nobody can guess keys at the speed of the network (Failures).
 //
 // A bucket holds Burst tokens and refills at PerSecond; a write takes one. When none is left the write is
 // answered 429 rate_limited with Retry-After (seconds until a token is back), before anything is decoded,

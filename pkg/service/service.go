@@ -23,6 +23,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -92,13 +93,22 @@ type HTTP struct {
 	// WriteLimiter, when set, limits each account's writes (429 rate_limited); share one between the services
 	// of a process.
 	WriteLimiter *ratelimit.Limiter
+	// AuthFailures, when set, throttles the clients whose keys or sign-ins are refused (429 rate_limited), on
+	// the API and the console; share one between the services of a process.
+	AuthFailures *ratelimit.Failures
+	// TrustedProxies are the proxies whose X-Forwarded-For names the client (httpserver.Options).
+	TrustedProxies []netip.Prefix
+	// Console holds the console's settings from configuration (Secret, SecureCookie, MaxSessionsPerKey);
+	// Handler fills in the rest.
+	Console console.Options
 }
 
 // Handler is the gin engine of svc: the shared router (access log, metrics, recovery, body limit, health,
-// GET /metrics without a key when d.Metrics is set), then the service's routes behind authentication and
-// httpserver.CheckURL, so no path or query value a handler reads can be one SQL refuses, and the account's write
-// limit when h.WriteLimiter is set; and the browser console at /console (signed in by session cookie; the
-// service's ConsolePages among its pages).
+// GET /metrics without a key when d.Metrics is set), then the service's routes behind the throttle of failed
+// keys when h.AuthFailures is set, authentication, httpserver.CheckURL (so no path or query value a handler
+// reads can be one SQL refuses), auth.AgentWrites (an approver key writes only to the approval endpoints) and
+// the account's write limit when h.WriteLimiter is set; and the browser console at /console (signed in by
+// session cookie; the service's ConsolePages among its pages).
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	middleware := h.Middleware
 	if d.Metrics != nil {
@@ -106,11 +116,16 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	}
 	r := httpserver.NewRouter(httpserver.Options{
 		Logger: d.Log(), DB: d.DB, BodyLimit: h.BodyLimit, Ready: h.Ready, Middleware: middleware,
+		TrustedProxies: h.TrustedProxies,
 	})
 	if d.Metrics != nil {
 		r.GET("/metrics", gin.WrapH(d.Metrics.Handler()))
 	}
-	api := []gin.HandlerFunc{auth.Middleware(h.Keys), httpserver.CheckURL}
+	var api []gin.HandlerFunc
+	if h.AuthFailures != nil {
+		api = append(api, h.AuthFailures.Middleware())
+	}
+	api = append(api, auth.Middleware(h.Keys), httpserver.CheckURL, auth.AgentWrites(approval.WriteRoutes()...))
 	if h.WriteLimiter != nil {
 		api = append(api, h.WriteLimiter.Middleware())
 	}
@@ -120,7 +135,12 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		pages = cp.ConsolePages()
 	}
 	if d.DB != nil && h.Keys != nil {
-		err := console.Mount(r, console.Options{DB: d.DB, Keys: h.Keys, Service: svc.Name(), Pages: pages, Logger: d.Log()})
+		o := h.Console
+		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.DB, h.Keys, svc.Name(), pages, d.Log()
+		if h.AuthFailures != nil {
+			o.Throttle = h.AuthFailures.Middleware()
+		}
+		err := console.Mount(r, o)
 		if err != nil {
 			panic(err) // the templates are embedded: a template that does not parse is a bug no request can cause
 		}

@@ -1308,7 +1308,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description Missing or unknown API key. */
+        /** @description Missing or unknown API key. Answered before the request body is read, with `Connection: close`. Each one counts against the client's address: after AUTH_FAILURE_BURST of them (then AUTH_FAILURES_PER_MINUTE) the address gets 429. */
         Unauthorized: {
             headers: {
                 [name: string]: unknown;
@@ -1317,7 +1317,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description Forbidden (approval_invalid, or a role that may not do this). */
+        /** @description Forbidden: approval_invalid, or a role that may not do this (`forbidden`): an approver key sends no write but the approval endpoints, an agent key decides no approval. */
         Forbidden: {
             headers: {
                 [name: string]: unknown;
@@ -1363,7 +1363,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description rate_limited: the account sends writes faster than its limit (RATE_LIMIT_WRITES_PER_SECOND, RATE_LIMIT_WRITE_BURST). Nothing was done and the key stays free; send the same request with the same key after Retry-After. */
+        /** @description rate_limited: the account sends writes faster than its limit (RATE_LIMIT_WRITES_PER_SECOND, RATE_LIMIT_WRITE_BURST), or the client's address was refused too many unknown keys (AUTH_FAILURES_PER_MINUTE, AUTH_FAILURE_BURST; any request, before its key is looked at). Nothing was done and the key stays free; send the same request with the same key after Retry-After. */
         RateLimited: {
             headers: {
                 "Retry-After": components["headers"]["RetryAfter"];
@@ -1529,6 +1529,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -1554,6 +1555,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -1587,6 +1589,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             422: components["responses"]["ValidationFailed"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -1619,6 +1622,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -1666,6 +1670,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["BadRequest"];
             415: components["responses"]["BadRequest"];
@@ -1698,6 +1703,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -1733,6 +1739,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
         };
     };
     addTicketComment: {
@@ -1772,6 +1779,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["ValidationFailed"];
@@ -1808,6 +1816,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["ValidationFailed"];
             429: components["responses"]["RateLimited"];
@@ -1852,6 +1861,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
         };
     };
     requestApproval: {
@@ -1915,6 +1925,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
         };
     };
     grantApproval: {
@@ -2052,6 +2063,7 @@ export interface operations {
             202: components["responses"]["OutcomeUnknown"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["BadRequest"];
             415: components["responses"]["BadRequest"];
@@ -2093,6 +2105,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -2188,6 +2201,7 @@ export interface operations {
             202: components["responses"]["OutcomeUnknown"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["BadRequest"];
@@ -2238,6 +2252,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -2323,6 +2338,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -2707,6 +2723,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };
@@ -2738,6 +2755,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             429: components["responses"]["RateLimited"];
@@ -2817,6 +2835,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
     };

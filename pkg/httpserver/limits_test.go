@@ -1,0 +1,147 @@
+package httpserver
+
+import (
+	"bufio"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// serveLimited serves a handler that answers 200 on a loopback listener under l, every peer counted by the
+// per-client cap (exempt nothing), and returns its address.
+func serveLimited(t *testing.T, l Limits) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = l.withDefaults()
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}), slog.New(slog.DiscardHandler), l)
+	go srv.Serve(limitListener(ln, l, func(netip.Addr) bool { return false }))
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// client is one raw keep-alive connection to the server.
+type client struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func dial(t *testing.T, addr string) *client {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	// A watchdog, not a timing assertion: a test that would hang fails instead.
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	return &client{Conn: c, r: bufio.NewReader(c)}
+}
+
+// get sends a GET and returns the answer's status, or the error reading it.
+func (c *client) get() (int, error) {
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		return 0, err
+	}
+	res, err := http.ReadResponse(c.r, nil)
+	if err != nil {
+		return 0, err
+	}
+	res.Body.Close()
+	return res.StatusCode, nil
+}
+
+// TestConnectionsPerClientAreCapped: a client holding MaxConnsPerClient connections has its next one closed
+// unanswered; once one of its connections closes, it may open another.
+func TestConnectionsPerClientAreCapped(t *testing.T) {
+	t.Parallel()
+	addr := serveLimited(t, Limits{MaxConnsPerClient: 2})
+	first, second := dial(t, addr), dial(t, addr)
+	for i, c := range []*client{first, second} {
+		if status, err := c.get(); err != nil || status != http.StatusOK {
+			t.Fatalf("connection %d: %d %v", i+1, status, err)
+		}
+	}
+	if status, err := dial(t, addr).get(); err == nil {
+		t.Fatalf("a third connection of one client was answered %d", status)
+	}
+	first.Close()
+	// The server sees the close when it next reads that connection: poll until the place is free.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		status, err := dial(t, addr).get()
+		if err == nil && status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no connection accepted after one of the client's two closed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if status, err := second.get(); err != nil || status != http.StatusOK {
+		t.Fatalf("the client's open connection: %d %v", status, err)
+	}
+}
+
+// TestConnectionsAreCapped: with MaxConns open, the next connection is not served until one closes.
+func TestConnectionsAreCapped(t *testing.T) {
+	t.Parallel()
+	addr := serveLimited(t, Limits{MaxConns: 2})
+	first, second := dial(t, addr), dial(t, addr)
+	for _, c := range []*client{first, second} {
+		if status, err := c.get(); err != nil || status != http.StatusOK {
+			t.Fatalf("%d %v", status, err)
+		}
+	}
+	third := dial(t, addr)
+	if _, err := io.WriteString(third, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	third.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := third.r.Peek(1); err == nil {
+		t.Fatal("a third connection was served while two were open")
+	}
+	third.SetDeadline(time.Now().Add(20 * time.Second))
+	first.Close()
+	res, err := http.ReadResponse(third.r, nil)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("after one connection closed, the waiting one: %v %v", res, err)
+	}
+}
+
+func TestServerTimeouts(t *testing.T) {
+	t.Parallel()
+	srv := newServer(http.NotFoundHandler(), slog.New(slog.DiscardHandler), Limits{}.withDefaults())
+	if srv.IdleTimeout != DefaultIdleTimeout || srv.ReadHeaderTimeout <= 0 || srv.ReadTimeout <= 0 || srv.WriteTimeout <= 0 {
+		t.Fatalf("timeouts: idle %s, header %s, read %s, write %s", srv.IdleTimeout, srv.ReadHeaderTimeout, srv.ReadTimeout, srv.WriteTimeout)
+	}
+	if DefaultIdleTimeout > 30*time.Second {
+		t.Fatalf("idle keep-alives live %s", DefaultIdleTimeout)
+	}
+}
+
+func TestClientPrefix(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"192.0.2.7":               "192.0.2.7/32",
+		"::ffff:192.0.2.7":        "192.0.2.7/32",
+		"2001:db8:1:2:3:4:5:6":    "2001:db8:1:2::/64",
+		"2001:db8:1:2:ffff::1234": "2001:db8:1:2::/64",
+	} {
+		if got := ClientPrefix(netip.MustParseAddr(in)).String(); got != want {
+			t.Errorf("ClientPrefix(%s) = %s; want %s", in, got, want)
+		}
+	}
+	exempt := exemptPeer([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")})
+	for addr, want := range map[string]bool{"127.0.0.1": true, "::1": true, "10.1.2.3": true, "192.0.2.7": false} {
+		if exempt(netip.MustParseAddr(addr)) != want {
+			t.Errorf("exempt(%s) = %v", addr, !want)
+		}
+	}
+}
