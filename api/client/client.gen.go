@@ -657,14 +657,20 @@ type Operation struct {
 	Fingerprint    *string          `json:"fingerprint,omitempty"`
 	Id             string           `json:"id"`
 	IdempotencyKey *string          `json:"idempotency_key,omitempty"`
-	Kind           string           `json:"kind"`
-	LeaseExpiresAt *time.Time       `json:"lease_expires_at,omitempty"`
+
+	// KeyExpiresAt When the idempotency key itself is pruned; until then it never runs again.
+	KeyExpiresAt   *time.Time `json:"key_expires_at,omitempty"`
+	Kind           string     `json:"kind"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	Resource       *struct {
 		Id   string `json:"id"`
 		Type string `json:"type"`
 	} `json:"resource"`
-	State     OperationState `json:"state"`
-	UpdatedAt time.Time      `json:"updated_at"`
+
+	// ResponseExpiresAt When the stored response of the operation's idempotency key is pruned; set once the outcome is stored.
+	ResponseExpiresAt *time.Time     `json:"response_expires_at,omitempty"`
+	State             OperationState `json:"state"`
+	UpdatedAt         time.Time      `json:"updated_at"`
 }
 
 // OperationEvent defines model for OperationEvent.
@@ -720,7 +726,7 @@ type PaymentIntentStatus string
 
 // Problem RFC 9457 problem details with a machine-readable code.
 type Problem struct {
-	// Code invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service.
+	// Code invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service.
 	Code   string `json:"code"`
 	Detail string `json:"detail"`
 	Errors *[]struct {
@@ -973,8 +979,11 @@ type OutcomeUnknown struct {
 	Fingerprint    *string          `json:"fingerprint,omitempty"`
 	Id             string           `json:"id"`
 	IdempotencyKey *string          `json:"idempotency_key,omitempty"`
-	Kind           string           `json:"kind"`
-	LeaseExpiresAt *time.Time       `json:"lease_expires_at,omitempty"`
+
+	// KeyExpiresAt When the idempotency key itself is pruned; until then it never runs again.
+	KeyExpiresAt   *time.Time `json:"key_expires_at,omitempty"`
+	Kind           string     `json:"kind"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 
 	// OperationId The same as id.
 	OperationId string `json:"operation_id"`
@@ -982,8 +991,11 @@ type OutcomeUnknown struct {
 		Id   string `json:"id"`
 		Type string `json:"type"`
 	} `json:"resource"`
-	State     OperationState `json:"state"`
-	UpdatedAt time.Time      `json:"updated_at"`
+
+	// ResponseExpiresAt When the stored response of the operation's idempotency key is pruned; set once the outcome is stored.
+	ResponseExpiresAt *time.Time     `json:"response_expires_at,omitempty"`
+	State             OperationState `json:"state"`
+	UpdatedAt         time.Time      `json:"updated_at"`
 }
 
 // PreconditionRequired RFC 9457 problem details with a machine-readable code.

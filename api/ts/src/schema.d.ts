@@ -886,7 +886,7 @@ export interface components {
             title: string;
             status: number;
             detail: string;
-            /** @description invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service. */
+            /** @description invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service. */
             code: string;
             errors?: {
                 field: string;
@@ -911,6 +911,16 @@ export interface components {
             } | null;
             /** Format: date-time */
             lease_expires_at?: string;
+            /**
+             * Format: date-time
+             * @description When the stored response of the operation's idempotency key is pruned; set once the outcome is stored.
+             */
+            response_expires_at?: string;
+            /**
+             * Format: date-time
+             * @description When the idempotency key itself is pruned; until then it never runs again.
+             */
+            key_expires_at?: string;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -1335,7 +1345,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description request_in_progress (the first request with this key is still running; see Retry-After), or a business conflict named by code. */
+        /** @description request_in_progress (the first request with this key is still running; see Retry-After), idempotency_response_expired (the key ran and its stored response was pruned: read operation_id or resource; not run again), or a business conflict named by code. */
         Conflict: {
             headers: {
                 "Retry-After": components["headers"]["RetryAfter"];
