@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/batch"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -102,8 +103,23 @@ type Handler struct {
 	// Observer, when set, is told each request's outcome and each operation the handler settles (metrics).
 	Observer Observer
 
-	eventsOnce sync.Once
-	events     *opstatus.GroupAppender
+	eventsOnce  sync.Once
+	events      *opstatus.GroupAppender
+	lookupsOnce sync.Once
+	lookups     *batch.Batcher[keyRef, lookup]
+}
+
+// firstLookup reads a request's key before anything else. The reads of concurrent requests go together in one
+// round trip (package batch): copies of one request arriving together (a storm) read their key once.
+// docs/benchmarks.md has what it is worth.
+func (h *Handler) firstLookup(ctx context.Context, account, key string) (stored, bool, error) {
+	h.lookupsOnce.Do(func() {
+		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
+			return lookupKeys(ctx, h.DB, refs)
+		}}
+	})
+	l, err := h.lookups.Do(ctx, account+"\x00"+key, keyRef{account, key})
+	return l.stored, l.found, err
 }
 
 // attempts is the appender of attempt records: concurrent retries' records share commits.
@@ -132,7 +148,7 @@ type Caller struct {
 	Actor     string
 }
 
-// Call is one HTTP request as the core needs it; the adapters (package idemgin, Handler.Wrap) build it.
+// Call is one HTTP request as the core needs it; the adapters (package idemgin, HTTPCall) build it.
 type Call struct {
 	Method string
 	// Route is the route template ("/v1/tickets/{id}" or gin's "/v1/tickets/:id"); Params its path parameters.
@@ -207,7 +223,7 @@ func (h *Handler) start(ctx context.Context, call Call, req Request) (*attempt, 
 	if refused != nil {
 		return nil, refused
 	}
-	if s, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key); err == nil && found {
+	if s, found, err := h.firstLookup(ctx, a.op.AccountID, a.key); err == nil && found {
 		ans := h.existing(ctx, a, s, call.Header)
 		return nil, &ans
 	}

@@ -55,6 +55,7 @@ type stored struct {
 	expired  bool
 	// resource is the operation's, read once the response expired.
 	resource *opstatus.Resource
+	body     []byte
 	// opState is the state of the key's operation when the key was read.
 	opState opstatus.State
 }
@@ -67,43 +68,73 @@ type response struct {
 }
 
 // lookupKey reads the key of (account, key); found is false when there is none.
-func lookupKey(ctx context.Context, db *gorm.DB, account, key string) (s stored, found bool, err error) {
+func lookupKey(ctx context.Context, db *gorm.DB, account, key string) (stored, bool, error) {
+	got, err := lookupKeys(ctx, db, []keyRef{{account, key}})
+	if err != nil {
+		return stored{}, false, err
+	}
+	return got[0].stored, got[0].found, nil
+}
+
+// keyRef names one key; lookup is what reading it found.
+type keyRef struct{ account, key string }
+
+type lookup struct {
+	stored
+	found bool
+}
+
+// lookupKeys reads keys in one round trip, one statement per distinct key (each keeps its generic plan).
+func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, error) {
+	out := make([]lookup, len(refs))
+	read := map[keyRef]*lookup{}
 	b := &pgx.Batch{}
-	b.Queue(lookupSQL, account, key).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			found = true
-			var (
-				state, opState, resType, resID *string
-				status                         *int
-				header                         *string
-				body                           []byte
-			)
-			if err := rows.Scan(&s.fingerprint, &s.operationID, &state, &status, &header, &body, &opState, &resType, &resID); err != nil {
-				return err
-			}
-			s.expired = *state == "expired"
-			if resType != nil && resID != nil {
-				s.resource = &opstatus.Resource{Type: *resType, ID: *resID}
-			}
-			if opState != nil {
-				s.opState = opstatus.State(*opState)
-			}
-			if *state == "completed" && status != nil {
-				s.completed = true
-				s.response = &response{Status: *status, Body: body, Header: http.Header{}}
-				if header != nil {
-					if err := json.Unmarshal([]byte(*header), &s.response.Header); err != nil {
-						return fmt.Errorf("stored headers: %w", err)
-					}
+	for i, ref := range refs {
+		if _, ok := read[ref]; ok {
+			continue
+		}
+		read[ref] = &out[i]
+		b.Queue(lookupSQL, ref.account, ref.key).Query(func(rows pgx.Rows) error { return scanKey(rows, &out[i]) })
+	}
+	if err := database.Send(ctx, db, b); err != nil {
+		return nil, fmt.Errorf("idem: lookup: %w", err)
+	}
+	for i, ref := range refs {
+		out[i] = *read[ref] // a copy of a key asked twice shares its read
+	}
+	return out, nil
+}
+
+func scanKey(rows pgx.Rows, l *lookup) error {
+	for rows.Next() {
+		l.found = true
+		var (
+			state, opState, resType, resID *string
+			status                         *int
+			header                         *string
+		)
+		s := &l.stored
+		if err := rows.Scan(&s.fingerprint, &s.operationID, &state, &status, &header, &s.body, &opState, &resType, &resID); err != nil {
+			return err
+		}
+		s.expired = *state == "expired"
+		if resType != nil && resID != nil {
+			s.resource = &opstatus.Resource{Type: *resType, ID: *resID}
+		}
+		if opState != nil {
+			s.opState = opstatus.State(*opState)
+		}
+		if *state == "completed" && status != nil {
+			s.completed = true
+			s.response = &response{Status: *status, Body: s.body, Header: http.Header{}}
+			if header != nil {
+				if err := json.Unmarshal([]byte(*header), &s.response.Header); err != nil {
+					return fmt.Errorf("stored headers: %w", err)
 				}
 			}
 		}
-		return rows.Err()
-	})
-	if err := database.Send(ctx, db, b); err != nil {
-		return stored{}, false, fmt.Errorf("idem: lookup: %w", err)
 	}
-	return s, found, nil
+	return rows.Err()
 }
 
 // queueClaim queues the claim of cl's key on b. When the key exists the batch fails with errKeyTaken.
