@@ -45,10 +45,14 @@ test:
 	  export TEST_DATABASE_URL="$$(scripts/devdb.sh url)/test?sslmode=disable"; \
 	fi && $(GO) test -count=1 -p 2 -timeout 20m ./... && scripts/example-conformance.sh
 
-# gofmt, go vet, and Spectral (spectral:oas plus api/.spectral.yaml) on api/openapi.yaml; any warning fails.
+# gofmt, go vet, staticcheck, deadcode (functions no program or test reaches; examples without output are
+# documentation, not counted), and Spectral (spectral:oas plus api/.spectral.yaml) on api/openapi.yaml; any warning fails.
 lint: api/node_modules/.package-lock.json
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt -l:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	@dead=$$($(GO) run golang.org/x/tools/cmd/deadcode@v0.52.0 -test ./... 2>&1 | grep -v '_test\.go:' || true); \
+	  if [ -n "$$dead" ]; then echo "deadcode:"; echo "$$dead"; exit 1; fi
 	cd api && node_modules/.bin/spectral lint --ruleset .spectral.yaml --fail-severity=warn openapi.yaml
 
 # npm ci once per lock file: npm records what it installed in node_modules/.package-lock.json.
