@@ -57,8 +57,9 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 	if s.fingerprint != a.fingerprint {
 		return decision{verdict: verdictConflict, key: s}, nil
 	}
-	if wait := h.preferWait(header); wait > 0 && !s.completed && !s.expired && s.opState != opstatus.StateUnknown {
+	if wait := h.preferWait(header); wait > 0 && !s.completed && !s.expired && s.opState != opstatus.StateUnknown && h.takeWaiter() {
 		s = h.waitFor(ctx, a, s, wait)
+		h.waiters <- struct{}{}
 	}
 	if s.opState == opstatus.StateUnknown {
 		s = h.reconcileNow(ctx, a, s)
@@ -206,19 +207,39 @@ func (h *Handler) preferWait(header http.Header) time.Duration {
 	return 0
 }
 
-// waitFor polls the key until it completes, its operation becomes unknown, or wait passes.
+// takeWaiter takes one of MaxWaiters places for a request that asked to wait (Prefer: wait), or reports that
+// none is free: that request is answered at once, so waiting callers cannot multiply the database's reads.
+func (h *Handler) takeWaiter() bool {
+	h.waitersOnce.Do(func() {
+		n := h.MaxWaiters
+		if n <= 0 {
+			n = 64
+		}
+		h.waiters = make(chan struct{}, n)
+		for range n {
+			h.waiters <- struct{}{}
+		}
+	})
+	select {
+	case <-h.waiters:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitFor polls the key, less often as it waits (100 ms, doubling to 1 s), until it completes, its operation
+// becomes unknown, or wait passes.
 func (h *Handler) waitFor(ctx context.Context, a *attempt, s stored, wait time.Duration) stored {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	for pause := 100 * time.Millisecond; ; pause = min(2*pause, time.Second) {
 		select {
 		case <-ctx.Done():
 			return s
 		case <-deadline.C:
 			return s
-		case <-tick.C:
+		case <-time.After(pause):
 		}
 		latest, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key)
 		if err != nil || !found {

@@ -91,8 +91,10 @@ type Handler struct {
 	DispatchMargin time.Duration
 	// RetryAfter is the Retry-After, in seconds, of a 409 request_in_progress (1 when zero).
 	RetryAfter int
-	// MaxWait caps Prefer: wait=N (30 s when zero).
-	MaxWait time.Duration
+	// MaxWait caps Prefer: wait=N (30 s when zero); MaxWaiters bounds the requests waiting at once (64 when
+	// zero), and one more is answered without waiting.
+	MaxWait    time.Duration
+	MaxWaiters int
 	// Retention is how long a stored response is replayed (DefaultRetention when zero); KeyLifetime how long
 	// the key itself, with its fingerprint and operation, is kept after (DefaultKeyLifetime when zero, never less
 	// than Retention). While the key lives it never runs again. Prune and RunPruner apply both.
@@ -107,6 +109,8 @@ type Handler struct {
 	events      *opstatus.GroupAppender
 	lookupsOnce sync.Once
 	lookups     *batch.Batcher[keyRef, lookup]
+	waitersOnce sync.Once
+	waiters     chan struct{}
 }
 
 // firstLookup reads a request's key before anything else. The reads of concurrent requests go together in one

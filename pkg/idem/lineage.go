@@ -101,7 +101,7 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		{HeaderAgentRunID, &l.agentRun, printable, "must be 1 to 128 printable ASCII characters"},
 		{HeaderRetryOf, &l.retryOf, printable, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
 		{HeaderRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
-			"must be one of "+strings.Join(RetryReasons, ", ")},
+			"must be one of " + strings.Join(RetryReasons, ", ")},
 		{HeaderSupersedes, &l.supersedes, func(v string) bool { return printable(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
 	} {
