@@ -53,11 +53,13 @@ func QueueCreate(b *pgx.Batch, op Operation, events []NewEvent) error {
 	if err != nil {
 		return fmt.Errorf("opstatus: create %s: %w", op.ID, err)
 	}
+	types, froms, tos, actors := make([]string, len(records)), make([]*string, len(records)), make([]*string, len(records)), make([]string, len(records))
+	attemptNos, seqs, prevs, hashes := make([]*int64, len(records)), make([]int64, len(records)), make([]string, len(records)), make([]string, len(records))
 	for i, e := range records {
-		l := links[i]
-		b.Queue(insertLinkedEventSQL, op.ID, op.AccountID, e.Type, e.FromState, e.ToState, e.Actor, details[i], at,
-			l.Attempt, l.Seq, l.PrevHash, l.Hash)
+		types[i], froms[i], tos[i], actors[i] = e.Type, e.FromState, e.ToState, e.Actor
+		attemptNos[i], seqs[i], prevs[i], hashes[i] = links[i].Attempt, links[i].Seq, links[i].PrevHash, links[i].Hash
 	}
+	b.Queue(insertLinkedEventsSQL, op.ID, op.AccountID, at, types, froms, tos, actors, details, attemptNos, seqs, prevs, hashes)
 	return nil
 }
 
@@ -65,11 +67,15 @@ const insertOperationSQL = `
 INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, lease_expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 
-// insertLinkedEventSQL inserts an event with its link: the chaining trigger runs only for events without one.
-const insertLinkedEventSQL = `
-INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, created_at,
+// insertLinkedEventsSQL inserts events with their links, in chain order: the chaining trigger runs only for
+// events without one.
+const insertLinkedEventsSQL = `
+INSERT INTO operation_events (operation_id, account_id, created_at, type, from_state, to_state, actor, detail,
                               attempt, chain_seq, prev_hash, hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12)`
+SELECT $1, $2, $3, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb, v.attempt, v.seq, v.prev_hash, v.hash
+FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[])
+    AS v(type, from_state, to_state, actor, detail, attempt, seq, prev_hash, hash)
+ORDER BY v.seq`
 
 func stateText(s State) *string {
 	if s == "" {
