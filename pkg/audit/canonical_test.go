@@ -36,7 +36,7 @@ func FuzzTriggerCanonicalMatchesGo(f *testing.F) {
 		{"1e21", "😀", "\ue000", 1e21, 1 << 62},
 		{"1e-7", "\uffff", "a\u2028b\x01é😀\xff", 1e-7, -1},
 		{"0.30000000000000004", "", "<t&>\n\t\"", 0.1 + 0.2, 0},
-		{"2.50", "E", "acct\n", -0.0, 201},
+		{"2.50", "E", "acct\n", math.Copysign(0, -1), 201},
 		{"1.7976931348623157e308", "ea", "\x7f", math.MaxFloat64, 12},
 		{"5e-324", "日", "", math.SmallestNonzeroFloat64, 1e15},
 		{"-1.5e-310", "\U0010ffff", "x", 1.5e-310, -999999999999999},
