@@ -20,19 +20,21 @@
 package approval
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"github.com/gowebpki/jcs"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
@@ -81,13 +83,14 @@ type Route struct {
 	Describe func(ctx context.Context, accountID string, params map[string]string, body json.RawMessage) (command any, summary map[string]any, err error)
 }
 
-// match reports whether path fits the route's template and returns its parameters.
+// match reports whether path fits the route's template, written the one way Request.Validate accepts (no
+// trailing, doubled or missing slash), and returns its parameters.
 func (r Route) match(method, path string) (map[string]string, bool) {
 	if !strings.EqualFold(method, r.Method) {
 		return nil, false
 	}
-	want := strings.Split(strings.Trim(r.Path, "/"), "/")
-	got := strings.Split(strings.Trim(path, "/"), "/")
+	want := strings.Split(r.Path, "/")
+	got := strings.Split(path, "/")
 	if len(want) != len(got) {
 		return nil, false
 	}
@@ -202,18 +205,24 @@ type Summary map[string]any
 // GormDataType tells gorm the column type; without it gorm refuses to map a map type and scans nothing.
 func (Summary) GormDataType() string { return "jsonb" }
 
-// Scan implements sql.Scanner for the jsonb column.
+// Scan implements sql.Scanner for the jsonb column. Numbers are read as json.Number, digit for digit: an
+// approver is shown the number stored, not its nearest float64.
 func (s *Summary) Scan(v any) error {
+	var raw []byte
 	switch b := v.(type) {
 	case []byte:
-		return json.Unmarshal(b, s)
+		raw = b
 	case string:
-		return json.Unmarshal([]byte(b), s)
+		raw = []byte(b)
 	case nil:
 		*s = nil
 		return nil
+	default:
+		return fmt.Errorf("approval: summary: cannot scan %T", v)
 	}
-	return fmt.Errorf("approval: summary: cannot scan %T", v)
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	return dec.Decode(s)
 }
 
 // Service stores approvals and checks them.
@@ -245,11 +254,18 @@ const (
 )
 
 // Validate checks the request's shape; Describe checks the body. The path is text a person reads and its
-// segments reach SQL through Describe, so it is held to problem.CheckText.
+// segments reach SQL through Describe, so it is held to problem.CheckText; and it is the path the write will
+// be sent to, so it is refused unless written the one way a route's path is (canonicalPath): an approver must
+// not read /v1/deploys/ or //v1/deploys for /v1/deploys.
 func (r *Request) Validate() error {
 	var errs []problem.FieldError
 	errs = problem.CheckText(errs, "method", r.Method, MaxMethodLength, true)
+	before := len(errs)
 	errs = problem.CheckText(errs, "path", r.Path, MaxPathLength, true)
+	if len(errs) == before && !canonicalPath(r.Path) {
+		errs = append(errs, problem.FieldError{Field: "path",
+			Message: "must be written as the route is: one leading slash, no trailing or doubled slash, no . or .. segment (/v1/deploys)"})
+	}
 	if _, err := idem.ParseKey(r.IdempotencyKey, true); err != nil {
 		errs = append(errs, problem.FieldError{Field: "idempotency_key", Message: "must be 1 to 255 printable ASCII characters"})
 	}
@@ -260,6 +276,12 @@ func (r *Request) Validate() error {
 		return problem.Validation(errs...)
 	}
 	return nil
+}
+
+// canonicalPath reports whether p is a URL path written the one way: absolute, and unchanged by path.Clean
+// (no trailing or doubled slash, no . or .. segment).
+func canonicalPath(p string) bool {
+	return strings.HasPrefix(p, "/") && path.Clean(p) == p
 }
 
 // bound is a Request resolved against the routes: what the approval binds.
@@ -294,7 +316,7 @@ func (s *Service) bind(ctx context.Context, accountID string, req Request) (boun
 		if err != nil {
 			return bound{}, err
 		}
-		body, err := jcs.Transform(req.Body)
+		body, err := auditchain.Canonical(req.Body)
 		if err != nil {
 			return bound{}, problem.Validation(problem.FieldError{Field: "body", Message: "must be the JSON object the write will send"})
 		}
@@ -363,6 +385,21 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 		return opstatus.Append(ctx, tx, op.AccountID, op.ID, "approval_checked", "system:approval",
 			map[string]any{"approval_id": id, "approved_by": a.DecidedBy})
 	}
+}
+
+// UsedBy returns approval id as op's guard accepted it in tx (it marks the approval used by op there); ok is
+// false unless id names an approval op used. A write reads here what its approver was shown beyond the request
+// itself, in the same transaction, after the guard: a deploy runs at the environment version its card showed.
+func UsedBy(ctx context.Context, tx *gorm.DB, op opstatus.Operation, id string) (a Approval, ok bool, err error) {
+	if !ids.Valid(idPrefix, id) {
+		return Approval{}, false, nil
+	}
+	res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE account_id = ? AND id = ? AND used_by_operation_id = ?`,
+		op.AccountID, id, op.ID).Scan(&a)
+	if res.Error != nil {
+		return Approval{}, false, fmt.Errorf("approval: load %s: %w", id, res.Error)
+	}
+	return a, res.RowsAffected == 1, nil
 }
 
 const columns = `id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by,

@@ -11,7 +11,10 @@ func TestRouteMatch(t *testing.T) {
 		id           string
 	}{
 		{"POST", "/v1/payment_intents/pi_1/capture", true, "pi_1"},
-		{"post", "/v1/payment_intents/pi_1/capture/", true, "pi_1"},
+		{"post", "/v1/payment_intents/pi_1/capture", true, "pi_1"},
+		{"POST", "/v1/payment_intents/pi_1/capture/", false, ""},
+		{"POST", "//v1/payment_intents/pi_1/capture", false, ""},
+		{"POST", "v1/payment_intents/pi_1/capture", false, ""},
 		{"GET", "/v1/payment_intents/pi_1/capture", false, ""},
 		{"POST", "/v1/payment_intents//capture", false, ""},
 		{"POST", "/v1/payment_intents/pi_1/refunds", false, ""},
@@ -37,6 +40,10 @@ func TestRequestValidate(t *testing.T) {
 		{Method: "POST", Path: "/v1/deploys", Body: []byte(`{}`)},
 		{Method: "POST", Path: "/v1/deploys", IdempotencyKey: "k", Body: []byte(`[1]`)},
 		{Method: "POST", Path: "/v1/deploys", IdempotencyKey: "k\n", Body: []byte(`{}`)},
+		{Method: "POST", Path: "/v1/deploys/", IdempotencyKey: "k", Body: []byte(`{}`)},
+		{Method: "POST", Path: "//v1/deploys", IdempotencyKey: "k", Body: []byte(`{}`)},
+		{Method: "POST", Path: "/v1/./deploys", IdempotencyKey: "k", Body: []byte(`{}`)},
+		{Method: "POST", Path: "v1/deploys", IdempotencyKey: "k", Body: []byte(`{}`)},
 	} {
 		if err := bad.Validate(); err == nil {
 			t.Errorf("%+v passed validation", bad)

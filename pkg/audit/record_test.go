@@ -8,7 +8,6 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
-	"github.com/retrysafe/retrysafe/pkg/auditchain"
 )
 
 // TestNewOperationChainMatchesTrigger writes an operation's records through the database's chaining trigger, then
@@ -142,34 +141,4 @@ func isAttemptJSON(detail json.RawMessage) bool {
 		attempt = attempt || e == "attempt_id"
 	}
 	return outcome && attempt
-}
-
-// TestCanonicalIsCanonicalOfRecord: the record a writer links itself, built field by field, is byte for byte
-// auditchain.Canonical of the record as verify builds it, for present and absent fields, any detail key order,
-// and strings that need escaping.
-func TestCanonicalIsCanonicalOfRecord(t *testing.T) {
-	t.Parallel()
-	str := func(s string) *string { return &s }
-	n := int64(3)
-	at := time.Date(2026, 12, 1, 21, 0, 0, 123456789, time.FixedZone("x", 3600))
-	for i, e := range []audit.OperationEvent{
-		{OperationID: "op_1", AccountID: "acct_a", Type: "claimed", Actor: "agent:a1", ToState: str("running"),
-			Detail: json.RawMessage(`{"b":2,"a":"x","outcome":"created","attempt_id":"att_1","n":1.50}`), Attempt: &n, CreatedAt: at},
-		{OperationID: "op_2", AccountID: "acct_b", Type: "completed", Actor: "system:w", FromState: str("running"),
-			ToState: str("succeeded"), CreatedAt: at},
-		{OperationID: "op_\"3\\", AccountID: "acct\n", Type: "<t&>", Actor: "a\u2028b\x01é😀\xff", Detail: json.RawMessage(`{}`),
-			CreatedAt: at},
-	} {
-		got, err := e.Canonical()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := auditchain.Canonical(e.Record())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(got) != string(want) {
-			t.Fatalf("event %d: Canonical\n%s\nwant auditchain.Canonical(Record())\n%s", i, got, want)
-		}
-	}
 }

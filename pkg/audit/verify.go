@@ -50,7 +50,7 @@ type chainSource struct {
 	// record builds the hashed content from the row: the same fields, in JSON, as the table's SQL
 	// *_record function (migrations/00006_audit_chain.sql).
 	columns string
-	record  func(r recordRow) map[string]any
+	record  func(r recordRow) any
 }
 
 type recordRow struct {
@@ -69,25 +69,33 @@ type recordRow struct {
 	Hash      string
 }
 
+// approvalRecord is the hashed content of an approval_events record (approval_event_record in SQL).
+type approvalRecord struct {
+	AccountID  string          `json:"account_id"`
+	Actor      string          `json:"actor"`
+	ApprovalID string          `json:"approval_id"`
+	CreatedAt  string          `json:"created_at"`
+	Detail     json.RawMessage `json:"detail"`
+	Type       string          `json:"type"`
+}
+
 var sources = []chainSource{
 	{
 		table: "operation_events", chainColumn: "operation_id",
 		columns: `id, operation_id AS chain, account_id, type, actor, detail::text AS detail, from_state, to_state, attempt, created_at, chain_seq, prev_hash, hash`,
-		record: func(r recordRow) map[string]any {
+		record: func(r recordRow) any {
 			return OperationEvent{
 				OperationID: r.Chain, AccountID: r.AccountID, Type: r.Type, Actor: r.Actor, FromState: r.FromState,
 				ToState: r.ToState, Detail: json.RawMessage(r.Detail), Attempt: r.Attempt, CreatedAt: r.CreatedAt,
-			}.Record()
+			}.record()
 		},
 	},
 	{
 		table: "approval_events", chainColumn: "approval_id",
 		columns: `id, approval_id AS chain, account_id, type, actor, detail::text AS detail, created_at, chain_seq, prev_hash, hash`,
-		record: func(r recordRow) map[string]any {
-			return map[string]any{
-				"account_id": r.AccountID, "actor": r.Actor, "approval_id": r.Chain,
-				"created_at": auditchain.FormatTime(r.CreatedAt), "detail": json.RawMessage(r.Detail), "type": r.Type,
-			}
+		record: func(r recordRow) any {
+			return approvalRecord{AccountID: r.AccountID, Actor: r.Actor, ApprovalID: r.Chain,
+				CreatedAt: auditchain.FormatTime(r.CreatedAt), Detail: json.RawMessage(r.Detail), Type: r.Type}
 		},
 	},
 }

@@ -17,7 +17,7 @@
 //
 // Writing a chain:
 //
-//	var c auditchain.Chain // a new chain; or auditchain.Resume(name, head)
+//	var c auditchain.Chain // a new chain; or auditchain.Resume(head) to continue one
 //	c.Name = "op_123"
 //	rec, err := c.Append(map[string]any{"type": "claimed", "actor": "agent:a"})
 //
@@ -25,13 +25,13 @@
 package auditchain
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gowebpki/jcs"
 )
@@ -49,8 +49,10 @@ func FormatTime(t time.Time) string {
 
 // Canonical returns the RFC 8785 canonical JSON of v. A json.RawMessage or []byte is taken as JSON text.
 //
-// Numbers are canonicalized as IEEE 754 doubles (RFC 8785): keep record numbers integers below 2^53, which is
-// also what the server's SQL canonicalization reproduces exactly.
+// It is the one canonicalization of records in Go: every writer that links records and every verifier goes
+// through it (the database's triggers follow the same rules in SQL, held to this by a fuzz test in package
+// audit). RFC 8785 writes a number as the IEEE 754 double nearest to it, so a number that no double holds
+// exactly would be recorded as another one: ExactNumber tells, and the API refuses those at its edge.
 func Canonical(v any) ([]byte, error) {
 	var raw []byte
 	switch b := v.(type) {
@@ -71,19 +73,35 @@ func Canonical(v any) ([]byte, error) {
 	return out, nil
 }
 
-// LinkHash is the hash of record seq of chain, whose predecessor's hash is prev; body must already be canonical.
-func LinkHash(chain string, seq int64, prev string, body []byte) string {
-	buf := make([]byte, 0, len(body)+len(chain)+128)
-	buf = append(buf, `{"chain":`...)
-	buf = AppendString(buf, chain)
-	buf = append(buf, `,"prev":"`...)
-	buf = append(buf, prev...)
-	buf = append(buf, `","record":`...)
-	buf = append(buf, body...)
-	buf = append(buf, `,"seq":`...)
-	buf = strconv.AppendInt(buf, seq, 10)
-	buf = append(buf, '}')
-	sum := sha256.Sum256(buf)
+// link is what a record's hash covers: the record and its place in its chain.
+type link struct {
+	Chain  string `json:"chain"`
+	Prev   string `json:"prev"`
+	Record any    `json:"record"`
+	Seq    int64  `json:"seq"`
+}
+
+// canonicalLink is the canonical JSON of record seq of chain, whose predecessor's hash is prev, and the
+// record's own canonical JSON within it: the members of a link sort as chain, prev, record, seq, so the record
+// lies between the first `","record":` (a quote inside a string is escaped, so neither the chain's name nor
+// prev holds one) and the closing `,"seq":N}`. One canonicalization serves both.
+func canonicalLink(chain string, seq int64, prev string, record any) (canon, body []byte, err error) {
+	canon, err = Canonical(link{Chain: chain, Prev: prev, Record: record, Seq: seq})
+	if err != nil {
+		return nil, nil, err
+	}
+	const before = `","record":`
+	after := `,"seq":` + strconv.FormatInt(seq, 10) + `}`
+	start := bytes.Index(canon, []byte(before)) + len(before)
+	if start < len(before) || !bytes.HasSuffix(canon, []byte(after)) || start > len(canon)-len(after) {
+		return nil, nil, fmt.Errorf("auditchain: the canonical link of %s seq %d is not the expected shape", chain, seq)
+	}
+	end := len(canon) - len(after)
+	return canon, canon[start:end:end], nil
+}
+
+func hashOf(canon []byte) string {
+	sum := sha256.Sum256(canon)
 	return hex.EncodeToString(sum[:])
 }
 
@@ -101,11 +119,11 @@ type Record struct {
 
 // Compute returns the hash that r's content and links should have.
 func (r Record) Compute() (string, error) {
-	body, err := Canonical(r.Body)
+	canon, _, err := canonicalLink(r.Chain, r.Seq, r.Prev, r.Body)
 	if err != nil {
 		return "", err
 	}
-	return LinkHash(r.Chain, r.Seq, r.Prev, body), nil
+	return hashOf(canon), nil
 }
 
 // Head is the last record of a chain: what checkpoints cover.
@@ -136,64 +154,15 @@ func (c *Chain) Head() Head {
 	return h
 }
 
-// Append links body as the chain's next record.
+// Append links body as the chain's next record. The record's Body is body's canonical JSON.
 func (c *Chain) Append(body any) (Record, error) {
-	canon, err := Canonical(body)
+	prev := c.Head()
+	r := Record{Chain: c.Name, Seq: prev.Seq + 1, Prev: prev.Hash}
+	canon, rec, err := canonicalLink(r.Chain, r.Seq, r.Prev, body)
 	if err != nil {
 		return Record{}, err
 	}
-	return c.AppendCanonical(canon), nil
-}
-
-// AppendCanonical links canon, a body already in canonical JSON (Canonical's output, or built to be exactly
-// that), as the chain's next record.
-func (c *Chain) AppendCanonical(canon []byte) Record {
-	prev := c.Head()
-	r := Record{Chain: c.Name, Seq: prev.Seq + 1, Prev: prev.Hash, Body: canon}
-	r.Hash = LinkHash(r.Chain, r.Seq, r.Prev, canon)
+	r.Body, r.Hash = rec, hashOf(canon)
 	c.head = Head{Chain: c.Name, Seq: r.Seq, Hash: r.Hash}
-	return r
-}
-
-// AppendString appends s to dst as RFC 8785 writes a string (section 3.2.2.2): quoted, with " and \ escaped,
-// \b \t \n \f \r for those controls and \u00xx for the others, everything else as it is; invalid UTF-8 becomes
-// U+FFFD, as json.Marshal makes it. It is for a writer that builds a record's canonical JSON field by field
-// instead of marshalling and canonicalizing it whole (Canonical parses the JSON again); FuzzAppendString holds
-// it to Canonical.
-func AppendString(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	for i := 0; i < len(s); {
-		b := s[i]
-		if b >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				dst = utf8.AppendRune(dst, utf8.RuneError)
-			} else {
-				dst = append(dst, s[i:i+size]...)
-			}
-			i += size
-			continue
-		}
-		switch {
-		case b == '"' || b == '\\':
-			dst = append(dst, '\\', b)
-		case b == '\b':
-			dst = append(dst, '\\', 'b')
-		case b == '\t':
-			dst = append(dst, '\\', 't')
-		case b == '\n':
-			dst = append(dst, '\\', 'n')
-		case b == '\f':
-			dst = append(dst, '\\', 'f')
-		case b == '\r':
-			dst = append(dst, '\\', 'r')
-		case b < 0x20:
-			dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xf])
-		default:
-			dst = append(dst, b)
-		}
-		i++
-	}
-	return append(dst, '"')
+	return r, nil
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -18,6 +19,11 @@ import (
 // accepts). It walks body beside t, the type the body decodes into, at any depth; inside values whose type
 // it cannot see into (json.RawMessage, any, custom unmarshalers) it still refuses duplicates. A body that is
 // not JSON passes here and is refused by the decoder.
+//
+// On the same walk it refuses, 422 validation_failed naming the member, a number that RFC 8785 would not keep
+// (auditchain.ExactNumber: 2^53+1, the int64 maximum, 1e400): what a request carries reaches records and
+// approvals, which hold numbers as IEEE 754 doubles, so such a number would be recorded, shown to an approver
+// and hashed as another one.
 func checkMemberNames(body []byte, t reflect.Type) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
@@ -77,6 +83,10 @@ func walkJSON(dec *json.Decoder, t reflect.Type, at string) (ok bool, err error)
 		}
 		_, err := dec.Token()
 		return err == nil, nil
+	}
+	if n, ok := tok.(json.Number); ok && !auditchain.ExactNumber(n.String()) {
+		return false, problem.Validation(problem.FieldError{Field: at,
+			Message: "is a number JSON cannot carry exactly (RFC 8785 keeps numbers as IEEE 754 doubles): send integers within ±9007199254740992 and decimals of at most 15 significant digits"})
 	}
 	return true, nil
 }

@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/gowebpki/jcs"
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
 )
 
 // Fingerprint is SHA-256 over the RFC 8785 canonical JSON of the method, the route template, its path
@@ -34,7 +34,7 @@ func Fingerprint(method, route string, params map[string]string, accountID strin
 	if !json.Valid(raw) {
 		return "", fmt.Errorf("idem: fingerprint: command is not valid JSON")
 	}
-	canonical, err := jcs.Transform(raw)
+	canonical, err := auditchain.Canonical(json.RawMessage(raw))
 	if err != nil {
 		return "", fmt.Errorf("idem: fingerprint: canonicalize: %w", err)
 	}

@@ -353,3 +353,135 @@ func TestServedApprovalsExpireOnRecord(t *testing.T) {
 		t.Fatalf("%d expired records, want 1", n)
 	}
 }
+
+// TestApprovalNumbersAreExactOrRefused: a number in an approval request reaches the approver's card and the audit
+// record exactly, or is refused at the edge. expected_environment_version of 2^53+1 or the int64 maximum cannot
+// be held exactly by RFC 8785 (IEEE 754 doubles): 422 validation_failed naming the field, nothing stored. 10^16
+// and 10^17 can: the approval shows them digit for digit, the deploy it approves runs, and audit verify (the Go
+// canonical form against the trigger's) stays intact.
+func TestApprovalNumbersAreExactOrRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, version := range []string{"9007199254740993", "9223372036854775807"} {
+		body := deployBody("api", "production", artifact(1), `"expected_environment_version":`+version)
+		req := fmt.Sprintf(`{"method":"POST","path":"/v1/deploys","idempotency_key":"k-%s","body":%s}`, version, body)
+		res := b.agent.Post("/v1/approvals", req, apitest.Key("inexact-"+version)).Status(t, 422)
+		if code, fields := res.Str(t, "code"), problemFields(t, res); code != "validation_failed" ||
+			len(fields) != 1 || fields[0] != "body.expected_environment_version" {
+			t.Errorf("version %s: %s", version, res.Body)
+		}
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM approvals`) + count(t, b.db, `SELECT count(*) FROM operations`); n != 0 {
+		t.Fatalf("%d approvals and operations stored for refused numbers", n)
+	}
+
+	for i, version := range []string{"10000000000000000", "100000000000000000"} {
+		env := fmt.Sprintf("production-%d", i)
+		exec := func(q string, args ...any) {
+			if err := b.db.Exec(q, args...).Error; err != nil {
+				t.Fatal(err)
+			}
+		}
+		// An environment that has come that far: the version the card shows is the server's number as well.
+		exec(`INSERT INTO environments (account_id, name, version) VALUES (?, ?, ?::bigint)`, servicetest.AccountDemo, env, version)
+		body := deployBody("api", env, artifact(1), `"expected_environment_version":`+version)
+		id := b.approved(t, "/v1/deploys", "exact-"+version, body)
+		var shown struct {
+			Summary struct {
+				Expected json.Number `json:"expected_environment_version"`
+				Current  json.Number `json:"environment_version"`
+			} `json:"summary"`
+		}
+		dec := json.NewDecoder(strings.NewReader(string(b.approver.Get("/v1/approvals/"+id).Status(t, 200).Body)))
+		dec.UseNumber()
+		if err := dec.Decode(&shown); err != nil {
+			t.Fatal(err)
+		}
+		if shown.Summary.Expected.String() != version || shown.Summary.Current.String() != version {
+			t.Errorf("version %s: the approver is shown %+v", version, shown.Summary)
+		}
+		if n := count(t, b.db, `SELECT count(*) FROM approvals WHERE id = ? AND strpos(body, ?) > 0`, id,
+			`"expected_environment_version":`+version); n != 1 {
+			t.Errorf("version %s: the body the approver reads does not carry it exactly", version)
+		}
+		b.agent.Post("/v1/deploys", body, apitest.Key("exact-"+version), approvalID(id)).Status(t, 202)
+	}
+	rep, err := audit.Verify(context.Background(), b.db, audit.VerifyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Intact() || rep.Records == 0 {
+		t.Fatalf("audit verify after exact large numbers: %+v", rep)
+	}
+}
+
+// TestApprovalBindsTheEnvironmentVersionItShowed: what an approver decides on includes the environment as the
+// card showed it (its version, what the deploy replaces, whether it can be rolled back), not only the request.
+// A production deploy approved without expected_environment_version at version 0 ("cannot roll back") is
+// refused once another deploy has run there first: 409 environment_version_mismatch, nothing deployed, the
+// approval left unused. A request naming another version than the environment's is refused when the approval
+// is asked for (it could never be used). Asked for again, at the version it now shows, it runs.
+func TestApprovalBindsTheEnvironmentVersionItShowed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	prod := func(n int) string { return deployBody("api", "production", artifact(n)) }
+	first := requestApproval(t, b.agent, "/v1/deploys", "first", prod(1))
+	if s := first["summary"].(map[string]any); s["environment_version"] != float64(0) || s["can_roll_back"] != false {
+		t.Fatalf("the card of the first deploy: %v", s)
+	}
+	firstID := first["id"].(string)
+	b.approver.Post("/v1/approvals/"+firstID+"/approve", nil).Status(t, 200)
+
+	b.agent.Post("/v1/deploys", prod(2), apitest.Key("second"), approvalID(b.approved(t, "/v1/deploys", "second", prod(2)))).Status(t, 202)
+	b.runOnce(t)
+
+	res := b.agent.Post("/v1/deploys", prod(1), apitest.Key("first"), approvalID(firstID)).Status(t, 409)
+	if code := res.Str(t, "code"); code != "environment_version_mismatch" {
+		t.Fatalf("the approved deploy over one that ran since: %s", res.Body)
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM deploys`); n != 1 {
+		t.Fatalf("%d deploys, want only the one that ran", n)
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM approvals WHERE id = ? AND used_by_operation_id IS NULL`, firstID); n != 1 {
+		t.Fatal("the refused deploy used its approval")
+	}
+	if env := environment(t, b.agent, "production"); env.Version != 1 || *env.CurrentArtifact != artifact(2) {
+		t.Fatalf("environment: %+v", env)
+	}
+
+	stale := fmt.Sprintf(`{"method":"POST","path":"/v1/deploys","idempotency_key":"stale","body":%s}`,
+		deployBody("api", "production", artifact(3), `"expected_environment_version":0`))
+	if code := b.agent.Post("/v1/approvals", stale, apitest.Key("stale")).Status(t, 409).Str(t, "code"); code != "environment_version_mismatch" {
+		t.Fatalf("an approval asked for at a version the environment has left: %s", code)
+	}
+
+	again := requestApproval(t, b.agent, "/v1/deploys", "first-again", prod(1))
+	if s := again["summary"].(map[string]any); s["environment_version"] != float64(1) || s["can_roll_back"] != true {
+		t.Fatalf("the card of the deploy asked for again: %v", s)
+	}
+	b.approver.Post("/v1/approvals/"+again["id"].(string)+"/approve", nil).Status(t, 200)
+	b.agent.Post("/v1/deploys", prod(1), apitest.Key("first-again"), approvalID(again["id"].(string))).Status(t, 202)
+	if n := count(t, b.db, `SELECT count(*) FROM approvals WHERE state = 'approved' AND used_by_operation_id IS NOT NULL`); n != 2 {
+		t.Fatalf("%d approvals used, want 2", n)
+	}
+}
+
+// TestApprovalPathMustBeCanonical: the path an approver reads is the one the write is sent to, written one way.
+// Another spelling of a route (a trailing or doubled slash, a dot segment) is refused, 422 naming path, and
+// nothing is stored.
+func TestApprovalPathMustBeCanonical(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	prod := deployBody("api", "production", artifact(1))
+	for _, path := range []string{"/v1/deploys/", "//v1/deploys", "/v1//deploys", "/v1/./deploys", "/v1/x/../deploys", "v1/deploys",
+		"/v1/deploys/dep_01a235a1-6af9-740b-8fe1-0777445c498e/rollback/"} {
+		body := fmt.Sprintf(`{"method":"POST","path":%q,"idempotency_key":"k","body":%s}`, path, prod)
+		res := b.agent.Post("/v1/approvals", body, apitest.Key("path")).Status(t, 422)
+		if fields := problemFields(t, res); len(fields) != 1 || fields[0] != "path" {
+			t.Errorf("path %q: fields %v: %s", path, fields, res.Body)
+		}
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM approvals`); n != 0 {
+		t.Errorf("%d approvals stored for other spellings of a path", n)
+	}
+}

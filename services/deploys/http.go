@@ -3,6 +3,8 @@ package deploys
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 
@@ -53,13 +55,21 @@ func (s *Server) createDeploy(c *gin.Context) {
 		return
 	}
 	account := auth.From(c).AccountID
-	guard := s.Approvals.Guard(c, s.needsApproval(cmd.Environment))
+	needsApproval, approvalID := s.needsApproval(cmd.Environment), c.GetHeader(approval.HeaderApprovalID)
+	guard := s.Approvals.Guard(c, needsApproval)
 	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+			version := cmd.ExpectedEnvironmentVersion
+			if version == nil && needsApproval {
+				var err error
+				if version, err = approvedVersion(ctx, tx, op, approvalID); err != nil {
+					return idem.Result{}, err
+				}
+			}
 			d, err := s.Store.CreateDeploy(ctx, tx, NewDeploy{
 				AccountID: account, OperationID: op.ID, Kind: DeployForward, Service: cmd.Service,
 				Environment: cmd.Environment, Reference: cmd.Reference,
-				ExpectedEnvironmentVersion: cmd.ExpectedEnvironmentVersion, StepsTotal: s.Steps,
+				ExpectedEnvironmentVersion: version, StepsTotal: s.Steps,
 			})
 			if err != nil {
 				return idem.Result{}, err // refused (locked, version moved): nothing stored, the key stays free
@@ -158,8 +168,34 @@ func (s *Server) getEnvironment(c *gin.Context) {
 	httpserver.JSON(c, http.StatusOK, env)
 }
 
+// approvedVersion is the environment version the approval of a deploy showed its approver, which the guard
+// accepted for op in tx: what the deploy replaces and whether it can be rolled back were decided on it, so
+// the deploy runs at that version or not at all (CreateDeploy checks it under the environment's lock). nil for
+// an approval whose card did not show one.
+func approvedVersion(ctx context.Context, tx *gorm.DB, op opstatus.Operation, approvalID string) (*int64, error) {
+	a, ok, err := approval.UsedBy(ctx, tx, op, approvalID)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("deploys: the approval %q the guard accepted is not used by operation %s", approvalID, op.ID)
+	}
+	shown, ok := a.Summary["environment_version"].(json.Number)
+	if !ok {
+		return nil, nil
+	}
+	v, err := shown.Int64()
+	if err != nil {
+		return nil, fmt.Errorf("deploys: approval %s: environment_version %s: %w", a.ID, shown, err)
+	}
+	return &v, nil
+}
+
 // describeDeploy is the approval.Route.Describe of POST /v1/deploys: the same decoding and validation as
-// createDeploy, and what a person must see to decide.
+// createDeploy, and what a person must see to decide. What the deploy replaces and whether it can be rolled
+// back hold at one environment version: the card shows it and the approval binds it (approvedVersion). A
+// request that expects another version than the environment's is refused here: its approval could never be
+// used.
 func (s *Server) describeDeploy(ctx context.Context, accountID string, _ map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var cmd CreateDeploy
 	if err := httpserver.DecodeJSONBytes(body, &cmd); err != nil {
@@ -170,16 +206,22 @@ func (s *Server) describeDeploy(ctx context.Context, accountID string, _ map[str
 	}
 	summary := map[string]any{"action": "deploy", "service": cmd.Service, "environment": cmd.Environment}
 	addReference(summary, cmd.Reference)
-	if cmd.ExpectedEnvironmentVersion != nil {
-		summary["expected_environment_version"] = *cmd.ExpectedEnvironmentVersion
+	var env Environment // version 0 and nothing running: an environment never deployed to, as CreateDeploy makes it
+	switch e, err := s.Store.Environment(ctx, s.DB, accountID, cmd.Environment); {
+	case err == nil:
+		env = e
+	case !errors.Is(err, problem.ErrNotFound):
+		return nil, nil, err
 	}
-	// Whether it can be rolled back: only to a deploy that runs there now.
-	summary["can_roll_back"] = false
-	if env, err := s.Store.Environment(ctx, s.DB, accountID, cmd.Environment); err == nil {
-		summary["environment_version"] = env.Version
-		summary["replaces_deploy_id"] = env.CurrentDeployID
-		summary["can_roll_back"] = env.CurrentDeployID != nil
+	if v := cmd.ExpectedEnvironmentVersion; v != nil {
+		if *v != env.Version {
+			return nil, nil, versionMismatch(cmd.Environment, env.Version, *v)
+		}
+		summary["expected_environment_version"] = *v
 	}
+	summary["environment_version"] = env.Version
+	summary["replaces_deploy_id"] = env.CurrentDeployID
+	summary["can_roll_back"] = env.CurrentDeployID != nil
 	return cmd, summary, nil
 }
 

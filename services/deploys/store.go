@@ -68,10 +68,7 @@ func (s PostgresStore) CreateDeploy(ctx context.Context, tx *gorm.DB, nd NewDepl
 	}
 	version := env[0].Version
 	if nd.ExpectedEnvironmentVersion != nil && *nd.ExpectedEnvironmentVersion != version {
-		return Deploy{}, problem.New(problem.CodeEnvironmentVersionMismatch,
-			"environment %s is at version %d, not %d: something was deployed since you planned; look at GET /v1/environments/%s and plan again",
-			nd.Environment, version, *nd.ExpectedEnvironmentVersion, nd.Environment).
-			With("environment", nd.Environment).With("current_version", version)
+		return Deploy{}, versionMismatch(nd.Environment, version, *nd.ExpectedEnvironmentVersion)
 	}
 	if nd.RollsBackDeployID != nil && (env[0].CurrentDeployID == nil || *env[0].CurrentDeployID != *nd.RollsBackDeployID) {
 		return Deploy{}, problem.New(problem.CodeInvalidState,
@@ -125,6 +122,14 @@ SELECT `+deployColumns+` FROM d`,
 		return Deploy{}, fmt.Errorf("deploys: insert: %w", err)
 	}
 	return rows[0].Deploy, nil
+}
+
+// versionMismatch is 409 environment_version_mismatch: environment is at version, not at expected.
+func versionMismatch(environment string, version, expected int64) *problem.Error {
+	return problem.New(problem.CodeEnvironmentVersionMismatch,
+		"environment %s is at version %d, not %d: something was deployed since you planned; look at GET /v1/environments/%s and plan again",
+		environment, version, expected, environment).
+		With("environment", environment).With("current_version", version)
 }
 
 // Deploy implements Store.
