@@ -194,7 +194,9 @@ func bodyLimit(limit int64) gin.HandlerFunc {
 }
 
 // DecodeJSON reads the request body into v strictly (see DecodeJSONBytes): a JSON object, no unknown, duplicate
-// or case-folded member names, no trailing data, types as declared. Any failure is 400 invalid_request, before anything is claimed or stored.
+// or case-folded member names, no trailing data, types as declared: 400 invalid_request otherwise; a number that
+// RFC 8785 would write as another (beyond what a double holds exactly) is 422 validation_failed naming it. Both
+// before anything is claimed or stored.
 func DecodeJSON(c *gin.Context, v any) error {
 	if ct := c.GetHeader("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
