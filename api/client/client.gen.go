@@ -652,11 +652,16 @@ type NextCursor = string
 
 // Operation defines model for Operation.
 type Operation struct {
-	CreatedAt      time.Time        `json:"created_at"`
-	Events         []OperationEvent `json:"events"`
-	Fingerprint    *string          `json:"fingerprint,omitempty"`
-	Id             string           `json:"id"`
-	IdempotencyKey *string          `json:"idempotency_key,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+
+	// Events The newest 200 events, oldest first; the timeline has them all.
+	Events []OperationEvent `json:"events"`
+
+	// EventsOmitted How many older events `events` leaves out (absent when none).
+	EventsOmitted  *int    `json:"events_omitted,omitempty"`
+	Fingerprint    *string `json:"fingerprint,omitempty"`
+	Id             string  `json:"id"`
+	IdempotencyKey *string `json:"idempotency_key,omitempty"`
 
 	// KeyExpiresAt When the idempotency key itself is pruned; until then it never runs again.
 	KeyExpiresAt   *time.Time `json:"key_expires_at,omitempty"`
@@ -974,11 +979,16 @@ type NotFound = Problem
 
 // OutcomeUnknown defines model for OutcomeUnknown.
 type OutcomeUnknown struct {
-	CreatedAt      time.Time        `json:"created_at"`
-	Events         []OperationEvent `json:"events"`
-	Fingerprint    *string          `json:"fingerprint,omitempty"`
-	Id             string           `json:"id"`
-	IdempotencyKey *string          `json:"idempotency_key,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+
+	// Events The newest 200 events, oldest first; the timeline has them all.
+	Events []OperationEvent `json:"events"`
+
+	// EventsOmitted How many older events `events` leaves out (absent when none).
+	EventsOmitted  *int    `json:"events_omitted,omitempty"`
+	Fingerprint    *string `json:"fingerprint,omitempty"`
+	Id             string  `json:"id"`
+	IdempotencyKey *string `json:"idempotency_key,omitempty"`
 
 	// KeyExpiresAt When the idempotency key itself is pruned; until then it never runs again.
 	KeyExpiresAt   *time.Time `json:"key_expires_at,omitempty"`

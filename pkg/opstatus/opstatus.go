@@ -18,6 +18,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"gorm.io/gorm"
@@ -152,7 +153,13 @@ type Operation struct {
 	CreatedAt         time.Time  `json:"created_at"`
 	UpdatedAt         time.Time  `json:"updated_at"`
 	Events            []Event    `json:"events"`
+	// EventsOmitted is how many older events Events leaves out: an operation read through the API carries its
+	// newest MaxEvents (every retry adds one); its timeline has them all.
+	EventsOmitted int64 `json:"events_omitted,omitempty"`
 }
+
+// MaxEvents is how many of an operation's newest events Get and FindByKey return.
+const MaxEvents = 200
 
 // Event is one entry of an operation's history. Events are never updated or deleted (a trigger enforces it).
 type Event struct {
@@ -340,7 +347,7 @@ func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, err
 		return Operation{}, problem.NotFound("operation")
 	}
 	op := rows[0].operation()
-	if op.Events, err = events(ctx, db, accountID, op.ID); err != nil {
+	if op.Events, op.EventsOmitted, err = events(ctx, db, accountID, op.ID, MaxEvents); err != nil {
 		return Operation{}, err
 	}
 	return op, nil
@@ -369,7 +376,7 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 	ops := make([]Operation, 0, len(rows))
 	for _, r := range rows {
 		op := r.operation()
-		if op.Events, err = events(ctx, db, accountID, op.ID); err != nil {
+		if op.Events, op.EventsOmitted, err = events(ctx, db, accountID, op.ID, MaxEvents); err != nil {
 			return nil, err
 		}
 		ops = append(ops, op)
@@ -377,7 +384,9 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 	return ops, nil
 }
 
-func events(ctx context.Context, db *gorm.DB, accountID, opID string) ([]Event, error) {
+// events returns the newest limit events of operation opID (all when limit is 0), oldest first, and how many
+// older ones it left out.
+func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int) ([]Event, int64, error) {
 	var rows []struct {
 		ID        int64
 		ChainSeq  int64
@@ -389,10 +398,24 @@ func events(ctx context.Context, db *gorm.DB, accountID, opID string) ([]Event, 
 		Detail    string
 		CreatedAt time.Time
 	}
-	err := db.WithContext(ctx).Raw(`SELECT id, chain_seq, attempt, type, from_state, to_state, actor, detail::text AS detail, created_at
-FROM operation_events WHERE account_id = ? AND operation_id = ? ORDER BY id`, accountID, opID).Scan(&rows).Error
+	fetch := math.MaxInt32
+	if limit > 0 {
+		fetch = limit + 1 // one more tells whether any was left out
+	}
+	err := db.WithContext(ctx).Raw(`SELECT * FROM (
+    SELECT id, chain_seq, attempt, type, from_state, to_state, actor, detail::text AS detail, created_at
+    FROM operation_events WHERE account_id = ? AND operation_id = ? ORDER BY id DESC LIMIT ?) newest ORDER BY id`,
+		accountID, opID, fetch).Scan(&rows).Error
 	if err != nil {
-		return nil, fmt.Errorf("opstatus: events of %s: %w", opID, err)
+		return nil, 0, fmt.Errorf("opstatus: events of %s: %w", opID, err)
+	}
+	var omitted int64
+	if limit > 0 && len(rows) > limit {
+		rows = rows[1:]
+		if err := db.WithContext(ctx).Raw(`SELECT count(*) - ? FROM operation_events WHERE account_id = ? AND operation_id = ?`,
+			limit, accountID, opID).Scan(&omitted).Error; err != nil {
+			return nil, 0, fmt.Errorf("opstatus: events of %s: %w", opID, err)
+		}
 	}
 	evs := make([]Event, 0, len(rows))
 	for _, r := range rows {
@@ -408,7 +431,7 @@ FROM operation_events WHERE account_id = ? AND operation_id = ? ORDER BY id`, ac
 		}
 		evs = append(evs, ev)
 	}
-	return evs, nil
+	return evs, omitted, nil
 }
 
 // ErrNotFound matches a missing operation.

@@ -135,3 +135,29 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 		t.Fatalf("after reconcile: %s", got.State)
 	}
 }
+
+// TestGetBoundsTheEventsItReads: an operation retried more often than MaxEvents is read with its newest
+// MaxEvents events and the count of those left out, so a lookup's answer stays bounded however often it was
+// retried; its timeline still has them all.
+func TestGetBoundsTheEventsItReads(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	op := create(t, db, opstatus.StateRunning, nil)
+	for i := range opstatus.MaxEvents + 10 {
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "test", map[string]any{"n": i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := opstatus.Get(ctx, db.DB, op.AccountID, op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Events) != opstatus.MaxEvents || got.EventsOmitted != 11 || got.Events[len(got.Events)-1].Type != opstatus.EventReplayed {
+		t.Fatalf("%d events, %d omitted; want the newest %d and 11 omitted", len(got.Events), got.EventsOmitted, opstatus.MaxEvents)
+	}
+	tl, err := opstatus.GetTimeline(ctx, db.DB, op.AccountID, op.ID)
+	if err != nil || len(tl.Entries) != opstatus.MaxEvents+11 {
+		t.Fatalf("timeline: %d entries, %v; want all %d", len(tl.Entries), err, opstatus.MaxEvents+11)
+	}
+}

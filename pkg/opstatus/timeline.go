@@ -118,6 +118,11 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 	if err != nil {
 		return Timeline{}, err
 	}
+	if op.EventsOmitted > 0 { // the timeline tells the whole story
+		if op.Events, _, err = events(ctx, db, accountID, id, 0); err != nil {
+			return Timeline{}, err
+		}
+	}
 	tl := Timeline{
 		OperationID: op.ID, Kind: op.Kind, State: op.State, IdempotencyKey: op.IdempotencyKey,
 		Fingerprint: op.Fingerprint, Resource: op.Resource, SupersededBy: []string{},

@@ -925,7 +925,10 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             updated_at: string;
+            /** @description The newest 200 events, oldest first; the timeline has them all. */
             events: components["schemas"]["OperationEvent"][];
+            /** @description How many older events `events` leaves out (absent when none). */
+            events_omitted?: number;
         };
         OperationEvent: {
             id: number;
