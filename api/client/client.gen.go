@@ -731,7 +731,7 @@ type PaymentIntentStatus string
 
 // Problem RFC 9457 problem details with a machine-readable code.
 type Problem struct {
-	// Code invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service.
+	// Code invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, superseded_operation_unknown, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service.
 	Code   string `json:"code"`
 	Detail string `json:"detail"`
 	Errors *[]struct {

@@ -155,8 +155,8 @@ func (a *attempt) record(outcome string, status int, extra map[string]any) map[s
 }
 
 // checkClaimLineage runs in the claim's transaction of a new operation: a new operation has no earlier attempt
-// to retry, and the operation it supersedes must be one of the same account and kind, not superseded yet, which
-// learns of the link.
+// to retry, and the operation it supersedes must be one of the same account and kind, not superseded yet and not
+// unknown, which learns of the link.
 func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt) error {
 	if a.lineage.retryOf != "" {
 		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
@@ -165,15 +165,15 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 		return nil
 	}
 	var (
-		kind       string
-		superseded bool
-		found      bool
+		kind, state string
+		superseded  bool
+		found       bool
 	)
 	b := &pgx.Batch{}
 	b.Queue(supersededSQL, a.op.AccountID, a.lineage.supersedes).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			found = true
-			if err := rows.Scan(&kind, &superseded); err != nil {
+			if err := rows.Scan(&kind, &state, &superseded); err != nil {
 				return err
 			}
 		}
@@ -189,6 +189,11 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 		return headerProblem(HeaderSupersedes, "names an operation of another kind ("+kind+"); only an operation of the same kind can be superseded")
 	case superseded:
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
+	case state == string(opstatus.StateUnknown):
+		// Its effect may still have happened: a new attempt at the same intent could double it.
+		return problem.New(problem.CodeSupersededOperationUnknown,
+			"the operation this one supersedes has an unknown outcome: settle it first (a retry with its key, or a person's resolution)").
+			With("operation_id", a.lineage.supersedes).With("state", state)
 	}
 	return opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
 		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})

@@ -81,6 +81,15 @@ func TestLineageCannotBeForged(t *testing.T) {
 	refused("superseding twice", send(notes, "k5", `{"n":4}`, map[string]string{"Supersedes-Operation-Id": firstOp}), "Supersedes-Operation-Id")
 	otherOp := other.header.Get(idem.HeaderOperationID)
 	refused("a replay naming what its claim did not supersede", send(notes, "k4", `{"n":3}`, map[string]string{"Supersedes-Operation-Id": otherOp}), "Supersedes-Operation-Id")
+	// An operation whose outcome is unknown cannot be superseded: its effect may still have happened.
+	if _, err := opstatus.Transition(t.Context(), env.DB.DB, servicetest.AccountDemo, otherOp, opstatus.StateUnknown, "test",
+		opstatus.From(opstatus.StateSucceeded)); err != nil {
+		t.Fatal(err)
+	}
+	if a := send(notes, "k6", `{"n":5}`, map[string]string{"Supersedes-Operation-Id": otherOp}); a.status != http.StatusConflict ||
+		!strings.Contains(a.body, `"code":"superseded_operation_unknown"`) {
+		t.Fatalf("superseding an unknown operation: %d %s; want 409 superseded_operation_unknown", a.status, a.body)
+	}
 	var ops int64
 	env.DB.Raw(`SELECT count(*) FROM operations`).Scan(&ops)
 	if ops != 3 {

@@ -37,6 +37,8 @@ const (
 	// CodeIdempotencyResponseExpired: the key's stored response was pruned after its retention; the key still
 	// lives, so the request is not run again: the answer names the operation and its resource.
 	CodeIdempotencyResponseExpired Code = "idempotency_response_expired"
+	// CodeSupersededOperationUnknown: Supersedes-Operation-Id names an operation whose outcome is unknown.
+	CodeSupersededOperationUnknown Code = "superseded_operation_unknown"
 	CodeOutcomeUnknown             Code = "outcome_unknown"
 	CodeStoreUnavailable           Code = "store_unavailable"
 	CodeRateLimited                Code = "rate_limited"
@@ -79,6 +81,7 @@ var codes = map[Code]codeInfo{
 	CodeIdempotencyKeyReused:       {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request"},
 	CodeRequestInProgress:          {http.StatusConflict, "Request with this Idempotency-Key is still in progress"},
 	CodeIdempotencyResponseExpired: {http.StatusConflict, "The stored response of this Idempotency-Key has expired"},
+	CodeSupersededOperationUnknown: {http.StatusConflict, "The superseded operation's outcome is unknown"},
 	CodeOutcomeUnknown:             {http.StatusServiceUnavailable, "Outcome of this operation is not known yet"},
 	CodeStoreUnavailable:           {http.StatusServiceUnavailable, "Store unavailable"},
 	CodeRateLimited:                {http.StatusTooManyRequests, "Rate limited"},

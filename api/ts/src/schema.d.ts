@@ -886,7 +886,7 @@ export interface components {
             title: string;
             status: number;
             detail: string;
-            /** @description invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service. */
+            /** @description invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, superseded_operation_unknown, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service. */
             code: string;
             errors?: {
                 field: string;
