@@ -113,10 +113,10 @@ type Handler struct {
 	waiters     chan struct{}
 }
 
-// firstLookup reads a request's key before anything else. The reads of concurrent requests go together in one
-// round trip (package batch): copies of one request arriving together (a storm) read their key once.
-// docs/benchmarks.md has what it is worth.
-func (h *Handler) firstLookup(ctx context.Context, account, key string) (stored, bool, error) {
+// readKey reads a request's key, before its claim and after a claim that found it taken. The reads of concurrent
+// requests go together in one round trip (package batch): copies of one request arriving together (a storm)
+// read their key once. docs/benchmarks.md has what it is worth.
+func (h *Handler) readKey(ctx context.Context, account, key string) (stored, bool, error) {
 	h.lookupsOnce.Do(func() {
 		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
 			return lookupKeys(ctx, h.DB, refs)
@@ -227,7 +227,7 @@ func (h *Handler) start(ctx context.Context, call Call, req Request) (*attempt, 
 	if refused != nil {
 		return nil, refused
 	}
-	if s, found, err := h.firstLookup(ctx, a.op.AccountID, a.key); err == nil && found {
+	if s, found, err := h.readKey(ctx, a.op.AccountID, a.key); err == nil && found {
 		ans := h.existing(ctx, a, s, call.Header)
 		return nil, &ans
 	}
@@ -362,9 +362,10 @@ func (h *Handler) completion(ctx context.Context, tx *database.Tx, a *attempt, r
 	return resp, b, nil
 }
 
-// taken answers a request whose claim found the key taken, from the key as committed now.
+// taken answers a request whose claim found the key taken, from the key as committed now (read with the
+// others: the copies of a storm lose their claims together).
 func (h *Handler) taken(ctx context.Context, a *attempt, header http.Header) Answer {
-	s, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key)
+	s, found, err := h.readKey(ctx, a.op.AccountID, a.key)
 	switch {
 	case err != nil:
 		h.observe(a.op.Kind, failureOutcome(err, OutcomeRefused))

@@ -1,6 +1,6 @@
 package payments
 
-// Settlement: how the outcome of each provider call is recorded. The handlers (through idem.DoExternal's Record
+// Settlement: how the outcome of each provider call is recorded. The handlers (through idem.RunExternal's Record
 // step) and the reconcilers (through idem.Handler.Settle) record with the same functions, so an outcome learned
 // from a lost answer's lookup is written exactly as one learned from the answer itself.
 
