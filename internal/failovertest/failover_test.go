@@ -113,7 +113,7 @@ type figures struct {
 	// with a new key": a claim cut by the kill, its provider call never made. Their jobs went on with new keys.
 	notSent                  int
 	toPromoted, toFirstWrite time.Duration
-	cut                      map[string]int // answers to attempts sent between the kill and the first write
+	cut                      map[string]int // answers to attempts in flight at the kill or sent until the first write
 	audit                    string
 }
 
