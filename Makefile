@@ -5,7 +5,7 @@ SHELL := /bin/bash
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-.PHONY: run build test lint bench bench-growth bench-go fuzz db stop-db migrate generate ci-fresh screenshots
+.PHONY: run build test test-failover lint bench bench-growth bench-go fuzz db stop-db migrate generate ci-fresh screenshots
 
 build:
 	$(GO) build -o bin/retrysafe ./cmd/retrysafe
@@ -44,6 +44,17 @@ test:
 	@if [ -z "$$TEST_DATABASE_URL" ]; then \
 	  export TEST_DATABASE_URL="$$(scripts/devdb.sh url)/test?sslmode=disable"; \
 	fi && $(GO) test -count=1 -p 2 -timeout 20m ./... && scripts/example-conformance.sh
+
+# The database failover test (internal/failovertest; README, "Database failover"): scripts/failover.sh starts a
+# PostgreSQL primary and a streaming-replication standby on ports of their own (never the system cluster), the
+# services run on the multi-host URL under load, the primary is killed and the standby promoted, synchronous then
+# asynchronous, and the old primary comes back as a standby; a few minutes. It runs in a session of its own, so
+# that whatever it started is stopped on the way out, even when it fails or its timeout kills it.
+test-failover:
+	@root=$$(mktemp -d /tmp/retrysafe-failover.XXXXXX) && chmod 755 "$$root" && \
+	trap 'kill -- -$$pid 2>/dev/null; for d in "$$root"/*/; do [ -d "$$d" ] && FAILOVER_DIR="$$d" scripts/failover.sh stop; done; rm -rf "$$root"' EXIT && \
+	{ RETRYSAFE_FAILOVER=1 RETRYSAFE_FAILOVER_ROOT="$$root" setsid $(GO) test -count=1 -v -timeout 15m -run '^TestFailover$$' ./internal/failovertest/ & pid=$$!; } && \
+	wait $$pid
 
 # gofmt, go vet, staticcheck, deadcode (functions no program or test reaches; examples without output are
 # documentation, not counted), and Spectral (spectral:oas plus api/.spectral.yaml) on api/openapi.yaml; any warning fails.

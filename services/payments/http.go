@@ -125,8 +125,10 @@ func (s *Server) createIntent(c *gin.Context) {
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Authorization, error) {
 			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
-			a, err := s.cfg.Provider.Authorize(ctx, DownstreamKey(op.ID), provider.AuthorizeRequest{
-				AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, Reference: op.ID,
+			// The reference is part of what the provider compares under one key, so it is the order, which a
+			// retry of the request repeats, and never the operation, which a retry may not share.
+			a, err := s.cfg.Provider.Authorize(ctx, DownstreamKey(op), provider.AuthorizeRequest{
+				AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, Reference: cmd.OrderID,
 			})
 			return a, unknown(err)
 		},
@@ -186,7 +188,7 @@ func (s *Server) capture(c *gin.Context) {
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Capture, error) {
 			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
-			cp, err := s.cfg.Provider.Capture(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
+			cp, err := s.cfg.Provider.Capture(ctx, DownstreamKey(op), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
 			return cp, unknown(err)
 		},
 		Record: s.recordCapture,
@@ -212,7 +214,7 @@ func (s *Server) cancel(c *gin.Context) {
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Authorization, error) {
 			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
-			a, err := s.cfg.Provider.Void(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID)
+			a, err := s.cfg.Provider.Void(ctx, DownstreamKey(op), *reserved.ProviderAuthorizationID)
 			return a, unknown(err)
 		},
 		Record: s.recordCancel,
@@ -286,7 +288,7 @@ func (s *Server) createRefund(c *gin.Context) {
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Refund, error) {
 			ctx, cancel := s.callContext(ctx, op)
 			defer cancel()
-			rf, err := s.cfg.Provider.Refund(ctx, DownstreamKey(op.ID), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
+			rf, err := s.cfg.Provider.Refund(ctx, DownstreamKey(op), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
 			return rf, unknown(err)
 		},
 		Record: s.recordRefund,

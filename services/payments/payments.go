@@ -4,9 +4,9 @@
 //
 // Money leaves our database here and cannot be rolled back, so every write runs in idem's external mode: the
 // claim commits with a reservation of the intent (Prepare), the provider is called with a downstream
-// Idempotency-Key derived only from our operation id (DownstreamKey), and the answer is recorded after. When the
-// answer is lost the operation is unknown; the reconciler of its kind asks the provider what it did under that
-// key and records the same outcome through the same code as the handler.
+// Idempotency-Key derived from the account and the caller's Idempotency-Key (DownstreamKey), and the answer is
+// recorded after. When the answer is lost the operation is unknown; the reconciler of its kind asks the provider
+// what it did under that key and records the same outcome through the same code as the handler.
 //
 // This file holds the domain: types, the commands the service accepts, and the store interface. store.go
 // implements the store on gorm + PostgreSQL; http.go and routes.go are the HTTP adapter; reconcile.go settles
@@ -15,6 +15,8 @@ package payments
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/money"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/provider"
@@ -35,9 +38,20 @@ const (
 	KindRefund       = "payments.refund"
 )
 
-// DownstreamKey is the provider Idempotency-Key of operation opID. It depends on nothing but the operation, so
-// every retry, restart, worker and reconciler of one operation names the same provider call.
-func DownstreamKey(opID string) string { return "rs-" + opID }
+// DownstreamKey is the provider Idempotency-Key of op: a digest of its account and the caller's
+// Idempotency-Key, so that every retry, restart, worker and reconciler of one request names the same provider
+// call. It does not depend on the operation id, which a database failover can take away: when the newest commits
+// are lost with the old primary (an asynchronous standby promoted), a retry claims the key again under a new
+// operation, and its provider call still replays the first one's instead of authorizing or capturing twice.
+// The digest keeps the account and the caller's key from the provider.
+func DownstreamKey(op opstatus.Operation) string {
+	sum := sha256.Sum256([]byte(op.AccountID + "\x00" + op.IdempotencyKey))
+	return "rsk-" + hex.EncodeToString(sum[:])
+}
+
+// operationDownstreamKey is the provider key that operations dispatched before DownstreamKey existed went out
+// under; their reconcilers look it up when the derived key is not found.
+func operationDownstreamKey(opID string) string { return "rs-" + opID }
 
 // IntentStatus is where a payment intent stands.
 type IntentStatus string

@@ -52,6 +52,8 @@ func TestPayments(t *testing.T) {
 		{"StrictJSON", testStrictJSON},
 		{"ApprovalsFailClosed", testApprovalsFailClosed},
 		{"ConcurrentSmallRefundsNeedApproval", testConcurrentSmallRefunds},
+		{"ClaimsLostWithTheDatabase", testClaimsLostWithTheDatabase},
+		{"OperationKeyStillReconciles", testOperationKeyStillReconciles},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

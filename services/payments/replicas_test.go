@@ -11,6 +11,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -87,11 +88,11 @@ func TestStatelessReplicas(t *testing.T) {
 		t.Fatalf("provider counters %v; want %d authorizations and %d captures", counters, keys, keys)
 	}
 	var captures []struct {
-		OperationID, IntentID, AuthorizationID string
-		AmountMinor, CapturedMinor             int64
-		Status                                 string
+		OperationID, AccountID, IdempotencyKey, IntentID, AuthorizationID string
+		AmountMinor, CapturedMinor                                        int64
+		Status                                                            string
 	}
-	if err := db.Raw(`SELECT o.id AS operation_id, i.id AS intent_id, i.provider_authorization_id AS authorization_id,
+	if err := db.Raw(`SELECT o.id AS operation_id, o.account_id, o.idempotency_key, i.id AS intent_id, i.provider_authorization_id AS authorization_id,
        i.amount_minor, i.captured_minor, i.status
 FROM operations o JOIN payment_intents i ON i.id = o.resource_id
 WHERE o.kind = ? AND o.state = 'succeeded' ORDER BY i.id`, payments.KindCapture).Scan(&captures).Error; err != nil {
@@ -106,7 +107,7 @@ WHERE o.kind = ? AND o.state = 'succeeded' ORDER BY i.id`, payments.KindCapture)
 			t.Fatalf("capture %+v: want one per intent, succeeded, the whole amount captured", c)
 		}
 		seen[c.IntentID] = true
-		look, err := pc.Lookup(t.Context(), payments.DownstreamKey(c.OperationID))
+		look, err := pc.Lookup(t.Context(), payments.DownstreamKey(opstatus.Operation{AccountID: c.AccountID, IdempotencyKey: c.IdempotencyKey}))
 		if err != nil || !look.Found || look.Status != http.StatusOK || len(look.Effects) != 1 {
 			t.Fatalf("provider's record of capture %s: %+v %v; want found, 200, one effect", c.OperationID, look, err)
 		}
