@@ -207,9 +207,18 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 		if brep.KeyFromBundle {
 			keyNote = "checked with the bundle's own public key: compare it with the key the operator published, or give --public-key"
 		}
-		scope := "a time range or the whole record"
-		if brep.Operation != "" {
+		scope := "the whole record"
+		switch {
+		case brep.Operation != "":
 			scope = "operation " + brep.Operation
+		case !brep.Since.IsZero() || !brep.Until.IsZero():
+			scope = "records and checkpoints"
+			if !brep.Since.IsZero() {
+				scope += " since " + brep.Since.UTC().Format(time.RFC3339)
+			}
+			if !brep.Until.IsZero() {
+				scope += " until " + brep.Until.UTC().Format(time.RFC3339)
+			}
 		}
 		fmt.Fprintf(w, "bundle %s: %s, exported at %s\n", f.bundle, scope, brep.ExportedAt.UTC().Format(time.RFC3339))
 	} else {

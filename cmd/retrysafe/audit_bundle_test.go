@@ -84,7 +84,7 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 	}
 	code, text := verify(exported)
 	if code != 0 || !strings.Contains(text, "INTACT") || !strings.Contains(text, "checked 3 chains (operations and approvals), 10 records, 2 checkpoints") ||
-		!strings.Contains(text, "the bundle's own public key") {
+		!strings.Contains(text, "the bundle's own public key") || !strings.Contains(text, ": the whole record, exported at") {
 		t.Fatalf("intact bundle: exit %d\n%s", code, text)
 	}
 	if code, text := verify(exported, "--checkpoint", last.Hash, "--public-key", signer.PublicKey()); code != 0 || !strings.Contains(text, "checked with --public-key") {
@@ -166,6 +166,12 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 			[]string{"--public-key", signer.PublicKey()}, 1, "BROKEN bad signature: (checkpoints) seq 1"},
 		{"a forged, re-signed checkpoint, pinned", func(d doc) { forgeNewestCheckpoint(d, attacker) },
 			[]string{"--checkpoint", last.Hash}, 1, "BROKEN missing: (checkpoints) seq 0: the pinned checkpoint " + last.Hash},
+		// Checkpoints are never deleted: a whole record starts at the first.
+		{"the oldest checkpoint deleted, with an operation only it sealed", func(d doc) {
+			d["checkpoints"] = d["checkpoints"].([]any)[1:]
+			d["chains"] = slices.DeleteFunc(d["chains"].([]any), func(c any) bool { return c.(doc)["chain"] == ops[2] })
+			d["heads"] = slices.DeleteFunc(d["heads"].([]any), func(h any) bool { return h.(doc)["chain"] == ops[2] })
+		}, nil, 1, "BROKEN missing: (checkpoints) seq 2"},
 		{"the newest checkpoint deleted", func(d doc) {
 			cps := d["checkpoints"].([]any)
 			d["checkpoints"] = cps[:len(cps)-1]

@@ -232,8 +232,9 @@ type BundleOptions struct {
 type BundleReport struct {
 	Report
 	ExportedAt time.Time
-	// Operation is the operation the bundle was exported for, empty for a time range or the whole record.
-	Operation string
+	// Operation is the operation the bundle was exported for; Since and Until its time range (zero: unbounded).
+	Operation    string
+	Since, Until time.Time
 	// KeyFromBundle says the signatures were checked with the key the bundle carries.
 	KeyFromBundle bool
 }
@@ -251,6 +252,12 @@ func VerifyBundle(r io.Reader, opt BundleOptions) (BundleReport, error) {
 		return BundleReport{}, fmt.Errorf("audit: bundle: format %q, want %q", b.Format, BundleFormat)
 	}
 	rep := BundleReport{ExportedAt: b.ExportedAt, Operation: b.Scope.Operation}
+	if b.Scope.Since != nil {
+		rep.Since = *b.Scope.Since
+	}
+	if b.Scope.Until != nil {
+		rep.Until = *b.Scope.Until
+	}
 	pub := opt.PublicKey
 	if pub == nil && b.PublicKey != "" {
 		k, err := auditchain.ParsePublicKey(b.PublicKey)
@@ -260,7 +267,8 @@ func VerifyBundle(r io.Reader, opt BundleOptions) (BundleReport, error) {
 		pub, rep.KeyFromBundle = k, true
 	}
 	var err error
-	rep.Report, err = check(bundleEvidence{&b}, false, pub, opt.Checkpoint)
+	whole := b.Scope.Since == nil && b.Scope.Operation == ""
+	rep.Report, err = check(bundleEvidence{&b}, checkOptions{whole: whole, pub: pub, pin: opt.Checkpoint})
 	if err != nil {
 		return BundleReport{}, fmt.Errorf("audit: bundle: %w", err)
 	}

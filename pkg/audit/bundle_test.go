@@ -117,22 +117,45 @@ func TestExportHoldsWhatChecksIt(t *testing.T) {
 	}
 }
 
-// TestVerifyPinnedCheckpoint: the database's checkpoints must include a pinned hash.
+// TestVerifyPinnedCheckpoint: the database's checkpoints must start at the first (they are never deleted), and
+// include a pinned hash.
 func TestVerifyPinnedCheckpoint(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
+	ctx := context.Background()
 	signer, pub := testSigner(t)
-	history(t, db.DB, 1)
-	cp, err := (&audit.CheckpointWorker{DB: db.DB, Signer: signer}).RunOnce(context.Background())
+	ops := history(t, db.DB, 2)
+	w := &audit.CheckpointWorker{DB: db.DB, Signer: signer}
+	if cp, err := w.RunOnce(ctx); err != nil || cp == nil {
+		t.Fatalf("checkpoint: %v %v", cp, err)
+	}
+	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := w.RunOnce(ctx)
 	if err != nil || cp == nil {
 		t.Fatalf("checkpoint: %v %v", cp, err)
 	}
 	if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub, Checkpoint: cp.Hash}); !rep.Intact() {
 		t.Fatalf("pinned to the last checkpoint: %+v", rep)
 	}
+	if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub, Checkpoint: "00" + cp.Hash[2:]}); rep.Intact() {
+		t.Fatalf("pinned to a checkpoint that is not there: %+v", rep)
+	}
 	db.Tampered()
+	// The first checkpoint and the operation only it sealed: the rest still links.
+	exec(t, db.DB, `DELETE FROM audit_checkpoints WHERE seq = 1`)
+	exec(t, db.DB, `DELETE FROM operation_events WHERE operation_id = ?`, ops[0])
+	exec(t, db.DB, `DELETE FROM audit_chain_heads WHERE chain = ?`, ops[0])
+	rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub})
+	if rep.Intact() || rep.Problems[0].Chain != auditchain.CheckpointChain || rep.Problems[0].Kind != auditchain.Missing || rep.Problems[0].Seq != 2 {
+		t.Fatalf("the first checkpoint deleted: %+v", rep)
+	}
+	if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub, Since: cp.At}); !rep.Intact() {
+		t.Fatalf("since the second checkpoint, the first is not in scope: %+v", rep)
+	}
 	exec(t, db.DB, `DELETE FROM audit_checkpoints`)
-	rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub, Checkpoint: cp.Hash})
+	rep = mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub, Checkpoint: cp.Hash})
 	if rep.Intact() || rep.Problems[0].Chain != auditchain.CheckpointChain || rep.Problems[0].Kind != auditchain.Missing {
 		t.Fatalf("every checkpoint deleted, pinned: %+v", rep)
 	}

@@ -111,7 +111,8 @@ func Verify(ctx context.Context, db *gorm.DB, opt VerifyOptions) (Report, error)
 	var rep Report
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
-		rep, err = check(&dbEvidence{ctx: ctx, tx: tx, opt: opt}, opt.OperationID != "", opt.PublicKey, opt.Checkpoint)
+		rep, err = check(&dbEvidence{ctx: ctx, tx: tx, opt: opt}, checkOptions{seals: opt.OperationID != "",
+			whole: opt.OperationID == "" && opt.Since.IsZero(), pub: opt.PublicKey, pin: opt.Checkpoint})
 		return err
 	}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
@@ -133,10 +134,20 @@ type evidence interface {
 	chains(scoped bool, names []string, emit func(name string, recs []auditchain.Record)) error
 }
 
-// check runs every check of a verification on ev: the checkpoints (as one unbroken run, or, with seals, one by
-// one), then each chain in scope against them and against the heads; pin, when set, is a checkpoint's hash
-// that the checkpoints must include (VerifyOptions.Checkpoint).
-func check(ev evidence, seals bool, pub ed25519.PublicKey, pin string) (Report, error) {
+// checkOptions say how check holds the checkpoints.
+type checkOptions struct {
+	// seals checks them one by one (VerifySeals), not as one run: those that sealed one operation.
+	seals bool
+	// whole says they are all of them, so the run starts at the first: checkpoints are never deleted.
+	whole bool
+	pub   ed25519.PublicKey
+	// pin is a checkpoint's hash they must include (VerifyOptions.Checkpoint).
+	pin string
+}
+
+// check runs every check of a verification on ev: the checkpoints, then each chain in scope against them and
+// against the heads.
+func check(ev evidence, opt checkOptions) (Report, error) {
 	var rep Report
 	cpRows, err := ev.checkpoints()
 	if err != nil {
@@ -157,16 +168,20 @@ func check(ev evidence, seals bool, pub ed25519.PublicKey, pin string) (Report, 
 		rep.LastCheckpoint = &cps[len(cps)-1]
 	}
 	verifyCheckpoints := auditchain.VerifyCheckpoints
-	if seals {
+	if opt.seals {
 		verifyCheckpoints = auditchain.VerifySeals
 	}
-	want, p := verifyCheckpoints(cps, pub)
+	want, p := verifyCheckpoints(cps, opt.pub)
+	if p == nil && opt.whole && len(cps) > 0 && cps[0].Seq != 1 {
+		p = &auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.CheckpointChain, Seq: cps[0].Seq,
+			Ref: fmt.Sprintf("checkpoint %d", cps[0].Seq), Detail: fmt.Sprintf("checkpoints 1 to %d, before it, are missing", cps[0].Seq-1)}
+	}
 	if p != nil {
 		rep.Problems = append(rep.Problems, *p)
 	}
 	// The checks above hold each checkpoint's hash to its content and (in a run) to its successor's link, so a
 	// pinned hash found among them is the one the auditor kept, and every checkpoint before it links to it.
-	if pin != "" && !slices.ContainsFunc(cps, func(cp auditchain.Checkpoint) bool { return cp.Hash == pin }) {
+	if pin := opt.pin; pin != "" && !slices.ContainsFunc(cps, func(cp auditchain.Checkpoint) bool { return cp.Hash == pin }) {
 		rep.Problems = append(rep.Problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.CheckpointChain,
 			Detail: fmt.Sprintf("the pinned checkpoint %s is not among them: the newest checkpoints were removed or forged", pin)})
 	}
