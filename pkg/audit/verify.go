@@ -130,7 +130,8 @@ type evidence interface {
 	scope(want map[string]auditchain.Expectation) (names []string, scoped bool, err error)
 	// heads returns the store's own heads of the chains in scope.
 	heads(scoped bool, names []string) ([]auditchain.Head, error)
-	// chains gives emit every chain in scope, each whole and once, its records in stored order.
+	// chains gives emit each chain in scope as stored, its records in stored order (a chain given twice or
+	// cut short is the verifier's to find).
 	chains(scoped bool, names []string, emit func(name string, recs []auditchain.Record)) error
 }
 
