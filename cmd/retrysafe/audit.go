@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,14 +21,17 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
-// auditCommand is `retrysafe audit verify|public-key|timeline`.
+// auditCommand is `retrysafe audit verify|export|public-key|timeline`.
 func auditCommand() command {
 	return command{
 		name:     "audit",
-		synopsis: "audit verify|public-key|timeline ...",
-		summary: "check the audit chain (verify [--since RFC3339] [--operation ID] [--public-key B64] [--journal PATH]: exit 0 intact, " +
-			"1 broken, 2 could not check; it only reads), print the checkpoint signing key (public-key), " +
-			"or show an operation's history (timeline OPERATION_ID)",
+		synopsis: "audit verify|export|public-key|timeline ...",
+		summary: "check the audit chain (verify [--since RFC3339] [--operation ID] [--public-key B64] [--checkpoint HASH] " +
+			"[--journal PATH | --bundle FILE]: exit 0 intact, 1 broken, 2 could not check; it only reads; --bundle checks " +
+			"an exported bundle with no database, --checkpoint fails unless the checkpoints include that hash, kept " +
+			"elsewhere), write records with what checks them to stdout (export [--since RFC3339] [--until RFC3339] " +
+			"[--operation ID] > FILE: whole chains, the checkpoints covering them, the public key), print the checkpoint " +
+			"signing key (public-key), or show an operation's history (timeline OPERATION_ID)",
 		check: checkAudit, run: runAudit,
 		env: databaseEnv + `
   AUDIT_SIGNING_KEY         Ed25519 seed (32 bytes, base64) that signs checkpoints; verify checks signatures
@@ -49,10 +53,12 @@ func openAuditDB(cfg config) (*gorm.DB, error) {
 }
 
 type verifyFlags struct {
-	since     time.Time
-	operation string
-	publicKey ed25519.PublicKey
-	journal   string
+	since      time.Time
+	operation  string
+	publicKey  ed25519.PublicKey
+	journal    string
+	bundle     string
+	checkpoint string
 }
 
 func parseVerifyFlags(args []string, out io.Writer) (verifyFlags, error) {
@@ -62,6 +68,8 @@ func parseVerifyFlags(args []string, out io.Writer) (verifyFlags, error) {
 	op := fs.String("operation", "", "check this operation's chain only")
 	pub := fs.String("public-key", "", "require checkpoints signed by this Ed25519 public key (base64)")
 	journal := fs.String("journal", "", "check an agent's journal file instead of the database (offline)")
+	bundle := fs.String("bundle", "", "check a bundle written by audit export instead of the database (offline)")
+	cp := fs.String("checkpoint", "", "fail unless the checkpoints checked include the one with this hash")
 	if err := fs.Parse(args); err != nil {
 		return verifyFlags{}, usageError{"audit verify: " + err.Error()}
 	}
@@ -69,13 +77,16 @@ func parseVerifyFlags(args []string, out io.Writer) (verifyFlags, error) {
 		return verifyFlags{}, usageError{fmt.Sprintf("audit verify takes no arguments, got %q", fs.Args())}
 	}
 	var f verifyFlags
-	f.operation, f.journal = *op, *journal
-	if *since != "" {
-		t, err := time.Parse(time.RFC3339, *since)
-		if err != nil {
-			return verifyFlags{}, usageError{fmt.Sprintf("audit verify: --since %q is not an RFC 3339 time", *since)}
-		}
-		f.since = t
+	f.operation, f.journal, f.bundle, f.checkpoint = *op, *journal, *bundle, *cp
+	if f.bundle != "" && (f.journal != "" || f.operation != "" || *since != "") {
+		return verifyFlags{}, usageError{"audit verify: --bundle checks the bundle as exported: no --journal, --operation or --since"}
+	}
+	if f.journal != "" && f.checkpoint != "" {
+		return verifyFlags{}, usageError{"audit verify: a journal has no checkpoints to pin"}
+	}
+	var err error
+	if f.since, err = parseTimeFlag("audit verify", "since", *since); err != nil {
+		return verifyFlags{}, err
 	}
 	if *pub != "" {
 		k, err := auditchain.ParsePublicKey(*pub)
@@ -87,13 +98,54 @@ func parseVerifyFlags(args []string, out io.Writer) (verifyFlags, error) {
 	return f, nil
 }
 
+// parseTimeFlag reads an RFC 3339 time flag; empty is the zero time.
+func parseTimeFlag(cmd, name, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return time.Time{}, usageError{fmt.Sprintf("%s: --%s %q is not an RFC 3339 time", cmd, name, v)}
+	}
+	return t, nil
+}
+
+func parseExportFlags(args []string, out io.Writer) (audit.ExportOptions, error) {
+	fs := flag.NewFlagSet("audit export", flag.ContinueOnError)
+	fs.SetOutput(out)
+	since := fs.String("since", "", "records and checkpoints written at or after this time (RFC 3339)")
+	until := fs.String("until", "", "records and checkpoints written at or before this time (RFC 3339)")
+	op := fs.String("operation", "", "this operation's chain and its approvals' chains, whole")
+	if err := fs.Parse(args); err != nil {
+		return audit.ExportOptions{}, usageError{"audit export: " + err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return audit.ExportOptions{}, usageError{fmt.Sprintf("audit export takes no arguments, got %q", fs.Args())}
+	}
+	opt := audit.ExportOptions{OperationID: *op}
+	if *op != "" && (*since != "" || *until != "") {
+		return audit.ExportOptions{}, usageError{"audit export: --operation exports the whole operation: no --since or --until"}
+	}
+	var err error
+	if opt.Since, err = parseTimeFlag("audit export", "since", *since); err != nil {
+		return audit.ExportOptions{}, err
+	}
+	if opt.Until, err = parseTimeFlag("audit export", "until", *until); err != nil {
+		return audit.ExportOptions{}, err
+	}
+	return opt, nil
+}
+
 func checkAudit(args []string) error {
 	if len(args) == 0 {
-		return usageError{"audit needs a subcommand: verify, public-key or timeline"}
+		return usageError{"audit needs a subcommand: verify, export, public-key or timeline"}
 	}
 	switch args[0] {
 	case "verify":
 		_, err := parseVerifyFlags(args[1:], io.Discard)
+		return err
+	case "export":
+		_, err := parseExportFlags(args[1:], io.Discard)
 		return err
 	case "public-key":
 		if len(args) > 1 {
@@ -106,7 +158,7 @@ func checkAudit(args []string) error {
 		}
 		return nil
 	}
-	return usageError{fmt.Sprintf("unknown audit subcommand %q: want verify, public-key or timeline", args[0])}
+	return usageError{fmt.Sprintf("unknown audit subcommand %q: want verify, export, public-key or timeline", args[0])}
 }
 
 func runAudit(ctx context.Context, inv invocation) error {
@@ -119,6 +171,8 @@ func runAudit(ctx context.Context, inv invocation) error {
 		return err
 	case "verify":
 		return runAuditVerify(ctx, inv)
+	case "export":
+		return runAuditExport(ctx, inv)
 	case "timeline":
 		return runAuditTimeline(ctx, inv, inv.args[1])
 	}
@@ -142,15 +196,42 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 	case pub == nil:
 		keyNote = "not checked (no public key given): a rewrite that recomputes every hash would pass"
 	}
-	db, err := openAuditDB(inv.cfg)
-	if err != nil {
-		return exitError{code: 2, err: err}
-	}
-	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{Since: f.since, OperationID: f.operation, PublicKey: pub})
-	if err != nil {
-		return exitError{code: 2, err: err}
-	}
+	var rep audit.Report
 	w := inv.stdout
+	if f.bundle != "" {
+		brep, err := verifyBundle(f, pub)
+		if err != nil {
+			return exitError{code: 2, err: err}
+		}
+		rep = brep.Report
+		if brep.KeyFromBundle {
+			keyNote = "checked with the bundle's own public key: compare it with the key the operator published, or give --public-key"
+		}
+		scope := "the whole record"
+		switch {
+		case brep.Operation != "":
+			scope = "operation " + brep.Operation
+		case !brep.Since.IsZero() || !brep.Until.IsZero():
+			scope = "records and checkpoints"
+			if !brep.Since.IsZero() {
+				scope += " since " + brep.Since.UTC().Format(time.RFC3339)
+			}
+			if !brep.Until.IsZero() {
+				scope += " until " + brep.Until.UTC().Format(time.RFC3339)
+			}
+		}
+		fmt.Fprintf(w, "bundle %s: %s, exported at %s\n", f.bundle, scope, brep.ExportedAt.UTC().Format(time.RFC3339))
+	} else {
+		db, err := openAuditDB(inv.cfg)
+		if err != nil {
+			return exitError{code: 2, err: err}
+		}
+		rep, err = audit.Verify(ctx, db, audit.VerifyOptions{Since: f.since, OperationID: f.operation, PublicKey: pub,
+			Checkpoint: f.checkpoint})
+		if err != nil {
+			return exitError{code: 2, err: err}
+		}
+	}
 	fmt.Fprintf(w, "checked %d chains (operations and approvals), %d records, %d checkpoints\n", rep.Chains, rep.Records, rep.Checkpoints)
 	fmt.Fprintf(w, "signatures: %s\n", keyNote)
 	if cp := rep.LastCheckpoint; cp != nil {
@@ -167,6 +248,35 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 		fmt.Fprintf(w, "BROKEN %s\n", p)
 	}
 	return exitError{code: 1, err: fmt.Errorf("audit verify: %d broken chains", len(rep.Problems))}
+}
+
+func verifyBundle(f verifyFlags, pub ed25519.PublicKey) (audit.BundleReport, error) {
+	file, err := os.Open(f.bundle)
+	if err != nil {
+		return audit.BundleReport{}, fmt.Errorf("audit verify: %w", err)
+	}
+	defer file.Close()
+	return audit.VerifyBundle(file, audit.BundleOptions{PublicKey: pub, Checkpoint: f.checkpoint})
+}
+
+// runAuditExport writes a bundle to stdout: the operator redirects it to a file and hands it to an auditor, who
+// checks it with `audit verify --bundle`.
+func runAuditExport(ctx context.Context, inv invocation) error {
+	opt, err := parseExportFlags(inv.args[1:], inv.stdout)
+	if err != nil {
+		return err
+	}
+	if inv.cfg.AuditSigningKey != nil {
+		opt.PublicKey = inv.cfg.AuditSigningKey.PublicKey()
+	}
+	db, err := openAuditDB(inv.cfg)
+	if err != nil {
+		return exitError{code: 2, err: err}
+	}
+	if err := audit.Export(ctx, db, opt, inv.stdout); err != nil {
+		return exitError{code: 2, err: err}
+	}
+	return nil
 }
 
 // verifyJournal checks an agent's journal (pkg/agent) with the same chain code, same exit codes.

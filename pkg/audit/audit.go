@@ -9,6 +9,9 @@
 //   - CheckpointWorker seals the heads of the chains that moved, every interval, optionally signed; any number
 //     of replicas may run it and one chain of checkpoints results.
 //
+//   - Export writes a bundle of records with the checkpoints and key that check them; VerifyBundle checks it with
+//     no database, by the same checks as Verify.
+//
 //   - Verify reads everything back in one snapshot, read-only, and reports the first bad record of each chain.
 //
 //     w := &audit.CheckpointWorker{DB: db, Signer: signer, Interval: 10 * time.Second, Logger: logger}

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -29,6 +30,9 @@ type VerifyOptions struct {
 	AccountID string
 	// PublicKey, when set, requires every checkpoint checked to carry a valid signature by its key.
 	PublicKey ed25519.PublicKey
+	// Checkpoint, when set, is the hash of a checkpoint the auditor kept elsewhere: the checkpoints checked must
+	// include it, so a record whose newest checkpoints were removed, or replaced by forged ones, fails.
+	Checkpoint string
 }
 
 // Report is what Verify checked and found.
@@ -106,7 +110,10 @@ var sources = []chainSource{
 func Verify(ctx context.Context, db *gorm.DB, opt VerifyOptions) (Report, error) {
 	var rep Report
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		return verifyIn(ctx, tx, opt, &rep)
+		var err error
+		rep, err = check(&dbEvidence{ctx: ctx, tx: tx, opt: opt}, checkOptions{seals: opt.OperationID != "",
+			whole: opt.OperationID == "" && opt.Since.IsZero(), pub: opt.PublicKey, pin: opt.Checkpoint})
+		return err
 	}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
 		return Report{}, fmt.Errorf("audit: verify: %w", err)
@@ -114,30 +121,38 @@ func Verify(ctx context.Context, db *gorm.DB, opt VerifyOptions) (Report, error)
 	return rep, nil
 }
 
-func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) error {
-	q := `SELECT ` + checkpointColumns + ` FROM audit_checkpoints`
-	var args []any
-	switch {
-	case opt.OperationID != "":
-		for i, chain := range append([]string{opt.OperationID}, opt.Chains...) {
-			if i == 0 {
-				q += ` WHERE heads @> ?::jsonb`
-			} else {
-				q += ` OR heads @> ?::jsonb`
-			}
-			seal, err := json.Marshal([]map[string]string{{"chain": chain}})
-			if err != nil {
-				return err
-			}
-			args = append(args, string(seal))
-		}
-	case !opt.Since.IsZero():
-		q += ` WHERE created_at >= ?`
-		args = append(args, opt.Since)
-	}
-	var cpRows []checkpointRow
-	if err := tx.Raw(q+` ORDER BY seq`, args...).Scan(&cpRows).Error; err != nil {
-		return err
+// evidence is where a verification reads the audit record: the database (dbEvidence) or an exported bundle
+// (bundleEvidence). Both are checked by check, so a bundle is held to exactly the checks the database is.
+type evidence interface {
+	// checkpoints returns the checkpoints in scope, in stored order.
+	checkpoints() ([]checkpointRow, error)
+	// scope names the chains to check, given the heads the checkpoints vouch for; scoped is false for all.
+	scope(want map[string]auditchain.Expectation) (names []string, scoped bool, err error)
+	// heads returns the store's own heads of the chains in scope.
+	heads(scoped bool, names []string) ([]auditchain.Head, error)
+	// chains gives emit each chain in scope as stored, its records in stored order (a chain given twice or
+	// cut short is the verifier's to find).
+	chains(scoped bool, names []string, emit func(name string, recs []auditchain.Record)) error
+}
+
+// checkOptions say how check holds the checkpoints.
+type checkOptions struct {
+	// seals checks them one by one (VerifySeals), not as one run: those that sealed one operation.
+	seals bool
+	// whole says they are all of them, so the run starts at the first: checkpoints are never deleted.
+	whole bool
+	pub   ed25519.PublicKey
+	// pin is a checkpoint's hash they must include (VerifyOptions.Checkpoint).
+	pin string
+}
+
+// check runs every check of a verification on ev: the checkpoints, then each chain in scope against them and
+// against the heads.
+func check(ev evidence, opt checkOptions) (Report, error) {
+	var rep Report
+	cpRows, err := ev.checkpoints()
+	if err != nil {
+		return Report{}, err
 	}
 	cps := make([]auditchain.Checkpoint, 0, len(cpRows))
 	for _, r := range cpRows {
@@ -154,44 +169,28 @@ func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) 
 		rep.LastCheckpoint = &cps[len(cps)-1]
 	}
 	verifyCheckpoints := auditchain.VerifyCheckpoints
-	if opt.OperationID != "" {
+	if opt.seals {
 		verifyCheckpoints = auditchain.VerifySeals
 	}
-	want, p := verifyCheckpoints(cps, opt.PublicKey)
+	want, p := verifyCheckpoints(cps, opt.pub)
+	if p == nil && opt.whole && len(cps) > 0 && cps[0].Seq != 1 {
+		p = &auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.CheckpointChain, Seq: cps[0].Seq,
+			Ref: fmt.Sprintf("checkpoint %d", cps[0].Seq), Detail: fmt.Sprintf("checkpoints 1 to %d, before it, are missing", cps[0].Seq-1)}
+	}
 	if p != nil {
 		rep.Problems = append(rep.Problems, *p)
 	}
-
-	// Which chains: all, or those in scope plus every chain an in-scope checkpoint sealed.
-	var names []string
-	scoped := opt.OperationID != "" || !opt.Since.IsZero()
-	if scoped {
-		set := map[string]bool{}
-		if opt.OperationID != "" {
-			set[opt.OperationID] = true
-			for _, c := range opt.Chains {
-				set[c] = true
-			}
-		} else {
-			for name := range want {
-				set[name] = true
-			}
-			for _, s := range sources {
-				var moved []string
-				err := tx.Raw(`SELECT DISTINCT `+s.chainColumn+` FROM `+s.table+` WHERE created_at >= ?`, opt.Since).Scan(&moved).Error
-				if err != nil {
-					return err
-				}
-				for _, n := range moved {
-					set[n] = true
-				}
-			}
-		}
-		for n := range set {
-			names = append(names, n)
-		}
+	// The checks above hold each checkpoint's hash to its content and (in a run) to its successor's link, so a
+	// pinned hash found among them is the one the auditor kept, and every checkpoint before it links to it.
+	if pin := opt.pin; pin != "" && !slices.ContainsFunc(cps, func(cp auditchain.Checkpoint) bool { return cp.Hash == pin }) {
+		rep.Problems = append(rep.Problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.CheckpointChain,
+			Detail: fmt.Sprintf("the pinned checkpoint %s is not among them: the newest checkpoints were removed or forged", pin)})
 	}
 
+	names, scoped, err := ev.scope(want)
+	if err != nil {
+		return Report{}, err
+	}
 	var v auditchain.Verifier
 	for name, e := range want {
 		if !scoped || contains(names, name) {
@@ -200,32 +199,141 @@ func verifyIn(ctx context.Context, tx *gorm.DB, opt VerifyOptions, rep *Report) 
 	}
 	// The head table is the store's own bookkeeping: weaker evidence than a signed checkpoint, but it covers the
 	// records written since the last checkpoint.
+	heads, err := ev.heads(scoped, names)
+	if err != nil {
+		return Report{}, err
+	}
+	for _, h := range heads {
+		v.Expect(auditchain.Expectation{Head: h, Source: "the chain head table"})
+	}
+	if err := ev.chains(scoped, names, v.Chain); err != nil {
+		return Report{}, err
+	}
+	v.Finish(func(chain string) bool { return !scoped || contains(names, chain) })
+	rep.Chains, rep.Records = v.Chains, v.Records
+	rep.Problems = append(rep.Problems, v.Problems...)
+	return rep, nil
+}
+
+// dbEvidence reads the audit record from the database, in the caller's snapshot.
+type dbEvidence struct {
+	ctx context.Context
+	tx  *gorm.DB
+	opt VerifyOptions
+	// until, when set, leaves out the checkpoints written after it and the records written after it from the
+	// choice of chains (an export's --until).
+	until time.Time
+	// run, with opt.OperationID, reads the checkpoints as one unbroken run, from the first that sealed one of
+	// the chains to the newest, so they can be checked as a chain (an export's --operation).
+	run bool
+}
+
+func (e *dbEvidence) checkpoints() ([]checkpointRow, error) {
+	q := `SELECT ` + checkpointColumns + ` FROM audit_checkpoints WHERE true`
+	var args []any
+	switch {
+	case e.opt.OperationID != "":
+		var sealed string
+		for i, chain := range e.chainNames() {
+			if i > 0 {
+				sealed += ` OR `
+			}
+			sealed += `heads @> ?::jsonb`
+			seal, err := json.Marshal([]map[string]string{{"chain": chain}})
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, string(seal))
+		}
+		if e.run {
+			q += ` AND seq >= (SELECT min(seq) FROM audit_checkpoints WHERE ` + sealed + `)`
+		} else {
+			q += ` AND (` + sealed + `)`
+		}
+	case !e.opt.Since.IsZero():
+		q += ` AND created_at >= ?`
+		args = append(args, e.opt.Since)
+	}
+	if !e.until.IsZero() {
+		q += ` AND created_at <= ?`
+		args = append(args, e.until)
+	}
+	var rows []checkpointRow
+	if err := e.tx.WithContext(e.ctx).Raw(q+` ORDER BY seq`, args...).Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// chainNames is the operation's chain and the other chains checked with it.
+func (e *dbEvidence) chainNames() []string {
+	return append([]string{e.opt.OperationID}, e.opt.Chains...)
+}
+
+// scope is every chain, or those of the operation, or those an in-scope checkpoint sealed and those with records
+// written in the time range.
+func (e *dbEvidence) scope(want map[string]auditchain.Expectation) ([]string, bool, error) {
+	if e.opt.OperationID != "" {
+		return e.chainNames(), true, nil
+	}
+	if e.opt.Since.IsZero() && e.until.IsZero() {
+		return nil, false, nil
+	}
+	set := map[string]bool{}
+	for name := range want {
+		set[name] = true
+	}
+	for _, s := range sources {
+		q := `SELECT DISTINCT ` + s.chainColumn + ` FROM ` + s.table + ` WHERE true`
+		var args []any
+		if !e.opt.Since.IsZero() {
+			q += ` AND created_at >= ?`
+			args = append(args, e.opt.Since)
+		}
+		if !e.until.IsZero() {
+			q += ` AND created_at <= ?`
+			args = append(args, e.until)
+		}
+		var moved []string
+		if err := e.tx.WithContext(e.ctx).Raw(q, args...).Scan(&moved).Error; err != nil {
+			return nil, false, err
+		}
+		for _, n := range moved {
+			set[n] = true
+		}
+	}
+	names := make([]string, 0, len(set))
+	for n := range set {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names, true, nil
+}
+
+func (e *dbEvidence) heads(scoped bool, names []string) ([]auditchain.Head, error) {
 	var heads []auditchain.Head
 	hq := `SELECT chain, seq, hash FROM audit_chain_heads WHERE true`
 	var hargs []any
-	if opt.AccountID != "" {
+	if e.opt.AccountID != "" {
 		hq += ` AND account_id = ?`
-		hargs = append(hargs, opt.AccountID)
+		hargs = append(hargs, e.opt.AccountID)
 	}
 	if scoped {
 		hq += ` AND chain IN ?`
 		hargs = append(hargs, names)
 	}
-	if err := tx.Raw(hq, hargs...).Scan(&heads).Error; err != nil {
-		return err
+	if err := e.tx.WithContext(e.ctx).Raw(hq+` ORDER BY chain`, hargs...).Scan(&heads).Error; err != nil {
+		return nil, err
 	}
-	for _, h := range heads {
-		v.Expect(auditchain.Expectation{Head: h, Source: "the chain head table"})
-	}
+	return heads, nil
+}
 
+func (e *dbEvidence) chains(scoped bool, names []string, emit func(string, []auditchain.Record)) error {
 	for _, s := range sources {
-		if err := verifySource(ctx, tx, s, opt.AccountID, scoped, names, &v); err != nil {
+		if err := verifySource(e.ctx, e.tx, s, e.opt.AccountID, scoped, names, emit); err != nil {
 			return err
 		}
 	}
-	v.Finish(func(chain string) bool { return !scoped || contains(names, chain) })
-	rep.Chains, rep.Records = v.Chains, v.Records
-	rep.Problems = append(rep.Problems, v.Problems...)
 	return nil
 }
 
@@ -240,7 +348,7 @@ func contains(names []string, n string) bool {
 
 // verifySource streams one table's records, ordered by chain and then by storage order (the order readers see),
 // and verifies each chain as it completes.
-func verifySource(ctx context.Context, tx *gorm.DB, s chainSource, accountID string, scoped bool, names []string, v *auditchain.Verifier) error {
+func verifySource(ctx context.Context, tx *gorm.DB, s chainSource, accountID string, scoped bool, names []string, emit func(string, []auditchain.Record)) error {
 	q := `SELECT ` + s.columns + ` FROM ` + s.table + ` WHERE true`
 	var args []any
 	if accountID != "" {
@@ -260,7 +368,7 @@ func verifySource(ctx context.Context, tx *gorm.DB, s chainSource, accountID str
 	var recs []auditchain.Record
 	flush := func() {
 		if cur != "" {
-			v.Chain(cur, recs)
+			emit(cur, recs)
 		}
 		recs = recs[:0]
 	}
