@@ -85,7 +85,7 @@ func Example_gin() {
 }
 
 // External mode: the claim commits with a lease, the effect leaves the process with a downstream key derived from
-// the operation, and its answer is recorded after. A lost answer leaves the operation unknown for a Reconciler.
+// the account and the Idempotency-Key, and its answer is recorded after. A lost answer leaves the operation unknown for a Reconciler.
 func ExampleRunExternal() {
 	var db *gorm.DB
 	send := func(ctx context.Context, downstreamKey, text string) (string, error) { return "msg_1", nil } // the other side
@@ -101,7 +101,7 @@ func ExampleRunExternal() {
 		idemgin.DoExternal(h, c, idem.Request{Kind: "messages.send", Command: cmd}, idem.ExternalSteps[string]{
 			Call: func(ctx context.Context, op opstatus.Operation) (string, error) {
 				// Return an error wrapping idem.ErrOutcomeUnknown when the answer was lost.
-				return send(ctx, "rs-"+op.ID, cmd.Text)
+				return send(ctx, "rs-"+op.AccountID+"-"+op.IdempotencyKey, cmd.Text)
 			},
 			Record: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, messageID string, callErr error) (idem.Result, error) {
 				if callErr != nil {

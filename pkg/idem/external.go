@@ -28,8 +28,9 @@ type ExternalSteps[T any] struct {
 	// the key free, because nothing has left the process yet.
 	Prepare func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error
 	// Call performs the effect, outside any transaction, with a context that the caller hanging up does not
-	// cancel. Give the other side a key derived from op.ID, so a retry or a reconciler can never cause a second
-	// effect. Return an error matching ErrOutcomeUnknown when the answer was lost or late.
+	// cancel. Give the other side a key derived from the account and the Idempotency-Key (op.AccountID,
+	// op.IdempotencyKey): it survives even a claim lost with its database, so a retry or a reconciler can never
+	// cause a second effect. Return an error matching ErrOutcomeUnknown when the answer was lost or late.
 	Call func(ctx context.Context, op opstatus.Operation) (T, error)
 	// Record writes what Call returned (or the definite error it returned) in one transaction with the stored
 	// response and the operation's final state. Reconcilers record through Settle with the same code. A callErr
