@@ -74,6 +74,16 @@ func (p *Proxy) DSN(dsn string) string {
 // from it that a statement (a COMMIT) has left the client.
 func (p *Proxy) Held() int64 { return p.held.Load() }
 
+// Accepted is how many connections the proxy has accepted, refused ones included.
+func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
+
+// Open is how many proxied connections are open now.
+func (p *Proxy) Open() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns)
+}
+
 // CutAll closes every open connection at once, both sides, as a crash or an immediate restart of the server
 // does. New connections are accepted as before unless Refuse is on.
 func (p *Proxy) CutAll() {
