@@ -2119,7 +2119,8 @@ type ClientInterface interface {
 	// A refund that corrects a capture or refund the provider executed twice (an operation in state
 	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-	// `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
 	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
 	// correction's key replays it.
 	//
@@ -2145,7 +2146,8 @@ type ClientInterface interface {
 	// A refund that corrects a capture or refund the provider executed twice (an operation in state
 	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-	// `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
 	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
 	// correction's key replays it.
 	//
@@ -3299,7 +3301,8 @@ func (c *Client) ListPaymentIntentRefunds(ctx context.Context, id string, params
 // A refund that corrects a capture or refund the provider executed twice (an operation in state
 // `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 // the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-// `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
 // `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
 // correction's key replays it.
 //
@@ -3335,7 +3338,8 @@ func (c *Client) CreateRefundWithBody(ctx context.Context, id string, params *Cr
 // A refund that corrects a capture or refund the provider executed twice (an operation in state
 // `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 // the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-// `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
 // `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
 // correction's key replays it.
 //
@@ -6259,7 +6263,8 @@ type ClientWithResponsesInterface interface {
 	// A refund that corrects a capture or refund the provider executed twice (an operation in state
 	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-	// `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
 	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
 	// correction's key replays it.
 	//
@@ -6285,7 +6290,8 @@ type ClientWithResponsesInterface interface {
 	// A refund that corrects a capture or refund the provider executed twice (an operation in state
 	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-	// `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
 	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
 	// correction's key replays it.
 	//
@@ -11180,7 +11186,8 @@ func (c *ClientWithResponses) ListPaymentIntentRefundsWithResponse(ctx context.C
 // A refund that corrects a capture or refund the provider executed twice (an operation in state
 // `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 // the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-// `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
 // `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
 // correction's key replays it.
 //
@@ -11212,7 +11219,8 @@ func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Conte
 // A refund that corrects a capture or refund the provider executed twice (an operation in state
 // `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 // the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-// `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
 // `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
 // correction's key replays it.
 //

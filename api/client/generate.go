@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "44e3a7298791ace599edd005e585c49fde8e75cda7070701c70a1792ea57dd05"
+const SpecSHA256 = "a645e603b358e9e036a99d648bc31588034f7e79991bada8791299353c48d897"

@@ -285,7 +285,7 @@ func (s *Server) createRefund(c *gin.Context) {
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			if remediates != "" {
-				if err := s.remediate(ctx, tx, account, intentID, remediates, op, auth.From(c).Actor()); err != nil {
+				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor()); err != nil {
 					return err
 				}
 			}

@@ -60,16 +60,24 @@ SELECT intent_id FROM payment_refunds WHERE account_id = ? AND operation_id = ?
 UNION ALL
 SELECT id FROM payment_intents WHERE account_id = ? AND pending_operation_id = ?
 LIMIT 1`
+	// duplicateSQL reads the evidence the duplicate was settled on, the reconciler's last provider lookup that
+	// found the call: how many times it executed and the amount of one execution (the provider's answer).
+	duplicateSQL = `
+SELECT jsonb_array_length(detail->'effects') AS effects, (detail->'body'->>'amount_minor')::bigint AS amount_minor
+FROM operation_events
+WHERE account_id = ? AND operation_id = ? AND type = 'provider_lookup' AND jsonb_typeof(detail->'effects') = 'array'
+ORDER BY id DESC LIMIT 1`
 	remediatedBySQL = `
 SELECT detail->>'remediated_by' FROM operation_events
 WHERE account_id = ? AND operation_id = ? AND type = 'remediated_by' ORDER BY id LIMIT 1`
 )
 
 // remediate checks, in the claim transaction of refund operation op on intentID, that dupID names a
-// duplicate_effect_confirmed capture or refund of the same intent with no correction yet, and links the two.
+// duplicate_effect_confirmed capture or refund of the same intent with no correction yet, that the refund of
+// amountMinor does not return more than the duplicate took (the executions after the first), and links the two.
 // A second correction is a 409 already_remediated naming the first; a replay of the first correction's key never
 // gets here (idem answers it from the stored response).
-func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID, dupID string, op opstatus.Operation, actor string) error {
+func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID, dupID string, amountMinor int64, op opstatus.Operation, actor string) error {
 	db := tx.WithContext(ctx)
 	var locked []struct {
 		Kind  string
@@ -93,6 +101,22 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 	}
 	if len(intent) == 0 || intent[0] != intentID {
 		return headerProblem("names an operation of another payment intent; a correction refunds the intent the duplicate charged")
+	}
+	var dup []struct {
+		Effects     int64
+		AmountMinor *int64
+	}
+	if err := db.Raw(duplicateSQL, accountID, dupID).Scan(&dup).Error; err != nil {
+		return fmt.Errorf("payments: remediate %s: evidence: %w", dupID, err)
+	}
+	if len(dup) == 0 || dup[0].AmountMinor == nil || dup[0].Effects < 2 {
+		// Fail closed: without the evidence the duplicate amount is not known, and a person settles it.
+		return problem.New(problem.CodeInvalidState, "operation %s has no provider record of its duplicate to correct against", dupID).
+			With("operation_id", dupID).With("state", locked[0].State)
+	}
+	if extra := *dup[0].AmountMinor * (dup[0].Effects - 1); amountMinor > extra {
+		return problem.New(problem.CodeAmountTooLarge, "a correction refunds at most what the duplicate took: %d minor units (%d executions of %d)",
+			extra, dup[0].Effects, *dup[0].AmountMinor).With("available_minor", extra)
 	}
 	var by []string
 	if err := db.Raw(remediatedBySQL, accountID, dupID).Scan(&by).Error; err != nil {

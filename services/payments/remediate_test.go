@@ -35,6 +35,11 @@ func testRemediation(t *testing.T, h *harness) {
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 2})
 
 	fix := apitest.Header(payments.HeaderRemediates, dup.ID)
+	// More than the duplicate took is no correction.
+	r := b.agent.Post(refunds, `{"amount":"3.01"}`, fix, apitest.Key("too-much")).Status(t, http.StatusUnprocessableEntity)
+	if code(t, r) != "amount_too_large" || r.JSON(t)["available_minor"] != float64(300) {
+		t.Errorf("correction above the duplicate: %s", r.Body)
+	}
 	res := race(2, func(i int) *apitest.Response {
 		return b.agent.Post(refunds, `{"amount":"3.00","reason":"duplicate refund"}`, fix, apitest.Key([]string{"fix-1", "fix-2"}[i]))
 	})
@@ -89,7 +94,7 @@ func testRemediation(t *testing.T, h *harness) {
 
 	// Refusals before anything is sent.
 	captureOp := capture.Header.Get(idem.HeaderOperationID)
-	r := b.agent.Post(refunds, `{"amount":"1.00"}`, apitest.Header(payments.HeaderRemediates, captureOp), apitest.Key("not-dup")).Status(t, http.StatusConflict)
+	r = b.agent.Post(refunds, `{"amount":"1.00"}`, apitest.Header(payments.HeaderRemediates, captureOp), apitest.Key("not-dup")).Status(t, http.StatusConflict)
 	if code(t, r) != "invalid_state" || r.Str(t, "state") != "succeeded" {
 		t.Errorf("correction of a succeeded capture: %s", r.Body)
 	}

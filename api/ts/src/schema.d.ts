@@ -505,7 +505,8 @@ export interface paths {
          *     A refund that corrects a capture or refund the provider executed twice (an operation in state
          *     `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
          *     the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-         *     `remediates_operation_id`). A duplicate is corrected once: a second correction under another key is 409
+         *     `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+         *     first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
          *     `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
          *     correction's key replays it.
          */
