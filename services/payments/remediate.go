@@ -75,6 +75,8 @@ WHERE account_id = ? AND operation_id = ? AND type = 'remediated_by' ORDER BY id
 // remediate checks, in the claim transaction of refund operation op on intentID, that dupID names a
 // duplicate_effect_confirmed capture or refund of the same intent with no correction yet, that the refund of
 // amountMinor does not return more than the duplicate took (the executions after the first), and links the two.
+// A duplicated capture leaves its intent reserved (capturing), which no refund passes (ReserveRefund's 409
+// invalid_state) until the intent is settled: the ledger cannot hold more captured than authorized.
 // A second correction is a 409 already_remediated naming the first; a replay of the first correction's key never
 // gets here (idem answers it from the stored response).
 func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID, dupID string, amountMinor int64, op opstatus.Operation, actor string) error {
@@ -102,6 +104,15 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 	if len(intent) == 0 || intent[0] != intentID {
 		return headerProblem("names an operation of another payment intent; a correction refunds the intent the duplicate charged")
 	}
+	var by []string
+	if err := db.Raw(remediatedBySQL, accountID, dupID).Scan(&by).Error; err != nil {
+		return fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
+	}
+	if len(by) > 0 {
+		return problem.New(problem.CodeAlreadyRemediated,
+			"operation %s is already corrected by operation %s; a second correction would refund the duplicate twice", dupID, by[0]).
+			With("operation_id", dupID).With("remediated_by", by[0])
+	}
 	var dup []struct {
 		Effects     int64
 		AmountMinor *int64
@@ -117,15 +128,6 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 	if extra := *dup[0].AmountMinor * (dup[0].Effects - 1); amountMinor > extra {
 		return problem.New(problem.CodeAmountTooLarge, "a correction refunds at most what the duplicate took: %d minor units (%d executions of %d)",
 			extra, dup[0].Effects, *dup[0].AmountMinor).With("available_minor", extra)
-	}
-	var by []string
-	if err := db.Raw(remediatedBySQL, accountID, dupID).Scan(&by).Error; err != nil {
-		return fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
-	}
-	if len(by) > 0 {
-		return problem.New(problem.CodeAlreadyRemediated,
-			"operation %s is already corrected by operation %s; a second correction would refund the duplicate twice", dupID, by[0]).
-			With("operation_id", dupID).With("remediated_by", by[0])
 	}
 	if err := opstatus.Append(ctx, tx, accountID, dupID, EventRemediatedBy, actor,
 		map[string]any{"remediated_by": op.ID}); err != nil {
