@@ -59,6 +59,10 @@ func testRemediation(t *testing.T, h *harness) {
 		t.Errorf("second correction: %s; want already_remediated naming %s", res[1].Body, fixOp)
 	}
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 3})
+	r = b.agent.Post(refunds, `{"amount":"5.00"}`, fix, apitest.Key("fix-3")).Status(t, http.StatusConflict)
+	if code(t, r) != "already_remediated" {
+		t.Errorf("a later, larger correction: %s; want already_remediated", r.Body)
+	}
 
 	// The correction's key replays; the refused one left its key free and no row behind.
 	replay := b.agent.Post(refunds, `{"amount":"3.00","reason":"duplicate refund"}`, fix, apitest.Key(wonKey)).Status(t, http.StatusCreated)
