@@ -738,7 +738,10 @@ type Problem struct {
 		Field   string `json:"field"`
 		Message string `json:"message"`
 	} `json:"errors,omitempty"`
-	OperationId          *string                `json:"operation_id,omitempty"`
+	OperationId *string `json:"operation_id,omitempty"`
+
+	// RemediatedBy already_remediated: the operation that corrected the duplicate.
+	RemediatedBy         *string                `json:"remediated_by,omitempty"`
 	State                *string                `json:"state,omitempty"`
 	Status               int                    `json:"status"`
 	Title                string                 `json:"title"`
@@ -850,15 +853,18 @@ type TicketCreateResult struct {
 	CreatedAt time.Time `json:"created_at"`
 
 	// Deduplicated true when a ticket for this source_event_id already existed.
-	Deduplicated  bool           `json:"deduplicated"`
-	Description   string         `json:"description"`
-	Id            string         `json:"id"`
-	Priority      TicketPriority `json:"priority"`
-	Project       string         `json:"project"`
-	SourceEventId *string        `json:"source_event_id"`
-	Status        TicketStatus   `json:"status"`
-	Title         string         `json:"title"`
-	UpdatedAt     time.Time      `json:"updated_at"`
+	Deduplicated bool `json:"deduplicated"`
+
+	// DeduplicatedAgainst On a deduplicated answer, the operation that created the ticket. Both operations record the link (deduplicated_against and deduplicated_by events and timeline fields), so a retry of that operation under another key is told apart from another request that carried the same source_event_id.
+	DeduplicatedAgainst *string        `json:"deduplicated_against,omitempty"`
+	Description         string         `json:"description"`
+	Id                  string         `json:"id"`
+	Priority            TicketPriority `json:"priority"`
+	Project             string         `json:"project"`
+	SourceEventId       *string        `json:"source_event_id"`
+	Status              TicketStatus   `json:"status"`
+	Title               string         `json:"title"`
+	UpdatedAt           time.Time      `json:"updated_at"`
 }
 
 // TicketPriority defines model for TicketPriority.
@@ -892,12 +898,24 @@ type Timeline struct {
 		Problems    []string `json:"problems"`
 		Records     int      `json:"records"`
 	} `json:"chain"`
+
+	// DeduplicatedAgainst The operation that created the resource this one found already there (a ticket of the same source_event_id).
+	DeduplicatedAgainst *string `json:"deduplicated_against"`
+
+	// DeduplicatedBy The operations answered deduplicated with the resource this one created.
+	DeduplicatedBy []string        `json:"deduplicated_by"`
 	Entries        []TimelineEntry `json:"entries"`
 	Fingerprint    *string         `json:"fingerprint,omitempty"`
 	IdempotencyKey *string         `json:"idempotency_key,omitempty"`
 	Kind           string          `json:"kind"`
 	OperationId    string          `json:"operation_id"`
-	Resource       *struct {
+
+	// RemediatedBy The operation that corrects this duplicate_effect_confirmed one.
+	RemediatedBy []string `json:"remediated_by"`
+
+	// RemediatesOperationId The duplicate_effect_confirmed operation this one corrects (Remediates-Operation-Id).
+	RemediatesOperationId *string `json:"remediates_operation_id"`
+	Resource              *struct {
 		Id   string `json:"id"`
 		Type string `json:"type"`
 	} `json:"resource"`
@@ -964,6 +982,9 @@ type Limit = int
 
 // Prefer defines model for Prefer.
 type Prefer = string
+
+// RemediatesOperationId defines model for RemediatesOperationId.
+type RemediatesOperationId = string
 
 // BadRequest RFC 9457 problem details with a machine-readable code.
 type BadRequest = Problem
@@ -1151,6 +1172,9 @@ type CreateRefundParams struct {
 
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+
+	// RemediatesOperationId The duplicate_effect_confirmed capture or refund of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. Already corrected: 409 already_remediated with remediated_by.
+	RemediatesOperationId *RemediatesOperationId `json:"Remediates-Operation-Id,omitempty"`
 }
 
 // ListTicketsParams defines parameters for ListTickets.
@@ -1321,6 +1345,14 @@ func (a *Problem) UnmarshalJSON(b []byte) error {
 		delete(object, "operation_id")
 	}
 
+	if raw, found := object["remediated_by"]; found {
+		err = json.Unmarshal(raw, &a.RemediatedBy)
+		if err != nil {
+			return fmt.Errorf("error reading 'remediated_by': %w", err)
+		}
+		delete(object, "remediated_by")
+	}
+
 	if raw, found := object["state"]; found {
 		err = json.Unmarshal(raw, &a.State)
 		if err != nil {
@@ -1393,6 +1425,13 @@ func (a Problem) MarshalJSON() ([]byte, error) {
 		object["operation_id"], err = json.Marshal(a.OperationId)
 		if err != nil {
 			return nil, fmt.Errorf("error marshaling 'operation_id': %w", err)
+		}
+	}
+
+	if a.RemediatedBy != nil {
+		object["remediated_by"], err = json.Marshal(a.RemediatedBy)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'remediated_by': %w", err)
 		}
 	}
 
@@ -2077,6 +2116,14 @@ type ClientInterface interface {
 	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
 	// key.
 	//
+	// A refund that corrects a capture or refund the provider executed twice (an operation in state
+	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+	// correction's key replays it.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
@@ -2095,6 +2142,14 @@ type ClientInterface interface {
 	// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
 	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
 	// key.
+	//
+	// A refund that corrects a capture or refund the provider executed twice (an operation in state
+	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+	// correction's key replays it.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2118,7 +2173,8 @@ type ClientInterface interface {
 	// CreateTicketWithBody Create a ticket, deduplicated by source_event_id.
 	//
 	// 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-	// under another idempotency key), 200 with that ticket and `deduplicated: true`.
+	// under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+	// operation that created it; both operations' timelines link the two.
 	//
 	// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
 	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
@@ -2133,7 +2189,8 @@ type ClientInterface interface {
 	// CreateTicket Create a ticket, deduplicated by source_event_id.
 	//
 	// 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-	// under another idempotency key), 200 with that ticket and `deduplicated: true`.
+	// under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+	// operation that created it; both operations' timelines link the two.
 	//
 	// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
 	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
@@ -3241,6 +3298,14 @@ func (c *Client) ListPaymentIntentRefunds(ctx context.Context, id string, params
 // it did with that key and settles the operation) or poll the operation; never send the action again under a new
 // key.
 //
+// A refund that corrects a capture or refund the provider executed twice (an operation in state
+// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+// correction's key replays it.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
@@ -3269,6 +3334,14 @@ func (c *Client) CreateRefundWithBody(ctx context.Context, id string, params *Cr
 // answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
 // it did with that key and settles the operation) or poll the operation; never send the action again under a new
 // key.
+//
+// A refund that corrects a capture or refund the provider executed twice (an operation in state
+// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+// correction's key replays it.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3322,7 +3395,8 @@ func (c *Client) ListTickets(ctx context.Context, params *ListTicketsParams, req
 // CreateTicketWithBody Create a ticket, deduplicated by source_event_id.
 //
 // 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-// under another idempotency key), 200 with that ticket and `deduplicated: true`.
+// under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+// operation that created it; both operations' timelines link the two.
 //
 // Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
 // `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
@@ -3347,7 +3421,8 @@ func (c *Client) CreateTicketWithBody(ctx context.Context, params *CreateTicketP
 // CreateTicket Create a ticket, deduplicated by source_event_id.
 //
 // 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-// under another idempotency key), 200 with that ticket and `deduplicated: true`.
+// under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+// operation that created it; both operations' timelines link the two.
 //
 // Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
 // `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
@@ -5041,6 +5116,17 @@ func NewCreateRefundRequestWithBody(server string, id string, params *CreateRefu
 			req.Header.Set("Approval-Id", headerParam2)
 		}
 
+		if params.RemediatesOperationId != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Remediates-Operation-Id", *params.RemediatesOperationId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Remediates-Operation-Id", headerParam3)
+		}
+
 	}
 
 	return req, nil
@@ -6174,6 +6260,14 @@ type ClientWithResponsesInterface interface {
 	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
 	// key.
 	//
+	// A refund that corrects a capture or refund the provider executed twice (an operation in state
+	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+	// correction's key replays it.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
@@ -6192,6 +6286,14 @@ type ClientWithResponsesInterface interface {
 	// answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
 	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
 	// key.
+	//
+	// A refund that corrects a capture or refund the provider executed twice (an operation in state
+	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+	// correction's key replays it.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6219,7 +6321,8 @@ type ClientWithResponsesInterface interface {
 	// CreateTicketWithBodyWithResponse Create a ticket, deduplicated by source_event_id.
 	//
 	// 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-	// under another idempotency key), 200 with that ticket and `deduplicated: true`.
+	// under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+	// operation that created it; both operations' timelines link the two.
 	//
 	// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
 	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
@@ -6234,7 +6337,8 @@ type ClientWithResponsesInterface interface {
 	// CreateTicketWithResponse Create a ticket, deduplicated by source_event_id.
 	//
 	// 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-	// under another idempotency key), 200 with that ticket and `deduplicated: true`.
+	// under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+	// operation that created it; both operations' timelines link the two.
 	//
 	// Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
 	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
@@ -11079,6 +11183,14 @@ func (c *ClientWithResponses) ListPaymentIntentRefundsWithResponse(ctx context.C
 // it did with that key and settles the operation) or poll the operation; never send the action again under a new
 // key.
 //
+// A refund that corrects a capture or refund the provider executed twice (an operation in state
+// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+// correction's key replays it.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/payment_intents/{id}/refunds (the `CreateRefund` operationId).
@@ -11103,6 +11215,14 @@ func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Conte
 // answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
 // it did with that key and settles the operation) or poll the operation; never send the action again under a new
 // key.
+//
+// A refund that corrects a capture or refund the provider executed twice (an operation in state
+// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+// correction's key replays it.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -11148,7 +11268,8 @@ func (c *ClientWithResponses) ListTicketsWithResponse(ctx context.Context, param
 // CreateTicketWithBodyWithResponse Create a ticket, deduplicated by source_event_id.
 //
 // 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-// under another idempotency key), 200 with that ticket and `deduplicated: true`.
+// under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+// operation that created it; both operations' timelines link the two.
 //
 // Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
 // `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
@@ -11169,7 +11290,8 @@ func (c *ClientWithResponses) CreateTicketWithBodyWithResponse(ctx context.Conte
 // CreateTicketWithResponse Create a ticket, deduplicated by source_event_id.
 //
 // 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-// under another idempotency key), 200 with that ticket and `deduplicated: true`.
+// under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+// operation that created it; both operations' timelines link the two.
 //
 // Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
 // `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409

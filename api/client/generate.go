@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "c773af4ff11fc3d9d8776e9c26d5c6bf51dd5061bfcb5f70bad1d99111e6be17"
+const SpecSHA256 = "430877c3a96d568ae1f43bb9bfb11367e6605614dda64bfcaecd813a3e6a2713"

@@ -356,7 +356,7 @@ func (a *Agent) decide(op *Operation) step {
 		return step{kind: "send", reason: ReasonDestination5xx, decision: "5xx_same_key_after_backoff", wait: wait}
 	case res.Code == "duplicate_effect_confirmed":
 		return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
-			next: "the service's records show this effect happened more than once; nothing is retried: a person corrects it with a new operation (see the body's remote ids)"}
+			next: remediationNext(serverOperationID(op, res)) + " (the body lists the remote ids)"}
 	case res.Code == "idempotency_key_reused":
 		return step{kind: "settle", state: StateRefused, why: "the service holds other arguments under this key: a changed intent",
 			next: "never retried: a changed intent is a new action_id that supersedes this one"}
@@ -371,6 +371,28 @@ func (a *Agent) decide(op *Operation) step {
 		return step{kind: "settle", state: StateRefused, why: fmt.Sprintf("the service refused it (%d %s)", res.Status, res.Code),
 			next: "refused and final: do not retry this action; fix the request and use a new action_id"}
 	}
+}
+
+// remediationNext is the next step of an operation the service settled duplicate_effect_confirmed: never a
+// retry, but one correction that names it, which the service links to it and accepts once.
+func remediationNext(serverOpID string) string {
+	if serverOpID == "" {
+		return "the service's records show this effect happened more than once; nothing is retried: a person corrects it " +
+			"with a refund of the duplicate amount on the same payment intent, sent with the header Remediates-Operation-Id " +
+			"naming this operation (GET /v1/operations?idempotency_key= finds it)"
+	}
+	return fmt.Sprintf("the service's records show this effect happened more than once; nothing is retried: a person "+
+		"corrects it with a refund of the duplicate amount on the same payment intent, sent with the header "+
+		"Remediates-Operation-Id: %s (the service accepts one correction of it; both timelines, "+
+		"GET /v1/operations/%s/timeline, show the link)", serverOpID, serverOpID)
+}
+
+// serverOperationID is the service's operation of op as the answer res names it, else as the journal knows it.
+func serverOperationID(op *Operation, res *AttemptResult) string {
+	if res != nil && res.ServerOperationID != "" {
+		return res.ServerOperationID
+	}
+	return op.ServerOperationID()
 }
 
 // responseExpired reads a 409 idempotency_response_expired: the service kept the key, not its stored answer,
@@ -436,7 +458,7 @@ func (a *Agent) accepted(op *Operation, res *AttemptResult, obs []*Observation, 
 		}
 		if state == "duplicate_effect_confirmed" {
 			return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
-				next: "the service's records show this effect happened more than once; nothing is retried: a person corrects it with a new operation"}
+				next: remediationNext(serverOperationID(op, res))}
 		}
 		return step{kind: "settle", state: StateFailed, why: "the service reports the operation " + state,
 			next: "the service says it did not complete: to try again, call with a new action_id"}

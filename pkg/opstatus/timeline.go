@@ -14,7 +14,9 @@ import (
 
 // Timeline is one operation's story for an investigator: every attempt, dispatch, observation and state change
 // in chain order, the approvals it used, the operations it replaces or that replace it, who settled it, and
-// whether its audit chain is intact.
+// whether its audit chain is intact. Links name other operations of the account: one it replaces or is
+// replaced by, the duplicate it corrects or its correction, the operation that created what it deduplicated
+// against or the operations deduplicated against it.
 type Timeline struct {
 	OperationID    string    `json:"operation_id"`
 	Kind           string    `json:"kind"`
@@ -27,6 +29,13 @@ type Timeline struct {
 	SettledAt    *time.Time `json:"settled_at"`
 	Supersedes   *string    `json:"supersedes_operation_id"`
 	SupersededBy []string   `json:"superseded_by"`
+	// Remediates is the duplicate_effect_confirmed operation this one corrects; RemediatedBy its correction.
+	Remediates   *string  `json:"remediates_operation_id"`
+	RemediatedBy []string `json:"remediated_by"`
+	// DeduplicatedAgainst is the operation that created what this one found already there (a ticket of the
+	// same source_event_id); DeduplicatedBy are the operations that found what this one created.
+	DeduplicatedAgainst *string  `json:"deduplicated_against"`
+	DeduplicatedBy      []string `json:"deduplicated_by"`
 	// Start is the time of the first attempt (or the first record); every offset_ms counts from it.
 	Start     time.Time          `json:"start"`
 	Entries   []TimelineEntry    `json:"entries"`
@@ -125,8 +134,9 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 	}
 	tl := Timeline{
 		OperationID: op.ID, Kind: op.Kind, State: op.State, IdempotencyKey: op.IdempotencyKey,
-		Fingerprint: op.Fingerprint, Resource: op.Resource, SupersededBy: []string{},
-		Entries: make([]TimelineEntry, 0, len(op.Events)), Approvals: []TimelineApproval{},
+		Fingerprint: op.Fingerprint, Resource: op.Resource, SupersededBy: []string{}, RemediatedBy: []string{},
+		DeduplicatedBy: []string{},
+		Entries:        make([]TimelineEntry, 0, len(op.Events)), Approvals: []TimelineApproval{},
 	}
 	tl.Start = op.CreatedAt
 	for _, ev := range op.Events {
@@ -152,6 +162,10 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 			Reason                string `json:"reason"`
 			SupersedesOperationID string `json:"supersedes_operation_id"`
 			SupersededBy          string `json:"superseded_by"`
+			Remediates            string `json:"remediates_operation_id"`
+			RemediatedBy          string `json:"remediated_by"`
+			DeduplicatedAgainst   string `json:"deduplicated_against"`
+			DeduplicatedBy        string `json:"deduplicated_by"`
 		}
 		if len(ev.Detail) > 0 {
 			_ = json.Unmarshal(ev.Detail, &d) // a detail of another shape still shows as detail
@@ -174,6 +188,18 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 		}
 		if d.SupersededBy != "" {
 			tl.SupersededBy = append(tl.SupersededBy, d.SupersededBy)
+		}
+		// The link events are written by the services that make the links (payments, tickets), named by
+		// their detail member.
+		switch ev.Type {
+		case "remediates":
+			tl.Remediates = nonEmpty(d.Remediates, tl.Remediates)
+		case "remediated_by":
+			tl.RemediatedBy = appendNonEmpty(tl.RemediatedBy, d.RemediatedBy)
+		case "deduplicated_against":
+			tl.DeduplicatedAgainst = nonEmpty(d.DeduplicatedAgainst, tl.DeduplicatedAgainst)
+		case "deduplicated_by":
+			tl.DeduplicatedBy = appendNonEmpty(tl.DeduplicatedBy, d.DeduplicatedBy)
 		}
 		if ev.ToState.Final() {
 			actor, at := ev.Actor, ev.CreatedAt
@@ -254,6 +280,20 @@ WHERE account_id = ? AND approval_id IN ? ORDER BY approval_id, id`, op.AccountI
 		a.Records = append(a.Records, TimelineApprovalRecord{Seq: r.ChainSeq, At: r.CreatedAt, Type: r.Type, Actor: r.Actor})
 	}
 	return out, nil
+}
+
+func nonEmpty(v string, old *string) *string {
+	if v == "" {
+		return old
+	}
+	return &v
+}
+
+func appendNonEmpty(list []string, v string) []string {
+	if v == "" {
+		return list
+	}
+	return append(list, v)
 }
 
 func keys(m map[string]int) []string {

@@ -54,6 +54,8 @@ const (
 	CodeProviderDeclined     Code = "provider_declined"
 	CodeProviderUnavailable  Code = "provider_unavailable"
 	CodeDuplicateEffect      Code = "duplicate_effect_confirmed"
+	// CodeAlreadyRemediated: the duplicate an operation names in Remediates-Operation-Id already has its correction.
+	CodeAlreadyRemediated Code = "already_remediated"
 
 	// deploys
 	CodeMutableReference           Code = "mutable_reference"
@@ -96,6 +98,7 @@ var codes = map[Code]codeInfo{
 	CodeProviderDeclined:     {http.StatusUnprocessableEntity, "Payment provider declined"},
 	CodeProviderUnavailable:  {http.StatusBadGateway, "Payment provider unavailable"},
 	CodeDuplicateEffect:      {http.StatusConflict, "Duplicate effect confirmed"},
+	CodeAlreadyRemediated:    {http.StatusConflict, "Duplicate effect already corrected"},
 
 	CodeMutableReference:           {http.StatusUnprocessableEntity, "Mutable reference"},
 	CodeEnvironmentLocked:          {http.StatusConflict, "Environment locked"},

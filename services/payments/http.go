@@ -260,6 +260,11 @@ func (s *Server) createRefund(c *gin.Context) {
 		return
 	}
 	account, intentID := auth.From(c).AccountID, c.Param("id")
+	remediates, err := remediatesHeader(c.Request.Header)
+	if err != nil {
+		problem.Write(c, err)
+		return
+	}
 	cmd, _, err := s.refundCommand(c.Request.Context(), account, intentID, req)
 	if err != nil {
 		problem.Write(c, err)
@@ -281,6 +286,11 @@ func (s *Server) createRefund(c *gin.Context) {
 		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed),
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			if remediates != "" {
+				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor()); err != nil {
+					return err
+				}
+			}
 			var err error
 			_, reserved, err = s.cfg.Store.ReserveRefund(ctx, tx, account, intentID, op.ID, cmd)
 			return err

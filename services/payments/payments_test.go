@@ -48,6 +48,7 @@ func TestPayments(t *testing.T) {
 		{"FrozenDatabaseBeforeEffect", testFrozenDatabaseBeforeEffect},
 		{"UnreachableProviderIsNotSent", testUnreachableProviderIsNotSent},
 		{"DuplicateEffectConfirmed", testDuplicateEffect},
+		{"DuplicateCorrectedOnce", testRemediation},
 		{"ProviderSaysItReplayed", testProviderSaysItReplayed},
 		{"StrictJSON", testStrictJSON},
 		{"ApprovalsFailClosed", testApprovalsFailClosed},

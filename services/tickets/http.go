@@ -31,6 +31,9 @@ type Server struct {
 type CreateResult struct {
 	Ticket
 	Deduplicated bool `json:"deduplicated"`
+	// DeduplicatedAgainst is, on a deduplicated answer, the operation that created the ticket: a retry of that
+	// operation under another key, or another request that happened to carry the same source_event_id.
+	DeduplicatedAgainst string `json:"deduplicated_against,omitempty"`
 }
 
 func (s *Server) createTicket(c *gin.Context) {
@@ -39,9 +42,9 @@ func (s *Server) createTicket(c *gin.Context) {
 		problem.Write(c, err)
 		return
 	}
-	account := auth.From(c).AccountID
+	account, actor := auth.From(c).AccountID, auth.From(c).Actor()
 	if s.Bypass {
-		res, err := s.create(c.Request.Context(), s.DB, account, cmd)
+		res, err := s.create(c.Request.Context(), s.DB, account, actor, cmd, nil)
 		if err != nil {
 			problem.Write(c, err)
 			return
@@ -49,24 +52,34 @@ func (s *Server) createTicket(c *gin.Context) {
 		httpserver.JSON(c, res.Status, res.Body)
 		return
 	}
-	idemgin.Do(s.Idem, c, idem.Request{Kind: "tickets.create", Command: cmd, OperationAtCompletion: true},
-		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
-			return s.create(ctx, tx, account, cmd)
+	// A ticket with a source_event_id may be deduplicated, and a deduplicated answer links its operation to the
+	// one that created the ticket, so that operation must exist in the write's transaction.
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindCreate, Command: cmd, OperationAtCompletion: cmd.SourceEventID == nil},
+		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+			return s.create(ctx, tx, account, actor, cmd, &op)
 		})
 }
 
-func (s *Server) create(ctx context.Context, tx *gorm.DB, account string, cmd CreateTicket) (idem.Result, error) {
+// create creates the ticket in tx. When it already existed for its source_event_id and op is the write's
+// operation, both op and the operation that created the ticket record the link (link).
+func (s *Server) create(ctx context.Context, tx *gorm.DB, account, actor string, cmd CreateTicket, op *opstatus.Operation) (idem.Result, error) {
 	t, created, err := s.Store.CreateTicket(ctx, tx, account, cmd)
 	if err != nil {
 		return idem.Result{}, err
 	}
 	status := http.StatusCreated
+	body := CreateResult{Ticket: t, Deduplicated: !created}
 	if !created {
 		status = http.StatusOK
+		if op != nil {
+			if body.DeduplicatedAgainst, err = s.link(ctx, tx, account, actor, t.ID, op.ID); err != nil {
+				return idem.Result{}, err
+			}
+		}
 	}
 	return idem.Result{
 		Status:   status,
-		Body:     CreateResult{Ticket: t, Deduplicated: !created},
+		Body:     body,
 		Header:   http.Header{"Location": {"/v1/tickets/" + t.ID}},
 		Resource: &opstatus.Resource{Type: "ticket", ID: t.ID},
 	}, nil

@@ -150,7 +150,8 @@ export interface paths {
         /**
          * Create a ticket, deduplicated by source_event_id.
          * @description 201 when the ticket is created. When the account already has a ticket for `source_event_id` (created
-         *     under another idempotency key), 200 with that ticket and `deduplicated: true`.
+         *     under another idempotency key), 200 with that ticket, `deduplicated: true` and `deduplicated_against`, the
+         *     operation that created it; both operations' timelines link the two.
          *
          *     Retrying with the same Idempotency-Key and the same body replays the stored 201 or 200 byte for byte, with
          *     `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
@@ -500,6 +501,14 @@ export interface paths {
          *     answer is 202 with the operation in state `unknown`: retry with the same key (the retry asks the provider what
          *     it did with that key and settles the operation) or poll the operation; never send the action again under a new
          *     key.
+         *
+         *     A refund that corrects a capture or refund the provider executed twice (an operation in state
+         *     `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
+         *     the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
+         *     `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
+         *     first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
+         *     `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
+         *     correction's key replays it.
          */
         post: operations["createRefund"];
         delete?: never;
@@ -894,6 +903,8 @@ export interface components {
             }[];
             operation_id?: string;
             state?: string;
+            /** @description already_remediated: the operation that corrected the duplicate. */
+            remediated_by?: string;
         } & {
             [key: string]: unknown;
         };
@@ -963,6 +974,14 @@ export interface components {
             settled_at: string | null;
             supersedes_operation_id: string | null;
             superseded_by: string[];
+            /** @description The duplicate_effect_confirmed operation this one corrects (Remediates-Operation-Id). */
+            remediates_operation_id: string | null;
+            /** @description The operation that corrects this duplicate_effect_confirmed one. */
+            remediated_by: string[];
+            /** @description The operation that created the resource this one found already there (a ticket of the same source_event_id). */
+            deduplicated_against: string | null;
+            /** @description The operations answered deduplicated with the resource this one created. */
+            deduplicated_by: string[];
             /**
              * Format: date-time
              * @description The first attempt's time: every offset_ms counts from it.
@@ -1055,6 +1074,8 @@ export interface components {
         TicketCreateResult: components["schemas"]["Ticket"] & {
             /** @description true when a ticket for this source_event_id already existed. */
             deduplicated: boolean;
+            /** @description On a deduplicated answer, the operation that created the ticket. Both operations record the link (deduplicated_against and deduplicated_by events and timeline fields), so a retry of that operation under another key is told apart from another request that carried the same source_event_id. */
+            deduplicated_against?: string;
         };
         Comment: {
             id: string;
@@ -1434,6 +1455,8 @@ export interface components {
         Prefer: string;
         /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
         ApprovalId: string;
+        /** @description The duplicate_effect_confirmed capture or refund of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. Already corrected: 409 already_remediated with remediated_by. */
+        RemediatesOperationId: string;
     };
     requestBodies: never;
     headers: {
@@ -2279,6 +2302,8 @@ export interface operations {
                 Prefer?: components["parameters"]["Prefer"];
                 /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
                 "Approval-Id"?: components["parameters"]["ApprovalId"];
+                /** @description The duplicate_effect_confirmed capture or refund of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. Already corrected: 409 already_remediated with remediated_by. */
+                "Remediates-Operation-Id"?: components["parameters"]["RemediatesOperationId"];
             };
             path: {
                 /** @description The resource id; a malformed one is 404, like a missing one. */
