@@ -52,6 +52,7 @@ func TestPayments(t *testing.T) {
 		{"StrictJSON", testStrictJSON},
 		{"ApprovalsFailClosed", testApprovalsFailClosed},
 		{"ConcurrentSmallRefundsNeedApproval", testConcurrentSmallRefunds},
+		{"PersonDecidesUnknownCapture", testResolveUnknownCapture},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
