@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "a283a0714c640388d596958169a616cf5f7df2aff916373c68e295ad097f32d7"
+const SpecSHA256 = "c530f5a42eeffb9f8b72790ba12fa445995adf4af4f3fa94e35fc00092a095f8"
