@@ -144,8 +144,10 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	}
 	group := r.Group("", api...)
 	svc.Routes(group)
+	var decider *resolution.Decider
 	if d.Idem != nil {
-		resolution.Routes(group, d.Idem, mergeResolvers(d.Resolvers, Resolvers(svc)))
+		decider = &resolution.Decider{Idem: d.Idem, Resolvers: mergeResolvers(d.Resolvers, Resolvers(svc))}
+		decider.Routes(group)
 	}
 	var pages []console.Page
 	if cp, ok := svc.(ConsolePages); ok {
@@ -154,6 +156,9 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if d.DB != nil && h.Keys != nil {
 		o := h.Console
 		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.DB, h.Keys, svc.Name(), pages, d.Log()
+		if decider != nil {
+			o.Resolve = decider.DecideForm
+		}
 		if h.AuthFailures != nil {
 			o.Throttle = h.AuthFailures.Middleware()
 		}
