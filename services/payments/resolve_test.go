@@ -43,6 +43,14 @@ func testResolveUnknownCapture(t *testing.T, h *harness) {
 		Status(t, http.StatusUnprocessableEntity)); got != "validation_failed" {
 		t.Fatalf("state cancelled: code %s", got)
 	}
+	// A capture decided succeeded is refused: the amount taken is the provider's to say.
+	if got := code(t, b.approver.Post(path, map[string]any{"state": "succeeded", "evidence": "looks captured"}, apitest.Key("dec-ok")).
+		Status(t, http.StatusConflict)); got != "invalid_state" {
+		t.Fatalf("capture decided succeeded: code %s; want invalid_state", got)
+	}
+	if got := b.getIntent(t, in.ID).Status; got != "capturing" {
+		t.Fatalf("intent after refused decisions = %q; want capturing", got)
+	}
 	if got := operation(t, b.agent, "cap-r"); got.State != opstatus.StateUnknown {
 		t.Fatalf("after refused decisions the operation is %s; want unknown", got.State)
 	}
