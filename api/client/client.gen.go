@@ -110,6 +110,24 @@ func (e DeployStatusKind) Valid() bool {
 	}
 }
 
+// Defines values for OperationDecisionState.
+const (
+	OperationDecisionStateFailed    OperationDecisionState = "failed"
+	OperationDecisionStateSucceeded OperationDecisionState = "succeeded"
+)
+
+// Valid indicates whether the value is a known member of the OperationDecisionState enum.
+func (e OperationDecisionState) Valid() bool {
+	switch e {
+	case OperationDecisionStateFailed:
+		return true
+	case OperationDecisionStateSucceeded:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for OperationState.
 const (
 	OperationStateCancelled                OperationState = "cancelled"
@@ -387,6 +405,7 @@ func (e TimelineApprovalsState) Valid() bool {
 const (
 	TimelineEntryCategoryApproval    TimelineEntryCategory = "approval"
 	TimelineEntryCategoryAttempt     TimelineEntryCategory = "attempt"
+	TimelineEntryCategoryDecision    TimelineEntryCategory = "decision"
 	TimelineEntryCategoryDispatch    TimelineEntryCategory = "dispatch"
 	TimelineEntryCategoryObservation TimelineEntryCategory = "observation"
 	TimelineEntryCategoryState       TimelineEntryCategory = "state"
@@ -398,6 +417,8 @@ func (e TimelineEntryCategory) Valid() bool {
 	case TimelineEntryCategoryApproval:
 		return true
 	case TimelineEntryCategoryAttempt:
+		return true
+	case TimelineEntryCategoryDecision:
 		return true
 	case TimelineEntryCategoryDispatch:
 		return true
@@ -677,6 +698,21 @@ type Operation struct {
 	State             OperationState `json:"state"`
 	UpdatedAt         time.Time      `json:"updated_at"`
 }
+
+// OperationDecision defines model for OperationDecision.
+type OperationDecision struct {
+	// Evidence What the decision rests on, in the person's words; several lines allowed.
+	Evidence string `json:"evidence"`
+
+	// RemoteRef The other side's record of the effect (a provider's authorization or refund id).
+	RemoteRef *string `json:"remote_ref,omitempty"`
+
+	// State The outcome the person learned.
+	State OperationDecisionState `json:"state"`
+}
+
+// OperationDecisionState The outcome the person learned.
+type OperationDecisionState string
 
 // OperationEvent defines model for OperationEvent.
 type OperationEvent struct {
@@ -1120,6 +1156,12 @@ type ListOperationsParams struct {
 	IdempotencyKey string  `form:"idempotency_key" json:"idempotency_key"`
 }
 
+// ResolveOperationParams defines parameters for ResolveOperation.
+type ResolveOperationParams struct {
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
 // CreatePaymentIntentParams defines parameters for CreatePaymentIntent.
 type CreatePaymentIntentParams struct {
 	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
@@ -1266,6 +1308,9 @@ type CancelDeployJSONRequestBody = CancelDeployJSONBody
 
 // RollbackDeployJSONRequestBody defines body for RollbackDeploy for application/json ContentType.
 type RollbackDeployJSONRequestBody = RollbackDeploy
+
+// ResolveOperationJSONRequestBody defines body for ResolveOperation for application/json ContentType.
+type ResolveOperationJSONRequestBody = OperationDecision
 
 // CreatePaymentIntentJSONRequestBody defines body for CreatePaymentIntent for application/json ContentType.
 type CreatePaymentIntentJSONRequestBody = CreatePaymentIntent
@@ -1963,6 +2008,52 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/operations/{id} (the `GetOperation` operationId).
 	GetOperation(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResolveOperationWithBody Record a person's decision on an operation whose outcome is unknown (role approver).
+	//
+	// For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+	// person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+	// `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+	// one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+	// key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+	// reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+	// authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+	//
+	// Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+	// `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+	// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+	// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+	// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+	//
+	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
+	ResolveOperationWithBody(ctx context.Context, id string, params *ResolveOperationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResolveOperation Record a person's decision on an operation whose outcome is unknown (role approver).
+	//
+	// For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+	// person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+	// `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+	// one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+	// key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+	// reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+	// authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+	//
+	// Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+	// `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+	// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+	// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+	// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+	//
+	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
+	ResolveOperation(ctx context.Context, id string, params *ResolveOperationParams, body ResolveOperationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetOperationTimeline One operation's story for an investigator, with its audit chain verified.
 	//
@@ -3046,6 +3137,72 @@ func (c *Client) ListOperations(ctx context.Context, params *ListOperationsParam
 // Corresponds with GET /v1/operations/{id} (the `GetOperation` operationId).
 func (c *Client) GetOperation(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetOperationRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResolveOperationWithBody Record a person's decision on an operation whose outcome is unknown (role approver).
+//
+// For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+// person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+// `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+// one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+// key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+// reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+// authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+//
+// Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+// `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+//
+// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
+func (c *Client) ResolveOperationWithBody(ctx context.Context, id string, params *ResolveOperationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResolveOperationRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResolveOperation Record a person's decision on an operation whose outcome is unknown (role approver).
+//
+// For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+// person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+// `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+// one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+// key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+// reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+// authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+//
+// Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+// `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+//
+// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
+func (c *Client) ResolveOperation(ctx context.Context, id string, params *ResolveOperationParams, body ResolveOperationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResolveOperationRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4681,6 +4838,66 @@ func NewGetOperationRequest(server string, id string) (*http.Request, error) {
 	return req, nil
 }
 
+// NewResolveOperationRequest calls the generic ResolveOperation builder with application/json body
+func NewResolveOperationRequest(server string, id string, params *ResolveOperationParams, body ResolveOperationJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewResolveOperationRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewResolveOperationRequestWithBody constructs an http.Request for the ResolveOperation method, with any body, and a specified content type
+func NewResolveOperationRequestWithBody(server string, id string, params *ResolveOperationParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/operations/%s/resolution", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
+	}
+
+	return req, nil
+}
+
 // NewGetOperationTimelineRequest constructs an http.Request for the GetOperationTimeline method
 func NewGetOperationTimelineRequest(server string, id string) (*http.Request, error) {
 	var err error
@@ -6101,6 +6318,52 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/operations/{id} (the `GetOperation` operationId).
 	GetOperationWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetOperationResponse, error)
+
+	// ResolveOperationWithBodyWithResponse Record a person's decision on an operation whose outcome is unknown (role approver).
+	//
+	// For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+	// person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+	// `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+	// one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+	// key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+	// reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+	// authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+	//
+	// Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+	// `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+	// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+	// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+	// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+	//
+	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
+	ResolveOperationWithBodyWithResponse(ctx context.Context, id string, params *ResolveOperationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ResolveOperationResponse, error)
+
+	// ResolveOperationWithResponse Record a person's decision on an operation whose outcome is unknown (role approver).
+	//
+	// For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+	// person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+	// `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+	// one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+	// key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+	// reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+	// authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+	//
+	// Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+	// `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+	// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+	// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+	// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+	//
+	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
+	ResolveOperationWithResponse(ctx context.Context, id string, params *ResolveOperationParams, body ResolveOperationJSONRequestBody, reqEditors ...RequestEditorFn) (*ResolveOperationResponse, error)
 
 	// GetOperationTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
 	//
@@ -8515,6 +8778,154 @@ func (r GetOperationResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetOperationResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ResolveOperationResponse200Headers the declared response headers of an HTTP 200 response for ResolveOperation
+type ResolveOperationResponse200Headers struct {
+	IdempotentReplayed *string
+	OperationId        *string
+}
+
+// ResolveOperationResponse409Headers the declared response headers of an HTTP 409 response for ResolveOperation
+type ResolveOperationResponse409Headers struct {
+	RetryAfter *int
+}
+
+// ResolveOperationResponse429Headers the declared response headers of an HTTP 429 response for ResolveOperation
+type ResolveOperationResponse429Headers struct {
+	RetryAfter *int
+}
+
+// ResolveOperationResponse503Headers the declared response headers of an HTTP 503 response for ResolveOperation
+type ResolveOperationResponse503Headers struct {
+	OperationId *string
+	RetryAfter  *int
+}
+
+type ResolveOperationResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Operation
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *BadRequest
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *BadRequest
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
+	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ResolveOperationResponse200Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *ResolveOperationResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ResolveOperationResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ResolveOperationResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ResolveOperationResponse) GetJSON200() *Operation {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON413() *BadRequest {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON415() *BadRequest {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON422() *ValidationFailed {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON428() *PreconditionRequired {
+	return r.ApplicationproblemJSON428
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ResolveOperationResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ResolveOperationResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ResolveOperationResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ResolveOperationResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ResolveOperationResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -10971,6 +11382,64 @@ func (c *ClientWithResponses) GetOperationWithResponse(ctx context.Context, id s
 	return ParseGetOperationResponse(rsp)
 }
 
+// ResolveOperationWithBodyWithResponse Record a person's decision on an operation whose outcome is unknown (role approver).
+//
+// For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+// person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+// `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+// one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+// key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+// reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+// authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+//
+// Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+// `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+//
+// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
+func (c *ClientWithResponses) ResolveOperationWithBodyWithResponse(ctx context.Context, id string, params *ResolveOperationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ResolveOperationResponse, error) {
+	rsp, err := c.ResolveOperationWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResolveOperationResponse(rsp)
+}
+
+// ResolveOperationWithResponse Record a person's decision on an operation whose outcome is unknown (role approver).
+//
+// For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+// person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+// `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+// one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+// key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+// reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+// authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+//
+// Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+// `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+//
+// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
+func (c *ClientWithResponses) ResolveOperationWithResponse(ctx context.Context, id string, params *ResolveOperationParams, body ResolveOperationJSONRequestBody, reqEditors ...RequestEditorFn) (*ResolveOperationResponse, error) {
+	rsp, err := c.ResolveOperation(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResolveOperationResponse(rsp)
+}
+
 // GetOperationTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
 //
 // Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
@@ -13371,6 +13840,166 @@ func ParseGetOperationResponse(rsp *http.Response) (*GetOperationResponse, error
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetOperationResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseResolveOperationResponse parses an HTTP response from a ResolveOperationWithResponse call
+func ParseResolveOperationResponse(rsp *http.Response) (*ResolveOperationResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ResolveOperationResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Operation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest ValidationFailed
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 428:
+		var dest PreconditionRequired
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON428 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest StoreUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ResolveOperationResponse200Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 409:
+		var headers ResolveOperationResponse409Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers ResolveOperationResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ResolveOperationResponse503Headers
 		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "430877c3a96d568ae1f43bb9bfb11367e6605614dda64bfcaecd813a3e6a2713"
+const SpecSHA256 = "e37251d9c3d56d55a4a9de9d5765fbd03b420c98a14d79485b8a01a736c11ba6"

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/user"
 	"strconv"
 	"strings"
 	"time"
@@ -44,12 +45,14 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the services (default
 func agentCommand() command {
 	return command{
 		name:     "agent",
-		synopsis: "agent do|resume|show --journal PATH ...",
+		synopsis: "agent do|resume|resolve|show --journal PATH ...",
 		summary: "make writes an agent can retry without doubling them: do --action ACTION_ID [--supersedes ACTION_ID] " +
 			"[--parent-run RUN_ID] TOOL 'JSON' (exit 0 succeeded, 3 needs_human or still in progress, 4 refused or changed " +
 			"intent, 5 failed, 6 unknown: the service does not know yet whether it happened, call again with the same " +
 			"action, 1 usage or internal error), resume (settle every unfinished operation; exit 3 while one waits for a " +
-			"person or the service, else 6 while one is unknown), show [OPERATION_ID|ACTION_ID]. A journal acts for the API key " +
+			"person or the service, else 6 while one is unknown), resolve --state succeeded|failed --evidence TEXT " +
+			"[--remote-ref REF] [--by NAME] ACTION_ID (record a person's decision on a needs_human action in the journal), " +
+			"show [OPERATION_ID|ACTION_ID]. A journal acts for the API key " +
 			"its operations were made with; do and resume under another key are refused (exit 1) unless " +
 			"--same-account says the key is a new one of the same account",
 		noConfig: true,
@@ -88,7 +91,9 @@ type agentFlags struct {
 	supersedes  string
 	parentRun   string
 	sameAccount bool
-	rest        []string
+	// decision is agent resolve's.
+	decision agent.Decision
+	rest     []string
 }
 
 func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, error) {
@@ -100,6 +105,12 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 		fs.StringVar(&f.action, "action", "", "ACTION_ID: your name for this intended action; the same name continues it")
 		fs.StringVar(&f.supersedes, "supersedes", "", "ACTION_ID whose intent this new action replaces (a changed intent)")
 		fs.StringVar(&f.parentRun, "parent-run", "", "RUN_ID of the agent run that delegated this action, journaled with it")
+	}
+	if name == "agent resolve" {
+		fs.StringVar(&f.decision.State, "state", "", "succeeded or failed: what you learned happened")
+		fs.StringVar(&f.decision.Evidence, "evidence", "", "what the decision rests on (the provider's dashboard, a call to the bank)")
+		fs.StringVar(&f.decision.RemoteRef, "remote-ref", "", "the other side's record of the effect, when there is one")
+		fs.StringVar(&f.decision.By, "by", "", "who decides (default: the operating system user)")
 	}
 	if name != "agent show" {
 		fs.BoolVar(&f.sameAccount, "same-account", false, "AGENT_API_KEY belongs to the account the journal's operations "+
@@ -117,7 +128,7 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 
 func checkAgent(args []string) error {
 	if len(args) == 0 {
-		return agentUsage("agent needs a subcommand: do, resume or show")
+		return agentUsage("agent needs a subcommand: do, resume, resolve or show")
 	}
 	f, err := parseAgentFlags("agent "+args[0], args[1:], io.Discard)
 	switch args[0] {
@@ -144,6 +155,16 @@ func checkAgent(args []string) error {
 		if len(f.rest) != 0 {
 			return agentUsage("agent resume takes no arguments")
 		}
+	case "resolve":
+		if err != nil {
+			return err
+		}
+		if len(f.rest) != 1 {
+			return agentUsage("agent resolve takes one ACTION_ID (or OPERATION_ID) after its flags, got %q", f.rest)
+		}
+		if err := f.decision.Validate(); err != nil {
+			return agentUsage("agent resolve: %v", err)
+		}
 	case "show":
 		if err != nil {
 			return err
@@ -152,7 +173,7 @@ func checkAgent(args []string) error {
 			return agentUsage("agent show takes at most one OPERATION_ID or ACTION_ID")
 		}
 	default:
-		return agentUsage("unknown agent subcommand %q: want do, resume or show", args[0])
+		return agentUsage("unknown agent subcommand %q: want do, resume, resolve or show", args[0])
 	}
 	return nil
 }
@@ -236,6 +257,20 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 	}
 	defer a.Close()
 	enc := json.NewEncoder(printableJSON{inv.stdout})
+	if sub == "resolve" {
+		d := f.decision
+		if d.By == "" {
+			d.By = "os:unknown"
+			if u, err := user.Current(); err == nil {
+				d.By = "os:" + u.Username
+			}
+		}
+		r, err := a.Resolve(f.rest[0], d)
+		if err != nil {
+			return exitError{code: 1, err: err}
+		}
+		return enc.Encode(r)
+	}
 	if sub == "resume" {
 		results, err := a.Resume(ctx)
 		for _, r := range results {

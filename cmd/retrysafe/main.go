@@ -221,6 +221,8 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	}
 	// Before anything runs: a retry of an unknown operation settles it at once.
 	d.Idem.Reconcilers = service.Reconcilers(svcs...)
+	// A person's decision, sent to any service, releases what the operation held in the service that owns it.
+	d.Resolvers = service.Resolvers(svcs...)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -213,6 +213,12 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 		case o.Found != nil:
 			t += "  NOT FOUND"
 		}
+		if o.Kind == ObsOperatorDecision {
+			t += fmt.Sprintf("  by %s: %s", o.DecidedBy, o.ServerState)
+			if o.RemoteRef != "" {
+				t += "  remote ref " + o.RemoteRef
+			}
+		}
 		if o.Detail != "" {
 			t += "  (" + o.Detail + ")"
 		}

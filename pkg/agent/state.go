@@ -124,10 +124,14 @@ type Observation struct {
 	SupersededServerOpID string `json:"superseded_server_operation_id,omitempty"`
 	AttemptID            string `json:"attempt_id,omitempty"`
 	ApprovalID           string `json:"approval_id,omitempty"`
-	Detail               string `json:"detail,omitempty"`
-	DurationMS           int64  `json:"duration_ms,omitempty"`
-	RunID                string `json:"run_id"`
-	At                   string `json:"at"`
+	// DecidedBy and RemoteRef are, for operator_decision, who decided and the other side's record they cite;
+	// its Detail is their evidence.
+	DecidedBy  string `json:"decided_by,omitempty"`
+	RemoteRef  string `json:"remote_ref,omitempty"`
+	Detail     string `json:"detail,omitempty"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
+	RunID      string `json:"run_id"`
+	At         string `json:"at"`
 }
 
 // Observation kinds.

@@ -32,6 +32,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -63,6 +64,10 @@ type Options struct {
 	// MaxSessionsPerKey bounds the sessions one API key holds (DefaultMaxSessionsPerKey when zero): a new
 	// sign-in ends the least recently used beyond it.
 	MaxSessionsPerKey int
+	// Resolve, when set, records a person's decision on an unknown operation from its page, under
+	// Idempotency-Key key, as POST /v1/operations/{id}/resolution does (resolution.Decider.DecideForm); the
+	// page offers the form to approver keys only. It returns the problem that refused the decision.
+	Resolve func(ctx *gin.Context, id, key string, d opstatus.Decision) error
 	// Throttle, when set, runs before every console route: the process's ratelimit.Failures, so refused
 	// sign-ins count against the client as unknown API keys do.
 	Throttle gin.HandlerFunc
@@ -193,6 +198,7 @@ func Mount(r gin.IRouter, o Options) error {
 	in.POST("/approvals/:id/:decision", c.checkOrigin, c.checkCSRF, c.decide)
 	in.GET("/operations", c.operations)
 	in.GET("/operations/:id", c.operation)
+	in.POST("/operations/:id/resolution", c.checkOrigin, c.checkCSRF, c.resolve)
 	for _, p := range o.Pages {
 		in.GET(p.Path, c.page(p))
 	}

@@ -340,5 +340,24 @@ func (c *console) operation(ctx *gin.Context) {
 		c.fail(ctx, err)
 		return
 	}
-	c.render(ctx, http.StatusOK, "operation", map[string]any{"Title": "Operation " + tl.OperationID, "T": tl})
+	c.render(ctx, http.StatusOK, "operation", map[string]any{"Title": "Operation " + tl.OperationID, "T": tl,
+		// Each rendering of the form carries its own key: the same form sent twice is one decision.
+		"CanResolve": c.o.Resolve != nil, "ResolveKey": randomToken(), "Done": ctx.Query("done") == "decided"})
+}
+
+// resolve records the decision of the operation page's form; Options.Resolve checks the role, the input
+// rules and the operation's state, as the API does.
+func (c *console) resolve(ctx *gin.Context) {
+	if c.o.Resolve == nil {
+		c.fail(ctx, problem.NotFound("page"))
+		return
+	}
+	id := ctx.Param("id")
+	d := opstatus.Decision{State: opstatus.State(ctx.PostForm("state")), Evidence: ctx.PostForm("evidence"),
+		RemoteRef: ctx.PostForm("remote_ref")}
+	if err := c.o.Resolve(ctx, id, ctx.PostForm("idempotency_key"), d); err != nil {
+		c.fail(ctx, err)
+		return
+	}
+	ctx.Redirect(http.StatusSeeOther, Prefix+"/operations/"+url.PathEscape(id)+"?done=decided")
 }

@@ -48,7 +48,7 @@ type TimelineEntry struct {
 	Seq      int64     `json:"seq"`
 	At       time.Time `json:"at"`
 	OffsetMS int64     `json:"offset_ms"`
-	// Category is attempt, dispatch, observation, approval or state.
+	// Category is attempt, dispatch, observation, approval, decision (a person's, operator_decision) or state.
 	Category  string `json:"category"`
 	Type      string `json:"type"`
 	Actor     string `json:"actor"`
@@ -116,6 +116,8 @@ func category(ev Event) string {
 		return "observation"
 	case strings.HasPrefix(ev.Type, "approval_"):
 		return "approval"
+	case ev.Type == EventOperatorDecision:
+		return "decision"
 	}
 	return "state"
 }

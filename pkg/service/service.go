@@ -38,6 +38,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
+	"github.com/retrysafe/retrysafe/pkg/resolution"
 )
 
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
@@ -49,6 +50,10 @@ type Deps struct {
 	// Metrics, when set, counts every request (Handler serves it on GET /metrics) and downstream call; give it
 	// to Idem.Observer too. Nil means no metrics.
 	Metrics *metrics.Metrics
+	// Resolvers are the opstatus.Resolvers of every service of the process (service.Resolvers), so that a
+	// person's decision sent to any service's POST /v1/operations/{id}/resolution releases what the operation
+	// held, whichever service owns it. Handler adds the served service's own.
+	Resolvers map[string]opstatus.Resolver
 }
 
 // Log returns d.Logger, or a logger that discards when it is nil.
@@ -68,6 +73,12 @@ type Service interface {
 	Reconcilers() map[string]opstatus.Reconciler
 	// Workers are the service's background loops; each returns once ctx ends.
 	Workers() []Worker
+}
+
+// OperationResolvers is implemented by a service whose unknown operations hold something (a payment's
+// reservation, a deploy's environment lock) that a person's decision must release, by operation kind.
+type OperationResolvers interface {
+	Resolvers() map[string]opstatus.Resolver
 }
 
 // ConsolePages is implemented by a service that adds pages to its console (deploys: its environments).
@@ -106,9 +117,10 @@ type HTTP struct {
 // Handler is the gin engine of svc: the shared router (access log, metrics, recovery, body limit, health,
 // GET /metrics without a key when d.Metrics is set), then the service's routes behind the throttle of failed
 // keys when h.AuthFailures is set, authentication, httpserver.CheckURL (so no path or query value a handler
-// reads can be one SQL refuses), auth.AgentWrites (an approver key writes only to the approval endpoints) and
-// the account's write limit when h.WriteLimiter is set; and the browser console at /console (signed in by
-// session cookie; the service's ConsolePages among its pages).
+// reads can be one SQL refuses), auth.AgentWrites (an approver key writes only to the approval endpoints and a
+// person's decision on an operation, package resolution, served here for every service) and the account's write
+// limit when h.WriteLimiter is set; and the browser console at /console (signed in by session cookie; the
+// service's ConsolePages among its pages).
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	middleware := h.Middleware
 	if d.Metrics != nil {
@@ -125,11 +137,18 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if h.AuthFailures != nil {
 		api = append(api, h.AuthFailures.Middleware())
 	}
-	api = append(api, auth.Middleware(h.Keys), httpserver.CheckURL, auth.AgentWrites(approval.WriteRoutes()...))
+	api = append(api, auth.Middleware(h.Keys), httpserver.CheckURL,
+		auth.AgentWrites(append(approval.WriteRoutes(), resolution.Path)...))
 	if h.WriteLimiter != nil {
 		api = append(api, h.WriteLimiter.Middleware())
 	}
-	svc.Routes(r.Group("", api...))
+	group := r.Group("", api...)
+	svc.Routes(group)
+	var decider *resolution.Decider
+	if d.Idem != nil {
+		decider = &resolution.Decider{Idem: d.Idem, Resolvers: mergeResolvers(d.Resolvers, Resolvers(svc))}
+		decider.Routes(group)
+	}
 	var pages []console.Page
 	if cp, ok := svc.(ConsolePages); ok {
 		pages = cp.ConsolePages()
@@ -137,6 +156,9 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if d.DB != nil && h.Keys != nil {
 		o := h.Console
 		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.DB, h.Keys, svc.Name(), pages, d.Log()
+		if decider != nil {
+			o.Resolve = decider.DecideForm
+		}
 		if h.AuthFailures != nil {
 			o.Throttle = h.AuthFailures.Middleware()
 		}
@@ -154,6 +176,30 @@ func Reconcilers(svcs ...Service) map[string]opstatus.Reconciler {
 	out := map[string]opstatus.Reconciler{}
 	for _, s := range svcs {
 		for kind, r := range s.Reconcilers() {
+			out[kind] = r
+		}
+	}
+	return out
+}
+
+// Resolvers merges the opstatus.Resolvers of those of svcs that have them (OperationResolvers), for
+// Deps.Resolvers.
+func Resolvers(svcs ...Service) map[string]opstatus.Resolver {
+	out := map[string]opstatus.Resolver{}
+	for _, s := range svcs {
+		if rs, ok := s.(OperationResolvers); ok {
+			for kind, r := range rs.Resolvers() {
+				out[kind] = r
+			}
+		}
+	}
+	return out
+}
+
+func mergeResolvers(maps ...map[string]opstatus.Resolver) map[string]opstatus.Resolver {
+	out := map[string]opstatus.Resolver{}
+	for _, m := range maps {
+		for kind, r := range m {
 			out[kind] = r
 		}
 	}

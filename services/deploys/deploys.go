@@ -339,6 +339,9 @@ type Store interface {
 	// Finish records the deploy's outcome: succeeded (the environment moves to it) or failed, releases the lock
 	// and settles the operation with event and detail. Returns ErrLockLost.
 	Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool, actor, event string, detail any) error
+	// Settle is Finish without the operation: the deploy's rows only, for a person's decision, which moves
+	// the operation itself (opstatus.Resolve). Returns ErrLockLost.
+	Settle(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool) error
 
 	// TakeOver gives the lock of an unknown deploy a new fencing token, so its old worker can no longer write,
 	// and returns the new claim. Returns ErrLeaseLive while the lease runs, ErrLockLost if the deploy does not

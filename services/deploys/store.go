@@ -541,7 +541,29 @@ WHERE account_id = ? AND environment = ? AND holder_deploy_id = ? AND fencing_to
 }
 
 // Finish implements Store.
-func (PostgresStore) Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool, actor, event string, detail any) error {
+func (s PostgresStore) Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool, actor, event string, detail any) error {
+	if err := s.Settle(ctx, tx, c, succeeded); err != nil {
+		return err
+	}
+	state := StateFailed
+	if succeeded {
+		state = StateSucceeded
+	}
+	d := c.Deploy
+	moved, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.State(state), actor,
+		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown), opstatus.WithLease(time.Time{}),
+		opstatus.WithEvent(event, detail))
+	if err != nil {
+		return err
+	}
+	if !moved {
+		return ErrLockLost
+	}
+	return nil
+}
+
+// Settle implements Store.
+func (PostgresStore) Settle(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool) error {
 	db := tx.WithContext(ctx)
 	d := c.Deploy
 	if err := db.Exec(`SELECT 1 FROM environments WHERE account_id = ? AND name = ? FOR UPDATE`,
@@ -572,15 +594,6 @@ FROM deploys d WHERE d.account_id = ? AND d.id = ? AND e.account_id = d.account_
 		if err != nil {
 			return fmt.Errorf("deploys: finish %s: environment: %w", d.ID, err)
 		}
-	}
-	moved, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.State(state), actor,
-		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown), opstatus.WithLease(time.Time{}),
-		opstatus.WithEvent(event, detail))
-	if err != nil {
-		return err
-	}
-	if !moved {
-		return ErrLockLost
 	}
 	return nil
 }

@@ -55,6 +55,7 @@ func TestPayments(t *testing.T) {
 		{"ConcurrentSmallRefundsNeedApproval", testConcurrentSmallRefunds},
 		{"ClaimsLostWithTheDatabase", testClaimsLostWithTheDatabase},
 		{"OperationKeyStillReconciles", testOperationKeyStillReconciles},
+		{"PersonDecidesUnknownCapture", testResolveUnknownCapture},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

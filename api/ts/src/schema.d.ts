@@ -112,6 +112,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/operations/{id}/resolution": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Record a person's decision on an operation whose outcome is unknown (role approver).
+         * @description For an operation that is `unknown` (its effect's answer was lost and no reconciler could settle it), a
+         *     person who learned the outcome elsewhere (the provider's dashboard, the deploy target's logs) records it:
+         *     `state` `succeeded` or `failed`, the `evidence` it rests on, and the other side's `remote_ref` when there is
+         *     one. In one transaction the operation moves to that state with an `operator_decision` record (the approver's
+         *     key as actor, the time, the evidence), shown in its timeline, and what it held is released: a payment's
+         *     reservation (a capture's or cancel's intent returns to `requires_capture`, a refund's amount is freed, an
+         *     authorization's order is freed), a deploy's environment lock (`succeeded` moves the environment to it).
+         *
+         *     Only an approver key may send it (an agent key is 403 `forbidden`). An operation in any other state is 409
+         *     `invalid_state` naming its `state`. `evidence` is 1-2000 characters (line feed and tab allowed) and
+         *     `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
+         *     field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
+         *     capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+         *
+         *     Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
+         */
+        post: operations["resolveOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/operations": {
         parameters: {
             query?: never;
@@ -910,6 +944,17 @@ export interface components {
         };
         /** @enum {string} */
         OperationState: "queued" | "running" | "succeeded" | "failed" | "cancelled" | "unknown" | "duplicate_effect_confirmed";
+        OperationDecision: {
+            /**
+             * @description The outcome the person learned.
+             * @enum {string}
+             */
+            state: "succeeded" | "failed";
+            /** @description What the decision rests on, in the person's words; several lines allowed. */
+            evidence: string;
+            /** @description The other side's record of the effect (a provider's authorization or refund id). */
+            remote_ref?: string;
+        };
         Operation: {
             id: string;
             kind: string;
@@ -1022,7 +1067,7 @@ export interface components {
             at: string;
             offset_ms: number;
             /** @enum {string} */
-            category: "attempt" | "dispatch" | "observation" | "approval" | "state";
+            category: "attempt" | "dispatch" | "observation" | "approval" | "decision" | "state";
             type: string;
             actor: string;
             from_state?: components["schemas"]["OperationState"];
@@ -1591,6 +1636,49 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
+            503: components["responses"]["StoreUnavailable"];
+        };
+    };
+    resolveOperation: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The resource id; a malformed one is 404, like a missing one. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["OperationDecision"];
+            };
+        };
+        responses: {
+            /** @description The operation, in the state decided, with its operator_decision event. */
+            200: {
+                headers: {
+                    "Operation-Id": components["headers"]["OperationId"];
+                    "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Operation"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["BadRequest"];
+            415: components["responses"]["BadRequest"];
+            422: components["responses"]["ValidationFailed"];
+            428: components["responses"]["PreconditionRequired"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };

@@ -1,0 +1,105 @@
+package opstatus
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// EventOperatorDecision records a person's decision on an operation whose outcome was unknown: who (its
+// actor), when (its time), the state decided and the evidence it rests on. It is also the operation's move to
+// that state.
+const EventOperatorDecision = "operator_decision"
+
+// MaxEvidence is the most characters a decision's evidence may hold; MaxRemoteRef those of its remote_ref.
+const (
+	MaxEvidence  = 2000
+	MaxRemoteRef = 255
+)
+
+// Decision is what a person decided about an unknown operation, from evidence outside retrysafe (the
+// provider's dashboard, a call to the bank, the deploy target's logs).
+type Decision struct {
+	// State is StateSucceeded or StateFailed.
+	State State `json:"state"`
+	// Evidence says what the decision rests on, in the person's words (several lines allowed).
+	Evidence string `json:"evidence"`
+	// RemoteRef names the other side's record of the effect (a provider's refund id), when there is one.
+	RemoteRef string `json:"remote_ref,omitempty"`
+}
+
+// Validate holds d to the input rules: 422 validation_failed naming each bad field.
+func (d Decision) Validate() error {
+	var errs []problem.FieldError
+	if d.State != StateSucceeded && d.State != StateFailed {
+		errs = append(errs, problem.FieldError{Field: "state", Message: "must be succeeded or failed"})
+	}
+	errs = problem.CheckMultilineText(errs, "evidence", d.Evidence, MaxEvidence, true)
+	errs = problem.CheckText(errs, "remote_ref", d.RemoteRef, MaxRemoteRef, false)
+	if len(errs) > 0 {
+		return problem.Validation(errs...)
+	}
+	return nil
+}
+
+// Resolver carries a person's decision on an unknown operation of one kind into the service's own rows: it
+// releases what the operation held (a payment's reservation, a deploy's environment lock) and records the
+// effect decided, in tx, the transaction that records the decision. It leaves the operation's own state to
+// Resolve. An error rolls the decision back; a
+// *problem.Error reaches the caller (a decision the service cannot record, such as a succeeded authorization
+// without the provider's remote_ref).
+type Resolver interface {
+	Resolve(ctx context.Context, tx *gorm.DB, op Operation, d Decision) error
+}
+
+// ResolverFunc adapts a function to Resolver.
+type ResolverFunc func(ctx context.Context, tx *gorm.DB, op Operation, d Decision) error
+
+func (f ResolverFunc) Resolve(ctx context.Context, tx *gorm.DB, op Operation, d Decision) error {
+	return f(ctx, tx, op, d)
+}
+
+// Resolve records actor's decision d on operation id of account, in tx: it locks the operation, refuses one
+// that is not unknown (409 invalid_state naming its state), lets the Resolver of its kind, when there is one,
+// release what the operation held, and moves the operation to d.State with an operator_decision event. d must
+// be valid (Decision.Validate). Returns problem.ErrNotFound for another account's operation.
+func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d Decision, resolvers map[string]Resolver) (Operation, error) {
+	var rows []operationRow
+	// FOR NO KEY UPDATE, as Transition takes it: the decision and a reconciler settling the same operation
+	// wait for each other, and the second finds it no longer unknown.
+	err := tx.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND id = ? FOR NO KEY UPDATE`, accountID, id).Scan(&rows).Error
+	if err != nil {
+		return Operation{}, fmt.Errorf("opstatus: resolve %s: %w", id, err)
+	}
+	if len(rows) == 0 {
+		return Operation{}, problem.NotFound("operation")
+	}
+	op := rows[0].operation()
+	if op.State != StateUnknown {
+		return Operation{}, problem.New(problem.CodeInvalidState,
+			"operation %s is %s; only an operation whose outcome is unknown takes a person's decision", id, op.State).
+			With("state", op.State).With("operation_id", id)
+	}
+	if r, ok := resolvers[op.Kind]; ok {
+		if err := r.Resolve(ctx, tx, op, d); err != nil {
+			return Operation{}, err
+		}
+	}
+	detail := map[string]any{"state": d.State, "evidence": d.Evidence}
+	if d.RemoteRef != "" {
+		detail["remote_ref"] = d.RemoteRef
+	}
+	moved, err := Transition(ctx, tx, accountID, id, d.State, actor, From(StateUnknown), WithLease(time.Time{}),
+		WithEvent(EventOperatorDecision, detail))
+	if err != nil {
+		return Operation{}, err
+	}
+	if !moved {
+		return Operation{}, fmt.Errorf("opstatus: resolve %s: the operation left the unknown state under its lock", id)
+	}
+	return Get(ctx, tx, accountID, id)
+}
