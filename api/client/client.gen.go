@@ -438,6 +438,7 @@ const (
 	TimelineEntryOutcomeInProgress       TimelineEntryOutcome = "in_progress"
 	TimelineEntryOutcomeRefused          TimelineEntryOutcome = "refused"
 	TimelineEntryOutcomeReplayed         TimelineEntryOutcome = "replayed"
+	TimelineEntryOutcomeResponseExpired  TimelineEntryOutcome = "response_expired"
 	TimelineEntryOutcomeUnknown          TimelineEntryOutcome = "unknown"
 )
 
@@ -453,6 +454,8 @@ func (e TimelineEntryOutcome) Valid() bool {
 	case TimelineEntryOutcomeRefused:
 		return true
 	case TimelineEntryOutcomeReplayed:
+		return true
+	case TimelineEntryOutcomeResponseExpired:
 		return true
 	case TimelineEntryOutcomeUnknown:
 		return true

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "e37251d9c3d56d55a4a9de9d5765fbd03b420c98a14d79485b8a01a736c11ba6"
+const SpecSHA256 = "519e370226dd0fa61abe0a8347d3b3f5b44f57b91949f0b7e6d69ab3767115c8"

@@ -65,7 +65,9 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 		s = h.reconcileNow(ctx, a, s)
 	}
 	switch {
-	case s.expired:
+	case s.expired, !s.completed && s.opState.Final():
+		// A response pruned, or never stored: a person settled the operation (opstatus.Resolve). Either way the
+		// key ran and never runs again; the operation has the result.
 		return decision{verdict: verdictExpired, key: s}, nil
 	case s.completed:
 		return decision{verdict: verdictReplay, key: s}, nil
@@ -118,7 +120,7 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 		return answer(opID, *d.key.response, true)
 	case verdictExpired:
 		return Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
-			"this Idempotency-Key already ran; its stored response has expired, so it is not run again: read the result at the operation or its resource").
+			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
 			With("operation_id", opID).With("state", d.key.opState).With("resource", d.key.resource).
 			With("operation_url", "/v1/operations/"+opID)}
 	case verdictUnknown:

@@ -78,6 +78,12 @@ func testResolveUnknownCapture(t *testing.T, h *harness) {
 	if code(t, conflict) != "invalid_state" || conflict.Str(t, "state") != "failed" {
 		t.Fatalf("decision on a failed operation: %s; want 409 invalid_state naming failed", conflict.Body)
 	}
+	// The capture's own key ran and a person settled it: its retry is told so and sent nowhere, never left
+	// waiting on a key that no response will ever complete.
+	retry := b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap-r")).Status(t, http.StatusConflict)
+	if code(t, retry) != "idempotency_response_expired" || retry.Str(t, "state") != "failed" {
+		t.Fatalf("retry of the decided capture: %s; want 409 idempotency_response_expired naming failed", retry.Body)
+	}
 	var tl opstatus.Timeline
 	b.agent.Get("/v1/operations/"+op.ID+"/timeline").Status(t, http.StatusOK).Decode(t, &tl)
 	decisions := 0

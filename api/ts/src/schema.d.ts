@@ -1078,7 +1078,7 @@ export interface components {
             retry_of?: string;
             retry_reason?: string;
             /** @enum {string} */
-            outcome?: "created" | "replayed" | "conflict_rejected" | "in_progress" | "unknown" | "refused";
+            outcome?: "created" | "replayed" | "conflict_rejected" | "in_progress" | "unknown" | "refused" | "response_expired";
             status?: number;
             duration_ms?: number;
             same_fingerprint?: boolean;
