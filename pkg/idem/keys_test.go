@@ -1,0 +1,218 @@
+package idem
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/database"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// The key store's own tests: the statements and the transaction production runs (Handler.claim, completion and
+// prune on database.Tx), below the HTTP layer the other tests go through.
+
+func newAttempt(account, key, fp string) *attempt {
+	return &attempt{key: key, fingerprint: fp, caller: Caller{AccountID: account, Actor: "test"}, op: opstatus.Operation{
+		ID: opstatus.NewID(), AccountID: account, Kind: "test", State: opstatus.StateRunning, IdempotencyKey: key, Fingerprint: fp}}
+}
+
+// claimed claims a's key with its operation and commits, as external mode does.
+func claimed(t *testing.T, h *Handler, a *attempt) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := database.Begin(ctx, h.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	if err := h.claim(ctx, tx, a, Request{}); err != nil {
+		t.Fatalf("claim %s/%s: %v", a.op.AccountID, a.key, err)
+	}
+	if err := tx.Commit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// completed stores a response for a's key and moves its operation to state, as a recorded outcome does.
+func completed(t *testing.T, h *Handler, a *attempt, state opstatus.State) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := database.Begin(ctx, h.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	_, b, err := h.completion(ctx, tx, a, Result{Status: 200, Body: map[string]any{}, State: state}, opstatus.EventCompleted, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx, b); err != nil {
+		t.Fatalf("complete %s: %v", a.key, err)
+	}
+}
+
+// TestKeysAreScopedToAccounts: one key name in two accounts is two claims, each read back with its own
+// operation; a key of one account is not found for another.
+func TestKeysAreScopedToAccounts(t *testing.T) {
+	t.Parallel()
+	h := &Handler{DB: testdb.Schema(t).DB}
+	a, b := newAttempt("acct-a", "shared", "fp-a"), newAttempt("acct-b", "shared", "fp-b")
+	claimed(t, h, a)
+	claimed(t, h, b)
+	got, err := lookupKeys(context.Background(), h.DB, []keyRef{{"acct-b", "shared"}, {"acct-a", "shared"}, {"acct-c", "shared"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got[0].found || got[0].operationID != b.op.ID || got[0].fingerprint != "fp-b" ||
+		!got[1].found || got[1].operationID != a.op.ID || got[2].found {
+		t.Fatalf("lookups %+v; want each account's own claim, and none for acct-c", got)
+	}
+}
+
+// TestCompletionFailsBeforeCommit: the completion is sent with its COMMIT without waiting for its answer. A
+// completion for an operation other than the one the key was claimed for stores nothing, and the COMMIT sent
+// behind it never applies: nothing of the transaction is kept. The right completion commits the key, the
+// operation, its two events and its chain's head.
+func TestCompletionFailsBeforeCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.Schema(t).DB
+	h := &Handler{DB: db}
+	count := func(table string) (n int64) {
+		if err := db.Table(table).Count(&n).Error; err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name  string
+		other bool
+		rows  int64
+	}{{"another operation", true, 0}, {"its operation", false, 1}} {
+		a := newAttempt("acct", "k", "fp")
+		a.late = true
+		tx, err := database.Begin(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.claim(ctx, tx, a, Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if tc.other {
+			a.op.ID = opstatus.NewID()
+		}
+		_, b, err := h.completion(ctx, tx, a, Result{Status: 201, Body: map[string]any{}}, opstatus.EventCompleted, "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = tx.Commit(ctx, b)
+		tx.Close()
+		if (err == nil) != (tc.rows == 1) {
+			t.Fatalf("%s: commit = %v", tc.name, err)
+		}
+		for _, table := range []string{"idempotency_keys", "operations", "audit_chain_heads"} {
+			if n := count(table); n != tc.rows {
+				t.Fatalf("%s: %d rows in %s; want %d", tc.name, n, table, tc.rows)
+			}
+		}
+		if n := count("operation_events"); n != 2*tc.rows {
+			t.Fatalf("%s: %d events; want %d", tc.name, n, 2*tc.rows)
+		}
+	}
+}
+
+// TestPruneKeepsWhatIsStillOwed: only keys of final operations lose their response, and only after the
+// retention; keys of running, unknown and queued operations are kept whatever their age; a key lives until its
+// own lifetime, and its operation and history outlive it.
+func TestPruneKeepsWhatIsStillOwed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.Schema(t).DB
+	h := &Handler{DB: db, Retention: time.Hour, KeyLifetime: 2 * time.Hour}
+	done := newAttempt("acct", "done", "fp")
+	claimed(t, h, done)
+	completed(t, h, done, opstatus.StateSucceeded)
+	claimed(t, h, newAttempt("acct", "running", "fp"))
+	unknown := newAttempt("acct", "unknown", "fp")
+	claimed(t, h, unknown)
+	if _, err := opstatus.Transition(ctx, db, "acct", unknown.op.ID, opstatus.StateUnknown, "test"); err != nil {
+		t.Fatal(err)
+	}
+	queued := newAttempt("acct", "queued", "fp")
+	claimed(t, h, queued)
+	completed(t, h, queued, opstatus.StateQueued)
+	age := func(by time.Duration) {
+		t.Helper()
+		err := db.Exec(`UPDATE idempotency_keys SET created_at = created_at - ?::interval, completed_at = completed_at - ?::interval,
+    response_expires_at = response_expires_at - ?::interval, key_expires_at = key_expires_at - ?::interval`,
+			by.String(), by.String(), by.String(), by.String()).Error
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	states := func() map[string]string {
+		var rows []struct{ IdempotencyKey, State string }
+		db.Raw(`SELECT idempotency_key, state FROM idempotency_keys`).Scan(&rows)
+		m := map[string]string{}
+		for _, r := range rows {
+			m[r.IdempotencyKey] = r.State
+		}
+		return m
+	}
+	if r, k, err := h.Prune(ctx); err != nil || r != 0 || k != 0 {
+		t.Fatalf("prune of young keys: %d responses, %d keys, %v", r, k, err)
+	}
+	age(90 * time.Minute)
+	if r, k, err := h.Prune(ctx); err != nil || r != 1 || k != 0 {
+		t.Fatalf("prune after the retention: %d responses, %d keys, %v; want the finished key's response", r, k, err)
+	}
+	if got := states(); got["done"] != "expired" || got["running"] != "running" || got["unknown"] != "running" || got["queued"] != "completed" {
+		t.Fatalf("keys after the retention: %v", got)
+	}
+	age(time.Hour)
+	if r, k, err := h.Prune(ctx); err != nil || r != 0 || k != 1 {
+		t.Fatalf("prune after the lifetime: %d responses, %d keys, %v; want the finished key", r, k, err)
+	}
+	if got := states(); len(got) != 3 || got["done"] != "" {
+		t.Fatalf("keys after the lifetime: %v; want running, unknown and queued kept", got)
+	}
+	if _, err := opstatus.Get(ctx, db, "acct", done.op.ID); err != nil {
+		t.Errorf("operation of a pruned key: %v", err)
+	}
+}
+
+// TestLookupPlanReadsOneOperation checks the plan PostgreSQL keeps for the key's read (the generic plan, made
+// once per connection, here while the tables are nearly empty, as after a deploy on a new database): it must
+// reach the key's operation by its whole primary key, never scan the account's operations and filter them,
+// which made every retry read all of an account's operations.
+func TestLookupPlanReadsOneOperation(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	var plan []string
+	err := db.Connection(func(conn *gorm.DB) error {
+		if err := conn.Exec(`SET plan_cache_mode = force_generic_plan`).Error; err != nil {
+			return err
+		}
+		defer conn.Exec(`RESET plan_cache_mode`)
+		if err := conn.Exec(`PREPARE lookup_plan (text, text) AS ` + lookupSQL).Error; err != nil {
+			return err
+		}
+		defer conn.Exec(`DEALLOCATE lookup_plan`)
+		return conn.Raw(`EXPLAIN EXECUTE lookup_plan('acct_a', 'k')`).Scan(&plan).Error
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan, "\n")
+	if !regexp.MustCompile(`on operations o [^\n]*\n\s*Index Cond: \(\(account_id = k\.account_id\) AND \(id = k\.operation_id\)\)`).MatchString(text) ||
+		strings.Contains(text, "Filter") {
+		t.Fatalf("the key's read has a generic plan that does not read the operation by its primary key:\n%s", text)
+	}
+}
+
