@@ -215,4 +215,3 @@ func TestLookupPlanReadsOneOperation(t *testing.T) {
 		t.Fatalf("the key's read has a generic plan that does not read the operation by its primary key:\n%s", text)
 	}
 }
-
