@@ -2,6 +2,8 @@ package idem
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // The key store's own tests: the statements and the transaction production runs (Handler.claim, completion and
@@ -214,4 +217,63 @@ func TestLookupPlanReadsOneOperation(t *testing.T) {
 		strings.Contains(text, "Filter") {
 		t.Fatalf("the key's read has a generic plan that does not read the operation by its primary key:\n%s", text)
 	}
+}
+
+// TestWaitersAreBounded: with one place to wait (MaxWaiters 1), a retry that asks to wait (Prefer: wait) while
+// the first request still runs takes it and waits for the result; another that asks too is answered 409 at once
+// instead of polling the database beside it.
+func TestWaitersAreBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := &Handler{DB: testdb.Schema(t).DB, MaxWaiters: 1, Lease: 10 * time.Second}
+	release := make(chan struct{})
+	steps := ExternalSteps[string]{
+		Call: func(ctx context.Context, op opstatus.Operation) (string, error) { <-release; return "done", nil },
+		Record: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, out string, err error) (Result, error) {
+			return Result{Status: 201, Body: map[string]string{"out": out}}, err
+		},
+	}
+	call := func(wait bool) Call {
+		header := http.Header{HeaderKey: {"k-wait"}}
+		if wait {
+			header.Set("Prefer", "wait=30")
+		}
+		return Call{Method: "POST", Route: "/sends", Header: header, Caller: Caller{AccountID: "acct", Actor: "test"}}
+	}
+	req := Request{Kind: "test.send", Command: map[string]any{}}
+	if !h.takeWaiter() { // makes the places, so the test can watch them
+		t.Fatal("no place to wait")
+	}
+	h.waiters <- struct{}{}
+	first, waiter := make(chan Answer, 1), make(chan Answer, 1)
+	go func() { first <- RunExternal(ctx, h, call(false), req, steps) }()
+	eventually(t, "the first request holds its claim", func() bool {
+		s, found, err := lookupKey(ctx, h.DB, "acct", "k-wait")
+		return err == nil && found && s.opState == opstatus.StateRunning
+	})
+	go func() { waiter <- RunExternal(ctx, h, call(true), req, steps) }()
+	eventually(t, "the retry waits", func() bool { return len(h.waiters) == 0 })
+	turnedAway := RunExternal(ctx, h, call(true), req, steps)
+	var p *problem.Error
+	if !errors.As(turnedAway.Err, &p) || p.Code != problem.CodeRequestInProgress {
+		t.Fatalf("a second waiter: %+v; want 409 request_in_progress at once", turnedAway)
+	}
+	close(release)
+	if a := <-first; a.Status != 201 {
+		t.Fatalf("first: %+v", a)
+	}
+	if a := <-waiter; a.Status != 201 || a.Header.Get(HeaderReplayed) != "true" {
+		t.Fatalf("the waiter: %+v; want the result it waited for", a)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 400 {
+		if cond() {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatalf("never: %s", what)
 }
