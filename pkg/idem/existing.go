@@ -57,7 +57,7 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 	if s.fingerprint != a.fingerprint {
 		return decision{verdict: verdictConflict, key: s}, nil
 	}
-	if wait := h.preferWait(header); wait > 0 && !s.completed && !s.expired && s.opState != opstatus.StateUnknown && h.takeWaiter() {
+	if wait := h.preferWait(header); wait > 0 && s.running() && h.takeWaiter() {
 		s = h.waitFor(ctx, a, s, wait)
 		h.waiters <- struct{}{}
 	}
@@ -75,6 +75,12 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 		return decision{verdict: verdictUnknown, key: s}, nil
 	}
 	return decision{verdict: verdictInProgress, key: s}, nil
+}
+
+// running reports whether the key's operation is still at work: no response stored or pruned, and the
+// operation neither final nor unknown.
+func (s stored) running() bool {
+	return !s.completed && !s.expired && !s.opState.Final() && s.opState != opstatus.StateUnknown
 }
 
 // respond records the attempt that got d (durably, before the answer: a retry whose evidence cannot be written
