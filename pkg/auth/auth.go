@@ -158,7 +158,7 @@ func Middleware(ks *Keys) gin.HandlerFunc {
 
 // AgentWrites keeps the roles apart: agent keys write, approver keys read and decide. A write (any method but
 // GET, HEAD and OPTIONS) by a key that is not an agent key is 403 forbidden, before anything is decoded or
-// stored, except on the routes (gin templates) listed in approverWrites: the approval endpoints. An approver
+// stored, except on the routes (gin templates) listed in approverWrites: the approval endpoints and the resolution of an unknown operation. An approver
 // key is a person's, held to approve what agents ask; if it could also send the writes, one stolen approver key
 // would be an agent key that can approve others' requests too. It runs after Middleware.
 //

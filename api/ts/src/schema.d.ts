@@ -1396,7 +1396,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description Forbidden: approval_invalid, or a role that may not do this (`forbidden`): an approver key sends no write but the approval endpoints, an agent key decides no approval. */
+        /** @description Forbidden: approval_invalid, or a role that may not do this (`forbidden`): an approver key sends no write but the approval endpoints and a resolution, an agent key decides no approval. */
         Forbidden: {
             headers: {
                 [name: string]: unknown;
