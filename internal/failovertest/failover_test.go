@@ -414,8 +414,16 @@ func rejoined(t *testing.T, c *cluster, s *stack, primary *pgx.Conn, mode string
 	}
 	// Connections that lived longer than a check of target_session_attrs (which opens one to the old primary
 	// first, finds it read-only and closes it).
+	// The services' pools keep their connections idle after the writes: wait until some is older than that check.
 	settled := `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND backend_start < now() - interval '1 second'`
-	onOld, onNew := count(t, old, settled, appName), count(t, primary, settled, appName)
+	var onOld, onNew int
+	for range 100 {
+		if onNew = count(t, primary, settled, appName); onNew > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	onOld = count(t, old, settled, appName)
 	if onOld != 0 || onNew == 0 {
 		t.Errorf("services' connections: %d to the old primary (node %s), %d to the new one; want none, some", onOld, n.name, onNew)
 	}
