@@ -179,7 +179,7 @@ func (h *Handler) dispatchMargin() time.Duration {
 	if h.DispatchMargin > 0 {
 		return h.DispatchMargin
 	}
-	return h.Lease / 4
+	return h.lease() / 4
 }
 
 // releaseUnsent gives up an effect before sending it, when the claim's commit took so long that the effect
