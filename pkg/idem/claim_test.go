@@ -3,7 +3,6 @@ package idem_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -112,18 +111,7 @@ type answer struct {
 	err    error
 }
 
-func post(url, key, body string) answer {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+servicetest.AgentSecret)
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return answer{err: err}
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: string(raw), err: err}
-}
+func post(url, key, body string) answer { return send(url, key, body, nil) }
 
 // TestExternalClaimSentWithPrepareLosesCleanly: an external claim (key, operation and claimed event) goes with
 // Prepare's first statement. The first copy holds its claim and its reservation uncommitted; the second, which
