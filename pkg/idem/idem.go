@@ -335,9 +335,7 @@ func (h *Handler) completion(ctx context.Context, tx *database.Tx, a *attempt, r
 	state := resultState(res)
 	detail := a.completionDetail(resp.Status, res.Reason)
 	b := &pgx.Batch{}
-	if err := queueComplete(b, a.op, resp, h.retention(), h.keyLifetime()); err != nil {
-		return response{}, nil, err
-	}
+	queueComplete(b, a.op, resp, h.retention(), h.keyLifetime())
 	a.op.State = state
 	if a.late {
 		op := a.op
