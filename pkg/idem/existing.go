@@ -96,19 +96,19 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 	)
 	switch d.verdict {
 	case verdictBadLineage:
-		outcome, event, record, status = OutcomeRefused, opstatus.EventAttemptRefused, AttemptRefused, http.StatusBadRequest
+		outcome, event, record, status = OutcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest
 		extra = map[string]any{"refusal": "unknown_retry_of"}
 	case verdictConflict:
-		outcome, event, record, status = OutcomeConflict, opstatus.EventConflictRejected, AttemptConflictRejected, http.StatusUnprocessableEntity
+		outcome, event, record, status = OutcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity
 		extra = map[string]any{"prior_fingerprint": d.key.fingerprint}
 	case verdictReplay:
-		outcome, event, record, status = OutcomeReplayed, opstatus.EventReplayed, AttemptReplayed, d.key.response.Status
+		outcome, event, record, status = OutcomeReplayed, opstatus.EventReplayed, attemptReplayed, d.key.response.Status
 	case verdictExpired:
-		outcome, record, status = OutcomeExpired, AttemptResponseExpired, http.StatusConflict
+		outcome, record, status = OutcomeExpired, attemptResponseExpired, http.StatusConflict
 	case verdictUnknown:
-		outcome, record, status = OutcomeUnknown, AttemptUnknown, http.StatusAccepted
+		outcome, record, status = OutcomeUnknown, attemptUnknown, http.StatusAccepted
 	case verdictInProgress:
-		outcome, record, status = OutcomeInProgress, AttemptInProgress, http.StatusConflict
+		outcome, record, status = OutcomeInProgress, attemptInProgress, http.StatusConflict
 		extra = map[string]any{"state": d.key.opState}
 	}
 	h.observe(a.op.Kind, outcome)

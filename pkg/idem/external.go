@@ -262,7 +262,7 @@ func (h *Handler) markUnknown(ctx context.Context, a *attempt, cause error) {
 	h.log().InfoContext(ctx, "outcome unknown", "operation_id", a.op.ID, "error", cause.Error())
 	_, err := opstatus.Transition(ctx, h.DB, a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
 		opstatus.From(opstatus.StateRunning),
-		opstatus.WithEvent(opstatus.EventOutcomeUnknown, a.record(AttemptUnknown, http.StatusAccepted,
+		opstatus.WithEvent(opstatus.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
 			map[string]any{"reason": opstatus.ReasonNoDefiniteAnswer})))
 	if err != nil {
 		// The lease still runs out and the recovery worker marks it unknown then.
