@@ -32,6 +32,7 @@ func TestPayments(t *testing.T) {
 		run  func(t *testing.T, h *harness)
 	}{
 		{"LostCaptureAnswerSettlesIntoOneCapture", testLostCaptureAnswer},
+		{"AnsweredFailureSettlesOnTheFirstRetry", testAnsweredFailureSettles},
 		{"ConcurrentCapturesOneKey", testConcurrentCapturesOneKey},
 		{"ConcurrentCapturesDifferentKeys", testConcurrentCapturesDifferentKeys},
 		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointBeforeExternalCall) }},
@@ -253,6 +254,60 @@ func testLostCaptureAnswer(t *testing.T, h *harness) {
 		if e.Type == "dispatch_sent_no_response" && !strings.Contains(string(e.Detail), `"reason":"connection_closed"`) {
 			t.Errorf("the lost answer's reason: %s", e.Detail)
 		}
+	}
+}
+
+// testAnsweredFailureSettles: the provider answers the capture 503 without executing it. The answer came back,
+// so the call is over: a same-key retry right after, while the operation's lease still runs, looks the key up,
+// finds nothing, and settles the operation at once (the final 502, replayed), with the dispatch record that made
+// the negative lookup conclusive named in the evidence. The provider captured nothing.
+func testAnsweredFailureSettles(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-503", `{"order_id":"o-503","amount":"12.00","currency":"USD"}`)
+	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindCapture, Mode: provider.FaultFail, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	var first opstatus.Operation
+	b.agent.Post(path, `{}`, apitest.Key("cap-503")).Status(t, http.StatusAccepted).Decode(t, &first)
+	if first.State != opstatus.StateUnknown || first.LeaseExpiresAt == nil {
+		t.Fatalf("first answer: operation %+v; want unknown, leased", first)
+	}
+
+	retry := b.agent.Post(path, `{}`, apitest.Key("cap-503")).Status(t, http.StatusBadGateway)
+	if code(t, retry) != "provider_unavailable" || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry = %s (replayed %q); want the settled 502, replayed", retry.Body, retry.Header.Get("Idempotent-Replayed"))
+	}
+	if !time.Now().Before(*first.LeaseExpiresAt) {
+		t.Fatalf("the lease (until %s) ended before the retry was answered: the test proves nothing", first.LeaseExpiresAt)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+	if got := b.getIntent(t, in.ID); got.Status != "requires_capture" || got.CapturedMinor != 0 {
+		t.Fatalf("intent after the settled failure = %+v; want requires_capture, nothing captured", got)
+	}
+
+	got := operation(t, b.agent, "cap-503")
+	var story []string
+	for _, ev := range got.Events {
+		story = append(story, ev.Type)
+	}
+	want := []string{"claimed", "dispatch_started", "dispatch_response_received", "outcome_unknown",
+		payments.EventProviderLookup, "reconciled", "replayed"}
+	if got.State != opstatus.StateFailed || strings.Join(story, " ") != strings.Join(want, " ") {
+		t.Fatalf("operation %s with events %v; want failed with %v", got.State, story, want)
+	}
+	lookup, _ := hasEvent(got, payments.EventProviderLookup)
+	var evidence struct {
+		Found        *bool  `json:"found"`
+		Conclusive   string `json:"conclusive_because"`
+		LeaseRunning bool   `json:"lease_running"`
+	}
+	if err := json.Unmarshal(lookup.Detail, &evidence); err != nil || evidence.Found == nil || *evidence.Found ||
+		evidence.Conclusive != opstatus.EventDispatchResponseReceived || evidence.LeaseRunning {
+		t.Fatalf("provider_lookup evidence %s; want not found, conclusive because of dispatch_response_received", lookup.Detail)
+	}
+	if ev, _ := hasEvent(got, "reconciled"); !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
+		t.Fatalf("reconciled event %s; want reason provider_unavailable", ev.Detail)
 	}
 }
 
