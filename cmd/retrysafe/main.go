@@ -37,6 +37,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/tickets"
@@ -196,8 +197,15 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	// One registry for the process: every service's port serves all of it on GET /metrics.
 	m := metrics.New()
 	m.WatchOperations(db, 2*time.Second)
+	// The process's owner lock, on a connection of its own: a same-key retry on another replica releases a claim
+	// this process made and never started, once the process is gone, instead of waiting for the lease.
+	owner, err := opstatus.HoldOwner(cfg.DatabaseURL, logger)
+	if err != nil {
+		return err
+	}
+	defer owner.Close()
 	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: &idem.Handler{
-		DB: db, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m,
+		DB: db, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m, Owner: owner,
 		Retention: cfg.IdempotencyRetention, KeyLifetime: cfg.IdempotencyKeyLifetime,
 		// An effect is sent only with time for a whole provider call left in its lease.
 		DispatchMargin: cfg.ProviderTimeout,

@@ -22,7 +22,8 @@ import (
 
 // Failpoints of idem (package failpoint), for crash tests: right after a local claim, before the write; right
 // before the commit of a local write (FailpointBeforeCommit) or of an external claim, after Prepare
-// (FailpointExternalClaimed), both given the operation; just before and after an external call.
+// (FailpointExternalClaimed), both given the operation; just before (given the operation) and after an external
+// call.
 const (
 	FailpointAfterClaim         = "idem.after_claim"
 	FailpointBeforeExternalCall = "idem.external.before_call"
@@ -104,6 +105,9 @@ type Handler struct {
 	Reconcilers map[string]opstatus.Reconciler
 	// Observer, when set, is told each request's outcome and each operation the handler settles (metrics).
 	Observer Observer
+	// Owner, when set, marks this process's external claims (opstatus.HoldOwner), so a same-key retry releases
+	// a claim whose process is gone before its call started instead of waiting for its lease (external.go).
+	Owner *opstatus.Owner
 
 	eventsOnce  sync.Once
 	events      *opstatus.GroupAppender
@@ -186,6 +190,8 @@ type attempt struct {
 	// attemptRecorded: the claiming attempt already has its attempt record (opstatus.ExpireLeases wrote it
 	// when the lease ran out), so the completion does not number it again.
 	attemptRecorded bool
+	// owner: the Handler's Owner id when an external claim is made, marked on its claimed event (0: none).
+	owner int64
 }
 
 // begin checks the key and the lineage headers and computes the fingerprint; a refusal is the Answer.

@@ -2,6 +2,8 @@ package opstatus
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 
 	"gorm.io/gorm"
@@ -27,4 +29,35 @@ func CallOver(ctx context.Context, db *gorm.DB, accountID, id string) (string, e
 		return types[0], nil
 	}
 	return "", nil
+}
+
+// ErrNotRunning is StartDispatch's refusal: the operation is no longer running (settled, marked unknown, or its
+// claim released because its owner is gone), so its call must not be sent.
+var ErrNotRunning = errors.New("opstatus: the operation is not running")
+
+// startDispatchSQL appends dispatch_started only while the operation is running. FOR SHARE makes it wait for a
+// transaction that holds the operation's row (a release under the row lock, OwnerGone) and then see the state
+// that one committed: a release and a dispatch never both go through.
+const startDispatchSQL = `WITH op AS (
+    SELECT id, account_id FROM operations WHERE account_id = ? AND id = ? AND state = 'running' FOR SHARE
+)
+INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
+SELECT op.id, op.account_id, ?, ?, ?::jsonb FROM op`
+
+// StartDispatch commits the dispatch_started record of a call that leaves the process, before the call is
+// written, or returns an error matching ErrNotRunning when the operation is no longer running: the caller must
+// then not send it (provider.DispatchObserver.Started's contract).
+func StartDispatch(ctx context.Context, db *gorm.DB, accountID, id, actor string, detail any) error {
+	raw, err := json.Marshal(detail)
+	if err != nil {
+		return fmt.Errorf("opstatus: dispatch of %s: detail: %w", id, err)
+	}
+	res := db.WithContext(ctx).Exec(startDispatchSQL, accountID, id, EventDispatchStarted, actor, string(raw))
+	if res.Error != nil {
+		return fmt.Errorf("opstatus: dispatch of %s: %w", id, res.Error)
+	}
+	if res.RowsAffected != 1 {
+		return fmt.Errorf("opstatus: dispatch of %s: %w", id, ErrNotRunning)
+	}
+	return nil
 }

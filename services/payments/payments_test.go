@@ -37,6 +37,7 @@ func TestPayments(t *testing.T) {
 		{"ConcurrentCapturesDifferentKeys", testConcurrentCapturesDifferentKeys},
 		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointBeforeExternalCall) }},
 		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointAfterExternalCall) }},
+		{"ClaimOfAKilledReplicaReleasedAtOnce", testOwnerGone},
 		{"AmountSpellingsAreOneRequest", testAmountSpellings},
 		{"ConcurrentRefundsNeverExceedCaptured", testConcurrentRefunds},
 		{"RacingIntentsForOneOrder", testRacingIntents},
@@ -254,6 +255,81 @@ func testLostCaptureAnswer(t *testing.T, h *harness) {
 		if e.Type == "dispatch_sent_no_response" && !strings.Contains(string(e.Detail), `"reason":"connection_closed"`) {
 			t.Errorf("the lost answer's reason: %s", e.Detail)
 		}
+	}
+}
+
+// testOwnerGone: a replica SIGKILLed after its capture's claim committed and before the call started leaves the
+// operation running under a 30 s lease. A same-key retry to a live replica finds the claim's owner lock held by
+// no session and no dispatch_started record: it releases the claim (cancelled, not_sent owner_gone, the intent's
+// reservation undone) and captures, while the old lease still runs. The provider captured once.
+func testOwnerGone(t *testing.T, h *harness) {
+	db := testdb.Schema(t)
+	start := func(failpoints string) *proctest.Process {
+		return proctest.Start(t, h.bin, []string{"serve", "payments"}, map[string]string{
+			"DATABASE_URL": db.DSN, "PROVIDER_URL": h.providerURL, "PROVIDER_SECRET": merchantSecret(t),
+			"OPERATION_LEASE": "30s", "PROVIDER_TIMEOUT": "2s", "RETRYSAFE_FAILPOINTS": failpoints,
+		}, "PAYMENTS_ADDR")
+	}
+	live := start("")
+	agent := apitest.New(t, live.URL, servicetest.AgentSecret)
+	var in intent
+	agent.Post("/v1/payment_intents", `{"order_id":"o-gone","amount":"30.00","currency":"USD"}`, apitest.Key("create")).
+		Status(t, http.StatusCreated).Decode(t, &in)
+
+	doomed := start(idem.FailpointBeforeExternalCall + "=pause")
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	done := make(chan error, 1)
+	go func() {
+		_, err := apitest.New(t, doomed.URL, servicetest.AgentSecret).Try(http.MethodPost, path, `{}`, apitest.Key("cap"))
+		done <- err
+	}()
+	doomed.WaitFor(t, "failpoint "+idem.FailpointBeforeExternalCall+" reached")
+	doomed.Kill(t)
+	if err := <-done; err == nil {
+		t.Fatal("the capture was answered although its process was killed first")
+	}
+	old := operation(t, agent, "cap")
+	claimed, _ := hasEvent(old, opstatus.EventClaimed)
+	var mark struct {
+		Owner int64 `json:"owner"`
+	}
+	if err := json.Unmarshal(claimed.Detail, &mark); err != nil || old.State != opstatus.StateRunning || old.LeaseExpiresAt == nil || mark.Owner == 0 {
+		t.Fatalf("the killed replica's operation: %s, lease %v, claimed %s; want running, leased, its owner marked", old.State, old.LeaseExpiresAt, claimed.Detail)
+	}
+
+	// A client's retry: 409 request_in_progress only while the killed process's session has not ended yet.
+	var retry *apitest.Response
+	for range 20 {
+		retry = agent.Post(path, `{}`, apitest.Key("cap"))
+		if retry.Code != http.StatusConflict {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	var captured intent
+	retry.Status(t, http.StatusOK).Decode(t, &captured)
+	if !time.Now().Before(*old.LeaseExpiresAt) {
+		t.Fatalf("the old lease (until %s) ended before the retry was answered: the test proves nothing", old.LeaseExpiresAt)
+	}
+	if captured.Status != "succeeded" || captured.CapturedMinor != 3000 || retry.Header.Get("Operation-Id") == old.ID {
+		t.Fatalf("retry = %s (operation %s); want the capture, by a new operation", retry.Body, retry.Header.Get("Operation-Id"))
+	}
+	b := &bundle{provider: provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+
+	var released opstatus.Operation
+	agent.Get("/v1/operations/"+old.ID).Status(t, http.StatusOK).Decode(t, &released)
+	ev, ok := hasEvent(released, idem.EventNotSent)
+	var why struct {
+		Reason string `json:"reason"`
+		Owner  int64  `json:"owner"`
+	}
+	if !ok || json.Unmarshal(ev.Detail, &why) != nil || released.State != opstatus.StateCancelled ||
+		why.Reason != idem.ReasonOwnerGone || why.Owner != mark.Owner {
+		t.Fatalf("the killed replica's operation: %s with %+v; want cancelled, not_sent owner_gone naming owner %d", released.State, released.Events, mark.Owner)
+	}
+	if _, ok := hasEvent(released, opstatus.EventDispatchStarted); ok {
+		t.Fatal("a released operation has a dispatch_started record")
 	}
 }
 
