@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/payments"
@@ -38,6 +40,7 @@ func TestPayments(t *testing.T) {
 		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointBeforeExternalCall) }},
 		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointAfterExternalCall) }},
 		{"ClaimOfAKilledReplicaReleasedAtOnce", testOwnerGone},
+		{"OwnerThatLostItsLockSendsNothing", testOwnerLostItsLock},
 		{"AmountSpellingsAreOneRequest", testAmountSpellings},
 		{"ConcurrentRefundsNeverExceedCaptured", testConcurrentRefunds},
 		{"RacingIntentsForOneOrder", testRacingIntents},
@@ -330,6 +333,94 @@ func testOwnerGone(t *testing.T, h *harness) {
 	}
 	if _, ok := hasEvent(released, opstatus.EventDispatchStarted); ok {
 		t.Fatal("a released operation has a dispatch_started record")
+	}
+}
+
+// testOwnerLostItsLock: the process that claimed a capture is alive, but the session of its owner lock ends
+// before its call starts (as in a database failover). A same-key retry releases the claim and captures; the
+// first request's call is then refused, because its dispatch_started record cannot be written for a cancelled
+// operation, and never sent. The provider captured once, and the first request gets the retry's capture.
+func testOwnerLostItsLock(t *testing.T, h *harness) {
+	env := servicetest.New(t)
+	owner, err := opstatus.HoldOwner(env.DB.DSN, env.Logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(owner.Close)
+	env.Idem.Owner = owner
+	client := provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))
+	svc, err := payments.New(env.Deps, payments.Config{Provider: client, ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{agent: env.Serve(t, svc), provider: client}
+	servicetest.Eventually(t, "the owner lock is held", func() bool { return owner.ID() != 0 })
+	in := b.createIntent(t, "o-lock", `{"order_id":"o-lock","amount":"8.00","currency":"USD"}`)
+	path, key := "/v1/payment_intents/"+in.ID+"/capture", "cap-lost-lock"
+
+	var (
+		fired atomic.Bool
+		retry *apitest.Response
+	)
+	// Hooks are process-wide: act only on this test's capture, and only on its first call.
+	unset := failpoint.Set(idem.FailpointBeforeExternalCall, func(d any) {
+		op, _ := d.(opstatus.Operation)
+		if op.Kind != payments.KindCapture || op.IdempotencyKey != key || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		lock := `FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND objid::bigint = ?`
+		if err := env.DB.DB.Exec(`SELECT pg_terminate_backend(pid) `+lock, owner.ID()).Error; err != nil {
+			t.Error(err)
+			return
+		}
+		servicetest.Eventually(t, "the owner lock is gone", func() bool {
+			var n int64
+			return env.DB.DB.Raw(`SELECT count(*) `+lock, owner.ID()).Scan(&n).Error == nil && n == 0
+		})
+		retry = b.agent.Post(path, `{}`, apitest.Key(key))
+	})
+	defer unset()
+	first := b.agent.Post(path, `{}`, apitest.Key(key))
+
+	if retry == nil {
+		t.Fatal("the failpoint never fired")
+	}
+	var captured intent
+	retry.Status(t, http.StatusOK).Decode(t, &captured)
+	if captured.Status != "succeeded" || captured.CapturedMinor != 800 {
+		t.Fatalf("retry = %s; want the capture", retry.Body)
+	}
+	first.Status(t, http.StatusOK)
+	if first.Header.Get("Operation-Id") != retry.Header.Get("Operation-Id") {
+		t.Fatalf("first request answered for operation %s; want the retry's %s", first.Header.Get("Operation-Id"), retry.Header.Get("Operation-Id"))
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+
+	var list struct {
+		Items []opstatus.Operation `json:"items"`
+	}
+	b.agent.Get("/v1/operations?idempotency_key="+key).Status(t, http.StatusOK).Decode(t, &list)
+	if len(list.Items) != 2 {
+		t.Fatalf("operations under the key: %d; want the released one and the retry's", len(list.Items))
+	}
+	released := list.Items[1]
+	reason := func(typ string) string {
+		ev, _ := hasEvent(released, typ)
+		var d struct {
+			Reason string `json:"reason"`
+		}
+		_ = json.Unmarshal(ev.Detail, &d)
+		return d.Reason
+	}
+	_, started := hasEvent(released, opstatus.EventDispatchStarted)
+	if released.State != opstatus.StateCancelled || reason(idem.EventNotSent) != idem.ReasonOwnerGone || started ||
+		reason(opstatus.EventDispatchNotSent) != opstatus.ReasonEvidenceNotRecorded || list.Items[0].State != opstatus.StateSucceeded {
+		var types []string
+		for _, ev := range released.Events {
+			types = append(types, ev.Type+" "+string(ev.Detail))
+		}
+		t.Fatalf("released operation %s with %q, retry's %s; want cancelled owner_gone, its call refused and never started",
+			released.State, types, list.Items[0].State)
 	}
 }
 
