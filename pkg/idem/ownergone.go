@@ -46,7 +46,7 @@ func (h *Handler) startExternal(ctx context.Context, call Call, req Request, und
 // (opstatus.OwnerGone, read once without a lock and again under the row lock). The not_sent event names this
 // attempt, with its Retry-Of; the new operation this attempt claims starts its own lineage.
 func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo undoFunc) bool {
-	if s.opState != opstatus.StateRunning || s.completed() || s.expired() || s.fingerprint != a.fingerprint || a.lineage.supersedes != "" {
+	if s.opState != opstatus.StateRunning || !s.running() || s.fingerprint != a.fingerprint || a.lineage.supersedes != "" {
 		return false
 	}
 	// Most retries of a running operation find its owner alive: one read, no lock.

@@ -42,15 +42,7 @@ var errLeaseRunning = errors.New("payments: the operation's lease has not ended;
 // the handler once, or never.
 func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 	return opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
-		key := DownstreamKey(op)
-		res, err := s.cfg.Provider.Lookup(ctx, key)
-		if err == nil && !res.Found {
-			// Dispatched before provider keys were derived from the request: under the operation's id.
-			old := operationDownstreamKey(op.ID)
-			if prev, perr := s.cfg.Provider.Lookup(ctx, old); perr != nil || prev.Found {
-				key, res, err = old, prev, perr
-			}
-		}
+		key, res, err := s.lookup(ctx, op)
 		evidence := map[string]any{"downstream_key": key, "endpoint": "GET /v1/idempotency/{key}"}
 		if err != nil {
 			// Unreachable provider, or the call is still running there: ask again on a later pass. The failed
@@ -102,6 +94,20 @@ func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 		}
 		return err
 	})
+}
+
+// lookup asks the provider what it answered under op's downstream key, and returns the key it asked about.
+func (s *Server) lookup(ctx context.Context, op opstatus.Operation) (string, provider.LookupResult, error) {
+	key := DownstreamKey(op)
+	res, err := s.cfg.Provider.Lookup(ctx, key)
+	if err == nil && !res.Found {
+		// Dispatched before provider keys were derived from the request: under the operation's id.
+		old := operationDownstreamKey(op.ID)
+		if prev, perr := s.cfg.Provider.Lookup(ctx, old); perr != nil || prev.Found {
+			return old, prev, perr
+		}
+	}
+	return key, res, err
 }
 
 // negativeLookup decides whether nothing under the downstream key proves that the call never executed, and
