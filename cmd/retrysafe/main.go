@@ -196,12 +196,15 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	// One registry for the process: every service's port serves all of it on GET /metrics.
 	m := metrics.New()
 	m.WatchOperations(db, 2*time.Second)
-	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: &idem.Handler{
-		DB: db, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m,
-		Retention: cfg.IdempotencyRetention, KeyLifetime: cfg.IdempotencyKeyLifetime,
-		// An effect is sent only with time for a whole provider call left in its lease.
-		DispatchMargin: cfg.ProviderTimeout,
-	}}
+	h, err := idem.New(db)
+	if err != nil {
+		return err
+	}
+	h.Logger, h.Lease, h.RetryAfter, h.Observer = logger, cfg.OperationLease, 1, m
+	h.Retention, h.KeyLifetime, h.KeyOptional = cfg.IdempotencyRetention, cfg.IdempotencyKeyLifetime, cfg.IdempotencyKeyOptional
+	// An effect is sent only with time for a whole provider call left in its lease.
+	h.DispatchMargin = cfg.ProviderTimeout
+	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: h}
 	httpStack, err := httpStack(cfg, db)
 	if err != nil {
 		return err

@@ -46,6 +46,10 @@ type ExternalSteps[T any] struct {
 //
 // It is a function, not a method of Handler, because Go methods cannot take type parameters.
 func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
+	return h.markUnkeyed(call, runExternal(ctx, h, call, req, steps))
+}
+
+func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
 	a, done := h.start(ctx, call, req)
 	if done != nil {
 		return *done
@@ -86,7 +90,7 @@ func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	resp, err := h.settle(ctx, a, func(ctx context.Context, tx *gorm.DB) (Result, error) {
 		return steps.Record(ctx, tx, a.op, outcome, callErr)
 	}, opstatus.EventCompleted, a.caller.Actor)
-	return h.recorded(ctx, a, resp, err)
+	return h.recorded(ctx, a, resp, err, h.created(call))
 }
 
 // claimExternal commits a's claim with its operation, leased, after the Guard and prepare; it returns the lease.
@@ -130,7 +134,7 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 }
 
 // recorded answers an external effect whose outcome settle tried to record.
-func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err error) Answer {
+func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err error, created Outcome) Answer {
 	switch {
 	case errors.Is(err, ErrAlreadySettled):
 		// The recovery worker got there first; answer with what it stored.
@@ -148,7 +152,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 		h.observe(a.op.Kind, OutcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 	}
-	h.observe(a.op.Kind, OutcomeCreated)
+	h.observe(a.op.Kind, created)
 	h.log().InfoContext(ctx, "operation completed", "operation_id", a.op.ID, "kind", a.op.Kind,
 		"account_id", a.op.AccountID, "status", resp.Status)
 	return answer(a.op.ID, resp, false)

@@ -25,6 +25,7 @@ const (
 	OutcomeUnknown          Outcome = "unknown"           // the outcome is not known, or ran but was not recorded
 	OutcomeRefused          Outcome = "refused"           // refused before any effect, the key left free
 	OutcomeStoreUnavailable Outcome = "store_unavailable" // the database could not be reached: 503
+	OutcomeUnkeyed          Outcome = "unkeyed"           // ran without an Idempotency-Key (Handler.KeyOptional)
 )
 
 func (h *Handler) observe(kind string, o Outcome) {

@@ -67,7 +67,7 @@ func New() *Metrics {
 		}, []string{"service", "route", "method"}),
 		idempotency: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "retrysafe_idempotency_requests_total",
-			Help: "Idempotent writes by operation kind and outcome: created, replayed, conflict, in_progress, unknown, refused, store_unavailable.",
+			Help: "Idempotent writes by operation kind and outcome: created, replayed, conflict, in_progress, unknown, refused, store_unavailable, unkeyed.",
 		}, []string{"kind", "outcome"}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "retrysafe_operations_finished_total",
