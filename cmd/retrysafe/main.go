@@ -231,8 +231,8 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	defer cancel()
 	workers := service.Workers(d, service.Background{
 		RecoveryInterval: cfg.RecoveryInterval, PruneInterval: cfg.PruneInterval,
+		SealInterval: cfg.AuditCheckpointInterval, Signer: cfg.AuditSigningKey,
 	}, svcs...)
-	workers = append(workers, service.Worker{Name: "audit-checkpoints", Run: checkpointWorker(cfg, db, logger).Run})
 	waitWorkers := service.Start(ctx, workers)
 	var wg sync.WaitGroup
 	errc := make(chan error, len(svcs))

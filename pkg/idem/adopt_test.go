@@ -6,11 +6,13 @@ import (
 	"database/sql/driver"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -72,6 +74,7 @@ type outcomes struct {
 	n  map[idem.Outcome]int
 }
 
+func (o *outcomes) BackgroundRunning(bool)                      {}
 func (o *outcomes) OperationFinished(string, opstatus.State)    {}
 func (o *outcomes) Reconciled(string, opstatus.ReconcileResult) {}
 func (o *outcomes) IdempotencyOutcome(_ string, out idem.Outcome) {
@@ -140,4 +143,70 @@ func TestKeyOptional(t *testing.T) {
 	if a := send(str, ""); a.status != http.StatusBadRequest || !strings.Contains(a.body, "idempotency_key_missing") || marks() != 3 {
 		t.Fatalf("strict handler without a key: %d %s, %d rows; want 400 idempotency_key_missing and nothing written", a.status, a.body, marks())
 	}
+}
+
+// TestRunBackground: a handler serving writes without its background work says so once, in its log and to its
+// Observer; RunBackground then prunes (a response past a 1 ms retention is dropped, its key kept) and seals the
+// audit (a checkpoint appears), and tells the Observer it runs until its context ends.
+func TestRunBackground(t *testing.T) {
+	t.Parallel()
+	env := servicetest.New(t, servicetest.GormDefaults())
+	var logged strings.Builder
+	var mu sync.Mutex
+	running := []bool{}
+	obs := &backgroundSeen{outcomes: outcomes{n: map[idem.Outcome]int{}}, seen: func(r bool) { mu.Lock(); running = append(running, r); mu.Unlock() }}
+	h := &idem.Handler{DB: env.ServiceDB, Observer: obs, Retention: time.Millisecond, KeyLifetime: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &logged}, nil))}
+	call := func(key string) idem.Answer {
+		return h.Run(context.Background(), idem.Call{Method: "POST", Route: "/v1/bg", Header: http.Header{"Idempotency-Key": {key}},
+			Caller: idem.Caller{AccountID: "acct_bg", Actor: "agent:bg"}}, idem.Request{Kind: "bg.write", Command: map[string]any{}},
+			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
+				return idem.Result{Status: http.StatusCreated, Body: map[string]string{"op": op.ID}}, nil
+			})
+	}
+	for _, k := range []string{"k1", "k2"} {
+		if a := call(k); a.Err != nil || a.Status != http.StatusCreated {
+			t.Fatalf("write %s: %+v", k, a)
+		}
+	}
+	if n := strings.Count(logged.String(), "background work is not running"); n != 1 {
+		t.Fatalf("log has the warning %d times; want once:\n%s", n, logged.String())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		h.RunBackground(ctx, idem.Background{PruneInterval: 20 * time.Millisecond, SealInterval: 20 * time.Millisecond})
+		close(done)
+	}()
+	servicetest.Eventually(t, "the responses are pruned, the keys kept, and the audit sealed", func() bool {
+		var expired, checkpoints int64
+		env.DB.Raw(`SELECT count(*) FROM idempotency_keys WHERE account_id = 'acct_bg' AND state = 'expired'`).Scan(&expired)
+		env.DB.Raw(`SELECT count(*) FROM audit_checkpoints`).Scan(&checkpoints)
+		return expired == 2 && checkpoints > 0
+	})
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if len(running) != 3 || running[0] || !running[1] || running[2] {
+		t.Fatalf("observer told %v; want [false true false]: not running at the first write, then started, then stopped", running)
+	}
+}
+
+type backgroundSeen struct {
+	outcomes
+	seen func(bool)
+}
+
+func (b *backgroundSeen) BackgroundRunning(r bool) { b.seen(r) }
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -116,6 +117,9 @@ type Handler struct {
 	lookups     *batch.Batcher[keyRef, lookup]
 	waitersOnce sync.Once
 	waiters     chan struct{}
+	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
+	background       atomic.Bool
+	backgroundWarned sync.Once
 }
 
 // New returns a Handler on db, or an error that says what to do when db is not a pool the library can use
@@ -240,6 +244,7 @@ func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
 // start checks the request and reads its key: a request that is refused, or whose key exists, is answered
 // here; otherwise it goes on to claim the key. A failed read goes on too: the claim reports the failure.
 func (h *Handler) start(ctx context.Context, call Call, req Request) (*attempt, *Answer) {
+	h.checkBackground()
 	a, refused := h.begin(call, req)
 	if refused != nil {
 		return nil, refused

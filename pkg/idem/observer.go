@@ -9,6 +9,9 @@ import (
 type Observer interface {
 	// IdempotencyOutcome is called once per request the handler answers, with the request's kind.
 	IdempotencyOutcome(kind string, outcome Outcome)
+	// BackgroundRunning is called when Handler.RunBackground starts (true) and ends (false), and once with false
+	// when the handler answers a write while it is not running.
+	BackgroundRunning(running bool)
 	// OperationFinished and Reconciled are called after the commit that settled an operation.
 	opstatus.Observer
 }
