@@ -32,7 +32,7 @@ func (h *Handler) RunBackground(ctx context.Context, b Background) {
 	defer h.backgroundRunning(false)
 	var wg sync.WaitGroup
 	if every := orDefault(b.PruneInterval, 10*time.Minute); every > 0 {
-		wg.Go(func() { h.RunPruner(ctx, every) })
+		wg.Go(func() { h.runPruner(ctx, every) })
 	}
 	if every := orDefault(b.RecoveryInterval, 5*time.Second); every > 0 {
 		w := &opstatus.RecoveryWorker{DB: h.DB, Reconcilers: h.Reconcilers, Interval: every, Logger: h.log(),

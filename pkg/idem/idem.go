@@ -99,7 +99,7 @@ type Handler struct {
 	MaxWaiters int
 	// Retention is how long a stored response is replayed (DefaultRetention when zero); KeyLifetime how long
 	// the key itself, with its fingerprint and operation, is kept after (DefaultKeyLifetime when zero, never less
-	// than Retention). While the key lives it never runs again. Prune and RunPruner apply both.
+	// than Retention). While the key lives it never runs again. Prune (and RunBackground, every PruneInterval) applies both.
 	Retention   time.Duration
 	KeyLifetime time.Duration
 	// Reconcilers, by operation kind, let a retry of an unknown operation settle it at once (reconcileNow).
