@@ -342,19 +342,46 @@ func (a *Agent) holdForSuperseded(op *Operation, approvalID string) (bool, error
 	a.mu.Lock()
 	old := a.v.ops[op.SupersedesOperationID]
 	why := outcomeUnknown(old)
+	card := ""
+	if why != "" {
+		card = priorCard(old, why)
+	}
 	a.mu.Unlock()
 	if why == "" {
 		return false, nil
 	}
-	next := fmt.Sprintf("nothing sent: action %q (operation %s), which this one supersedes, may or may not have happened (%s), "+
+	next := fmt.Sprintf("nothing sent: action %q (operation %s), which this one supersedes, may or may not have happened, "+
 		"so a replacement could add to it. Settle it first: call %q again with its own arguments, or run resume, until it "+
-		"succeeds, fails or a person records what happened; then call %q again", old.ActionID, old.OperationID, why, old.ActionID, op.ActionID)
+		"succeeds, fails or a person records what happened; then call %q again", old.ActionID, old.OperationID, old.ActionID, op.ActionID)
 	if Tools[op.Tool].Approval {
-		next += fmt.Sprintf(". To replace it anyway, a person decides: call request_approval with {\"for_action\": %q}, have "+
-			"a person approve it, then call %s again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)
+		next += fmt.Sprintf(". To replace it anyway, a person decides: call request_approval with {\"for_action\": %q} (the "+
+			"approval names the operation it replaces, and the approver is shown it), have a person approve it, then call %s "+
+			"again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)
 	}
 	return true, a.settle(op, step{state: StateNeedsHuman, code: CodeSupersededUnknown,
-		why: "supersedes an operation whose outcome is unknown", next: next})
+		why: "supersedes an operation whose outcome is unknown: " + card, next: next})
+}
+
+// priorCard says what a person deciding on a replacement must know of the operation it replaces, old, whose
+// outcome is unknown for reason why: its operation, its last dispatch state and why it is unknown. The caller
+// holds a.mu.
+func priorCard(old *Operation, why string) string {
+	server := old.ServerOperationID()
+	if server == "" {
+		server = "none known"
+	}
+	dispatch := "none"
+	if last := lastAttempt(old); last != nil {
+		dispatch = "started, no end recorded"
+		if r := last.Finished; r != nil {
+			dispatch = r.DispatchState
+			if r.Error != "" {
+				dispatch += " (" + r.Error + ")"
+			}
+		}
+	}
+	return fmt.Sprintf("prior operation %s (action %q, service operation %s); its last dispatch: %s; reason: %s",
+		old.OperationID, old.ActionID, server, dispatch, why)
 }
 
 // CodeSupersededUnknown is the code of a result held back because the operation it supersedes may or may not

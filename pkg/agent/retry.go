@@ -708,8 +708,14 @@ func (a *Agent) requestBody(op *Operation) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(map[string]any{"method": target.Method, "path": target.Path,
-		"idempotency_key": target.IdempotencyKey, "body": json.RawMessage(treq.body)})
+	body := map[string]any{"method": target.Method, "path": target.Path,
+		"idempotency_key": target.IdempotencyKey, "body": json.RawMessage(treq.body)}
+	if target.SupersedesServerOpID != "" {
+		// The write goes with Supersedes-Operation-Id: the approver is shown that operation, and the service
+		// lets the write replace it while its outcome is unknown only with an approval that names it.
+		body["supersedes_operation_id"] = target.SupersedesServerOpID
+	}
+	return json.Marshal(body)
 }
 
 // transportError names a transport failure from a fixed list: error text never goes to the journal.

@@ -57,6 +57,7 @@ func TestPayments(t *testing.T) {
 		{"OperationKeyStillReconciles", testOperationKeyStillReconciles},
 		{"PersonDecidesUnknownCapture", testResolveUnknownCapture},
 		{"PrunedKeysNeverRunTwice", testPrunedKeysNeverRunTwice},
+		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
