@@ -287,13 +287,18 @@ func (s *Server) createRefund(c *gin.Context) {
 		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed), SupersedeUnknown: s.approvals.SupersedeUnknown(c),
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			reserve := s.cfg.Store.ReserveRefund
 			if remediates != "" {
-				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor()); err != nil {
+				duplicateCapture, err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor())
+				if err != nil {
 					return err
+				}
+				if duplicateCapture {
+					reserve = s.cfg.Store.ReserveDuplicateRefund
 				}
 			}
 			var err error
-			_, reserved, err = s.cfg.Store.ReserveRefund(ctx, tx, account, intentID, op.ID, cmd)
+			_, reserved, err = reserve(ctx, tx, account, intentID, op.ID, cmd)
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Refund, error) {

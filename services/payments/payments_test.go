@@ -49,6 +49,7 @@ func TestPayments(t *testing.T) {
 		{"UnreachableProviderIsNotSent", testUnreachableProviderIsNotSent},
 		{"DuplicateEffectConfirmed", testDuplicateEffect},
 		{"DuplicateCorrectedOnce", testRemediation},
+		{"CaptureDuplicateCorrected", testCaptureDuplicateCorrected},
 		{"ProviderSaysItReplayed", testProviderSaysItReplayed},
 		{"StrictJSON", testStrictJSON},
 		{"ApprovalsFailClosed", testApprovalsFailClosed},
