@@ -383,8 +383,9 @@ func remediationNext(serverOpID string) string {
 	}
 	return fmt.Sprintf("the service's records show this effect happened more than once; nothing is retried: a person "+
 		"corrects it with a refund of the duplicate amount on the same payment intent, sent with the header "+
-		"Remediates-Operation-Id: %s (the service accepts one correction of it; both timelines, "+
-		"GET /v1/operations/%s/timeline, show the link)", serverOpID, serverOpID)
+		"Remediates-Operation-Id: %s: refund_payment under a new action_id with remediates_operation_id %q (agent do "+
+		"--remediates %s). The service accepts one correction of it; both timelines, GET /v1/operations/%s/timeline, "+
+		"show the link", serverOpID, serverOpID, serverOpID, serverOpID)
 }
 
 // serverOperationID is the service's operation of op as the answer res names it, else as the journal knows it.
@@ -664,6 +665,9 @@ func (a *Agent) newRequest(op *Operation, at *Attempt, approvalID string) (*http
 	}
 	if op.SupersedesServerOpID != "" {
 		h.Set("Supersedes-Operation-Id", op.SupersedesServerOpID)
+	}
+	if op.RemediatesServerOpID != "" {
+		h.Set("Remediates-Operation-Id", op.RemediatesServerOpID)
 	}
 	if approvalID != "" {
 		h.Set("Approval-Id", approvalID)
