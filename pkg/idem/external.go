@@ -48,15 +48,22 @@ type ExternalSteps[T any] struct {
 //
 // It is a function, not a method of Handler, because Go methods cannot take type parameters.
 func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
+	return h.markUnkeyed(call, runExternal(ctx, h, call, req, steps))
+}
+
+func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
 	// undo gives back what Prepare reserved for op, an operation of this kind whose call was never sent.
 	undo := func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 		var none T
 		_, err := steps.Record(ctx, tx, op, none, ErrNotSent)
 		return err
 	}
-	a, done := h.startExternal(ctx, call, req, undo)
+	a, done := h.start(ctx, call, req, func(a *attempt, s stored) bool { return h.releaseOrphan(ctx, a, s, undo) })
 	if done != nil {
 		return *done
+	}
+	if h.Owner != nil {
+		a.owner = h.Owner.ID()
 	}
 	// The claim does not stop half way when the caller hangs up: a COMMIT cut short may still have committed, and
 	// the operation would be stranded, claimed but never run. It is bounded by the lease instead. Once it commits
@@ -90,7 +97,7 @@ func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	resp, err := h.settle(ctx, a, func(ctx context.Context, tx *gorm.DB) (Result, error) {
 		return steps.Record(ctx, tx, a.op, outcome, callErr)
 	}, opstatus.EventCompleted, a.caller.Actor)
-	return h.recorded(ctx, a, resp, err)
+	return h.recorded(ctx, a, resp, err, h.created(call))
 }
 
 // claimExternal commits a's claim with its operation, leased, after the Guard and prepare; it returns the lease.
@@ -134,7 +141,7 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 }
 
 // recorded answers an external effect whose outcome settle tried to record.
-func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err error) Answer {
+func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err error, created Outcome) Answer {
 	switch {
 	case errors.Is(err, ErrAlreadySettled):
 		// The recovery worker got there first; answer with what it stored.
@@ -152,7 +159,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 		h.observe(a.op.Kind, OutcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 	}
-	h.observe(a.op.Kind, OutcomeCreated)
+	h.observe(a.op.Kind, created)
 	h.log().InfoContext(ctx, "operation completed", "operation_id", a.op.ID, "kind", a.op.Kind,
 		"account_id", a.op.AccountID, "status", resp.Status)
 	return answer(a.op.ID, resp, false)

@@ -23,28 +23,11 @@ const ReasonOwnerGone = "owner_gone"
 
 var errOwnerAlive = errors.New("idem: the claim's owner holds its lock, or its call started")
 
-// startExternal is start for RunExternal: the attempt is marked with the Handler's owner, and a key whose
-// operation is orphaned is released (releaseOrphan) for this request to claim.
-func (h *Handler) startExternal(ctx context.Context, call Call, req Request, undo undoFunc) (*attempt, *Answer) {
-	a, refused := h.begin(call, req)
-	if refused != nil {
-		return nil, refused
-	}
-	if h.Owner != nil {
-		a.owner = h.Owner.ID()
-	}
-	s, found, err := h.readKey(ctx, a.op.AccountID, a.key)
-	if err != nil || !found || h.releaseOrphan(ctx, a, s, undo) {
-		return a, nil
-	}
-	ans := h.existing(ctx, a, s, call.Header)
-	return nil, &ans
-}
-
-// releaseOrphan releases s's operation, and reports true, when it is running, a is the same request (same
-// fingerprint, a Retry-Of that names one of its attempts, no Supersedes-Operation-Id) and its owner is gone
-// (opstatus.OwnerGone, read once without a lock and again under the row lock). The not_sent event names this
-// attempt, with its Retry-Of; the new operation this attempt claims starts its own lineage.
+// releaseOrphan is RunExternal's reclaim (start): it releases s's operation, and reports true, when it is
+// running, a is the same request (same fingerprint, a Retry-Of that names one of its attempts, no
+// Supersedes-Operation-Id) and its owner is gone (opstatus.OwnerGone, read once without a lock and again under
+// the row lock). The not_sent event names this attempt, with its Retry-Of; the new operation this attempt claims
+// starts its own lineage.
 func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo undoFunc) bool {
 	if s.opState != opstatus.StateRunning || !s.running() || s.fingerprint != a.fingerprint || a.lineage.supersedes != "" {
 		return false
