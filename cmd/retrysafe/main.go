@@ -37,6 +37,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/tickets"
@@ -204,6 +205,12 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	h.Retention, h.KeyLifetime, h.KeyOptional = cfg.IdempotencyRetention, cfg.IdempotencyKeyLifetime, cfg.IdempotencyKeyOptional
 	// An effect is sent only with time for a whole provider call left in its lease.
 	h.DispatchMargin = cfg.ProviderTimeout
+	// The process's owner lock, on a connection of its own: a same-key retry on another replica releases a claim
+	// this process made and never started, once the process is gone, instead of waiting for the lease.
+	if h.Owner, err = opstatus.HoldOwner(cfg.DatabaseURL, logger); err != nil {
+		return err
+	}
+	defer h.Owner.Close()
 	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: h}
 	httpStack, err := httpStack(cfg, db)
 	if err != nil {

@@ -31,6 +31,8 @@ type ExternalSteps[T any] struct {
 	// cancel. Give the other side a key derived from the account and the Idempotency-Key (op.AccountID,
 	// op.IdempotencyKey): it survives even a claim lost with its database, so a retry or a reconciler can never
 	// cause a second effect. Return an error matching ErrOutcomeUnknown when the answer was lost or late.
+	// Before anything leaves, commit the call's start with opstatus.StartDispatch and send nothing if it fails:
+	// that refusal is what lets a same-key retry release a claim whose owner is gone (ownergone.go).
 	Call func(ctx context.Context, op opstatus.Operation) (T, error)
 	// Record writes what Call returned (or the definite error it returned) in one transaction with the stored
 	// response and the operation's final state. Reconcilers record through Settle with the same code. A callErr
@@ -50,9 +52,18 @@ func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 }
 
 func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
-	a, done := h.start(ctx, call, req)
+	// undo gives back what Prepare reserved for op, an operation of this kind whose call was never sent.
+	undo := func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+		var none T
+		_, err := steps.Record(ctx, tx, op, none, ErrNotSent)
+		return err
+	}
+	a, done := h.start(ctx, call, req, func(a *attempt, s stored) bool { return h.releaseOrphan(ctx, a, s, undo) })
 	if done != nil {
 		return *done
+	}
+	if h.Owner != nil {
+		a.owner = h.Owner.ID()
 	}
 	// The claim does not stop half way when the caller hangs up: a COMMIT cut short may still have committed, and
 	// the operation would be stranded, claimed but never run. It is bounded by the lease instead. Once it commits
@@ -73,13 +84,9 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	defer cancel()
 	if left := time.Until(lease); left < h.dispatchMargin() {
 		h.observe(req.Kind, OutcomeStoreUnavailable)
-		return h.releaseUnsent(ctx, a, left, func(ctx context.Context, tx *gorm.DB) error {
-			var none T
-			_, err := steps.Record(ctx, tx, a.op, none, ErrNotSent)
-			return err
-		})
+		return h.releaseUnsent(ctx, a, left, undo)
 	}
-	failpoint.Hit(FailpointBeforeExternalCall)
+	failpoint.Hit(FailpointBeforeExternalCall, a.op)
 	outcome, callErr := steps.Call(ctx, a.op)
 	failpoint.Hit(FailpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
@@ -158,8 +165,9 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 	return answer(a.op.ID, resp, false)
 }
 
-// ErrNotSent is the call error Record gets for an effect that was never sent because too little of the lease
-// was left when the claim committed: Record must undo what Prepare reserved; its Result is not stored.
+// ErrNotSent is the call error Record gets for an effect that was never sent: too little of the lease was left
+// when the claim committed, or a same-key retry releases the claim of a process that is gone (ownergone.go).
+// Record must undo what Prepare reserved; its Result is not stored.
 var ErrNotSent = errors.New("idem: the effect was not sent")
 
 // EventNotSent is the operation event of a claim released before its effect was sent.
@@ -174,39 +182,52 @@ func (h *Handler) dispatchMargin() time.Duration {
 
 // releaseUnsent gives up an effect before sending it, when the claim's commit took so long that the effect
 // could outlive the lease (and the recovery worker would then judge a call still in flight). Nothing has left
-// the process, so the claim is released: Prepare's reservation undone, the operation cancelled with a not_sent
-// event, the key deleted, so a retry with the same key claims again. If the release cannot be written the
-// claim stays and the recovery worker settles it when its lease ends; nothing was sent either way.
-func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, left time.Duration, undo func(context.Context, *gorm.DB) error) Answer {
-	err := func() error {
-		tx, err := database.Begin(ctx, h.DB)
-		if err != nil {
-			return err
-		}
-		defer tx.Close()
-		moved, err := opstatus.Transition(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, opstatus.StateCancelled, a.caller.Actor,
-			opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
-			opstatus.WithEvent(EventNotSent, a.lineage.identity(map[string]any{"reason": "lease_too_short", "lease_left_ms": left.Milliseconds()})))
-		if err != nil {
-			return err
-		}
-		if !moved {
-			return ErrAlreadySettled
-		}
-		if err := undo(ctx, tx.Gorm()); err != nil {
-			return err
-		}
-		b := &pgx.Batch{}
-		queueRelease(b, a.op)
-		return tx.Commit(ctx, b)
-	}()
-	if err != nil {
+// the process, so the claim is released (release). If the release cannot be written the claim stays and the
+// recovery worker settles it when its lease ends; nothing was sent either way.
+func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, left time.Duration, undo undoFunc) Answer {
+	detail := a.lineage.identity(map[string]any{"reason": "lease_too_short", "lease_left_ms": left.Milliseconds()})
+	if err := h.release(ctx, a.op, a.caller.Actor, detail, nil, undo); err != nil {
 		h.log().WarnContext(ctx, "unsent operation not released; the recovery worker settles it", "operation_id", a.op.ID, "error", err.Error())
 	} else {
 		h.log().InfoContext(ctx, "effect not sent: too little lease left after the claim", "operation_id", a.op.ID, "lease_left_ms", left.Milliseconds())
 	}
 	return Answer{Err: &problem.Error{Code: problem.CodeStoreUnavailable, RetryAfter: 1,
 		Detail: "the database was too slow to start this action safely; it was not sent; retry with the same Idempotency-Key"}}
+}
+
+// undoFunc gives back what an external kind's Prepare reserved for op, whose call was never sent: the kind's
+// Record step with ErrNotSent.
+type undoFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error
+
+// release gives up op's claim before its effect was sent, in one transaction: check (when set) first, under the
+// operation's row lock, then the operation cancelled with a not_sent event (detail), Prepare's reservation
+// undone, the key deleted, so a retry with the same key claims again. ErrAlreadySettled: op is not running.
+func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor string, detail map[string]any,
+	check func(*database.Tx) error, undo undoFunc) error {
+	tx, err := database.Begin(ctx, h.DB)
+	if err != nil {
+		return err
+	}
+	defer tx.Close()
+	if check != nil {
+		if err := check(tx); err != nil {
+			return err
+		}
+	}
+	moved, err := opstatus.Transition(ctx, tx.Gorm(), op.AccountID, op.ID, opstatus.StateCancelled, actor,
+		opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}), opstatus.WithEvent(EventNotSent, detail))
+	if err != nil {
+		return err
+	}
+	if !moved {
+		return ErrAlreadySettled
+	}
+	if err := undo(ctx, tx.Gorm(), op); err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	queueRelease(b, op)
+	return tx.Commit(ctx, b)
 }
 
 // settle records an external effect's outcome in one transaction: write (the Record step, or a reconciler's),

@@ -24,7 +24,8 @@ import (
 
 // Failpoints of idem (package failpoint), for crash tests: right after a local claim, before the write; right
 // before the commit of a local write (FailpointBeforeCommit) or of an external claim, after Prepare
-// (FailpointExternalClaimed), both given the operation; just before and after an external call.
+// (FailpointExternalClaimed), both given the operation; just before (given the operation) and after an external
+// call.
 const (
 	FailpointAfterClaim         = "idem.after_claim"
 	FailpointBeforeExternalCall = "idem.external.before_call"
@@ -115,6 +116,9 @@ type Handler struct {
 	// its answer says so (Idempotency-Key-Absent: true) and it is counted as OutcomeUnkeyed. A migration path
 	// for APIs whose clients send no keys yet; off by default (400 idempotency_key_missing).
 	KeyOptional bool
+	// Owner, when set, marks this process's external claims (opstatus.HoldOwner), so a same-key retry releases
+	// a claim whose process is gone before its call started instead of waiting for its lease (external.go).
+	Owner *opstatus.Owner
 
 	eventsOnce  sync.Once
 	events      *opstatus.GroupAppender
@@ -209,6 +213,8 @@ type attempt struct {
 	// attemptRecorded: the claiming attempt already has its attempt record (opstatus.ExpireLeases wrote it
 	// when the lease ran out), so the completion does not number it again.
 	attemptRecorded bool
+	// owner: the Handler's Owner id when an external claim is made, marked on its claimed event (0: none).
+	owner int64
 }
 
 // begin checks the key and the lineage headers and computes the fingerprint; a refusal is the Answer.
@@ -247,14 +253,16 @@ func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
 }
 
 // start checks the request and reads its key: a request that is refused, or whose key exists, is answered
-// here; otherwise it goes on to claim the key. A failed read goes on too: the claim reports the failure.
-func (h *Handler) start(ctx context.Context, call Call, req Request) (*attempt, *Answer) {
+// here; otherwise it goes on to claim the key. A failed read goes on too: the claim reports the failure. reclaim,
+// when set, may free an existing key for this request (an external claim whose owner is gone, releaseOrphan),
+// which then goes on to claim it.
+func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim func(*attempt, stored) bool) (*attempt, *Answer) {
 	h.checkBackground()
 	a, refused := h.begin(call, req)
 	if refused != nil {
 		return nil, refused
 	}
-	if s, found, err := h.readKey(ctx, a.op.AccountID, a.key); err == nil && found {
+	if s, found, err := h.readKey(ctx, a.op.AccountID, a.key); err == nil && found && (reclaim == nil || !reclaim(a, s)) {
 		ans := h.existing(ctx, a, s, call.Header)
 		return nil, &ans
 	}
@@ -269,7 +277,7 @@ func (h *Handler) Run(ctx context.Context, call Call, req Request, write WriteFu
 }
 
 func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFunc) Answer {
-	a, done := h.start(ctx, call, req)
+	a, done := h.start(ctx, call, req, nil)
 	if done != nil {
 		return *done
 	}

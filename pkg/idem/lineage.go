@@ -257,6 +257,9 @@ func (a *attempt) claimDetail() map[string]any {
 	if a.lineage.supersedes != "" {
 		detail["supersedes_operation_id"] = a.lineage.supersedes
 	}
+	if a.owner != 0 {
+		detail[opstatus.ClaimOwner] = a.owner
+	}
 	return detail
 }
 

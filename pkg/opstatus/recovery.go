@@ -172,7 +172,7 @@ WITH expired AS (
     SELECT op.id, op.account_id, ?, op.from_state, op.state, ?, coalesce((
         -- The attempt that claimed it and never got its attempt record (its process died between the claim
         -- and the outcome): this event is that record, outcome unknown, so the attempt has its number.
-        SELECT (c.detail - 'supersedes_operation_id') || jsonb_build_object('outcome', 'unknown', 'reason', ?::text, 'fingerprint', op.fingerprint)
+        SELECT (c.detail - 'supersedes_operation_id' - 'owner') || jsonb_build_object('outcome', 'unknown', 'reason', ?::text, 'fingerprint', op.fingerprint)
         FROM operation_events c
         WHERE c.account_id = op.account_id AND c.operation_id = op.id AND c.type = 'claimed' AND c.detail ? 'attempt_id'
           AND NOT EXISTS (

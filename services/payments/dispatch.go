@@ -20,8 +20,10 @@ type dispatchRecorder struct {
 
 var _ provider.DispatchObserver = dispatchRecorder{}
 
+// Started refuses, and so the client does not send, when the operation is no longer running: its claim was
+// released (its owner looked gone) or it was settled while this process was not looking.
 func (r dispatchRecorder) Started(ctx context.Context, d provider.Dispatch) error {
-	return opstatus.Append(ctx, r.db, r.accountID, r.opID, opstatus.EventDispatchStarted, r.actor, d)
+	return opstatus.StartDispatch(ctx, r.db, r.accountID, r.opID, r.actor, d)
 }
 
 func (r dispatchRecorder) Finished(ctx context.Context, d provider.Dispatch) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/payments"
@@ -32,10 +34,13 @@ func TestPayments(t *testing.T) {
 		run  func(t *testing.T, h *harness)
 	}{
 		{"LostCaptureAnswerSettlesIntoOneCapture", testLostCaptureAnswer},
+		{"AnsweredFailureSettlesOnTheFirstRetry", testAnsweredFailureSettles},
 		{"ConcurrentCapturesOneKey", testConcurrentCapturesOneKey},
 		{"ConcurrentCapturesDifferentKeys", testConcurrentCapturesDifferentKeys},
 		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointBeforeExternalCall) }},
 		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointAfterExternalCall) }},
+		{"ClaimOfAKilledReplicaReleasedAtOnce", testOwnerGone},
+		{"OwnerThatLostItsLockSendsNothing", testOwnerLostItsLock},
 		{"AmountSpellingsAreOneRequest", testAmountSpellings},
 		{"ConcurrentRefundsNeverExceedCaptured", testConcurrentRefunds},
 		{"RacingIntentsForOneOrder", testRacingIntents},
@@ -258,6 +263,223 @@ func testLostCaptureAnswer(t *testing.T, h *harness) {
 		if e.Type == "dispatch_sent_no_response" && !strings.Contains(string(e.Detail), `"reason":"connection_closed"`) {
 			t.Errorf("the lost answer's reason: %s", e.Detail)
 		}
+	}
+}
+
+// testOwnerGone: a replica SIGKILLed after its capture's claim committed and before the call started leaves the
+// operation running under a 30 s lease. A same-key retry to a live replica finds the claim's owner lock held by
+// no session and no dispatch_started record: it releases the claim (cancelled, not_sent owner_gone, the intent's
+// reservation undone) and captures, while the old lease still runs. The provider captured once.
+func testOwnerGone(t *testing.T, h *harness) {
+	db := testdb.Schema(t)
+	start := func(failpoints string) *proctest.Process {
+		return proctest.Start(t, h.bin, []string{"serve", "payments"}, map[string]string{
+			"DATABASE_URL": db.DSN, "PROVIDER_URL": h.providerURL, "PROVIDER_SECRET": merchantSecret(t),
+			"OPERATION_LEASE": "30s", "PROVIDER_TIMEOUT": "2s", "RETRYSAFE_FAILPOINTS": failpoints,
+		}, "PAYMENTS_ADDR")
+	}
+	live := start("")
+	agent := apitest.New(t, live.URL, servicetest.AgentSecret)
+	var in intent
+	agent.Post("/v1/payment_intents", `{"order_id":"o-gone","amount":"30.00","currency":"USD"}`, apitest.Key("create")).
+		Status(t, http.StatusCreated).Decode(t, &in)
+
+	doomed := start(idem.FailpointBeforeExternalCall + "=pause")
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	done := make(chan error, 1)
+	go func() {
+		_, err := apitest.New(t, doomed.URL, servicetest.AgentSecret).Try(http.MethodPost, path, `{}`, apitest.Key("cap"))
+		done <- err
+	}()
+	doomed.WaitFor(t, "failpoint "+idem.FailpointBeforeExternalCall+" reached")
+	doomed.Kill(t)
+	if err := <-done; err == nil {
+		t.Fatal("the capture was answered although its process was killed first")
+	}
+	old := operation(t, agent, "cap")
+	claimed, _ := hasEvent(old, opstatus.EventClaimed)
+	var mark struct {
+		Owner int64 `json:"owner"`
+	}
+	if err := json.Unmarshal(claimed.Detail, &mark); err != nil || old.State != opstatus.StateRunning || old.LeaseExpiresAt == nil || mark.Owner == 0 {
+		t.Fatalf("the killed replica's operation: %s, lease %v, claimed %s; want running, leased, its owner marked", old.State, old.LeaseExpiresAt, claimed.Detail)
+	}
+
+	// A client's retry: 409 request_in_progress only while the killed process's session has not ended yet.
+	var retry *apitest.Response
+	for range 20 {
+		retry = agent.Post(path, `{}`, apitest.Key("cap"))
+		if retry.Code != http.StatusConflict {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	var captured intent
+	retry.Status(t, http.StatusOK).Decode(t, &captured)
+	if !time.Now().Before(*old.LeaseExpiresAt) {
+		t.Fatalf("the old lease (until %s) ended before the retry was answered: the test proves nothing", old.LeaseExpiresAt)
+	}
+	if captured.Status != "succeeded" || captured.CapturedMinor != 3000 || retry.Header.Get("Operation-Id") == old.ID {
+		t.Fatalf("retry = %s (operation %s); want the capture, by a new operation", retry.Body, retry.Header.Get("Operation-Id"))
+	}
+	b := &bundle{provider: provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+
+	var released opstatus.Operation
+	agent.Get("/v1/operations/"+old.ID).Status(t, http.StatusOK).Decode(t, &released)
+	ev, ok := hasEvent(released, idem.EventNotSent)
+	var why struct {
+		Reason string `json:"reason"`
+		Owner  int64  `json:"owner"`
+	}
+	if !ok || json.Unmarshal(ev.Detail, &why) != nil || released.State != opstatus.StateCancelled ||
+		why.Reason != idem.ReasonOwnerGone || why.Owner != mark.Owner {
+		t.Fatalf("the killed replica's operation: %s with %+v; want cancelled, not_sent owner_gone naming owner %d", released.State, released.Events, mark.Owner)
+	}
+	if _, ok := hasEvent(released, opstatus.EventDispatchStarted); ok {
+		t.Fatal("a released operation has a dispatch_started record")
+	}
+}
+
+// testOwnerLostItsLock: the process that claimed a capture is alive, but the session of its owner lock ends
+// before its call starts (as in a database failover). A same-key retry releases the claim and captures; the
+// first request's call is then refused, because its dispatch_started record cannot be written for a cancelled
+// operation, and never sent. The provider captured once, and the first request gets the retry's capture.
+func testOwnerLostItsLock(t *testing.T, h *harness) {
+	env := servicetest.New(t)
+	owner, err := opstatus.HoldOwner(env.DB.DSN, env.Logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(owner.Close)
+	env.Idem.Owner = owner
+	client := provider.NewClientHTTP(h.providerURL, merchantSecret(t), apitest.HTTPClient(t, 2*time.Second))
+	svc, err := payments.New(env.Deps, payments.Config{Provider: client, ApprovalThresholds: map[string]int64{"USD": 100000}, ApprovalTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{agent: env.Serve(t, svc), provider: client}
+	servicetest.Eventually(t, "the owner lock is held", func() bool { return owner.ID() != 0 })
+	in := b.createIntent(t, "o-lock", `{"order_id":"o-lock","amount":"8.00","currency":"USD"}`)
+	path, key := "/v1/payment_intents/"+in.ID+"/capture", "cap-lost-lock"
+
+	var (
+		fired atomic.Bool
+		retry *apitest.Response
+	)
+	// Hooks are process-wide: act only on this test's capture, and only on its first call.
+	unset := failpoint.Set(idem.FailpointBeforeExternalCall, func(d any) {
+		op, _ := d.(opstatus.Operation)
+		if op.Kind != payments.KindCapture || op.IdempotencyKey != key || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		lock := `FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND objid::bigint = ?`
+		if err := env.DB.DB.Exec(`SELECT pg_terminate_backend(pid) `+lock, owner.ID()).Error; err != nil {
+			t.Error(err)
+			return
+		}
+		servicetest.Eventually(t, "the owner lock is gone", func() bool {
+			var n int64
+			return env.DB.DB.Raw(`SELECT count(*) `+lock, owner.ID()).Scan(&n).Error == nil && n == 0
+		})
+		retry = b.agent.Post(path, `{}`, apitest.Key(key))
+	})
+	defer unset()
+	first := b.agent.Post(path, `{}`, apitest.Key(key))
+
+	if retry == nil {
+		t.Fatal("the failpoint never fired")
+	}
+	var captured intent
+	retry.Status(t, http.StatusOK).Decode(t, &captured)
+	if captured.Status != "succeeded" || captured.CapturedMinor != 800 {
+		t.Fatalf("retry = %s; want the capture", retry.Body)
+	}
+	first.Status(t, http.StatusOK)
+	if first.Header.Get("Operation-Id") != retry.Header.Get("Operation-Id") {
+		t.Fatalf("first request answered for operation %s; want the retry's %s", first.Header.Get("Operation-Id"), retry.Header.Get("Operation-Id"))
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
+
+	var list struct {
+		Items []opstatus.Operation `json:"items"`
+	}
+	b.agent.Get("/v1/operations?idempotency_key="+key).Status(t, http.StatusOK).Decode(t, &list)
+	if len(list.Items) != 2 {
+		t.Fatalf("operations under the key: %d; want the released one and the retry's", len(list.Items))
+	}
+	released := list.Items[1]
+	reason := func(typ string) string {
+		ev, _ := hasEvent(released, typ)
+		var d struct {
+			Reason string `json:"reason"`
+		}
+		_ = json.Unmarshal(ev.Detail, &d)
+		return d.Reason
+	}
+	_, started := hasEvent(released, opstatus.EventDispatchStarted)
+	if released.State != opstatus.StateCancelled || reason(idem.EventNotSent) != idem.ReasonOwnerGone || started ||
+		reason(opstatus.EventDispatchNotSent) != opstatus.ReasonEvidenceNotRecorded || list.Items[0].State != opstatus.StateSucceeded {
+		var types []string
+		for _, ev := range released.Events {
+			types = append(types, ev.Type+" "+string(ev.Detail))
+		}
+		t.Fatalf("released operation %s with %q, retry's %s; want cancelled owner_gone, its call refused and never started",
+			released.State, types, list.Items[0].State)
+	}
+}
+
+// testAnsweredFailureSettles: the provider answers the capture 503 without executing it. The answer came back,
+// so the call is over: a same-key retry right after, while the operation's lease still runs, looks the key up,
+// finds nothing, and settles the operation at once (the final 502, replayed), with the dispatch record that made
+// the negative lookup conclusive named in the evidence. The provider captured nothing.
+func testAnsweredFailureSettles(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-503", `{"order_id":"o-503","amount":"12.00","currency":"USD"}`)
+	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindCapture, Mode: provider.FaultFail, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	path := "/v1/payment_intents/" + in.ID + "/capture"
+	var first opstatus.Operation
+	b.agent.Post(path, `{}`, apitest.Key("cap-503")).Status(t, http.StatusAccepted).Decode(t, &first)
+	if first.State != opstatus.StateUnknown || first.LeaseExpiresAt == nil {
+		t.Fatalf("first answer: operation %+v; want unknown, leased", first)
+	}
+
+	retry := b.agent.Post(path, `{}`, apitest.Key("cap-503")).Status(t, http.StatusBadGateway)
+	if code(t, retry) != "provider_unavailable" || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry = %s (replayed %q); want the settled 502, replayed", retry.Body, retry.Header.Get("Idempotent-Replayed"))
+	}
+	if !time.Now().Before(*first.LeaseExpiresAt) {
+		t.Fatalf("the lease (until %s) ended before the retry was answered: the test proves nothing", first.LeaseExpiresAt)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+	if got := b.getIntent(t, in.ID); got.Status != "requires_capture" || got.CapturedMinor != 0 {
+		t.Fatalf("intent after the settled failure = %+v; want requires_capture, nothing captured", got)
+	}
+
+	got := operation(t, b.agent, "cap-503")
+	var story []string
+	for _, ev := range got.Events {
+		story = append(story, ev.Type)
+	}
+	want := []string{"claimed", "dispatch_started", "dispatch_response_received", "outcome_unknown",
+		payments.EventProviderLookup, "reconciled", "replayed"}
+	if got.State != opstatus.StateFailed || strings.Join(story, " ") != strings.Join(want, " ") {
+		t.Fatalf("operation %s with events %v; want failed with %v", got.State, story, want)
+	}
+	lookup, _ := hasEvent(got, payments.EventProviderLookup)
+	var evidence struct {
+		Found        *bool  `json:"found"`
+		Conclusive   string `json:"conclusive_because"`
+		LeaseRunning bool   `json:"lease_running"`
+	}
+	if err := json.Unmarshal(lookup.Detail, &evidence); err != nil || evidence.Found == nil || *evidence.Found ||
+		evidence.Conclusive != opstatus.EventDispatchResponseReceived || evidence.LeaseRunning {
+		t.Fatalf("provider_lookup evidence %s; want not found, conclusive because of dispatch_response_received", lookup.Detail)
+	}
+	if ev, _ := hasEvent(got, "reconciled"); !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
+		t.Fatalf("reconciled event %s; want reason provider_unavailable", ev.Detail)
 	}
 }
 

@@ -42,15 +42,7 @@ var errLeaseRunning = errors.New("payments: the operation's lease has not ended;
 // the handler once, or never.
 func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 	return opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
-		key := DownstreamKey(op)
-		res, err := s.cfg.Provider.Lookup(ctx, key)
-		if err == nil && !res.Found {
-			// Dispatched before provider keys were derived from the request: under the operation's id.
-			old := operationDownstreamKey(op.ID)
-			if prev, perr := s.cfg.Provider.Lookup(ctx, old); perr != nil || prev.Found {
-				key, res, err = old, prev, perr
-			}
-		}
+		key, res, err := s.lookup(ctx, op)
 		evidence := map[string]any{"downstream_key": key, "endpoint": "GET /v1/idempotency/{key}"}
 		if err != nil {
 			// Unreachable provider, or the call is still running there: ask again on a later pass. The failed
@@ -65,29 +57,16 @@ func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 			outcome T
 			callErr error
 		)
-		if res.Found {
-			callErr = res.Answer(&outcome)
-		} else {
-			// Nothing under the key proves the call never executed only once our own call can no longer
-			// arrive: it is bounded by the lease (callContext).
-			if op.LeaseExpiresAt != nil && time.Now().Before(*op.LeaseExpiresAt) {
-				// A negative answer while our call may still arrive proves nothing, but it is recorded.
-				evidence["found"], evidence["result"], evidence["lease_running"] = false, "not_found", true
-				if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
-					return err
-				}
-				return errLeaseRunning
-			}
-			callErr = errNotExecuted
-		}
 		evidence["found"], evidence["result"] = res.Found, "not_found"
 		if res.Found {
-			evidence["result"] = "found"
-			evidence["status"] = res.Status
-			evidence["body"] = json.RawMessage(res.Body)
-		}
-		if res.Found {
+			callErr = res.Answer(&outcome)
+			evidence["result"], evidence["status"], evidence["body"] = "found", res.Status, json.RawMessage(res.Body)
 			evidence["effects"] = res.Effects
+		} else {
+			if err := s.negativeLookup(ctx, op, evidence); err != nil {
+				return err
+			}
+			callErr = errNotExecuted
 		}
 		if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 			return err
@@ -115,6 +94,46 @@ func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 		}
 		return err
 	})
+}
+
+// lookup asks the provider what it answered under op's downstream key, and returns the key it asked about.
+func (s *Server) lookup(ctx context.Context, op opstatus.Operation) (string, provider.LookupResult, error) {
+	key := DownstreamKey(op)
+	res, err := s.cfg.Provider.Lookup(ctx, key)
+	if err == nil && !res.Found {
+		// Dispatched before provider keys were derived from the request: under the operation's id.
+		old := operationDownstreamKey(op.ID)
+		if prev, perr := s.cfg.Provider.Lookup(ctx, old); perr != nil || prev.Found {
+			return old, prev, perr
+		}
+	}
+	return key, res, err
+}
+
+// negativeLookup decides whether nothing under the downstream key proves that the call never executed, and
+// says why in evidence["conclusive_because"]: our own call can no longer arrive, because its dispatch record
+// shows it over (an answer came back, whatever its status, or it never left: opstatus.CallOver), or because
+// the lease that bounds it (callContext) has ended. While the call may still be in flight (sent with no answer,
+// or no record of how it ended) the negative lookup proves nothing: it is recorded, and errLeaseRunning leaves
+// the operation unknown for a later pass.
+func (s *Server) negativeLookup(ctx context.Context, op opstatus.Operation, evidence map[string]any) error {
+	over, err := opstatus.CallOver(ctx, s.db, op.AccountID, op.ID)
+	if err != nil {
+		return err
+	}
+	switch {
+	case over != "":
+		evidence["conclusive_because"] = over
+	case op.LeaseExpiresAt == nil || !time.Now().Before(*op.LeaseExpiresAt):
+		evidence["conclusive_because"] = opstatus.ReasonLeaseExpired
+	default:
+		evidence["lease_running"] = true
+		if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+			return err
+		}
+		return errLeaseRunning
+	}
+	return nil
 }
 
 // lookupFailure names, from a fixed list, why a lookup learned nothing; the error itself goes to the log.

@@ -19,7 +19,7 @@ import (
 )
 
 // errNotExecuted is the outcome of a call the provider never executed: a reconciler found nothing under its
-// downstream key after the lease that bounds the call ran out.
+// downstream key once the call could no longer arrive (its answer came back, or its lease ran out).
 var errNotExecuted = errors.New("payments: the provider never executed the call")
 
 // recordCreate records the authorization's outcome: the handler and the reconciler both go through it.
