@@ -23,7 +23,7 @@ func addRetryAction(s *mcp.Server, a *agent.Agent) {
 			"intent is never a retry: call the tool with a new action_id and supersedes_action_id.",
 		InputSchema: map[string]any{"type": "object", "required": []string{"action_id", "reason"}, "additionalProperties": false,
 			"properties": map[string]any{
-				"action_id": map[string]any{"type": "string", "minLength": 1, "maxLength": 200, "description": "the needs_human action to try again"},
+				"action_id": map[string]any{"type": "string", "minLength": 1, "maxLength": 200, "description": ActionIDDescription},
 				"reason":    map[string]any{"type": "string", "minLength": 1, "maxLength": agent.MaxEvidence, "description": "why it should go again now (what changed), journaled"},
 				"budget":    map[string]any{"type": "integer", "minimum": 1, "maximum": 100, "description": "attempts it may make from now (default the agent's budget)"},
 			}},
