@@ -3,7 +3,8 @@
 # `retrysafe conformance` on it, every case, case 7 included: the example runs with
 # RETRYSAFE_FAILPOINTS=idem.after_claim=pause, and the kill hook SIGKILLs it once it holds a claim and starts it
 # again on the same address. Uses a database of its own on the PostgreSQL of TEST_DATABASE_URL's server (or
-# scripts/devdb.sh's), dropped at the end. `make test` runs it.
+# scripts/devdb.sh's), dropped at the end. Then `retrysafe agent do --tools examples/tools/notes.yaml` writes a note
+# through the example, killed mid-call and called again with its action id: one note. `make test` runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -59,4 +60,26 @@ start idem.after_claim=pause
 # Every note the run made is one effect of one key: no author has two.
 dup=$(psql "$DATABASE_URL" -tAXc "SELECT count(*) FROM (SELECT author FROM example_notes GROUP BY author HAVING count(*) > 1) d")
 if [ "$dup" != "0" ]; then echo "authors with two notes: $dup" >&2; exit 1; fi
-echo "examples/notes: conformance passed, every case"
+echo "== retrysafe agent on examples/notes, its tools from examples/tools/notes.yaml"
+kill -9 "$(cat "$work/notes.pid")" 2>/dev/null || true
+wait "$pid" 2>/dev/null || true
+start
+export NOTES_URL="http://$ADDR" AGENT_API_KEY="$NOTES_TOKEN"
+agent() { "$work/retrysafe" agent do --tools examples/tools/notes.yaml --journal "$work/agent.journal" "$@"; }
+note="{\"author\": \"agent-$$\", \"text\": \"from the agent\"}"
+# A bad argument is refused before anything is journaled or sent (exit 1), and leaves the action id free.
+if agent --action note-1 create_note '{"author": "", "text": "x"}' 2> "$work/agent.err"; then
+  echo "an empty author was not refused" >&2; exit 1
+fi
+grep -q 'argument "author"' "$work/agent.err" || { cat "$work/agent.err" >&2; exit 1; }
+# Killed after its request left, before it read the answer; then the same action again: one note.
+RETRYSAFE_AGENT_FAILPOINTS=agent.after_send=pause "$work/retrysafe" agent do --tools examples/tools/notes.yaml \
+  --journal "$work/agent.journal" --action note-1 create_note "$note" > /dev/null 2> "$work/agent.log" &
+apid=$!
+for _ in $(seq 1 200); do grep -q 'failpoint agent.after_send reached' "$work/agent.log" && break; sleep 0.05; done
+kill -9 "$apid"; wait "$apid" 2>/dev/null || true
+agent --action note-1 create_note "$note" > "$work/agent.out"
+grep -q '"state":"succeeded"' "$work/agent.out" || { cat "$work/agent.out" >&2; exit 1; }
+notes=$(psql "$DATABASE_URL" -tAXc "SELECT count(*) FROM example_notes WHERE author = 'agent-$$'")
+if [ "$notes" != "1" ]; then echo "the agent's action made $notes notes; want 1" >&2; exit 1; fi
+echo "examples/notes: conformance passed, every case; the agent's tool from a file made one note of one action"

@@ -244,18 +244,6 @@ func (c *Catalog) BaseURLs(getenv func(string) string) map[string]string {
 	return out
 }
 
-// EnvVars are the environment variables the services' base URLs come from, sorted.
-func (c *Catalog) EnvVars() []string {
-	var out []string
-	for _, s := range c.services {
-		if s.BaseURLEnv != "" && !slices.Contains(out, s.BaseURLEnv) {
-			out = append(out, s.BaseURLEnv)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 //go:embed demo-tools.yaml
 var demoToolsFile []byte
 
