@@ -15,35 +15,6 @@ import (
 	"github.com/goccy/go-yaml"
 )
 
-// A tools file declares the services an agent writes to and the tools it offers: YAML (or JSON, which is YAML),
-// read by LoadTools, served by `retrysafe agent do --tools FILE` and `retrysafe mcp --tools FILE`. The demo
-// services' file is demo-tools.yaml, embedded (DemoTools):
-//
-//	services:
-//	  notes:
-//	    base_url_env: NOTES_URL            # the environment variable that holds the base URL
-//	    base_url: http://127.0.0.1:8096    # its default
-//	    operations: /v1/operations         # where pkg/opstatus's routes are: lookup by key, poll by id
-//	    approvals: false                   # takes approval requests (POST /v1/approvals, pkg/approval)
-//	tools:
-//	  - name: create_note
-//	    summary: Create a note.
-//	    service: notes
-//	    method: POST
-//	    path: /v1/notes                    # a route template: {name} is a path parameter, a required string argument
-//	    retry_mode: create                 # read_only, converge, create, financial or destructive
-//	    idempotency_key: true              # default: true for create, financial and destructive
-//	    approval: false                    # takes approval_id (sent as Approval-Id)
-//	    input_schema:                      # JSON Schema (2020-12) of the arguments, path parameters inside
-//	      type: object
-//	      required: [author, text]
-//	      properties:
-//	        author: {type: string, minLength: 1}
-//	        text: {type: string}
-//
-// A tool of kind request_approval asks for a person's approval of another action (input for_action): it has no
-// service; its path (/v1/approvals) is a route of the target action's service, which must take approvals.
-
 // ServiceDef is one service of a tools file.
 type ServiceDef struct {
 	Name string `json:"-"`
@@ -95,7 +66,36 @@ var (
 	pathParamRE       = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 )
 
-// LoadTools reads the tools file at path.
+// LoadTools reads the tools file at path. A tools file declares the services an agent writes to and the tools it
+// offers: YAML (or JSON, which is YAML), served by `retrysafe agent do --tools FILE` and `retrysafe mcp --tools FILE`. The demo
+// services' file is demo-tools.yaml, embedded (DemoTools):
+//
+//	services:
+//	  notes:
+//	    base_url_env: NOTES_URL            # the environment variable that holds the base URL
+//	    base_url: http://127.0.0.1:8096    # its default
+//	    operations: /v1/operations         # where pkg/opstatus's routes are: lookup by key, poll by id
+//	    approvals: false                   # takes approval requests (POST /v1/approvals, pkg/approval)
+//	tools:
+//	  - name: create_note
+//	    summary: Create a note.
+//	    service: notes
+//	    method: POST
+//	    path: /v1/notes                    # a route template: {name} is a path parameter, a required string argument
+//	    retry_mode: create                 # read_only, converge, create, financial or destructive
+//	    idempotency_key: true              # default: true for create, financial and destructive
+//	    approval: false                    # takes approval_id (sent as Approval-Id)
+//	    input_schema:                      # JSON Schema (2020-12) of the arguments, path parameters inside
+//	      type: object
+//	      required: [author, text]
+//	      properties:
+//	        author: {type: string, minLength: 1}
+//	        text: {type: string}
+//
+// A tool of kind request_approval asks for a person's approval of another action (input for_action): it has no
+// service; its path (/v1/approvals) is a route of the target action's service, which must take approvals.
+//
+// ParseTools says what it refuses.
 func LoadTools(path string) (*Catalog, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
