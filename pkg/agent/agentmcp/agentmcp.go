@@ -39,7 +39,8 @@ import (
 // ActionIDDescription is the wording of action_id in every input schema.
 const ActionIDDescription = "a name you choose once for this intended action; call again with the same name to retry; a new action needs a new name"
 
-// NewServer returns an MCP server with one tool per agent tool plus get_operation, all backed by a.
+// NewServer returns an MCP server with one tool per tool of the agent (a.Tools()), plus get_operation and
+// retry_action (agent.Retry), all backed by a.
 func NewServer(a *agent.Agent, version string) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "retrysafe", Title: "retrysafe agent tools", Version: version}, &mcp.ServerOptions{
 		Instructions: "Writes to HTTP services, one tool per write. Give every intended action its own action_id and " +
