@@ -35,12 +35,14 @@ migrate: build
 
 # Every test, on a real PostgreSQL: TEST_DATABASE_URL, or the `test` database (created by the tests when missing)
 # on the PostgreSQL that scripts/devdb.sh finds or starts. Fuzz targets run their seed corpus.
-# Then scripts/example-conformance.sh builds examples/notes (its own module, net/http) and runs every
-# conformance case on it. cmd/retrysafe's TestTypeScriptClient runs the node tests of api/ts (npm ci there once) against a tickets
-# service; TestMCPTypeScriptClient drives `retrysafe mcp` with the official TypeScript MCP SDK client (api/mcp-ts).
+# Then scripts/example-conformance.sh builds examples/notes (net/http) and examples/orders (gin), each its own
+# module, and runs every conformance case on each. cmd/retrysafe's TestTypeScriptClient runs the node tests of
+# api/ts (npm ci there once) against a tickets service; TestMCPTypeScriptClient drives `retrysafe mcp` with the
+# official TypeScript MCP SDK client (api/mcp-ts).
 test:
 	$(GO) vet ./...
 	cd examples/notes && $(GO) vet ./...
+	cd examples/orders && $(GO) vet ./...
 	@if [ -z "$$TEST_DATABASE_URL" ]; then \
 	  export TEST_DATABASE_URL="$$(scripts/devdb.sh url)/test?sslmode=disable"; \
 	fi && $(GO) test -count=1 -p 2 -timeout 20m ./... && scripts/example-conformance.sh

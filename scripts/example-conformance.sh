@@ -1,85 +1,145 @@
 #!/usr/bin/env bash
-# Builds examples/notes (its own module: plain net/http, gorm with its default config) and runs
-# `retrysafe conformance` on it, every case, case 7 included: the example runs with
-# RETRYSAFE_FAILPOINTS=idem.after_claim=pause, and the kill hook SIGKILLs it once it holds a claim and starts it
-# again on the same address. Uses a database of its own on the PostgreSQL of TEST_DATABASE_URL's server (or
-# scripts/devdb.sh's), dropped at the end. Then `retrysafe agent do --tools examples/tools/notes.yaml` writes a note
-# through the example, killed mid-call and called again with its action id: one note. `make test` runs it.
+# Builds the two adopter examples, each its own module with gorm opened with its default config, and runs
+# `retrysafe conformance` on each, every case, case 7 included:
+#   examples/notes   plain net/http, examples/conformance/notes.json
+#   examples/orders  gin, idemgin, pkg/auth, the operations routes; examples/conformance/orders.json
+# For case 7 an example runs with RETRYSAFE_FAILPOINTS=idem.after_claim=pause, and the kill hook SIGKILLs it
+# once it holds a claim and starts it again on the same address. Each example gets a database of its own on the
+# PostgreSQL of TEST_DATABASE_URL's server (or scripts/devdb.sh's), dropped at the end. On examples/notes,
+# `retrysafe agent do --tools examples/tools/notes.yaml` also writes a note, killed mid-call and called again with
+# its action id: one note. `make test` runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 
 if [ -n "${TEST_DATABASE_URL:-}" ]; then base="${TEST_DATABASE_URL%%\?*}"; base="${base%/*}"; else base=$(scripts/devdb.sh url); fi
-db="retrysafe_example_notes_$$"
 work=$(mktemp -d)
-pid=
+dbs=()
 cleanup() {
-  [ -n "$pid" ] && kill -9 "$(cat "$work/notes.pid" 2>/dev/null || echo "$pid")" 2>/dev/null || true
-  psql "$base/postgres" -qXc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+  for f in "$work"/*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
+  for db in "${dbs[@]}"; do psql "$base/postgres" -qXc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1; done
   rm -rf "$work"
+  true
 }
 trap cleanup EXIT
-psql "$base/postgres" -qXc "CREATE DATABASE $db" >/dev/null
 
 go build -o "$work/retrysafe" ./cmd/retrysafe
-(cd examples/notes && go build -o "$work/notes" .)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null || echo "$1"; }
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null || echo 18096)
-export DATABASE_URL="$base/$db?sslmode=disable" NOTES_TOKEN="notes-token-$$-never-printed" ADDR="127.0.0.1:$port"
-start() { # start [failpoints]: the example in the background, its pid in notes.pid; waits until it answers
-  RETRYSAFE_FAILPOINTS="${1:-}" "$work/notes" > "$work/notes.log" 2>&1 &
-  pid=$!
-  echo "$pid" > "$work/notes.pid"
-  for _ in $(seq 1 200); do
-    curl -s -o /dev/null -H "Authorization: Bearer $NOTES_TOKEN" "http://$ADDR/v1/notes?author=x" && return 0
-    sleep 0.05
-  done
-  cat "$work/notes.log" >&2
-  return 1
+# new_db NAME: creates a database of this run and exports DATABASE_URL for it.
+new_db() {
+  local db="retrysafe_example_${1}_$$"
+  psql "$base/postgres" -qXc "CREATE DATABASE $db" >/dev/null
+  dbs+=("$db")
+  export DATABASE_URL="$base/$db?sslmode=disable"
 }
 
-echo "== cases 1-6 on examples/notes"
-start
-"$work/retrysafe" conformance --target "http://$ADDR" --request examples/conformance/notes.json --cases 1,2,3,4,5,6
-kill "$pid"; wait "$pid" 2>/dev/null || true
+# conform NAME REQUEST READY [CHECK]: builds examples/NAME, runs conformance cases 1-6 on it, then CHECK (a
+# function) while it runs, then case 7 with a kill hook. READY is a shell command that succeeds once the example
+# answers ($ADDR is set; no single quotes in it); it runs in the kill hook too.
+conform() {
+  local name=$1 request=$2 ready=$3 check=${4:-} bin="$work/$1" log="$work/$1.log" pidfile="$work/$1.pid"
+  (cd "examples/$name" && go build -o "$bin" .)
+  ADDR="127.0.0.1:$(free_port 18097)"
+  export ADDR
+  # start [failpoints]: the example in the background, its pid in $pidfile; waits until it answers. It is not a
+  # job of this shell (the subshell exits), as the one the kill hook starts is not: both are stopped by pid.
+  start() {
+    (RETRYSAFE_FAILPOINTS="${1:-}" "$bin" > "$log" 2>&1 & echo $! > "$pidfile")
+    for _ in $(seq 1 200); do sh -c "$ready" && return 0; sleep 0.05; done
+    cat "$log" >&2
+    return 1
+  }
+  stop() { # stop: SIGTERM to the example running now, and waits until it has exited
+    local pid
+    pid=$(cat "$pidfile")
+    kill "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    rm -f "$pidfile"
+  }
 
-echo "== case 7 on examples/notes: killed right after its claim"
-cat > "$work/kill.sh" <<HOOK
+  echo "== cases 1-6 on examples/$name"
+  start
+  "$work/retrysafe" conformance --target "http://$ADDR" --request "$request" --cases 1,2,3,4,5,6
+  if [ -n "$check" ]; then "$check"; fi
+  stop
+
+  echo "== case 7 on examples/$name: killed right after its claim"
+  cat > "$work/$name-kill.sh" <<HOOK
 #!/bin/sh
 set -e
-for _ in \$(seq 1 200); do grep -q 'failpoint idem.after_claim reached' "$work/notes.log" && break; sleep 0.05; done
-kill -9 "\$(cat "$work/notes.pid")"
-RETRYSAFE_FAILPOINTS= "$work/notes" > "$work/notes.log" 2>&1 &
-echo \$! > "$work/notes.pid"
-for _ in \$(seq 1 200); do curl -s -o /dev/null -H "Authorization: Bearer $NOTES_TOKEN" "http://$ADDR/v1/notes?author=x" && exit 0; sleep 0.05; done
+for _ in \$(seq 1 200); do grep -q 'failpoint idem.after_claim reached' "$log" && break; sleep 0.05; done
+kill -9 "\$(cat "$pidfile")"
+RETRYSAFE_FAILPOINTS= "$bin" > "$log" 2>&1 &
+echo \$! > "$pidfile"
+for _ in \$(seq 1 200); do sh -c '$ready' && exit 0; sleep 0.05; done
 exit 1
 HOOK
-sed 's#^{#{"kill_hook": "sh '"$work"'/kill.sh",#' examples/conformance/notes.json > "$work/notes-kill.json"
-start idem.after_claim=pause
-"$work/retrysafe" conformance --target "http://$ADDR" --request "$work/notes-kill.json" --cases 7
-# Every note the run made is one effect of one key: no author has two.
-dup=$(psql "$DATABASE_URL" -tAXc "SELECT count(*) FROM (SELECT author FROM example_notes GROUP BY author HAVING count(*) > 1) d")
-if [ "$dup" != "0" ]; then echo "authors with two notes: $dup" >&2; exit 1; fi
-echo "== retrysafe agent on examples/notes, its tools from examples/tools/notes.yaml"
-kill -9 "$(cat "$work/notes.pid")" 2>/dev/null || true
-wait "$pid" 2>/dev/null || true
-start
-export NOTES_URL="http://$ADDR" AGENT_API_KEY="$NOTES_TOKEN"
-agent() { "$work/retrysafe" agent do --tools examples/tools/notes.yaml --journal "$work/agent.journal" "$@"; }
-note="{\"author\": \"agent-$$\", \"text\": \"from the agent\"}"
-# A bad argument is refused before anything is journaled or sent (exit 1), and leaves the action id free.
-if agent --action note-1 create_note '{"author": "", "text": "x"}' 2> "$work/agent.err"; then
-  echo "an empty author was not refused" >&2; exit 1
-fi
-grep -q 'argument "author"' "$work/agent.err" || { cat "$work/agent.err" >&2; exit 1; }
-# Killed after its request left, before it read the answer; then the same action again: one note.
-RETRYSAFE_AGENT_FAILPOINTS=agent.after_send=pause "$work/retrysafe" agent do --tools examples/tools/notes.yaml \
-  --journal "$work/agent.journal" --action note-1 create_note "$note" > /dev/null 2> "$work/agent.log" &
-apid=$!
-for _ in $(seq 1 200); do grep -q 'failpoint agent.after_send reached' "$work/agent.log" && break; sleep 0.05; done
-kill -9 "$apid"; wait "$apid" 2>/dev/null || true
-agent --action note-1 create_note "$note" > "$work/agent.out"
-grep -q '"state":"succeeded"' "$work/agent.out" || { cat "$work/agent.out" >&2; exit 1; }
-notes=$(psql "$DATABASE_URL" -tAXc "SELECT count(*) FROM example_notes WHERE author = 'agent-$$'")
-if [ "$notes" != "1" ]; then echo "the agent's action made $notes notes; want 1" >&2; exit 1; fi
-echo "examples/notes: conformance passed, every case; the agent's tool from a file made one note of one action"
+  sed 's#^{#{"kill_hook": "sh '"$work/$name"'-kill.sh",#' "$request" > "$work/$name-kill.json"
+  start idem.after_claim=pause
+  "$work/retrysafe" conformance --target "http://$ADDR" --request "$work/$name-kill.json" --cases 7
+  stop
+}
+
+# no_duplicates TABLE COLUMN: every row the run made is one effect of one key, so no COLUMN value has two rows.
+no_duplicates() {
+  local dup
+  dup=$(psql "$DATABASE_URL" -tAXc "SELECT count(*) FROM (SELECT $2 FROM $1 GROUP BY $2 HAVING count(*) > 1) d")
+  if [ "$dup" != "0" ]; then echo "$1: $dup values of $2 with two rows" >&2; exit 1; fi
+}
+
+# notes_agent: the agent writes to examples/notes with the tools of examples/tools/notes.yaml. A bad argument is
+# refused before anything is journaled or sent (exit 1); the agent killed after its request left, before it read
+# the answer, and the same action called again: one note.
+notes_agent() {
+  local note="{\"author\": \"agent-$$\", \"text\": \"from the agent\"}" apid n
+  local agent=("$work/retrysafe" agent do --tools examples/tools/notes.yaml --journal "$work/notes-agent.journal")
+  export NOTES_URL="http://$ADDR" AGENT_API_KEY="$NOTES_TOKEN"
+  if "${agent[@]}" --action note-1 create_note '{"author": "", "text": "x"}' 2> "$work/agent.err"; then
+    echo "examples/notes: the agent did not refuse an empty author" >&2; return 1
+  fi
+  grep -q 'argument "author"' "$work/agent.err" || { cat "$work/agent.err" >&2; return 1; }
+  RETRYSAFE_AGENT_FAILPOINTS=agent.after_send=pause "${agent[@]}" --action note-1 create_note "$note" > /dev/null 2> "$work/agent.log" &
+  apid=$!
+  for _ in $(seq 1 200); do grep -q 'failpoint agent.after_send reached' "$work/agent.log" && break; sleep 0.05; done
+  kill -9 "$apid"; wait "$apid" 2>/dev/null || true
+  "${agent[@]}" --action note-1 create_note "$note" > "$work/agent.out"
+  grep -q '"state":"succeeded"' "$work/agent.out" || { cat "$work/agent.out" >&2; return 1; }
+  n=$(psql "$DATABASE_URL" -tAXc "SELECT count(*) FROM example_notes WHERE author = 'agent-$$'")
+  if [ "$n" != "1" ]; then echo "examples/notes: the agent's one action made $n notes" >&2; return 1; fi
+  echo "examples/notes: the agent's tool from a file made one note of one action, killed mid-call"
+}
+
+notes() {
+  new_db notes
+  export NOTES_TOKEN="notes-token-$$-never-printed"
+  conform notes examples/conformance/notes.json \
+    'curl -s -o /dev/null -H "Authorization: Bearer $NOTES_TOKEN" "http://$ADDR/v1/notes?author=x"' notes_agent
+  no_duplicates example_notes author
+  echo "examples/notes: conformance passed, every case"
+}
+
+# orders_operations: the operations routes of examples/orders find a write by its key, succeeded, with its order.
+orders_operations() {
+  local key="operations-check-$$" order op
+  order=$(curl -sf "http://$ADDR/v1/orders" -H "Authorization: Bearer $SHOP_TOKEN" -H "Idempotency-Key: $key" \
+    -H 'Content-Type: application/json' -d '{"customer":"operations-check","sku":"book","quantity":1}' |
+    grep -o '"id":"ord_[^"]*"') || true
+  op=$(curl -s "http://$ADDR/v1/operations?idempotency_key=$key" -H "Authorization: Bearer $SHOP_TOKEN") || true
+  if [ -z "$order" ] || ! grep -q '"state":"succeeded"' <<< "$op" || ! grep -qF "$order" <<< "$op"; then
+    echo "examples/orders: GET /v1/operations?idempotency_key=$key does not show the order $order succeeded: $op" >&2
+    return 1
+  fi
+  echo "examples/orders: the operations routes find the write by its key"
+}
+
+orders() {
+  new_db orders
+  export SHOP_TOKEN="shop-agent-$$-never-printed-0123456789"
+  export API_KEYS="acct_shop:agent:$SHOP_TOKEN" API_KEY_ID_SECRET="example-orders-key-ids-0123456789abcdef"
+  conform orders examples/conformance/orders.json 'curl -sf -o /dev/null "http://$ADDR/readyz"' orders_operations
+  no_duplicates example_orders customer
+  echo "examples/orders: conformance passed, every case"
+}
+
+notes
+orders

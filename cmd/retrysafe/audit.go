@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -38,11 +37,6 @@ func auditCommand() command {
                             with its public key unless --public-key names another
 ` + commonEnv,
 	}
-}
-
-// checkpointWorker is the background worker every `serve` runs; replicas share one chain of checkpoints.
-func checkpointWorker(cfg config, db *gorm.DB, logger *slog.Logger) *audit.CheckpointWorker {
-	return &audit.CheckpointWorker{DB: db, Signer: cfg.AuditSigningKey, Interval: cfg.AuditCheckpointInterval, Logger: logger}
 }
 
 // openAuditDB opens the database for a read of the whole record: one statement streams every chain, so

@@ -85,6 +85,8 @@ func init() {
   CONSOLE_MAX_SESSIONS_PER_KEY   console sessions one key holds; a new sign-in ends the least recent (default 10)
   IDEMPOTENCY_RETENTION     how long a finished key's response is replayed (default 72h, at least 24h)
   IDEMPOTENCY_KEY_LIFETIME  how long the key itself is kept after, never run twice (default 2160h, at least the retention)
+  IDEMPOTENCY_KEY_OPTIONAL  true: a write without Idempotency-Key runs unprotected, answered with
+                            Idempotency-Key-Absent: true; a migration path for clients without keys (default false)
   PRUNE_INTERVAL            how often finished keys are pruned (default 10m)
   OPERATION_LEASE           how long an external effect may run before it is called unknown (default 30s)
   RECOVERY_INTERVAL         how often expired leases are looked for (default 5s)

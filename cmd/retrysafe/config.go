@@ -62,6 +62,8 @@ type config struct {
 	// IdempotencyKeyLifetime is how long a key, its fingerprint and its operation are kept after its response
 	// is pruned: it never runs again while it lives.
 	IdempotencyKeyLifetime time.Duration
+	// IdempotencyKeyOptional lets writes without an Idempotency-Key run unprotected (idem.Handler.KeyOptional).
+	IdempotencyKeyOptional bool
 	PruneInterval          time.Duration
 	OperationLease         time.Duration
 	RecoveryInterval       time.Duration
@@ -129,6 +131,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 
 		IdempotencyRetention:   r.duration("IDEMPOTENCY_RETENTION", 72*time.Hour),
 		IdempotencyKeyLifetime: r.duration("IDEMPOTENCY_KEY_LIFETIME", 90*24*time.Hour),
+		IdempotencyKeyOptional: r.boolean("IDEMPOTENCY_KEY_OPTIONAL", false),
 		PruneInterval:          r.duration("PRUNE_INTERVAL", 10*time.Minute),
 		OperationLease:         r.duration("OPERATION_LEASE", 30*time.Second),
 		RecoveryInterval:       r.duration("RECOVERY_INTERVAL", 5*time.Second),

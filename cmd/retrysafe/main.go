@@ -197,12 +197,15 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	// One registry for the process: every service's port serves all of it on GET /metrics.
 	m := metrics.New()
 	m.WatchOperations(db, 2*time.Second)
-	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: &idem.Handler{
-		DB: db, Logger: logger, Lease: cfg.OperationLease, RetryAfter: 1, Observer: m,
-		Retention: cfg.IdempotencyRetention, KeyLifetime: cfg.IdempotencyKeyLifetime,
-		// An effect is sent only with time for a whole provider call left in its lease.
-		DispatchMargin: cfg.ProviderTimeout,
-	}}
+	h, err := idem.New(db)
+	if err != nil {
+		return err
+	}
+	h.Logger, h.Lease, h.RetryAfter, h.Observer = logger, cfg.OperationLease, 1, m
+	h.Retention, h.KeyLifetime, h.KeyOptional = cfg.IdempotencyRetention, cfg.IdempotencyKeyLifetime, cfg.IdempotencyKeyOptional
+	// An effect is sent only with time for a whole provider call left in its lease.
+	h.DispatchMargin = cfg.ProviderTimeout
+	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: h}
 	httpStack, err := httpStack(cfg, db)
 	if err != nil {
 		return err
@@ -229,8 +232,8 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	defer cancel()
 	workers := service.Workers(d, service.Background{
 		RecoveryInterval: cfg.RecoveryInterval, PruneInterval: cfg.PruneInterval,
+		SealInterval: cfg.AuditCheckpointInterval, Signer: cfg.AuditSigningKey,
 	}, svcs...)
-	workers = append(workers, service.Worker{Name: "audit-checkpoints", Run: checkpointWorker(cfg, db, logger).Run})
 	waitWorkers := service.Start(ctx, workers)
 	var wg sync.WaitGroup
 	errc := make(chan error, len(svcs))

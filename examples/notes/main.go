@@ -146,8 +146,12 @@ func run() error {
 	if err := db.AutoMigrate(&Note{}); err != nil {
 		return err
 	}
-	h := &idem.Handler{DB: db}
-	go h.RunPruner(ctx, time.Hour) // responses kept 72 h, keys 90 days (Handler.Retention, KeyLifetime)
+	h, err := idem.New(db) // refuses a pool it cannot use (another driver, a transaction)
+	if err != nil {
+		return err
+	}
+	// Pruning (responses kept 72 h, keys 90 days), lease recovery and audit sealing, with their defaults.
+	go h.RunBackground(ctx, idem.Background{})
 	srv := &http.Server{Addr: addr, Handler: newServer(db, h, token), ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second}
 	go func() {

@@ -201,23 +201,3 @@ func (p *acquireBound) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.T
 
 // GetDBConn is how gorm's DB() finds the *sql.DB under a wrapped pool.
 func (p *acquireBound) GetDBConn() (*sql.DB, error) { return p.DB, nil }
-
-// Query runs a statement on db (a pool or a transaction) and reads every row into a T, by column name as gorm
-// maps them: gorm's Raw(...).Scan(&rows) without rendering the statement with its arguments for the logger,
-// which Scan does on every call, even with a discarding logger.
-func Query[T any](db *gorm.DB, sql string, args ...any) ([]T, error) {
-	rows, err := db.Raw(sql, args...).Rows()
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []T
-	for rows.Next() {
-		var v T
-		if err := db.ScanRows(rows, &v); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
-}

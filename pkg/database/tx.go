@@ -152,18 +152,42 @@ func Send(ctx context.Context, db *gorm.DB, b *pgx.Batch) error {
 
 // poolConn reserves a connection of db's pool, within the pool's acquire bound.
 func poolConn(ctx context.Context, db *gorm.DB) (*sql.Conn, error) {
+	pool, err := pgxPool(db)
+	if err != nil {
+		return nil, err
+	}
+	if bound, ok := pool.(*acquireBound); ok {
+		return bound.conn(ctx)
+	}
+	return pool.(*sql.DB).Conn(ctx)
+}
+
+// Check reports, without connecting, whether db is a pool that Tx and Send can use: a *gorm.DB opened by Open
+// or by gorm.io/driver/postgres (pgx), not a transaction and not another driver. The error says what to do.
+func Check(db *gorm.DB) error {
+	_, err := pgxPool(db)
+	return err
+}
+
+func pgxPool(db *gorm.DB) (gorm.ConnPool, error) {
+	if db == nil {
+		return nil, errors.New("database: no pool: open one with database.Open or gorm.Open(postgres.Open(dsn), ...)")
+	}
 	pool := db.Statement.ConnPool
 	if prepared, ok := pool.(*gorm.PreparedStmtDB); ok { // gorm.Config{PrepareStmt: true}
 		pool = prepared.ConnPool
 	}
-	switch pool := pool.(type) {
-	case *acquireBound:
-		return pool.conn(ctx)
-	case *sql.DB:
-		return pool.Conn(ctx)
-	default:
-		return nil, fmt.Errorf("database: retrysafe needs the *gorm.DB of a pool opened by database.Open or gorm's postgres driver, not one on a %T (a transaction or another driver)", pool)
+	sqlDB, ok := pool.(*sql.DB)
+	if bound, isBound := pool.(*acquireBound); isBound {
+		sqlDB, ok = bound.DB, true
 	}
+	if !ok {
+		return nil, fmt.Errorf("database: retrysafe needs the *gorm.DB of a pool (database.Open, or gorm.Open(postgres.Open(dsn), ...)), not one on a %T: pass the pool, not a transaction", pool)
+	}
+	if _, pgxDriver := sqlDB.Driver().(*stdlib.Driver); !pgxDriver {
+		return nil, fmt.Errorf("database: retrysafe needs PostgreSQL through pgx (gorm.io/driver/postgres or database.Open), not the %T driver", sqlDB.Driver())
+	}
+	return pool, nil
 }
 
 // withPgx runs fn on the pgx connection under conn.

@@ -13,7 +13,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
-	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -38,8 +37,8 @@ func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
 	notes := func(c *gin.Context) {
 		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}, OperationAtCompletion: true},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
-				rows, err := database.Query[struct{ ID string }](tx.WithContext(ctx), `INSERT INTO notes VALUES (?) RETURNING id`, op.ID)
-				if err != nil {
+				var rows []struct{ ID string }
+				if err := tx.WithContext(ctx).Raw(`INSERT INTO notes VALUES (?) RETURNING id`, op.ID).Scan(&rows).Error; err != nil {
 					return idem.Result{}, err
 				}
 				if notesWritten.Add(1) == 1 {

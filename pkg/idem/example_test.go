@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"encoding/json"
+	"log"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -37,7 +38,10 @@ type note struct {
 // burns the key.
 func ExampleHandler_Handle() {
 	var db *gorm.DB // gorm.Open(postgres.Open(dsn), &gorm.Config{}), migrated with migrations.Up
-	h := &idem.Handler{DB: db}
+	h, err := idem.New(db)
+	if err != nil {
+		log.Fatal(err) // another driver, or a transaction instead of the pool
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/notes", func(w http.ResponseWriter, r *http.Request) {
 		var cmd createNote
@@ -65,7 +69,10 @@ func ExampleHandler_Handle() {
 // The same write in gin (package idemgin), behind auth.Middleware.
 func Example_gin() {
 	var db *gorm.DB
-	h := &idem.Handler{DB: db}
+	h, err := idem.New(db)
+	if err != nil {
+		log.Fatal(err) // another driver, or a transaction instead of the pool
+	}
 	r := gin.New()
 	r.POST("/v1/notes", func(c *gin.Context) {
 		var cmd createNote
@@ -89,7 +96,10 @@ func Example_gin() {
 func ExampleRunExternal() {
 	var db *gorm.DB
 	send := func(ctx context.Context, downstreamKey, text string) (string, error) { return "msg_1", nil } // the other side
-	h := &idem.Handler{DB: db}
+	h, err := idem.New(db)
+	if err != nil {
+		log.Fatal(err) // another driver, or a transaction instead of the pool
+	}
 	r := gin.New()
 	r.POST("/v1/messages", func(c *gin.Context) {
 		var cmd createNote

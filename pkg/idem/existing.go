@@ -65,11 +65,11 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 		s = h.reconcileNow(ctx, a, s)
 	}
 	switch {
-	case s.expired, !s.completed && s.opState.Final():
+	case s.expired(), !s.completed() && s.opState.Final():
 		// A response pruned, or never stored: a person settled the operation (opstatus.Resolve). Either way the
 		// key ran and never runs again; the operation has the result.
 		return decision{verdict: verdictExpired, key: s}, nil
-	case s.completed:
+	case s.completed():
 		return decision{verdict: verdictReplay, key: s}, nil
 	case s.opState == opstatus.StateUnknown:
 		return decision{verdict: verdictUnknown, key: s}, nil
@@ -80,7 +80,7 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 // running reports whether the key's operation is still at work: no response stored or pruned, and the
 // operation neither final nor unknown.
 func (s stored) running() bool {
-	return !s.completed && !s.expired && !s.opState.Final() && s.opState != opstatus.StateUnknown
+	return !s.completed() && !s.expired() && !s.opState.Final() && s.opState != opstatus.StateUnknown
 }
 
 // respond records the attempt that got d (durably, before the answer: a retry whose evidence cannot be written
@@ -96,19 +96,19 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 	)
 	switch d.verdict {
 	case verdictBadLineage:
-		outcome, event, record, status = OutcomeRefused, opstatus.EventAttemptRefused, AttemptRefused, http.StatusBadRequest
+		outcome, event, record, status = OutcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest
 		extra = map[string]any{"refusal": "unknown_retry_of"}
 	case verdictConflict:
-		outcome, event, record, status = OutcomeConflict, opstatus.EventConflictRejected, AttemptConflictRejected, http.StatusUnprocessableEntity
+		outcome, event, record, status = OutcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity
 		extra = map[string]any{"prior_fingerprint": d.key.fingerprint}
 	case verdictReplay:
-		outcome, event, record, status = OutcomeReplayed, opstatus.EventReplayed, AttemptReplayed, d.key.response.Status
+		outcome, event, record, status = OutcomeReplayed, opstatus.EventReplayed, attemptReplayed, d.key.response.Status
 	case verdictExpired:
-		outcome, record, status = OutcomeExpired, AttemptResponseExpired, http.StatusConflict
+		outcome, record, status = OutcomeExpired, attemptResponseExpired, http.StatusConflict
 	case verdictUnknown:
-		outcome, record, status = OutcomeUnknown, AttemptUnknown, http.StatusAccepted
+		outcome, record, status = OutcomeUnknown, attemptUnknown, http.StatusAccepted
 	case verdictInProgress:
-		outcome, record, status = OutcomeInProgress, AttemptInProgress, http.StatusConflict
+		outcome, record, status = OutcomeInProgress, attemptInProgress, http.StatusConflict
 		extra = map[string]any{"state": d.key.opState}
 	}
 	h.observe(a.op.Kind, outcome)
@@ -123,7 +123,7 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").
 			With("operation_id", opID).With("state", d.key.opState)}
 	case verdictReplay:
-		return answer(opID, *d.key.response, true)
+		return answer(opID, d.key.response, true)
 	case verdictExpired:
 		return Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
 			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
@@ -157,7 +157,7 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 		h.log().InfoContext(ctx, "retry could not settle the operation yet", "operation_id", op.ID, "error", err.Error())
 		return s
 	}
-	latest, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key)
+	latest, found, err := h.readKey(ctx, a.op.AccountID, a.key)
 	if err != nil || !found {
 		return s
 	}
@@ -249,11 +249,11 @@ func (h *Handler) waitFor(ctx context.Context, a *attempt, s stored, wait time.D
 			return s
 		case <-time.After(pause):
 		}
-		latest, found, err := lookupKey(ctx, h.DB, a.op.AccountID, a.key)
+		latest, found, err := h.readKey(ctx, a.op.AccountID, a.key)
 		if err != nil || !found {
 			return s
 		}
-		if latest.completed || latest.expired || latest.opState == opstatus.StateUnknown {
+		if latest.completed() || latest.expired() || latest.opState == opstatus.StateUnknown {
 			return latest
 		}
 	}

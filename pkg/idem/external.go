@@ -38,14 +38,6 @@ type ExternalSteps[T any] struct {
 	Record func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, outcome T, callErr error) (Result, error)
 }
 
-// externalSteps are ExternalSteps with the answer's type erased once, here, so the machinery below is not
-// generic: call returns the Record step already bound to what Call returned.
-type externalSteps struct {
-	prepare func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error
-	call    func(ctx context.Context, op opstatus.Operation) (record func(ctx context.Context, tx *gorm.DB) (Result, error), err error)
-	unsent  func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error
-}
-
 // RunExternal runs an effect that leaves the process, once per Idempotency-Key: the claim commits first with a
 // lease of h.Lease counted from its commit, the effect runs, the result is recorded after. When the effect's
 // answer is lost the operation becomes unknown and the caller gets 202 with the operation; the kind's Reconciler
@@ -54,21 +46,10 @@ type externalSteps struct {
 //
 // It is a function, not a method of Handler, because Go methods cannot take type parameters.
 func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
-	return h.runExternal(ctx, call, req, externalSteps{
-		prepare: steps.Prepare,
-		call: func(ctx context.Context, op opstatus.Operation) (func(context.Context, *gorm.DB) (Result, error), error) {
-			outcome, err := steps.Call(ctx, op)
-			return func(ctx context.Context, tx *gorm.DB) (Result, error) { return steps.Record(ctx, tx, op, outcome, err) }, err
-		},
-		unsent: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
-			var none T
-			_, err := steps.Record(ctx, tx, op, none, ErrNotSent)
-			return err
-		},
-	})
+	return h.markUnkeyed(call, runExternal(ctx, h, call, req, steps))
 }
 
-func (h *Handler) runExternal(ctx context.Context, call Call, req Request, steps externalSteps) Answer {
+func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
 	a, done := h.start(ctx, call, req)
 	if done != nil {
 		return *done
@@ -77,16 +58,9 @@ func (h *Handler) runExternal(ctx context.Context, call Call, req Request, steps
 	// the operation would be stranded, claimed but never run. It is bounded by the lease instead. Once it commits
 	// the operation is the server's to finish, whoever still listens.
 	ctx = context.WithoutCancel(ctx)
-	claimCtx, cancel := context.WithTimeout(ctx, h.lease())
-	defer cancel()
-	lease, err := h.claimExternal(claimCtx, a, req, steps)
-	switch {
-	case errors.Is(err, errKeyTaken):
+	lease, err := h.claimExternal(ctx, a, req, steps.Prepare)
+	if errors.Is(err, errKeyTaken) {
 		return h.taken(ctx, a, call.Header)
-	case err != nil && claimCtx.Err() != nil && !problem.IsStoreUnavailable(err):
-		// The claim outlived its lease: nothing was sent, and the database was too slow to say whether the claim
-		// committed.
-		err = fmt.Errorf("%w: the claim took its whole lease: %w", problem.ErrStoreUnavailable, err)
 	}
 	if err != nil {
 		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
@@ -95,60 +69,76 @@ func (h *Handler) runExternal(ctx context.Context, call Call, req Request, steps
 	// From here on the claim is committed: whatever happens, the operation exists and nothing may run twice. Its
 	// steps are bounded by the lease and as long again to record the outcome (the recording refuses to settle
 	// twice, so a late one is harmless).
-	effectCtx, cancelEffect := context.WithDeadline(ctx, lease.Add(h.lease()))
-	defer cancelEffect()
+	ctx, cancel := context.WithDeadline(ctx, lease.Add(h.lease()))
+	defer cancel()
 	if left := time.Until(lease); left < h.dispatchMargin() {
 		h.observe(req.Kind, OutcomeStoreUnavailable)
-		return h.releaseUnsent(effectCtx, a, steps, left)
+		return h.releaseUnsent(ctx, a, left, func(ctx context.Context, tx *gorm.DB) error {
+			var none T
+			_, err := steps.Record(ctx, tx, a.op, none, ErrNotSent)
+			return err
+		})
 	}
 	failpoint.Hit(FailpointBeforeExternalCall)
-	record, callErr := steps.call(effectCtx, a.op)
+	outcome, callErr := steps.Call(ctx, a.op)
 	failpoint.Hit(FailpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
 		h.observe(req.Kind, OutcomeUnknown)
-		h.markUnknown(effectCtx, a, callErr)
-		return h.unknown(effectCtx, a.op.AccountID, a.op.ID)
+		h.markUnknown(ctx, a, callErr)
+		return h.unknown(ctx, a.op.AccountID, a.op.ID)
 	}
-	resp, err := h.settle(effectCtx, a, record, opstatus.EventCompleted, a.caller.Actor)
-	return h.recorded(ctx, a, resp, err)
+	resp, err := h.settle(ctx, a, func(ctx context.Context, tx *gorm.DB) (Result, error) {
+		return steps.Record(ctx, tx, a.op, outcome, callErr)
+	}, opstatus.EventCompleted, a.caller.Actor)
+	return h.recorded(ctx, a, resp, err, h.created(call))
 }
 
-// claimExternal commits a's claim with its operation, leased, after the Guard and Prepare; it returns the lease.
-func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, steps externalSteps) (time.Time, error) {
+// claimExternal commits a's claim with its operation, leased, after the Guard and prepare; it returns the lease.
+// The claim itself may take at most a lease: nothing is sent yet, and a database too slow to say whether the
+// claim committed is a store failure.
+func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, prepare func(context.Context, *gorm.DB, opstatus.Operation) error) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.lease())
+	defer cancel()
 	start := time.Now()
 	lease := start.Add(h.lease())
 	a.op.LeaseExpiresAt = &lease
-	tx, err := database.Begin(ctx, h.DB)
-	if err != nil {
-		return lease, err
-	}
-	defer tx.Close()
-	if err := h.claim(ctx, tx, a, req); err != nil {
-		return lease, err
-	}
-	if steps.prepare != nil {
-		if err := steps.prepare(ctx, tx.Gorm(), a.op); err != nil {
-			return lease, err
+	err := func() error {
+		tx, err := database.Begin(ctx, h.DB)
+		if err != nil {
+			return err
 		}
-	}
-	// The lease is the effect's time, counted from the claim's commit: a claim that waited on a row lock (another
-	// request holding the same order) must not hand the effect a lease already spent.
-	if time.Since(start) > h.lease()/20 {
-		lease = time.Now().Add(h.lease())
-		if _, err := opstatus.ExtendLease(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, lease); err != nil {
-			return lease, err
+		defer tx.Close()
+		if err := h.claim(ctx, tx, a, req); err != nil {
+			return err
 		}
+		if prepare != nil {
+			if err := prepare(ctx, tx.Gorm(), a.op); err != nil {
+				return err
+			}
+		}
+		// The lease is the effect's time, counted from the claim's commit: a claim that waited on a row lock
+		// (another request holding the same order) must not hand the effect a lease already spent.
+		if time.Since(start) > h.lease()/20 {
+			lease = time.Now().Add(h.lease())
+			if _, err := opstatus.ExtendLease(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, lease); err != nil {
+				return err
+			}
+		}
+		failpoint.Hit(FailpointExternalClaimed, a.op)
+		return tx.Commit(ctx, nil)
+	}()
+	if err != nil && ctx.Err() != nil && !errors.Is(err, errKeyTaken) && !problem.IsStoreUnavailable(err) {
+		err = fmt.Errorf("%w: the claim took its whole lease: %w", problem.ErrStoreUnavailable, err)
 	}
-	failpoint.Hit(FailpointExternalClaimed, a.op)
-	return lease, tx.Commit(ctx, nil)
+	return lease, err
 }
 
 // recorded answers an external effect whose outcome settle tried to record.
-func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err error) Answer {
+func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err error, created Outcome) Answer {
 	switch {
 	case errors.Is(err, ErrAlreadySettled):
 		// The recovery worker got there first; answer with what it stored.
-		s, found, lerr := lookupKey(ctx, h.DB, a.op.AccountID, a.key)
+		s, found, lerr := h.readKey(ctx, a.op.AccountID, a.key)
 		if lerr != nil || !found {
 			h.observe(a.op.Kind, OutcomeUnknown)
 			return Answer{Err: problem.OutcomeUnknown(a.op.ID, lerr)}
@@ -162,7 +152,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 		h.observe(a.op.Kind, OutcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 	}
-	h.observe(a.op.Kind, OutcomeCreated)
+	h.observe(a.op.Kind, created)
 	h.log().InfoContext(ctx, "operation completed", "operation_id", a.op.ID, "kind", a.op.Kind,
 		"account_id", a.op.AccountID, "status", resp.Status)
 	return answer(a.op.ID, resp, false)
@@ -187,7 +177,7 @@ func (h *Handler) dispatchMargin() time.Duration {
 // the process, so the claim is released: Prepare's reservation undone, the operation cancelled with a not_sent
 // event, the key deleted, so a retry with the same key claims again. If the release cannot be written the
 // claim stays and the recovery worker settles it when its lease ends; nothing was sent either way.
-func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, steps externalSteps, left time.Duration) Answer {
+func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, left time.Duration, undo func(context.Context, *gorm.DB) error) Answer {
 	err := func() error {
 		tx, err := database.Begin(ctx, h.DB)
 		if err != nil {
@@ -203,7 +193,7 @@ func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, steps externalS
 		if !moved {
 			return ErrAlreadySettled
 		}
-		if err := steps.unsent(ctx, tx.Gorm(), a.op); err != nil {
+		if err := undo(ctx, tx.Gorm()); err != nil {
 			return err
 		}
 		b := &pgx.Batch{}
@@ -276,7 +266,7 @@ func (h *Handler) markUnknown(ctx context.Context, a *attempt, cause error) {
 	h.log().InfoContext(ctx, "outcome unknown", "operation_id", a.op.ID, "error", cause.Error())
 	_, err := opstatus.Transition(ctx, h.DB, a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
 		opstatus.From(opstatus.StateRunning),
-		opstatus.WithEvent(opstatus.EventOutcomeUnknown, a.record(AttemptUnknown, http.StatusAccepted,
+		opstatus.WithEvent(opstatus.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
 			map[string]any{"reason": opstatus.ReasonNoDefiniteAnswer})))
 	if err != nil {
 		// The lease still runs out and the recovery worker marks it unknown then.

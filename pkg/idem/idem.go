@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,6 +17,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/batch"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -76,7 +78,7 @@ type Result struct {
 // configuration (its default transaction does not start; a nested Transaction is a savepoint).
 type WriteFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (Result, error)
 
-// Handler runs idempotent writes. Set DB; the rest has defaults.
+// Handler runs idempotent writes. Build it with New; the fields other than DB have defaults.
 type Handler struct {
 	// DB is the pool (gorm on PostgreSQL through pgx: gorm.io/driver/postgres or database.Open), migrated with
 	// the library's migrations.
@@ -97,13 +99,17 @@ type Handler struct {
 	MaxWaiters int
 	// Retention is how long a stored response is replayed (DefaultRetention when zero); KeyLifetime how long
 	// the key itself, with its fingerprint and operation, is kept after (DefaultKeyLifetime when zero, never less
-	// than Retention). While the key lives it never runs again. Prune and RunPruner apply both.
+	// than Retention). While the key lives it never runs again. Prune (and RunBackground, every PruneInterval) applies both.
 	Retention   time.Duration
 	KeyLifetime time.Duration
 	// Reconcilers, by operation kind, let a retry of an unknown operation settle it at once (reconcileNow).
 	Reconcilers map[string]opstatus.Reconciler
 	// Observer, when set, is told each request's outcome and each operation the handler settles (metrics).
 	Observer Observer
+	// KeyOptional lets a write without an Idempotency-Key run, unprotected, under a key the server makes up:
+	// its answer says so (Idempotency-Key-Absent: true) and it is counted as OutcomeUnkeyed. A migration path
+	// for APIs whose clients send no keys yet; off by default (400 idempotency_key_missing).
+	KeyOptional bool
 
 	eventsOnce  sync.Once
 	events      *opstatus.GroupAppender
@@ -111,6 +117,18 @@ type Handler struct {
 	lookups     *batch.Batcher[keyRef, lookup]
 	waitersOnce sync.Once
 	waiters     chan struct{}
+	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
+	background       atomic.Bool
+	backgroundWarned sync.Once
+}
+
+// New returns a Handler on db, or an error that says what to do when db is not a pool the library can use
+// (database.Check): another driver, or a transaction instead of the pool.
+func New(db *gorm.DB) (*Handler, error) {
+	if err := database.Check(db); err != nil {
+		return nil, fmt.Errorf("idem: %w", err)
+	}
+	return &Handler{DB: db}, nil
 }
 
 // readKey reads a request's key, before its claim and after a claim that found it taken. The reads of concurrent
@@ -200,6 +218,9 @@ func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
 	}
 	values := call.Header.Values(HeaderKey)
 	key, err := ParseKey(call.Header.Get(HeaderKey), len(values) > 0)
+	if h.unkeyed(call) {
+		key, err = ids.New("unkeyed_"), nil
+	}
 	if err == nil && len(values) > 1 {
 		err = problem.New(problem.CodeIdempotencyKeyInvalid, "send exactly one Idempotency-Key header")
 	}
@@ -223,6 +244,7 @@ func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
 // start checks the request and reads its key: a request that is refused, or whose key exists, is answered
 // here; otherwise it goes on to claim the key. A failed read goes on too: the claim reports the failure.
 func (h *Handler) start(ctx context.Context, call Call, req Request) (*attempt, *Answer) {
+	h.checkBackground()
 	a, refused := h.begin(call, req)
 	if refused != nil {
 		return nil, refused
@@ -238,6 +260,10 @@ func (h *Handler) start(ctx context.Context, call Call, req Request) (*attempt, 
 // response commit in one transaction; if write returns an error nothing is stored and the key stays free. The
 // answer is the new result, the stored one, or a problem.
 func (h *Handler) Run(ctx context.Context, call Call, req Request, write WriteFunc) Answer {
+	return h.markUnkeyed(call, h.run(ctx, call, req, write))
+}
+
+func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFunc) Answer {
 	a, done := h.start(ctx, call, req)
 	if done != nil {
 		return *done
@@ -259,9 +285,37 @@ func (h *Handler) Run(ctx context.Context, call Call, req Request, write WriteFu
 		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
 		return Answer{Err: err}
 	}
-	h.observe(req.Kind, OutcomeCreated)
+	h.observe(req.Kind, h.created(call))
 	opstatus.ObserveFinished(h.OperationObserver(), req.Kind, a.op.State)
 	return answer(a.op.ID, resp, false)
+}
+
+// HeaderKeyAbsent says that a write ran without an Idempotency-Key (Handler.KeyOptional): a retry of it may run
+// it again.
+const HeaderKeyAbsent = "Idempotency-Key-Absent"
+
+// unkeyed reports whether call runs without idempotency: it has no key and the handler lets it.
+func (h *Handler) unkeyed(call Call) bool {
+	return h.KeyOptional && len(call.Header.Values(HeaderKey)) == 0
+}
+
+// markUnkeyed adds HeaderKeyAbsent to the answer of a call that ran unkeyed.
+func (h *Handler) markUnkeyed(call Call, ans Answer) Answer {
+	if h.unkeyed(call) {
+		if ans.Header == nil {
+			ans.Header = http.Header{}
+		}
+		ans.Header.Set(HeaderKeyAbsent, "true")
+	}
+	return ans
+}
+
+// created is the outcome of a call that claimed its key and ran.
+func (h *Handler) created(call Call) Outcome {
+	if h.unkeyed(call) {
+		return OutcomeUnkeyed
+	}
+	return OutcomeCreated
 }
 
 // commitLost is a COMMIT whose answer did not come back: the transaction may have committed.
@@ -335,9 +389,7 @@ func (h *Handler) completion(ctx context.Context, tx *database.Tx, a *attempt, r
 	state := resultState(res)
 	detail := a.completionDetail(resp.Status, res.Reason)
 	b := &pgx.Batch{}
-	if err := queueComplete(b, a.op, resp, h.retention(), h.keyLifetime()); err != nil {
-		return response{}, nil, err
-	}
+	queueComplete(b, a.op, resp, h.retention(), h.keyLifetime())
 	a.op.State = state
 	if a.late {
 		op := a.op

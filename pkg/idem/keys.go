@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -49,31 +48,23 @@ var (
 type stored struct {
 	fingerprint string
 	operationID string
-	completed   bool
-	// response is set once the key is completed, until it expires (expired).
-	response *response
-	expired  bool
+	// state is the key's: running, completed (response is set) or expired (the response was pruned).
+	state    string
+	response response
 	// resource is the operation's, read once the response expired.
 	resource *opstatus.Resource
-	body     []byte
 	// opState is the state of the key's operation when the key was read.
 	opState opstatus.State
 }
+
+func (s stored) completed() bool { return s.state == "completed" }
+func (s stored) expired() bool   { return s.state == "expired" }
 
 // response is what a completed key replays, byte for byte.
 type response struct {
 	Status int
 	Header http.Header
 	Body   []byte
-}
-
-// lookupKey reads the key of (account, key); found is false when there is none.
-func lookupKey(ctx context.Context, db *gorm.DB, account, key string) (stored, bool, error) {
-	got, err := lookupKeys(ctx, db, []keyRef{{account, key}})
-	if err != nil {
-		return stored{}, false, err
-	}
-	return got[0].stored, got[0].found, nil
 }
 
 // keyRef names one key; lookup is what reading it found.
@@ -93,8 +84,22 @@ func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, erro
 		if _, ok := read[ref]; ok {
 			continue
 		}
-		read[ref] = &out[i]
-		b.Queue(lookupSQL, ref.account, ref.key).Query(func(rows pgx.Rows) error { return scanKey(rows, &out[i]) })
+		l := &out[i]
+		read[ref] = l
+		b.Queue(lookupSQL, ref.account, ref.key).QueryRow(func(row pgx.Row) error {
+			var resType, resID *string
+			s := &l.stored
+			err := row.Scan(&s.fingerprint, &s.operationID, &s.state, &s.response.Status, &s.response.Header,
+				&s.response.Body, &s.opState, &resType, &resID)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if resType != nil && resID != nil {
+				s.resource = &opstatus.Resource{Type: *resType, ID: *resID}
+			}
+			l.found = err == nil
+			return err
+		})
 	}
 	if err := database.Send(ctx, db, b); err != nil {
 		return nil, fmt.Errorf("idem: lookup: %w", err)
@@ -103,38 +108,6 @@ func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, erro
 		out[i] = *read[ref] // a copy of a key asked twice shares its read
 	}
 	return out, nil
-}
-
-func scanKey(rows pgx.Rows, l *lookup) error {
-	for rows.Next() {
-		l.found = true
-		var (
-			state, opState, resType, resID *string
-			status                         *int
-			header                         *string
-		)
-		s := &l.stored
-		if err := rows.Scan(&s.fingerprint, &s.operationID, &state, &status, &header, &s.body, &opState, &resType, &resID); err != nil {
-			return err
-		}
-		s.expired = *state == "expired"
-		if resType != nil && resID != nil {
-			s.resource = &opstatus.Resource{Type: *resType, ID: *resID}
-		}
-		if opState != nil {
-			s.opState = opstatus.State(*opState)
-		}
-		if *state == "completed" && status != nil {
-			s.completed = true
-			s.response = &response{Status: *status, Body: s.body, Header: http.Header{}}
-			if header != nil {
-				if err := json.Unmarshal([]byte(*header), &s.response.Header); err != nil {
-					return fmt.Errorf("stored headers: %w", err)
-				}
-			}
-		}
-	}
-	return rows.Err()
 }
 
 // queueClaim queues the claim of cl's key on b. When the key exists the batch fails with errKeyTaken.
@@ -161,14 +134,9 @@ const (
 
 // queueComplete queues the storing of resp on op's running key, kept for retention and the key for lifetime. When
 // the key is not running under op the statement fails, and so does everything sent after it, COMMIT included.
-func queueComplete(b *pgx.Batch, op opstatus.Operation, resp response, retention, lifetime time.Duration) error {
-	header, err := json.Marshal(resp.Header)
-	if err != nil {
-		return fmt.Errorf("idem: complete: headers: %w", err)
-	}
-	b.Queue(completeSQL, op.AccountID, op.IdempotencyKey, op.ID, resp.Status, string(header), resp.Body,
+func queueComplete(b *pgx.Batch, op opstatus.Operation, resp response, retention, lifetime time.Duration) {
+	b.Queue(completeSQL, op.AccountID, op.IdempotencyKey, op.ID, resp.Status, resp.Header, resp.Body,
 		retention.Seconds(), lifetime.Seconds())
-	return nil
 }
 
 // queueRelease queues the delete of op's running key, so a retry with it claims again. The batch fails with

@@ -248,7 +248,7 @@ func TestWaitersAreBounded(t *testing.T) {
 	first, waiter := make(chan Answer, 1), make(chan Answer, 1)
 	go func() { first <- RunExternal(ctx, h, call(false), req, steps) }()
 	eventually(t, "the first request holds its claim", func() bool {
-		s, found, err := lookupKey(ctx, h.DB, "acct", "k-wait")
+		s, found, err := h.readKey(ctx, "acct", "k-wait")
 		return err == nil && found && s.opState == opstatus.StateRunning
 	})
 	go func() { waiter <- RunExternal(ctx, h, call(true), req, steps) }()

@@ -32,16 +32,15 @@ var RetryReasons = []string{
 	"credential_refreshed", "operator_requested", "request_in_progress",
 }
 
-// Outcomes of an attempt, as its record says (the outcome field of an attempt record; Outcome is the metrics'
-// view of the same decisions).
+// Outcomes of an attempt, as its record's outcome field says (Outcome is the metrics' view of the same).
 const (
-	AttemptCreated          = "created"           // it claimed the key and its result was stored
-	AttemptReplayed         = "replayed"          // the stored result was sent again
-	AttemptResponseExpired  = "response_expired"  // the key lives, its stored result was pruned: 409, not run
-	AttemptConflictRejected = "conflict_rejected" // same key, another request: 422
-	AttemptInProgress       = "in_progress"       // the first attempt was still running: 409
-	AttemptUnknown          = "unknown"           // the outcome is not known yet: 202
-	AttemptRefused          = "refused"           // refused after the key was found (a bad Retry-Of), or a stored failure
+	attemptCreated          = "created"           // it claimed the key and its result was stored
+	attemptReplayed         = "replayed"          // the stored result was sent again
+	attemptResponseExpired  = "response_expired"  // the key lives, its stored result was pruned: 409, not run
+	attemptConflictRejected = "conflict_rejected" // same key, another request: 422
+	attemptInProgress       = "in_progress"       // the first attempt was still running: 409
+	attemptUnknown          = "unknown"           // the outcome is not known yet: 202
+	attemptRefused          = "refused"           // refused after the key was found (a bad Retry-Of), or a stored failure
 )
 
 // lineage is what an attempt says about itself.
@@ -238,14 +237,6 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (refu
 	return nil, nil
 }
 
-// AttemptCreatedOrRefused is the outcome of the attempt that claimed the key, from the status it stored.
-func AttemptCreatedOrRefused(status int) string {
-	if status >= http.StatusBadRequest {
-		return AttemptRefused
-	}
-	return AttemptCreated
-}
-
 // claimDetail is the detail of the claimed event.
 func (a *attempt) claimDetail() map[string]any {
 	detail := a.lineage.identity(nil)
@@ -264,8 +255,10 @@ func (a *attempt) completionDetail(status int, reason string) map[string]any {
 		// The recovery worker already wrote this attempt's record (outcome unknown, its lease ran out): the
 		// result is told without an outcome, so the attempt is not numbered twice.
 		detail = a.lineage.identity(map[string]any{"status": status})
+	case a.lineage.attempt != "" && status >= http.StatusBadRequest:
+		detail = a.record(attemptRefused, status, nil)
 	case a.lineage.attempt != "":
-		detail = a.record(AttemptCreatedOrRefused(status), status, nil)
+		detail = a.record(attemptCreated, status, nil)
 	default:
 		detail = map[string]any{"status": status}
 	}

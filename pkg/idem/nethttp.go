@@ -33,10 +33,16 @@ func WithCaller(ctx context.Context, c Caller) context.Context {
 	return context.WithValue(ctx, callerKey{}, c)
 }
 
+// CallerFrom returns the caller WithCaller put in ctx.
+func CallerFrom(ctx context.Context) (Caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(Caller)
+	return c, ok
+}
+
 // HTTPCall is the Call of r, routed by a net/http ServeMux (Go 1.22 patterns): the route is r.Pattern without its
 // method, the parameters its wildcards' values, the attempt its valid Attempt-Id header or a new one.
 func HTTPCall(r *http.Request) Call {
-	caller, _ := r.Context().Value(callerKey{}).(Caller)
+	caller, _ := CallerFrom(r.Context())
 	route := r.Pattern
 	if _, path, ok := strings.Cut(route, " "); ok {
 		route = path

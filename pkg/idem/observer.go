@@ -9,6 +9,9 @@ import (
 type Observer interface {
 	// IdempotencyOutcome is called once per request the handler answers, with the request's kind.
 	IdempotencyOutcome(kind string, outcome Outcome)
+	// BackgroundRunning is called when Handler.RunBackground starts (true) and ends (false), and once with false
+	// when the handler answers a write while it is not running.
+	BackgroundRunning(running bool)
 	// OperationFinished and Reconciled are called after the commit that settled an operation.
 	opstatus.Observer
 }
@@ -25,6 +28,7 @@ const (
 	OutcomeUnknown          Outcome = "unknown"           // the outcome is not known, or ran but was not recorded
 	OutcomeRefused          Outcome = "refused"           // refused before any effect, the key left free
 	OutcomeStoreUnavailable Outcome = "store_unavailable" // the database could not be reached: 503
+	OutcomeUnkeyed          Outcome = "unkeyed"           // ran without an Idempotency-Key (Handler.KeyOptional)
 )
 
 func (h *Handler) observe(kind string, o Outcome) {

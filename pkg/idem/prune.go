@@ -12,8 +12,8 @@ func (h *Handler) Prune(ctx context.Context) (responses, keys int64, err error) 
 	return prune(ctx, h.DB, h.retention(), h.keyLifetime())
 }
 
-// RunPruner prunes every interval until ctx ends.
-func (h *Handler) RunPruner(ctx context.Context, interval time.Duration) {
+// runPruner prunes every interval until ctx ends (RunBackground).
+func (h *Handler) runPruner(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -42,6 +42,7 @@ type Metrics struct {
 	httpRequests *prometheus.CounterVec
 	httpDuration *prometheus.HistogramVec
 	idempotency  *prometheus.CounterVec
+	background   prometheus.Gauge
 	finished     *prometheus.CounterVec
 	reconciles   *prometheus.CounterVec
 	downstream   *prometheus.HistogramVec
@@ -67,8 +68,12 @@ func New() *Metrics {
 		}, []string{"service", "route", "method"}),
 		idempotency: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "retrysafe_idempotency_requests_total",
-			Help: "Idempotent writes by operation kind and outcome: created, replayed, conflict, in_progress, unknown, refused, store_unavailable.",
+			Help: "Idempotent writes by operation kind and outcome: created, replayed, conflict, in_progress, unknown, refused, store_unavailable, unkeyed.",
 		}, []string{"kind", "outcome"}),
+		background: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "retrysafe_background_running",
+			Help: "1 while the idempotency handler's background work (idem.Handler.RunBackground: pruning, lease recovery, audit sealing) runs; 0 when it does not.",
+		}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "retrysafe_operations_finished_total",
 			Help: "Operations this process moved to a final state (succeeded, failed, cancelled), by kind and state.",
@@ -83,7 +88,7 @@ func New() *Metrics {
 			Buckets: prometheus.DefBuckets,
 		}, []string{"target", "outcome"}),
 	}
-	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.idempotency, m.finished, m.reconciles, m.downstream,
+	m.reg.MustRegister(m.httpRequests, m.httpDuration, m.idempotency, m.background, m.finished, m.reconciles, m.downstream,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -126,6 +131,15 @@ func methodLabel(method string) string {
 // IdempotencyOutcome implements idem.Observer.
 func (m *Metrics) IdempotencyOutcome(kind string, outcome idem.Outcome) {
 	m.idempotency.WithLabelValues(kind, string(outcome)).Inc()
+}
+
+// BackgroundRunning implements idem.Observer.
+func (m *Metrics) BackgroundRunning(running bool) {
+	v := 0.0
+	if running {
+		v = 1
+	}
+	m.background.Set(v)
 }
 
 // OperationFinished implements opstatus.Observer.

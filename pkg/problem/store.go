@@ -25,9 +25,13 @@ func IsStoreUnavailable(err error) bool {
 	switch {
 	case errors.Is(err, ErrStoreUnavailable):
 		return true
+	case errors.As(err, &connectErr):
+		// Whatever the server said while refusing the connection (3D000: the database is missing or was
+		// dropped; 28P01: a password changed), no statement of this request can run now.
+		return true
 	case errors.As(err, &pgErr):
 		return unavailableState(pgErr.Code)
-	case errors.As(err, &connectErr), errors.As(err, &netErr):
+	case errors.As(err, &netErr):
 		return true
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		// The server closed the connection in the middle of an answer (restart, crash, a cut network).

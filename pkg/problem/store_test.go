@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -150,4 +153,39 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// TestDroppedDatabaseIsUnavailable: a database that is missing, or dropped under a running pool, answers 503
+// store_unavailable on every request, never 500: the server refuses each new connection (3D000) and the
+// connections it had are terminated.
+func TestDroppedDatabaseIsUnavailable(t *testing.T) {
+	t.Parallel()
+	admin := testdb.Schema(t)
+	name := fmt.Sprintf("dropped_%d", time.Now().UnixNano())
+	if err := admin.Exec(`CREATE DATABASE ` + name).Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`) })
+	u := mustURL(t, testdb.URL())
+	u.Path = "/" + name
+	db, err := database.Open(u.String(), database.Options{MaxConns: 2, ConnectTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, _ := db.DB()
+	defer sqlDB.Close()
+	if err := db.Exec(`SELECT ?::int`, 1).Error; err != nil {
+		t.Fatalf("before the drop: %v", err)
+	}
+	if err := admin.Exec(`DROP DATABASE ` + name + ` WITH (FORCE)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		err := db.Exec(`SELECT ?::int`, 1).Error
+		w := httptest.NewRecorder()
+		problem.WriteHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/things", nil), err)
+		if err == nil || w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), `"store_unavailable"`) {
+			t.Fatalf("request %d after the drop: %v, answered %d %s; want 503 store_unavailable", i, err, w.Code, w.Body)
+		}
+	}
 }

@@ -31,6 +31,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
@@ -209,30 +210,39 @@ func mergeResolvers(maps ...map[string]opstatus.Resolver) map[string]opstatus.Re
 // Background configures the process-wide workers that every set of services runs beside its own.
 type Background struct {
 	// RecoveryInterval is how often expired leases are looked for, and approvals that ran out are recorded
-	// expired; PruneInterval how often idempotency keys are pruned (Deps.Idem's Retention and KeyLifetime). A
-	// zero interval leaves that worker out (tests that drive recovery by hand).
+	// expired; PruneInterval how often idempotency keys are pruned (Deps.Idem's Retention and KeyLifetime);
+	// SealInterval how often the audit is sealed, signed by Signer when set. A zero interval leaves that worker
+	// out (tests that drive recovery by hand).
 	RecoveryInterval time.Duration
 	PruneInterval    time.Duration
+	SealInterval     time.Duration
+	Signer           *auditchain.Signer
 }
 
-// Workers lists everything that runs in the background for svcs: each service's own workers, the recovery
-// worker over all their reconcilers, and the pruner.
+// Workers lists everything that runs in the background for svcs: each service's own workers, the idempotency
+// handler's background work (idem.Handler.RunBackground: pruning, recovery with d.Idem.Reconcilers, which the
+// wiring sets to Reconcilers(svcs...), sealing) and approval expiry.
 func Workers(d Deps, b Background, svcs ...Service) []Worker {
 	var out []Worker
 	for _, s := range svcs {
 		out = append(out, s.Workers()...)
 	}
+	off := func(d time.Duration) time.Duration {
+		if d == 0 {
+			return -1
+		}
+		return d
+	}
+	if b.RecoveryInterval > 0 || b.PruneInterval > 0 || b.SealInterval > 0 {
+		bg := idem.Background{PruneInterval: off(b.PruneInterval), RecoveryInterval: off(b.RecoveryInterval),
+			SealInterval: off(b.SealInterval), Signer: b.Signer}
+		out = append(out, Worker{Name: "idempotency", Run: func(ctx context.Context) { d.Idem.RunBackground(ctx, bg) }})
+	}
 	if b.RecoveryInterval > 0 {
-		recovery := &opstatus.RecoveryWorker{DB: d.DB, Reconcilers: Reconcilers(svcs...), Interval: b.RecoveryInterval,
-			Logger: d.Log(), Observer: d.Idem.OperationObserver()}
-		out = append(out, Worker{Name: "recovery", Run: recovery.Run})
 		// Approvals are shared by the services, like operations: every process records their expiry, and
 		// replicas never record one twice (approval.Expire).
 		expiry := &approval.ExpiryWorker{DB: d.DB, Interval: b.RecoveryInterval, Logger: d.Log()}
 		out = append(out, Worker{Name: "approval-expiry", Run: expiry.Run})
-	}
-	if b.PruneInterval > 0 {
-		out = append(out, Worker{Name: "pruner", Run: func(ctx context.Context) { d.Idem.RunPruner(ctx, b.PruneInterval) }})
 	}
 	return out
 }

@@ -7,7 +7,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -28,12 +27,13 @@ created_at, updated_at`
 // concurrent creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads
 // the winner, so the transaction is never aborted by a unique violation.
 func (PostgresStore) BeginIntent(ctx context.Context, tx *gorm.DB, accountID, opID string, cmd CreateIntent) (Intent, error) {
-	rows, err := database.Query[Intent](tx.WithContext(ctx), `
+	var rows []Intent
+	err := tx.WithContext(ctx).Raw(`
 INSERT INTO payment_intents (id, account_id, order_id, currency, amount_minor, description, status, create_operation_id)
 VALUES (?, ?, ?, ?, ?, ?, 'authorizing', ?)
 ON CONFLICT (account_id, order_id) WHERE status NOT IN ('failed', 'canceled') DO NOTHING
 RETURNING `+intentColumns,
-		ids.New("pi_"), accountID, cmd.OrderID, cmd.Currency, cmd.AmountMinor, cmd.Description, opID)
+		ids.New("pi_"), accountID, cmd.OrderID, cmd.Currency, cmd.AmountMinor, cmd.Description, opID).Scan(&rows).Error
 	if err != nil {
 		return Intent{}, fmt.Errorf("payments: begin intent: %w", err)
 	}
@@ -58,8 +58,9 @@ WHERE account_id = ? AND order_id = ? AND status NOT IN ('failed', 'canceled')`,
 // moveIntent applies set to the intent matched by where (args fill both, in order) and returns it. A where
 // that matches nothing (the intent is not in the state the move starts from) is ErrNotReserved.
 func moveIntent(ctx context.Context, tx *gorm.DB, what, set, where string, args ...any) (Intent, error) {
-	rows, err := database.Query[Intent](tx.WithContext(ctx), `UPDATE payment_intents SET `+set+`, updated_at = now() WHERE `+where+
-		` RETURNING `+intentColumns, args...)
+	var rows []Intent
+	err := tx.WithContext(ctx).Raw(`UPDATE payment_intents SET `+set+`, updated_at = now() WHERE `+where+
+		` RETURNING `+intentColumns, args...).Scan(&rows).Error
 	if err != nil {
 		return Intent{}, fmt.Errorf("payments: %s: %w", what, err)
 	}

@@ -7,7 +7,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -23,12 +22,13 @@ const ticketColumns = `id, account_id, project, title, description, priority, st
 // CreateTicket implements Store. The partial unique index tickets_source_event decides between concurrent
 // creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads the winner.
 func (PostgresStore) CreateTicket(ctx context.Context, tx *gorm.DB, accountID string, cmd CreateTicket) (Ticket, bool, error) {
-	rows, err := database.Query[Ticket](tx.WithContext(ctx), `
+	var rows []Ticket
+	err := tx.WithContext(ctx).Raw(`
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, source_event_id)
 VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
 ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING
 RETURNING `+ticketColumns,
-		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID)
+		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID).Scan(&rows).Error
 	if err != nil {
 		return Ticket{}, false, fmt.Errorf("tickets: create: %w", err)
 	}
@@ -77,10 +77,11 @@ func (PostgresStore) Tickets(ctx context.Context, db *gorm.DB, accountID string,
 
 // AddComment implements Store.
 func (PostgresStore) AddComment(ctx context.Context, tx *gorm.DB, accountID, ticketID string, cmd AddComment) (Comment, error) {
-	rows, err := database.Query[Comment](tx.WithContext(ctx), `
+	var rows []Comment
+	err := tx.WithContext(ctx).Raw(`
 INSERT INTO ticket_comments (id, ticket_id, account_id, body)
 SELECT ?, id, account_id, ? FROM tickets WHERE id = ? AND account_id = ?
-RETURNING id, ticket_id, body, created_at`, ids.New("cmt_"), cmd.Body, ticketID, accountID)
+RETURNING id, ticket_id, body, created_at`, ids.New("cmt_"), cmd.Body, ticketID, accountID).Scan(&rows).Error
 	if err != nil {
 		return Comment{}, fmt.Errorf("tickets: add comment: %w", err)
 	}

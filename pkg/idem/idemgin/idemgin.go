@@ -28,13 +28,14 @@ func DoExternal[T any](h *idem.Handler, c *gin.Context, req idem.Request, steps 
 	Write(c, idem.RunExternal(c.Request.Context(), h, Call(c), req, steps))
 }
 
-// Call is the idem.Call of c. A route that is not behind auth.Middleware has no caller, which idem refuses.
+// Call is the idem.Call of c. The caller is auth.Middleware's principal or, for a service with its own
+// authentication, the one idem.WithCaller put in the request's context; a request with neither is refused.
 func Call(c *gin.Context) idem.Call {
 	params := make(map[string]string, len(c.Params))
 	for _, p := range c.Params {
 		params[p.Key] = p.Value
 	}
-	var caller idem.Caller
+	caller, _ := idem.CallerFrom(c.Request.Context())
 	if p, ok := auth.Lookup(c); ok {
 		caller = idem.Caller{AccountID: p.AccountID, Actor: p.Actor()}
 	}

@@ -1,0 +1,75 @@
+package idem
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+)
+
+// Background configures RunBackground. A zero interval is the default; a negative one leaves that work out (a
+// test that drives it by hand, or a process where another component runs it).
+type Background struct {
+	// PruneInterval: how often responses past Retention and keys past KeyLifetime are pruned (10 minutes).
+	PruneInterval time.Duration
+	// RecoveryInterval: how often operations whose lease ran out are handed to their kind's Reconciler
+	// (Handler.Reconcilers); without it an external write whose process died stays running (5 seconds).
+	RecoveryInterval time.Duration
+	// SealInterval: how often the audit records are sealed (audit.CheckpointWorker), signed by Signer when set
+	// (10 seconds).
+	SealInterval time.Duration
+	Signer       *auditchain.Signer
+}
+
+// RunBackground runs the work a process serving h must run beside its requests until ctx ends: pruning, lease
+// recovery and audit sealing. Every replica may run it; they share the work safely. A handler that answers
+// requests while it is not running says so once in its log and through Observer.BackgroundRunning.
+func (h *Handler) RunBackground(ctx context.Context, b Background) {
+	h.backgroundRunning(true)
+	defer h.backgroundRunning(false)
+	var wg sync.WaitGroup
+	if every := orDefault(b.PruneInterval, 10*time.Minute); every > 0 {
+		wg.Go(func() { h.runPruner(ctx, every) })
+	}
+	if every := orDefault(b.RecoveryInterval, 5*time.Second); every > 0 {
+		w := &opstatus.RecoveryWorker{DB: h.DB, Reconcilers: h.Reconcilers, Interval: every, Logger: h.log(),
+			Observer: h.OperationObserver()}
+		wg.Go(func() { w.Run(ctx) })
+	}
+	if every := orDefault(b.SealInterval, 10*time.Second); every > 0 {
+		w := &audit.CheckpointWorker{DB: h.DB, Signer: b.Signer, Interval: every, Logger: h.log()}
+		wg.Go(func() { w.Run(ctx) })
+	}
+	wg.Wait()
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func (h *Handler) backgroundRunning(running bool) {
+	h.background.Store(running)
+	if h.Observer != nil {
+		h.Observer.BackgroundRunning(running)
+	}
+}
+
+// checkBackground warns, once, when h answers a write while RunBackground is not running.
+func (h *Handler) checkBackground() {
+	if h.background.Load() {
+		return
+	}
+	h.backgroundWarned.Do(func() {
+		h.log().Warn("idem: the handler serves writes but its background work is not running: keys are never pruned, " +
+			"operations whose process died stay running, the audit is never sealed; call Handler.RunBackground at start")
+		if h.Observer != nil {
+			h.Observer.BackgroundRunning(false)
+		}
+	})
+}
