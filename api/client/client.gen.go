@@ -480,13 +480,20 @@ type Approval struct {
 	// State revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write. It reads expired from expires_at on; the approval's `expired` audit record is written once, by the expiry worker (within the recovery interval) or by a decision that comes too late.
 	State ApprovalState `json:"state"`
 
-	// Summary What a person must see to decide (environment, service, artifact, rollback target; or amount, currency, order).
-	Summary           map[string]interface{} `json:"summary"`
-	UsedByOperationId *string                `json:"used_by_operation_id,omitempty"`
+	// Summary What a person must see to decide (environment, service, artifact, rollback target; or amount, currency, order; and `supersedes`, an ApprovalSupersedes, when the write supersedes an operation).
+	Summary           Approval_Summary `json:"summary"`
+	UsedByOperationId *string          `json:"used_by_operation_id,omitempty"`
 }
 
 // ApprovalState revoked: approved, then withdrawn before a write used it. expired: past expires_at while pending, or approved and never used; it can no longer authorize a write. It reads expired from expires_at on; the approval's `expired` audit record is written once, by the expiry worker (within the recovery interval) or by a decision that comes too late.
 type ApprovalState string
+
+// Approval_Summary What a person must see to decide (environment, service, artifact, rollback target; or amount, currency, order; and `supersedes`, an ApprovalSupersedes, when the write supersedes an operation).
+type Approval_Summary struct {
+	// Supersedes What an approver must know of the operation the approved write supersedes.
+	Supersedes           *ApprovalSupersedes    `json:"supersedes,omitempty"`
+	AdditionalProperties map[string]interface{} `json:"-"`
+}
 
 // ApprovalRequest defines model for ApprovalRequest.
 type ApprovalRequest struct {
@@ -501,6 +508,23 @@ type ApprovalRequest struct {
 	//
 	// Example: /v1/deploys
 	Path string `json:"path"`
+
+	// SupersedesOperationId The Supersedes-Operation-Id the write will send. Only an approval naming it lets a write supersede an operation whose outcome is unknown; the summary's `supersedes` shows that operation to the approver.
+	SupersedesOperationId *string `json:"supersedes_operation_id,omitempty"`
+}
+
+// ApprovalSupersedes What an approver must know of the operation the approved write supersedes.
+type ApprovalSupersedes struct {
+	// DispatchState Its last dispatch: not_sent, sent_no_response, response_received, execution_error; started when only its start was recorded; none when it made no call.
+	DispatchState string `json:"dispatch_state"`
+	Kind          string `json:"kind"`
+	OperationId   string `json:"operation_id"`
+
+	// Reason The newest reason its records give (a dispatch's, or why it is unknown); none when they give none.
+	Reason string `json:"reason"`
+
+	// State Its state when the approval was requested (unknown: it may or may not have happened).
+	State string `json:"state"`
 }
 
 // CapturePaymentIntent At most one of amount and amount_minor, in the intent's currency; none captures the whole amount.
@@ -749,14 +773,29 @@ type PaymentIntent struct {
 	AmountMinor int64         `json:"amount_minor"`
 
 	// Captured A decimal string with at most the currency's ISO 4217 decimals ("12.30" USD, "1000" JPY, "1.500" KWD).
-	Captured                PaymentAmount `json:"captured"`
-	CapturedMinor           int64         `json:"captured_minor"`
-	CreatedAt               time.Time     `json:"created_at"`
-	Currency                string        `json:"currency"`
-	Description             string        `json:"description"`
-	Id                      string        `json:"id"`
-	OrderId                 string        `json:"order_id"`
-	ProviderAuthorizationId *string       `json:"provider_authorization_id"`
+	Captured      PaymentAmount `json:"captured"`
+	CapturedMinor int64         `json:"captured_minor"`
+	CreatedAt     time.Time     `json:"created_at"`
+	Currency      string        `json:"currency"`
+	Description   string        `json:"description"`
+
+	// DuplicateCaptureOperationId The capture the provider executed more than once, once a correction (Remediates-Operation-Id) named it.
+	DuplicateCaptureOperationId *string `json:"duplicate_capture_operation_id,omitempty"`
+
+	// DuplicateCaptured A decimal string with at most the currency's ISO 4217 decimals ("12.30" USD, "1000" JPY, "1.500" KWD).
+	DuplicateCaptured *PaymentAmount `json:"duplicate_captured,omitempty"`
+
+	// DuplicateCapturedMinor What a duplicated capture took beyond captured_minor.
+	DuplicateCapturedMinor *int64 `json:"duplicate_captured_minor,omitempty"`
+
+	// DuplicateRefunded A decimal string with at most the currency's ISO 4217 decimals ("12.30" USD, "1000" JPY, "1.500" KWD).
+	DuplicateRefunded *PaymentAmount `json:"duplicate_refunded,omitempty"`
+
+	// DuplicateRefundedMinor What corrections returned of it; never more than duplicate_captured_minor.
+	DuplicateRefundedMinor  *int64  `json:"duplicate_refunded_minor,omitempty"`
+	Id                      string  `json:"id"`
+	OrderId                 string  `json:"order_id"`
+	ProviderAuthorizationId *string `json:"provider_authorization_id"`
 
 	// Refunded A decimal string with at most the currency's ISO 4217 decimals ("12.30" USD, "1000" JPY, "1.500" KWD).
 	Refunded      PaymentAmount       `json:"refunded"`
@@ -862,8 +901,11 @@ type Refund struct {
 	IntentId         string        `json:"intent_id"`
 	ProviderRefundId *string       `json:"provider_refund_id"`
 	Reason           string        `json:"reason"`
-	Status           RefundStatus  `json:"status"`
-	UpdatedAt        time.Time     `json:"updated_at"`
+
+	// ReturnsDuplicateCapture A correction returning what a duplicated capture took: counted in the intent's duplicate_refunded_minor, not refunded_minor.
+	ReturnsDuplicateCapture *bool        `json:"returns_duplicate_capture,omitempty"`
+	Status                  RefundStatus `json:"status"`
+	UpdatedAt               time.Time    `json:"updated_at"`
 }
 
 // RefundStatus defines model for Refund.Status.
@@ -1335,6 +1377,74 @@ type AddTicketCommentJSONRequestBody AddTicketCommentJSONBody
 
 // SetTicketStatusJSONRequestBody defines body for SetTicketStatus for application/json ContentType.
 type SetTicketStatusJSONRequestBody SetTicketStatusJSONBody
+
+// Getter for additional properties for Approval_Summary. Returns the specified
+// element and whether it was found
+func (a Approval_Summary) Get(fieldName string) (value interface{}, found bool) {
+	if a.AdditionalProperties != nil {
+		value, found = a.AdditionalProperties[fieldName]
+	}
+	return
+}
+
+// Setter for additional properties for Approval_Summary
+func (a *Approval_Summary) Set(fieldName string, value interface{}) {
+	if a.AdditionalProperties == nil {
+		a.AdditionalProperties = make(map[string]interface{})
+	}
+	a.AdditionalProperties[fieldName] = value
+}
+
+// Override default JSON handling for Approval_Summary to handle AdditionalProperties
+func (a *Approval_Summary) UnmarshalJSON(b []byte) error {
+	object := make(map[string]json.RawMessage)
+	err := json.Unmarshal(b, &object)
+	if err != nil {
+		return err
+	}
+
+	if raw, found := object["supersedes"]; found {
+		err = json.Unmarshal(raw, &a.Supersedes)
+		if err != nil {
+			return fmt.Errorf("error reading 'supersedes': %w", err)
+		}
+		delete(object, "supersedes")
+	}
+
+	if len(object) != 0 {
+		a.AdditionalProperties = make(map[string]interface{})
+		for fieldName, fieldBuf := range object {
+			var fieldVal interface{}
+			err := json.Unmarshal(fieldBuf, &fieldVal)
+			if err != nil {
+				return fmt.Errorf("error unmarshaling field %s: %w", fieldName, err)
+			}
+			a.AdditionalProperties[fieldName] = fieldVal
+		}
+	}
+	return nil
+}
+
+// Override default JSON handling for Approval_Summary to handle AdditionalProperties
+func (a Approval_Summary) MarshalJSON() ([]byte, error) {
+	var err error
+	object := make(map[string]json.RawMessage)
+
+	if a.Supersedes != nil {
+		object["supersedes"], err = json.Marshal(a.Supersedes)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'supersedes': %w", err)
+		}
+	}
+
+	for fieldName, field := range a.AdditionalProperties {
+		object[fieldName], err = json.Marshal(field)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling '%s': %w", fieldName, err)
+		}
+	}
+	return json.Marshal(object)
+}
 
 // Getter for additional properties for Problem. Returns the specified
 // element and whether it was found

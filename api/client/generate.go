@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "5d6c80dfe53b3c8fe6a41cc03d5f8d7c8ba8e37d10161fd669845f2c6e41d411"
+const SpecSHA256 = "aa68aa74121ce9567da4f06cfd53151e59412510638447163ab3f1ed91ab1d6c"

@@ -247,6 +247,9 @@ type DoOptions struct {
 	// ParentRun is the agent run that delegated this action, journaled with its operation (1 to 128 printable
 	// ASCII characters, an Agent-Run-Id): a worker's journal names the run that handed it the action.
 	ParentRun string
+	// Remediates is the service's id of an operation settled duplicate_effect_confirmed that this new refund
+	// corrects (op_...): sent as Remediates-Operation-Id and journaled with the operation. refund_payment only.
+	Remediates string
 }
 
 // Do makes the write an action stands for, once. The first call for actionID creates the operation, its id
@@ -263,6 +266,10 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	}
 	if opts.ParentRun != "" && (len(opts.ParentRun) > 128 || !validID(opts.ParentRun)) {
 		return Result{}, fmt.Errorf("%w: a parent run is an agent run id: 1 to 128 printable ASCII characters, no spaces", ErrBadArguments)
+	}
+	if opts.Remediates != "" && (toolName != "refund_payment" || !validID(opts.Remediates) || !strings.HasPrefix(opts.Remediates, "op_")) {
+		return Result{}, fmt.Errorf("%w: remediates names the service's operation a refund corrects (op_...), and only refund_payment takes it",
+			ErrBadArguments)
 	}
 	// A body the service would not take is never sent: it would fail every attempt before an answer.
 	if len(args) > a.cfg.MaxBodyBytes {
@@ -309,6 +316,10 @@ func (a *Agent) continueOperation(ctx context.Context, op *Operation, tool Tool,
 	}
 	if opts.Supersedes != "" && opts.Supersedes != a.supersededAction(op) {
 		return a.result(op), fmt.Errorf("%w: action %q already exists; supersedes applies to a new action only", ErrBadArguments, op.ActionID)
+	}
+	if opts.Remediates != "" && opts.Remediates != op.RemediatesServerOpID {
+		return a.result(op), fmt.Errorf("%w: action %q already exists without remediating %s; remediates applies to a new action only",
+			ErrBadArguments, op.ActionID, opts.Remediates)
 	}
 	if op.Final() {
 		if heldBack(op) && req.approvalID == "" {
@@ -358,19 +369,46 @@ func (a *Agent) holdForSuperseded(op *Operation, approvalID string) (bool, error
 	a.mu.Lock()
 	old := a.v.ops[op.SupersedesOperationID]
 	why := outcomeUnknown(old)
+	card := ""
+	if why != "" {
+		card = priorCard(old, why)
+	}
 	a.mu.Unlock()
 	if why == "" {
 		return false, nil
 	}
-	next := fmt.Sprintf("nothing sent: action %q (operation %s), which this one supersedes, may or may not have happened (%s), "+
+	next := fmt.Sprintf("nothing sent: action %q (operation %s), which this one supersedes, may or may not have happened, "+
 		"so a replacement could add to it. Settle it first: call %q again with its own arguments, or run resume, until it "+
-		"succeeds, fails or a person records what happened; then call %q again", old.ActionID, old.OperationID, why, old.ActionID, op.ActionID)
+		"succeeds, fails or a person records what happened; then call %q again", old.ActionID, old.OperationID, old.ActionID, op.ActionID)
 	if a.takesApproval(op.Tool) {
-		next += fmt.Sprintf(". To replace it anyway, a person decides: call request_approval with {\"for_action\": %q}, have "+
-			"a person approve it, then call %s again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)
+		next += fmt.Sprintf(". To replace it anyway, a person decides: call request_approval with {\"for_action\": %q} (the "+
+			"approval names the operation it replaces, and the approver is shown it), have a person approve it, then call %s "+
+			"again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)
 	}
 	return true, a.settle(op, step{state: StateNeedsHuman, code: CodeSupersededUnknown,
-		why: "supersedes an operation whose outcome is unknown", next: next})
+		why: "supersedes an operation whose outcome is unknown: " + card, next: next})
+}
+
+// priorCard says what a person deciding on a replacement must know of the operation it replaces, old, whose
+// outcome is unknown for reason why: its operation, its last dispatch state and why it is unknown. The caller
+// holds a.mu.
+func priorCard(old *Operation, why string) string {
+	server := old.ServerOperationID()
+	if server == "" {
+		server = "none known"
+	}
+	dispatch := "none"
+	if last := lastAttempt(old); last != nil {
+		dispatch = "started, no end recorded"
+		if r := last.Finished; r != nil {
+			dispatch = r.DispatchState
+			if r.Error != "" {
+				dispatch += " (" + r.Error + ")"
+			}
+		}
+	}
+	return fmt.Sprintf("prior operation %s (action %q, service operation %s); its last dispatch: %s; reason: %s",
+		old.OperationID, old.ActionID, server, dispatch, why)
 }
 
 // CodeSupersededUnknown is the code of a result held back because the operation it supersedes may or may not
@@ -443,7 +481,7 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		Type: RecOperationCreated, OperationID: ids.New("aop_"), ActionID: actionID, Tool: tool.Name,
 		Service: tool.Service, Method: tool.Method, RouteTemplate: tool.Route, Path: req.path, Args: req.args,
 		Fingerprint: req.fingerprint, RetryMode: tool.Mode, Budget: a.cfg.Budget, AuthorityRef: a.cfg.AuthorityRef,
-		Principal: &a.principal, RunID: a.runID, At: a.now(), ParentRunID: opts.ParentRun,
+		Principal: &a.principal, RunID: a.runID, At: a.now(), ParentRunID: opts.ParentRun, RemediatesServerOpID: opts.Remediates,
 	}
 	if tool.Keyed {
 		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.Namespace, actionID), a.cfg.Namespace

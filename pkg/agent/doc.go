@@ -35,7 +35,11 @@
 // DoOptions.Supersedes naming the old one, which the service records as Supersedes-Operation-Id. A replacement
 // is not sent while the old operation may or may not have happened (the service holds it unknown, or its last
 // attempt may have reached the service unanswered): it stops needs_human with code superseded_operation_unknown,
-// and goes when called again once the old one settled, or with a person's approval_id.
+// its reason naming that operation, its last dispatch and why it is unknown, and goes when called again once the
+// old one settled, or with a person's approval_id (request_approval names the operation replaced, which the
+// service shows the approver). A refund that corrects a duplicate (an operation the service settled
+// duplicate_effect_confirmed) is a new action with DoOptions.Remediates naming that operation: it goes with
+// Remediates-Operation-Id and is journaled with it.
 //
 // # One key per action, wherever it runs
 //

@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"path/filepath"
@@ -280,5 +281,55 @@ func TestOldJournalKeepsItsKey(t *testing.T) {
 	if err != nil || len(results) != 1 || results[0].State != agent.StateSucceeded || len(s.sent()) != 1 ||
 		s.sent()[0].Get("Idempotency-Key") != "idk_random" {
 		t.Fatalf("Resume = %+v, %v, %d sends; want succeeded with the journal's own key", results, err, len(s.sent()))
+	}
+}
+
+// An action held because it supersedes an operation of unknown outcome says what a person deciding on it must
+// know of that operation (its ids, its last dispatch, why it is unknown), and the approval it asks for names that
+// operation, so the service shows it to the approver and lets the replacement through with that approval only.
+func TestHeldReplacementCarriesThePriorOperation(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var approvalBodies []map[string]any
+	s := newScripted(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/v1/approvals":
+			var body map[string]any
+			_ = json.NewDecoder(r.Body).Decode(&body)
+			mu.Lock()
+			approvalBodies = append(approvalBodies, body)
+			mu.Unlock()
+			answerWith(http.StatusCreated, map[string]string{"Operation-Id": "op_apv"}, `{"id":"apv_1","state":"pending"}`)(w, r)
+		case r.Header.Get("Approval-Id") != "":
+			answerWith(http.StatusCreated, map[string]string{"Operation-Id": "op_new"}, `{"id":"re_2"}`)(w, r)
+		default:
+			answerWith(http.StatusAccepted, map[string]string{"Operation-Id": "op_old", "Retry-After": "1"},
+				`{"operation_id":"op_old","state":"unknown"}`)(w, r)
+		}
+	}, answerWith(http.StatusOK, nil, `{"id":"op_old","state":"unknown"}`))
+	cfg := s.config()
+	cfg.MaxWait = 200 * time.Millisecond
+	a := s.open(t, cfg)
+	if _, err := a.Do(t.Context(), "ref", "refund_payment", []byte(`{"intent_id":"pi_1","amount":"3.00"}`), agent.DoOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := a.Do(t.Context(), "ref-v2", "refund_payment", []byte(`{"intent_id":"pi_1","amount":"2.00"}`), agent.DoOptions{Supersedes: "ref"})
+	if err != nil || held.State != agent.StateNeedsHuman || held.Code != agent.CodeSupersededUnknown ||
+		!strings.Contains(held.Reason, "service operation op_old") || !strings.Contains(held.Reason, "its last dispatch: response_received") ||
+		!strings.Contains(held.Reason, "the service holds it as unknown") {
+		t.Fatalf("held: %+v, %v; want needs_human saying the prior operation, its last dispatch and why", held, err)
+	}
+	apv, err := a.Do(t.Context(), "apv", "request_approval", []byte(`{"for_action":"ref-v2"}`), agent.DoOptions{})
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil || apv.State != agent.StateSucceeded || len(approvalBodies) != 1 ||
+		approvalBodies[0]["supersedes_operation_id"] != "op_old" || approvalBodies[0]["idempotency_key"] == nil {
+		t.Fatalf("request_approval: %+v, %v, bodies %v; want the approval naming op_old", apv, err, approvalBodies)
+	}
+	done, err := a.Do(t.Context(), "ref-v2", "refund_payment", []byte(`{"intent_id":"pi_1","amount":"2.00","approval_id":"apv_1"}`),
+		agent.DoOptions{Supersedes: "ref"})
+	last := s.sent()[len(s.sent())-1]
+	if err != nil || done.State != agent.StateSucceeded || last.Get("Supersedes-Operation-Id") != "op_old" || last.Get("Approval-Id") != "apv_1" {
+		t.Fatalf("with the approval: %+v, %v", done, err)
 	}
 }

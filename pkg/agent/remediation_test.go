@@ -1,7 +1,9 @@
 package agent_test
 
 import (
+	"errors"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,5 +41,47 @@ func TestDuplicateEffectPointsToTheCorrection(t *testing.T) {
 				t.Errorf("%d sends; want 1: a duplicate is never retried", n)
 			}
 		})
+	}
+}
+
+// A correction names the duplicate it corrects: the refund goes with Remediates-Operation-Id, and the journal
+// keeps it with the operation, so show and a resume send the same. Only a refund takes it, only a new action,
+// and only an operation id.
+func TestRemediatesIsSentAndJournaled(t *testing.T) {
+	t.Parallel()
+	s := newScripted(t, answerWith(http.StatusCreated, map[string]string{"Operation-Id": "op_fix"}, `{"id":"re_2","returns_duplicate_capture":true}`), nil)
+	path := filepath.Join(t.TempDir(), "agent.journal")
+	a, err := agent.Open(path, s.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []byte(`{"intent_id":"pi_1","amount":"10.00"}`)
+	res, err := a.Do(t.Context(), "fix", "refund_payment", args, agent.DoOptions{Remediates: "op_dup"})
+	if err != nil || res.State != agent.StateSucceeded || len(s.sent()) != 1 || s.sent()[0].Get("Remediates-Operation-Id") != "op_dup" {
+		t.Fatalf("Do = %+v, %v; want one send with Remediates-Operation-Id op_dup", res, err)
+	}
+	for name, c := range map[string]struct {
+		action, tool string
+		args         []byte
+		remediates   string
+	}{
+		"another tool":       {"t", "create_ticket", ticketArgs("x"), "op_dup"},
+		"not an operation":   {"f2", "refund_payment", args, "re_1"},
+		"an existing action": {"fix", "refund_payment", args, "op_other"},
+	} {
+		if _, err := a.Do(t.Context(), c.action, c.tool, c.args, agent.DoOptions{Remediates: c.remediates}); !errors.Is(err, agent.ErrBadArguments) {
+			t.Errorf("%s: %v; want ErrBadArguments", name, err)
+		}
+	}
+	if n := len(s.sent()); n != 1 {
+		t.Errorf("%d sends; want the one correction", n)
+	}
+	a.Close()
+	j, err := agent.ReadJournal(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op, _ := j.Operation("fix"); op == nil || op.RemediatesServerOpID != "op_dup" {
+		t.Errorf("journaled operation %+v; want it to name op_dup", op)
 	}
 }

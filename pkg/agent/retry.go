@@ -383,8 +383,9 @@ func remediationNext(serverOpID string) string {
 	}
 	return fmt.Sprintf("the service's records show this effect happened more than once; nothing is retried: a person "+
 		"corrects it with a refund of the duplicate amount on the same payment intent, sent with the header "+
-		"Remediates-Operation-Id: %s (the service accepts one correction of it; both timelines, "+
-		"GET /v1/operations/%s/timeline, show the link)", serverOpID, serverOpID)
+		"Remediates-Operation-Id: %s: refund_payment under a new action_id with remediates_operation_id %q (agent do "+
+		"--remediates %s). The service accepts one correction of it; both timelines, GET /v1/operations/%s/timeline, "+
+		"show the link", serverOpID, serverOpID, serverOpID, serverOpID)
 }
 
 // serverOperationID is the service's operation of op as the answer res names it, else as the journal knows it.
@@ -659,6 +660,9 @@ func (a *Agent) newRequest(op *Operation, at *Attempt, approvalID string) (*http
 	if op.SupersedesServerOpID != "" {
 		h.Set("Supersedes-Operation-Id", op.SupersedesServerOpID)
 	}
+	if op.RemediatesServerOpID != "" {
+		h.Set("Remediates-Operation-Id", op.RemediatesServerOpID)
+	}
 	if approvalID != "" {
 		h.Set("Approval-Id", approvalID)
 	}
@@ -703,8 +707,14 @@ func (a *Agent) requestBody(op *Operation) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(map[string]any{"method": target.Method, "path": target.Path,
-		"idempotency_key": target.IdempotencyKey, "body": json.RawMessage(treq.body)})
+	body := map[string]any{"method": target.Method, "path": target.Path,
+		"idempotency_key": target.IdempotencyKey, "body": json.RawMessage(treq.body)}
+	if target.SupersedesServerOpID != "" {
+		// The write goes with Supersedes-Operation-Id: the approver is shown that operation, and the service
+		// lets the write replace it while its outcome is unknown only with an approval that names it.
+		body["supersedes_operation_id"] = target.SupersedesServerOpID
+	}
+	return json.Marshal(body)
 }
 
 // transportError names a transport failure from a fixed list: error text never goes to the journal.

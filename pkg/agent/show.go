@@ -144,6 +144,9 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 	if op.SupersedesOperationID != "" {
 		printSafe(w, "  supersedes  %s (server %s)\n", op.SupersedesOperationID, op.SupersedesServerOpID)
 	}
+	if op.RemediatesServerOpID != "" {
+		printSafe(w, "  remediates  %s (server)\n", op.RemediatesServerOpID)
+	}
 	if id := op.ServerOperationID(); id != "" {
 		printSafe(w, "  server op   %s\n", id)
 	}

@@ -44,6 +44,9 @@ type Operation struct {
 	Budget                int             `json:"budget"`
 	SupersedesOperationID string          `json:"supersedes_operation_id,omitempty"`
 	SupersedesServerOpID  string          `json:"supersedes_server_operation_id,omitempty"`
+	// RemediatesServerOpID is the service's operation (duplicate_effect_confirmed) this refund corrects, sent
+	// as Remediates-Operation-Id (agent do --remediates).
+	RemediatesServerOpID string `json:"remediates_server_operation_id,omitempty"`
 	// KeyNamespace is what IdempotencyKey was derived from, with the action id (absent when the key was made
 	// at random, in journals from before keys were derived).
 	KeyNamespace string `json:"key_namespace,omitempty"`

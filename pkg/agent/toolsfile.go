@@ -61,7 +61,7 @@ var ErrToolsFile = errors.New("agent: tools file")
 // Names reserved for the tools agentmcp adds, and arguments it adds to every tool.
 var (
 	reservedTools     = []string{"get_operation", "retry_action"}
-	reservedArguments = []string{"action_id", "supersedes_action_id", "approval_id"}
+	reservedArguments = []string{"action_id", "supersedes_action_id", "approval_id", "remediates_operation_id"}
 	toolNameRE        = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 	pathParamRE       = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 )

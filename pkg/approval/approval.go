@@ -239,12 +239,15 @@ func New(db *gorm.DB, h *idem.Handler, ttl time.Duration, routes ...Route) *Serv
 	return &Service{db: db, idem: h, ttl: ttl, routes: routes, now: time.Now}
 }
 
-// Request is the body of POST /v1/approvals: the exact write the agent intends to send.
+// Request is the body of POST /v1/approvals: the exact write the agent intends to send. SupersedesOperationID,
+// when set, is the Supersedes-Operation-Id the write will carry: the approval then lets it replace that
+// operation while its outcome is unknown (SupersedeUnknown), and its summary shows what is known of it.
 type Request struct {
-	Method         string          `json:"method"`
-	Path           string          `json:"path"`
-	IdempotencyKey string          `json:"idempotency_key"`
-	Body           json.RawMessage `json:"body"`
+	Method                string          `json:"method"`
+	Path                  string          `json:"path"`
+	IdempotencyKey        string          `json:"idempotency_key"`
+	Body                  json.RawMessage `json:"body"`
+	SupersedesOperationID string          `json:"supersedes_operation_id,omitempty"`
 }
 
 // Longest method and path a Request may name; no route comes near them.
@@ -269,6 +272,9 @@ func (r *Request) Validate() error {
 	if _, err := idem.ParseKey(r.IdempotencyKey, true); err != nil {
 		errs = append(errs, problem.FieldError{Field: "idempotency_key", Message: "must be 1 to 255 printable ASCII characters"})
 	}
+	if r.SupersedesOperationID != "" && !ids.Valid("op_", r.SupersedesOperationID) {
+		errs = append(errs, problem.FieldError{Field: "supersedes_operation_id", Message: "must be an operation id (op_...)"})
+	}
 	if len(r.Body) == 0 || r.Body[0] != '{' {
 		errs = append(errs, problem.FieldError{Field: "body", Message: "must be the JSON object the write will send"})
 	}
@@ -291,6 +297,7 @@ type bound struct {
 	Route          string         `json:"route"`
 	IdempotencyKey string         `json:"idempotency_key"`
 	Fingerprint    string         `json:"fingerprint"`
+	Supersedes     string         `json:"supersedes_operation_id,omitempty"`
 	Summary        map[string]any `json:"-"`
 	Body           string         `json:"-"`
 }
@@ -320,8 +327,15 @@ func (s *Service) bind(ctx context.Context, accountID string, req Request) (boun
 		if err != nil {
 			return bound{}, problem.Validation(problem.FieldError{Field: "body", Message: "must be the JSON object the write will send"})
 		}
+		if req.SupersedesOperationID != "" {
+			prior, err := s.superseded(ctx, accountID, req.SupersedesOperationID)
+			if err != nil {
+				return bound{}, err
+			}
+			summary[summarySupersedes] = prior
+		}
 		return bound{Method: r.Method, Path: req.Path, Route: r.Path, IdempotencyKey: req.IdempotencyKey, Fingerprint: fp,
-			Summary: summary, Body: string(body)}, nil
+			Supersedes: req.SupersedesOperationID, Summary: summary, Body: string(body)}, nil
 	}
 	return bound{}, problem.Validation(problem.FieldError{Field: "path", Message: "this service has no write at this method and path that takes approvals"})
 }
@@ -339,7 +353,7 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 // refunds): needed runs first, in the claim transaction, where it can lock what it reads, so the decision and
 // the write see the same state.
 func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
-	id := c.GetHeader(HeaderApprovalID)
+	id, supersedes := c.GetHeader(HeaderApprovalID), c.GetHeader(idem.HeaderSupersedes)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
 		if need, err := needed(ctx, tx); err != nil || !need {
 			return err
@@ -348,43 +362,124 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 			return problem.New(problem.CodeApprovalRequired,
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
 		}
-		if !ids.Valid(idPrefix, id) {
-			// Never looked up: a header value that no approval id can be (NUL, invalid UTF-8) must not reach SQL.
-			return problem.New(problem.CodeApprovalInvalid, "no such approval in this account")
-		}
-		var a Approval
-		res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE account_id = ? AND id = ? FOR UPDATE`, op.AccountID, id).Scan(&a)
-		if res.Error != nil {
-			return fmt.Errorf("approval: load %s: %w", id, res.Error)
-		}
-		reason := ""
-		switch {
-		case res.RowsAffected == 0:
-			reason = "no such approval in this account"
-		case a.shown(s.now()).State == StateExpired:
-			reason = "the approval expired"
-		case a.State != StateApproved:
-			reason = "the approval is " + string(a.State)
-		case !s.now().Before(a.ExpiresAt):
-			reason = "the approval expired"
-		case a.IdempotencyKey != op.IdempotencyKey:
-			reason = "the approval is bound to another Idempotency-Key"
-		case a.Fingerprint != fingerprint:
-			reason = "the request differs from the one that was approved"
-		case a.UsedByOperationID != nil && *a.UsedByOperationID != op.ID:
-			reason = "the approval was already used by another operation"
-		}
-		if reason != "" {
-			return problem.New(problem.CodeApprovalInvalid, "%s", reason).With("approval_id", id)
-		}
-		err := tx.WithContext(ctx).Exec(`UPDATE approvals SET used_by_operation_id = ? WHERE account_id = ? AND id = ?`,
-			op.ID, op.AccountID, id).Error
-		if err != nil {
-			return fmt.Errorf("approval: use %s: %w", id, err)
-		}
-		return opstatus.Append(ctx, tx, op.AccountID, op.ID, "approval_checked", "system:approval",
-			map[string]any{"approval_id": id, "approved_by": a.DecidedBy})
+		return s.use(ctx, tx, op, fingerprint, id, supersedes, false)
 	}
+}
+
+// SupersedeUnknown returns the idem.Request.SupersedeUnknown of a write: with an Approval-Id, the approval must
+// be approved, unexpired and unused, of this exact request, and name in supersedes_operation_id the operation
+// the write supersedes, so the person who approved it was shown that operation (its state, last dispatch and
+// reason: the summary's "supersedes"). Without one, the write is refused as idem refuses it.
+func (s *Service) SupersedeUnknown(c *gin.Context) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error) {
+	id := c.GetHeader(HeaderApprovalID)
+	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error) {
+		if id == "" {
+			return false, nil
+		}
+		return true, s.use(ctx, tx, op, fingerprint, id, supersedes, true)
+	}
+}
+
+// use checks, in the claim transaction of op, that approval id authorizes op's request (fingerprint, and
+// supersedes, the Supersedes-Operation-Id it carries, "" when none) and marks it used by op, so one approval
+// authorizes one operation. An approval that names a superseded operation authorizes only a request that
+// supersedes it; unknown (the superseded operation's outcome is unknown) also asks that it name it. An approval
+// a Guard and SupersedeUnknown both check is marked and recorded once.
+func (s *Service) use(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, id, supersedes string, unknown bool) error {
+	if !ids.Valid(idPrefix, id) {
+		// Never looked up: a header value that no approval id can be (NUL, invalid UTF-8) must not reach SQL.
+		return problem.New(problem.CodeApprovalInvalid, "no such approval in this account")
+	}
+	var a Approval
+	res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE account_id = ? AND id = ? FOR UPDATE`, op.AccountID, id).Scan(&a)
+	if res.Error != nil {
+		return fmt.Errorf("approval: load %s: %w", id, res.Error)
+	}
+	reason := ""
+	switch {
+	case res.RowsAffected == 0:
+		reason = "no such approval in this account"
+	case a.shown(s.now()).State == StateExpired:
+		reason = "the approval expired"
+	case a.State != StateApproved:
+		reason = "the approval is " + string(a.State)
+	case !s.now().Before(a.ExpiresAt):
+		reason = "the approval expired"
+	case a.IdempotencyKey != op.IdempotencyKey:
+		reason = "the approval is bound to another Idempotency-Key"
+	case a.Fingerprint != fingerprint:
+		reason = "the request differs from the one that was approved"
+	case a.Supersedes() != "" && a.Supersedes() != supersedes:
+		reason = "the approval is of a request that supersedes operation " + a.Supersedes() + ", sent with " + idem.HeaderSupersedes + ": " + a.Supersedes()
+	case unknown && a.Supersedes() != supersedes:
+		reason = "the approval does not name operation " + supersedes + ", whose outcome is unknown, as the one this request supersedes: " +
+			"ask for one with supersedes_operation_id, so the approver sees it"
+	case a.UsedByOperationID != nil && *a.UsedByOperationID != op.ID:
+		reason = "the approval was already used by another operation"
+	}
+	if reason != "" {
+		return problem.New(problem.CodeApprovalInvalid, "%s", reason).With("approval_id", id)
+	}
+	if a.UsedByOperationID != nil {
+		return nil // this operation's other check used it already
+	}
+	err := tx.WithContext(ctx).Exec(`UPDATE approvals SET used_by_operation_id = ? WHERE account_id = ? AND id = ?`,
+		op.ID, op.AccountID, id).Error
+	if err != nil {
+		return fmt.Errorf("approval: use %s: %w", id, err)
+	}
+	detail := map[string]any{"approval_id": id, "approved_by": a.DecidedBy}
+	if supersedes != "" {
+		detail["supersedes_operation_id"] = supersedes
+	}
+	return opstatus.Append(ctx, tx, op.AccountID, op.ID, "approval_checked", "system:approval", detail)
+}
+
+// summarySupersedes is the summary's key for what is known of the operation an approved write supersedes.
+const summarySupersedes = "supersedes"
+
+// Supersedes is the operation the approved write supersedes ("" when none): the operation_id of its summary's
+// "supersedes".
+func (a Approval) Supersedes() string {
+	prior, _ := a.Summary[summarySupersedes].(map[string]any)
+	id, _ := prior["operation_id"].(string)
+	return id
+}
+
+// priorSQL reads what an approver must see of an operation a write would supersede: its kind and state, its
+// last dispatch (the newest dispatch_* event: dispatch_started alone means the call's end was never recorded)
+// and the newest reason any of its events gives.
+const priorSQL = `
+SELECT o.kind, o.state,
+       (SELECT e.type FROM operation_events e WHERE e.account_id = o.account_id AND e.operation_id = o.id
+          AND e.type LIKE 'dispatch\_%' ORDER BY e.id DESC LIMIT 1) AS dispatch,
+       (SELECT e.detail->>'reason' FROM operation_events e WHERE e.account_id = o.account_id AND e.operation_id = o.id
+          AND e.detail->>'reason' IS NOT NULL ORDER BY e.id DESC LIMIT 1) AS reason
+FROM operations o WHERE o.account_id = ? AND o.id = ?`
+
+// superseded is the summary's "supersedes": operation_id, kind, state, dispatch_state (not_sent,
+// sent_no_response, response_received, execution_error; started when only its start was recorded; none when it
+// made no call) and reason (or none).
+func (s *Service) superseded(ctx context.Context, accountID, opID string) (map[string]any, error) {
+	var rows []struct {
+		Kind, State      string
+		Dispatch, Reason *string
+	}
+	if err := s.db.WithContext(ctx).Raw(priorSQL, accountID, opID).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("approval: superseded operation %s: %w", opID, err)
+	}
+	if len(rows) == 0 {
+		return nil, problem.Validation(problem.FieldError{Field: "supersedes_operation_id", Message: "names no operation of this account"})
+	}
+	r := rows[0]
+	dispatch, reason := "none", "none"
+	if r.Dispatch != nil {
+		dispatch = strings.TrimPrefix(*r.Dispatch, "dispatch_")
+	}
+	if r.Reason != nil {
+		reason = *r.Reason
+	}
+	return map[string]any{"operation_id": opID, "kind": r.Kind, "state": r.State, "dispatch_state": dispatch, "reason": reason}, nil
 }
 
 // UsedBy returns approval id as op's guard accepted it in tx (it marks the approval used by op there); ok is

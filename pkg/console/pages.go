@@ -106,7 +106,8 @@ func headline(s approval.Summary) string {
 	}
 }
 
-// details lists every field of the summary, the rollback possibility said in words.
+// details lists every field of the summary, the rollback possibility and the operation the write replaces
+// said in words.
 func details(s approval.Summary) []Field {
 	keys := make([]string, 0, len(s))
 	for k := range s {
@@ -121,8 +122,16 @@ func details(s approval.Summary) []Field {
 		}
 		out = append(out, Field{Label: "Can be rolled back", Value: answer})
 	}
+	if prior, ok := s["supersedes"].(map[string]any); ok {
+		label := "Replaces operation"
+		if prior["state"] == "unknown" {
+			label = "Replaces an operation that may or may not have happened"
+		}
+		out = append(out, Field{Label: label, Value: fmt.Sprintf("%v (%v), %v; its last dispatch: %v; reason: %v",
+			prior["operation_id"], prior["kind"], prior["state"], prior["dispatch_state"], prior["reason"])})
+	}
 	for _, k := range keys {
-		if k == "can_roll_back" {
+		if k == "can_roll_back" || k == "supersedes" {
 			continue // said in words above
 		}
 		v := s[k]

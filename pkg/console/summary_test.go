@@ -44,6 +44,22 @@ func TestDetailsSayWhetherItCanBeRolledBack(t *testing.T) {
 	}
 }
 
+// A write that replaces an operation of unknown outcome says so first, with what is known of that operation.
+func TestDetailsSayWhatTheWriteReplaces(t *testing.T) {
+	t.Parallel()
+	got := details(approval.Summary{"action": "refund", "supersedes": map[string]any{"operation_id": "op_1", "kind": "payments.refund",
+		"state": "unknown", "dispatch_state": "sent_no_response", "reason": "connection_reset"}})
+	if got[0].Label != "Replaces an operation that may or may not have happened" ||
+		got[0].Value != "op_1 (payments.refund), unknown; its last dispatch: sent_no_response; reason: connection_reset" {
+		t.Fatalf("first line %+v", got[0])
+	}
+	for _, f := range got {
+		if f.Label == "supersedes" {
+			t.Fatal("the raw supersedes field is listed beside its sentence")
+		}
+	}
+}
+
 func TestApprovalCursorRoundTrips(t *testing.T) {
 	t.Parallel()
 	a := approval.Approval{ID: "apv_x_y", CreatedAt: time.Date(2026, 11, 30, 1, 2, 3, 456789000, time.UTC)}

@@ -51,6 +51,11 @@ type Request struct {
 	// Guard, when set, runs right after a new claim, in the claim's transaction, before any effect: approvals
 	// hook in here, so a replay of an approved request needs no new approval. An error rolls the claim back.
 	Guard func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error
+	// SupersedeUnknown, when set, is asked in the claim's transaction whether this write may supersede an
+	// operation whose outcome is unknown (Supersedes-Operation-Id): true when a person approved this exact
+	// request, shown that operation (package approval). Unset or false, the write is refused 409
+	// superseded_operation_unknown; an error refuses it with that error.
+	SupersedeUnknown func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error)
 	// OperationAtCompletion says the write never reads or references its own operation row (no foreign key to
 	// it, no opstatus call on it), so the operation is inserted once, at completion, in its final state, instead
 	// of at the claim and moved again. Ignored with a Guard or a Supersedes-Operation-Id, and in external mode.
@@ -368,7 +373,7 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 	if err := tx.Send(ctx, b); err != nil {
 		return claimError(err)
 	}
-	if err := h.checkClaimLineage(ctx, tx, a); err != nil {
+	if err := h.checkClaimLineage(ctx, tx, a, req.SupersedeUnknown); err != nil {
 		return err
 	}
 	if req.Guard != nil {

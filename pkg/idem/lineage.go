@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
@@ -155,8 +156,10 @@ func (a *attempt) record(outcome string, status int, extra map[string]any) map[s
 
 // checkClaimLineage runs in the claim's transaction of a new operation: a new operation has no earlier attempt
 // to retry, and the operation it supersedes must be one of the same account and kind, not superseded yet and not
-// unknown, which learns of the link.
-func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt) error {
+// unknown unless approveUnknown says a person approved this request (Request.SupersedeUnknown), which learns of
+// the link.
+func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt,
+	approveUnknown func(context.Context, *gorm.DB, opstatus.Operation, string, string) (bool, error)) error {
 	if a.lineage.retryOf != "" {
 		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
 	}
@@ -189,10 +192,21 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 	case superseded:
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
 	case state == string(opstatus.StateUnknown):
-		// Its effect may still have happened: a new attempt at the same intent could double it.
-		return problem.New(problem.CodeSupersededOperationUnknown,
-			"the operation this one supersedes has an unknown outcome: settle it first (a retry with its key, or a person's resolution)").
-			With("operation_id", a.lineage.supersedes).With("state", state)
+		// Its effect may still have happened: a new attempt at the same intent could double it, unless a person
+		// who was shown that decided so.
+		approved := false
+		if approveUnknown != nil {
+			var err error
+			if approved, err = approveUnknown(ctx, tx.Gorm(), a.op, a.fingerprint, a.lineage.supersedes); err != nil {
+				return err
+			}
+		}
+		if !approved {
+			return problem.New(problem.CodeSupersededOperationUnknown,
+				"the operation this one supersedes has an unknown outcome: settle it first (a retry with its key, or a person's "+
+					"resolution), or have a person approve this exact request naming it (Approval-Id)").
+				With("operation_id", a.lineage.supersedes).With("state", state)
+		}
 	}
 	return opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
 		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})

@@ -179,6 +179,7 @@ func (s *Server) capture(c *gin.Context) {
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{
 		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
+		SupersedeUnknown: s.approvals.SupersedeUnknown(c),
 	}, idem.ExternalSteps[provider.Capture]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
@@ -283,16 +284,21 @@ func (s *Server) createRefund(c *gin.Context) {
 	}
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{
-		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed),
+		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed), SupersedeUnknown: s.approvals.SupersedeUnknown(c),
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			reserve := s.cfg.Store.ReserveRefund
 			if remediates != "" {
-				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor()); err != nil {
+				duplicateCapture, err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor())
+				if err != nil {
 					return err
+				}
+				if duplicateCapture {
+					reserve = s.cfg.Store.ReserveDuplicateRefund
 				}
 			}
 			var err error
-			_, reserved, err = s.cfg.Store.ReserveRefund(ctx, tx, account, intentID, op.ID, cmd)
+			_, reserved, err = reserve(ctx, tx, account, intentID, op.ID, cmd)
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Refund, error) {

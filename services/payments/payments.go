@@ -84,8 +84,14 @@ type Intent struct {
 	CapturedMinor           int64        `json:"captured_minor"`
 	RefundedMinor           int64        `json:"refunded_minor"`
 	ProviderAuthorizationID *string      `json:"provider_authorization_id"`
-	CreatedAt               time.Time    `json:"created_at"`
-	UpdatedAt               time.Time    `json:"updated_at"`
+	// DuplicateCaptureOperationID is the capture the provider executed more than once, once a correction named
+	// it; DuplicateCapturedMinor what its further executions took beyond CapturedMinor, and
+	// DuplicateRefundedMinor what corrections returned of it (migrations/00018_payments_duplicate_capture.sql).
+	DuplicateCaptureOperationID *string   `json:"duplicate_capture_operation_id,omitempty"`
+	DuplicateCapturedMinor      int64     `json:"duplicate_captured_minor"`
+	DuplicateRefundedMinor      int64     `json:"duplicate_refunded_minor"`
+	CreatedAt                   time.Time `json:"created_at"`
+	UpdatedAt                   time.Time `json:"updated_at"`
 }
 
 // MarshalJSON adds the formatted amounts ("12.30") beside the minor units.
@@ -93,10 +99,13 @@ func (i Intent) MarshalJSON() ([]byte, error) {
 	type plain Intent
 	return json.Marshal(struct {
 		plain
-		Amount   string `json:"amount"`
-		Captured string `json:"captured"`
-		Refunded string `json:"refunded"`
-	}{plain(i), format(i.Currency, i.AmountMinor), format(i.Currency, i.CapturedMinor), format(i.Currency, i.RefundedMinor)})
+		Amount            string `json:"amount"`
+		Captured          string `json:"captured"`
+		Refunded          string `json:"refunded"`
+		DuplicateCaptured string `json:"duplicate_captured"`
+		DuplicateRefunded string `json:"duplicate_refunded"`
+	}{plain(i), format(i.Currency, i.AmountMinor), format(i.Currency, i.CapturedMinor), format(i.Currency, i.RefundedMinor),
+		format(i.Currency, i.DuplicateCapturedMinor), format(i.Currency, i.DuplicateRefundedMinor)})
 }
 
 // RefundStatus is where a refund stands: pending holds its amount against the captured total until the
@@ -119,8 +128,11 @@ type Refund struct {
 	Reason           string       `json:"reason"`
 	Status           RefundStatus `json:"status"`
 	ProviderRefundID *string      `json:"provider_refund_id"`
-	CreatedAt        time.Time    `json:"created_at"`
-	UpdatedAt        time.Time    `json:"updated_at"`
+	// ReturnsDuplicateCapture: a correction that returns what a duplicated capture took beyond the intent's
+	// capture; it counts against the intent's duplicate_captured_minor, not its captured_minor.
+	ReturnsDuplicateCapture bool      `json:"returns_duplicate_capture"`
+	CreatedAt               time.Time `json:"created_at"`
+	UpdatedAt               time.Time `json:"updated_at"`
 }
 
 // MarshalJSON adds the formatted amount.
@@ -299,14 +311,24 @@ type Store interface {
 	// refused the call or never executed it.
 	Release(ctx context.Context, tx *gorm.DB, accountID, opID string) (Intent, error)
 
-	// ReserveRefund locks the intent, checks that captured minus every refund not failed covers cmd.AmountMinor
+	// ReserveRefund locks the intent, checks that captured minus every refund of the capture not failed (a
+	// correction returning a duplicated capture is not one) covers cmd.AmountMinor
 	// (else 422 amount_too_large) and inserts a pending refund for operation opID. It returns the refund and the
 	// intent. An intent that is not succeeded is a 409 invalid_state.
 	ReserveRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund) (Refund, Intent, error)
+	// DuplicateCaptured records the capture opID the provider executed more than once, found reserving its
+	// intent (capturing): the intent is captured with capturedMinor (one execution) and duplicateMinor (what
+	// the further executions took). ErrNotReserved when opID reserves no intent.
+	DuplicateCaptured(ctx context.Context, tx *gorm.DB, accountID, opID string, capturedMinor, duplicateMinor int64) (Intent, error)
+	// ReserveDuplicateRefund is ReserveRefund for a correction that returns what the duplicated capture of the
+	// intent took: it checks cmd.AmountMinor against duplicate_captured_minor minus such refunds not failed, and
+	// inserts the refund with returns_duplicate_capture.
+	ReserveDuplicateRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund) (Refund, Intent, error)
 	// RefundsHeld locks the intent (FOR UPDATE, in tx when tx is a transaction) and returns the sum of its
-	// refunds that are not failed: succeeded and pending. Returns problem.ErrNotFound.
+	// refunds of the capture that are not failed: succeeded and pending. Returns problem.ErrNotFound.
 	RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error)
-	// RefundSucceeded marks the pending refund of opID succeeded and adds it to the intent's refunded_minor.
+	// RefundSucceeded marks the pending refund of opID succeeded and adds it to the intent's refunded_minor (its
+	// duplicate_refunded_minor for a refund that returns a duplicated capture).
 	RefundSucceeded(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string) (Refund, error)
 	// RefundFailed marks the pending refund of opID failed, which releases its amount.
 	RefundFailed(ctx context.Context, tx *gorm.DB, accountID, opID string) (Refund, error)

@@ -49,6 +49,7 @@ func TestPayments(t *testing.T) {
 		{"UnreachableProviderIsNotSent", testUnreachableProviderIsNotSent},
 		{"DuplicateEffectConfirmed", testDuplicateEffect},
 		{"DuplicateCorrectedOnce", testRemediation},
+		{"CaptureDuplicateCorrected", testCaptureDuplicateCorrected},
 		{"ProviderSaysItReplayed", testProviderSaysItReplayed},
 		{"StrictJSON", testStrictJSON},
 		{"ApprovalsFailClosed", testApprovalsFailClosed},
@@ -56,6 +57,8 @@ func TestPayments(t *testing.T) {
 		{"ClaimsLostWithTheDatabase", testClaimsLostWithTheDatabase},
 		{"OperationKeyStillReconciles", testOperationKeyStillReconciles},
 		{"PersonDecidesUnknownCapture", testResolveUnknownCapture},
+		{"PrunedKeysNeverRunTwice", testPrunedKeysNeverRunTwice},
+		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -76,6 +79,7 @@ type bundle struct {
 	provider               *provider.Client
 	db                     *testdb.DB
 	recovery               *opstatus.RecoveryWorker
+	idem                   *idem.Handler
 }
 
 func merchantSecret(t *testing.T) string { return "sk_test_" + strings.ReplaceAll(t.Name(), "/", "_") }
@@ -101,6 +105,7 @@ func (h *harness) setupWith(t *testing.T, url string) *bundle {
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
 		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger},
+		idem:     env.Idem,
 	}
 }
 

@@ -115,3 +115,82 @@ func testRemediation(t *testing.T, h *harness) {
 	}
 	b.assertCounters(t, map[string]int64{"authorize": 2, "capture": 2, "refund": 3})
 }
+
+// testCaptureDuplicateCorrected: the provider executes one capture twice (it took 10.00 twice from a 10.00
+// authorization) and loses the answer; the capture ends duplicate_effect_confirmed and the intent stays
+// reserved. The correction, a refund of 10.00 naming the capture, records the capture as the provider executed
+// it (captured 10.00, duplicate_captured 10.00) and returns the duplicate: one refund at the provider, counted in
+// duplicate_refunded, so the customer's own refunds still have the whole 10.00 capture, and no more: refunds
+// never exceed what was really captured (20.00), at the provider or in the ledger. More than the duplicate took
+// is refused before anything is sent, and so is a second correction.
+func testCaptureDuplicateCorrected(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-dupcap", `{"order_id":"o-dupcap","amount":"10.00","currency":"USD"}`)
+	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindCapture, Mode: provider.FaultDuplicate, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap-dup")).Status(t, http.StatusAccepted)
+	if _, err := b.recovery.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	dup := operation(t, b.agent, "cap-dup")
+	if dup.State != opstatus.StateDuplicateEffect {
+		t.Fatalf("duplicated capture is %s", dup.State)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 2})
+	refunds := "/v1/payment_intents/" + in.ID + "/refunds"
+	// Reserved by the duplicate: no refund of the capture yet.
+	if r := b.agent.Post(refunds, `{"amount":"1.00"}`, apitest.Key("early")).Status(t, http.StatusConflict); code(t, r) != "invalid_state" {
+		t.Errorf("refund before the correction: %s", r.Body)
+	}
+
+	fix := apitest.Header(payments.HeaderRemediates, dup.ID)
+	r := b.agent.Post(refunds, `{"amount":"10.01"}`, fix, apitest.Key("fix-big")).Status(t, http.StatusUnprocessableEntity)
+	if code(t, r) != "amount_too_large" || r.JSON(t)["available_minor"] != float64(1000) {
+		t.Errorf("correction above the duplicate: %s", r.Body)
+	}
+	var correction struct {
+		ID                      string `json:"id"`
+		Status                  string `json:"status"`
+		ReturnsDuplicateCapture bool   `json:"returns_duplicate_capture"`
+	}
+	done := b.agent.Post(refunds, `{"amount":"10.00","reason":"duplicate capture"}`, fix, apitest.Key("fix")).Status(t, http.StatusCreated)
+	done.Decode(t, &correction)
+	if correction.Status != "succeeded" || !correction.ReturnsDuplicateCapture {
+		t.Fatalf("correction %s; want a succeeded refund returning the duplicated capture", done.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 2, "refund": 1})
+	var got struct {
+		intent
+		DuplicateCaptureOperationID string `json:"duplicate_capture_operation_id"`
+		DuplicateCapturedMinor      int64  `json:"duplicate_captured_minor"`
+		DuplicateRefundedMinor      int64  `json:"duplicate_refunded_minor"`
+	}
+	b.agent.Get("/v1/payment_intents/"+in.ID).Status(t, http.StatusOK).Decode(t, &got)
+	if got.Status != "succeeded" || got.CapturedMinor != 1000 || got.RefundedMinor != 0 || got.DuplicateCapturedMinor != 1000 ||
+		got.DuplicateRefundedMinor != 1000 || got.DuplicateCaptureOperationID != dup.ID {
+		t.Errorf("intent after the correction %+v; want captured 10.00, duplicate 10.00 returned, nothing of the capture refunded", got)
+	}
+	r = b.agent.Post(refunds, `{"amount":"1.00"}`, fix, apitest.Key("fix-again")).Status(t, http.StatusConflict)
+	if code(t, r) != "already_remediated" || r.Str(t, "remediated_by") != done.Header.Get(idem.HeaderOperationID) {
+		t.Errorf("second correction: %s", r.Body)
+	}
+
+	// The customer's own refunds have the whole capture, and not a cent more.
+	b.agent.Post(refunds, `{"amount":"10.00"}`, apitest.Key("customer")).Status(t, http.StatusCreated)
+	r = b.agent.Post(refunds, `{"amount":"0.01"}`, apitest.Key("beyond")).Status(t, http.StatusUnprocessableEntity)
+	if code(t, r) != "amount_too_large" {
+		t.Errorf("a refund beyond what was really captured: %s", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 2, "refund": 2})
+	var sum int64
+	if err := b.db.Raw(`SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds WHERE intent_id = ? AND status = 'succeeded'`, in.ID).
+		Scan(&sum).Error; err != nil || sum != 2000 {
+		t.Errorf("refunded in all %d (%v); want 2000: what the provider really captured", sum, err)
+	}
+	var dupTL opstatus.Timeline
+	b.agent.Get("/v1/operations/"+dup.ID+"/timeline").Status(t, http.StatusOK).Decode(t, &dupTL)
+	if len(dupTL.RemediatedBy) != 1 || dupTL.RemediatedBy[0] != done.Header.Get(idem.HeaderOperationID) {
+		t.Errorf("the capture's timeline: remediated_by %v", dupTL.RemediatedBy)
+	}
+}

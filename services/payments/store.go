@@ -18,10 +18,11 @@ type PostgresStore struct{}
 var _ Store = PostgresStore{}
 
 const intentColumns = `id, account_id, order_id, currency, amount_minor, description, status, captured_minor,
-refunded_minor, provider_authorization_id, created_at, updated_at`
+refunded_minor, provider_authorization_id, duplicate_capture_operation_id, duplicate_captured_minor,
+duplicate_refunded_minor, created_at, updated_at`
 
 const refundColumns = `id, account_id, intent_id, currency, amount_minor, reason, status, provider_refund_id,
-created_at, updated_at`
+returns_duplicate_capture, created_at, updated_at`
 
 // BeginIntent implements Store. The partial unique index payment_intents_active_order decides between
 // concurrent creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads
@@ -114,6 +115,13 @@ func (PostgresStore) Captured(ctx context.Context, tx *gorm.DB, accountID, opID 
 		`account_id = ? AND pending_operation_id = ? AND status = 'capturing'`, capturedMinor, accountID, opID)
 }
 
+// DuplicateCaptured implements Store.
+func (PostgresStore) DuplicateCaptured(ctx context.Context, tx *gorm.DB, accountID, opID string, capturedMinor, duplicateMinor int64) (Intent, error) {
+	return moveIntent(ctx, tx, "duplicate captured", `status = 'succeeded', captured_minor = ?, duplicate_captured_minor = ?,
+duplicate_capture_operation_id = pending_operation_id, pending_operation_id = NULL`,
+		`account_id = ? AND pending_operation_id = ? AND status = 'capturing'`, capturedMinor, duplicateMinor, accountID, opID)
+}
+
 // Canceled implements Store.
 func (PostgresStore) Canceled(ctx context.Context, tx *gorm.DB, accountID, opID string) (Intent, error) {
 	return moveIntent(ctx, tx, "canceled", `status = 'canceled', pending_operation_id = NULL`,
@@ -131,6 +139,21 @@ func (PostgresStore) Release(ctx context.Context, tx *gorm.DB, accountID, opID s
 // a lock still reads with the snapshot it started with, so a sum read in the locking statement could miss the
 // refund the previous lock holder just committed.
 func (s PostgresStore) ReserveRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund) (Refund, Intent, error) {
+	return s.reserveRefund(ctx, tx, accountID, intentID, opID, cmd, false)
+}
+
+// ReserveDuplicateRefund implements Store.
+func (s PostgresStore) ReserveDuplicateRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund) (Refund, Intent, error) {
+	return s.reserveRefund(ctx, tx, accountID, intentID, opID, cmd, true)
+}
+
+// heldSQL sums an intent's refunds that are not failed, of one side: those of its capture, or (second
+// argument true) those that return its duplicated capture.
+const heldSQL = `SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
+WHERE account_id = ? AND intent_id = ? AND status <> 'failed' AND returns_duplicate_capture = ?`
+
+// reserveRefund reserves a refund of the intent's capture, or (duplicate) of what its duplicated capture took.
+func (s PostgresStore) reserveRefund(ctx context.Context, tx *gorm.DB, accountID, intentID, opID string, cmd CreateRefund, duplicate bool) (Refund, Intent, error) {
 	var locked []Intent
 	err := tx.WithContext(ctx).Raw(`SELECT `+intentColumns+` FROM payment_intents WHERE account_id = ? AND id = ? FOR UPDATE`,
 		accountID, intentID).Scan(&locked).Error
@@ -141,8 +164,7 @@ func (s PostgresStore) ReserveRefund(ctx context.Context, tx *gorm.DB, accountID
 		return Refund{}, Intent{}, problem.NotFound("payment intent")
 	}
 	var held int64
-	err = tx.WithContext(ctx).Raw(`SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
-WHERE account_id = ? AND intent_id = ? AND status <> 'failed'`, accountID, intentID).Scan(&held).Error
+	err = tx.WithContext(ctx).Raw(heldSQL, accountID, intentID, duplicate).Scan(&held).Error
 	if err != nil {
 		return Refund{}, Intent{}, fmt.Errorf("payments: reserve refund: refunded so far: %w", err)
 	}
@@ -151,17 +173,21 @@ WHERE account_id = ? AND intent_id = ? AND status <> 'failed'`, accountID, inten
 		return Refund{}, Intent{}, problem.New(problem.CodeInvalidState, "payment intent %s is %s; only a captured intent can be refunded", in.ID, in.Status).
 			With("status", in.Status)
 	}
-	if available := in.CapturedMinor - held; cmd.AmountMinor > available {
+	captured, what := in.CapturedMinor, "captured"
+	if duplicate {
+		captured, what = in.DuplicateCapturedMinor, "taken by the duplicated capture"
+	}
+	if available := captured - held; cmd.AmountMinor > available {
 		return Refund{}, Intent{}, problem.New(problem.CodeAmountTooLarge,
-			"a refund of %s %s exceeds the %s %s captured and not yet refunded or being refunded",
-			format(in.Currency, cmd.AmountMinor), in.Currency, format(in.Currency, max(available, 0)), in.Currency).
+			"a refund of %s %s exceeds the %s %s %s and not yet refunded or being refunded",
+			format(in.Currency, cmd.AmountMinor), in.Currency, format(in.Currency, max(available, 0)), in.Currency, what).
 			With("available_minor", max(available, 0))
 	}
 	var rows []Refund
 	err = tx.WithContext(ctx).Raw(`
-INSERT INTO payment_refunds (id, account_id, intent_id, currency, amount_minor, reason, status, operation_id)
-VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)
-RETURNING `+refundColumns, ids.New("re_"), accountID, in.ID, in.Currency, cmd.AmountMinor, cmd.Reason, opID).Scan(&rows).Error
+INSERT INTO payment_refunds (id, account_id, intent_id, currency, amount_minor, reason, status, operation_id, returns_duplicate_capture)
+VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)
+RETURNING `+refundColumns, ids.New("re_"), accountID, in.ID, in.Currency, cmd.AmountMinor, cmd.Reason, opID, duplicate).Scan(&rows).Error
 	if err != nil {
 		return Refund{}, Intent{}, fmt.Errorf("payments: reserve refund: insert: %w", err)
 	}
@@ -180,8 +206,7 @@ func (PostgresStore) RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, in
 		return 0, problem.NotFound("payment intent")
 	}
 	var held int64
-	err = tx.WithContext(ctx).Raw(`SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
-WHERE account_id = ? AND intent_id = ? AND status <> 'failed'`, accountID, intentID).Scan(&held).Error
+	err = tx.WithContext(ctx).Raw(heldSQL, accountID, intentID, false).Scan(&held).Error
 	if err != nil {
 		return 0, fmt.Errorf("payments: refunds held: %w", err)
 	}
@@ -197,7 +222,10 @@ WITH r AS (
     WHERE account_id = ? AND operation_id = ? AND status = 'pending'
     RETURNING `+refundColumns+`
 ), i AS (
-    UPDATE payment_intents SET refunded_minor = refunded_minor + r.amount_minor, updated_at = now()
+    UPDATE payment_intents SET
+        refunded_minor           = refunded_minor + CASE WHEN r.returns_duplicate_capture THEN 0 ELSE r.amount_minor END,
+        duplicate_refunded_minor = duplicate_refunded_minor + CASE WHEN r.returns_duplicate_capture THEN r.amount_minor ELSE 0 END,
+        updated_at = now()
     FROM r WHERE payment_intents.account_id = r.account_id AND payment_intents.id = r.intent_id
 )
 SELECT * FROM r`, providerRefundID, accountID, opID).Scan(&rows).Error

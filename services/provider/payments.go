@@ -31,6 +31,11 @@ func capture(authID string, amountMinor int64) execution {
 		switch {
 		case !ok:
 			return authorizationNotFound(authID)
+		case a.Status == StatusCaptured && m.duplicating:
+			// The injected duplicate: the same capture again, on top of the first.
+			a.CapturedMinor += amountMinor
+			m.counters[KindCapture]++
+			return jsonAnswer(http.StatusOK, Capture{ID: newID("cap_"), AuthorizationID: a.ID, AmountMinor: amountMinor, Status: StatusSucceeded})
 		case a.Status == StatusCaptured:
 			return problemAnswer(http.StatusConflict, CodeAlreadyCaptured,
 				fmt.Sprintf("authorization %s was already captured (%d)", a.ID, a.CapturedMinor))

@@ -115,7 +115,8 @@ const (
 	// before answering (or until the caller gives up).
 	FaultDelay FaultMode = "delay"
 	// FaultDuplicate is a provider bug on purpose: it executes the call twice
-	// (two authorizations, two refunds), stores the first answer under the
+	// (two authorizations, two refunds; a capture takes its amount twice from
+	// the authorization), stores the first answer under the
 	// key with both effects (LookupResult.Effects), and closes the connection
 	// without answering.
 	FaultDuplicate FaultMode = "duplicate"

@@ -47,6 +47,9 @@ type merchant struct {
 	keys           map[string]*keyEntry
 	counters       map[Kind]int64
 	faults         map[Kind][]armedFault // first in, first consumed
+	// duplicating is true while an injected FaultDuplicate executes a call the second time: the provider's bug
+	// it stands for runs the call again whatever its state, so a capture takes the amount twice.
+	duplicating bool
 }
 
 func newMerchant() *merchant {
@@ -186,7 +189,9 @@ func (s *Server) serveWrite(w http.ResponseWriter, r *http.Request, kind Kind, f
 	e.stored = &ans
 	e.effects = appendEffect(e.effects, ans)
 	if fault.mode == FaultDuplicate {
+		m.duplicating = true
 		e.effects = appendEffect(e.effects, exec(m))
+		m.duplicating = false
 	}
 	s.mu.Unlock()
 	close(e.done)

@@ -1142,6 +1142,19 @@ export interface components {
             body: {
                 [key: string]: unknown;
             };
+            /** @description The Supersedes-Operation-Id the write will send. Only an approval naming it lets a write supersede an operation whose outcome is unknown; the summary's `supersedes` shows that operation to the approver. */
+            supersedes_operation_id?: string;
+        };
+        /** @description What an approver must know of the operation the approved write supersedes. */
+        ApprovalSupersedes: {
+            operation_id: string;
+            kind: string;
+            /** @description Its state when the approval was requested (unknown: it may or may not have happened). */
+            state: string;
+            /** @description Its last dispatch: not_sent, sent_no_response, response_received, execution_error; started when only its start was recorded; none when it made no call. */
+            dispatch_state: string;
+            /** @description The newest reason its records give (a dispatch's, or why it is unknown); none when they give none. */
+            reason: string;
         };
         Approval: {
             id: string;
@@ -1149,8 +1162,10 @@ export interface components {
             path: string;
             idempotency_key: string;
             fingerprint: string;
-            /** @description What a person must see to decide (environment, service, artifact, rollback target; or amount, currency, order). */
+            /** @description What a person must see to decide (environment, service, artifact, rollback target; or amount, currency, order; and `supersedes`, an ApprovalSupersedes, when the write supersedes an operation). */
             summary: {
+                supersedes?: components["schemas"]["ApprovalSupersedes"];
+            } & {
                 [key: string]: unknown;
             };
             /**
@@ -1213,6 +1228,20 @@ export interface components {
             refunded_minor: number;
             refunded: components["schemas"]["PaymentAmount"];
             provider_authorization_id: string | null;
+            /** @description The capture the provider executed more than once, once a correction (Remediates-Operation-Id) named it. */
+            duplicate_capture_operation_id?: string;
+            /**
+             * Format: int64
+             * @description What a duplicated capture took beyond captured_minor.
+             */
+            duplicate_captured_minor?: number;
+            duplicate_captured?: components["schemas"]["PaymentAmount"];
+            /**
+             * Format: int64
+             * @description What corrections returned of it; never more than duplicate_captured_minor.
+             */
+            duplicate_refunded_minor?: number;
+            duplicate_refunded?: components["schemas"]["PaymentAmount"];
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -1229,6 +1258,8 @@ export interface components {
             /** @enum {string} */
             status: "pending" | "succeeded" | "failed";
             provider_refund_id: string | null;
+            /** @description A correction returning what a duplicated capture took: counted in the intent's duplicate_refunded_minor, not refunded_minor. */
+            returns_duplicate_capture?: boolean;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */

@@ -119,6 +119,10 @@ func toolFor(t agent.Tool) *mcp.Tool {
 	props["action_id"] = map[string]any{"type": "string", "minLength": 1, "maxLength": 200, "description": ActionIDDescription}
 	props["supersedes_action_id"] = map[string]any{"type": "string",
 		"description": "only for a changed intent: the action_id whose intent this new action replaces"}
+	if t.Name == "refund_payment" {
+		props["remediates_operation_id"] = map[string]any{"type": "string",
+			"description": "only to correct a duplicate: the service's operation id (op_...) settled duplicate_effect_confirmed that this refund corrects"}
+	}
 	required, _ := schema["required"].([]any)
 	schema["required"] = append([]any{"action_id"}, required...)
 	// Financial writes to a collection (POST /v1/payment_intents) add something; on a resource (a capture, a
@@ -145,7 +149,7 @@ func handlerFor(a *agent.Agent, t agent.Tool) mcp.ToolHandler {
 		if err := json.Unmarshal(req.Params.Arguments, &fields); err != nil || fields == nil {
 			return toolError("bad_arguments", "the arguments must be a JSON object with action_id"), nil
 		}
-		var actionID, supersedes string
+		var actionID, supersedes, remediates string
 		if err := json.Unmarshal(fields["action_id"], &actionID); err != nil || actionID == "" {
 			return toolError("bad_arguments", "action_id (a string) is required: "+ActionIDDescription), nil
 		}
@@ -154,10 +158,16 @@ func handlerFor(a *agent.Agent, t agent.Tool) mcp.ToolHandler {
 				return toolError("bad_arguments", "supersedes_action_id must be a string"), nil
 			}
 		}
+		if raw, ok := fields["remediates_operation_id"]; ok && t.Name == "refund_payment" {
+			if err := json.Unmarshal(raw, &remediates); err != nil {
+				return toolError("bad_arguments", "remediates_operation_id must be a string"), nil
+			}
+			delete(fields, "remediates_operation_id")
+		}
 		delete(fields, "action_id")
 		delete(fields, "supersedes_action_id")
 		args, _ := json.Marshal(fields)
-		res, err := a.Do(ctx, actionID, t.Name, args, agent.DoOptions{Supersedes: supersedes})
+		res, err := a.Do(ctx, actionID, t.Name, args, agent.DoOptions{Supersedes: supersedes, Remediates: remediates})
 		var argErr *agent.ArgumentError
 		switch {
 		case errors.Is(err, agent.ErrChangedIntent):
