@@ -37,7 +37,8 @@ migrate: build
 # on the PostgreSQL that scripts/devdb.sh finds or starts. Fuzz targets run their seed corpus.
 # Then scripts/example-conformance.sh builds examples/notes (net/http) and examples/orders (gin), each its own
 # module, and runs every conformance case on each. cmd/retrysafe's TestTypeScriptClient runs the node tests of
-# api/ts (npm ci there once) against a tickets service.
+# api/ts (npm ci there once) against a tickets service; TestMCPTypeScriptClient drives `retrysafe mcp` with the
+# official TypeScript MCP SDK client (api/mcp-ts).
 test:
 	$(GO) vet ./...
 	cd examples/notes && $(GO) vet ./...
@@ -72,6 +73,8 @@ api/node_modules/.package-lock.json: api/package-lock.json
 	cd api && npm ci --no-audit --no-fund
 api/ts/node_modules/.package-lock.json: api/ts/package-lock.json
 	cd api/ts && npm ci --no-audit --no-fund
+api/mcp-ts/node_modules/.package-lock.json: api/mcp-ts/package-lock.json
+	cd api/mcp-ts && npm ci --no-audit --no-fund
 
 # The load benchmark (cmd/retrysafe-bench, docs/benchmarks.md): pgbench's one-row insert, a bare gin + gorm
 # ticket insert (the baseline) and `retrysafe serve tickets`, then payments' intent create and capture against the

@@ -30,7 +30,8 @@ const (
 	exitUnknown    = 6
 )
 
-const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the services (default http://127.0.0.1:8081 :8082 :8083)
+const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (default http://127.0.0.1:8081 :8082 :8083); with
+                            --tools FILE, the variables its services name (base_url_env)
   AGENT_API_KEY             the bearer key requests carry (never written to the journal)
   AGENT_NAMESPACE           what idempotency keys are derived from, with the action id (default: the key id of
                             AGENT_API_KEY); agents given one action in one namespace send one key, so it runs once
@@ -45,14 +46,16 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the services (default
 func agentCommand() command {
 	return command{
 		name:     "agent",
-		synopsis: "agent do|resume|resolve|show --journal PATH ...",
+		synopsis: "agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...",
 		summary: "make writes an agent can retry without doubling them: do --action ACTION_ID [--supersedes ACTION_ID] " +
 			"[--parent-run RUN_ID] [--remediates OP_ID] TOOL 'JSON' (exit 0 succeeded, 3 needs_human or still in progress, 4 refused or changed " +
 			"intent, 5 failed, 6 unknown: the service does not know yet whether it happened, call again with the same " +
 			"action, 1 usage or internal error), resume (settle every unfinished operation; exit 3 while one waits for a " +
-			"person or the service, else 6 while one is unknown), resolve --state succeeded|failed --evidence TEXT " +
+			"person or the service, else 6 while one is unknown), retry [--budget N] [--by NAME] [--reason TEXT] ACTION_ID " +
+			"(take a needs_human action out of needs_human with the same key, journaled with who asked; exit codes as do), resolve --state succeeded|failed --evidence TEXT " +
 			"[--remote-ref REF] [--by NAME] ACTION_ID (record a person's decision on a needs_human action in the journal), " +
-			"show [OPERATION_ID|ACTION_ID]. A journal acts for the API key " +
+			"show [OPERATION_ID|ACTION_ID]. --tools FILE reads the tools from a tools file (pkg/agent/demo-tools.yaml " +
+			"is the default, embedded). A journal acts for the API key " +
 			"its operations were made with; do and resume under another key are refused (exit 1) unless " +
 			"--same-account says the key is a new one of the same account",
 		noConfig: true,
@@ -66,8 +69,9 @@ func agentCommand() command {
 func mcpCommand() command {
 	return command{
 		name:     "mcp",
-		synopsis: "mcp --journal PATH [--same-account]",
-		summary: fmt.Sprintf("serve the agent tools (and get_operation) over the Model Context Protocol on stdin/stdout "+
+		synopsis: "mcp --journal PATH [--tools FILE] [--same-account]",
+		summary: fmt.Sprintf("serve the agent tools (those of --tools FILE, or the demo services'), get_operation and "+
+			"retry_action over the Model Context Protocol on stdin/stdout "+
 			"(a message over %d bytes or %d levels deep is refused alone; requests read before stdin ends are answered)",
 			agentmcp.MaxMessageBytes, agentmcp.MaxMessageDepth),
 		noConfig: true,
@@ -92,9 +96,12 @@ type agentFlags struct {
 	remediates  string
 	parentRun   string
 	sameAccount bool
+	tools       string
 	// decision is agent resolve's.
 	decision agent.Decision
-	rest     []string
+	// retry is agent retry's.
+	retry agent.RetryRequest
+	rest  []string
 }
 
 func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, error) {
@@ -107,6 +114,14 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 		fs.StringVar(&f.supersedes, "supersedes", "", "ACTION_ID whose intent this new action replaces (a changed intent)")
 		fs.StringVar(&f.parentRun, "parent-run", "", "RUN_ID of the agent run that delegated this action, journaled with it")
 		fs.StringVar(&f.remediates, "remediates", "", "OP_ID: the service's duplicate_effect_confirmed operation this refund_payment corrects (Remediates-Operation-Id)")
+	}
+	if name == "agent retry" {
+		fs.IntVar(&f.retry.Budget, "budget", 0, "attempts it may make from now (default AGENT_BUDGET)")
+		fs.StringVar(&f.retry.By, "by", "", "who asks (default: the operating system user)")
+		fs.StringVar(&f.retry.Reason, "reason", "", "why it should go again now, journaled")
+	}
+	if name != "agent show" && name != "agent resolve" {
+		fs.StringVar(&f.tools, "tools", "", "a tools file (YAML or JSON) to read the tools from instead of the demo services'")
 	}
 	if name == "agent resolve" {
 		fs.StringVar(&f.decision.State, "state", "", "succeeded or failed: what you learned happened")
@@ -130,7 +145,7 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 
 func checkAgent(args []string) error {
 	if len(args) == 0 {
-		return agentUsage("agent needs a subcommand: do, resume, resolve or show")
+		return agentUsage("agent needs a subcommand: do, resume, retry, resolve or show")
 	}
 	f, err := parseAgentFlags("agent "+args[0], args[1:], io.Discard)
 	switch args[0] {
@@ -144,8 +159,12 @@ func checkAgent(args []string) error {
 		if len(f.rest) != 2 {
 			return agentUsage("agent do takes TOOL 'JSON' after its flags, got %q", f.rest)
 		}
-		if _, ok := agent.Tools[f.rest[0]]; !ok {
-			return agentUsage("unknown tool %q: one of %s", f.rest[0], strings.Join(agent.ToolNames(), ", "))
+		tools, err := loadTools(f.tools)
+		if err != nil {
+			return err
+		}
+		if _, ok := tools.Tool(f.rest[0]); !ok {
+			return agentUsage("unknown tool %q: one of %s", f.rest[0], strings.Join(tools.Names(), ", "))
 		}
 		if !json.Valid([]byte(f.rest[1])) {
 			return agentUsage("agent do: %q is not JSON", f.rest[1])
@@ -156,6 +175,22 @@ func checkAgent(args []string) error {
 		}
 		if len(f.rest) != 0 {
 			return agentUsage("agent resume takes no arguments")
+		}
+		if _, err := loadTools(f.tools); err != nil {
+			return err
+		}
+	case "retry":
+		if err != nil {
+			return err
+		}
+		if len(f.rest) != 1 {
+			return agentUsage("agent retry takes one ACTION_ID (or OPERATION_ID) after its flags, got %q", f.rest)
+		}
+		if f.retry.Budget < 0 || f.retry.Budget > 100 {
+			return agentUsage("agent retry: --budget is 1 to 100 attempts")
+		}
+		if _, err := loadTools(f.tools); err != nil {
+			return err
 		}
 	case "resolve":
 		if err != nil {
@@ -175,7 +210,7 @@ func checkAgent(args []string) error {
 			return agentUsage("agent show takes at most one OPERATION_ID or ACTION_ID")
 		}
 	default:
-		return agentUsage("unknown agent subcommand %q: want do, resume, resolve or show", args[0])
+		return agentUsage("unknown agent subcommand %q: want do, resume, retry, resolve or show", args[0])
 	}
 	return nil
 }
@@ -188,6 +223,10 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Tools, err = loadTools(f.tools); err != nil {
+		return nil, err
+	}
+	cfg.BaseURLs = cfg.Tools.BaseURLs(inv.getenv)
 	if cfg.APIKey == "" {
 		return nil, agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
 	}
@@ -205,7 +244,6 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 // agentConfig reads the agent's environment; like loadConfig, once, here.
 func agentConfig(getenv func(string) string, command string, lockWait time.Duration) (agent.Config, error) {
 	cfg := agent.Config{
-		TicketsURL: getenv("TICKETS_URL"), PaymentsURL: getenv("PAYMENTS_URL"), DeploysURL: getenv("DEPLOYS_URL"),
 		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
 		Namespace: getenv("AGENT_NAMESPACE"),
 		Hook:      func(point string) { failpoint.Hit("agent." + point) },
@@ -262,10 +300,7 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 	if sub == "resolve" {
 		d := f.decision
 		if d.By == "" {
-			d.By = "os:unknown"
-			if u, err := user.Current(); err == nil {
-				d.By = "os:" + u.Username
-			}
+			d.By = osUser()
 		}
 		r, err := a.Resolve(f.rest[0], d)
 		if err != nil {
@@ -305,6 +340,24 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 		return nil
 	}
 
+	if sub == "retry" {
+		r := f.retry
+		if r.By == "" {
+			r.By = osUser()
+		}
+		res, err := a.Retry(ctx, f.rest[0], r)
+		switch {
+		case errors.Is(err, agent.ErrNotRetryable), errors.Is(err, agent.ErrNotNeedsHuman):
+			if res.OperationID != "" {
+				_ = enc.Encode(res)
+			}
+			return exitError{code: exitRefused, err: err}
+		case errors.Is(err, agent.ErrBadArguments), errors.Is(err, agent.ErrUnknownAction):
+			return agentUsage("%v", err)
+		}
+		return endOf(enc, res, err)
+	}
+
 	res, err := a.Do(ctx, f.action, f.rest[0], json.RawMessage(f.rest[1]), agent.DoOptions{Supersedes: f.supersedes, ParentRun: f.parentRun, Remediates: f.remediates})
 	switch {
 	case errors.Is(err, agent.ErrChangedIntent):
@@ -314,7 +367,13 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 		return exitError{code: exitRefused, err: err}
 	case errors.Is(err, agent.ErrBadArguments), errors.Is(err, agent.ErrUnknownAction):
 		return agentUsage("%v", err)
-	case err != nil:
+	}
+	return endOf(enc, res, err)
+}
+
+// endOf prints how a call of do or retry ended and exits by its state.
+func endOf(enc *json.Encoder, res agent.Result, err error) error {
+	if err != nil {
 		if res.OperationID != "" {
 			_ = enc.Encode(res)
 		}
@@ -361,7 +420,7 @@ func runMCP(ctx context.Context, inv invocation) error {
 		return err
 	}
 	if len(f.rest) != 0 {
-		return agentUsage("mcp takes no arguments besides --journal")
+		return agentUsage("mcp takes no arguments besides its flags")
 	}
 	a, err := openAgent(inv, f, "mcp", 10*time.Second)
 	if err != nil {
@@ -371,6 +430,27 @@ func runMCP(ctx context.Context, inv invocation) error {
 	fmt.Fprintf(os.Stderr, "retrysafe mcp: serving on stdio, journal %s, run %s\n", agent.Printable(f.journal), a.RunID())
 	t := &agentmcp.Transport{In: os.Stdin, Out: inv.stdout, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	return agentmcp.NewServer(a, versionString()).Run(ctx, t)
+}
+
+// loadTools reads the tools file at path, or gives the demo services' tools when path is empty; a file that
+// cannot be read or declares an unsafe tool is a usage error.
+func loadTools(path string) (*agent.Catalog, error) {
+	if path == "" {
+		return agent.DemoTools(), nil
+	}
+	c, err := agent.LoadTools(path)
+	if err != nil {
+		return nil, agentUsage("--tools: %v", err)
+	}
+	return c, nil
+}
+
+// osUser names the operating system user, for who decided or asked.
+func osUser() string {
+	if u, err := user.Current(); err == nil {
+		return "os:" + u.Username
+	}
+	return "os:unknown"
 }
 
 // printableError is err with its message made agent.Printable; its exit code and errors.Is still hold.

@@ -503,7 +503,7 @@ func TestAgentCommandExitCodes(t *testing.T) {
 	if links != 1 {
 		t.Errorf("the superseded operation has %d superseded events; want 1", links)
 	}
-	if r := do("bad", "create_ticket", `{"project":"codes"}`); r.code != 4 || r.result(t).Code != "validation_failed" {
+	if r := do("bad", "create_ticket", `{"project":"codes","title":""}`); r.code != 4 || r.result(t).Code != "validation_failed" {
 		t.Errorf("invalid ticket: exit %d %s; want 4 validation_failed", r.code, r.stdout)
 	}
 	if r := do("nope", "no_such_tool", `{}`); r.code != 1 {

@@ -6,8 +6,9 @@
 //	retrysafe provider
 //	retrysafe conformance --target URL --request FILE   (the seeds' fault tests against any HTTP API)
 //	retrysafe audit verify|public-key|timeline
-//	retrysafe agent do|resume|show --journal PATH ...   (pkg/agent: writes an agent can retry, from a shell)
-//	retrysafe mcp --journal PATH                        (the same tools over MCP, on stdio)
+//	retrysafe agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...
+//	                                                    (pkg/agent: writes an agent can retry, from a shell)
+//	retrysafe mcp --journal PATH [--tools FILE]         (the same tools over MCP, on stdio)
 //	retrysafe help [COMMAND], retrysafe version
 //
 // Every command checks its arguments and the whole configuration before it opens anything.

@@ -126,7 +126,7 @@ func TestMCPServer(t *testing.T) {
 			t.Errorf("%s: the description does not state the retry rule: %q", tool.Name, tool.Description)
 		}
 	}
-	want := append(agent.ToolNames(), "get_operation")
+	want := append(agent.DemoTools().Names(), "get_operation", "retry_action")
 	slices.Sort(want)
 	slices.Sort(names)
 	if !slices.Equal(names, want) {

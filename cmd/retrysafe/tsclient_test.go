@@ -65,6 +65,62 @@ func TestTypeScriptClient(t *testing.T) {
 	}
 }
 
+// mcpTSDir drives `retrysafe mcp` with the official TypeScript MCP SDK client (@modelcontextprotocol/sdk).
+const mcpTSDir = "../../api/mcp-ts"
+
+// TestMCPTypeScriptClient: the official TypeScript MCP SDK client, as an MCP host runs it, against the built
+// binary's `retrysafe mcp` and a real tickets service: it lists the tools, calls create_ticket, kills the server
+// mid-call and calls again with the same action_id on a new server (api/mcp-ts/test). One ticket. Node and npm
+// are required as for TestTypeScriptClient; -short skips it.
+func TestMCPTypeScriptClient(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the MCP TypeScript client test needs node, npm and the api/mcp-ts packages")
+	}
+	t.Parallel()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is not installed: the MCP TypeScript client test (api/mcp-ts) needs Node.js 18 or later and npm "+
+				"(Debian: apt-get install nodejs npm; .ci/run installs them)", tool)
+		}
+	}
+	npmCI(t, mcpTSDir)
+	bin := proctest.Build(t)
+
+	db := testdb.Schema(t)
+	addr := proctest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
+			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_mcpts:agent:" + testSecret,
+			"API_KEY_ID_SECRET": testIDSecret, "LOG_LEVEL": "error",
+		}), &syncWriter{w: &out})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	base := "http://" + addr
+	waitHealthy(t, base+"/readyz", done)
+
+	const title = "from the TypeScript MCP client"
+	test := exec.Command("npm", "test")
+	test.Dir = mcpTSDir
+	test.Env = append(os.Environ(), "RETRYSAFE_BIN="+bin, "RETRYSAFE_JOURNAL="+filepath.Join(t.TempDir(), "mcp-ts.journal"),
+		"RETRYSAFE_TICKET_TITLE="+title, "TICKETS_URL="+base, "AGENT_API_KEY="+testSecret)
+	if output, err := test.CombinedOutput(); err != nil {
+		t.Fatalf("npm test in api/mcp-ts: %v\n%s\nservice log:\n%s", err, output, out.String())
+	}
+	var n int
+	if err := db.Raw(`SELECT count(*) FROM tickets WHERE title = ?`, title).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("%d tickets after two calls with one action_id and a kill between them; want 1", n)
+	}
+}
+
 // npmCI installs dir's locked packages (package-lock.json) unless node_modules already holds them: npm records
 // what it installed in node_modules/.package-lock.json, newer than the lock file it came from.
 func npmCI(t *testing.T, dir string) {

@@ -33,6 +33,13 @@ var (
 
 // Config is everything an Agent needs besides its journal. The API key is used for requests and never written.
 type Config struct {
+	// Tools are the tools the agent offers and the services they write to (default: DemoTools, the demo
+	// services').
+	Tools *Catalog
+	// BaseURLs are the services' base URLs by service name (default: each service's base_url in the tools file;
+	// Catalog.BaseURLs reads them from the environment).
+	BaseURLs map[string]string
+	// TicketsURL, PaymentsURL and DeploysURL are the demo services' base URLs: BaseURLs["tickets"], ... .
 	TicketsURL, PaymentsURL, DeploysURL string
 	APIKey                              string
 	// AuthorityRef says where APIKey came from ("env:AGENT_API_KEY"); it is what the journal records.
@@ -73,15 +80,19 @@ type Config struct {
 }
 
 func (c *Config) defaults() {
-	if c.TicketsURL == "" {
-		c.TicketsURL = "http://127.0.0.1:8081"
+	if c.Tools == nil {
+		c.Tools = DemoTools()
 	}
-	if c.PaymentsURL == "" {
-		c.PaymentsURL = "http://127.0.0.1:8082"
+	urls := c.Tools.BaseURLs(func(string) string { return "" })
+	for name, u := range map[string]string{Tickets: c.TicketsURL, Payments: c.PaymentsURL, Deploys: c.DeploysURL} {
+		if u != "" {
+			urls[name] = u
+		}
 	}
-	if c.DeploysURL == "" {
-		c.DeploysURL = "http://127.0.0.1:8083"
+	for name, u := range c.BaseURLs {
+		urls[name] = strings.TrimRight(u, "/")
 	}
+	c.BaseURLs = urls
 	if c.Budget <= 0 {
 		c.Budget = 5
 	}
@@ -246,9 +257,9 @@ type DoOptions struct {
 // continues that operation with the same key (or returns how it ended), and refuses with ErrChangedIntent,
 // sending nothing, when args differ. It returns when the operation settled or the rule says to stop.
 func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.RawMessage, opts DoOptions) (Result, error) {
-	tool, ok := Tools[toolName]
+	tool, ok := a.cfg.Tools.Tool(toolName)
 	if !ok {
-		return Result{}, fmt.Errorf("%w: unknown tool %q (one of %v)", ErrBadArguments, toolName, ToolNames())
+		return Result{}, fmt.Errorf("%w: unknown tool %q (one of %v)", ErrBadArguments, toolName, a.cfg.Tools.Names())
 	}
 	if actionID == "" || len(actionID) > 200 {
 		return Result{}, fmt.Errorf("%w: an action id is 1 to 200 characters", ErrBadArguments)
@@ -265,9 +276,13 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 		return Result{}, fmt.Errorf("%w: the arguments are %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
 			ErrBadArguments, len(args), a.cfg.MaxBodyBytes)
 	}
-	req, err := tool.prepare(args)
+	req, err := tool.check(args)
 	if err != nil {
 		return Result{}, err
+	}
+	if !tool.ApprovalRequest && a.baseURL(tool.Service) == "" {
+		svc, _ := a.cfg.Tools.Service(tool.Service)
+		return Result{}, fmt.Errorf("%w: service %s has no base URL: set %s; nothing was sent", ErrBadArguments, tool.Service, svc.BaseURLEnv)
 	}
 	if len(req.body) > a.cfg.MaxBodyBytes {
 		return Result{}, fmt.Errorf("%w: the request body is %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
@@ -365,7 +380,7 @@ func (a *Agent) holdForSuperseded(op *Operation, approvalID string) (bool, error
 	next := fmt.Sprintf("nothing sent: action %q (operation %s), which this one supersedes, may or may not have happened, "+
 		"so a replacement could add to it. Settle it first: call %q again with its own arguments, or run resume, until it "+
 		"succeeds, fails or a person records what happened; then call %q again", old.ActionID, old.OperationID, old.ActionID, op.ActionID)
-	if Tools[op.Tool].Approval {
+	if a.takesApproval(op.Tool) {
 		next += fmt.Sprintf(". To replace it anyway, a person decides: call request_approval with {\"for_action\": %q} (the "+
 			"approval names the operation it replaces, and the approver is shown it), have a person approve it, then call %s "+
 			"again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)
@@ -471,7 +486,7 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 	if tool.Keyed {
 		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.Namespace, actionID), a.cfg.Namespace
 	}
-	if tool.Name == "request_approval" {
+	if tool.ApprovalRequest {
 		var f struct {
 			ForAction string `json:"for_action"`
 		}
@@ -482,7 +497,7 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		if target == nil {
 			return nil, fmt.Errorf("%w: for_action %q is not in the journal", ErrUnknownAction, f.ForAction)
 		}
-		if target.IdempotencyKey == "" || (target.Service != Payments && target.Service != Deploys) {
+		if svc, _ := a.cfg.Tools.Service(target.Service); target.IdempotencyKey == "" || !svc.Approvals {
 			return nil, fmt.Errorf("%w: %s (%s) does not take approvals", ErrBadArguments, f.ForAction, target.Tool)
 		}
 		op.Service = target.Service

@@ -161,12 +161,13 @@ func TestBudgetSpentGoesToAPerson(t *testing.T) {
 	}
 }
 
-// A refusal (4xx) is final: one attempt, never retried.
+// A refusal (4xx) is final: one attempt, never retried. (The input schema lets an empty title through; the
+// service does not.)
 func TestRefusalIsNeverRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	a := b.open(t)
-	res, err := a.Do(t.Context(), "bad", "create_ticket", json.RawMessage(`{"project":"ops"}`), agent.DoOptions{})
+	res, err := a.Do(t.Context(), "bad", "create_ticket", json.RawMessage(`{"project":"ops","title":""}`), agent.DoOptions{})
 	if err != nil || res.State != agent.StateRefused || res.Code != "validation_failed" || res.Attempts != 1 {
 		t.Fatalf("Do = %+v, %v; want refused validation_failed after 1 attempt", res, err)
 	}

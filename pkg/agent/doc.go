@@ -1,6 +1,15 @@
-// Package agent is the caller's half of retrysafe's promise: an AI agent (or a script) makes writes to the
-// tickets, payments and deploys services through it, and each intended action has exactly one effect, whatever
-// fails: the network, the service, or the agent itself, killed at any instruction.
+// Package agent is the caller's half of retrysafe's promise: an AI agent (or a script) makes writes to HTTP
+// services through it (services on pkg/idem: the demo tickets, payments and deploys, or yours), and each intended
+// action has exactly one effect, whatever fails: the network, the service, or the agent itself, killed at any
+// instruction.
+//
+// # Tools
+//
+// What the agent can write is a Catalog of tools read from a tools file (LoadTools, whose documentation
+// has the format): each tool names its service (whose base URL comes from a variable the file names), method,
+// route template, retry mode and the JSON Schema of its arguments. DemoTools, the embedded demo-tools.yaml, is
+// the demo services' file and the default. Arguments are checked against the schema before anything is journaled
+// or sent: a bad argument is an ArgumentError naming it, and the action id stays free for the corrected call.
 //
 // The services dedupe by Idempotency-Key. That protects a caller only if it keeps its side: one key per intended
 // action, made before the first send, kept across its own crash, reused on every retry, never reused for a
@@ -69,7 +78,9 @@
 //   - 428 approval_required: needs_human, with the next step (request_approval, then Do again with approval_id).
 //   - 502 provider_unavailable, provider_declined: failed (the service says it did not happen).
 //   - any other 4xx: refused, final.
-//   - the attempt budget (Config.Budget, default 5) spent: needs_human, with the evidence.
+//   - the attempt budget (Config.Budget, default 5) spent: needs_human, with the evidence. Agent.Retry takes it
+//     out with the same key when a person asks (journaled: who, why, the new budget); never with a new key,
+//     which is a new action id that supersedes this one.
 //
 // Resume drives every operation the journal has not finished to one of those ends, from evidence: it looks up,
 // then retries with the same key, or hands over to a person. It never makes a new key for an operation.
@@ -117,7 +128,7 @@
 //
 // # Commands
 //
-// cmd/retrysafe wraps this package as `retrysafe agent do|resume|show` for shell-driven agents and as
+// cmd/retrysafe wraps this package as `retrysafe agent do|resume|retry|resolve|show` for shell-driven agents and as
 // `retrysafe mcp` (package agentmcp) for MCP clients. `agent do` exits 0 succeeded, 3 needs_human or in_progress,
 // 4 refused, 5 failed, 6 unknown, 1 usage or internal error; `agent resume` exits 3 while any operation waits for
 // a person or the service, else 6 while any is unknown. Requests go through net/http rather than the generated

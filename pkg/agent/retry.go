@@ -286,7 +286,7 @@ func observationsSince(op *Operation, at *Attempt) []*Observation {
 	}
 	var out []*Observation
 	for _, o := range op.Observations {
-		if o.At >= since && o.Kind != ObsChanged && o.Kind != ObsApproval {
+		if o.At >= since && o.Kind != ObsChanged && o.Kind != ObsApproval && o.Kind != ObsRetryRequested {
 			out = append(out, o)
 		}
 	}
@@ -425,7 +425,7 @@ func (a *Agent) supersededUnknownAnswer(op *Operation) step {
 	next := fmt.Sprintf("the service holds the operation of action %q, which this one supersedes, as unknown and runs no "+
 		"replacement while it may have happened. Settle it first (call %q again, or run resume, until the service or a "+
 		"person settles it), then start the replacement under a new action_id", oldAction, oldAction)
-	if Tools[op.Tool].Approval {
+	if a.takesApproval(op.Tool) {
 		next += fmt.Sprintf("; or, to replace it anyway, a person decides: call request_approval with {\"for_action\": %q}, "+
 			"have a person approve it, then call %s again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)
 	}
@@ -523,16 +523,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func (a *Agent) baseURL(service string) string {
-	switch service {
-	case Tickets:
-		return a.cfg.TicketsURL
-	case Payments:
-		return a.cfg.PaymentsURL
-	default:
-		return a.cfg.DeploysURL
-	}
-}
+func (a *Agent) baseURL(service string) string { return a.cfg.BaseURLs[service] }
 
 // knownToServer reports whether the service has a record of attempt id: it answered with an operation, or a
 // lookup listed it. The services refuse Retry-Of naming an attempt they never received.
@@ -558,6 +549,9 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		at.RetryOf, at.RetryReason = prev.AttemptID, s.reason
 		if at.RetryReason == "" {
 			at.RetryReason = ReasonResponseLostAfterDispatch
+		}
+		if retryRequestedSince(op, prev) {
+			at.RetryReason = ReasonOperatorRequested // the decision keeps what the rule saw
 		}
 		at.RetryReasonSent = wireReasons[at.RetryReason]
 		if op.IdempotencyKey == "" {
@@ -690,12 +684,13 @@ func (a *Agent) finish(op *Operation, at *Attempt, r *AttemptResult, start time.
 
 // requestBody is what the operation sends; request_approval's is built from the action it is for.
 func (a *Agent) requestBody(op *Operation) ([]byte, error) {
-	tool := Tools[op.Tool]
-	req, err := tool.prepare(op.Args)
+	// The journal has all the body needs (method, route, arguments): what the tools file says now does not change
+	// what an operation made before sends.
+	req, err := Tool{Name: op.Tool, Method: op.Method, Route: op.RouteTemplate}.prepare(op.Args)
 	if err != nil {
 		return nil, err
 	}
-	if op.Tool != "request_approval" {
+	if !a.isApprovalRequest(op) {
 		return req.body, nil
 	}
 	var f struct {
@@ -708,7 +703,7 @@ func (a *Agent) requestBody(op *Operation) ([]byte, error) {
 	if target == nil {
 		return nil, fmt.Errorf("%w: for_action %q", ErrUnknownAction, f.ForAction)
 	}
-	treq, err := Tools[target.Tool].prepare(target.Args)
+	treq, err := Tool{Name: target.Tool, Method: target.Method, Route: target.RouteTemplate}.prepare(target.Args)
 	if err != nil {
 		return nil, err
 	}
@@ -773,8 +768,13 @@ func (o operationView) attempts() []string {
 
 // lookup asks the service for the operation under the key: an observation, positive or negative.
 func (a *Agent) lookup(ctx context.Context, op *Operation) error {
-	endpoint := "/v1/operations?idempotency_key=" + url.QueryEscape(op.IdempotencyKey)
+	endpoint := a.operationsRoute(op) + "?idempotency_key=" + url.QueryEscape(op.IdempotencyKey)
 	ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsLookup, Endpoint: "GET " + endpoint, RunID: a.runID}
+	if a.operationsRoute(op) == "" {
+		ob.Endpoint, ob.At = "", a.now()
+		ob.Detail = "lookup failed: the tools file names no operations route for service " + op.Service
+		return a.record(ob)
+	}
 	var res struct {
 		Items []operationView `json:"items"`
 	}
@@ -800,8 +800,13 @@ func (a *Agent) lookup(ctx context.Context, op *Operation) error {
 // poll asks for the operation an answer named.
 func (a *Agent) poll(ctx context.Context, op *Operation) error {
 	id := op.ServerOperationID()
-	endpoint := "/v1/operations/" + url.PathEscape(id)
+	endpoint := a.operationsRoute(op) + "/" + url.PathEscape(id)
 	ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsPoll, Endpoint: "GET " + endpoint, RunID: a.runID}
+	if a.operationsRoute(op) == "" {
+		ob.Endpoint, ob.At = "", a.now()
+		ob.Detail = "poll failed: the tools file names no operations route for service " + op.Service
+		return a.record(ob)
+	}
 	var it operationView
 	start := time.Now()
 	status, err := a.get(ctx, a.baseURL(op.Service)+endpoint, &it)
@@ -856,7 +861,7 @@ func (a *Agent) settle(op *Operation, s step) error {
 		st.HTTPStatus, st.Code, st.Body = last.Finished.Status, last.Finished.Code, last.Finished.Body
 		st.ApprovalID = last.ApprovalID
 	}
-	if op.Tool == "request_approval" && s.state == StateSucceeded {
+	if a.isApprovalRequest(op) && s.state == StateSucceeded {
 		var ap struct {
 			ID string `json:"id"`
 		}

@@ -127,6 +127,8 @@ type Observation struct {
 	SupersededServerOpID string `json:"superseded_server_operation_id,omitempty"`
 	AttemptID            string `json:"attempt_id,omitempty"`
 	ApprovalID           string `json:"approval_id,omitempty"`
+	// Budget is, for retry_requested, the attempts the operation may make from then on.
+	Budget int `json:"budget,omitempty"`
 	// DecidedBy and RemoteRef are, for operator_decision, who decided and the other side's record they cite;
 	// its Detail is their evidence.
 	DecidedBy  string `json:"decided_by,omitempty"`
@@ -274,6 +276,9 @@ func (v *view) apply(body json.RawMessage) error {
 			// A person decided: the operation is open again, with a fresh budget.
 			op.budgetFrom = len(op.Attempts)
 			op.Settled = nil
+		case ObsRetryRequested:
+			// Someone asked for a retry with the same key: open again, with the budget they gave.
+			op.budgetFrom, op.Budget, op.Settled = len(op.Attempts), ob.Budget, nil
 		case ObsSupersededSettled:
 			op.Settled = nil
 			if op.SupersedesServerOpID == "" {

@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
-	"slices"
 	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 )
@@ -47,18 +48,21 @@ func (m RetryMode) Rule() string {
 	return ""
 }
 
-// Service names, which pick the base URL.
+// The demo services' names in DemoTools.
 const (
 	Tickets  = "tickets"
 	Payments = "payments"
 	Deploys  = "deploys"
 )
 
-// Tool is one write the agent can make: where it goes and how it may be repeated.
+// Tool is one write the agent can make: where it goes, what it takes and how it may be repeated. Tools come from
+// a tools file (LoadTools, ParseTools; DemoTools for the demo services).
 type Tool struct {
 	Name    string
 	Summary string
-	Service string // tickets, payments, deploys; empty for request_approval (the target's service)
+	// Service names the service, in the tools file, whose base URL the route is under; empty for an approval
+	// request, which goes to its target's service.
+	Service string
 	Method  string
 	Route   string // route template, path parameters in braces
 	Mode    RetryMode
@@ -66,77 +70,13 @@ type Tool struct {
 	Keyed bool
 	// Approval tools accept approval_id (sent as Approval-Id, outside the fingerprint).
 	Approval bool
-	// Properties are the body's fields as JSON Schema; path parameters are added as required strings.
-	Properties map[string]any
-	Required   []string
-}
+	// ApprovalRequest tools ask a person to approve the write of another action (for_action): the body is built
+	// from that action's request and sent to its service's approvals route.
+	ApprovalRequest bool
+	// InputSchema is the JSON Schema of the arguments, path parameters inside, approval_id and action_id not.
+	InputSchema map[string]any
 
-var (
-	str     = map[string]any{"type": "string"}
-	integer = map[string]any{"type": "integer", "minimum": 1}
-	amount  = map[string]any{"type": "string", "pattern": `^[0-9]+(\.[0-9]+)?$`, "description": `decimal string, "12.30"`}
-)
-
-// Tools is the catalogue, by name.
-var Tools = map[string]Tool{}
-
-func init() {
-	for _, t := range []Tool{
-		{Name: "create_ticket", Summary: "Create a support ticket.", Service: Tickets, Method: "POST", Route: "/v1/tickets",
-			Mode: Create, Keyed: true, Required: []string{"project", "title"}, Properties: map[string]any{
-				"project": str, "title": str, "description": str,
-				"priority":        map[string]any{"type": "string", "enum": []string{"low", "normal", "high", "urgent"}},
-				"source_event_id": map[string]any{"type": "string", "description": "the event that caused the ticket: one ticket per event"},
-			}},
-		{Name: "add_comment", Summary: "Add a comment to a ticket.", Service: Tickets, Method: "POST", Route: "/v1/tickets/{id}/comments",
-			Mode: Create, Keyed: true, Required: []string{"body"}, Properties: map[string]any{"body": str}},
-		{Name: "set_ticket_status", Summary: "Declare a ticket's status.", Service: Tickets, Method: "PUT", Route: "/v1/tickets/{id}/status",
-			Mode: Converge, Required: []string{"status"}, Properties: map[string]any{
-				"status": map[string]any{"type": "string", "enum": []string{"open", "resolved", "closed"}},
-			}},
-		{Name: "create_payment_intent", Summary: "Create a payment intent: places an authorization at the payment provider.",
-			Service: Payments, Method: "POST", Route: "/v1/payment_intents", Mode: Financial, Keyed: true,
-			Required: []string{"order_id", "currency"}, Properties: map[string]any{
-				"order_id": str, "amount": amount, "amount_minor": integer, "description": str,
-				"currency": map[string]any{"type": "string", "pattern": "^[A-Z]{3}$"},
-			}},
-		{Name: "capture_payment", Summary: "Capture an authorized payment intent (the money moves).", Service: Payments, Method: "POST",
-			Route: "/v1/payment_intents/{intent_id}/capture", Mode: Financial, Keyed: true, Approval: true,
-			Properties: map[string]any{"amount": amount, "amount_minor": integer}},
-		{Name: "cancel_payment", Summary: "Cancel (void) a payment intent before capture.", Service: Payments, Method: "POST",
-			Route: "/v1/payment_intents/{intent_id}/cancel", Mode: Destructive, Keyed: true, Properties: map[string]any{}},
-		{Name: "refund_payment", Summary: "Refund captured money of a payment intent.", Service: Payments, Method: "POST",
-			Route: "/v1/payment_intents/{intent_id}/refunds", Mode: Financial, Keyed: true, Approval: true,
-			Properties: map[string]any{"amount": amount, "amount_minor": integer, "reason": str}},
-		{Name: "request_deploy", Summary: "Deploy a service to an environment from an immutable reference (artifact digest or full commit SHA).",
-			Service: Deploys, Method: "POST", Route: "/v1/deploys", Mode: Destructive, Keyed: true, Approval: true,
-			Required: []string{"service", "environment"}, Properties: map[string]any{
-				"service": str, "environment": str, "artifact": str, "commit_sha": str,
-				"expected_environment_version": map[string]any{"type": "integer", "minimum": 0},
-			}},
-		{Name: "cancel_deploy", Summary: "Cancel a deploy that has not started activating.", Service: Deploys, Method: "POST",
-			Route: "/v1/deploys/{deploy_id}/cancel", Mode: Converge, Properties: map[string]any{}},
-		{Name: "rollback_deploy", Summary: "Roll back the environment's current deploy (a new deploy of the previous reference).",
-			Service: Deploys, Method: "POST", Route: "/v1/deploys/{deploy_id}/rollback", Mode: Destructive, Keyed: true, Approval: true,
-			Properties: map[string]any{"expected_environment_version": map[string]any{"type": "integer", "minimum": 0}}},
-		{Name: "request_approval", Summary: "Ask a person to approve one exact write of another action (after approval_required): " +
-			"give for_action, the action_id that needs it.", Method: "POST", Route: "/v1/approvals", Mode: Create, Keyed: true,
-			Required: []string{"for_action"}, Properties: map[string]any{
-				"for_action": map[string]any{"type": "string", "description": "the action_id of the write to approve"},
-			}},
-	} {
-		Tools[t.Name] = t
-	}
-}
-
-// ToolNames lists the tools in a stable order.
-func ToolNames() []string {
-	names := make([]string, 0, len(Tools))
-	for n := range Tools {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
+	schema *jsonschema.Schema // InputSchema compiled, approval_id added
 }
 
 // PathParams are the route's parameter names.
@@ -150,22 +90,19 @@ func (t Tool) PathParams() []string {
 	return out
 }
 
-// Schema is the JSON Schema of the tool's arguments (path parameters inside), without action_id.
+// Schema is the JSON Schema of the tool's arguments (path parameters inside), without action_id: the tools
+// file's input schema, with approval_id for approval tools. It is a new copy on every call.
 func (t Tool) Schema() map[string]any {
-	props := map[string]any{}
-	for k, v := range t.Properties {
-		props[k] = v
-	}
-	required := slices.Clone(t.Required)
-	for _, p := range t.PathParams() {
-		props[p] = map[string]any{"type": "string", "description": "path parameter: the " + strings.TrimSuffix(p, "_id") + " id"}
-		required = append(required, p)
-	}
+	schema := deepCopy(t.InputSchema).(map[string]any)
 	if t.Approval {
+		props, _ := schema["properties"].(map[string]any)
+		if props == nil {
+			props = map[string]any{}
+			schema["properties"] = props
+		}
 		props["approval_id"] = map[string]any{"type": "string", "description": "an approved approval's id (after approval_required); sent as Approval-Id, not part of the intent"}
 	}
-	slices.Sort(required)
-	return map[string]any{"type": "object", "properties": props, "required": required}
+	return schema
 }
 
 // request is a tool call made concrete: everything the HTTP send needs except lineage headers.

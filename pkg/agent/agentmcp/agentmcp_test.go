@@ -89,7 +89,7 @@ func TestToolsOverInMemoryTransport(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d tickets; want 1", n)
 	}
-	res, r := callTool(t, cs, "create_ticket", map[string]any{"action_id": "invalid", "project": "ops"})
+	res, r := callTool(t, cs, "create_ticket", map[string]any{"action_id": "invalid", "project": "ops", "title": ""})
 	text := textOf(res)
 	if !res.IsError || r.Code != "validation_failed" || !strings.Contains(text, "validation_failed") || !strings.Contains(text, "next step:") {
 		t.Errorf("invalid ticket: %s", text)

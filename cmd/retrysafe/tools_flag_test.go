@@ -1,0 +1,48 @@
+package main
+
+import (
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/retrysafe/retrysafe/internal/proctest"
+)
+
+// TestToolsFlag: `retrysafe mcp --tools FILE` lists that file's tools (and the agent's own two), not the demo
+// services'; a tools file that cannot be used is a usage error before anything is opened.
+func TestToolsFlag(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Build(t)
+	journal := t.TempDir() + "/tools.journal"
+	mcp := exec.Command(bin, "mcp", "--journal", journal, "--tools", "../../examples/tools/notes.yaml")
+	mcp.Env = []string{"AGENT_API_KEY=k", "NOTES_URL=http://127.0.0.1:1"}
+	mcp.Stdin = strings.NewReader(strings.Join(append(mcpInitialize, rpc(2, "tools/list", nil)), "\n") + "\n")
+	var out, stderr bytes.Buffer
+	mcp.Stdout, mcp.Stderr = &out, &stderr
+	if err := mcp.Run(); err != nil {
+		t.Fatalf("mcp --tools: %v\n%s", err, stderr.String())
+	}
+	list := out.String()
+	for _, name := range []string{`"create_note"`, `"get_operation"`, `"retry_action"`} {
+		if !strings.Contains(list, name) {
+			t.Errorf("tools/list has no %s: %.500s", name, list)
+		}
+	}
+	if strings.Contains(list, `"create_ticket"`) {
+		t.Errorf("tools/list offers the demo tools with a tools file: %.500s", list)
+	}
+
+	for _, args := range [][]string{
+		{"mcp", "--journal", journal, "--tools", "no-such-file.yaml"},
+		{"agent", "do", "--journal", journal, "--tools", "../../examples/tools/notes.yaml", "--action", "a", "create_ticket", `{}`},
+		{"agent", "do", "--journal", journal, "--tools", "../../pkg/agent/doc.go", "--action", "a", "create_note", `{}`},
+	} {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = []string{"AGENT_API_KEY=k"}
+		output, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(output), "tool") {
+			t.Errorf("%v: %v %s; want exit 1 naming the tools", args, err, output)
+		}
+	}
+}
