@@ -1127,7 +1127,7 @@ type ValidationFailed = Problem
 
 // RequestApprovalParams defines parameters for RequestApproval.
 type RequestApprovalParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
@@ -1142,31 +1142,31 @@ type RevokeApprovalJSONBody = map[string]interface{}
 
 // CreateProviderAuthorizationParams defines parameters for CreateProviderAuthorization.
 type CreateProviderAuthorizationParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
 // CaptureProviderAuthorizationParams defines parameters for CaptureProviderAuthorization.
 type CaptureProviderAuthorizationParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
 // RefundProviderAuthorizationParams defines parameters for RefundProviderAuthorization.
 type RefundProviderAuthorizationParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
 // VoidProviderAuthorizationParams defines parameters for VoidProviderAuthorization.
 type VoidProviderAuthorizationParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
 // CreateDeployParams defines parameters for CreateDeploy.
 type CreateDeployParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
@@ -1181,7 +1181,7 @@ type CancelDeployJSONBody = map[string]interface{}
 
 // RollbackDeployParams defines parameters for RollbackDeploy.
 type RollbackDeployParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
@@ -1203,13 +1203,13 @@ type ListOperationsParams struct {
 
 // ResolveOperationParams defines parameters for ResolveOperation.
 type ResolveOperationParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
 // CreatePaymentIntentParams defines parameters for CreatePaymentIntent.
 type CreatePaymentIntentParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
@@ -1221,7 +1221,7 @@ type CancelPaymentIntentJSONBody = map[string]interface{}
 
 // CancelPaymentIntentParams defines parameters for CancelPaymentIntent.
 type CancelPaymentIntentParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
@@ -1230,7 +1230,7 @@ type CancelPaymentIntentParams struct {
 
 // CapturePaymentIntentParams defines parameters for CapturePaymentIntent.
 type CapturePaymentIntentParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
@@ -1251,7 +1251,7 @@ type ListPaymentIntentRefundsParams struct {
 
 // CreateRefundParams defines parameters for CreateRefund.
 type CreateRefundParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
@@ -1276,7 +1276,7 @@ type ListTicketsParams struct {
 
 // CreateTicketParams defines parameters for CreateTicket.
 type CreateTicketParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
@@ -1300,7 +1300,7 @@ type AddTicketCommentJSONBody struct {
 
 // AddTicketCommentParams defines parameters for AddTicketComment.
 type AddTicketCommentParams struct {
-	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII.
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.

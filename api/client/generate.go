@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "aa68aa74121ce9567da4f06cfd53151e59412510638447163ab3f1ed91ab1d6c"
+const SpecSHA256 = "7f3c45c43d677b4d4e1271f49fb3adf77011ef9d74fadc5c8f693e4367289410"

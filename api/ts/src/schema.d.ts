@@ -1525,7 +1525,7 @@ export interface components {
         Limit: number;
         /** @description next_cursor of the page before, unchanged; absent for the first page. Opaque. */
         Cursor: string;
-        /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+        /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
         IdempotencyKey: string;
         /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
         Prefer: string;
@@ -1675,7 +1675,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path: {
@@ -1785,7 +1785,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
@@ -1901,7 +1901,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
@@ -2023,7 +2023,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -2189,7 +2189,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
@@ -2268,7 +2268,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
@@ -2325,7 +2325,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
@@ -2415,7 +2415,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
@@ -2503,7 +2503,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -2568,7 +2568,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path: {
@@ -2613,7 +2613,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path: {
@@ -2654,7 +2654,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
             };
             path: {
@@ -2816,7 +2816,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
@@ -2923,7 +2923,7 @@ export interface operations {
         parameters: {
             query?: never;
             header: {
-                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. */
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
