@@ -47,7 +47,7 @@ test:
 	  export TEST_DATABASE_URL="$$(scripts/devdb.sh url)/test?sslmode=disable"; \
 	fi && $(GO) test -count=1 -p 2 -timeout 20m ./... && scripts/example-conformance.sh
 
-# The database failover test (internal/failovertest; README, "Database failover"): scripts/failover.sh starts a
+# The database failover test (internal/failovertest; docs/failover.md): scripts/failover.sh starts a
 # PostgreSQL primary and a streaming-replication standby on ports of their own (never the system cluster), the
 # services run on the multi-host URL under load, the primary is killed and the standby promoted, synchronous then
 # asynchronous, and the old primary comes back as a standby; a few minutes. It runs in a session of its own, so

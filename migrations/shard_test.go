@@ -18,7 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 )
 
-// localTables are the tables that are not distributed by account_id, and why (README "Sharding by account").
+// localTables are the tables that are not distributed by account_id, and why (docs/sharding.md).
 // Every other table must have an account_id column that leads its primary key, its unique constraints and
 // indexes and its foreign keys (on both sides).
 var localTables = map[string]string{

@@ -1,4 +1,4 @@
-// Package failovertest is the database failover test, `make test-failover` (README, "Database failover"): a
+// Package failovertest is the database failover test, `make test-failover` (docs/failover.md): a
 // PostgreSQL primary and a streaming-replication standby started by scripts/failover.sh on ports of their own,
 // the payment provider sandbox and the three services as processes of the real binary on the multi-host URL,
 // load on all three, the primary killed with SIGKILL and the standby promoted; then what became of every write,

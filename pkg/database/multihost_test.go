@@ -11,8 +11,8 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// TestMultiHostPoolMovesOn: a pool on a multi-host URL (what a failover setup gives the services, README
-// "Database failover") whose first host dies, every connection cut and new ones refused, keeps its process: each
+// TestMultiHostPoolMovesOn: a pool on a multi-host URL (what a failover setup gives the services, docs/failover.md)
+// whose first host dies, every connection cut and new ones refused, keeps its process: each
 // pooled connection fails at most once, with a store failure, and is dropped; new connections go to the next
 // host.
 func TestMultiHostPoolMovesOn(t *testing.T) {
