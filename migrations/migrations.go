@@ -1,7 +1,21 @@
-// Package migrations embeds the SQL schema of retrysafe and applies it with goose.
+// Package migrations embeds the library's tables (idempotency keys, operations and their events, approvals, the
+// audit chain heads and checkpoints, console sessions) and applies them with goose. The demo services' tables
+// are not here: services/schema applies them after these.
 //
-// Every file is plain SQL with goose annotations, numbered in the order it applies. The binary carries them, so
-// `retrysafe migrate` (and `retrysafe serve`, unless MIGRATE_ON_START=false) brings any database up to date.
+// Every file is plain SQL with goose annotations, numbered in the order it applies (numbers may skip: they
+// stay those of the single sequence that once held the demo tables too), recorded in goose's default table,
+// goose_db_version. A service that uses the library migrates its database in one of three ways:
+//
+//   - from Go, at start: migrations.Up(ctx, sqlDB), which takes a PostgreSQL advisory lock, so replicas that
+//     start at once migrate one at a time;
+//   - with its own goose: the files are FS, for goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS),
+//     or on the command line from a checkout, `goose -dir migrations postgres "$DATABASE_URL" up`. Keep them in
+//     goose_db_version, or give them a table of their own (-table, goose.WithTableName) if the service's own
+//     goose migrations use that one;
+//   - with golang-migrate: not as they are. It wants NAME.up.sql and NAME.down.sql pairs, runs a file as one
+//     statement list without goose's StatementBegin/End blocks, and keeps one version, not the set of applied
+//     ones. Splitting each file at "-- +goose Down" into the pair does apply, into a database of its own
+//     schema_migrations table, but a database one tool has migrated cannot be handed to the other.
 package migrations
 
 import (
@@ -17,8 +31,10 @@ import (
 	"github.com/pressly/goose/v3/lock"
 )
 
+// FS holds the migration files, NNNNN_name.sql at its root, for a service that runs them with its own goose.
+//
 //go:embed *.sql
-var files embed.FS
+var FS embed.FS
 
 // Up applies every migration that the database has not seen yet.
 func Up(ctx context.Context, db *sql.DB) error {
@@ -51,7 +67,7 @@ func provider(db *sql.DB) (*goose.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS, goose.WithSessionLocker(locker))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
@@ -62,9 +78,9 @@ func provider(db *sql.DB) (*goose.Provider, error) {
 // the same schema. Test schemas are named with it, so a schema is reused only by code that expects its tables.
 func Digest() string {
 	sum := sha256.New()
-	names, _ := fs.Glob(files, "*.sql")
+	names, _ := fs.Glob(FS, "*.sql")
 	for _, name := range names {
-		raw, _ := files.ReadFile(name)
+		raw, _ := FS.ReadFile(name)
 		fmt.Fprintf(sum, "%s %d\n", name, len(raw))
 		sum.Write(raw)
 	}

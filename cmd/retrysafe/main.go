@@ -30,7 +30,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
@@ -39,6 +38,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/service"
+	"github.com/retrysafe/retrysafe/services/schema"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
@@ -157,7 +157,7 @@ func migrate(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 	defer sqlDB.Close()
-	if err := migrations.Up(ctx, sqlDB); err != nil {
+	if err := schema.Up(ctx, sqlDB); err != nil {
 		return err
 	}
 	logger.Info("migrations applied")
@@ -283,7 +283,7 @@ func httpStack(cfg config, db *gorm.DB) (service.HTTP, error) {
 			Secret: consoleSecret(cfg), SecureCookie: cfg.ConsoleSecureCookie, MaxSessionsPerKey: cfg.ConsoleMaxSessionsPerKey,
 		},
 		Ready: func(ctx context.Context) error {
-			pending, err := migrations.Pending(ctx, sqlDB)
+			pending, err := schema.Pending(ctx, sqlDB)
 			if err != nil {
 				return fmt.Errorf("migrations unknown")
 			}
