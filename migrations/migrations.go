@@ -1,21 +1,28 @@
 // Package migrations embeds the library's tables (idempotency keys, operations and their events, approvals, the
-// audit chain heads and checkpoints, console sessions) and applies them with goose. The demo services' tables
+// audit chain's heads and checkpoints, console sessions) and applies them with goose. The demo services' tables
 // are not here: services/schema applies them after these.
 //
-// Every file is plain SQL with goose annotations, numbered in the order it applies (numbers may skip: they
-// stay those of the single sequence that once held the demo tables too), recorded in goose's default table,
-// goose_db_version. A service that uses the library migrates its database in one of three ways:
+// Every file is plain SQL with goose annotations, numbered in the order it applies; numbers skip where a file
+// of the demo services left the sequence. goose records them in its default table, goose_db_version. A service
+// that uses the library migrates its database in one of three ways:
 //
-//   - from Go, at start: migrations.Up(ctx, sqlDB), which takes a PostgreSQL advisory lock, so replicas that
-//     start at once migrate one at a time;
-//   - with its own goose: the files are FS, for goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS),
-//     or on the command line from a checkout, `goose -dir migrations postgres "$DATABASE_URL" up`. Keep them in
-//     goose_db_version, or give them a table of their own (-table, goose.WithTableName) if the service's own
-//     goose migrations use that one;
-//   - with golang-migrate: not as they are. It wants NAME.up.sql and NAME.down.sql pairs, runs a file as one
-//     statement list without goose's StatementBegin/End blocks, and keeps one version, not the set of applied
-//     ones. Splitting each file at "-- +goose Down" into the pair does apply, into a database of its own
-//     schema_migrations table, but a database one tool has migrated cannot be handed to the other.
+//   - from Go, at start: Up(ctx, sqlDB). It takes goose's PostgreSQL advisory lock, so replicas that start at
+//     once migrate one at a time. Its record is goose_db_version: a service whose own goose migrations use that
+//     table moves them to another (goose -table, goose.WithTableName), or their versions would mix.
+//   - with the service's own goose: FS holds the files, for goose.NewProvider(goose.DialectPostgres, sqlDB,
+//     migrations.FS) (any table name), or `goose -dir migrations postgres "$DATABASE_URL" up` on a checkout of
+//     the repository at the version the service builds with.
+//   - with golang-migrate: not as they are; see below.
+//
+// golang-migrate wants NNNNN_name.up.sql and NNNNN_name.down.sql pairs. Split each file at its "-- +goose Down"
+// line (golang-migrate sends a file whole, and PostgreSQL reads the goose annotations as comments), then
+// migrate; it records only the last version applied, in its own schema_migrations, so a database migrated by
+// one tool is not handed to the other as it is:
+//
+//	mkdir gm && for f in migrations/*.sql; do b=gm/$(basename "$f" .sql)
+//	  awk -v up="$b.up.sql" -v down="$b.down.sql" '/^-- \+goose Down/ {d=1} {print > (d ? down : up)}' "$f"
+//	done
+//	migrate -path gm -database "$DATABASE_URL" up
 package migrations
 
 import (
