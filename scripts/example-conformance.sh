@@ -85,12 +85,22 @@ no_duplicates() {
   if [ "$dup" != "0" ]; then echo "$1: $dup values of $2 with two rows" >&2; exit 1; fi
 }
 
+# no_demo_tables: the example migrated only the library's tables (migrations.Up) and its own, none of the demo
+# services' (services/schema).
+no_demo_tables() {
+  local demo
+  demo=$(psql "$DATABASE_URL" -tAXc "SELECT string_agg(tablename, ' ') FROM pg_tables WHERE schemaname = current_schema()
+    AND (tablename ~ '^(ticket|payment_|deploy|environment)' OR tablename = 'retrysafe_demo_version')")
+  if [ -n "$demo" ]; then echo "the example's database has the demo services' tables: $demo" >&2; exit 1; fi
+}
+
 notes() {
   new_db notes
   export NOTES_TOKEN="notes-token-$$-never-printed"
   conform notes examples/conformance/notes.json \
     'curl -s -o /dev/null -H "Authorization: Bearer $NOTES_TOKEN" "http://$ADDR/v1/notes?author=x"'
   no_duplicates example_notes author
+  no_demo_tables
   echo "examples/notes: conformance passed, every case"
 }
 
@@ -114,6 +124,7 @@ orders() {
   export API_KEYS="acct_shop:agent:$SHOP_TOKEN" API_KEY_ID_SECRET="example-orders-key-ids-0123456789abcdef"
   conform orders examples/conformance/orders.json 'curl -sf -o /dev/null "http://$ADDR/readyz"' orders_operations
   no_duplicates example_orders customer
+  no_demo_tables
   echo "examples/orders: conformance passed, every case"
 }
 
