@@ -2,9 +2,10 @@
 // audit chain's heads and checkpoints, console sessions) and applies them with goose. The demo services' tables
 // are not here: services/schema applies them after these.
 //
-// Every file is plain SQL with goose annotations, numbered in the order it applies; numbers skip where a file
-// of the demo services left the sequence. goose records them in its default table, goose_db_version. A service
-// that uses the library migrates its database in one of three ways:
+// Every file is plain SQL with goose annotations, numbered in the order it applies. The numbers skip 00002,
+// 00004, 00005 and 00008, the demo services' files in the single sequence that services/schema splits, so a
+// database that sequence migrated is up to date here. goose records them in its default table,
+// goose_db_version. A service that uses the library migrates its database in one of three ways:
 //
 //   - from Go, at start: Up(ctx, sqlDB). It takes goose's PostgreSQL advisory lock, so replicas that start at
 //     once migrate one at a time. Its record is goose_db_version: a service whose own goose migrations use that
@@ -82,7 +83,7 @@ func provider(db *sql.DB) (*goose.Provider, error) {
 }
 
 // Digest is a short hash of every migration file: two databases migrated by binaries with the same Digest have
-// the same schema. Test schemas are named with it, so a schema is reused only by code that expects its tables.
+// the same library tables. services/schema's Digest, which names test schemas, includes it.
 func Digest() string {
 	sum := sha256.New()
 	names, _ := fs.Glob(FS, "*.sql")

@@ -3,12 +3,10 @@
 // retrysafe_demo_version. `retrysafe migrate`, `retrysafe serve` (MIGRATE_ON_START) and internal/testdb use
 // it; a service that only uses the library runs migrations.Up and its own migrations.
 //
-// The demo tables once were files of the library's sequence, whose version 17 (key_lifetime) is the last of
-// that single sequence. This sequence's first files create the tables as that history left them, so a database
-// migrated by it is the same as one migrated by the history (services/schema's tests compare their catalogs).
-// A database that the history brought to version 17 already has them: Up records those files as applied
-// without running them (a baseline). One with demo tables at an older library version is refused, with what to
-// run.
+// A database that the single sequence migrated (testdata/unsplit: the library's and the demo files together, up
+// to version 17) has the demo tables already, exactly as this sequence's first files create them (the tests
+// compare the catalogs). When its library version is 17 or more, Up records those files as applied without
+// running them (a baseline); demo tables at an older version are refused, with what to run.
 package schema
 
 import (
