@@ -9,68 +9,27 @@
 -- Foreign keys first: they depend on the unique indexes being replaced.
 ALTER TABLE operation_events DROP CONSTRAINT operation_events_operation_id_fkey;
 ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_operation_id_fkey;
-ALTER TABLE ticket_comments DROP CONSTRAINT ticket_comments_ticket_id_fkey;
-ALTER TABLE ticket_status_changes DROP CONSTRAINT ticket_status_changes_ticket_id_fkey;
-ALTER TABLE payment_refunds DROP CONSTRAINT payment_refunds_intent_id_fkey;
-ALTER TABLE deploys DROP CONSTRAINT deploys_operation_id_fkey, DROP CONSTRAINT deploys_rolls_back_deploy_id_fkey;
-ALTER TABLE environment_locks DROP CONSTRAINT environment_locks_holder_deploy_id_fkey;
 
 -- Primary keys: (account_id, id). The old single-column indexes go with them, nothing is added beside.
 ALTER TABLE operations DROP CONSTRAINT operations_pkey, ADD CONSTRAINT operations_pkey PRIMARY KEY (account_id, id);
 ALTER TABLE operation_events DROP CONSTRAINT operation_events_pkey,
     ADD CONSTRAINT operation_events_pkey PRIMARY KEY (account_id, id);
-ALTER TABLE tickets DROP CONSTRAINT tickets_pkey, ADD CONSTRAINT tickets_pkey PRIMARY KEY (account_id, id);
-ALTER TABLE ticket_comments DROP CONSTRAINT ticket_comments_pkey,
-    ADD CONSTRAINT ticket_comments_pkey PRIMARY KEY (account_id, id);
-ALTER TABLE ticket_status_changes DROP CONSTRAINT ticket_status_changes_pkey,
-    ADD CONSTRAINT ticket_status_changes_pkey PRIMARY KEY (account_id, id);
 ALTER TABLE approvals DROP CONSTRAINT approvals_pkey, ADD CONSTRAINT approvals_pkey PRIMARY KEY (account_id, id);
 ALTER TABLE approval_events DROP CONSTRAINT approval_events_pkey,
     ADD CONSTRAINT approval_events_pkey PRIMARY KEY (account_id, id);
-ALTER TABLE payment_intents DROP CONSTRAINT payment_intents_pkey,
-    ADD CONSTRAINT payment_intents_pkey PRIMARY KEY (account_id, id),
-    DROP CONSTRAINT payment_intents_create_operation_id_key,
-    ADD CONSTRAINT payment_intents_create_operation_id_key UNIQUE (account_id, create_operation_id),
-    DROP CONSTRAINT payment_intents_pending_operation_id_key,
-    ADD CONSTRAINT payment_intents_pending_operation_id_key UNIQUE (account_id, pending_operation_id);
-ALTER TABLE payment_refunds DROP CONSTRAINT payment_refunds_pkey,
-    ADD CONSTRAINT payment_refunds_pkey PRIMARY KEY (account_id, id),
-    DROP CONSTRAINT payment_refunds_operation_id_key,
-    ADD CONSTRAINT payment_refunds_operation_id_key UNIQUE (account_id, operation_id);
-ALTER TABLE deploys DROP CONSTRAINT deploys_pkey, ADD CONSTRAINT deploys_pkey PRIMARY KEY (account_id, id),
-    DROP CONSTRAINT deploys_operation_id_key,
-    ADD CONSTRAINT deploys_operation_id_key UNIQUE (account_id, operation_id);
 
 -- Foreign keys again, through the account.
 ALTER TABLE operation_events ADD CONSTRAINT operation_events_operation_id_fkey
     FOREIGN KEY (account_id, operation_id) REFERENCES operations (account_id, id);
 ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_operation_id_fkey
     FOREIGN KEY (account_id, operation_id) REFERENCES operations (account_id, id) DEFERRABLE INITIALLY DEFERRED;
-ALTER TABLE ticket_comments ADD CONSTRAINT ticket_comments_ticket_id_fkey
-    FOREIGN KEY (account_id, ticket_id) REFERENCES tickets (account_id, id);
-ALTER TABLE ticket_status_changes ADD CONSTRAINT ticket_status_changes_ticket_id_fkey
-    FOREIGN KEY (account_id, ticket_id) REFERENCES tickets (account_id, id);
-ALTER TABLE payment_refunds ADD CONSTRAINT payment_refunds_intent_id_fkey
-    FOREIGN KEY (account_id, intent_id) REFERENCES payment_intents (account_id, id);
-ALTER TABLE deploys ADD CONSTRAINT deploys_operation_id_fkey
-        FOREIGN KEY (account_id, operation_id) REFERENCES operations (account_id, id),
-    ADD CONSTRAINT deploys_rolls_back_deploy_id_fkey
-        FOREIGN KEY (account_id, rolls_back_deploy_id) REFERENCES deploys (account_id, id);
-ALTER TABLE environment_locks ADD CONSTRAINT environment_locks_holder_deploy_id_fkey
-    FOREIGN KEY (account_id, holder_deploy_id) REFERENCES deploys (account_id, id) DEFERRABLE INITIALLY DEFERRED;
 
 -- The indexes that find a subject's rows, with the account in front as every query now names it (replaced,
 -- not added).
 DROP INDEX operation_events_operation;
 CREATE INDEX operation_events_operation ON operation_events (account_id, operation_id, id);
-DROP INDEX ticket_comments_ticket;
-CREATE INDEX ticket_comments_ticket ON ticket_comments (account_id, ticket_id, created_at);
-DROP INDEX ticket_status_changes_ticket;
-CREATE INDEX ticket_status_changes_ticket ON ticket_status_changes (account_id, ticket_id, id);
 DROP INDEX approval_events_approval;
 CREATE INDEX approval_events_approval ON approval_events (account_id, approval_id, id);
-DROP INDEX payment_refunds_intent;
-CREATE INDEX payment_refunds_intent ON payment_refunds (account_id, intent_id, created_at);
 
 -- A chain's head lives with its subject (an operation or an approval), on the account's node: the triggers
 -- that link a record update the head in the same statement. Chain names stay the subject ids, so checkpoints
@@ -223,40 +182,16 @@ DROP FUNCTION audit_append(text, text, text, text, boolean, text);
 ALTER TABLE audit_chain_heads DROP CONSTRAINT audit_chain_heads_pkey, ADD CONSTRAINT audit_chain_heads_pkey PRIMARY KEY (chain);
 ALTER TABLE audit_chain_heads DROP COLUMN account_id;
 
-DROP INDEX payment_refunds_intent;
-CREATE INDEX payment_refunds_intent ON payment_refunds (intent_id, created_at);
 DROP INDEX approval_events_approval;
 CREATE INDEX approval_events_approval ON approval_events (approval_id, id);
-DROP INDEX ticket_status_changes_ticket;
-CREATE INDEX ticket_status_changes_ticket ON ticket_status_changes (ticket_id, id);
-DROP INDEX ticket_comments_ticket;
-CREATE INDEX ticket_comments_ticket ON ticket_comments (ticket_id, created_at);
 DROP INDEX operation_events_operation;
 CREATE INDEX operation_events_operation ON operation_events (operation_id, id);
 
-ALTER TABLE environment_locks DROP CONSTRAINT environment_locks_holder_deploy_id_fkey;
-ALTER TABLE deploys DROP CONSTRAINT deploys_operation_id_fkey, DROP CONSTRAINT deploys_rolls_back_deploy_id_fkey;
-ALTER TABLE payment_refunds DROP CONSTRAINT payment_refunds_intent_id_fkey;
-ALTER TABLE ticket_status_changes DROP CONSTRAINT ticket_status_changes_ticket_id_fkey;
-ALTER TABLE ticket_comments DROP CONSTRAINT ticket_comments_ticket_id_fkey;
 ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_operation_id_fkey;
 ALTER TABLE operation_events DROP CONSTRAINT operation_events_operation_id_fkey;
 
-ALTER TABLE deploys DROP CONSTRAINT deploys_pkey, ADD CONSTRAINT deploys_pkey PRIMARY KEY (id),
-    DROP CONSTRAINT deploys_operation_id_key, ADD CONSTRAINT deploys_operation_id_key UNIQUE (operation_id);
-ALTER TABLE payment_refunds DROP CONSTRAINT payment_refunds_pkey, ADD CONSTRAINT payment_refunds_pkey PRIMARY KEY (id),
-    DROP CONSTRAINT payment_refunds_operation_id_key, ADD CONSTRAINT payment_refunds_operation_id_key UNIQUE (operation_id);
-ALTER TABLE payment_intents DROP CONSTRAINT payment_intents_pkey, ADD CONSTRAINT payment_intents_pkey PRIMARY KEY (id),
-    DROP CONSTRAINT payment_intents_create_operation_id_key,
-    ADD CONSTRAINT payment_intents_create_operation_id_key UNIQUE (create_operation_id),
-    DROP CONSTRAINT payment_intents_pending_operation_id_key,
-    ADD CONSTRAINT payment_intents_pending_operation_id_key UNIQUE (pending_operation_id);
 ALTER TABLE approval_events DROP CONSTRAINT approval_events_pkey, ADD CONSTRAINT approval_events_pkey PRIMARY KEY (id);
 ALTER TABLE approvals DROP CONSTRAINT approvals_pkey, ADD CONSTRAINT approvals_pkey PRIMARY KEY (id);
-ALTER TABLE ticket_status_changes DROP CONSTRAINT ticket_status_changes_pkey,
-    ADD CONSTRAINT ticket_status_changes_pkey PRIMARY KEY (id);
-ALTER TABLE ticket_comments DROP CONSTRAINT ticket_comments_pkey, ADD CONSTRAINT ticket_comments_pkey PRIMARY KEY (id);
-ALTER TABLE tickets DROP CONSTRAINT tickets_pkey, ADD CONSTRAINT tickets_pkey PRIMARY KEY (id);
 ALTER TABLE operation_events DROP CONSTRAINT operation_events_pkey, ADD CONSTRAINT operation_events_pkey PRIMARY KEY (id);
 ALTER TABLE operations DROP CONSTRAINT operations_pkey, ADD CONSTRAINT operations_pkey PRIMARY KEY (id);
 
@@ -264,12 +199,3 @@ ALTER TABLE operation_events ADD CONSTRAINT operation_events_operation_id_fkey
     FOREIGN KEY (operation_id) REFERENCES operations (id);
 ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_operation_id_fkey
     FOREIGN KEY (operation_id) REFERENCES operations (id) DEFERRABLE INITIALLY DEFERRED;
-ALTER TABLE ticket_comments ADD CONSTRAINT ticket_comments_ticket_id_fkey FOREIGN KEY (ticket_id) REFERENCES tickets (id);
-ALTER TABLE ticket_status_changes ADD CONSTRAINT ticket_status_changes_ticket_id_fkey
-    FOREIGN KEY (ticket_id) REFERENCES tickets (id);
-ALTER TABLE payment_refunds ADD CONSTRAINT payment_refunds_intent_id_fkey
-    FOREIGN KEY (intent_id) REFERENCES payment_intents (id);
-ALTER TABLE deploys ADD CONSTRAINT deploys_operation_id_fkey FOREIGN KEY (operation_id) REFERENCES operations (id),
-    ADD CONSTRAINT deploys_rolls_back_deploy_id_fkey FOREIGN KEY (rolls_back_deploy_id) REFERENCES deploys (id);
-ALTER TABLE environment_locks ADD CONSTRAINT environment_locks_holder_deploy_id_fkey
-    FOREIGN KEY (holder_deploy_id) REFERENCES deploys (id) DEFERRABLE INITIALLY DEFERRED;

@@ -1,7 +1,29 @@
-// Package migrations embeds the SQL schema of retrysafe and applies it with goose.
+// Package migrations embeds the library's tables (idempotency keys, operations and their events, approvals, the
+// audit chain's heads and checkpoints, console sessions) and applies them with goose. The demo services' tables
+// are not here: services/schema applies them after these.
 //
-// Every file is plain SQL with goose annotations, numbered in the order it applies. The binary carries them, so
-// `retrysafe migrate` (and `retrysafe serve`, unless MIGRATE_ON_START=false) brings any database up to date.
+// Every file is plain SQL with goose annotations, numbered in the order it applies. The numbers skip 00002,
+// 00004, 00005 and 00008, the demo services' files in the single sequence that services/schema splits, so a
+// database that sequence migrated is up to date here. goose records them in its default table,
+// goose_db_version. A service that uses the library migrates its database in one of three ways:
+//
+//   - from Go, at start: Up(ctx, sqlDB). It takes goose's PostgreSQL advisory lock, so replicas that start at
+//     once migrate one at a time. Its record is goose_db_version: a service whose own goose migrations use that
+//     table moves them to another (goose -table, goose.WithTableName), or their versions would mix.
+//   - with the service's own goose: FS holds the files, for goose.NewProvider(goose.DialectPostgres, sqlDB,
+//     migrations.FS) (any table name), or `goose -dir migrations postgres "$DATABASE_URL" up` on a checkout of
+//     the repository at the version the service builds with.
+//   - with golang-migrate: not as they are; see below.
+//
+// golang-migrate wants NNNNN_name.up.sql and NNNNN_name.down.sql pairs. Split each file at its "-- +goose Down"
+// line (golang-migrate sends a file whole, and PostgreSQL reads the goose annotations as comments), then
+// migrate; it records only the last version applied, in its own schema_migrations, so a database migrated by
+// one tool is not handed to the other as it is:
+//
+//	mkdir gm && for f in migrations/*.sql; do b=gm/$(basename "$f" .sql)
+//	  awk -v up="$b.up.sql" -v down="$b.down.sql" '/^-- \+goose Down/ {d=1} {print > (d ? down : up)}' "$f"
+//	done
+//	migrate -path gm -database "$DATABASE_URL" up
 package migrations
 
 import (
@@ -17,8 +39,10 @@ import (
 	"github.com/pressly/goose/v3/lock"
 )
 
+// FS holds the migration files, NNNNN_name.sql at its root, for a service that runs them with its own goose.
+//
 //go:embed *.sql
-var files embed.FS
+var FS embed.FS
 
 // Up applies every migration that the database has not seen yet.
 func Up(ctx context.Context, db *sql.DB) error {
@@ -51,7 +75,7 @@ func provider(db *sql.DB) (*goose.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS, goose.WithSessionLocker(locker))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
@@ -59,12 +83,12 @@ func provider(db *sql.DB) (*goose.Provider, error) {
 }
 
 // Digest is a short hash of every migration file: two databases migrated by binaries with the same Digest have
-// the same schema. Test schemas are named with it, so a schema is reused only by code that expects its tables.
+// the same library tables. services/schema's Digest, which names test schemas, includes it.
 func Digest() string {
 	sum := sha256.New()
-	names, _ := fs.Glob(files, "*.sql")
+	names, _ := fs.Glob(FS, "*.sql")
 	for _, name := range names {
-		raw, _ := files.ReadFile(name)
+		raw, _ := FS.ReadFile(name)
 		fmt.Fprintf(sum, "%s %d\n", name, len(raw))
 		sum.Write(raw)
 	}

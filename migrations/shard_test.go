@@ -2,9 +2,11 @@ package migrations_test
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,25 +18,41 @@ import (
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/migrations"
+	"github.com/retrysafe/retrysafe/services/schema"
 )
 
-// localTables are the tables that are not distributed by account_id, and why (docs/sharding.md).
+// libraryLocal and demoLocal are the tables that are not distributed by account_id, and why (docs/sharding.md):
+// the library's, which migrations.Up creates, and the demo services', which services/schema adds.
 // Every other table must have an account_id column that leads its primary key, its unique constraints and
 // indexes and its foreign keys (on both sides).
-var localTables = map[string]string{
-	"goose_db_version":          "goose's record of the applied migrations",
-	"audit_checkpoints":         "one chain of checkpoints over every account's chains, written by one checkpointer at a time",
-	"console_sessions":          "found by the hash of the session cookie, before the account is known",
-	"deploy_target_activations": "the simulated deploy target: stands for a remote system, not our data",
-	"deploy_target_fences":      "the simulated deploy target: stands for a remote system, not our data",
+var (
+	libraryLocal = map[string]string{
+		"goose_db_version":  "goose's record of the applied migrations",
+		"audit_checkpoints": "one chain of checkpoints over every account's chains, written by one checkpointer at a time",
+		"console_sessions":  "found by the hash of the session cookie, before the account is known",
+	}
+	demoLocal = map[string]string{
+		schema.VersionTable:         "goose's record of the demo services' applied migrations",
+		"deploy_target_activations": "the simulated deploy target: stands for a remote system, not our data",
+		"deploy_target_fences":      "the simulated deploy target: stands for a remote system, not our data",
+	}
+)
+
+// libraryTables is every table migrations.Up creates: an adopter's database gets these and nothing else.
+var libraryTables = []string{
+	"approval_events", "approvals", "audit_chain_heads", "audit_checkpoints", "console_sessions", "goose_db_version",
+	"idempotency_keys", "operation_events", "operations",
 }
 
-// TestShardKeys reads the catalog of a schema with every migration applied and fails, naming the table and the
+// TestShardKeys reads the catalog of a schema with every migration applied, the library's and the demo services', and fails, naming the table and the
 // constraint, on any key of a tenant table that does not lead with account_id; and on a table without
-// account_id that is not one of localTables.
+// account_id that is not one of libraryLocal and demoLocal.
 func TestShardKeys(t *testing.T) {
 	t.Parallel()
 	tx := testdb.Tx(t)
+	localTables := maps.Clone(libraryLocal)
+	maps.Copy(localTables, demoLocal)
 	problems, tenant := shardProblems(t, tx, localTables)
 	for _, p := range problems {
 		t.Error(p)
@@ -50,8 +68,8 @@ func TestShardKeys(t *testing.T) {
 		t.Fatalf("found only %d tenant tables (%v): is the catalog read in the migrated schema?", len(tenant), tenant)
 	}
 
-	// README names one create_distributed_table call for each tenant table, and no other.
-	readme, err := os.ReadFile("../README.md")
+	// docs/sharding.md names one create_distributed_table call for each tenant table, and no other.
+	readme, err := os.ReadFile("../docs/sharding.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +79,55 @@ func TestShardKeys(t *testing.T) {
 	}
 	sort.Strings(documented)
 	if strings.Join(documented, " ") != strings.Join(tenant, " ") {
-		t.Errorf("README distributes %v\nthe catalog's tenant tables are %v", documented, tenant)
+		t.Errorf("docs/sharding.md distributes %v\nthe catalog's tenant tables are %v", documented, tenant)
+	}
+}
+
+// TestLibraryTablesOnly migrates an empty schema with migrations.Up alone, as a service that uses the library
+// does: it gets exactly the library's tables, none of the demo services' (services/schema), and they keep the
+// shard rules with only the library's local tables.
+func TestLibraryTablesOnly(t *testing.T) {
+	t.Parallel()
+	db, err := gorm.Open(postgres.Open(testdb.EmptySchema(t)), &gorm.Config{Logger: gormlogger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(2)
+	t.Cleanup(func() { sqlDB.Close() })
+	if err := migrations.Up(t.Context(), sqlDB); err != nil {
+		t.Fatal(err)
+	}
+	var tables []string
+	if err := db.Raw(`SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY tablename`).
+		Scan(&tables).Error; err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(tables, " ") != strings.Join(libraryTables, " ") {
+		t.Errorf("migrations.Up created %v\nwant exactly the library's %v", tables, libraryTables)
+	}
+	for _, demo := range schema.Tables {
+		if slices.Contains(tables, demo) {
+			t.Errorf("migrations.Up created the demo table %s", demo)
+		}
+	}
+	problems, tenant := shardProblems(t, db, libraryLocal)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	for name := range libraryLocal {
+		if !slices.Contains(tables, name) {
+			t.Errorf("libraryLocal lists %s, which migrations.Up does not create", name)
+		}
+	}
+	if len(tenant) != len(libraryTables)-len(libraryLocal) {
+		t.Errorf("tenant tables %v", tenant)
+	}
+	if pending, err := migrations.Pending(t.Context(), sqlDB); err != nil || pending {
+		t.Errorf("Pending after Up: %v, %v", pending, err)
 	}
 }
 
@@ -121,8 +187,8 @@ CREATE TABLE listed_local (id text PRIMARY KEY);
 	}
 }
 
-// TestShardKeysCatchTheOldSchema runs the check on the schema just before the shard_ready migration, keyed by id
-// alone, and expects it to fail there.
+// TestShardKeysCatchTheOldSchema runs the check on the library's schema just before the shard_ready migration,
+// keyed by id alone, and expects it to fail there.
 func TestShardKeysCatchTheOldSchema(t *testing.T) {
 	t.Parallel()
 	db, err := gorm.Open(postgres.Open(testdb.EmptySchema(t)), &gorm.Config{Logger: gormlogger.Discard})
@@ -151,11 +217,11 @@ func TestShardKeysCatchTheOldSchema(t *testing.T) {
 	if _, err := p.UpTo(context.Background(), shardReady-1); err != nil {
 		t.Fatal(err)
 	}
-	problems, _ := shardProblems(t, db, localTables)
+	problems, _ := shardProblems(t, db, libraryLocal)
 	got := strings.Join(problems, "\n")
 	for _, want := range []string{
 		"operations: primary key operations_pkey (id) does not lead with account_id",
-		"deploys: unique constraint deploys_operation_id_key (operation_id) does not lead with account_id",
+		"approvals: primary key approvals_pkey (id) does not lead with account_id",
 		"operation_events: foreign key operation_events_operation_id_fkey (operation_id) -> operations (id) does not lead with account_id",
 		"audit_chain_heads: no account_id column, and not listed as a local table",
 	} {

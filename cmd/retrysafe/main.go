@@ -31,7 +31,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
@@ -41,6 +40,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/service"
+	"github.com/retrysafe/retrysafe/services/schema"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
@@ -159,7 +159,7 @@ func migrate(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 	defer sqlDB.Close()
-	if err := migrations.Up(ctx, sqlDB); err != nil {
+	if err := schema.Up(ctx, sqlDB); err != nil {
 		return err
 	}
 	logger.Info("migrations applied")
@@ -291,7 +291,7 @@ func httpStack(cfg config, db *gorm.DB) (service.HTTP, error) {
 			Secret: consoleSecret(cfg), SecureCookie: cfg.ConsoleSecureCookie, MaxSessionsPerKey: cfg.ConsoleMaxSessionsPerKey,
 		},
 		Ready: func(ctx context.Context) error {
-			pending, err := migrations.Pending(ctx, sqlDB)
+			pending, err := schema.Pending(ctx, sqlDB)
 			if err != nil {
 				return fmt.Errorf("migrations unknown")
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"net/http"
 	"os"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/migrations"
 )
 
 // A key id secret and an API key secret of the lengths config asks for, for tests that set API_KEYS.
@@ -268,7 +270,7 @@ func TestComposeFileMatchesTheContract(t *testing.T) {
 }
 
 // TestReadyOnlyAfterMigrate: with MIGRATE_ON_START=false on an empty database the process is healthy but not
-// ready; `retrysafe migrate` makes it ready.
+// ready, nor with the library's migrations alone; `retrysafe migrate` (both sequences) makes it ready.
 func TestReadyOnlyAfterMigrate(t *testing.T) {
 	t.Parallel()
 	dsn := testdb.EmptySchema(t)
@@ -286,6 +288,18 @@ func TestReadyOnlyAfterMigrate(t *testing.T) {
 	waitHealthy(t, base+"/healthz", done)
 	if resp, err := http.Get(base + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("readyz before migrating: %v %v", resp, err)
+	}
+	// The library's tables alone are not enough for the demo services: their own sequence is still pending.
+	sqlDB, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	if err := migrations.Up(ctx, sqlDB); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.Get(base + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readyz with only the library's migrations: %v %v", resp, err)
 	}
 	if err := run(context.Background(), []string{"migrate"}, env(map[string]string{"DATABASE_URL": dsn, "LOG_LEVEL": "error"}), &out); err != nil {
 		t.Fatalf("migrate: %v", err)

@@ -36,9 +36,9 @@ import (
 	"gorm.io/gorm"
 	gormlogger "gorm.io/gorm/logger"
 
-	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/services/schema"
 )
 
 // DefaultURL is used when TEST_DATABASE_URL is unset: the local PostgreSQL of the development machine.
@@ -221,7 +221,7 @@ func openHolder() (*sql.Conn, error) {
 			rows.Close()
 			return nil, err
 		}
-		if !strings.Contains(name, "_m"+migrations.Digest()+"_") {
+		if !strings.Contains(name, "_m"+schema.Digest()+"_") {
 			stale = append(stale, name)
 		}
 	}
@@ -279,7 +279,7 @@ func redact(dsn string) string {
 	return u.Redacted()
 }
 
-func open(schema string) (*DB, error) {
+func open(name string) (*DB, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	admin, err := sql.Open("pgx", URL())
@@ -287,10 +287,10 @@ func open(schema string) (*DB, error) {
 		return nil, err
 	}
 	defer admin.Close()
-	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+schema); err != nil {
-		return nil, fmt.Errorf("create schema %s (is PostgreSQL running at %s?): %w", schema, redact(URL()), err)
+	if _, err := admin.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+name); err != nil {
+		return nil, fmt.Errorf("create schema %s (is PostgreSQL running at %s?): %w", name, redact(URL()), err)
 	}
-	dsn, err := withSearchPath(URL(), schema)
+	dsn, err := withSearchPath(URL(), name)
 	if err != nil {
 		return nil, err
 	}
@@ -304,16 +304,17 @@ func open(schema string) (*DB, error) {
 	}
 	sqlDB.SetMaxOpenConns(MaxConnsPerSchema)
 	sqlDB.SetMaxIdleConns(MaxConnsPerSchema)
-	if err := migrations.Up(ctx, sqlDB); err != nil {
-		return nil, fmt.Errorf("migrate schema %s: %w", schema, err)
+	if err := schema.Up(ctx, sqlDB); err != nil {
+		return nil, fmt.Errorf("migrate schema %s: %w", name, err)
 	}
-	return &DB{DB: db, DSN: dsn, Schema: schema}, nil
+	return &DB{DB: db, DSN: dsn, Schema: name}, nil
 }
 
 func truncate(db *gorm.DB) error {
 	var tables []string
+	// Not the records of applied migrations: the library's (goose_db_version) and the demo services'.
 	err := db.Raw(`SELECT quote_ident(tablename) FROM pg_tables
-WHERE schemaname = current_schema() AND tablename NOT LIKE 'goose%'`).Scan(&tables).Error
+WHERE schemaname = current_schema() AND tablename NOT LIKE 'goose%' AND tablename <> ?`, schema.VersionTable).Scan(&tables).Error
 	if err != nil || len(tables) == 0 {
 		return err
 	}
@@ -337,7 +338,7 @@ var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)
 // locks of claimName keep two processes (two checkouts testing at once) apart.
 func packagePrefix() string {
 	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")
-	return "t_" + nonIdent.ReplaceAllString(strings.ToLower(name), "_") + "_m" + migrations.Digest()
+	return "t_" + nonIdent.ReplaceAllString(strings.ToLower(name), "_") + "_m" + schema.Digest()
 }
 
 // EmptySchema creates a schema with nothing in it, not even migrations, and returns a DSN that uses it; it is
