@@ -496,6 +496,9 @@ func (h *harness) ticketModes(ctx context.Context, target, db, base string, stor
 		return ctx.Err()
 	}
 
+	// The storm's copies are the only connections: the modes before leave none idle, which would otherwise hold
+	// places of the service's connection cap (HTTP_MAX_CONNS) until its idle timeout.
+	c.Close()
 	sc := NewClient(agentSecret, h.cfg.Storm)
 	defer sc.Close()
 	key := Key()
