@@ -13,9 +13,15 @@ import (
 )
 
 // Routes registers GET /v1/operations/{id}, GET /v1/operations/{id}/timeline and
-// GET /v1/operations?idempotency_key=K on r, which must be
-// behind auth.Middleware: a caller only ever sees its own account's operations.
+// GET /v1/operations?idempotency_key=K on r, which must be behind auth.Middleware: a caller only ever sees its
+// own account's operations. A request that reaches them with no caller is refused (500, logged), never served.
 func Routes(r gin.IRouter, db *gorm.DB) {
+	r = r.Group("", func(c *gin.Context) {
+		if _, ok := auth.Lookup(c); !ok {
+			problem.Write(c, problem.New(problem.CodeInternal, "the server could not tell who sent this request"))
+			c.Abort()
+		}
+	})
 	r.GET("/v1/operations/:id", httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
 		op, err := Get(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
 		if err != nil {
