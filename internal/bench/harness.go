@@ -111,18 +111,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			h.cfg.Pgbench = false
 		}
 	}
-	h.total = 4 + 4 // baseline and retrysafe: warm-up, create, replay, storm
+	h.total = 5 + 5 // baseline and retrysafe: warm-up, create, single client, replay, storm
 	if cfg.Pgbench {
 		h.total++
 	}
 	if cfg.Ceiling {
-		h.total += 4
+		h.total += 5
 	}
 	if cfg.Payments {
 		h.total += 3
 	}
 	if cfg.Preload > 0 {
-		h.total += 5 // load, seal, warm-up, create, replay
+		h.total += 6 // load, seal, warm-up, create, single client, replay
 	}
 	h.rep.Phases = h.total
 	defer func() {
@@ -454,6 +454,19 @@ func (h *harness) ticketModes(ctx context.Context, target, db, base string, stor
 	var took time.Duration
 	h.timed(target+" create (a new key each request)", h.cfg.Duration, func() { samples, took = create.Run(ctx, c) })
 	r := Summarize(target, "create", samples, took)
+	r.RSS = peak()
+	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
+	h.record(r)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	// One client alone: the latency of a create on an idle server, not its throughput.
+	single := Load{Clients: 1, Duration: h.cfg.Duration / 2,
+		Next: func(int64) (Request, bool) { return ticketRequest(base, Key()), true }}
+	since = time.Now()
+	h.timed(target+" single client (create, one at a time)", single.Duration, func() { samples, took = single.Run(ctx, c) })
+	r = Summarize(target, "single", samples, took)
 	r.RSS = peak()
 	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
 	h.record(r)

@@ -157,9 +157,38 @@ func Print(w io.Writer, rep *Report) error {
 	}
 	replay, _ := Find(rep.Results, TargetTickets, "replay")
 	storm, _ := Find(rep.Results, TargetTickets, "storm")
+	goals(w, rep)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, Summary(base, create, replay, storm))
 	return nil
+}
+
+// goals writes retrysafe's figures against the goals of the performance issue, each a ratio to a server of the
+// same run: the ceiling (the baseline's insert plus a stored key) for throughput, p99 and the storm; the
+// baseline for one client's latency and for memory.
+func goals(w io.Writer, rep *Report) {
+	get := func(target, mode string) Result { r, _ := Find(rep.Results, target, mode); return r }
+	ceil := func(mode string) Result { return get(TargetCeiling, mode) }
+	rs := func(mode string) Result { return get(TargetTickets, mode) }
+	if ceil("create").RPS == 0 || rs("create").RPS == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\ngoals, against this run's ceiling (throughput, p99, storm) and baseline (one client, memory):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "  create\t%.0f req/s vs %.0f\t%s\tgoal >= 0.60x\n", rs("create").RPS, ceil("create").RPS,
+		Ratio(rs("create").RPS, ceil("create").RPS))
+	fmt.Fprintf(tw, "  create p99\t%s ms vs %s ms\t%s\tgoal <= 2.00x\n", Ms(rs("create").P99), Ms(ceil("create").P99),
+		Ratio(float64(rs("create").P99), float64(ceil("create").P99)))
+	fmt.Fprintf(tw, "  replay\t%.0f req/s vs %.0f\t%s\tgoal >= 0.50x (aim 0.70x)\n", rs("replay").RPS, ceil("replay").RPS,
+		Ratio(rs("replay").RPS, ceil("replay").RPS))
+	fmt.Fprintf(tw, "  storm, all answered\t%.2f s vs %.2f s\t%s\tgoal <= 1.25x; %s, %d rows\n", rs("storm").Seconds,
+		ceil("storm").Seconds, Ratio(rs("storm").Seconds, ceil("storm").Seconds), Statuses(rs("storm").Statuses), rs("storm").Rows)
+	b, one := get(TargetBaseline, "single"), rs("single")
+	fmt.Fprintf(tw, "  one client, p50\t%s ms vs %s ms\t%s\tgoal <= 2.00x; p99 %s ms vs %s ms\n", Ms(one.P50), Ms(b.P50),
+		Ratio(float64(one.P50), float64(b.P50)), Ms(one.P99), Ms(b.P99))
+	mem, baseMem := rep.Memory[TargetTickets].Peak(), rep.Memory[TargetBaseline].Peak()
+	fmt.Fprintf(tw, "  peak RSS\t%s vs %s\t%s\tgoal <= 1.25x\n", MB(mem), MB(baseMem), Ratio(float64(mem), float64(baseMem)))
+	_ = tw.Flush()
 }
 
 func rssCol(b int64) string {
