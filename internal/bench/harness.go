@@ -405,7 +405,7 @@ func (h *harness) tickets(ctx context.Context, target, db string, preload int64)
 func (h *harness) sealPreloaded(ctx context.Context, target, db, addr string, env []string) error {
 	name := target + " (sealing)"
 	p, err := Start(name, h.logPath(name), h.cfg.Bin, []string{"serve", "tickets"},
-		append(env[:len(env):len(env)], "AUDIT_CHECKPOINT_INTERVAL=1s"))
+		append(env[:len(env):len(env)], "AUDIT_SEAL_INTERVAL=1s"))
 	if err != nil {
 		return err
 	}
