@@ -34,14 +34,18 @@ ALTER TABLE approval_events DROP COLUMN chain_seq, DROP COLUMN prev_hash, DROP C
 ALTER TABLE approval_events ALTER COLUMN xid SET DEFAULT pg_current_xact_id();
 CREATE INDEX approval_events_unsealed ON approval_events (xid, id);
 
+-- is_attempt_record says whether an operation event with this detail is an attempt record: one HTTP attempt at
+-- a write, whose detail has an attempt_id and an outcome.
+CREATE FUNCTION is_attempt_record(detail jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT detail ? 'outcome' AND detail ? 'attempt_id'
+$$;
+
 -- An operation's events as its history shows them: seq is the event's place in the operation's history (id
--- order) and attempt numbers its attempt records (one HTTP attempt at a write: its detail has an attempt_id and
--- an outcome), in the same order. Both are read, not stored, so a retry's record is one plain insert. A filter on
--- the operation is applied before the numbering.
+-- order) and attempt numbers its attempt records in the same order. Both are read, not stored, so a retry's
+-- record is one plain insert. A filter on the operation is applied before the numbering.
 CREATE VIEW operation_events_numbered AS
 SELECT e.*, row_number() OVER w AS seq,
-       CASE WHEN e.detail ? 'outcome' AND e.detail ? 'attempt_id'
-            THEN count(*) FILTER (WHERE e.detail ? 'outcome' AND e.detail ? 'attempt_id') OVER w END AS attempt
+       CASE WHEN is_attempt_record(e.detail) THEN count(*) FILTER (WHERE is_attempt_record(e.detail)) OVER w END AS attempt
 FROM operation_events e
 WINDOW w AS (PARTITION BY e.account_id, e.operation_id ORDER BY e.id);
 

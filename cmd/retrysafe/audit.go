@@ -50,12 +50,12 @@ func openAuditDB(cfg config) (*gorm.DB, error) {
 }
 
 type verifyFlags struct {
-	since      time.Time
-	operation  string
-	publicKey  ed25519.PublicKey
-	journal    string
-	bundle     string
-	seal       string
+	since     time.Time
+	operation string
+	publicKey ed25519.PublicKey
+	journal   string
+	bundle    string
+	seal      string
 }
 
 func parseVerifyFlags(args []string, out io.Writer) (verifyFlags, error) {

@@ -112,8 +112,8 @@ func Schema(t testing.TB) *DB {
 	return db
 }
 
-// AuditIntact returns an error naming what `retrysafe audit verify` finds wrong with db's audit record (chains
-// and checkpoints), or nil when it is intact.
+// AuditIntact returns an error naming what `retrysafe audit verify` finds wrong with db's audit record (records
+// and seals), or nil when it is intact. Records not sealed yet are not wrong.
 func AuditIntact(db *gorm.DB) error {
 	rep, err := audit.Verify(context.Background(), db, audit.VerifyOptions{})
 	switch {

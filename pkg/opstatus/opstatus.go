@@ -247,8 +247,8 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State
 		resType, resID = &t.resource.Type, &t.resource.ID
 	}
 	var n int64
-	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert holds its chain head (audit trigger) and then takes KEY
-	// SHARE on the operation for its foreign key; FOR UPDATE would conflict with that and deadlock.
+	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert takes KEY SHARE on the operation for its foreign key,
+	// which FOR UPDATE would make wait for this transaction.
 	err := tx.WithContext(ctx).Raw(`
 WITH prev AS (
     SELECT account_id, id, state FROM operations WHERE account_id = ? AND id = ? FOR NO KEY UPDATE
