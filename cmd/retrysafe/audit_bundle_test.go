@@ -51,11 +51,11 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		ops = append(ops, id)
 	}
 	w := &audit.Sequencer{DB: db.DB, Signer: signer}
-	first := sealAllForTest(t, w)
+	first := testdb.SealAll(t, w)
 	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
-	last := sealAllForTest(t, w)[0]
+	last := testdb.SealAll(t, w)[0]
 
 	var out bytes.Buffer
 	err := run(ctx, []string{"audit", "export"}, env(map[string]string{"DATABASE_URL": db.DSN, "AUDIT_SIGNING_KEY": seed}), &out)
@@ -223,34 +223,5 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 	}
 	if code, text := run2(t, db.DSN, "audit", "export", "--operation", "op_missing"); code != 2 || strings.Contains(text, "format") {
 		t.Errorf("export of an unknown operation: exit %d\n%s", code, text)
-	}
-}
-
-// sealAllForTest runs s until no record is left unsealed, and returns the seals it wrote; other transactions on
-// the server may hold sealing back a while.
-func sealAllForTest(t *testing.T, s *audit.Sequencer) []auditchain.Seal {
-	t.Helper()
-	var out []auditchain.Seal
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		seal, err := s.RunOnce(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if seal != nil {
-			out = append(out, *seal)
-			continue
-		}
-		n, _, err := audit.Pending(context.Background(), s.DB)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return out
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d records still unsealed after a minute", n)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -11,13 +11,16 @@
 // A Sequencer seals the records written since the last seal, every interval (AUDIT_SEAL_INTERVAL, 1 s by
 // default), in batches of at most MaxSealRecords: one row of audit_seals per batch (auditchain.Seal). A seal
 // holds its batch's entries in sealed order, each naming one record (table, id, account, subject: the operation
-// or approval) with the hash of its content (auditchain.RecordHash over the fields of recordBody); the hash of
-// the entries; the batch's first ordinal and count in the order of all sealed records; where the batch ends in
-// each table (Through); the previous seal's hash; and an Ed25519 signature when a Signer is set. A record is tied
-// to its seal by the entry that names it, so no record is touched after its insert, and a seal is one insert.
+// or approval) with the hash of its content (auditchain.RecordHash of operationRecord or approvalRecord: the
+// row's fields but its id, which the entry names, so records that trade contents show); the hash of the
+// entries; the batch's first ordinal and count in the order of all sealed records; where the batch ends in each
+// table (Through); the previous seal's hash; and an Ed25519 signature when a Signer is set. A record is tied to
+// its seal by the entry that names it, so no record is touched after its insert, and a seal is one insert.
 //
-// The order records are sealed in is each table's (xid, id), and a batch takes only records whose xid is below
-// the xmin of the sequencer's snapshot (sealableSQL): see there why no record is ever skipped. Batches are
+// The order records are sealed in is each table's (xid, id), operation_events' first in a batch, and a batch
+// takes only records whose xid is below the xmin of the sequencer's snapshot (sealableSQL): see there why no
+// record is ever skipped. An operation's history is shown in id order (operation_events_numbered), which the
+// entries bind too. Batches are
 // written by one sequencer at a time per schema (a session advisory lock; any replica may run one, and the
 // others wait their turn), each in one transaction, so a sequencer that dies mid-batch leaves nothing sealed.
 //
@@ -30,13 +33,14 @@
 // the oldest is: the window is measured, not assumed.
 //
 //   - Verify reads everything back in one snapshot, read-only, and reports the first bad record of each subject.
-//
 //   - Export writes a bundle of records with the seals and key that check them; VerifyBundle checks it with no
 //     database, by the same checks as Verify.
 //
-//     s := &audit.Sequencer{DB: db, Signer: signer, Logger: logger}
-//     go s.Run(ctx)
-//     report, err := audit.Verify(ctx, db, audit.VerifyOptions{PublicKey: pub})
+// Every process that serves runs a sequencer; an auditor verifies:
+//
+//	s := &audit.Sequencer{DB: db, Signer: signer, Logger: logger}
+//	go s.Run(ctx)
+//	report, err := audit.Verify(ctx, db, audit.VerifyOptions{PublicKey: pub})
 package audit
 
 import (

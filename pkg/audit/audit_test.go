@@ -89,39 +89,6 @@ func mustVerify(t *testing.T, db *gorm.DB, opt audit.VerifyOptions) audit.Report
 	return rep
 }
 
-// sealAll runs s until no record is left unsealed, and returns the seals it wrote. A transaction open anywhere on
-// the server (other tests') holds sealing back until it ends, hence the loop.
-func sealAll(t *testing.T, s *audit.Sequencer) []auditchain.Seal {
-	t.Helper()
-	ctx := context.Background()
-	var out []auditchain.Seal
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		seal, err := s.RunOnce(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if seal != nil {
-			out = append(out, *seal)
-			if len(out) > 1000 {
-				t.Fatalf("more than 1000 seals, the last ones %+v", out[len(out)-2:])
-			}
-			continue
-		}
-		n, _, err := audit.Pending(ctx, s.DB)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return out
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d records still unsealed after a minute", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestSealedRecordsVerify(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
@@ -131,7 +98,7 @@ func TestSealedRecordsVerify(t *testing.T) {
 	if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub}); !rep.Intact() || rep.Unsealed != 12 || rep.Sealed != 0 || rep.Seals != 0 {
 		t.Fatalf("before any seal: every record is reported unsealed: %+v", rep)
 	}
-	first := sealAll(t, s)
+	first := testdb.SealAll(t, s)
 	var sealed int64
 	for _, seal := range first {
 		sealed += seal.Count
@@ -152,7 +119,7 @@ func TestSealedRecordsVerify(t *testing.T) {
 	if !rep.Intact() || rep.Unsealed != 1 || rep.Sealed != 12 || rep.OldestUnsealed.IsZero() {
 		t.Fatalf("one record not sealed yet: %+v", rep)
 	}
-	second := sealAll(t, s)
+	second := testdb.SealAll(t, s)
 	if len(second) != 1 || second[0].Count != 1 || second[0].First != sealed+1 || second[0].Prev != first[len(first)-1].Hash {
 		t.Fatalf("the next seal holds only the new record, after the others: %+v", second)
 	}
@@ -246,7 +213,7 @@ func TestVerifyFindsTampering(t *testing.T) {
 			db := testdb.Schema(t)
 			db.Tampered()
 			ops := history(t, db.DB, 3)
-			sealAll(t, &audit.Sequencer{DB: db.DB, Signer: signer})
+			testdb.SealAll(t, &audit.Sequencer{DB: db.DB, Signer: signer})
 			if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub}); !rep.Intact() {
 				t.Fatalf("before tampering: %v", rep.Problems)
 			}
@@ -452,7 +419,7 @@ func TestLateCommitIsSealedLater(t *testing.T) {
 	if err := late.Commit().Error; err != nil {
 		t.Fatal(err)
 	}
-	sealAll(t, s)
+	testdb.SealAll(t, s)
 	rep := mustVerify(t, db.DB, audit.VerifyOptions{})
 	if !rep.Intact() || rep.Unsealed != 0 || rep.Records != 2*3+3+2 || rep.Sealed != rep.Records {
 		t.Fatalf("after the late commit: %+v", rep)
@@ -508,7 +475,7 @@ func TestTwoSequencersSealEachRecordOnce(t *testing.T) {
 	if err, _ := sealErr.Load().(error); err != nil {
 		t.Fatal(err)
 	}
-	sealAll(t, a)
+	testdb.SealAll(t, a)
 	var counts struct{ Entries, Distinct, Records int64 }
 	db.Raw(`SELECT count(*) AS entries, count(DISTINCT (e->>'table', e->>'id')) AS distinct,
     (SELECT count(*) FROM operation_events) + (SELECT count(*) FROM approval_events) AS records
@@ -567,7 +534,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = ?
 	defer cancel()
 	runKilled(cctx, func(any) { cancel() })
 
-	seals := sealAll(t, s)
+	seals := testdb.SealAll(t, s)
 	if len(seals) == 0 || seals[0].Seq != 1 {
 		t.Fatalf("the next run starts the chain: %+v", seals)
 	}

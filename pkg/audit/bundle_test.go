@@ -23,12 +23,12 @@ func TestExportHoldsWhatChecksIt(t *testing.T) {
 	signer, pub := testSigner(t)
 	ops := history(t, db.DB, 3)
 	w := &audit.Sequencer{DB: db.DB, Signer: signer}
-	first := sealAll(t, w)
+	first := testdb.SealAll(t, w)
 	cp1 := first[len(first)-1]
 	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
-	cp2 := sealAll(t, w)[0]
+	cp2 := testdb.SealAll(t, w)[0]
 
 	export := func(opt audit.ExportOptions) []byte {
 		t.Helper()
@@ -121,11 +121,11 @@ func TestVerifyPinnedSeal(t *testing.T) {
 	signer, pub := testSigner(t)
 	ops := history(t, db.DB, 2)
 	w := &audit.Sequencer{DB: db.DB, Signer: signer}
-	first := sealAll(t, w)
+	first := testdb.SealAll(t, w)
 	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
-	last := sealAll(t, w)[0]
+	last := testdb.SealAll(t, w)[0]
 	if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub, Seal: last.Hash}); !rep.Intact() {
 		t.Fatalf("pinned to the last seal: %+v", rep)
 	}

@@ -100,7 +100,7 @@ INSERT INTO approval_events (approval_id, account_id, type, actor, detail) VALUE
 		if string(back) != string(sent) {
 			t.Fatalf("canonical JSON of the detail:\n  sent %s\n stored %s", sent, back)
 		}
-		sealAll(t, s)
+		testdb.SealAll(t, s)
 		want, err := auditchain.RecordHash(map[string]any{"account_id": "acct_fuzz", "actor": text, "created_at": auditchain.FormatTime(stored.CreatedAt),
 			"detail": json.RawMessage(detail), "from_state": nil, "operation_id": opID, "to_state": nil, "type": "completed"})
 		if err != nil {
