@@ -28,9 +28,9 @@ import (
 // indexes and its foreign keys (on both sides).
 var (
 	libraryLocal = map[string]string{
-		"goose_db_version":  "goose's record of the applied migrations",
-		"audit_checkpoints": "one chain of checkpoints over every account's chains, written by one checkpointer at a time",
-		"console_sessions":  "found by the hash of the session cookie, before the account is known",
+		"goose_db_version": "goose's record of the applied migrations",
+		"audit_seals":      "one chain of seals over every account's records, written by one sequencer at a time",
+		"console_sessions": "found by the hash of the session cookie, before the account is known",
 	}
 	demoLocal = map[string]string{
 		schema.VersionTable:         "goose's record of the demo services' applied migrations",
@@ -41,7 +41,7 @@ var (
 
 // libraryTables is every table migrations.Up creates: an adopter's database gets these and nothing else.
 var libraryTables = []string{
-	"approval_events", "approvals", "audit_chain_heads", "audit_checkpoints", "console_sessions", "goose_db_version",
+	"approval_events", "approvals", "audit_seals", "console_sessions", "goose_db_version",
 	"idempotency_keys", "operation_events", "operations",
 }
 

@@ -14,7 +14,7 @@
 #              operation, claimed running and completed in place, one chained record, the ticket; same round
 #              trips. The "at most three rows".
 #   create     today's create: the read, BEGIN with the claim and the ticket, then the completion (the operation,
-#              its two records linked by the writer, the chain head, the stored response) with COMMIT
+#              its two records as plain rows, the stored response) with COMMIT
 # usage: scripts/bench-db-steps.sh [SECONDS]   (needs pgbench and psql; PGHOST etc. or 127.0.0.1:5432 user postgres;
 # KEEP=1 keeps the database retrysafe_db_steps to look at afterwards)
 set -eu
@@ -93,7 +93,7 @@ $r
 SELECT k.account_id, k.idempotency_key, k.fingerprint, k.operation_id, k.state, k.response_status, k.response_headers, k.response_body, (SELECT o.state FROM operations o WHERE o.account_id = k.account_id AND o.id = k.operation_id) FROM idempotency_keys k WHERE k.account_id = 'acct_a' AND k.idempotency_key = $K;
 $claim
 \startpipeline
-WITH key AS (UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now() WHERE account_id = 'acct_a' AND idempotency_key = $K AND operation_id = $OP AND state = 'running' RETURNING account_id, operation_id), op AS (INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id) SELECT operation_id, account_id, 'tickets.create', 'succeeded', $K, md5(:r::text), 'ticket', $TKT FROM key RETURNING id, account_id), ev AS (INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, created_at, attempt, chain_seq, prev_hash, hash) SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb, now(), v.attempt, v.seq, v.prev_hash, v.hash FROM op, (VALUES ('claimed', NULL, 'running', 'agent_a', '$detail1', NULL::bigint, 1::bigint, repeat('0', 64), $H1), ('completed', 'running', 'succeeded', 'agent_a', '$detail2', 1::bigint, 2::bigint, $H1, $H2)) AS v(type, from_state, to_state, actor, detail, attempt, seq, prev_hash, hash) ORDER BY v.seq), head AS (INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, attempts) SELECT account_id, id, 2, $H2, $H1, 1 FROM op) SELECT count(*) FROM key;
+WITH key AS (UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now() WHERE account_id = 'acct_a' AND idempotency_key = $K AND operation_id = $OP AND state = 'running' RETURNING account_id, operation_id), op AS (INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id) SELECT operation_id, account_id, 'tickets.create', 'succeeded', $K, md5(:r::text), 'ticket', $TKT FROM key RETURNING id, account_id), ev AS (INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail) SELECT op.id, op.account_id, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb FROM op, (VALUES (1, 'claimed', NULL, 'running', 'agent_a', '$detail1'), (2, 'completed', 'running', 'succeeded', 'agent_a', '$detail2')) AS v(seq, type, from_state, to_state, actor, detail) ORDER BY v.seq) SELECT count(*) FROM key;
 COMMIT;
 \endpipeline
 SQL

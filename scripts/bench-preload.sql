@@ -2,14 +2,13 @@
 -- database, for the growth benchmark (`make bench-growth`, cmd/retrysafe-bench -preload N, which runs it in
 -- batches). Each one leaves the rows a real `POST /v1/tickets` leaves once committed (services/tickets,
 -- idem.LocalStore): the ticket, the completed idempotency key with its stored 201 answer, the operation
--- (tickets.create, succeeded), its two chained events (claimed; completed, attempt 1) and its chain head, with
--- the hashes the audit trigger would compute (migrations 00006, 00010, 00014), so `retrysafe audit verify` finds every
--- chain intact. The heads are left unsealed (checkpointed = false), as after a burst of real creates: the
--- service's checkpoint worker seals them (the harness waits for it before it measures).
+-- (tickets.create, succeeded) and its two events (claimed; completed, attempt 1). The events are left unsealed,
+-- as after a burst of real creates: the service's audit sequencer seals them (the harness waits for it before it
+-- measures).
 --
--- The hashes are computed here in one set-based statement per table instead of row by row in the trigger
--- (session_replication_role = replica turns the triggers, and the deferred foreign key check, off for this
--- session only: superuser, as the postgres user of the development server is). The ids are UUIDv7-shaped, time
+-- One set-based statement per table (session_replication_role = replica turns the triggers, and the deferred
+-- foreign key check, off for this session only: superuser, as the postgres user of the development server is).
+-- The ids are UUIDv7-shaped, time
 -- first, as ids.New makes them; the key is "preload-<n>", the account acct_a, the actor agent:preload; the
 -- fingerprint is the real one of `{"project":"bench","title":"ticket preload-<n>","priority":"normal"}`, so
 -- sending that request again with its key replays the stored 201.
@@ -39,21 +38,11 @@ WITH n AS (
            'tkt_' || substr(ms, 1, 8) || '-' || substr(ms, 9, 4) || '-7' || substr(htk, 1, 3) || '-8' || substr(htk, 4, 3) || '-' || substr(htk, 7, 12) AS tkt,
            'att_' || substr(ms, 1, 8) || '-' || substr(ms, 9, 4) || '-7' || substr(hat, 1, 3) || '-8' || substr(hat, 4, 3) || '-' || substr(hat, 7, 12) AS att
     FROM v
-), rec AS (
-    SELECT *,
-           '{"attempt_id":"' || att || '"}' AS d1,
-           '{"attempt_id":"' || att || '","duration_ms":2,"fingerprint":"' || fingerprint || '","outcome":"created","status":201}' AS d2
-    FROM ids
-), h1 AS (
-    SELECT *, audit_link(op, 1, repeat('0', 64),
-              '{"account_id":"acct_a","actor":"agent:preload","attempt":null,"created_at":"' || t || '","detail":' || d1
-              || ',"from_state":null,"operation_id":"' || op || '","to_state":"running","type":"claimed"}') AS hash1
-    FROM rec
 )
-SELECT *, audit_link(op, 2, hash1,
-          '{"account_id":"acct_a","actor":"agent:preload","attempt":1,"created_at":"' || t || '","detail":' || d2
-          || ',"from_state":"running","operation_id":"' || op || '","to_state":"succeeded","type":"completed"}') AS hash2
-FROM h1;
+SELECT *,
+       '{"attempt_id":"' || att || '"}' AS d1,
+       '{"attempt_id":"' || att || '","duration_ms":2,"fingerprint":"' || fingerprint || '","outcome":"created","status":201}' AS d2
+FROM ids;
 
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, created_at, updated_at)
 SELECT tkt, 'acct_a', 'bench', 'ticket ' || key, '', 'normal', 'open', ts, ts FROM preload ORDER BY i;
@@ -69,18 +58,14 @@ SELECT 'acct_a', key, fingerprint, op, 'completed', 201, jsonb_build_object('Loc
        ts, ts
 FROM preload ORDER BY i;
 
--- Ids in chain order (claimed before completed), after every id already taken.
-INSERT INTO operation_events (id, operation_id, account_id, type, from_state, to_state, actor, detail, created_at, attempt, chain_seq, prev_hash, hash)
+-- Ids in history order (claimed before completed), after every id already taken.
+INSERT INTO operation_events (id, operation_id, account_id, type, from_state, to_state, actor, detail, created_at)
 SELECT b.base + 2 * (p.i - current_setting('bench.from')::bigint) + e.seq, p.op, 'acct_a', e.type, e.from_state, e.to_state, 'agent:preload',
-       e.detail::jsonb, p.ts, e.attempt, e.seq, e.prev_hash, e.hash
+       e.detail::jsonb, p.ts
 FROM preload p
 CROSS JOIN (SELECT coalesce(max(id), 0) AS base FROM operation_events) b
-CROSS JOIN LATERAL (VALUES (1, 'claimed', NULL, 'running', p.d1, NULL::bigint, repeat('0', 64), p.hash1),
-                           (2, 'completed', 'running', 'succeeded', p.d2, 1::bigint, p.hash1, p.hash2))
-    AS e(seq, type, from_state, to_state, detail, attempt, prev_hash, hash)
+CROSS JOIN LATERAL (VALUES (1, 'claimed', NULL, 'running', p.d1), (2, 'completed', 'running', 'succeeded', p.d2))
+    AS e(seq, type, from_state, to_state, detail)
 ORDER BY p.i, e.seq;
 SELECT setval('operation_events_id_seq', (SELECT max(id) FROM operation_events));
-
-INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash, checkpointed, attempts)
-SELECT 'acct_a', op, 2, hash2, hash1, false, 1 FROM preload ORDER BY i;
 COMMIT;

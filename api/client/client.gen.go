@@ -752,7 +752,7 @@ type OperationEvent struct {
 	FromState *OperationState         `json:"from_state,omitempty"`
 	Id        int                     `json:"id"`
 
-	// Seq The event's place in the operation's hash-chained audit record.
+	// Seq The event's place in the operation's history, from 1.
 	Seq     *int            `json:"seq,omitempty"`
 	ToState *OperationState `json:"to_state,omitempty"`
 
@@ -961,7 +961,7 @@ type Timeline struct {
 		DecidedAt  *time.Time `json:"decided_at"`
 		DecidedBy  *string    `json:"decided_by"`
 
-		// Records The approval's own hash-chained records, in chain order.
+		// Records The approval's own audit records, in order.
 		Records []struct {
 			Actor string                       `json:"actor"`
 			At    time.Time                    `json:"at"`
@@ -974,10 +974,19 @@ type Timeline struct {
 		UsedByAttempt *string                `json:"used_by_attempt,omitempty"`
 	} `json:"approvals"`
 	Chain struct {
-		Checkpoints int      `json:"checkpoints"`
-		Intact      bool     `json:"intact"`
-		Problems    []string `json:"problems"`
-		Records     int      `json:"records"`
+		// Intact No record a seal holds was changed, removed or reordered, and no seal was forged.
+		Intact   bool     `json:"intact"`
+		Problems []string `json:"problems"`
+		Records  int      `json:"records"`
+
+		// Sealed Records a seal holds: tamper-evident.
+		Sealed int `json:"sealed"`
+
+		// Seals Seals checked: those holding these records.
+		Seals int `json:"seals"`
+
+		// Unsealed Records not sealed yet (normally sealed within AUDIT_SEAL_INTERVAL): nothing vouches for them yet.
+		Unsealed int `json:"unsealed"`
 	} `json:"chain"`
 
 	// DeduplicatedAgainst The operation that created the resource this one found already there (a ticket of the same source_event_id).
@@ -2168,14 +2177,15 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
 	ResolveOperation(ctx context.Context, id string, params *ResolveOperationParams, body ResolveOperationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// GetOperationTimeline One operation's story for an investigator, with its audit chain verified.
+	// GetOperationTimeline One operation's story for an investigator, with its audit records verified.
 	//
-	// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+	// Every record of the operation's history in order: each attempt (number, agent run, the
 	// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
 	// dispatch and observation, each state change; the approvals it used or that were asked for its exact
 	// request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
-	// who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
-	// with no effect: retry it freely.
+	// who settled it; and whether its records and its approvals' records verify against the seals that hold
+	// them, with how many are not sealed yet (written within about `AUDIT_SEAL_INTERVAL`). A read with no
+	// effect: retry it freely.
 	//
 	// Corresponds with GET /v1/operations/{id}/timeline (the `GetOperationTimeline` operationId).
 	GetOperationTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -3326,14 +3336,15 @@ func (c *Client) ResolveOperation(ctx context.Context, id string, params *Resolv
 	return c.Client.Do(req)
 }
 
-// GetOperationTimeline One operation's story for an investigator, with its audit chain verified.
+// GetOperationTimeline One operation's story for an investigator, with its audit records verified.
 //
-// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+// Every record of the operation's history in order: each attempt (number, agent run, the
 // attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
 // dispatch and observation, each state change; the approvals it used or that were asked for its exact
 // request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
-// who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
-// with no effect: retry it freely.
+// who settled it; and whether its records and its approvals' records verify against the seals that hold
+// them, with how many are not sealed yet (written within about `AUDIT_SEAL_INTERVAL`). A read with no
+// effect: retry it freely.
 //
 // Corresponds with GET /v1/operations/{id}/timeline (the `GetOperationTimeline` operationId).
 func (c *Client) GetOperationTimeline(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -6478,14 +6489,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/operations/{id}/resolution (the `ResolveOperation` operationId).
 	ResolveOperationWithResponse(ctx context.Context, id string, params *ResolveOperationParams, body ResolveOperationJSONRequestBody, reqEditors ...RequestEditorFn) (*ResolveOperationResponse, error)
 
-	// GetOperationTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
+	// GetOperationTimelineWithResponse One operation's story for an investigator, with its audit records verified.
 	//
-	// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+	// Every record of the operation's history in order: each attempt (number, agent run, the
 	// attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
 	// dispatch and observation, each state change; the approvals it used or that were asked for its exact
 	// request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
-	// who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
-	// with no effect: retry it freely.
+	// who settled it; and whether its records and its approvals' records verify against the seals that hold
+	// them, with how many are not sealed yet (written within about `AUDIT_SEAL_INTERVAL`). A read with no
+	// effect: retry it freely.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -11553,14 +11565,15 @@ func (c *ClientWithResponses) ResolveOperationWithResponse(ctx context.Context, 
 	return ParseResolveOperationResponse(rsp)
 }
 
-// GetOperationTimelineWithResponse One operation's story for an investigator, with its audit chain verified.
+// GetOperationTimelineWithResponse One operation's story for an investigator, with its audit records verified.
 //
-// Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+// Every record of the operation's history in order: each attempt (number, agent run, the
 // attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
 // dispatch and observation, each state change; the approvals it used or that were asked for its exact
 // request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
-// who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
-// with no effect: retry it freely.
+// who settled it; and whether its records and its approvals' records verify against the seals that hold
+// them, with how many are not sealed yet (written within about `AUDIT_SEAL_INTERVAL`). A read with no
+// effect: retry it freely.
 //
 // Returns a wrapper object for the known response body format(s).
 //

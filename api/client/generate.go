@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "7f3c45c43d677b4d4e1271f49fb3adf77011ef9d74fadc5c8f693e4367289410"
+const SpecSHA256 = "48e43ddb59a10ea8dd88ddbf14496b8761d0338104b2609bb1eec512e1f3cdec"

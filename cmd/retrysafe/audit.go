@@ -25,16 +25,19 @@ func auditCommand() command {
 	return command{
 		name:     "audit",
 		synopsis: "audit verify|export|public-key|timeline ...",
-		summary: "check the audit chain (verify [--since RFC3339] [--operation ID] [--public-key B64] [--checkpoint HASH] " +
-			"[--journal PATH | --bundle FILE]: exit 0 intact, 1 broken, 2 could not check; it only reads; --bundle checks " +
-			"an exported bundle with no database, --checkpoint fails unless the checkpoints include that hash, kept " +
-			"elsewhere), write records with what checks them to stdout (export [--since RFC3339] [--until RFC3339] " +
-			"[--operation ID] > FILE: whole chains, the checkpoints covering them, the public key), print the checkpoint " +
-			"signing key (public-key), or show an operation's history (timeline OPERATION_ID)",
+		summary: "check the audit record (verify [--since RFC3339] [--operation ID] [--public-key B64] [--seal HASH] " +
+			"[--journal PATH | --bundle FILE]: exit 0 intact, 1 broken or sealing stalled (a record unsealed for over 10 " +
+			"AUDIT_SEAL_INTERVALs), 2 could not check; it only reads; --bundle checks an exported bundle with no database, " +
+			"--seal fails unless the seals include that hash, kept elsewhere), write records with what checks them to " +
+			"stdout (export [--since RFC3339] [--until RFC3339] [--operation ID] > FILE: the records, the seals holding " +
+			"them, the public key), print the seal signing key (public-key), or show an operation's history (timeline " +
+			"OPERATION_ID)",
 		check: checkAudit, run: runAudit,
 		env: databaseEnv + `
-  AUDIT_SIGNING_KEY         Ed25519 seed (32 bytes, base64) that signs checkpoints; verify checks signatures
+  AUDIT_SIGNING_KEY         Ed25519 seed (32 bytes, base64) that signs seals; verify checks signatures
                             with its public key unless --public-key names another
+  AUDIT_SEAL_INTERVAL       the sequencers' interval (default 1s): verify exits 1 when a record has waited
+                            more than 10 of them to be sealed
 ` + commonEnv,
 	}
 }
@@ -47,23 +50,23 @@ func openAuditDB(cfg config) (*gorm.DB, error) {
 }
 
 type verifyFlags struct {
-	since      time.Time
-	operation  string
-	publicKey  ed25519.PublicKey
-	journal    string
-	bundle     string
-	checkpoint string
+	since     time.Time
+	operation string
+	publicKey ed25519.PublicKey
+	journal   string
+	bundle    string
+	seal      string
 }
 
 func parseVerifyFlags(args []string, out io.Writer) (verifyFlags, error) {
 	fs := flag.NewFlagSet("audit verify", flag.ContinueOnError)
 	fs.SetOutput(out)
-	since := fs.String("since", "", "check records and checkpoints written at or after this time (RFC 3339)")
-	op := fs.String("operation", "", "check this operation's chain only")
-	pub := fs.String("public-key", "", "require checkpoints signed by this Ed25519 public key (base64)")
+	since := fs.String("since", "", "check the seals written at or after this time (RFC 3339), their records and the unsealed ones")
+	op := fs.String("operation", "", "check this operation's records only (and its approvals')")
+	pub := fs.String("public-key", "", "require seals signed by this Ed25519 public key (base64)")
 	journal := fs.String("journal", "", "check an agent's journal file instead of the database (offline)")
 	bundle := fs.String("bundle", "", "check a bundle written by audit export instead of the database (offline)")
-	cp := fs.String("checkpoint", "", "fail unless the checkpoints checked include the one with this hash")
+	seal := fs.String("seal", "", "fail unless the seals checked include the one with this hash")
 	if err := fs.Parse(args); err != nil {
 		return verifyFlags{}, usageError{"audit verify: " + err.Error()}
 	}
@@ -71,12 +74,12 @@ func parseVerifyFlags(args []string, out io.Writer) (verifyFlags, error) {
 		return verifyFlags{}, usageError{fmt.Sprintf("audit verify takes no arguments, got %q", fs.Args())}
 	}
 	var f verifyFlags
-	f.operation, f.journal, f.bundle, f.checkpoint = *op, *journal, *bundle, *cp
+	f.operation, f.journal, f.bundle, f.seal = *op, *journal, *bundle, *seal
 	if f.bundle != "" && (f.journal != "" || f.operation != "" || *since != "") {
 		return verifyFlags{}, usageError{"audit verify: --bundle checks the bundle as exported: no --journal, --operation or --since"}
 	}
-	if f.journal != "" && f.checkpoint != "" {
-		return verifyFlags{}, usageError{"audit verify: a journal has no checkpoints to pin"}
+	if f.journal != "" && f.seal != "" {
+		return verifyFlags{}, usageError{"audit verify: a journal has no seals to pin"}
 	}
 	var err error
 	if f.since, err = parseTimeFlag("audit verify", "since", *since); err != nil {
@@ -107,9 +110,9 @@ func parseTimeFlag(cmd, name, v string) (time.Time, error) {
 func parseExportFlags(args []string, out io.Writer) (audit.ExportOptions, error) {
 	fs := flag.NewFlagSet("audit export", flag.ContinueOnError)
 	fs.SetOutput(out)
-	since := fs.String("since", "", "records and checkpoints written at or after this time (RFC 3339)")
-	until := fs.String("until", "", "records and checkpoints written at or before this time (RFC 3339)")
-	op := fs.String("operation", "", "this operation's chain and its approvals' chains, whole")
+	since := fs.String("since", "", "the seals written at or after this time (RFC 3339), their records and the unsealed ones")
+	until := fs.String("until", "", "the seals written at or before this time (RFC 3339) and their records")
+	op := fs.String("operation", "", "this operation's records and its approvals', whole")
 	if err := fs.Parse(args); err != nil {
 		return audit.ExportOptions{}, usageError{"audit export: " + err.Error()}
 	}
@@ -159,7 +162,7 @@ func runAudit(ctx context.Context, inv invocation) error {
 	switch inv.args[0] {
 	case "public-key":
 		if inv.cfg.AuditSigningKey == nil {
-			return exitError{code: 2, err: errors.New("audit public-key: AUDIT_SIGNING_KEY is unset: checkpoints are not signed")}
+			return exitError{code: 2, err: errors.New("audit public-key: AUDIT_SIGNING_KEY is unset: seals are not signed")}
 		}
 		_, err := fmt.Fprintln(inv.stdout, inv.cfg.AuditSigningKey.PublicKey())
 		return err
@@ -206,7 +209,7 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 		case brep.Operation != "":
 			scope = "operation " + brep.Operation
 		case !brep.Since.IsZero() || !brep.Until.IsZero():
-			scope = "records and checkpoints"
+			scope = "seals and records"
 			if !brep.Since.IsZero() {
 				scope += " since " + brep.Since.UTC().Format(time.RFC3339)
 			}
@@ -221,27 +224,39 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 			return exitError{code: 2, err: err}
 		}
 		rep, err = audit.Verify(ctx, db, audit.VerifyOptions{Since: f.since, OperationID: f.operation, PublicKey: pub,
-			Checkpoint: f.checkpoint})
+			Seal: f.seal})
 		if err != nil {
 			return exitError{code: 2, err: err}
 		}
 	}
-	fmt.Fprintf(w, "checked %d chains (operations and approvals), %d records, %d checkpoints\n", rep.Chains, rep.Records, rep.Checkpoints)
+	fmt.Fprintf(w, "checked %d records of %d operations and approvals: %d sealed, by %d seals; %d not sealed yet\n",
+		rep.Records, rep.Subjects, rep.Sealed, rep.Seals, rep.Unsealed)
 	fmt.Fprintf(w, "signatures: %s\n", keyNote)
-	if cp := rep.LastCheckpoint; cp != nil {
-		fmt.Fprintf(w, "last checkpoint: %d at %s, hash %s\n", cp.Seq, cp.At.UTC().Format(time.RFC3339), cp.Hash)
+	if s := rep.LastSeal; s != nil {
+		fmt.Fprintf(w, "last seal: %d at %s, hash %s\n", s.Seq, s.At.UTC().Format(time.RFC3339), s.Hash)
 	}
-	if f.operation != "" && rep.Chains == 0 && rep.Intact() {
+	stalled := f.bundle == "" && rep.Stalled(time.Now(), inv.cfg.AuditSealInterval)
+	if !rep.OldestUnsealed.IsZero() {
+		fmt.Fprintf(w, "oldest unsealed record: written at %s\n", rep.OldestUnsealed.UTC().Format(time.RFC3339Nano))
+	}
+	if f.operation != "" && rep.Records == 0 && rep.Intact() {
 		return exitError{code: 2, err: fmt.Errorf("audit verify: operation %s has no records", f.operation)}
-	}
-	if rep.Intact() {
-		fmt.Fprintln(w, "INTACT")
-		return nil
 	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "BROKEN %s\n", p)
 	}
-	return exitError{code: 1, err: fmt.Errorf("audit verify: %d broken chains", len(rep.Problems))}
+	if stalled {
+		fmt.Fprintf(w, "STALLED: a record has waited more than 10 seal intervals (%s) to be sealed: is a sequencer running, "+
+			"and is no transaction held open that long?\n", 10*inv.cfg.AuditSealInterval)
+	}
+	switch {
+	case !rep.Intact():
+		return exitError{code: 1, err: fmt.Errorf("audit verify: %d problems", len(rep.Problems))}
+	case stalled:
+		return exitError{code: 1, err: errors.New("audit verify: sealing has stalled")}
+	}
+	fmt.Fprintln(w, "INTACT")
+	return nil
 }
 
 func verifyBundle(f verifyFlags, pub ed25519.PublicKey) (audit.BundleReport, error) {
@@ -250,7 +265,7 @@ func verifyBundle(f verifyFlags, pub ed25519.PublicKey) (audit.BundleReport, err
 		return audit.BundleReport{}, fmt.Errorf("audit verify: %w", err)
 	}
 	defer file.Close()
-	return audit.VerifyBundle(file, audit.BundleOptions{PublicKey: pub, Checkpoint: f.checkpoint})
+	return audit.VerifyBundle(file, audit.BundleOptions{PublicKey: pub, Seal: f.seal})
 }
 
 // runAuditExport writes a bundle to stdout: the operator redirects it to a file and hands it to an auditor, who
@@ -315,7 +330,7 @@ func runAuditTimeline(ctx context.Context, inv invocation, operationID string) e
 	}
 	printTimeline(inv.stdout, tl)
 	if !tl.Chain.Intact {
-		return exitError{code: 1, err: fmt.Errorf("audit timeline: the chain of %s is broken", operationID)}
+		return exitError{code: 1, err: fmt.Errorf("audit timeline: the records of %s are broken", operationID)}
 	}
 	return nil
 }
@@ -342,7 +357,8 @@ func printTimeline(out io.Writer, tl opstatus.Timeline) {
 	if !tl.Chain.Intact {
 		chain = "BROKEN: " + strings.Join(tl.Chain.Problems, "; ")
 	}
-	fmt.Fprintf(out, "chain: %s (%d records, %d checkpoints)\n", chain, tl.Chain.Records, tl.Chain.Checkpoints)
+	fmt.Fprintf(out, "records: %s (%d records: %d sealed by %d seals, %d not sealed yet)\n", chain, tl.Chain.Records,
+		tl.Chain.Sealed, tl.Chain.Seals, tl.Chain.Unsealed)
 	fmt.Fprintf(out, "times are relative to the first attempt, at %s\n\n", tl.Start.UTC().Format(time.RFC3339Nano))
 
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)

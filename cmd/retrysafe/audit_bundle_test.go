@@ -24,7 +24,7 @@ const noDatabase = "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect
 
 // TestAuditBundle exports the audit record with `retrysafe audit export`, checks the bundle with `audit verify
 // --bundle` and no database (exit 0), then tampers with it in each way an auditor must catch (exit 1), and pins
-// the newest checkpoint with --checkpoint.
+// the newest seal with --seal.
 func TestAuditBundle(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
@@ -50,20 +50,15 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		}
 		ops = append(ops, id)
 	}
-	w := &audit.CheckpointWorker{DB: db.DB, Signer: signer}
-	if cp, err := w.RunOnce(ctx); err != nil || cp == nil {
-		t.Fatalf("checkpoint: %v %v", cp, err)
-	}
+	w := &audit.Sequencer{DB: db.DB, Signer: signer}
+	first := testdb.SealAll(t, w)
 	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
-	last, err := w.RunOnce(ctx)
-	if err != nil || last == nil {
-		t.Fatalf("checkpoint: %v %v", last, err)
-	}
+	last := testdb.SealAll(t, w)[0]
 
 	var out bytes.Buffer
-	err = run(ctx, []string{"audit", "export"}, env(map[string]string{"DATABASE_URL": db.DSN, "AUDIT_SIGNING_KEY": seed}), &out)
+	err := run(ctx, []string{"audit", "export"}, env(map[string]string{"DATABASE_URL": db.DSN, "AUDIT_SIGNING_KEY": seed}), &out)
 	if err != nil {
 		t.Fatalf("export: %v\n%s", err, out.String())
 	}
@@ -83,61 +78,63 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		return 0, buf.String()
 	}
 	code, text := verify(exported)
-	if code != 0 || !strings.Contains(text, "INTACT") || !strings.Contains(text, "checked 3 chains (operations and approvals), 10 records, 2 checkpoints") ||
+	want := fmt.Sprintf("checked 10 records of 3 operations and approvals: 10 sealed, by %d seals; 0 not sealed yet", len(first)+1)
+	if code != 0 || !strings.Contains(text, "INTACT") || !strings.Contains(text, want) ||
 		!strings.Contains(text, "the bundle's own public key") || !strings.Contains(text, ": the whole record, exported at") {
 		t.Fatalf("intact bundle: exit %d\n%s", code, text)
 	}
-	if code, text := verify(exported, "--checkpoint", last.Hash, "--public-key", signer.PublicKey()); code != 0 || !strings.Contains(text, "checked with --public-key") {
-		t.Fatalf("intact bundle, pinned to the newest checkpoint: exit %d\n%s", code, text)
+	if code, text := verify(exported, "--seal", last.Hash, "--public-key", signer.PublicKey()); code != 0 || !strings.Contains(text, "checked with --public-key") {
+		t.Fatalf("intact bundle, pinned to the newest seal: exit %d\n%s", code, text)
 	}
 
 	// Each case edits a fresh copy of the bundle as JSON.
 	type doc = map[string]any
-	chain := func(d doc, name string) doc {
-		for _, c := range d["chains"].([]any) {
-			if c.(doc)["chain"] == name {
-				return c.(doc)
+	// records are the bundle's records of one subject, in the bundle's order.
+	records := func(d doc, subject string) []doc {
+		var out []doc
+		for _, r := range d["records"].([]any) {
+			if r.(doc)["subject"] == subject {
+				out = append(out, r.(doc))
 			}
 		}
-		t.Fatalf("no chain %s in the bundle", name)
-		return nil
+		return out
 	}
-	records := func(d doc, name string) []any { return chain(d, name)["records"].([]any) }
-	// dropNewest removes ops[1]'s newest record and moves its head in the bundle's head list back to match.
+	drop := func(d doc, gone func(r doc) bool) {
+		d["records"] = slices.DeleteFunc(d["records"].([]any), func(r any) bool { return gone(r.(doc)) })
+	}
+	seals := func(d doc) []any { return d["seals"].([]any) }
+	// dropNewest removes ops[1]'s newest record, the one the newest seal holds.
 	dropNewest := func(d doc) {
-		c := chain(d, ops[1])
-		recs := c["records"].([]any)
-		c["records"] = recs[:len(recs)-1]
-		tail := recs[len(recs)-2].(doc)
-		for _, h := range d["heads"].([]any) {
-			if h.(doc)["chain"] == ops[1] {
-				h.(doc)["seq"], h.(doc)["hash"] = tail["seq"], tail["hash"]
-			}
-		}
+		recs := records(d, ops[1])
+		newest := recs[len(recs)-1]
+		drop(d, func(r doc) bool { return r["id"] == newest["id"] && r["table"] == newest["table"] })
 	}
-	// forgeNewestCheckpoint rewrites the newest checkpoint to seal ops[1] without its newest record, recomputing
-	// its hash; with attacker set, every checkpoint is re-signed with another key, which replaces the bundle's.
-	forgeNewestCheckpoint := func(d doc, attacker *auditchain.Signer) {
+	// forgeNewestSeal drops ops[1]'s newest record and rewrites the newest seal to hold nothing, recomputing its
+	// hashes; with attacker set, every seal is re-signed with another key, which replaces the bundle's.
+	forgeNewestSeal := func(d doc, attacker *auditchain.Signer) {
 		dropNewest(d)
-		tail := records(d, ops[1])[2].(doc)
-		cps := d["checkpoints"].([]any)
-		raw := cps[len(cps)-1].(doc)
+		raw := seals(d)[len(seals(d))-1].(doc)
 		at, _ := time.Parse(time.RFC3339Nano, raw["created_at"].(string))
-		cp := auditchain.Checkpoint{Seq: int64(raw["seq"].(float64)), Prev: raw["prev_hash"].(string), At: at,
-			Heads: []auditchain.Head{{Chain: ops[1], Seq: int64(tail["seq"].(float64)), Hash: tail["hash"].(string)}}}
-		h, err := cp.Compute()
+		through := map[string]auditchain.Position{}
+		rt, _ := json.Marshal(raw["through"])
+		if err := json.Unmarshal(rt, &through); err != nil {
+			t.Fatal(err)
+		}
+		s, err := auditchain.NextSeal(&auditchain.Seal{Seq: int64(raw["seq"].(float64)) - 1, Hash: raw["prev_hash"].(string),
+			First: int64(raw["first"].(float64)), Count: 0}, at, []auditchain.Entry{}, through, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		raw["heads"], raw["hash"] = cp.Heads, h
+		raw["records"], raw["records_hash"], raw["count"], raw["hash"] = []any{}, s.Records, 0, s.Hash
 		if attacker != nil {
-			for _, c := range cps {
+			for _, c := range seals(d) {
 				c.(doc)["signature"] = attacker.Sign(c.(doc)["hash"].(string))
 			}
 			d["public_key"] = attacker.PublicKey()
 		}
 	}
 	attacker, _ := auditchain.ParseSigningKey(base64.StdEncoding.EncodeToString([]byte("attacker-key-0123456789abcdef012")))
+	newest := fmt.Sprintf("(seals) seq %d", last.Seq)
 	cases := []struct {
 		name   string
 		edit   func(d doc)
@@ -145,41 +142,55 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		code   int
 		broken string
 	}{
-		{"a changed field", func(d doc) { records(d, ops[0])[1].(doc)["record"].(doc)["actor"] = "agent:mallory" }, nil, 1, "BROKEN changed: " + ops[0] + " seq 2"},
+		{"a changed field", func(d doc) { records(d, ops[0])[1]["record"].(doc)["actor"] = "agent:mallory" }, nil, 1, "BROKEN changed: " + ops[0]},
 		{"a deleted record", func(d doc) {
-			c := chain(d, ops[0])
-			c["records"] = slices.Delete(c["records"].([]any), 1, 2)
-		}, nil, 1, "BROKEN missing: " + ops[0] + " seq 3"},
-		{"a deleted operation", func(d doc) {
-			d["chains"] = slices.DeleteFunc(d["chains"].([]any), func(c any) bool { return c.(doc)["chain"] == ops[2] })
-		}, nil, 1, "BROKEN missing: " + ops[2]},
+			gone := records(d, ops[0])[1]
+			drop(d, func(r doc) bool { return r["id"] == gone["id"] && r["table"] == gone["table"] })
+		}, nil, 1, "BROKEN missing: " + ops[0]},
+		{"a deleted operation", func(d doc) { drop(d, func(r doc) bool { return r["subject"] == ops[2] }) }, nil, 1, "BROKEN missing: " + ops[2]},
 		{"reordered records", func(d doc) {
 			recs := records(d, ops[0])
-			recs[0], recs[1] = recs[1], recs[0]
+			recs[0]["record"], recs[1]["record"] = recs[1]["record"], recs[0]["record"]
 		}, nil, 1, "BROKEN out of order: " + ops[0]},
-		{"deleted newest records", dropNewest, nil, 1, "BROKEN missing: " + ops[1] + " seq 4"},
-		{"a forged checkpoint", func(d doc) { forgeNewestCheckpoint(d, nil) }, nil, 1, "BROKEN bad signature: (checkpoints) seq 2"},
-		// Re-signed with the forger's key, which the bundle then carries: only a key or a checkpoint hash kept
-		// apart from the bundle catches it.
-		{"a forged, re-signed checkpoint, checked with the bundle's key", func(d doc) { forgeNewestCheckpoint(d, attacker) }, nil, 0, ""},
-		{"a forged, re-signed checkpoint, checked with the operator's key", func(d doc) { forgeNewestCheckpoint(d, attacker) },
-			[]string{"--public-key", signer.PublicKey()}, 1, "BROKEN bad signature: (checkpoints) seq 1"},
-		{"a forged, re-signed checkpoint, pinned", func(d doc) { forgeNewestCheckpoint(d, attacker) },
-			[]string{"--checkpoint", last.Hash}, 1, "BROKEN missing: (checkpoints) seq 0: the pinned checkpoint " + last.Hash},
-		// Checkpoints are never deleted: a whole record starts at the first.
-		{"the oldest checkpoint deleted, with an operation only it sealed", func(d doc) {
-			d["checkpoints"] = d["checkpoints"].([]any)[1:]
-			d["chains"] = slices.DeleteFunc(d["chains"].([]any), func(c any) bool { return c.(doc)["chain"] == ops[2] })
-			d["heads"] = slices.DeleteFunc(d["heads"].([]any), func(h any) bool { return h.(doc)["chain"] == ops[2] })
-		}, nil, 1, "BROKEN missing: (checkpoints) seq 2"},
-		{"the newest checkpoint deleted", func(d doc) {
-			cps := d["checkpoints"].([]any)
-			d["checkpoints"] = cps[:len(cps)-1]
-		}, nil, 0, ""},
-		{"the newest checkpoint deleted, pinned", func(d doc) {
-			cps := d["checkpoints"].([]any)
-			d["checkpoints"] = cps[:len(cps)-1]
-		}, []string{"--checkpoint", last.Hash}, 1, "BROKEN missing: (checkpoints)"},
+		{"deleted newest records", dropNewest, nil, 1, "BROKEN missing: " + ops[1]},
+		{"a forged seal", func(d doc) { forgeNewestSeal(d, nil) }, nil, 1, "BROKEN bad signature: " + newest},
+		// Re-signed with the forger's key, which the bundle then carries: only a key or a seal's hash kept apart
+		// from the bundle catches it.
+		{"a forged, re-signed seal, checked with the bundle's key", func(d doc) { forgeNewestSeal(d, attacker) }, nil, 0, ""},
+		{"a forged, re-signed seal, checked with the operator's key", func(d doc) { forgeNewestSeal(d, attacker) },
+			[]string{"--public-key", signer.PublicKey()}, 1, "BROKEN bad signature: (seals) seq 1"},
+		{"a forged, re-signed seal, pinned", func(d doc) { forgeNewestSeal(d, attacker) },
+			[]string{"--seal", last.Hash}, 1, "BROKEN missing: (seals) seq 0: the pinned seal " + last.Hash},
+		{"a forged seal with a wrong previous hash", func(d doc) {
+			raw := seals(d)[len(seals(d))-1].(doc)
+			raw["prev_hash"] = strings.Repeat("ab", 32)
+			s := auditchain.Seal{Seq: last.Seq, Prev: strings.Repeat("ab", 32), At: last.At, First: last.First, Count: last.Count,
+				Through: last.Through, Records: last.Records}
+			raw["hash"], _ = s.Compute()
+			raw["signature"] = signer.Sign(raw["hash"].(string)) // even with the key: the link breaks
+		}, []string{"--public-key", signer.PublicKey()}, 1, "BROKEN changed: " + newest},
+		// Seals are never deleted: a whole record starts at the first.
+		{"the oldest seal deleted, with the records only it holds", func(d doc) {
+			oldest := seals(d)[0].(doc)
+			held := map[float64]bool{}
+			for _, e := range oldest["records"].([]any) {
+				held[e.(doc)["id"].(float64)] = true
+			}
+			d["seals"] = seals(d)[1:]
+			drop(d, func(r doc) bool { return held[r["id"].(float64)] })
+		}, nil, 1, "BROKEN missing: (seals) seq 2"},
+		// The newest seal deleted, and where the seals end rewound to match: its record looks written since.
+		{"the newest seal deleted", func(d doc) {
+			d["seals"] = seals(d)[:len(seals(d))-1]
+			d["through"] = seals(d)[len(seals(d))-1].(doc)["through"]
+		}, nil, 0, "1 not sealed yet"},
+		{"the newest seal deleted, pinned", func(d doc) {
+			d["seals"] = seals(d)[:len(seals(d))-1]
+			d["through"] = seals(d)[len(seals(d))-1].(doc)["through"]
+		}, []string{"--seal", last.Hash}, 1, "BROKEN missing: (seals)"},
+		{"the newest seal deleted, where the seals end left", func(d doc) {
+			d["seals"] = seals(d)[:len(seals(d))-1]
+		}, nil, 1, "BROKEN inserted: " + ops[1]},
 	}
 	for _, tc := range cases {
 		var d doc

@@ -24,7 +24,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 	addr := proctest.FreeAddr(t)
 	seed := base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
 	vars := map[string]string{"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_e2e:agent:" + testSecret,
-		"API_KEY_ID_SECRET": testIDSecret, "AUDIT_SIGNING_KEY": seed, "AUDIT_CHECKPOINT_INTERVAL": "100ms"}
+		"API_KEY_ID_SECRET": testIDSecret, "AUDIT_SIGNING_KEY": seed, "AUDIT_SEAL_INTERVAL": "100ms"}
 	ctx, cancel := context.WithCancel(context.Background())
 	var out bytes.Buffer
 	done := make(chan error, 1)
@@ -34,16 +34,18 @@ func TestAuditVerifyCommand(t *testing.T) {
 	c.Post("/v1/tickets", `{"project":"ops","title":"audited"}`, apitest.Key("a1")).Status(t, http.StatusCreated)
 	c.Post("/v1/tickets", `{"project":"ops","title":"audited"}`, apitest.Key("a1")).Status(t, http.StatusCreated)
 	c.Post("/v1/tickets", `{"project":"ops","title":"other"}`, apitest.Key("a1")).Status(t, http.StatusUnprocessableEntity)
-	// The worker seals the chains within a few intervals.
-	deadline := time.Now().Add(10 * time.Second)
+	// The sequencer seals the records within a few intervals (other transactions on the server may hold it back).
+	deadline := time.Now().Add(60 * time.Second)
 	for {
-		var n int64
-		db.Raw(`SELECT count(*) FROM audit_chain_heads WHERE NOT checkpointed`).Scan(&n)
+		n, _, err := audit.Pending(context.Background(), db.DB)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if n == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the checkpoint worker did not seal the chains")
+			t.Fatal("the sequencer did not seal the records")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -54,7 +56,8 @@ func TestAuditVerifyCommand(t *testing.T) {
 	verify := func(args ...string) (int, string) {
 		return run2(t, db.DSN, append([]string{"audit", "verify"}, args...)...)
 	}
-	if code, text := verify("--public-key", signer.PublicKey()); code != 0 || !strings.Contains(text, "INTACT") || !strings.Contains(text, "checked 1 chains") {
+	if code, text := verify("--public-key", signer.PublicKey()); code != 0 || !strings.Contains(text, "INTACT") || !strings.Contains(text, "of 1 operations and approvals") ||
+		!strings.Contains(text, "0 not sealed yet") {
 		t.Fatalf("exit %d:\n%s", code, text)
 	}
 	var pk bytes.Buffer
@@ -73,11 +76,21 @@ func TestAuditVerifyCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, text := run2(t, db.DSN, "audit", "timeline", opID)
-	if code != 0 || !strings.Contains(text, "chain: INTACT") || !strings.Contains(text, "replayed") ||
+	if code != 0 || !strings.Contains(text, "records: INTACT") || !strings.Contains(text, "replayed") ||
 		!strings.Contains(text, "conflict_rejected") || !strings.Contains(text, "TIME  ") {
 		t.Fatalf("timeline: exit %d\n%s", code, text)
 	}
 	t.Logf("timeline:\n%s", text)
+
+	// A record left unsealed for longer than 10 intervals (no sequencer runs any more): sealing stalled.
+	if err := db.Exec(`INSERT INTO operation_events (operation_id, account_id, type, actor, created_at)
+SELECT id, account_id, 'observed', 'system:test', now() - interval '1 hour' FROM operations`).Error; err != nil {
+		t.Fatal(err)
+	}
+	if code, text := verify(); code != 1 || !strings.Contains(text, "STALLED") || !strings.Contains(text, "1 not sealed yet") ||
+		strings.Contains(text, "BROKEN") {
+		t.Fatalf("a record unsealed for an hour: exit %d\n%s", code, text)
+	}
 
 	db.Tampered()
 	err := db.Exec(`ALTER TABLE operation_events DISABLE TRIGGER USER`).Error
@@ -98,7 +111,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 	if err != nil || rep.Intact() {
 		t.Fatalf("%v %v", rep, err)
 	}
-	if code, text := run2(t, db.DSN, "audit", "timeline", opID); code != 1 || !strings.Contains(text, "chain: BROKEN") {
+	if code, text := run2(t, db.DSN, "audit", "timeline", opID); code != 1 || !strings.Contains(text, "records: BROKEN") {
 		t.Fatalf("timeline of a broken chain: exit %d\n%s", code, text)
 	}
 	if code, _ := run2(t, db.DSN, "audit", "verify", "--operation", "op_missing"); code != 2 {

@@ -101,8 +101,8 @@ func init() {
   DEPLOY_POLL_INTERVAL DEPLOY_WORKERS           controller polling (1s) and concurrency (2)
   DEPLOY_MAX_RUNNING_PER_ACCOUNT   deploys of one account running at once, across replicas (default 1)
   DEPLOY_QUEUE_TIMEOUT      a deploy queued longer fails with reason queue_timeout, freeing its lock (default 10m)
-  AUDIT_CHECKPOINT_INTERVAL how often the heads of moved audit chains are sealed in a checkpoint (default 10s)
-  AUDIT_SIGNING_KEY         Ed25519 seed (32 bytes, base64) that signs checkpoints (unset: unsigned; masked)
+  AUDIT_SEAL_INTERVAL       how often new audit records are sealed (default 1s): they are tamper-evident from then
+  AUDIT_SIGNING_KEY         Ed25519 seed (32 bytes, base64) that signs seals (unset: unsigned; masked)
 ` + commonEnv,
 		},
 		{

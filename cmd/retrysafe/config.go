@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/console"
@@ -86,8 +87,8 @@ type config struct {
 	DeployMaxRunningPerAccount int           // deploys of one account running at once, across replicas
 	DeployQueueTimeout         time.Duration // a deploy queued longer fails (queue_timeout) and frees its lock
 
-	AuditCheckpointInterval time.Duration
-	AuditSigningKey         *auditchain.Signer // AUDIT_SIGNING_KEY parsed (nil: unsigned checkpoints); never printed
+	AuditSealInterval time.Duration
+	AuditSigningKey   *auditchain.Signer // AUDIT_SIGNING_KEY parsed (nil: unsigned seals); never printed
 }
 
 // configError is a bad configuration value: the program stops before any effect, with exit code 2.
@@ -153,7 +154,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DeployMaxRunningPerAccount: r.integer("DEPLOY_MAX_RUNNING_PER_ACCOUNT", deploys.DefaultMaxRunningPerAccount, 1, 64),
 		DeployQueueTimeout:         r.duration("DEPLOY_QUEUE_TIMEOUT", deploys.DefaultQueueTimeout),
 	}
-	cfg.AuditCheckpointInterval = r.duration("AUDIT_CHECKPOINT_INTERVAL", 10*time.Second)
+	cfg.AuditSealInterval = r.duration("AUDIT_SEAL_INTERVAL", audit.DefaultSealInterval)
 	if v := getenv("AUDIT_SIGNING_KEY"); v != "" {
 		signer, err := auditchain.ParseSigningKey(v)
 		if err != nil && r.err == nil {

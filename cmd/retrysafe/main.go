@@ -198,6 +198,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	// One registry for the process: every service's port serves all of it on GET /metrics.
 	m := metrics.New()
 	m.WatchOperations(db, 2*time.Second)
+	m.WatchAudit(db, 2*time.Second)
 	h, err := idem.New(db)
 	if err != nil {
 		return err
@@ -239,7 +240,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	defer cancel()
 	workers := service.Workers(d, service.Background{
 		RecoveryInterval: cfg.RecoveryInterval, PruneInterval: cfg.PruneInterval,
-		SealInterval: cfg.AuditCheckpointInterval, Signer: cfg.AuditSigningKey,
+		SealInterval: cfg.AuditSealInterval, Signer: cfg.AuditSigningKey,
 	}, svcs...)
 	waitWorkers := service.Start(ctx, workers)
 	var wg sync.WaitGroup

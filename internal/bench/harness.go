@@ -82,7 +82,7 @@ type Report struct {
 	Preloaded             int64
 	PreloadTook, SealTook time.Duration
 	PreloadBytes          int64
-	// Unsealed is how many loaded chain heads the checkpoint worker had not sealed when the growth run began.
+	// Unsealed is how many loaded records the audit sequencer had not sealed when the growth run began.
 	Unsealed int64
 	// LoadStart and Load are the load averages (1, 5, 15 minutes) when the run began and ended.
 	LoadStart, Load        string
@@ -397,15 +397,13 @@ func (h *harness) tickets(ctx context.Context, target, db string, preload int64)
 	return h.ticketModes(ctx, target, db, "http://"+addr, preload == 0, mem)
 }
 
-// sealPreloaded has the loaded chains sealed before the growth run is measured, by a `serve tickets` of its own
-// that checkpoints every second, so that the measurement does not share the machine with the sealing. The
-// measured process is started after it with the default interval, as the empty tables' run is (measured with a
-// checkpoint every second, as it was before, creates on empty tables were 3 to 9% slower in two interleaved
-// pairs).
+// sealPreloaded has the loaded records sealed before the growth run is measured, by a `serve tickets` of its own,
+// so that the measurement does not share the machine with the sealing. The measured process is started after it,
+// as the empty tables' run is.
 func (h *harness) sealPreloaded(ctx context.Context, target, db, addr string, env []string) error {
 	name := target + " (sealing)"
 	p, err := Start(name, h.logPath(name), h.cfg.Bin, []string{"serve", "tickets"},
-		append(env[:len(env):len(env)], "AUDIT_CHECKPOINT_INTERVAL=1s"))
+		append(env[:len(env):len(env)], "AUDIT_SEAL_INTERVAL=1s"))
 	if err != nil {
 		return err
 	}
@@ -574,7 +572,7 @@ func (h *harness) preload(ctx context.Context, db string, n int64) error {
 		return loadErr
 	}
 	// What autovacuum would have done to tables this old: visibility map and statistics.
-	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) tickets, operations, idempotency_keys, operation_events, audit_chain_heads`); err != nil {
+	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) tickets, operations, idempotency_keys, operation_events`); err != nil {
 		return fmt.Errorf("preload: vacuum: %w", err)
 	}
 	h.rep.Preloaded = done
@@ -584,7 +582,7 @@ func (h *harness) preload(ctx context.Context, db string, n int64) error {
 	return nil
 }
 
-// seal waits until the service's checkpoint worker has sealed every loaded chain head.
+// seal waits until the service's audit sequencer has sealed every loaded record.
 func (h *harness) seal(ctx context.Context, db string) error {
 	c, err := pgx.Connect(ctx, h.cfg.Server.URL(db))
 	if err != nil {
@@ -595,11 +593,13 @@ func (h *harness) seal(ctx context.Context, db string) error {
 	var left int64 = -1
 	var sealErr error
 	best, progressed := int64(-1), time.Now()
-	h.untimed("growth: the service's checkpoint worker seals the loaded chains",
-		func(time.Duration) string { return fmt.Sprintf("%s heads left", Count(left)) },
+	h.untimed("growth: the service's audit sequencer seals the loaded records",
+		func(time.Duration) string { return fmt.Sprintf("%s records left", Count(left)) },
 		func() {
 			for {
-				if err := c.QueryRow(ctx, `SELECT count(*) FROM audit_chain_heads WHERE NOT checkpointed`).Scan(&left); err != nil {
+				// Nothing else writes meanwhile: every record not counted by a seal is waiting for one.
+				if err := c.QueryRow(ctx, `SELECT (SELECT count(*) FROM operation_events) + (SELECT count(*) FROM approval_events)
+    - (SELECT coalesce(sum(record_count), 0) FROM audit_seals)`).Scan(&left); err != nil {
 					sealErr = err
 					return
 				}
@@ -609,11 +609,11 @@ func (h *harness) seal(ctx context.Context, db string) error {
 				if best < 0 || left < best {
 					best, progressed = left, time.Now()
 				}
-				// The worker seals one batch per interval; one that stopped sealing (its statement timed out
-				// on this machine, say) is reported, and the run goes on with the rest unsealed.
+				// The sequencer seals batch after batch; one that stopped sealing (its statement timed out on
+				// this machine, say) is reported, and the run goes on with the rest unsealed.
 				if time.Since(progressed) > 2*time.Minute {
 					h.rep.Unsealed = left
-					h.say("   the checkpoint worker sealed nothing for 2 minutes: measuring with %s heads unsealed (see %s)", Count(left), h.logPath(h.growthTarget()+" (sealing)"))
+					h.say("   the audit sequencer sealed nothing for 2 minutes: measuring with %s records unsealed (see %s)", Count(left), h.logPath(h.growthTarget()+" (sealing)"))
 					return
 				}
 				select {
@@ -625,7 +625,7 @@ func (h *harness) seal(ctx context.Context, db string) error {
 			}
 		})
 	h.rep.SealTook = time.Since(start)
-	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) audit_chain_heads`); err != nil && sealErr == nil {
+	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) audit_seals`); err != nil && sealErr == nil {
 		sealErr = err
 	}
 	return sealErr

@@ -134,7 +134,7 @@ func Print(w io.Writer, rep *Report) error {
 		fmt.Fprintf(w, "\ngrowth: %s completed creates loaded first (%s, loaded in %s, sealed in %s), compared to the empty tables' run:\n",
 			Count(rep.Preloaded), MB(rep.PreloadBytes), rep.PreloadTook.Round(time.Second), rep.SealTook.Round(time.Second))
 		if rep.Unsealed > 0 {
-			fmt.Fprintf(w, "(%s loaded chain heads were still unsealed when it was measured)\n", Count(rep.Unsealed))
+			fmt.Fprintf(w, "(%s loaded records were still unsealed when it was measured)\n", Count(rep.Unsealed))
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "target\tmode\trequests\treq/s\tp50 ms\tp99 ms\tmax ms\tstatuses\trows\tpeak RSS\treq/s vs empty\tp99 vs empty\t")

@@ -48,7 +48,7 @@ func startStack(t *testing.T, c *cluster) *stack {
 		"OPERATION_LEASE": "10s", "RECOVERY_INTERVAL": "1s",
 		"DEPLOY_STEPS": "2", "DEPLOY_STEP_DURATION": "100ms", "DEPLOY_POLL_INTERVAL": "200ms",
 		"DEPLOY_HEARTBEAT_INTERVAL": "1s", "DEPLOY_LOCK_LEASE": "30s", "DEPLOY_WORKERS": "4",
-		"DEPLOY_MAX_RUNNING_PER_ACCOUNT": "8", "AUDIT_CHECKPOINT_INTERVAL": "2s",
+		"DEPLOY_MAX_RUNNING_PER_ACCOUNT": "8", "AUDIT_SEAL_INTERVAL": "200ms",
 	}
 	client := func(args []string, addrVar string) *apitest.Client {
 		c := apitest.New(t, proctest.Start(t, bin, args, env, addrVar).URL, servicetest.AgentSecret)

@@ -37,6 +37,7 @@ import (
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/schema"
 )
@@ -112,8 +113,39 @@ func Schema(t testing.TB) *DB {
 	return db
 }
 
-// AuditIntact returns an error naming what `retrysafe audit verify` finds wrong with db's audit record (chains
-// and checkpoints), or nil when it is intact.
+// SealAll runs s until no audit record of its database is left unsealed, and returns the seals it wrote. A
+// transaction open anywhere on the server (another test's) holds sealing back until it ends, hence the loop; a
+// minute without getting there fails the test.
+func SealAll(t testing.TB, s *audit.Sequencer) []auditchain.Seal {
+	t.Helper()
+	ctx := context.Background()
+	var out []auditchain.Seal
+	deadline := time.Now().Add(time.Minute)
+	for {
+		seal, err := s.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seal != nil {
+			out = append(out, *seal)
+			continue
+		}
+		n, _, err := audit.Pending(ctx, s.DB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testdb: %d audit records still unsealed after a minute", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// AuditIntact returns an error naming what `retrysafe audit verify` finds wrong with db's audit record (records
+// and seals), or nil when it is intact. Records not sealed yet are not wrong.
 func AuditIntact(db *gorm.DB) error {
 	rep, err := audit.Verify(context.Background(), db, audit.VerifyOptions{})
 	switch {

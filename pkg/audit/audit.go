@@ -1,61 +1,94 @@
-// Package audit keeps retrysafe's server-side audit chain in PostgreSQL, in the format of package auditchain.
+// Package audit seals retrysafe's audit records in PostgreSQL, in the format of package auditchain, and verifies
+// them.
 //
-// The links are written by triggers (migrations/00006_audit_chain.sql) in the same statement that inserts an
-// operation event or an approval decision, so every write path is chained without a round trip of its own: one
-// chain per operation, one per approval, each serialized on its own head row. A writer may link an operation's
-// records itself instead (ContinueOperationChain), in the same format, under the same head row. This package
-// adds the rest:
+// Records are the rows of operation_events (an operation's history) and approval_events (an approval's
+// decisions, written by a trigger on approvals). A request inserts them as plain rows with its effect, in the
+// same transaction: durable at once, never updated or deleted (triggers refuse it), and with nothing computed or
+// locked for the audit record. Each row carries the id of the transaction that wrote it (xid, a xid8).
 //
-//   - CheckpointWorker seals the heads of the chains that moved, every interval, optionally signed; any number
-//     of replicas may run it and one chain of checkpoints results.
+// # Sealing
 //
-//   - Export writes a bundle of records with the checkpoints and key that check them; VerifyBundle checks it with
-//     no database, by the same checks as Verify.
+// A Sequencer seals the records written since the last seal, every interval (AUDIT_SEAL_INTERVAL, 1 s by
+// default), in batches of at most MaxSealRecords: one row of audit_seals per batch (auditchain.Seal). A seal
+// holds its batch's entries in sealed order, each naming one record (table, id, account, subject: the operation
+// or approval) with the hash of its content (auditchain.RecordHash of operationRecord or approvalRecord: the
+// row's fields but its id, which the entry names, so records that trade contents show); the hash of the
+// entries; the batch's first ordinal and count in the order of all sealed records; where the batch ends in each
+// table (Through); the previous seal's hash; and an Ed25519 signature when a Signer is set. A record is tied to
+// its seal by the entry that names it, so no record is touched after its insert, and a seal is one insert.
 //
-//   - Verify reads everything back in one snapshot, read-only, and reports the first bad record of each chain.
+// The order records are sealed in is each table's (xid, id), operation_events' first in a batch, and a batch
+// takes only records whose xid is below the xmin of the sequencer's snapshot (sealableSQL): see there why no
+// record is ever skipped. An operation's history is shown in id order (operation_events_numbered), which the
+// entries bind too. Batches are
+// written by one sequencer at a time per schema (a session advisory lock; any replica may run one, and the
+// others wait their turn), each in one transaction, so a sequencer that dies mid-batch leaves nothing sealed.
 //
-//     w := &audit.CheckpointWorker{DB: db, Signer: signer, Interval: 10 * time.Second, Logger: logger}
-//     go w.Run(ctx)
-//     report, err := audit.Verify(ctx, db, audit.VerifyOptions{PublicKey: pub})
+// # What it promises
+//
+// A record is durable when its request commits and tamper-evident once it is sealed, normally within an
+// interval. Until then a writer with database access can change or remove it without a trace; after, changing,
+// removing or reordering it breaks its seal, and rewriting seals to match breaks their chain, or their
+// signatures for whoever lacks the signing key. Verify reports how many records are still unsealed and how old
+// the oldest is: the window is measured, not assumed.
+//
+//   - Verify reads everything back in one snapshot, read-only, and reports the first bad record of each subject.
+//   - Export writes a bundle of records with the seals and key that check them; VerifyBundle checks it with no
+//     database, by the same checks as Verify.
+//
+// Every process that serves runs a sequencer; an auditor verifies:
+//
+//	s := &audit.Sequencer{DB: db, Signer: signer, Logger: logger}
+//	go s.Run(ctx)
+//	report, err := audit.Verify(ctx, db, audit.VerifyOptions{PublicKey: pub})
 package audit
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/failpoint"
 )
 
-// checkpointLock is the advisory lock that makes checkpoint writers of all replicas take turns.
-const checkpointLock = 0x72735f6175646974 // "rs_audit"
+// DefaultSealInterval is how often a Sequencer seals when its Interval is zero.
+const DefaultSealInterval = time.Second
 
-// MaxCheckpointHeads is the most heads one checkpoint seals. Its heads are held, rendered and canonicalized in
-// memory at once (50,000 took the service to 150 MB after a large backlog); a backlog larger than this is sealed
-// by several checkpoints in a row (Run).
-const MaxCheckpointHeads = 10000
+// MaxSealRecords is the most records one seal holds: a seal's entries are read, hashed and stored at once, and
+// read whole again by every check of one of its records. A larger backlog is sealed by several seals in a row.
+const MaxSealRecords = 10000
 
-// CheckpointWorker writes a checkpoint over the heads of every chain that moved since the last one.
-type CheckpointWorker struct {
+// sealLock is the first key of the session advisory lock that makes sequencers take turns; the second is the
+// schema's, since the seals are the schema's.
+const sealLock = 0x72736561 // "rsea"
+
+// FailpointBeforeSealCommit is hit after a seal is inserted and before its transaction commits, given the seal
+// (package failpoint): a test stops or kills the sequencer there.
+const FailpointBeforeSealCommit = "audit.before_seal_commit"
+
+// Sequencer seals new records in batches (package doc, "Sealing"). Its zero value is not usable; set DB.
+type Sequencer struct {
 	DB *gorm.DB
-	// Signer signs each checkpoint; nil leaves them unsigned.
-	Signer   *auditchain.Signer
+	// Signer signs each seal; nil leaves them unsigned.
+	Signer *auditchain.Signer
+	// Interval is how often it seals (DefaultSealInterval when zero).
 	Interval time.Duration
-	// Logger is told of failed checkpoints; nil discards.
+	// Logger is told of failed runs; nil discards.
 	Logger *slog.Logger
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
 
-// Run writes checkpoints until ctx ends.
-func (w *CheckpointWorker) Run(ctx context.Context) {
-	interval := w.Interval
+// Run seals until ctx ends.
+func (s *Sequencer) Run(ctx context.Context) {
+	interval := s.Interval
 	if interval <= 0 {
-		interval = 10 * time.Second
+		interval = DefaultSealInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -65,160 +98,161 @@ func (w *CheckpointWorker) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		// A full checkpoint means more chains may be waiting: seal them now, not one batch per tick.
+		// A full seal means more records may be waiting: seal them now, not one batch per tick.
 		for ctx.Err() == nil {
-			cp, err := w.RunOnce(ctx)
-			if err != nil && ctx.Err() == nil && w.Logger != nil {
-				w.Logger.WarnContext(ctx, "audit checkpoint failed", "error", err.Error())
+			seal, err := s.RunOnce(ctx)
+			if err != nil && ctx.Err() == nil && s.Logger != nil {
+				s.Logger.WarnContext(ctx, "audit seal failed", "error", err.Error())
 			}
-			if err != nil || cp == nil || len(cp.Heads) < MaxCheckpointHeads {
+			if err != nil || seal == nil || seal.Count < MaxSealRecords {
 				break
 			}
 		}
 	}
 }
 
-// RunOnce writes one checkpoint if some chain moved, and returns it (nil when nothing moved). It seals at most
-// MaxCheckpointHeads heads.
-func (w *CheckpointWorker) RunOnce(ctx context.Context) (*auditchain.Checkpoint, error) {
+// sealableSQL reads the next records of one table to seal: those after the table's last sealed position in
+// (xid, id) order whose transaction ended before this statement's snapshot was taken.
+//
+// Why no record is ever skipped: pg_snapshot_xmin is the oldest transaction id still running when the snapshot
+// was taken, so every transaction with a lower id has ended, committed or not, and its records are visible now or
+// never will be; a transaction that gets its id later gets a higher one. So once the records up to a position p
+// with xid < xmin are sealed, no record at or before p can appear afterwards: each batch is a prefix of the
+// table's records in (xid, id) order, and the next one starts right after it. A record whose transaction
+// commits late (or runs long) holds back only the records at or after its own xid, until it ends.
+const sealableSQL = `
+SELECT %s FROM %s
+WHERE (xid, id) > (?::xid8, ?) AND xid < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY xid, id
+LIMIT ?`
+
+// RunOnce seals the records written since the last seal, at most MaxSealRecords, and returns the seal (nil when
+// there was nothing to seal). It waits for a sequencer of another replica to finish first.
+func (s *Sequencer) RunOnce(ctx context.Context) (*auditchain.Seal, error) {
 	now := time.Now
-	if w.Now != nil {
-		now = w.Now
+	if s.Now != nil {
+		now = s.Now
 	}
-	var written *auditchain.Checkpoint
-	// One connection for the whole of it, holding the session's advisory lock: the checkpoint commits first and
-	// its heads are sealed after, in short transactions of their own, and another replica's checkpoint must not
-	// start in between (it would cover the same heads again).
-	err := w.DB.WithContext(ctx).Connection(func(conn *gorm.DB) error {
-		if err := conn.Exec(`SELECT pg_advisory_lock(?)`, int64(checkpointLock)).Error; err != nil {
+	var written *auditchain.Seal
+	err := s.DB.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+		if err := conn.Exec(`SELECT pg_advisory_lock(?, hashtext(current_schema()))`, sealLock).Error; err != nil {
 			return err
 		}
 		defer func() {
 			// Not with ctx, which may be over; a connection that cannot say it ends its session, and the lock.
 			unlock, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			conn.WithContext(unlock).Exec(`SELECT pg_advisory_unlock(?)`, int64(checkpointLock))
+			conn.WithContext(unlock).Exec(`SELECT pg_advisory_unlock(?, hashtext(current_schema()))`, sealLock)
 		}()
-		var moved []movedHead
-		err := conn.Transaction(func(tx *gorm.DB) error {
-			var prev []struct {
-				Seq  int64
-				Hash string
-			}
-			if err := tx.Raw(`SELECT seq, hash FROM audit_checkpoints ORDER BY seq DESC LIMIT 1`).Scan(&prev).Error; err != nil {
+		return conn.Transaction(func(tx *gorm.DB) error {
+			var last []sealRow
+			if err := tx.Raw(`SELECT ` + sealHeaderColumns + ` FROM audit_seals ORDER BY seq DESC LIMIT 1`).Scan(&last).Error; err != nil {
 				return err
 			}
-			// The moved heads are read without a lock, as committed: every write to one of these chains (a
-			// retry's attempt record moves its head) would otherwise wait for the whole checkpoint (300 ms and
-			// more for 10,000 heads under load: the slowest replays of a run). They are sealed once it commits.
-			err := tx.Raw(`SELECT account_id, chain, seq, hash FROM audit_chain_heads WHERE NOT checkpointed ORDER BY chain LIMIT ?`,
-				MaxCheckpointHeads).Scan(&moved).Error
-			if err != nil || len(moved) == 0 {
-				return err
+			var prev *auditchain.Seal
+			through := map[string]auditchain.Position{}
+			if len(last) == 1 {
+				p, err := last[0].seal()
+				if err != nil {
+					return err
+				}
+				prev = &p
+				for table, pos := range p.Through {
+					through[table] = pos
+				}
 			}
-			heads := make([]auditchain.Head, len(moved))
-			for i, m := range moved {
-				heads[i] = auditchain.Head{Chain: m.Chain, Seq: m.Seq, Hash: m.Hash}
+			var entries []auditchain.Entry
+			for _, src := range sources {
+				from, ok := through[src.table]
+				if !ok {
+					from = auditchain.Position{XID: "0", ID: math.MinInt64}
+				}
+				var rows []recordRow
+				q := fmt.Sprintf(sealableSQL, src.columns, src.table)
+				if err := tx.Raw(q, from.XID, from.ID, MaxSealRecords-len(entries)).Scan(&rows).Error; err != nil {
+					return err
+				}
+				for _, r := range rows {
+					h, err := auditchain.RecordHash(src.body(r))
+					if err != nil {
+						return fmt.Errorf("%s id %d: %w", src.table, r.ID, err)
+					}
+					entries = append(entries, auditchain.Entry{Table: src.table, ID: r.ID, AccountID: r.AccountID, Subject: r.Subject, Hash: h})
+				}
+				if len(rows) > 0 {
+					through[src.table] = auditchain.Position{XID: rows[len(rows)-1].XID, ID: rows[len(rows)-1].ID}
+				}
 			}
-			var last *auditchain.Checkpoint // NextCheckpoint links to its seq and hash alone
-			if len(prev) == 1 {
-				last = &auditchain.Checkpoint{Seq: prev[0].Seq, Hash: prev[0].Hash}
+			if len(entries) == 0 {
+				return nil
 			}
-			cp, err := auditchain.NextCheckpoint(last, now(), heads, w.Signer)
+			seal, err := auditchain.NextSeal(prev, now(), entries, through, s.Signer)
 			if err != nil {
 				return err
 			}
-			rawHeads, err := json.Marshal(cp.Heads)
-			if err != nil {
+			if err := insertSeal(tx, seal, entries); err != nil {
 				return err
 			}
-			var sig *string
-			if cp.Signature != "" {
-				sig = &cp.Signature
-			}
-			err = tx.Exec(`INSERT INTO audit_checkpoints (seq, prev_hash, created_at, heads, hash, signature) VALUES (?, ?, ?, ?::jsonb, ?, ?)`,
-				cp.Seq, cp.Prev, cp.At, string(rawHeads), cp.Hash, sig).Error
-			if err != nil {
-				return err
-			}
-			written = &cp
+			failpoint.Hit(FailpointBeforeSealCommit, seal)
+			written = &seal
 			return nil
 		})
-		if err != nil || written == nil {
-			return err
-		}
-		return seal(ctx, conn, moved)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("audit: checkpoint: %w", err)
+		return nil, fmt.Errorf("audit: seal: %w", err)
 	}
 	return written, nil
 }
 
-// movedHead is a chain head that moved since the last checkpoint, as RunOnce read it.
-type movedHead struct {
-	AccountID string
-	Chain     string
-	Seq       int64
-	Hash      string
-}
-
-// sealBatch is how many heads one sealing statement marks: each holds its heads' rows until it commits, and a
-// writer of one of those chains waits for it (about 25 ms for 500 heads under load, where one statement for
-// 10,000 took 350 ms).
-const sealBatch = 500
-
-// seal marks the heads a committed checkpoint covers as checkpointed, sealBatch at a time, each batch its own
-// statement and commit, where each head still is what the checkpoint holds. A head that moved after it was read,
-// or that a writer holds right now (skipped, not waited for), stays unsealed: its writer's commit leaves it
-// moved, and the next checkpoint covers its new state; this one is still true of the chain as it was. So is a
-// head left unsealed by a failure here: it is covered again next time.
-func seal(ctx context.Context, db *gorm.DB, moved []movedHead) error {
-	for start := 0; start < len(moved); start += sealBatch {
-		if err := sealHeads(ctx, db, moved[start:min(start+sealBatch, len(moved))]); err != nil {
+// Pending returns how many records are not sealed yet and the creation time of the oldest of them (zero when
+// none is): the records after the newest seal's position in each table, read by the index on (xid, id).
+func Pending(ctx context.Context, db *gorm.DB) (int64, time.Time, error) {
+	var n int64
+	var oldest time.Time
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		through, err := newestThrough(tx)
+		if err != nil {
 			return err
 		}
+		for _, src := range sources {
+			from, ok := through[src.table]
+			if !ok {
+				from = auditchain.Position{XID: "0", ID: math.MinInt64}
+			}
+			var row struct {
+				Count  int64
+				Oldest *time.Time
+			}
+			err := tx.Raw(`SELECT count(*) AS count, min(created_at) AS oldest FROM `+src.table+` WHERE (xid, id) > (?::xid8, ?)`,
+				from.XID, from.ID).Scan(&row).Error
+			if err != nil {
+				return err
+			}
+			n += row.Count
+			if row.Oldest != nil && (oldest.IsZero() || row.Oldest.Before(oldest)) {
+				oldest = *row.Oldest
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("audit: pending: %w", err)
 	}
-	return nil
+	return n, oldest, nil
 }
 
-func sealHeads(ctx context.Context, db *gorm.DB, moved []movedHead) error {
-	accounts, chains, seqs := make([]string, len(moved)), make([]string, len(moved)), make([]int64, len(moved))
-	for i, m := range moved {
-		accounts[i], chains[i], seqs[i] = m.AccountID, m.Chain, m.Seq
+// newestThrough is where the newest seal ends in each table (empty when there is no seal).
+func newestThrough(tx *gorm.DB) (map[string]auditchain.Position, error) {
+	var last []sealRow
+	if err := tx.Raw(`SELECT ` + sealHeaderColumns + ` FROM audit_seals ORDER BY seq DESC LIMIT 1`).Scan(&last).Error; err != nil {
+		return nil, err
 	}
-	// database/sql directly: gorm would spread the slices into lists of placeholders.
-	_, err := db.Statement.ConnPool.ExecContext(ctx, `
-WITH still AS (
-    SELECT h.account_id, h.chain FROM audit_chain_heads h
-    JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS m(account_id, chain, seq)
-      ON h.account_id = m.account_id AND h.chain = m.chain AND h.seq = m.seq
-    WHERE NOT h.checkpointed
-    FOR UPDATE OF h SKIP LOCKED
-)
-UPDATE audit_chain_heads h SET checkpointed = true FROM still WHERE h.account_id = still.account_id AND h.chain = still.chain`,
-		accounts, chains, seqs)
-	return err
-}
-
-const checkpointColumns = `seq, prev_hash, created_at, heads::text AS heads, hash, signature`
-
-type checkpointRow struct {
-	Seq       int64
-	PrevHash  string
-	CreatedAt time.Time
-	Heads     string
-	Hash      string
-	Signature *string
-}
-
-func (r checkpointRow) checkpoint() (auditchain.Checkpoint, error) {
-	cp := auditchain.Checkpoint{Seq: r.Seq, Prev: r.PrevHash, At: r.CreatedAt, Hash: r.Hash}
-	if r.Signature != nil {
-		cp.Signature = *r.Signature
+	if len(last) == 0 {
+		return map[string]auditchain.Position{}, nil
 	}
-	if err := json.Unmarshal([]byte(r.Heads), &cp.Heads); err != nil {
-		return auditchain.Checkpoint{}, fmt.Errorf("audit: checkpoint %d: heads: %w", r.Seq, err)
+	s, err := last[0].seal()
+	if err != nil {
+		return nil, err
 	}
-	return cp, nil
+	return s.Through, nil
 }

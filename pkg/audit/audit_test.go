@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
@@ -62,7 +65,7 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		}
 		opIDs = append(opIDs, op.ID)
 	}
-	// An approval requested, approved and used: its own chain, written by the approvals trigger.
+	// An approval requested, approved and used: its own records, written by the approvals trigger.
 	err := db.Exec(`INSERT INTO approvals (id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by, expires_at)
 VALUES ('apv_1', 'acct_a', 'POST', '/v1/deploys', '/v1/deploys', 'k', 'fp', '{"environment":"production"}', 'pending', 'agent:a', now() + interval '1 hour')`).Error
 	if err != nil {
@@ -86,74 +89,67 @@ func mustVerify(t *testing.T, db *gorm.DB, opt audit.VerifyOptions) audit.Report
 	return rep
 }
 
-func TestIntactChainsVerify(t *testing.T) {
+func TestSealedRecordsVerify(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
 	signer, pub := testSigner(t)
 	ops := history(t, db.DB, 3)
-	w := &audit.CheckpointWorker{DB: db.DB, Signer: signer}
-	cp, err := w.RunOnce(context.Background())
-	if err != nil || cp == nil {
-		t.Fatalf("checkpoint: %v %v", cp, err)
+	s := &audit.Sequencer{DB: db.DB, Signer: signer}
+	if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub}); !rep.Intact() || rep.Unsealed != 12 || rep.Sealed != 0 || rep.Seals != 0 {
+		t.Fatalf("before any seal: every record is reported unsealed: %+v", rep)
 	}
-	if len(cp.Heads) != 4 {
-		t.Fatalf("the first checkpoint seals 3 operations and 1 approval, got %d heads", len(cp.Heads))
+	first := testdb.SealAll(t, s)
+	var sealed int64
+	for _, seal := range first {
+		sealed += seal.Count
 	}
-	if again, err := w.RunOnce(context.Background()); err != nil || again != nil {
-		t.Fatalf("nothing moved: no checkpoint, got %v %v", again, err)
+	if sealed != 3*3+3 {
+		t.Fatalf("the first seals hold %d records; want the 9 events of 3 operations and 3 of the approval", sealed)
+	}
+	if again, err := s.RunOnce(context.Background()); err != nil || again != nil {
+		t.Fatalf("nothing new: no seal, got %v %v", again, err)
 	}
 	if err := opstatus.Append(context.Background(), db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
-	cp2, err := w.RunOnce(context.Background())
-	if err != nil || cp2 == nil || cp2.Seq != 2 || len(cp2.Heads) != 1 || cp2.Heads[0].Chain != ops[1] || cp2.Heads[0].Seq != 4 {
-		t.Fatalf("second checkpoint seals only the chain that moved: %+v %v", cp2, err)
+	if n, oldest, err := audit.Pending(context.Background(), db.DB); err != nil || n != 1 || oldest.IsZero() {
+		t.Fatalf("pending after one append: %d %v %v", n, oldest, err)
+	}
+	rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub})
+	if !rep.Intact() || rep.Unsealed != 1 || rep.Sealed != 12 || rep.OldestUnsealed.IsZero() {
+		t.Fatalf("one record not sealed yet: %+v", rep)
+	}
+	second := testdb.SealAll(t, s)
+	if len(second) != 1 || second[0].Count != 1 || second[0].First != sealed+1 || second[0].Prev != first[len(first)-1].Hash {
+		t.Fatalf("the next seal holds only the new record, after the others: %+v", second)
 	}
 
-	rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub})
-	if !rep.Intact() || rep.Chains != 4 || rep.Records != 3*3+1+3 || rep.Checkpoints != 2 {
+	rep = mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub})
+	if !rep.Intact() || rep.Subjects != 4 || rep.Records != 13 || rep.Sealed != 13 || rep.Unsealed != 0 ||
+		rep.Seals != len(first)+1 || rep.LastSeal.Hash != second[0].Hash {
 		t.Fatalf("report %+v", rep)
 	}
+	if rep.Stalled(time.Now(), time.Second) {
+		t.Fatalf("nothing unsealed, yet stalled: %+v", rep)
+	}
 	rep = mustVerify(t, db.DB, audit.VerifyOptions{OperationID: ops[2], PublicKey: pub})
-	if !rep.Intact() || rep.Chains != 1 || rep.Records != 3 {
+	if !rep.Intact() || rep.Subjects != 1 || rep.Records != 3 || rep.Sealed != 3 {
 		t.Fatalf("one operation: %+v", rep)
 	}
-	// --since: only the second checkpoint and what it sealed, plus chains with records since.
-	rep = mustVerify(t, db.DB, audit.VerifyOptions{Since: cp2.At, PublicKey: pub})
-	if !rep.Intact() || rep.Checkpoints != 1 || rep.Chains != 1 || rep.Records != 4 {
-		t.Fatalf("since the second checkpoint: %+v", rep)
+	// --since: only the second seal and the record it holds.
+	rep = mustVerify(t, db.DB, audit.VerifyOptions{Since: second[0].At, PublicKey: pub})
+	if !rep.Intact() || rep.Seals != 1 || rep.Records != 1 {
+		t.Fatalf("since the second seal: %+v", rep)
 	}
 	db.Tampered()
-	exec(t, db.DB, `DELETE FROM operation_events WHERE operation_id = ? AND chain_seq = 4`, ops[1])
-	if rep = mustVerify(t, db.DB, audit.VerifyOptions{Since: cp2.At, PublicKey: pub}); rep.Intact() || rep.Problems[0].Kind != auditchain.Missing {
-		t.Fatalf("since, after deleting the sealed tail: %+v", rep)
+	exec(t, db.DB, `DELETE FROM operation_events WHERE operation_id = ? AND id = (SELECT max(id) FROM operation_events WHERE operation_id = ?)`, ops[1], ops[1])
+	if rep = mustVerify(t, db.DB, audit.VerifyOptions{Since: second[0].At, PublicKey: pub}); rep.Intact() || rep.Problems[0].Kind != auditchain.Missing {
+		t.Fatalf("since, after deleting the sealed record: %+v", rep)
 	}
 }
 
-// TestSQLCanonicalMatchesRFC8785 compares the canonical JSON the triggers hash with the one Go computes.
-func TestSQLCanonicalMatchesRFC8785(t *testing.T) {
-	t.Parallel()
-	tx := testdb.Tx(t)
-	for _, doc := range []string{
-		`{"b":1,"a":[1,2,{"d":null,"c":true}],"":"x"}`,
-		`{"s":"quote \" backslash \\ slash / tab \t nl \n cr \r bs \b ff \f ctl \u0001 \u001f del \u007f é 日本 😀 <&> \u2028"}`,
-		`{"keys":{"é":1,"e":2,"E":3,"ea":4,"😀":5,"日":6}}`,
-		`{"n":[0,-0,1,-1,9007199254740991,-9007199254740991,1.5,-0.25,1e3,100,1.0,2.50]}`,
-		`[]`, `{}`, `"x"`, `null`, `true`,
-	} {
-		var got string
-		if err := tx.Raw(`SELECT audit_canonical(?::jsonb)`, doc).Scan(&got).Error; err != nil {
-			t.Fatal(err)
-		}
-		want, err := auditchain.Canonical(json.RawMessage(doc))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got != string(want) {
-			t.Errorf("canonical of %s:\n sql %s\n  go %s", doc, got, want)
-		}
-	}
-}
+// nth is the condition "the record of operation op that is nth (from 1) in its history".
+const nth = `id = (SELECT id FROM operation_events WHERE operation_id = ? ORDER BY id OFFSET ? LIMIT 1)`
 
 func TestVerifyFindsTampering(t *testing.T) {
 	t.Parallel()
@@ -163,55 +159,75 @@ func TestVerifyFindsTampering(t *testing.T) {
 		name   string
 		tamper func(t *testing.T, db *gorm.DB, ops []string)
 		kind   auditchain.Kind
+		// keyless verifies without the public key: what the chain of seals catches on its own.
+		keyless bool
 	}{
 		{"one field of one event changed", func(t *testing.T, db *gorm.DB, ops []string) {
-			exec(t, db, `UPDATE operation_events SET actor = 'agent:mallory' WHERE operation_id = ? AND chain_seq = 2`, ops[1])
-		}, auditchain.Changed},
+			exec(t, db, `UPDATE operation_events SET actor = 'agent:mallory' WHERE `+nth, ops[1], 1)
+		}, auditchain.Changed, false},
 		{"a middle record deleted", func(t *testing.T, db *gorm.DB, ops []string) {
-			exec(t, db, `DELETE FROM operation_events WHERE operation_id = ? AND chain_seq = 2`, ops[1])
-		}, auditchain.Missing},
+			exec(t, db, `DELETE FROM operation_events WHERE `+nth, ops[1], 1)
+		}, auditchain.Missing, false},
 		{"a whole operation deleted with its records", func(t *testing.T, db *gorm.DB, ops []string) {
 			exec(t, db, `DELETE FROM operation_events WHERE operation_id = ?`, ops[1])
-			exec(t, db, `DELETE FROM audit_chain_heads WHERE chain = ?`, ops[1])
 			exec(t, db, `DELETE FROM operations WHERE id = ?`, ops[1])
-		}, auditchain.Missing},
+		}, auditchain.Missing, false},
 		{"two records swapped", func(t *testing.T, db *gorm.DB, ops []string) {
-			exec(t, db, `UPDATE operation_events SET id = -id WHERE operation_id = ? AND chain_seq IN (2, 3)`, ops[1])
-			exec(t, db, `UPDATE operation_events e SET id = (SELECT -min(o.id) FROM operation_events o WHERE o.operation_id = e.operation_id AND o.chain_seq IN (2, 3) AND o.id <> e.id)
-WHERE operation_id = ? AND chain_seq IN (2, 3)`, ops[1])
-		}, auditchain.OutOfOrder},
-		{"the tail of a chain truncated", func(t *testing.T, db *gorm.DB, ops []string) {
-			exec(t, db, `DELETE FROM operation_events WHERE operation_id = ? AND chain_seq = 3`, ops[1])
-			exec(t, db, `UPDATE audit_chain_heads h SET seq = 2, hash = e.hash FROM operation_events e
-WHERE h.chain = ? AND e.operation_id = h.chain AND e.chain_seq = 2`, ops[1])
-		}, auditchain.Missing},
+			var ids []int64
+			if err := db.Raw(`SELECT id FROM operation_events WHERE operation_id = ? ORDER BY id OFFSET 1 LIMIT 2`, ops[1]).Scan(&ids).Error; err != nil {
+				t.Fatal(err)
+			}
+			exec(t, db, `UPDATE operation_events SET id = CASE id WHEN ? THEN ?::bigint ELSE ?::bigint END WHERE id IN (?, ?)`, ids[0], -ids[1], -ids[0], ids[0], ids[1])
+			exec(t, db, `UPDATE operation_events SET id = -id WHERE id IN (?, ?)`, -ids[0], -ids[1])
+		}, auditchain.OutOfOrder, false},
+		{"the newest record of an operation deleted", func(t *testing.T, db *gorm.DB, ops []string) {
+			exec(t, db, `DELETE FROM operation_events WHERE `+nth, ops[1], 2)
+		}, auditchain.Missing, false},
+		{"the newest records of all deleted", func(t *testing.T, db *gorm.DB, ops []string) {
+			exec(t, db, `DELETE FROM operation_events WHERE id >= (SELECT id FROM operation_events WHERE operation_id = ? ORDER BY id LIMIT 1)`, ops[1])
+		}, auditchain.Missing, false},
 		{"an approval decision rewritten", func(t *testing.T, db *gorm.DB, ops []string) {
 			exec(t, db, `UPDATE approval_events SET actor = 'approver:mallory' WHERE type = 'approved'`)
-		}, auditchain.Changed},
-		{"a record forged with a recomputed chain, without the signing key", func(t *testing.T, db *gorm.DB, ops []string) {
-			forge(t, db, ops[1])
-		}, auditchain.BadSignature},
-		{"every table truncated", func(t *testing.T, db *gorm.DB, ops []string) {
-			exec(t, db, `TRUNCATE operation_events, approval_events, audit_chain_heads`)
-		}, auditchain.Missing},
+		}, auditchain.Changed, false},
+		{"a record rewritten and its seal forged with another key", func(t *testing.T, db *gorm.DB, ops []string) {
+			forge(t, db, ops[1], func(s *auditchain.Seal, mallory *auditchain.Signer) {
+				s.Hash, _ = s.Compute()
+				s.Signature = mallory.Sign(s.Hash)
+			})
+		}, auditchain.BadSignature, false},
+		{"a record rewritten and its seal forged with a wrong previous hash", func(t *testing.T, db *gorm.DB, ops []string) {
+			forge(t, db, ops[1], func(s *auditchain.Seal, _ *auditchain.Signer) {
+				s.Prev = strings.Repeat("ab", 32)
+				s.Hash, _ = s.Compute()
+			})
+		}, auditchain.Changed, true},
+		{"every table of records truncated", func(t *testing.T, db *gorm.DB, ops []string) {
+			exec(t, db, `TRUNCATE operation_events, approval_events`)
+		}, auditchain.Missing, false},
+		{"a record inserted among the sealed ones", func(t *testing.T, db *gorm.DB, ops []string) {
+			exec(t, db, `INSERT INTO operation_events (operation_id, account_id, type, actor, xid) VALUES (?, 'acct_a', 'observed', 'agent:mallory', '1')`, ops[1])
+		}, auditchain.Inserted, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			db := testdb.Schema(t)
 			db.Tampered()
 			ops := history(t, db.DB, 3)
-			if _, err := (&audit.CheckpointWorker{DB: db.DB, Signer: signer}).RunOnce(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			testdb.SealAll(t, &audit.Sequencer{DB: db.DB, Signer: signer})
 			if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub}); !rep.Intact() {
 				t.Fatalf("before tampering: %v", rep.Problems)
 			}
 			tt.tamper(t, db.DB, ops)
-			rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub})
+			key := pub
+			if tt.keyless {
+				key = nil
+			}
+			rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: key})
 			if rep.Intact() || rep.Problems[0].Kind != tt.kind {
 				t.Fatalf("want %s first, got %v", tt.kind, rep.Problems)
 			}
-			// The operation's own check (a timeline's) sees it too, from the checkpoints that sealed it.
+			// The operation's own check (a timeline's) sees it too, from the seals that hold its records (checked one
+			// by one, not linked: with the key, which catches a forged seal).
 			if !strings.Contains(tt.name, "approval") {
 				one := mustVerify(t, db.DB, audit.VerifyOptions{OperationID: ops[1], PublicKey: pub})
 				if one.Intact() {
@@ -238,165 +254,291 @@ func exec(t *testing.T, db *gorm.DB, q string, args ...any) {
 	}
 }
 
-// forge rewrites the actor of one event of op and recomputes everything that covers it: the chain's hashes, the
-// head table and the checkpoint chain, re-signing with the attacker's own key.
-func forge(t *testing.T, db *gorm.DB, op string) {
+// forge rewrites the actor of op's first record and recomputes what covers it: its entry, the hash of its seal's
+// entries, and the seal, which finish completes (re-signing with the attacker's own key, or relinking it).
+func forge(t *testing.T, db *gorm.DB, op string, finish func(s *auditchain.Seal, mallory *auditchain.Signer)) {
 	t.Helper()
-	exec(t, db, `UPDATE operation_events SET actor = 'agent:mallory' WHERE operation_id = ? AND chain_seq = 1`, op)
-	var rows []struct {
-		ID       int64
-		ChainSeq int64
-		Record   string
+	exec(t, db, `UPDATE operation_events SET actor = 'agent:mallory' WHERE `+nth, op, 0)
+	var rec struct {
+		ID          int64
+		AccountID   string
+		Type, Actor string
+		Detail      string
+		FromState   *string
+		ToState     *string
+		CreatedAt   time.Time
 	}
-	if err := db.Raw(`SELECT id, chain_seq, operation_event_record(e) AS record FROM operation_events e WHERE operation_id = ? ORDER BY chain_seq`, op).Scan(&rows).Error; err != nil {
+	if err := db.Raw(`SELECT id, account_id, type, actor, detail::text AS detail, from_state, to_state, created_at FROM operation_events WHERE `+nth, op, 0).
+		Scan(&rec).Error; err != nil {
 		t.Fatal(err)
 	}
-	c := &auditchain.Chain{Name: op}
-	for _, r := range rows {
-		rec, err := c.Append(json.RawMessage(r.Record))
-		if err != nil {
-			t.Fatal(err)
+	hash, err := auditchain.RecordHash(map[string]any{"account_id": rec.AccountID, "actor": rec.Actor, "created_at": auditchain.FormatTime(rec.CreatedAt),
+		"detail": json.RawMessage(rec.Detail), "from_state": rec.FromState, "operation_id": op, "to_state": rec.ToState, "type": rec.Type})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row struct {
+		Seq                      int64
+		PrevHash                 string
+		CreatedAt                time.Time
+		FirstRecord, RecordCount int64
+		Through, Records         string
+	}
+	if err := db.Raw(`SELECT seq, prev_hash, created_at, first_record, record_count, through::text AS through, records::text AS records
+FROM audit_seals WHERE records @> ?::jsonb`, fmt.Sprintf(`[{"table":"operation_events","id":%d}]`, rec.ID)).Scan(&row).Error; err != nil {
+		t.Fatal(err)
+	}
+	var entries []auditchain.Entry
+	if err := json.Unmarshal([]byte(row.Records), &entries); err != nil {
+		t.Fatal(err)
+	}
+	for i := range entries {
+		if entries[i].Table == "operation_events" && entries[i].ID == rec.ID {
+			entries[i].Hash = hash
 		}
-		exec(t, db, `UPDATE operation_events SET prev_hash = ?, hash = ? WHERE id = ?`, rec.Prev, rec.Hash, r.ID)
 	}
-	head := c.Head()
-	exec(t, db, `UPDATE audit_chain_heads SET hash = ? WHERE chain = ?`, head.Hash, op)
-	var cp struct {
-		Heads string
-	}
-	if err := db.Raw(`SELECT heads::text AS heads FROM audit_checkpoints WHERE seq = 1`).Scan(&cp).Error; err != nil {
+	s := auditchain.Seal{Seq: row.Seq, Prev: row.PrevHash, At: row.CreatedAt, First: row.FirstRecord, Count: row.RecordCount}
+	if err := json.Unmarshal([]byte(row.Through), &s.Through); err != nil {
 		t.Fatal(err)
 	}
-	var heads []auditchain.Head
-	if err := json.Unmarshal([]byte(cp.Heads), &heads); err != nil {
+	if s.Records, err = auditchain.RecordsHash(entries); err != nil {
 		t.Fatal(err)
-	}
-	for i := range heads {
-		if heads[i].Chain == op {
-			heads[i] = head
-		}
 	}
 	mallory, err := auditchain.ParseSigningKey(base64.StdEncoding.EncodeToString(make([]byte, 32)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cpAt struct{ T string }
-	if err := db.Raw(`SELECT audit_time(created_at) AS t FROM audit_checkpoints WHERE seq = 1`).Scan(&cpAt).Error; err != nil {
-		t.Fatal(err)
-	}
-	when, err := time.Parse(auditchain.TimeFormat, cpAt.T)
-	if err != nil {
-		t.Fatal(err)
-	}
-	forged, err := auditchain.NextCheckpoint(nil, when, heads, mallory)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := json.Marshal(forged.Heads)
-	exec(t, db, `UPDATE audit_checkpoints SET heads = ?::jsonb, hash = ?, signature = ? WHERE seq = 1`, string(raw), forged.Hash, forged.Signature)
+	finish(&s, mallory)
+	raw, _ := json.Marshal(entries)
+	exec(t, db, `UPDATE audit_seals SET records = ?::jsonb, records_hash = ?, prev_hash = ?, hash = ?, signature = ? WHERE seq = ?`,
+		string(raw), s.Records, s.Prev, s.Hash, s.Signature, s.Seq)
 }
 
-// TestCheckpointBacklogIsSealedInBatches gives the worker more moved chains than one checkpoint seals: one tick
-// of Run seals them all (the two checkpoints are written well within one interval of each other), in
-// checkpoints of at most MaxCheckpointHeads heads each, chained one after another.
-func TestCheckpointBacklogIsSealedInBatches(t *testing.T) {
+// TestBacklogIsSealedInBatches gives the sequencer more records than one seal holds: one tick of Run seals them
+// all, in seals of at most MaxSealRecords records each, chained one after another.
+func TestBacklogIsSealedInBatches(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
-	db.Tampered() // heads without records: only the checkpoints are under test here
-	backlog := audit.MaxCheckpointHeads + 50
+	ops := history(t, db.DB, 1)
+	backlog := audit.MaxSealRecords + 50
+	if err := db.Exec(`INSERT INTO operation_events (operation_id, account_id, type, actor) SELECT ?, 'acct_a', 'observed', 'system:test' FROM generate_series(1, ?)`,
+		ops[0], backlog).Error; err != nil {
+		t.Fatal(err)
+	}
 	const interval = 3 * time.Second
-	exec(t, db.DB, `INSERT INTO audit_chain_heads (account_id, chain, seq, hash, prev_hash)
-SELECT 'acct_a', 'op_backlog_' || g, 1, md5(g::text) || md5(g::text), repeat('0', 64) FROM generate_series(1, ?) g`, backlog)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		(&audit.CheckpointWorker{DB: db.DB, Interval: interval}).Run(ctx)
+		(&audit.Sequencer{DB: db.DB, Interval: interval}).Run(ctx)
 	}()
 	type row struct {
-		Heads     int
-		CreatedAt time.Time
+		RecordCount int64
+		CreatedAt   time.Time
 	}
 	var sealed []row
-	deadline := time.Now().Add(30 * time.Second)
+	total := int64(backlog + 3 + 3)
+	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		sealed = nil
-		if err := db.Raw(`SELECT jsonb_array_length(heads) AS heads, created_at FROM audit_checkpoints ORDER BY seq`).Scan(&sealed).Error; err != nil {
+		if err := db.Raw(`SELECT record_count, created_at FROM audit_seals ORDER BY seq`).Scan(&sealed).Error; err != nil {
 			t.Fatal(err)
 		}
-		if len(sealed) >= 2 {
+		var n int64
+		for _, s := range sealed {
+			n += s.RecordCount
+		}
+		if n >= total {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	cancel()
 	<-done
-	if len(sealed) != 2 || sealed[0].Heads != audit.MaxCheckpointHeads || sealed[1].Heads != 50 {
-		t.Fatalf("checkpoints sealed %+v; want %d heads, then 50", sealed, audit.MaxCheckpointHeads)
+	if len(sealed) < 2 || sealed[0].RecordCount != audit.MaxSealRecords {
+		t.Fatalf("seals %+v; want the first of %d records", sealed, audit.MaxSealRecords)
 	}
-	if gap := sealed[1].CreatedAt.Sub(sealed[0].CreatedAt); gap > interval/2 {
-		t.Errorf("the second checkpoint came %v after the first: the backlog waited for the next tick (%v)", gap, interval)
+	var n int64
+	for _, s := range sealed {
+		n += s.RecordCount
+	}
+	if n != total {
+		t.Fatalf("the seals hold %d records; want %d", n, total)
 	}
 	rep := mustVerify(t, db.DB, audit.VerifyOptions{})
-	for _, p := range rep.Problems {
-		if p.Chain == auditchain.CheckpointChain {
-			t.Errorf("the checkpoints' own chain: %+v", p)
-		}
-	}
-	if rep.Checkpoints != 2 {
-		t.Errorf("verify checked %d checkpoints; want 2", rep.Checkpoints)
+	if !rep.Intact() || rep.Sealed != int(total) || rep.Seals != len(sealed) {
+		t.Errorf("verify: %+v", rep)
 	}
 }
 
-// TestCheckpointDoesNotHoldWriters: a record appended to a chain while a checkpoint is being written (here from
-// inside it, between reading the heads and committing) goes through at once, on its own connection with a short
-// lock timeout: the checkpoint holds no head while it renders and stores itself. The checkpoint covers the chain
-// as it read it, leaves that head unsealed because it moved, and the next checkpoint covers its new state; verify
-// finds every chain and checkpoint intact.
-func TestCheckpointDoesNotHoldWriters(t *testing.T) {
+// TestLateCommitIsSealedLater holds a transaction open, with a record in it, across seal runs: the records
+// committed after it began wait with it (their transactions have higher ids), everything before is sealed, and
+// once it commits, its record and theirs are sealed and verify; none is skipped.
+func TestLateCommitIsSealedLater(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
-	ops := history(t, db.DB, 3)
 	ctx := context.Background()
-	var appendErr error
-	w := &audit.CheckpointWorker{DB: db.DB, Now: func() time.Time {
-		appendErr = db.DB.Transaction(func(tx *gorm.DB) error {
-			if err := tx.Exec(`SET LOCAL lock_timeout = '1s'`).Error; err != nil {
-				return err
-			}
-			return opstatus.Append(ctx, tx, "acct_a", ops[1], "observed", "system:test", nil)
-		})
-		return time.Now()
-	}}
-	cp, err := w.RunOnce(ctx)
-	if err != nil || cp == nil {
-		t.Fatalf("checkpoint: %v %v", cp, err)
-	}
-	if appendErr != nil {
-		t.Fatalf("a record appended during the checkpoint: %v; want it written at once", appendErr)
-	}
-	var covered auditchain.Head
-	for _, h := range cp.Heads {
-		if h.Chain == ops[1] {
-			covered = h
-		}
-	}
-	if len(cp.Heads) != 4 || covered.Seq != 3 {
-		t.Fatalf("checkpoint heads %+v; want the 4 chains, %s at seq 3 as read", cp.Heads, ops[1])
-	}
-	var unsealed []string
-	if err := db.Raw(`SELECT chain FROM audit_chain_heads WHERE NOT checkpointed`).Scan(&unsealed).Error; err != nil {
+	ops := history(t, db.DB, 2)
+	s := &audit.Sequencer{DB: db.DB}
+
+	late := db.DB.Begin()
+	t.Cleanup(func() { late.Rollback() }) // a failed test must not hold sealing back for the others
+	if err := opstatus.Append(ctx, late, "acct_a", ops[0], "observed", "system:late", nil); err != nil {
 		t.Fatal(err)
 	}
-	if len(unsealed) != 1 || unsealed[0] != ops[1] {
-		t.Fatalf("unsealed heads after the checkpoint: %v; want only %s, which moved", unsealed, ops[1])
+	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:after", nil); err != nil {
+		t.Fatal(err)
 	}
-	w.Now = nil
-	cp2, err := w.RunOnce(ctx)
-	if err != nil || cp2 == nil || len(cp2.Heads) != 1 || cp2.Heads[0].Chain != ops[1] || cp2.Heads[0].Seq != 4 {
-		t.Fatalf("the next checkpoint covers the moved chain's new head: %+v %v", cp2, err)
+	// Everything written before the open transaction is sealed, however long other transactions on the server
+	// hold sealing back.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := s.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var unsealed int64
+		db.Raw(`SELECT count(*) FROM operation_events e WHERE actor NOT IN ('system:late', 'system:after') AND NOT EXISTS (
+    SELECT 1 FROM audit_seals s WHERE s.records @> jsonb_build_array(jsonb_build_object('table', 'operation_events', 'id', e.id)))`).Scan(&unsealed)
+		if unsealed == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records written before the open transaction still unsealed", unsealed)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if rep := mustVerify(t, db.DB, audit.VerifyOptions{}); !rep.Intact() || rep.Checkpoints != 2 {
+	var early int64
+	db.Raw(`SELECT count(*) FROM operation_events e WHERE actor IN ('system:late', 'system:after') AND EXISTS (
+    SELECT 1 FROM audit_seals s WHERE s.records @> jsonb_build_array(jsonb_build_object('table', 'operation_events', 'id', e.id)))`).Scan(&early)
+	if early != 0 {
+		t.Fatalf("%d records sealed while a transaction older than them is open: the open one's record could be skipped", early)
+	}
+	if rep := mustVerify(t, db.DB, audit.VerifyOptions{}); !rep.Intact() || rep.Unsealed != 1 {
+		t.Fatalf("the record committed after the open transaction began is reported unsealed: %+v", rep)
+	}
+	if err := late.Commit().Error; err != nil {
+		t.Fatal(err)
+	}
+	testdb.SealAll(t, s)
+	rep := mustVerify(t, db.DB, audit.VerifyOptions{})
+	if !rep.Intact() || rep.Unsealed != 0 || rep.Records != 2*3+3+2 || rep.Sealed != rep.Records {
+		t.Fatalf("after the late commit: %+v", rep)
+	}
+	var order []string
+	db.Raw(`SELECT e->>'subject' FROM audit_seals s, jsonb_array_elements(s.records) e
+WHERE (e->>'id')::bigint IN (SELECT id FROM operation_events WHERE actor IN ('system:late', 'system:after')) ORDER BY s.seq`).Scan(&order)
+	if len(order) != 2 || order[0] != ops[0] || order[1] != ops[1] {
+		t.Fatalf("sealed in order %v; want the late transaction's record (%s) first: it began first", order, ops[0])
+	}
+}
+
+// TestTwoSequencersSealEachRecordOnce races two sequencers (two replicas) against writers: every record ends in
+// exactly one seal, and the seals form one chain.
+func TestTwoSequencersSealEachRecordOnce(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	ops := history(t, db.DB, 4)
+	a, b := &audit.Sequencer{DB: db.DB}, &audit.Sequencer{DB: db.DB}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var sealErr atomic.Value
+	for _, s := range []*audit.Sequencer{a, b} {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := s.RunOnce(ctx); err != nil {
+					sealErr.Store(err)
+					return
+				}
+			}
+		})
+	}
+	var writers sync.WaitGroup
+	for w := range 4 {
+		writers.Go(func() {
+			for i := range 50 {
+				if err := opstatus.Append(ctx, db.DB, "acct_a", ops[(w+i)%len(ops)], "observed", "system:test", map[string]any{"w": w, "i": i}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	writers.Wait()
+	close(stop)
+	wg.Wait()
+	if err, _ := sealErr.Load().(error); err != nil {
+		t.Fatal(err)
+	}
+	testdb.SealAll(t, a)
+	var counts struct{ Entries, Distinct, Records int64 }
+	db.Raw(`SELECT count(*) AS entries, count(DISTINCT (e->>'table', e->>'id')) AS distinct,
+    (SELECT count(*) FROM operation_events) + (SELECT count(*) FROM approval_events) AS records
+FROM audit_seals s, jsonb_array_elements(s.records) e`).Scan(&counts)
+	if counts.Entries != counts.Records || counts.Distinct != counts.Records || counts.Records != 3*4+3+200 {
+		t.Fatalf("entries %+v: want each of the records sealed exactly once", counts)
+	}
+	if rep := mustVerify(t, db.DB, audit.VerifyOptions{}); !rep.Intact() || rep.Sealed != int(counts.Records) {
+		t.Fatalf("verify: %+v", rep)
+	}
+}
+
+// TestSequencerKilledMidBatch kills the sequencer's connection after it inserted a seal and before its commit,
+// and cancels another's context there: neither leaves a seal or anything of one, and the next run seals every
+// record once. Not parallel: the failpoint is the process's.
+func TestSequencerKilledMidBatch(t *testing.T) {
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	history(t, db.DB, 2)
+	s := &audit.Sequencer{DB: db.DB}
+
+	// runKilled runs s until a run fails, as it must once its records are sealable (other transactions on the
+	// server may hold them back a while) and kill stops it before its commit.
+	runKilled := func(ctx context.Context, kill func(any)) {
+		t.Helper()
+		unset := failpoint.Set(audit.FailpointBeforeSealCommit, kill)
+		defer unset()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			seal, err := s.RunOnce(ctx)
+			if err != nil {
+				break
+			}
+			if seal != nil {
+				t.Fatalf("a sequencer stopped before its commit wrote %+v", seal)
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the records never became sealable")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		var n int64
+		if db.Raw(`SELECT count(*) FROM audit_seals`).Scan(&n); n != 0 {
+			t.Fatalf("%d seals after the stopped run; want none", n)
+		}
+	}
+	runKilled(ctx, func(any) {
+		// The backend holding this schema's sequencer lock is the sequencer's.
+		if err := db.Exec(`SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = ? AND l.objid = hashtext(current_schema())::oid
+  AND l.pid <> pg_backend_pid()`, audit.SealLockKey).Error; err != nil {
+			t.Error(err)
+		}
+	})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runKilled(cctx, func(any) { cancel() })
+
+	seals := testdb.SealAll(t, s)
+	if len(seals) == 0 || seals[0].Seq != 1 {
+		t.Fatalf("the next run starts the chain: %+v", seals)
+	}
+	if rep := mustVerify(t, db.DB, audit.VerifyOptions{}); !rep.Intact() || rep.Sealed != 2*3+3 || rep.Unsealed != 0 {
 		t.Fatalf("verify: %+v", rep)
 	}
 }

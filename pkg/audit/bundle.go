@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -18,69 +17,74 @@ import (
 )
 
 // BundleFormat names the format of an exported bundle, its first member.
-const BundleFormat = "retrysafe-audit-bundle/1"
+const BundleFormat = "retrysafe-audit-bundle/2"
 
 // ErrNoRecords is returned by Export for an operation with no audit records.
 var ErrNoRecords = errors.New("audit: no records")
 
 // ExportOptions choose what a bundle holds. With none set it holds the whole record.
 type ExportOptions struct {
-	// Since and Until, when set, bound the time range: the bundle holds the checkpoints written in it and every
-	// chain with a record written in it or sealed by one of those checkpoints.
+	// Since and Until, when set, bound the time range: the bundle holds the seals written in it and the records
+	// they hold, and without Until the records not sealed yet.
 	Since, Until time.Time
-	// OperationID, when set, exports that operation's chain and those of the approvals it used, with the
-	// checkpoints from the first that sealed one of them to the newest. It excludes Since and Until.
+	// OperationID, when set, exports that operation's records and those of the approvals it used, with the seals
+	// from the first that holds one of them to the newest (the others without their entries). It excludes Since
+	// and Until.
 	OperationID string
-	// PublicKey, when set, is written into the bundle: the key its checkpoints' signatures verify with.
+	// PublicKey, when set, is written into the bundle: the key its seals' signatures verify with.
 	PublicKey string
 }
 
-// bundle is the JSON document Export writes. Chains hold whole chains (every record from seq 1) in stored order,
-// each record with the content its hash covers, so a bundle is checked with no database and no schema.
+// bundle is the JSON document Export writes. Each record carries the content its hash covers, so a bundle is
+// checked with no database and no schema.
 type bundle struct {
-	Format      string             `json:"format"`
-	ExportedAt  time.Time          `json:"exported_at"`
-	Scope       bundleScope        `json:"scope"`
-	PublicKey   string             `json:"public_key,omitempty"`
-	Checkpoints []bundleCheckpoint `json:"checkpoints"`
-	Heads       []auditchain.Head  `json:"heads"`
-	Chains      []bundleChain      `json:"chains"`
+	Format     string       `json:"format"`
+	ExportedAt time.Time    `json:"exported_at"`
+	Scope      bundleScope  `json:"scope"`
+	PublicKey  string       `json:"public_key,omitempty"`
+	Seals      []bundleSeal `json:"seals"`
+	// Through is where the newest seal ends in each table: a record at or before it that no seal holds was
+	// inserted afterwards.
+	Through map[string]auditchain.Position `json:"through"`
+	Records []bundleRecord                 `json:"records"`
 }
 
-// bundleScope is what the bundle was exported for. With an operation, only Chains are checked (its checkpoints
-// seal other chains too, which the bundle does not hold); otherwise every chain a checkpoint or head names.
+// bundleScope is what the bundle was exported for. With an operation, only the records of Subjects are checked
+// (its seals hold other records too, which the bundle does not).
 type bundleScope struct {
 	Since     *time.Time `json:"since,omitempty"`
 	Until     *time.Time `json:"until,omitempty"`
 	Operation string     `json:"operation,omitempty"`
-	Chains    []string   `json:"chains,omitempty"`
+	Subjects  []string   `json:"subjects,omitempty"`
 }
 
-type bundleCheckpoint struct {
-	Seq       int64           `json:"seq"`
-	Prev      string          `json:"prev_hash"`
-	At        time.Time       `json:"created_at"`
-	Heads     json.RawMessage `json:"heads"`
-	Hash      string          `json:"hash"`
-	Signature string          `json:"signature,omitempty"`
-}
-
-type bundleChain struct {
-	Chain   string         `json:"chain"`
-	Records []bundleRecord `json:"records"`
+type bundleSeal struct {
+	Seq         int64                          `json:"seq"`
+	Prev        string                         `json:"prev_hash"`
+	At          time.Time                      `json:"created_at"`
+	First       int64                          `json:"first"`
+	Count       int64                          `json:"count"`
+	Through     map[string]auditchain.Position `json:"through"`
+	RecordsHash string                         `json:"records_hash"`
+	Hash        string                         `json:"hash"`
+	Signature   string                         `json:"signature,omitempty"`
+	// Records are the seal's entries; absent for a seal that holds none of the records in scope.
+	Records json.RawMessage `json:"records,omitempty"`
 }
 
 type bundleRecord struct {
-	Ref    string          `json:"ref"`
-	Seq    int64           `json:"seq"`
-	Prev   string          `json:"prev_hash"`
-	Hash   string          `json:"hash"`
-	Record json.RawMessage `json:"record"`
+	Table     string          `json:"table"`
+	ID        int64           `json:"id"`
+	XID       string          `json:"xid"`
+	AccountID string          `json:"account_id"`
+	Subject   string          `json:"subject"`
+	CreatedAt time.Time       `json:"created_at"`
+	Record    json.RawMessage `json:"record"`
 }
 
 // Export writes to w, from one read-only snapshot, a bundle of the records opt selects with everything needed to
-// check them: whole chains, the checkpoints covering them as one unbroken run, the chains' heads and the public
-// key. VerifyBundle checks it with the checks Verify makes. Returns ErrNoRecords for an operation with none.
+// check them: the records, the seals holding them as one unbroken run, and the public key. VerifyBundle checks it
+// with the checks Verify makes. Returns ErrNoRecords for an operation with none.
 func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) error {
 	if opt.OperationID != "" && (!opt.Since.IsZero() || !opt.Until.IsZero()) {
 		return errors.New("audit: export: an operation is exported whole, without a time range")
@@ -97,12 +101,19 @@ func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) er
 			b.Scope.Until = &opt.Until
 		}
 		if opt.OperationID != "" {
-			// The approvals the operation used: their chains are part of its story (its timeline shows them).
+			// The approvals the operation used: their records are part of its story (its timeline shows them).
 			if err := tx.Raw(`SELECT id FROM approvals WHERE used_by_operation_id = ? ORDER BY id`, opt.OperationID).
-				Scan(&ev.opt.Chains).Error; err != nil {
+				Scan(&ev.opt.Subjects).Error; err != nil {
 				return err
 			}
-			b.Scope.Chains = ev.chainNames()
+			b.Scope.Subjects = ev.subjectList()
+			var found []int64
+			if err := tx.Raw(`SELECT 1 FROM operation_events WHERE operation_id = ? LIMIT 1`, opt.OperationID).Scan(&found).Error; err != nil {
+				return err
+			}
+			if len(found) == 0 {
+				return fmt.Errorf("%w: operation %s", ErrNoRecords, opt.OperationID)
+			}
 		}
 		return writeBundle(ev, b, w)
 	}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
@@ -115,40 +126,12 @@ func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) er
 	return nil
 }
 
-// writeBundle writes b's header, then what ev holds, one checkpoint, head or chain a line, as it is read.
+// writeBundle writes b's header, then what ev holds, one seal or record a line, as it is read.
 func writeBundle(ev *dbEvidence, b bundle, w io.Writer) error {
-	rows, err := ev.checkpoints()
+	through, err := ev.through()
 	if err != nil {
 		return err
 	}
-	// Every chain a checkpoint sealed is in scope: a bundle that lost one of them must fail its check.
-	want := map[string]auditchain.Expectation{}
-	for _, r := range rows {
-		var heads []auditchain.Head
-		if json.Unmarshal([]byte(r.Heads), &heads) == nil {
-			for _, h := range heads {
-				want[h.Chain] = auditchain.Expectation{Head: h}
-			}
-		}
-	}
-	names, scoped, err := ev.scope(want)
-	if err != nil {
-		return err
-	}
-	heads, err := ev.heads(scoped, names)
-	if err != nil {
-		return err
-	}
-	if b.Scope.Operation != "" {
-		var found []int64
-		if err := ev.tx.Raw(`SELECT 1 FROM operation_events WHERE operation_id = ? LIMIT 1`, b.Scope.Operation).Scan(&found).Error; err != nil {
-			return err
-		}
-		if len(found) == 0 {
-			return fmt.Errorf("%w: operation %s", ErrNoRecords, b.Scope.Operation)
-		}
-	}
-
 	bw := bufio.NewWriter(w)
 	var werr error
 	put := func(s string) {
@@ -182,31 +165,44 @@ func writeBundle(ev *dbEvidence, b bundle, w io.Writer) error {
 		put(`,"public_key":`)
 		putJSON(b.PublicKey)
 	}
-	put(`,"checkpoints":[`)
-	for i, r := range rows {
-		list(i)
-		sig := ""
-		if r.Signature != nil {
-			sig = *r.Signature
+	put(`,"through":`)
+	putJSON(through)
+	put(`,"seals":[`)
+	sealed := map[recordKey]*expected{}
+	n := 0
+	err = ev.seals(func(r sealRow) error {
+		s, err := r.seal()
+		if err != nil {
+			return err
 		}
-		putJSON(bundleCheckpoint{Seq: r.Seq, Prev: r.PrevHash, At: r.CreatedAt.UTC(), Heads: json.RawMessage(r.Heads),
-			Hash: r.Hash, Signature: sig})
-	}
-	put("],\n\"heads\":[")
-	for i, h := range heads {
-		list(i)
-		putJSON(h)
-	}
-	put("],\n\"chains\":[")
-	n := 0 // chains written
-	err = ev.chains(scoped, names, func(name string, recs []auditchain.Record) {
-		c := bundleChain{Chain: name, Records: make([]bundleRecord, len(recs))}
-		for i, r := range recs {
-			c.Records[i] = bundleRecord{Ref: r.Ref, Seq: r.Seq, Prev: r.Prev, Hash: r.Hash, Record: r.Body}
+		bs := bundleSeal{Seq: s.Seq, Prev: s.Prev, At: s.At.UTC(), First: s.First, Count: s.Count, Through: s.Through,
+			RecordsHash: s.Records, Hash: s.Hash, Signature: s.Signature}
+		if r.Records != nil {
+			bs.Records = json.RawMessage(*r.Records)
+			var entries []auditchain.Entry
+			if err := json.Unmarshal(bs.Records, &entries); err != nil {
+				return fmt.Errorf("seal %d: entries: %w", s.Seq, err)
+			}
+			for _, e := range entries {
+				sealed[recordKey{e.Table, e.ID}] = &expected{entry: e}
+			}
 		}
 		list(n)
 		n++
-		putJSON(c)
+		putJSON(bs)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	put("],\n\"records\":[")
+	n = 0
+	err = ev.records(sealed, func(r storedRecord) error {
+		list(n)
+		n++
+		putJSON(bundleRecord{Table: r.Table, ID: r.ID, XID: r.Pos.XID, AccountID: r.AccountID, Subject: r.Subject,
+			CreatedAt: r.CreatedAt.UTC(), Record: r.Body})
+		return nil
 	})
 	if err != nil {
 		return err
@@ -220,12 +216,12 @@ func writeBundle(ev *dbEvidence, b bundle, w io.Writer) error {
 
 // BundleOptions narrow the check of a bundle.
 type BundleOptions struct {
-	// PublicKey, when set, requires every checkpoint to carry a valid signature by its key. When nil, the
+	// PublicKey, when set, requires every seal to carry a valid signature by its key. When nil, the
 	// bundle's own key is used if it has one (BundleReport.KeyFromBundle): that proves less, since whoever
 	// rewrote the bundle could have replaced the key too.
 	PublicKey ed25519.PublicKey
-	// Checkpoint is VerifyOptions.Checkpoint: the hash of a checkpoint kept apart from the bundle.
-	Checkpoint string
+	// Seal is VerifyOptions.Seal: the hash of a seal kept apart from the bundle.
+	Seal string
 }
 
 // BundleReport is what VerifyBundle checked and found.
@@ -239,8 +235,8 @@ type BundleReport struct {
 	KeyFromBundle bool
 }
 
-// VerifyBundle checks a bundle written by Export, with no database, by the checks Verify makes: its checkpoints
-// as one unbroken run, then every chain in its scope against them and against its heads. It returns an error
+// VerifyBundle checks a bundle written by Export, with no database, by the checks Verify makes: its seals as one
+// unbroken run, then every record in its scope against them. It returns an error
 // only when r is not a bundle; what is wrong with the records is in the report.
 func VerifyBundle(r io.Reader, opt BundleOptions) (BundleReport, error) {
 	var b bundle
@@ -268,7 +264,14 @@ func VerifyBundle(r io.Reader, opt BundleOptions) (BundleReport, error) {
 	}
 	var err error
 	whole := b.Scope.Since == nil && b.Scope.Operation == ""
-	rep.Report, err = check(bundleEvidence{&b}, checkOptions{whole: whole, pub: pub, pin: opt.Checkpoint})
+	var subjects map[string]bool
+	if b.Scope.Operation != "" {
+		subjects = map[string]bool{b.Scope.Operation: true}
+		for _, s := range b.Scope.Subjects {
+			subjects[s] = true
+		}
+	}
+	rep.Report, err = check(bundleEvidence{&b}, checkOptions{whole: whole, pub: pub, pin: opt.Seal, subjects: subjects})
 	if err != nil {
 		return BundleReport{}, fmt.Errorf("audit: bundle: %w", err)
 	}
@@ -278,48 +281,42 @@ func VerifyBundle(r io.Reader, opt BundleOptions) (BundleReport, error) {
 // bundleEvidence is a decoded bundle as evidence.
 type bundleEvidence struct{ b *bundle }
 
-func (e bundleEvidence) checkpoints() ([]checkpointRow, error) {
-	rows := make([]checkpointRow, len(e.b.Checkpoints))
-	for i, cp := range e.b.Checkpoints {
-		rows[i] = checkpointRow{Seq: cp.Seq, PrevHash: cp.Prev, CreatedAt: cp.At, Heads: string(cp.Heads), Hash: cp.Hash}
-		if cp.Signature != "" {
-			rows[i].Signature = &cp.Signature
+func (e bundleEvidence) seals(emit func(sealRow) error) error {
+	for _, s := range e.b.Seals {
+		through, err := json.Marshal(s.Through)
+		if err != nil {
+			return err
+		}
+		r := sealRow{Seq: s.Seq, PrevHash: s.Prev, CreatedAt: s.At, FirstRecord: s.First, RecordCount: s.Count,
+			Through: string(through), RecordsHash: s.RecordsHash, Hash: s.Hash}
+		if s.Signature != "" {
+			r.Signature = &s.Signature
+		}
+		if s.Records != nil {
+			text := string(s.Records)
+			r.Records = &text
+		}
+		if err := emit(r); err != nil {
+			return err
 		}
 	}
-	return rows, nil
+	return nil
 }
 
-func (e bundleEvidence) scope(map[string]auditchain.Expectation) ([]string, bool, error) {
-	if e.b.Scope.Operation != "" {
-		names := slices.Clone(e.b.Scope.Chains)
-		if !slices.Contains(names, e.b.Scope.Operation) {
-			names = append(names, e.b.Scope.Operation)
-		}
-		return names, true, nil
+func (e bundleEvidence) through() (map[string]auditchain.Position, error) {
+	if e.b.Through == nil {
+		return map[string]auditchain.Position{}, nil
 	}
-	return nil, false, nil
+	return e.b.Through, nil
 }
 
-func (e bundleEvidence) heads(scoped bool, names []string) ([]auditchain.Head, error) {
-	var heads []auditchain.Head
-	for _, h := range e.b.Heads {
-		if !scoped || slices.Contains(names, h.Chain) {
-			heads = append(heads, h)
+func (e bundleEvidence) records(_ map[recordKey]*expected, emit func(storedRecord) error) error {
+	for _, r := range e.b.Records {
+		rec := storedRecord{Table: r.Table, ID: r.ID, Pos: auditchain.Position{XID: r.XID, ID: r.ID}, AccountID: r.AccountID,
+			Subject: r.Subject, CreatedAt: r.CreatedAt, Body: r.Record}
+		if err := emit(rec); err != nil {
+			return err
 		}
-	}
-	return heads, nil
-}
-
-func (e bundleEvidence) chains(scoped bool, names []string, emit func(string, []auditchain.Record)) error {
-	for _, c := range e.b.Chains {
-		if scoped && !slices.Contains(names, c.Chain) {
-			continue
-		}
-		recs := make([]auditchain.Record, len(c.Records))
-		for i, r := range c.Records {
-			recs[i] = auditchain.Record{Chain: c.Chain, Seq: r.Seq, Prev: r.Prev, Hash: r.Hash, Body: r.Record, Ref: r.Ref}
-		}
-		emit(c.Chain, recs)
 	}
 	return nil
 }

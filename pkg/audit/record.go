@@ -5,107 +5,131 @@ import (
 	"fmt"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 )
 
-// OperationEvent is the hashed content of one operation_events record: the same fields, in JSON, as
-// operation_event_record in migrations/00006_audit_chain.sql. Verify builds it from stored rows; a writer that
-// links its records itself (ContinueOperationChain) builds it before the insert.
-type OperationEvent struct {
-	OperationID string
-	AccountID   string
-	Type        string
-	Actor       string
-	FromState   *string
-	ToState     *string
-	// Detail is the event's detail as JSON text (any key order: it is canonicalized).
-	Detail json.RawMessage
-	// Attempt numbers the attempt records of an operation (IsAttempt); nil for other events.
-	Attempt   *int64
+// source is a table of records.
+type source struct {
+	table string
+	// subject is the column naming the record's subject (its operation or approval).
+	subject string
+	// columns reads a recordRow.
+	columns string
+	// body is the content a record's hash covers: its fields, in JSON.
+	body func(r recordRow) any
+}
+
+type recordRow struct {
+	ID        int64
+	XID       string `gorm:"column:xid"`
+	AccountID string
+	Subject   string
+	Type      string
+	Actor     string
+	Detail    string
+	FromState *string
+	ToState   *string
 	CreatedAt time.Time
 }
 
-// record is the content hashed: the fields of operation_event_record in the migrations, in JSON. Verify
-// builds it from stored rows; a writer that links its records itself builds it before the insert.
-func (e OperationEvent) record() operationRecord {
-	return operationRecord{AccountID: e.AccountID, Actor: e.Actor, Attempt: e.Attempt, CreatedAt: auditchain.FormatTime(e.CreatedAt),
-		Detail: e.Detail, FromState: e.FromState, OperationID: e.OperationID, ToState: e.ToState, Type: e.Type}
-}
-
+// operationRecord is the hashed content of an operation_events record. Its place in the operation's history and
+// its attempt number are not stored (operation_events_numbered reads them from the id order), and need not be:
+// the entries of the seals hold the records' ids, so a reordering shows.
 type operationRecord struct {
 	AccountID   string          `json:"account_id"`
 	Actor       string          `json:"actor"`
-	Attempt     *int64          `json:"attempt"`
 	CreatedAt   string          `json:"created_at"`
-	Detail      json.RawMessage `json:"detail"` // nil is null
+	Detail      json.RawMessage `json:"detail"`
 	FromState   *string         `json:"from_state"`
 	OperationID string          `json:"operation_id"`
 	ToState     *string         `json:"to_state"`
 	Type        string          `json:"type"`
 }
 
-// IsAttempt reports whether an event with detail is an attempt record: one HTTP attempt at a write, whose detail
-// has an attempt_id and an outcome (the SQL trigger's test, detail ? 'outcome' AND detail ? 'attempt_id').
-func IsAttempt(detail map[string]any) bool {
-	_, outcome := detail["outcome"]
-	_, attempt := detail["attempt_id"]
-	return outcome && attempt
+// approvalRecord is the hashed content of an approval_events record.
+type approvalRecord struct {
+	AccountID  string          `json:"account_id"`
+	Actor      string          `json:"actor"`
+	ApprovalID string          `json:"approval_id"`
+	CreatedAt  string          `json:"created_at"`
+	Detail     json.RawMessage `json:"detail"`
+	Type       string          `json:"type"`
 }
 
-// Link is where a record sits in its chain.
-type Link struct {
-	Seq      int64
-	PrevHash string
-	Hash     string
-	// Attempt is the record's attempt number, nil when it is not an attempt record.
-	Attempt *int64
+const (
+	tableOperationEvents = "operation_events"
+	tableApprovalEvents  = "approval_events"
+)
+
+var sources = []source{
+	{
+		table: tableOperationEvents, subject: "operation_id",
+		columns: `id, xid::text AS xid, account_id, operation_id AS subject, type, actor, detail::text AS detail, from_state, to_state, created_at`,
+		body: func(r recordRow) any {
+			return operationRecord{AccountID: r.AccountID, Actor: r.Actor, CreatedAt: auditchain.FormatTime(r.CreatedAt),
+				Detail: json.RawMessage(r.Detail), FromState: r.FromState, OperationID: r.Subject, ToState: r.ToState, Type: r.Type}
+		},
+	},
+	{
+		table: tableApprovalEvents, subject: "approval_id",
+		columns: `id, xid::text AS xid, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at`,
+		body: func(r recordRow) any {
+			return approvalRecord{AccountID: r.AccountID, Actor: r.Actor, ApprovalID: r.Subject,
+				CreatedAt: auditchain.FormatTime(r.CreatedAt), Detail: json.RawMessage(r.Detail), Type: r.Type}
+		},
+	},
 }
 
-// Head is where an operation's chain stands, as its row of audit_chain_heads keeps it: its last record (seq 0
-// and no hash when the chain has none) and how many attempt records it holds.
-type Head struct {
-	Seq      int64
-	Hash     string
-	Attempts int64
+// sealColumns reads a sealRow; sealHeaderColumns one without its entries (enough to link and extend the chain).
+const (
+	sealColumns = `seq, prev_hash, created_at, first_record, record_count, through::text AS through, records::text AS records,
+records_hash, hash, signature`
+	sealHeaderColumns = `seq, prev_hash, created_at, first_record, record_count, through::text AS through, NULL::text AS records,
+records_hash, hash, signature`
+)
+
+type sealRow struct {
+	Seq         int64
+	PrevHash    string
+	CreatedAt   time.Time
+	FirstRecord int64
+	RecordCount int64
+	Through     string
+	// Records is the entries' JSON text; nil when not read.
+	Records     *string
+	RecordsHash string
+	Hash        string
+	Signature   *string
 }
 
-// ContinueOperationChain links events, all of one operation, as the records that follow head in the operation's
-// chain, numbering the attempt records among them (attempts[i] says whether events[i] is one) after head's count
-// as the database's trigger does. It returns each record's link and the chain's attempt count after them.
-//
-// The writer stores the records with these links and moves the chain's head row to the last one in the same
-// transaction, and must hold that row locked (SELECT ... FOR UPDATE) from the read of head to the commit:
-// otherwise another writer could link its own records from the same head. The trigger chains every record
-// written without a hash (migration 00012), so writers of both kinds share the head row and its lock.
-func ContinueOperationChain(head Head, events []OperationEvent, attempts []bool) ([]Link, int64, error) {
-	if len(events) == 0 {
-		return nil, head.Attempts, nil
+func (r sealRow) seal() (auditchain.Seal, error) {
+	s := auditchain.Seal{Seq: r.Seq, Prev: r.PrevHash, At: r.CreatedAt, First: r.FirstRecord, Count: r.RecordCount,
+		Records: r.RecordsHash, Hash: r.Hash}
+	if r.Signature != nil {
+		s.Signature = *r.Signature
 	}
-	c := auditchain.Resume(auditchain.Head{Chain: events[0].OperationID, Seq: head.Seq, Hash: head.Hash})
-	links := make([]Link, len(events))
-	n := head.Attempts
-	for i := range events {
-		e := &events[i]
-		if e.OperationID != c.Name {
-			return nil, 0, fmt.Errorf("audit: one chain links the records of %s and %s", c.Name, e.OperationID)
-		}
-		if attempts[i] {
-			n++
-			num := n
-			e.Attempt = &num
-		}
-		rec, err := c.Append(e.record())
-		if err != nil {
-			return nil, 0, err
-		}
-		links[i] = Link{Seq: rec.Seq, PrevHash: rec.Prev, Hash: rec.Hash, Attempt: e.Attempt}
+	if err := json.Unmarshal([]byte(r.Through), &s.Through); err != nil {
+		return auditchain.Seal{}, fmt.Errorf("audit: seal %d: through: %w", r.Seq, err)
 	}
-	return links, n, nil
+	return s, nil
 }
 
-// NewOperationChain is ContinueOperationChain for the first records of a new operation's chain. The writer
-// inserts the chain's head (audit_chain_heads: the last link, the attempt count) in the same transaction; that
-// insert fails if the chain already exists, so these links can only ever start a chain.
-func NewOperationChain(events []OperationEvent, attempts []bool) ([]Link, int64, error) {
-	return ContinueOperationChain(Head{}, events, attempts)
+func insertSeal(tx *gorm.DB, s auditchain.Seal, entries []auditchain.Entry) error {
+	through, err := json.Marshal(s.Through)
+	if err != nil {
+		return err
+	}
+	records, err := json.Marshal(entries)
+	if err != nil {
+		return err
+	}
+	var sig *string
+	if s.Signature != "" {
+		sig = &s.Signature
+	}
+	return tx.Exec(`INSERT INTO audit_seals (seq, prev_hash, created_at, first_record, record_count, through, records, records_hash, hash, signature)
+VALUES (?, ?, ?, ?, ?, ?::jsonb, ?::jsonb, ?, ?, ?)`,
+		s.Seq, s.Prev, s.At, s.First, s.Count, string(through), string(records), s.Records, s.Hash, sig).Error
 }

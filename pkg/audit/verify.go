@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/ed25519"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -16,103 +19,61 @@ import (
 
 // VerifyOptions narrow a verification.
 type VerifyOptions struct {
-	// Since, when set, checks the chains with records written at or after it and the checkpoints written at or
-	// after it (the first of which is trusted as a starting point).
+	// Since, when set, checks the seals written at or after it (the first of which is trusted as a starting
+	// point), the records they hold, and the records not sealed yet.
 	Since time.Time
-	// OperationID, when set, checks that operation's chain against the checkpoints that sealed it (each one's
-	// hash and signature; whether a checkpoint was removed is what a verification without it checks).
+	// OperationID, when set, checks that operation's records against the seals that hold them (each one's hash,
+	// signature and entries; whether a seal was removed is what a verification without it checks).
 	OperationID string
-	// Chains, with OperationID, are more chains checked the same way (the approvals an operation's timeline
+	// Subjects, with OperationID, are more subjects checked the same way (the approvals an operation's timeline
 	// shows).
-	Chains []string
-	// AccountID, when set, reads only that account's chains: with OperationID, the operation's account, so the
-	// records and the head are found by their keys (account_id first), on the account's shard.
+	Subjects []string
+	// AccountID, when set with OperationID, is the operation's account, so its records are found by their keys
+	// (account_id first), on the account's shard.
 	AccountID string
-	// PublicKey, when set, requires every checkpoint checked to carry a valid signature by its key.
+	// PublicKey, when set, requires every seal checked to carry a valid signature by its key.
 	PublicKey ed25519.PublicKey
-	// Checkpoint, when set, is the hash of a checkpoint the auditor kept elsewhere: the checkpoints checked must
-	// include it, so a record whose newest checkpoints were removed, or replaced by forged ones, fails.
-	Checkpoint string
+	// Seal, when set, is the hash of a seal the auditor kept elsewhere: the seals checked must include it, so
+	// records whose newest seals were removed, or replaced by forged ones, fail.
+	Seal string
 }
 
 // Report is what Verify checked and found.
 type Report struct {
-	Chains      int
-	Records     int
-	Checkpoints int
-	// LastCheckpoint is the newest checkpoint checked: an auditor may keep its hash to detect a later wipe.
-	LastCheckpoint *auditchain.Checkpoint
-	Problems       []auditchain.Problem
+	// Subjects counts the operations and approvals whose records were checked.
+	Subjects int
+	// Records counts the records checked; Sealed those a seal holds, Unsealed those none holds yet.
+	Records, Sealed, Unsealed int
+	// OldestUnsealed is when the oldest unsealed record was written (zero when none is).
+	OldestUnsealed time.Time
+	Seals          int
+	// LastSeal is the newest seal checked: an auditor may keep its hash to detect a later wipe.
+	LastSeal *auditchain.Seal
+	Problems []auditchain.Problem
 }
 
 // Intact reports whether nothing is wrong.
 func (r Report) Intact() bool { return len(r.Problems) == 0 }
 
-// chainSource is a table of chained records.
-type chainSource struct {
-	table, chainColumn string
-	// record builds the hashed content from the row: the same fields, in JSON, as the table's SQL
-	// *_record function (migrations/00006_audit_chain.sql).
-	columns string
-	record  func(r recordRow) any
+// Stalled reports whether an unsealed record is older than ten seal intervals at now: the sequencer is not
+// running, or cannot keep up, or a transaction has been open that long.
+func (r Report) Stalled(now time.Time, interval time.Duration) bool {
+	if interval <= 0 {
+		interval = DefaultSealInterval
+	}
+	return !r.OldestUnsealed.IsZero() && now.Sub(r.OldestUnsealed) > 10*interval
 }
 
-type recordRow struct {
-	ID        int64
-	Chain     string
-	AccountID string
-	Type      string
-	Actor     string
-	Detail    string
-	FromState *string
-	ToState   *string
-	Attempt   *int64
-	CreatedAt time.Time
-	ChainSeq  int64
-	PrevHash  string
-	Hash      string
-}
-
-// approvalRecord is the hashed content of an approval_events record (approval_event_record in SQL).
-type approvalRecord struct {
-	AccountID  string          `json:"account_id"`
-	Actor      string          `json:"actor"`
-	ApprovalID string          `json:"approval_id"`
-	CreatedAt  string          `json:"created_at"`
-	Detail     json.RawMessage `json:"detail"`
-	Type       string          `json:"type"`
-}
-
-var sources = []chainSource{
-	{
-		table: "operation_events", chainColumn: "operation_id",
-		columns: `id, operation_id AS chain, account_id, type, actor, detail::text AS detail, from_state, to_state, attempt, created_at, chain_seq, prev_hash, hash`,
-		record: func(r recordRow) any {
-			return OperationEvent{
-				OperationID: r.Chain, AccountID: r.AccountID, Type: r.Type, Actor: r.Actor, FromState: r.FromState,
-				ToState: r.ToState, Detail: json.RawMessage(r.Detail), Attempt: r.Attempt, CreatedAt: r.CreatedAt,
-			}.record()
-		},
-	},
-	{
-		table: "approval_events", chainColumn: "approval_id",
-		columns: `id, approval_id AS chain, account_id, type, actor, detail::text AS detail, created_at, chain_seq, prev_hash, hash`,
-		record: func(r recordRow) any {
-			return approvalRecord{AccountID: r.AccountID, Actor: r.Actor, ApprovalID: r.Chain,
-				CreatedAt: auditchain.FormatTime(r.CreatedAt), Detail: json.RawMessage(r.Detail), Type: r.Type}
-		},
-	},
-}
-
-// Verify checks, in one read-only snapshot, the checkpoints, then every chain in scope against them and against
-// the head table. It returns an error only when it could not check (the database is unreachable, a table is
-// missing); what is wrong with the records is in the Report.
+// Verify checks, in one read-only snapshot, the seals, then every record in scope against them. It returns an
+// error only when it could not check (the database is unreachable, a table is missing); what is wrong with the
+// records is in the Report.
 func Verify(ctx context.Context, db *gorm.DB, opt VerifyOptions) (Report, error) {
 	var rep Report
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
-		rep, err = check(&dbEvidence{ctx: ctx, tx: tx, opt: opt}, checkOptions{seals: opt.OperationID != "",
-			whole: opt.OperationID == "" && opt.Since.IsZero(), pub: opt.PublicKey, pin: opt.Checkpoint})
+		ev := &dbEvidence{ctx: ctx, tx: tx, opt: opt}
+		rep, err = check(ev, checkOptions{one: opt.OperationID != "", whole: opt.OperationID == "" && opt.Since.IsZero(),
+			pub: opt.PublicKey, pin: opt.Seal, subjects: ev.subjects()})
 		return err
 	}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
@@ -121,98 +82,229 @@ func Verify(ctx context.Context, db *gorm.DB, opt VerifyOptions) (Report, error)
 	return rep, nil
 }
 
+// storedRecord is one record as evidence holds it.
+type storedRecord struct {
+	Table     string
+	ID        int64
+	Pos       auditchain.Position
+	AccountID string
+	Subject   string
+	CreatedAt time.Time
+	// Body is the content its hash covers, as JSON.
+	Body json.RawMessage
+}
+
 // evidence is where a verification reads the audit record: the database (dbEvidence) or an exported bundle
 // (bundleEvidence). Both are checked by check, so a bundle is held to exactly the checks the database is.
 type evidence interface {
-	// checkpoints returns the checkpoints in scope, in stored order.
-	checkpoints() ([]checkpointRow, error)
-	// scope names the chains to check, given the heads the checkpoints vouch for; scoped is false for all.
-	scope(want map[string]auditchain.Expectation) (names []string, scoped bool, err error)
-	// heads returns the store's own heads of the chains in scope.
-	heads(scoped bool, names []string) ([]auditchain.Head, error)
-	// chains gives emit each chain in scope as stored, its records in stored order (a chain given twice or
-	// cut short is the verifier's to find).
-	chains(scoped bool, names []string, emit func(name string, recs []auditchain.Record)) error
+	// seals calls emit for each seal in scope, in stored order; its Records are nil when the evidence holds
+	// only its header.
+	seals(emit func(sealRow) error) error
+	// through is where the newest seal ends in each table, whether or not it is in scope.
+	through() (map[string]auditchain.Position, error)
+	// records calls emit for each record in scope: those sealed, named by sealed, and those not sealed yet.
+	records(sealed map[recordKey]*expected, emit func(storedRecord) error) error
 }
 
-// checkOptions say how check holds the checkpoints.
+// checkOptions say how check holds the seals.
 type checkOptions struct {
-	// seals checks them one by one (VerifySeals), not as one run: those that sealed one operation.
-	seals bool
-	// whole says they are all of them, so the run starts at the first: checkpoints are never deleted.
+	// one checks them one by one (VerifySeal), not as a run: those that hold one operation's records.
+	one bool
+	// whole says they are all of them, so the run starts at the first: seals are never deleted.
 	whole bool
 	pub   ed25519.PublicKey
-	// pin is a checkpoint's hash they must include (VerifyOptions.Checkpoint).
+	// pin is a seal's hash they must include (VerifyOptions.Seal).
 	pin string
+	// subjects, when not nil, are the only subjects whose records are checked.
+	subjects map[string]bool
 }
 
-// check runs every check of a verification on ev: the checkpoints, then each chain in scope against them and
-// against the heads.
+type recordKey struct {
+	table string
+	id    int64
+}
+
+// expected is a record a seal holds.
+type expected struct {
+	entry   auditchain.Entry
+	seal    int64
+	ordinal int64
+	seen    bool
+}
+
+// mismatch is a record whose content is not what its entry holds.
+type mismatch struct {
+	rec      storedRecord
+	exp      *expected
+	computed string
+}
+
+// check runs every check of a verification on ev: the seals, then each record in scope against them.
 func check(ev evidence, opt checkOptions) (Report, error) {
 	var rep Report
-	cpRows, err := ev.checkpoints()
+	var seals []auditchain.Seal
+	sealed := map[recordKey]*expected{}
+	var problems []auditchain.Problem
+	sealProblem := func(k auditchain.Kind, seq int64, format string, args ...any) {
+		problems = append(problems, auditchain.Problem{Kind: k, Chain: auditchain.SealChain, Seq: seq,
+			Ref: fmt.Sprintf("seal %d", seq), Detail: fmt.Sprintf(format, args...)})
+	}
+	err := ev.seals(func(r sealRow) error {
+		rep.Seals++
+		s, err := r.seal()
+		if err != nil {
+			sealProblem(auditchain.Changed, r.Seq, "its through is not valid JSON")
+			return nil
+		}
+		seals = append(seals, s)
+		if r.Records == nil {
+			return nil
+		}
+		raw := json.RawMessage(*r.Records)
+		var entries []auditchain.Entry
+		if err := json.Unmarshal(raw, &entries); err != nil {
+			sealProblem(auditchain.Changed, s.Seq, "its entries are not valid JSON")
+			return nil
+		}
+		if h, err := auditchain.RecordsHash(raw); err != nil || h != s.Records || int64(len(entries)) != s.Count {
+			sealProblem(auditchain.Changed, s.Seq, "its entries do not match the hash and count it carries")
+			return nil
+		}
+		for i, e := range entries {
+			if opt.subjects != nil && !opt.subjects[e.Subject] {
+				continue
+			}
+			k := recordKey{e.Table, e.ID}
+			if before, ok := sealed[k]; ok {
+				problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: e.Subject, Seq: s.First + int64(i),
+					Ref: fmt.Sprintf("%s id %d", e.Table, e.ID), Detail: fmt.Sprintf("seals %d and %d both hold it", before.seal, s.Seq)})
+				continue
+			}
+			sealed[k] = &expected{entry: e, seal: s.Seq, ordinal: s.First + int64(i)}
+		}
+		return nil
+	})
 	if err != nil {
 		return Report{}, err
 	}
-	cps := make([]auditchain.Checkpoint, 0, len(cpRows))
-	for _, r := range cpRows {
-		cp, err := r.checkpoint()
-		if err != nil {
-			rep.Problems = append(rep.Problems, auditchain.Problem{Kind: auditchain.Changed, Chain: auditchain.CheckpointChain,
-				Seq: r.Seq, Ref: fmt.Sprintf("checkpoint %d", r.Seq), Detail: "its heads are not valid JSON"})
-			continue
+	if len(seals) > 0 {
+		rep.LastSeal = &seals[len(seals)-1]
+	}
+	var p *auditchain.Problem
+	if opt.one {
+		for _, s := range seals {
+			if p = auditchain.VerifySeal(s, opt.pub); p != nil {
+				break
+			}
 		}
-		cps = append(cps, cp)
+	} else {
+		p = auditchain.VerifySealChain(seals, opt.pub)
 	}
-	rep.Checkpoints = len(cpRows)
-	if len(cps) > 0 {
-		rep.LastCheckpoint = &cps[len(cps)-1]
-	}
-	verifyCheckpoints := auditchain.VerifyCheckpoints
-	if opt.seals {
-		verifyCheckpoints = auditchain.VerifySeals
-	}
-	want, p := verifyCheckpoints(cps, opt.pub)
-	if p == nil && opt.whole && len(cps) > 0 && cps[0].Seq != 1 {
-		p = &auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.CheckpointChain, Seq: cps[0].Seq,
-			Ref: fmt.Sprintf("checkpoint %d", cps[0].Seq), Detail: fmt.Sprintf("checkpoints 1 to %d, before it, are missing", cps[0].Seq-1)}
+	if p == nil && opt.whole && len(seals) > 0 && seals[0].Seq != 1 {
+		p = &auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain, Seq: seals[0].Seq,
+			Ref: fmt.Sprintf("seal %d", seals[0].Seq), Detail: fmt.Sprintf("seals 1 to %d, before it, are missing", seals[0].Seq-1)}
 	}
 	if p != nil {
-		rep.Problems = append(rep.Problems, *p)
+		problems = append([]auditchain.Problem{*p}, problems...)
 	}
-	// The checks above hold each checkpoint's hash to its content and (in a run) to its successor's link, so a
-	// pinned hash found among them is the one the auditor kept, and every checkpoint before it links to it.
-	if pin := opt.pin; pin != "" && !slices.ContainsFunc(cps, func(cp auditchain.Checkpoint) bool { return cp.Hash == pin }) {
-		rep.Problems = append(rep.Problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.CheckpointChain,
-			Detail: fmt.Sprintf("the pinned checkpoint %s is not among them: the newest checkpoints were removed or forged", pin)})
+	// The checks above hold each seal's hash to its content and (in a run) to its successor's link, so a pinned
+	// hash found among them is the one the auditor kept, and every seal before it links to it.
+	if pin := opt.pin; pin != "" && !slices.ContainsFunc(seals, func(s auditchain.Seal) bool { return s.Hash == pin }) {
+		problems = append(problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain,
+			Detail: fmt.Sprintf("the pinned seal %s is not among them: the newest seals were removed or forged", pin)})
 	}
 
-	names, scoped, err := ev.scope(want)
+	through, err := ev.through()
 	if err != nil {
 		return Report{}, err
 	}
-	var v auditchain.Verifier
-	for name, e := range want {
-		if !scoped || contains(names, name) {
-			v.Expect(e)
+	subjects := map[string]bool{}
+	var mismatches []mismatch
+	err = ev.records(sealed, func(r storedRecord) error {
+		if opt.subjects != nil && !opt.subjects[r.Subject] {
+			return nil
+		}
+		rep.Records++
+		subjects[r.Subject] = true
+		exp, ok := sealed[recordKey{r.Table, r.ID}]
+		if !ok {
+			if at, ok := through[r.Table]; ok && !after(r.Pos, at) {
+				problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: r.Subject,
+					Ref:    fmt.Sprintf("%s id %d", r.Table, r.ID),
+					Detail: "no seal holds it, though the seals hold every record written before it and after"})
+				return nil
+			}
+			rep.Unsealed++
+			if rep.OldestUnsealed.IsZero() || r.CreatedAt.Before(rep.OldestUnsealed) {
+				rep.OldestUnsealed = r.CreatedAt
+			}
+			return nil
+		}
+		exp.seen = true
+		rep.Sealed++
+		h, err := auditchain.RecordHash(r.Body)
+		if err != nil || h != exp.entry.Hash || r.Subject != exp.entry.Subject || r.AccountID != exp.entry.AccountID {
+			mismatches = append(mismatches, mismatch{rec: r, exp: exp, computed: h})
+		}
+		return nil
+	})
+	if err != nil {
+		return Report{}, err
+	}
+	rep.Subjects = len(subjects)
+
+	// One problem per subject, its first by sealed order: a record changed, or records of one subject that hold
+	// each other's content (reordered), or records a seal holds that are gone.
+	type firstProblem struct {
+		ordinal int64
+		p       auditchain.Problem
+	}
+	bySubject := map[string]firstProblem{}
+	note := func(subject string, ordinal int64, p auditchain.Problem) {
+		if cur, ok := bySubject[subject]; !ok || ordinal < cur.ordinal {
+			bySubject[subject] = firstProblem{ordinal, p}
 		}
 	}
-	// The head table is the store's own bookkeeping: weaker evidence than a signed checkpoint, but it covers the
-	// records written since the last checkpoint.
-	heads, err := ev.heads(scoped, names)
-	if err != nil {
-		return Report{}, err
+	stored, held := map[string][]string{}, map[string][]string{}
+	for _, m := range mismatches {
+		stored[m.exp.entry.Subject] = append(stored[m.exp.entry.Subject], m.computed)
+		held[m.exp.entry.Subject] = append(held[m.exp.entry.Subject], m.exp.entry.Hash)
 	}
-	for _, h := range heads {
-		v.Expect(auditchain.Expectation{Head: h, Source: "the chain head table"})
+	for _, m := range mismatches {
+		s := m.exp.entry.Subject
+		a, b := slices.Clone(stored[s]), slices.Clone(held[s])
+		slices.Sort(a)
+		slices.Sort(b)
+		kind, detail := auditchain.Changed, fmt.Sprintf("its content does not match what seal %d holds", m.exp.seal)
+		if len(a) > 1 && slices.Equal(a, b) {
+			kind, detail = auditchain.OutOfOrder, fmt.Sprintf("it holds the content seal %d holds for another record of %s", m.exp.seal, s)
+		}
+		note(s, m.exp.ordinal, auditchain.Problem{Kind: kind, Chain: s, Seq: m.exp.ordinal,
+			Ref: fmt.Sprintf("%s id %d", m.rec.Table, m.rec.ID), Detail: detail})
 	}
-	if err := ev.chains(scoped, names, v.Chain); err != nil {
-		return Report{}, err
+	for _, exp := range sealed {
+		if !exp.seen {
+			note(exp.entry.Subject, exp.ordinal, auditchain.Problem{Kind: auditchain.Missing, Chain: exp.entry.Subject, Seq: exp.ordinal,
+				Ref: fmt.Sprintf("%s id %d", exp.entry.Table, exp.entry.ID), Detail: fmt.Sprintf("seal %d holds it, but it is gone", exp.seal)})
+		}
 	}
-	v.Finish(func(chain string) bool { return !scoped || contains(names, chain) })
-	rep.Chains, rep.Records = v.Chains, v.Records
-	rep.Problems = append(rep.Problems, v.Problems...)
+	names := make([]string, 0, len(bySubject))
+	for s := range bySubject {
+		names = append(names, s)
+	}
+	slices.Sort(names)
+	for _, s := range names {
+		problems = append(problems, bySubject[s].p)
+	}
+	rep.Problems = problems
 	return rep, nil
+}
+
+// after reports whether p comes after at in (xid, id) order.
+func after(p, at auditchain.Position) bool {
+	px, _ := strconv.ParseUint(p.XID, 10, 64)
+	ax, _ := strconv.ParseUint(at.XID, 10, 64)
+	return px > ax || (px == ax && p.ID > at.ID)
 }
 
 // dbEvidence reads the audit record from the database, in the caller's snapshot.
@@ -220,36 +312,57 @@ type dbEvidence struct {
 	ctx context.Context
 	tx  *gorm.DB
 	opt VerifyOptions
-	// until, when set, leaves out the checkpoints written after it and the records written after it from the
-	// choice of chains (an export's --until).
+	// until, when set, leaves out the seals written after it (an export's --until), and the unsealed records.
 	until time.Time
-	// run, with opt.OperationID, reads the checkpoints as one unbroken run, from the first that sealed one of
-	// the chains to the newest, so they can be checked as a chain (an export's --operation).
+	// run, with opt.OperationID, reads the seals as one unbroken run, from the first that holds one of the
+	// subjects' records to the newest, so they can be checked as a chain (an export's --operation); the entries
+	// of the others are left out.
 	run bool
 }
 
-func (e *dbEvidence) checkpoints() ([]checkpointRow, error) {
-	q := `SELECT ` + checkpointColumns + ` FROM audit_checkpoints WHERE true`
+// subjects is the operation and the other subjects checked with it; nil for all.
+func (e *dbEvidence) subjects() map[string]bool {
+	if e.opt.OperationID == "" {
+		return nil
+	}
+	set := map[string]bool{e.opt.OperationID: true}
+	for _, s := range e.opt.Subjects {
+		set[s] = true
+	}
+	return set
+}
+
+func (e *dbEvidence) subjectList() []string {
+	return append([]string{e.opt.OperationID}, e.opt.Subjects...)
+}
+
+// holds is a condition true of a seal that holds a record of one of subjects, found through the index
+// audit_seals_subjects, and its arguments.
+func holds(subjects []string) (string, []any) {
+	q, args := `(false`, []any{}
+	for _, s := range subjects {
+		one, _ := json.Marshal([]string{s})
+		q += ` OR jsonb_path_query_array(records, '$[*].subject') @> ?::jsonb`
+		args = append(args, string(one))
+	}
+	return q + `)`, args
+}
+
+func (e *dbEvidence) seals(emit func(sealRow) error) error {
+	columns := sealColumns
+	q := ` FROM audit_seals WHERE true`
 	var args []any
 	switch {
+	case e.opt.OperationID != "" && e.run:
+		cond, condArgs := holds(e.subjectList())
+		columns = `seq, prev_hash, created_at, first_record, record_count, through::text AS through,
+CASE WHEN ` + cond + ` THEN records::text END AS records, records_hash, hash, signature`
+		q += ` AND seq >= (SELECT min(seq) FROM audit_seals WHERE ` + cond + `)`
+		args = append(append(args, condArgs...), condArgs...)
 	case e.opt.OperationID != "":
-		var sealed string
-		for i, chain := range e.chainNames() {
-			if i > 0 {
-				sealed += ` OR `
-			}
-			sealed += `heads @> ?::jsonb`
-			seal, err := json.Marshal([]map[string]string{{"chain": chain}})
-			if err != nil {
-				return nil, err
-			}
-			args = append(args, string(seal))
-		}
-		if e.run {
-			q += ` AND seq >= (SELECT min(seq) FROM audit_checkpoints WHERE ` + sealed + `)`
-		} else {
-			q += ` AND (` + sealed + `)`
-		}
+		cond, condArgs := holds(e.subjectList())
+		q += ` AND ` + cond
+		args = append(args, condArgs...)
 	case !e.opt.Since.IsZero():
 		q += ` AND created_at >= ?`
 		args = append(args, e.opt.Since)
@@ -258,139 +371,132 @@ func (e *dbEvidence) checkpoints() ([]checkpointRow, error) {
 		q += ` AND created_at <= ?`
 		args = append(args, e.until)
 	}
-	var rows []checkpointRow
-	if err := e.tx.WithContext(e.ctx).Raw(q+` ORDER BY seq`, args...).Scan(&rows).Error; err != nil {
-		return nil, err
-	}
-	return rows, nil
-}
-
-// chainNames is the operation's chain and the other chains checked with it.
-func (e *dbEvidence) chainNames() []string {
-	return append([]string{e.opt.OperationID}, e.opt.Chains...)
-}
-
-// scope is every chain, or those of the operation, or those an in-scope checkpoint sealed and those with records
-// written in the time range.
-func (e *dbEvidence) scope(want map[string]auditchain.Expectation) ([]string, bool, error) {
-	if e.opt.OperationID != "" {
-		return e.chainNames(), true, nil
-	}
-	if e.opt.Since.IsZero() && e.until.IsZero() {
-		return nil, false, nil
-	}
-	set := map[string]bool{}
-	for name := range want {
-		set[name] = true
-	}
-	for _, s := range sources {
-		q := `SELECT DISTINCT ` + s.chainColumn + ` FROM ` + s.table + ` WHERE true`
-		var args []any
-		if !e.opt.Since.IsZero() {
-			q += ` AND created_at >= ?`
-			args = append(args, e.opt.Since)
-		}
-		if !e.until.IsZero() {
-			q += ` AND created_at <= ?`
-			args = append(args, e.until)
-		}
-		var moved []string
-		if err := e.tx.WithContext(e.ctx).Raw(q, args...).Scan(&moved).Error; err != nil {
-			return nil, false, err
-		}
-		for _, n := range moved {
-			set[n] = true
-		}
-	}
-	names := make([]string, 0, len(set))
-	for n := range set {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names, true, nil
-}
-
-func (e *dbEvidence) heads(scoped bool, names []string) ([]auditchain.Head, error) {
-	var heads []auditchain.Head
-	hq := `SELECT chain, seq, hash FROM audit_chain_heads WHERE true`
-	var hargs []any
-	if e.opt.AccountID != "" {
-		hq += ` AND account_id = ?`
-		hargs = append(hargs, e.opt.AccountID)
-	}
-	if scoped {
-		hq += ` AND chain IN ?`
-		hargs = append(hargs, names)
-	}
-	if err := e.tx.WithContext(e.ctx).Raw(hq+` ORDER BY chain`, hargs...).Scan(&heads).Error; err != nil {
-		return nil, err
-	}
-	return heads, nil
-}
-
-func (e *dbEvidence) chains(scoped bool, names []string, emit func(string, []auditchain.Record)) error {
-	for _, s := range sources {
-		if err := verifySource(e.ctx, e.tx, s, e.opt.AccountID, scoped, names, emit); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func contains(names []string, n string) bool {
-	for _, x := range names {
-		if x == n {
-			return true
-		}
-	}
-	return false
-}
-
-// verifySource streams one table's records, ordered by chain and then by storage order (the order readers see),
-// and verifies each chain as it completes.
-func verifySource(ctx context.Context, tx *gorm.DB, s chainSource, accountID string, scoped bool, names []string, emit func(string, []auditchain.Record)) error {
-	q := `SELECT ` + s.columns + ` FROM ` + s.table + ` WHERE true`
-	var args []any
-	if accountID != "" {
-		q += ` AND account_id = ?`
-		args = append(args, accountID)
-	}
-	if scoped {
-		q += ` AND ` + s.chainColumn + ` IN ?`
-		args = append(args, names)
-	}
-	rows, err := tx.WithContext(ctx).Raw(q+` ORDER BY `+s.chainColumn+`, id`, args...).Rows()
+	rows, err := e.tx.WithContext(e.ctx).Raw(`SELECT `+columns+q+` ORDER BY seq`, args...).Rows()
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	var cur string
-	var recs []auditchain.Record
-	flush := func() {
-		if cur != "" {
-			emit(cur, recs)
-		}
-		recs = recs[:0]
-	}
 	for rows.Next() {
-		var r recordRow
-		if err := tx.ScanRows(rows, &r); err != nil {
+		var r sealRow
+		if err := e.tx.ScanRows(rows, &r); err != nil {
 			return err
 		}
-		if r.Chain != cur {
-			flush()
-			cur = r.Chain
+		if err := emit(r); err != nil {
+			return err
 		}
-		body, err := json.Marshal(s.record(r))
+	}
+	return rows.Err()
+}
+
+func (e *dbEvidence) through() (map[string]auditchain.Position, error) {
+	return newestThrough(e.tx.WithContext(e.ctx))
+}
+
+// records reads every record (the whole record), the subjects' records (an operation), or the records the seals
+// in scope hold and those not sealed yet (a time range).
+func (e *dbEvidence) records(sealed map[recordKey]*expected, emit func(storedRecord) error) error {
+	switch {
+	case e.opt.OperationID != "":
+		for _, src := range sources {
+			q := `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE ` + src.subject + ` IN ?`
+			args := []any{e.subjectList()}
+			if e.opt.AccountID != "" {
+				q = `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE account_id = ? AND ` + src.subject + ` IN ?`
+				args = append([]any{e.opt.AccountID}, args...)
+			}
+			if err := e.stream(src, q+` ORDER BY xid, id`, args, emit); err != nil {
+				return err
+			}
+		}
+		return nil
+	case e.opt.Since.IsZero() && e.until.IsZero():
+		for _, src := range sources {
+			if err := e.stream(src, `SELECT `+src.columns+` FROM `+src.table+` ORDER BY xid, id`, nil, emit); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	through, err := e.through()
+	if err != nil {
+		return err
+	}
+	for _, src := range sources {
+		var accounts, subjects []string
+		var ids []int64
+		for k, exp := range sealed {
+			if k.table == src.table {
+				accounts, subjects, ids = append(accounts, exp.entry.AccountID), append(subjects, exp.entry.Subject), append(ids, k.id)
+			}
+		}
+		q := `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE (account_id, ` + src.subject + `, id) IN (
+    SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]))`
+		args := []any{textArray(accounts), textArray(subjects), int8Array(ids)}
+		if e.until.IsZero() {
+			// And the records not sealed yet.
+			from, ok := through[src.table]
+			if !ok {
+				from = auditchain.Position{XID: "0", ID: -1 << 63}
+			}
+			q += ` OR (xid, id) > (?::xid8, ?)`
+			args = append(args, from.XID, from.ID)
+		}
+		if err := e.stream(src, q+` ORDER BY xid, id`, args, emit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *dbEvidence) stream(src source, q string, args []any, emit func(storedRecord) error) error {
+	rows, err := e.tx.WithContext(e.ctx).Raw(q, args...).Rows()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r recordRow
+		if err := e.tx.ScanRows(rows, &r); err != nil {
+			return err
+		}
+		body, err := json.Marshal(src.body(r))
 		if err != nil {
 			return err
 		}
-		recs = append(recs, auditchain.Record{Chain: r.Chain, Seq: r.ChainSeq, Prev: r.PrevHash, Hash: r.Hash,
-			Body: body, Ref: fmt.Sprintf("%s id %d", s.table, r.ID)})
+		rec := storedRecord{Table: src.table, ID: r.ID, Pos: auditchain.Position{XID: r.XID, ID: r.ID}, AccountID: r.AccountID,
+			Subject: r.Subject, CreatedAt: r.CreatedAt, Body: body}
+		if err := emit(rec); err != nil {
+			return err
+		}
 	}
-	if err := rows.Err(); err != nil {
-		return err
+	return rows.Err()
+}
+
+// textArray and int8Array pass a list as one PostgreSQL array parameter (gorm would spread a slice into a list
+// of parameters).
+type textArray []string
+
+func (a textArray) Value() (driver.Value, error) {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range a {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		b.WriteString(strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s))
+		b.WriteByte('"')
 	}
-	flush()
-	return nil
+	b.WriteByte('}')
+	return b.String(), nil
+}
+
+type int8Array []int64
+
+func (a int8Array) Value() (driver.Value, error) {
+	parts := make([]string, len(a))
+	for i, n := range a {
+		parts[i] = strconv.FormatInt(n, 10)
+	}
+	return "{" + strings.Join(parts, ",") + "}", nil
 }

@@ -1,27 +1,31 @@
 // Package auditchain is the tamper-evident format of retrysafe's audit records and its verification, with no
-// storage attached: the server keeps its chains in PostgreSQL (package audit), an agent's journal may keep them
-// in a file, and both are checked by the same code.
+// storage attached: the server seals its records in PostgreSQL (package audit), an agent's journal chains its
+// own in a file, and both are checked by this code. Every hash is a SHA-256 over RFC 8785 canonical JSON
+// (Canonical), hex-encoded.
 //
-// A chain is the ordered history of one subject (an operation, an approval). Record n of a chain links to
-// record n-1 by hash:
+// Seals (the server). A seal vouches for one batch of records: each Entry names a record and carries
+// RecordHash of its content; the seal carries RecordsHash of the entries, where its batch ends (Through), the
+// batch's first ordinal and count, and the previous seal's hash, and may be signed with Ed25519:
+//
+//	hash(seal) = hex(SHA-256(JCS({"at", "count", "first", "prev": hash(previous seal), "records": RecordsHash(entries), "seq", "through"})))
+//
+// A record changed, removed or swapped with another no longer matches the entry that names it; a seal removed,
+// changed or forged breaks the chain of seals, or its signature when the forger lacks the signing key.
+//
+// Chains (an agent's journal). Record n of a chain links to record n-1 by hash:
 //
 //	hash(n) = hex(SHA-256(JCS({"chain": chain, "prev": hash(n-1), "record": body(n), "seq": n})))
 //
-// where JCS is RFC 8785 canonical JSON and hash(0) is Genesis. Changing any record, deleting one, inserting one
-// or reordering them breaks a link. What a chain alone cannot show is that its tail or the whole chain was
-// removed: Checkpoints cover that. A checkpoint hashes the previous checkpoint with the heads (last seq and
-// hash) of every chain that moved since, as CloudTrail's digest files do, and may be signed with Ed25519.
-//
-// Without a signature the format catches edits by anyone who does not recompute the hashes; with one, also by
-// someone who can write to the store but lacks the signing key.
+// where hash(0) is Genesis. Changing any record, deleting one, inserting one or reordering them breaks a link.
 //
 // Writing a chain:
 //
 //	var c auditchain.Chain // a new chain; or auditchain.Resume(head) to continue one
-//	c.Name = "op_123"
+//	c.Name = "jnl_123"
 //	rec, err := c.Append(map[string]any{"type": "claimed", "actor": "agent:a"})
 //
-// Verifying: VerifyCheckpoints, then Verifier.Chain for every chain, then Verifier.Finish.
+// Verifying: Verifier.Chain for every chain; VerifySealChain for a run of seals, then each record against its
+// entry (package audit).
 package auditchain
 
 import (
@@ -36,7 +40,7 @@ import (
 	"github.com/gowebpki/jcs"
 )
 
-// Genesis is the prev hash of a chain's first record and of the first checkpoint.
+// Genesis is the prev hash of a chain's first record and of the first seal.
 const Genesis = "0000000000000000000000000000000000000000000000000000000000000000"
 
 // TimeFormat is how times appear inside hashed records: UTC, microseconds (PostgreSQL's precision).
@@ -49,9 +53,8 @@ func FormatTime(t time.Time) string {
 
 // Canonical returns the RFC 8785 canonical JSON of v. A json.RawMessage or []byte is taken as JSON text.
 //
-// It is the one canonicalization of records in Go: every writer that links records and every verifier goes
-// through it (the database's triggers follow the same rules in SQL, held to this by a fuzz test in package
-// audit). RFC 8785 writes a number as the IEEE 754 double nearest to it, so a number that no double holds
+// It is the one canonicalization of records: the sequencer that seals them and every verifier go through it.
+// RFC 8785 writes a number as the IEEE 754 double nearest to it, so a number that no double holds
 // exactly would be recorded as another one: ExactNumber tells, and the API refuses those at its edge.
 func Canonical(v any) ([]byte, error) {
 	var raw []byte
@@ -126,7 +129,7 @@ func (r Record) Compute() (string, error) {
 	return hashOf(canon), nil
 }
 
-// Head is the last record of a chain: what checkpoints cover.
+// Head is the last record of a chain.
 type Head struct {
 	Chain string `json:"chain"`
 	Seq   int64  `json:"seq"`

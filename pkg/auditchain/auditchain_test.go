@@ -29,38 +29,77 @@ func buildChain(t *testing.T, name string, n int) []auditchain.Record {
 	return recs
 }
 
-func verify(t *testing.T, cps []auditchain.Checkpoint, pub ed25519.PublicKey, chains map[string][]auditchain.Record) []auditchain.Problem {
+func TestChainTampering(t *testing.T) {
+	t.Parallel()
+	verify := func(recs []auditchain.Record) []auditchain.Problem {
+		var v auditchain.Verifier
+		v.Chain("jnl_a", recs)
+		return v.Problems
+	}
+	if ps := verify(buildChain(t, "jnl_a", 5)); len(ps) != 0 {
+		t.Fatalf("intact chain: %v", ps)
+	}
+	tests := []struct {
+		name   string
+		tamper func(recs []auditchain.Record) []auditchain.Record
+		kind   auditchain.Kind
+		seq    int64
+	}{
+		{"field changed", func(c []auditchain.Record) []auditchain.Record {
+			c[2].Body = json.RawMessage(`{"type":"event2","actor":"agent:mallory","detail":{"n":2}}`)
+			return c
+		}, auditchain.Changed, 3},
+		{"middle record deleted", func(c []auditchain.Record) []auditchain.Record {
+			return slices.Delete(c, 2, 3)
+		}, auditchain.Missing, 4},
+		{"two records swapped", func(c []auditchain.Record) []auditchain.Record {
+			c[1], c[2] = c[2], c[1]
+			return c
+		}, auditchain.OutOfOrder, 3},
+		{"record inserted", func(c []auditchain.Record) []auditchain.Record {
+			extra := c[1]
+			extra.Body = json.RawMessage(`{"type":"forged"}`)
+			extra.Hash, _ = extra.Compute()
+			return slices.Insert(c, 2, extra)
+		}, auditchain.Inserted, 2},
+		{"record rewritten with its own hash recomputed", func(c []auditchain.Record) []auditchain.Record {
+			c[1].Body = json.RawMessage(`{"type":"forged"}`)
+			c[1].Hash, _ = c[1].Compute()
+			return c
+		}, auditchain.Changed, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ps := verify(tt.tamper(buildChain(t, "jnl_a", 5)))
+			if len(ps) != 1 || ps[0].Kind != tt.kind || ps[0].Seq != tt.seq {
+				t.Fatalf("want one %s at seq %d, got %v", tt.kind, tt.seq, ps)
+			}
+		})
+	}
+}
+
+// seals builds a chain of n seals of two entries each, signed by signer (unsigned when nil).
+func seals(t *testing.T, n int, signer *auditchain.Signer) []auditchain.Seal {
 	t.Helper()
-	want, p := auditchain.VerifyCheckpoints(cps, pub)
-	if p != nil {
-		return []auditchain.Problem{*p}
+	var out []auditchain.Seal
+	var prev *auditchain.Seal
+	for i := range n {
+		entries := []auditchain.Entry{
+			{Table: "operation_events", ID: int64(2*i + 1), AccountID: "acct_a", Subject: fmt.Sprintf("op_%d", i), Hash: sha([]byte{byte(i)})},
+			{Table: "operation_events", ID: int64(2*i + 2), AccountID: "acct_a", Subject: fmt.Sprintf("op_%d", i), Hash: sha([]byte{byte(i), 1})},
+		}
+		through := map[string]auditchain.Position{"operation_events": {XID: fmt.Sprint(1000 + i), ID: int64(2*i + 2)}}
+		s, err := auditchain.NextSeal(prev, time.Now(), entries, through, signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+		prev = &out[len(out)-1]
 	}
-	var v auditchain.Verifier
-	for _, e := range want {
-		v.Expect(e)
-	}
-	names := make([]string, 0, len(chains))
-	for n := range chains {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		v.Chain(n, chains[n])
-	}
-	v.Finish(nil)
-	return v.Problems
+	return out
 }
 
-func heads(chains map[string][]auditchain.Record) []auditchain.Head {
-	var hs []auditchain.Head
-	for n, recs := range chains {
-		last := recs[len(recs)-1]
-		hs = append(hs, auditchain.Head{Chain: n, Seq: last.Seq, Hash: last.Hash})
-	}
-	return hs
-}
-
-func TestTampering(t *testing.T) {
+func TestSealChain(t *testing.T) {
 	t.Parallel()
 	seed := make([]byte, 32)
 	seed[0] = 7
@@ -72,138 +111,68 @@ func TestTampering(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fresh := func() (map[string][]auditchain.Record, []auditchain.Checkpoint) {
-		chains := map[string][]auditchain.Record{"op_a": buildChain(t, "op_a", 5), "op_b": buildChain(t, "op_b", 3)}
-		cp, err := auditchain.NextCheckpoint(nil, time.Now(), heads(chains), signer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return chains, []auditchain.Checkpoint{cp}
+	attacker, _ := auditchain.ParseSigningKey(base64.StdEncoding.EncodeToString(make([]byte, 32)))
+	ss := seals(t, 3, signer)
+	if p := auditchain.VerifySealChain(ss, pub); p != nil {
+		t.Fatalf("intact: %v", p)
 	}
-	chains, cps := fresh()
-	if ps := verify(t, cps, pub, chains); len(ps) != 0 {
-		t.Fatalf("intact chains: %v", ps)
+	if ss[1].First != 3 || ss[2].First != 5 || ss[2].Count != 2 {
+		t.Fatalf("ordinals: %+v", ss)
 	}
-
 	tests := []struct {
 		name   string
-		tamper func(chains map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint
+		tamper func(ss []auditchain.Seal) []auditchain.Seal
+		pub    ed25519.PublicKey
 		kind   auditchain.Kind
 		seq    int64
 	}{
-		{"field changed", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			c["op_a"][2].Body = json.RawMessage(`{"type":"event2","actor":"agent:mallory","detail":{"n":2}}`)
-			return cps
-		}, auditchain.Changed, 3},
-		{"middle record deleted", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			c["op_a"] = slices.Delete(c["op_a"], 2, 3)
-			return cps
-		}, auditchain.Missing, 4},
-		{"whole chain deleted", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			delete(c, "op_b")
-			return cps
-		}, auditchain.Missing, 3},
-		{"two records swapped", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			c["op_a"][1], c["op_a"][2] = c["op_a"][2], c["op_a"][1]
-			return cps
-		}, auditchain.OutOfOrder, 3},
-		{"tail truncated", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			c["op_a"] = c["op_a"][:3]
-			return cps
-		}, auditchain.Missing, 5},
-		{"record inserted", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			extra := c["op_a"][1]
-			extra.Body = json.RawMessage(`{"type":"forged"}`)
-			extra.Hash, _ = extra.Compute()
-			c["op_a"] = slices.Insert(c["op_a"], 2, extra)
-			return cps
-		}, auditchain.Inserted, 2},
-		{"record rewritten with its own hash recomputed", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			c["op_a"][1].Body = json.RawMessage(`{"type":"forged"}`)
-			c["op_a"][1].Hash, _ = c["op_a"][1].Compute()
-			return cps
-		}, auditchain.Changed, 2},
-		{"chain recomputed, checkpoint left", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			c["op_a"] = recompute(t, "op_a", c["op_a"], 1)
-			return cps
-		}, auditchain.CheckpointMismatch, 5},
-		{"chain and checkpoint recomputed without the key", func(c map[string][]auditchain.Record, cps []auditchain.Checkpoint) []auditchain.Checkpoint {
-			c["op_a"] = recompute(t, "op_a", c["op_a"], 1)
-			forged, err := auditchain.NextCheckpoint(nil, cps[0].At, heads(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			forged.Signature = cps[0].Signature
-			return []auditchain.Checkpoint{forged}
-		}, auditchain.BadSignature, 1},
+		{"a seal deleted from the middle", func(ss []auditchain.Seal) []auditchain.Seal { return slices.Delete(ss, 1, 2) }, pub, auditchain.Missing, 3},
+		{"two seals swapped", func(ss []auditchain.Seal) []auditchain.Seal { ss[1], ss[2] = ss[2], ss[1]; return ss }, pub, auditchain.Missing, 3},
+		{"a seal's records hash changed", func(ss []auditchain.Seal) []auditchain.Seal {
+			ss[1].Records = sha([]byte("other"))
+			return ss
+		}, nil, auditchain.Changed, 2},
+		{"a seal recomputed over other records, without the key", func(ss []auditchain.Seal) []auditchain.Seal {
+			ss[1].Records = sha([]byte("other"))
+			ss[1].Hash, _ = ss[1].Compute()
+			ss[1].Signature = attacker.Sign(ss[1].Hash)
+			return ss
+		}, pub, auditchain.BadSignature, 2},
+		{"a forged seal with a wrong previous hash", func(ss []auditchain.Seal) []auditchain.Seal {
+			ss[2].Prev = sha([]byte("elsewhere"))
+			ss[2].Hash, _ = ss[2].Compute()
+			return ss
+		}, nil, auditchain.Changed, 3},
+		{"a batch cut short", func(ss []auditchain.Seal) []auditchain.Seal {
+			ss[1].Count = 1
+			ss[1].Hash, _ = ss[1].Compute()
+			return ss
+		}, nil, auditchain.Changed, 3},
+		{"unsigned under a public key", func(ss []auditchain.Seal) []auditchain.Seal {
+			return seals(t, 3, nil)
+		}, pub, auditchain.BadSignature, 1},
+		{"the first seal not from genesis", func(ss []auditchain.Seal) []auditchain.Seal {
+			ss[0].Prev = sha([]byte("x"))
+			ss[0].Hash, _ = ss[0].Compute()
+			return ss[:1]
+		}, nil, auditchain.Changed, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			chains, cps := fresh()
-			cps = tt.tamper(chains, cps)
-			ps := verify(t, cps, pub, chains)
-			if len(ps) != 1 || ps[0].Kind != tt.kind || ps[0].Seq != tt.seq {
-				t.Fatalf("want one %s at seq %d, got %v", tt.kind, tt.seq, ps)
+			p := auditchain.VerifySealChain(tt.tamper(seals(t, 3, signer)), tt.pub)
+			if p == nil || p.Kind != tt.kind || p.Seq != tt.seq || p.Chain != auditchain.SealChain {
+				t.Fatalf("want %s at seal %d, got %v", tt.kind, tt.seq, p)
 			}
 		})
 	}
-
-	t.Run("forgery passes without a public key", func(t *testing.T) {
-		chains, cps := fresh()
-		chains["op_a"] = recompute(t, "op_a", chains["op_a"], 1)
-		forged, _ := auditchain.NextCheckpoint(nil, cps[0].At, heads(chains), nil)
-		if ps := verify(t, []auditchain.Checkpoint{forged}, nil, chains); len(ps) != 0 {
-			t.Fatalf("the format claims nothing against a recomputation without signatures, got %v", ps)
+	t.Run("a forgery without signatures passes when no key is given", func(t *testing.T) {
+		ss := seals(t, 3, signer)
+		ss[2].Records = sha([]byte("other"))
+		ss[2].Hash, _ = ss[2].Compute()
+		if p := auditchain.VerifySealChain(ss, nil); p != nil {
+			t.Fatalf("the format claims nothing against a recomputation without signatures, got %v", p)
 		}
 	})
-}
-
-// recompute rewrites record idx's body and relinks the rest of the chain, as an attacker with write access would.
-func recompute(t *testing.T, name string, recs []auditchain.Record, idx int) []auditchain.Record {
-	t.Helper()
-	c := &auditchain.Chain{Name: name}
-	out := make([]auditchain.Record, len(recs))
-	for i, r := range recs {
-		body := r.Body
-		if i == idx {
-			body = json.RawMessage(`{"type":"forged"}`)
-		}
-		nr, err := c.Append(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nr.Ref = r.Ref
-		out[i] = nr
-	}
-	return out
-}
-
-func TestCheckpointChain(t *testing.T) {
-	t.Parallel()
-	var cps []auditchain.Checkpoint
-	var prev *auditchain.Checkpoint
-	for i := range 3 {
-		cp, err := auditchain.NextCheckpoint(prev, time.Now(), []auditchain.Head{{Chain: fmt.Sprintf("op_%d", i), Seq: 1, Hash: auditchain.Genesis}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cps = append(cps, cp)
-		prev = &cps[len(cps)-1]
-	}
-	if _, p := auditchain.VerifyCheckpoints(cps, nil); p != nil {
-		t.Fatalf("intact: %v", p)
-	}
-	if _, p := auditchain.VerifyCheckpoints([]auditchain.Checkpoint{cps[0], cps[2]}, nil); p == nil || p.Kind != auditchain.Missing {
-		t.Fatalf("deleted checkpoint: %v", p)
-	}
-	changed := slices.Clone(cps)
-	changed[1].Heads = []auditchain.Head{{Chain: "op_x", Seq: 1, Hash: auditchain.Genesis}}
-	if _, p := auditchain.VerifyCheckpoints(changed, nil); p == nil || p.Kind != auditchain.Changed || p.Seq != 2 {
-		t.Fatalf("changed checkpoint: %v", p)
-	}
-	if _, p := auditchain.VerifyCheckpoints(cps, make(ed25519.PublicKey, ed25519.PublicKeySize)); p == nil || p.Kind != auditchain.BadSignature {
-		t.Fatalf("unsigned under a public key: %v", p)
-	}
 }
 
 func TestCanonicalIsRFC8785(t *testing.T) {

@@ -1,5 +1,5 @@
 // Package console is the browser console of a retrysafe service, for the people in the loop: an approvals
-// inbox, the operations of the account with each one's timeline and chain check, and pages the service adds
+// inbox, the operations of the account with each one's timeline and audit check, and pages the service adds
 // (the deploys service's environments). It is server-rendered with html/template and the package's own CSS,
 // runs no script and loads nothing from elsewhere, so it works offline.
 //

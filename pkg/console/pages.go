@@ -342,7 +342,7 @@ func validState(s string) bool {
 }
 
 // operation is one operation's page: the audit timeline (opstatus.GetTimeline, the same the API and
-// `retrysafe audit timeline` show) with its chain check.
+// `retrysafe audit timeline` show) with the check of its audit records.
 func (c *console) operation(ctx *gin.Context) {
 	tl, err := opstatus.GetTimeline(ctx, c.o.DB, sessionOf(ctx).AccountID, ctx.Param("id"))
 	if err != nil {

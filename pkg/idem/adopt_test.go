@@ -179,10 +179,10 @@ func TestRunBackground(t *testing.T) {
 		close(done)
 	}()
 	servicetest.Eventually(t, "the responses are pruned, the keys kept, and the audit sealed", func() bool {
-		var expired, checkpoints int64
+		var expired, seals int64
 		env.DB.Raw(`SELECT count(*) FROM idempotency_keys WHERE account_id = 'acct_bg' AND state = 'expired'`).Scan(&expired)
-		env.DB.Raw(`SELECT count(*) FROM audit_checkpoints`).Scan(&checkpoints)
-		return expired == 2 && checkpoints > 0
+		env.DB.Raw(`SELECT count(*) FROM audit_seals`).Scan(&seals)
+		return expired == 2 && seals > 0
 	})
 	cancel()
 	<-done

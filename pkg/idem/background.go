@@ -18,8 +18,8 @@ type Background struct {
 	// RecoveryInterval: how often operations whose lease ran out are handed to their kind's Reconciler
 	// (Handler.Reconcilers); without it an external write whose process died stays running (5 seconds).
 	RecoveryInterval time.Duration
-	// SealInterval: how often the audit records are sealed (audit.CheckpointWorker), signed by Signer when set
-	// (10 seconds).
+	// SealInterval: how often new audit records are sealed (audit.Sequencer), signed by Signer when set (1
+	// second: a record is tamper-evident from then).
 	SealInterval time.Duration
 	Signer       *auditchain.Signer
 }
@@ -39,8 +39,8 @@ func (h *Handler) RunBackground(ctx context.Context, b Background) {
 			Observer: h.OperationObserver()}
 		wg.Go(func() { w.Run(ctx) })
 	}
-	if every := orDefault(b.SealInterval, 10*time.Second); every > 0 {
-		w := &audit.CheckpointWorker{DB: h.DB, Signer: b.Signer, Interval: every, Logger: h.log()}
+	if every := orDefault(b.SealInterval, audit.DefaultSealInterval); every > 0 {
+		w := &audit.Sequencer{DB: h.DB, Signer: b.Signer, Interval: every, Logger: h.log()}
 		wg.Go(func() { w.Run(ctx) })
 	}
 	wg.Wait()

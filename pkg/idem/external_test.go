@@ -336,7 +336,7 @@ func TestAttemptOutlivingItsLeaseIsNumberedOnce(t *testing.T) {
 		Attempt *int64
 		Outcome *string
 	}
-	e.env.DB.Raw(`SELECT type, attempt, detail->>'outcome' AS outcome FROM operation_events
+	e.env.DB.Raw(`SELECT type, attempt, detail->>'outcome' AS outcome FROM operation_events_numbered
 WHERE operation_id = ? AND detail->>'attempt_id' = 'att-slow' ORDER BY id`, ops[0].ID).Scan(&recs)
 	var got []string
 	for _, r := range recs {

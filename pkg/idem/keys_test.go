@@ -119,7 +119,7 @@ func TestCompletionFailsBeforeCommit(t *testing.T) {
 		if (err == nil) != (tc.rows == 1) {
 			t.Fatalf("%s: commit = %v", tc.name, err)
 		}
-		for _, table := range []string{"idempotency_keys", "operations", "audit_chain_heads"} {
+		for _, table := range []string{"idempotency_keys", "operations"} {
 			if n := count(table); n != tc.rows {
 				t.Fatalf("%s: %d rows in %s; want %d", tc.name, n, table, tc.rows)
 			}

@@ -144,7 +144,7 @@ func (l lineage) identity(detail map[string]any) map[string]any {
 }
 
 // record is an attempt record's detail: its identity, its outcome and answer, and how long it took so far.
-// The database numbers it within the operation (operation_events.attempt) when it is written.
+// Its number within the operation is its place among the operation's attempt records (operation_events_numbered).
 func (a *attempt) record(outcome string, status int, extra map[string]any) map[string]any {
 	d := a.lineage.identity(extra)
 	d["outcome"] = outcome

@@ -17,6 +17,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/metricstest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
@@ -136,6 +137,44 @@ func TestUnknownOperationGauges(t *testing.T) {
 	}
 	if strings.Contains(s.Body, "acct_gauge") {
 		t.Error("an account reached /metrics")
+	}
+}
+
+// TestUnsealedRecordGauges: records just written are counted until the sequencer seals them.
+func TestUnsealedRecordGauges(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	m := metrics.New()
+	m.WatchAudit(db.DB, 2*time.Second)
+	c := serve(t, m, func(*gin.Engine) {})
+	if s := metricstest.Scrape(t, c); s.Value("retrysafe_audit_unsealed_records") != 0 || s.Value("retrysafe_audit_oldest_unsealed_seconds") != 0 {
+		t.Fatalf("with no records: %v unsealed, oldest %v s; want 0 and 0", s.Value("retrysafe_audit_unsealed_records"),
+			s.Value("retrysafe_audit_oldest_unsealed_seconds"))
+	}
+	for i := range 3 {
+		testdb.CreateOperation(t, db.DB, opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct_gauge", Kind: "things.create",
+			State: opstatus.StateRunning, IdempotencyKey: fmt.Sprintf("k%d", i), Fingerprint: "fp"})
+	}
+	s := metricstest.Scrape(t, c)
+	if got := s.Value("retrysafe_audit_unsealed_records"); got != 3 {
+		t.Errorf("retrysafe_audit_unsealed_records = %v; want 3", got)
+	}
+	if !s.Has("retrysafe_audit_oldest_unsealed_seconds") || s.Value("retrysafe_audit_oldest_unsealed_seconds") < 0 {
+		t.Errorf("retrysafe_audit_oldest_unsealed_seconds = %v; want present, >= 0", s.Value("retrysafe_audit_oldest_unsealed_seconds"))
+	}
+	seq := &audit.Sequencer{DB: db.DB}
+	deadline := time.Now().Add(60 * time.Second)
+	for metricstest.Scrape(t, c).Value("retrysafe_audit_unsealed_records") != 0 {
+		if _, err := seq.RunOnce(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("records still unsealed after a minute")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := metricstest.Scrape(t, c).Value("retrysafe_audit_oldest_unsealed_seconds"); got != 0 {
+		t.Errorf("retrysafe_audit_oldest_unsealed_seconds = %v once sealed; want 0", got)
 	}
 }
 

@@ -3,11 +3,8 @@ package opstatus
 import (
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/retrysafe/retrysafe/pkg/audit"
 )
 
 // NewEvent is one of the first events of an operation being created (QueueCreate).
@@ -21,14 +18,11 @@ type NewEvent struct {
 }
 
 // QueueCreate queues on b the insert of op (its id, account, kind, state, key, fingerprint, resource and lease)
-// and of its first events, in order. The events are linked here as the first records of the operation's audit
-// chain, whose head is queued too (audit.StartOperationChain), so the database's chaining trigger has nothing to
-// do for them. b must run in one transaction (database.Tx).
+// and of its first events, in order, as plain rows: the audit record seals them later (package audit). b must
+// run in one transaction (database.Tx).
 func QueueCreate(b *pgx.Batch, op Operation, events []NewEvent) error {
-	at := time.Now().UTC().Truncate(time.Microsecond)
-	records := make([]audit.OperationEvent, len(events))
-	attempts := make([]bool, len(events))
-	details := make([]string, len(events))
+	types, froms, tos, actors, details := make([]string, len(events)), make([]*string, len(events)), make([]*string, len(events)),
+		make([]string, len(events)), make([]string, len(events))
 	for i, e := range events {
 		detail := e.Detail
 		if detail == nil {
@@ -38,10 +32,7 @@ func QueueCreate(b *pgx.Batch, op Operation, events []NewEvent) error {
 		if err != nil {
 			return fmt.Errorf("opstatus: create %s: detail: %w", op.ID, err)
 		}
-		details[i] = string(raw)
-		records[i] = audit.OperationEvent{OperationID: op.ID, AccountID: op.AccountID, Type: e.Type, Actor: e.Actor,
-			FromState: stateText(e.From), ToState: stateText(e.To), Detail: raw, CreatedAt: at}
-		attempts[i] = audit.IsAttempt(detail)
+		types[i], froms[i], tos[i], actors[i], details[i] = e.Type, stateText(e.From), stateText(e.To), e.Actor, string(raw)
 	}
 	var resType, resID *string
 	if op.Resource != nil {
@@ -49,17 +40,7 @@ func QueueCreate(b *pgx.Batch, op Operation, events []NewEvent) error {
 	}
 	b.Queue(insertOperationSQL, op.ID, op.AccountID, op.Kind, op.State, op.IdempotencyKey, op.Fingerprint,
 		resType, resID, op.LeaseExpiresAt)
-	links, err := audit.StartOperationChain(b, op.AccountID, records, attempts)
-	if err != nil {
-		return fmt.Errorf("opstatus: create %s: %w", op.ID, err)
-	}
-	types, froms, tos, actors := make([]string, len(records)), make([]*string, len(records)), make([]*string, len(records)), make([]string, len(records))
-	attemptNos, seqs, prevs, hashes := make([]*int64, len(records)), make([]int64, len(records)), make([]string, len(records)), make([]string, len(records))
-	for i, e := range records {
-		types[i], froms[i], tos[i], actors[i] = e.Type, e.FromState, e.ToState, e.Actor
-		attemptNos[i], seqs[i], prevs[i], hashes[i] = links[i].Attempt, links[i].Seq, links[i].PrevHash, links[i].Hash
-	}
-	b.Queue(insertLinkedEventsSQL, op.ID, op.AccountID, at, types, froms, tos, actors, details, attemptNos, seqs, prevs, hashes)
+	b.Queue(insertEventsSQL, op.ID, op.AccountID, types, froms, tos, actors, details)
 	return nil
 }
 
@@ -67,15 +48,12 @@ const insertOperationSQL = `
 INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, lease_expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 
-// insertLinkedEventsSQL inserts events with their links, in chain order: the chaining trigger runs only for
-// events without one.
-const insertLinkedEventsSQL = `
-INSERT INTO operation_events (operation_id, account_id, created_at, type, from_state, to_state, actor, detail,
-                              attempt, chain_seq, prev_hash, hash)
-SELECT $1, $2, $3, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb, v.attempt, v.seq, v.prev_hash, v.hash
-FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[])
-    AS v(type, from_state, to_state, actor, detail, attempt, seq, prev_hash, hash)
-ORDER BY v.seq`
+// insertEventsSQL inserts events in the order given: their ids follow it, and so does the history.
+const insertEventsSQL = `
+INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+SELECT $1, $2, v.type, v.from_state, v.to_state, v.actor, v.detail::jsonb
+FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS v(type, from_state, to_state, actor, detail, ord)
+ORDER BY v.ord`
 
 func stateText(s State) *string {
 	if s == "" {

@@ -12,19 +12,12 @@ import (
 )
 
 // GroupAppender appends events durably, and concurrent appends together (package batch): one INSERT and one
-// commit for all the events that arrived while the previous group of their lane was being written. Events of one
-// operation are chained one after another (each waits for the operation's chain head), so a storm of retries of
-// one request would otherwise wait for one disk flush each; and retries of different requests would each pay a
-// commit of their own, which is most of what a replay costs. Grouped, they share a few.
+// commit for all the events that arrived while the previous group of their lane was being written. Retries of
+// different requests (and a storm of retries of one) would otherwise each pay a commit of their own, which is
+// most of what a replay costs. Grouped, they share a few.
 //
 // Operations are spread over a few lanes by their id; one group is written at a time per lane, so the events of
-// one operation keep their order, and two groups in flight never hold the same chain head.
-//
-// The records are chained by the database's trigger, one head update per record. Linking a group in Go
-// (audit.ContinueOperationChain: lock the heads with BEGIN, write the linked records and each head once with
-// COMMIT) was built and measured: a group's own PostgreSQL time fell 1.5 to 3 times, but it takes two round trips
-// instead of one and the canonical JSON moves to the service, which shares the 2 cores, and replays were 10 to
-// 15% slower end to end, with no gain in a storm; so the single statement stayed.
+// one operation this process appends keep their order.
 //
 // Its zero value is not usable; set DB.
 type GroupAppender struct {
@@ -74,9 +67,8 @@ func (g *GroupAppender) insert(ctx context.Context, group []groupItem) ([]struct
 	for i, it := range group {
 		accounts[i], ids[i], types[i], actors[i], details[i] = it.accountID, it.id, it.eventType, it.actor, string(it.detail)
 	}
-	// Rows go in by operation id, then arrival: each row takes its chain's head, and groups written at once by
-	// other processes (replicas of this service) may hold heads of the same operations: taken in one global
-	// order, they never wait on each other in a cycle. One statement text whatever the group's size (arrays, not
+	// Rows go in by arrival, so their ids follow it. Plain inserts: the audit record seals them later (package
+	// audit), and nothing here locks a row another writer waits for. One statement text whatever the group's size (arrays, not
 	// a VALUES list per size), so the driver prepares it once and the server plans it once; through database/sql,
 	// not gorm, which renders every statement with its arguments for its logger. No join with operations: the
 	// foreign key checks that each operation exists, one primary-key probe per row, where a join's plan, cached
@@ -85,7 +77,7 @@ func (g *GroupAppender) insert(ctx context.Context, group []groupItem) ([]struct
 INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
 SELECT v.id, v.account_id, v.type, v.actor, v.detail::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS v(account_id, id, type, actor, detail, ord)
-ORDER BY v.id COLLATE "C", v.ord`, accounts, ids, types, actors, details)
+ORDER BY v.ord`, accounts, ids, types, actors, details)
 	if err != nil {
 		if len(group) == 1 {
 			return nil, fmt.Errorf("opstatus: append to %s: %w", group[0].id, err)

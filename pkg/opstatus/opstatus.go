@@ -164,7 +164,8 @@ const MaxEvents = 200
 // Event is one entry of an operation's history. Events are never updated or deleted (a trigger enforces it).
 type Event struct {
 	ID int64 `json:"id"`
-	// Seq is the event's place in the operation's audit chain; Attempt numbers the attempt records.
+	// Seq is the event's place in the operation's history (1 for the first); Attempt numbers its attempt records
+	// (one HTTP attempt at a write), in the same order.
 	Seq       int64           `json:"seq"`
 	Attempt   *int64          `json:"attempt,omitempty"`
 	Type      string          `json:"type"`
@@ -246,8 +247,8 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State
 		resType, resID = &t.resource.Type, &t.resource.ID
 	}
 	var n int64
-	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert holds its chain head (audit trigger) and then takes KEY
-	// SHARE on the operation for its foreign key; FOR UPDATE would conflict with that and deadlock.
+	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert takes KEY SHARE on the operation for its foreign key,
+	// which FOR UPDATE would make wait for this transaction.
 	err := tx.WithContext(ctx).Raw(`
 WITH prev AS (
     SELECT account_id, id, state FROM operations WHERE account_id = ? AND id = ? FOR NO KEY UPDATE
@@ -389,7 +390,7 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int) ([]Event, int64, error) {
 	var rows []struct {
 		ID        int64
-		ChainSeq  int64
+		Seq       int64
 		Attempt   *int64
 		Type      string
 		FromState *string
@@ -403,8 +404,8 @@ func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int)
 		fetch = limit + 1 // one more tells whether any was left out
 	}
 	err := db.WithContext(ctx).Raw(`SELECT * FROM (
-    SELECT id, chain_seq, attempt, type, from_state, to_state, actor, detail::text AS detail, created_at
-    FROM operation_events WHERE account_id = ? AND operation_id = ? ORDER BY id DESC LIMIT ?) newest ORDER BY id`,
+    SELECT id, seq, attempt, type, from_state, to_state, actor, detail::text AS detail, created_at
+    FROM operation_events_numbered WHERE account_id = ? AND operation_id = ? ORDER BY id DESC LIMIT ?) newest ORDER BY id`,
 		accountID, opID, fetch).Scan(&rows).Error
 	if err != nil {
 		return nil, 0, fmt.Errorf("opstatus: events of %s: %w", opID, err)
@@ -419,7 +420,7 @@ func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int)
 	}
 	evs := make([]Event, 0, len(rows))
 	for _, r := range rows {
-		ev := Event{ID: r.ID, Seq: r.ChainSeq, Attempt: r.Attempt, Type: r.Type, Actor: r.Actor, CreatedAt: r.CreatedAt}
+		ev := Event{ID: r.ID, Seq: r.Seq, Attempt: r.Attempt, Type: r.Type, Actor: r.Actor, CreatedAt: r.CreatedAt}
 		if r.FromState != nil {
 			ev.FromState = State(*r.FromState)
 		}

@@ -177,7 +177,7 @@ WITH expired AS (
         WHERE c.account_id = op.account_id AND c.operation_id = op.id AND c.type = 'claimed' AND c.detail ? 'attempt_id'
           AND NOT EXISTS (
             SELECT 1 FROM operation_events a
-            WHERE a.account_id = op.account_id AND a.operation_id = op.id AND a.attempt IS NOT NULL AND a.detail->>'attempt_id' = c.detail->>'attempt_id')
+            WHERE a.account_id = op.account_id AND a.operation_id = op.id AND is_attempt_record(a.detail) AND a.detail->>'attempt_id' = c.detail->>'attempt_id')
         LIMIT 1), '{}'::jsonb)
     FROM op
 )

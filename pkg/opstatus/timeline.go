@@ -13,8 +13,8 @@ import (
 )
 
 // Timeline is one operation's story for an investigator: every attempt, dispatch, observation and state change
-// in chain order, the approvals it used, the operations it replaces or that replace it, who settled it, and
-// whether its audit chain is intact. Links name other operations of the account: one it replaces or is
+// in order, the approvals it used, the operations it replaces or that replace it, who settled it, and whether
+// its audit records are intact. Links name other operations of the account: one it replaces or is
 // replaced by, the duplicate it corrects or its correction, the operation that created what it deduplicated
 // against or the operations deduplicated against it.
 type Timeline struct {
@@ -43,7 +43,7 @@ type Timeline struct {
 	Chain     ChainCheck         `json:"chain"`
 }
 
-// TimelineEntry is one record of the operation's chain.
+// TimelineEntry is one record of the operation's history.
 type TimelineEntry struct {
 	Seq      int64     `json:"seq"`
 	At       time.Time `json:"at"`
@@ -82,11 +82,11 @@ type TimelineApproval struct {
 	// UsedByAttempt is the attempt whose claim used the approval.
 	UsedByAttempt string `json:"used_by_attempt,omitempty"`
 	// Records are the approval's own audit records (requested, approved, denied, revoked, used, expired), in
-	// chain order; its chain is verified with the operation's (Timeline.Chain).
+	// order; they are verified with the operation's (Timeline.Chain).
 	Records []TimelineApprovalRecord `json:"records"`
 }
 
-// TimelineApprovalRecord is one record of an approval's chain.
+// TimelineApprovalRecord is one record of an approval's history; Seq is its place in it.
 type TimelineApprovalRecord struct {
 	Seq   int64     `json:"seq"`
 	At    time.Time `json:"at"`
@@ -94,12 +94,16 @@ type TimelineApprovalRecord struct {
 	Actor string    `json:"actor"`
 }
 
-// ChainCheck is the verification of the operation's chain (and its approvals' chains) against the checkpoints.
+// ChainCheck is the verification of the operation's records (and its approvals') against the seals that hold
+// them (package audit). Records counts them all: Sealed those a seal holds, tamper-evident; Unsealed those
+// written too recently to be sealed yet (normally within AUDIT_SEAL_INTERVAL), which nothing vouches for yet.
 type ChainCheck struct {
-	Intact      bool     `json:"intact"`
-	Records     int      `json:"records"`
-	Checkpoints int      `json:"checkpoints"`
-	Problems    []string `json:"problems"`
+	Intact   bool     `json:"intact"`
+	Records  int      `json:"records"`
+	Sealed   int      `json:"sealed"`
+	Unsealed int      `json:"unsealed"`
+	Seals    int      `json:"seals"`
+	Problems []string `json:"problems"`
 }
 
 // observationTypes are the events that record evidence gathered from outside (a provider lookup, a target's
@@ -212,16 +216,17 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 	if tl.Approvals, err = timelineApprovals(ctx, db, op); err != nil {
 		return Timeline{}, err
 	}
-	chains := make([]string, 0, len(tl.Approvals))
+	approvals := make([]string, 0, len(tl.Approvals))
 	for _, a := range tl.Approvals {
-		chains = append(chains, a.ApprovalID)
+		approvals = append(approvals, a.ApprovalID)
 	}
 
-	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{AccountID: accountID, OperationID: id, Chains: chains})
+	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{AccountID: accountID, OperationID: id, Subjects: approvals})
 	if err != nil {
 		return Timeline{}, fmt.Errorf("opstatus: timeline of %s: %w", id, err)
 	}
-	tl.Chain = ChainCheck{Intact: rep.Intact(), Records: rep.Records, Checkpoints: rep.Checkpoints, Problems: []string{}}
+	tl.Chain = ChainCheck{Intact: rep.Intact(), Records: rep.Records, Sealed: rep.Sealed, Unsealed: rep.Unsealed,
+		Seals: rep.Seals, Problems: []string{}}
 	for _, p := range rep.Problems {
 		tl.Chain.Problems = append(tl.Chain.Problems, p.String())
 	}
@@ -267,19 +272,19 @@ ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerp
 	}
 	var recs []struct {
 		ApprovalID string
-		ChainSeq   int64
+		Seq        int64
 		Type       string
 		Actor      string
 		CreatedAt  time.Time
 	}
-	err = db.WithContext(ctx).Raw(`SELECT approval_id, chain_seq, type, actor, created_at FROM approval_events
-WHERE account_id = ? AND approval_id IN ? ORDER BY approval_id, id`, op.AccountID, keys(index)).Scan(&recs).Error
+	err = db.WithContext(ctx).Raw(`SELECT approval_id, row_number() OVER (PARTITION BY approval_id ORDER BY id) AS seq, type, actor, created_at
+FROM approval_events WHERE account_id = ? AND approval_id IN ? ORDER BY approval_id, id`, op.AccountID, keys(index)).Scan(&recs).Error
 	if err != nil {
 		return nil, fmt.Errorf("opstatus: approval records of %s: %w", op.ID, err)
 	}
 	for _, r := range recs {
 		a := &out[index[r.ApprovalID]]
-		a.Records = append(a.Records, TimelineApprovalRecord{Seq: r.ChainSeq, At: r.CreatedAt, Type: r.Type, Actor: r.Actor})
+		a.Records = append(a.Records, TimelineApprovalRecord{Seq: r.Seq, At: r.CreatedAt, Type: r.Type, Actor: r.Actor})
 	}
 	return out, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -321,7 +322,8 @@ func TestApprovalExpiryIsRecordedOnce(t *testing.T) {
 	if err != nil || !rep.Intact() {
 		t.Fatalf("audit verify: %v %+v", err, rep.Problems)
 	}
-	// A tampered expiry record is caught by the timeline's check.
+	// A tampered expiry record, once sealed, is caught by the timeline's check.
+	testdb.SealAll(t, &audit.Sequencer{DB: b.db})
 	b.env.DB.Tampered()
 	if err := b.db.Exec(`ALTER TABLE approval_events DISABLE TRIGGER approval_events_append_only`).Error; err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ func dispatches(t *testing.T, b *bundle, opID string) []string {
 		Detail string
 	}
 	if err := b.db.Raw(`SELECT type, detail::text AS detail FROM operation_events
-WHERE operation_id = ? AND (type LIKE 'dispatch_%' OR type = 'failed') ORDER BY chain_seq`, opID).Scan(&rows).Error; err != nil {
+WHERE operation_id = ? AND (type LIKE 'dispatch_%' OR type = 'failed') ORDER BY id`, opID).Scan(&rows).Error; err != nil {
 		t.Fatal(err)
 	}
 	out := make([]string, 0, len(rows))

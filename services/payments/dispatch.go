@@ -9,7 +9,7 @@ import (
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
-// dispatchRecorder writes an operation's provider calls into its chained history.
+// dispatchRecorder writes an operation's provider calls into its history (its audit records).
 type dispatchRecorder struct {
 	db        *gorm.DB
 	accountID string

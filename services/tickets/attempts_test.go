@@ -19,7 +19,7 @@ type attemptRecord struct {
 	Detail  map[string]any
 }
 
-// attempts returns the attempt records of an operation (events whose detail has an outcome), in chain order.
+// attempts returns the attempt records of an operation (events whose detail has an outcome), in order.
 func attempts(t *testing.T, env *servicetest.Env, opID string) []attemptRecord {
 	t.Helper()
 	var rows []struct {
@@ -27,7 +27,7 @@ func attempts(t *testing.T, env *servicetest.Env, opID string) []attemptRecord {
 		Attempt int64
 		Detail  string
 	}
-	if err := env.DB.Raw(`SELECT type, attempt, detail::text AS detail FROM operation_events WHERE operation_id = ? AND attempt IS NOT NULL ORDER BY chain_seq`, opID).Scan(&rows).Error; err != nil {
+	if err := env.DB.Raw(`SELECT type, attempt, detail::text AS detail FROM operation_events_numbered WHERE operation_id = ? AND attempt IS NOT NULL ORDER BY seq`, opID).Scan(&rows).Error; err != nil {
 		t.Fatal(err)
 	}
 	out := make([]attemptRecord, len(rows))

@@ -95,13 +95,14 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * One operation's story for an investigator, with its audit chain verified.
-         * @description Every record of the operation's hash-chained history in order: each attempt (number, agent run, the
+         * One operation's story for an investigator, with its audit records verified.
+         * @description Every record of the operation's history in order: each attempt (number, agent run, the
          *     attempt it retried and why, whether it sent the first attempt's request, outcome, status, duration), each
          *     dispatch and observation, each state change; the approvals it used or that were asked for its exact
          *     request (denied, revoked, expired), with their own records; the operations it replaces or that replace it;
-         *     who settled it; and whether its chain and its approvals' chains verify against the checkpoints. A read
-         *     with no effect: retry it freely.
+         *     who settled it; and whether its records and its approvals' records verify against the seals that hold
+         *     them, with how many are not sealed yet (written within about `AUDIT_SEAL_INTERVAL`). A read with no
+         *     effect: retry it freely.
          */
         get: operations["getOperationTimeline"];
         put?: never;
@@ -988,7 +989,7 @@ export interface components {
         };
         OperationEvent: {
             id: number;
-            /** @description The event's place in the operation's hash-chained audit record. */
+            /** @description The event's place in the operation's history, from 1. */
             seq?: number;
             /** @description On attempt records (one HTTP attempt at a write): its number within the operation. */
             attempt?: number;
@@ -1044,7 +1045,7 @@ export interface components {
                 /** Format: date-time */
                 decided_at: string | null;
                 used_by_attempt?: string;
-                /** @description The approval's own hash-chained records, in chain order. */
+                /** @description The approval's own audit records, in order. */
                 records: {
                     seq: number;
                     /** Format: date-time */
@@ -1055,9 +1056,15 @@ export interface components {
                 }[];
             }[];
             chain: {
+                /** @description No record a seal holds was changed, removed or reordered, and no seal was forged. */
                 intact: boolean;
                 records: number;
-                checkpoints: number;
+                /** @description Records a seal holds: tamper-evident. */
+                sealed: number;
+                /** @description Records not sealed yet (normally sealed within AUDIT_SEAL_INTERVAL): nothing vouches for them yet. */
+                unsealed: number;
+                /** @description Seals checked: those holding these records. */
+                seals: number;
                 problems: string[];
             };
         };
