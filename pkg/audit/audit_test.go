@@ -542,3 +542,30 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = ?
 		t.Fatalf("verify: %+v", rep)
 	}
 }
+
+// TestSealOrderIsNumeric: records are sealed in the numeric order of their transaction ids, also where the text of
+// the ids sorts otherwise (999 before 1000, as a fresh cluster's ids cross it). Two records written with those
+// ids are sealed once each; a sequencer that ordered them as text ended its batch at 999 and sealed the 1000
+// record again in the next one.
+func TestSealOrderIsNumeric(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	ops := history(t, db.DB, 1)
+	for _, xid := range []string{"1000", "999", "10000"} {
+		err := db.DB.Exec(`INSERT INTO operation_events (operation_id, account_id, type, actor, xid) VALUES (?, 'acct_a', 'observed', 'system:x', ?::xid8)`,
+			ops[0], xid).Error
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &audit.Sequencer{DB: db.DB}
+	for range 3 {
+		if _, err := s.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rep := mustVerify(t, db.DB, audit.VerifyOptions{}); !rep.Intact() || rep.Unsealed != 0 {
+		t.Fatalf("after sealing records of transactions 999, 1000 and 10000: %+v; want each sealed once, intact", rep)
+	}
+}

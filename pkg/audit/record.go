@@ -23,7 +23,7 @@ type source struct {
 
 type recordRow struct {
 	ID        int64
-	XID       string `gorm:"column:xid"`
+	XID       string `gorm:"column:xid_text"`
 	AccountID string
 	Subject   string
 	Type      string
@@ -63,10 +63,12 @@ const (
 	tableApprovalEvents  = "approval_events"
 )
 
+// The transaction id is read as text under another name than xid: the statements order by xid, and an output
+// column named xid would make that the text's order ("1000" before "999"), not the ids'.
 var sources = []source{
 	{
 		table: tableOperationEvents, subject: "operation_id",
-		columns: `id, xid::text AS xid, account_id, operation_id AS subject, type, actor, detail::text AS detail, from_state, to_state, created_at`,
+		columns: `id, xid::text AS xid_text, account_id, operation_id AS subject, type, actor, detail::text AS detail, from_state, to_state, created_at`,
 		body: func(r recordRow) any {
 			return operationRecord{AccountID: r.AccountID, Actor: r.Actor, CreatedAt: auditchain.FormatTime(r.CreatedAt),
 				Detail: json.RawMessage(r.Detail), FromState: r.FromState, OperationID: r.Subject, ToState: r.ToState, Type: r.Type}
@@ -74,7 +76,7 @@ var sources = []source{
 	},
 	{
 		table: tableApprovalEvents, subject: "approval_id",
-		columns: `id, xid::text AS xid, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at`,
+		columns: `id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at`,
 		body: func(r recordRow) any {
 			return approvalRecord{AccountID: r.AccountID, Actor: r.Actor, ApprovalID: r.Subject,
 				CreatedAt: auditchain.FormatTime(r.CreatedAt), Detail: json.RawMessage(r.Detail), Type: r.Type}
