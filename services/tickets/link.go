@@ -22,11 +22,16 @@ const (
 
 // creatorSQL finds the operation that created a ticket: the create that answered 201 with it. It runs only on
 // a deduplicated create; the ticket's row is committed (its insert conflicted on it), and so is its operation,
-// which committed in the same transaction.
+// which committed in the same transaction. Deduplicated creates name the ticket too, and one that began before
+// the creator has an earlier created_at: each records deduplicated_against with its completion, which the
+// creator never does.
 const creatorSQL = `
-SELECT id FROM operations
-WHERE account_id = ? AND kind = ? AND resource_type = 'ticket' AND resource_id = ? AND state = 'succeeded' AND id <> ?
-ORDER BY created_at, id LIMIT 1`
+SELECT o.id FROM operations o
+WHERE o.account_id = ? AND o.kind = ? AND o.resource_type = 'ticket' AND o.resource_id = ? AND o.state = 'succeeded'
+  AND o.id <> ?
+  AND NOT EXISTS (SELECT 1 FROM operation_events e
+                  WHERE e.account_id = o.account_id AND e.operation_id = o.id AND e.type = 'deduplicated_against')
+ORDER BY o.created_at, o.id LIMIT 1`
 
 // link records, in tx, that operation opID found ticket ticketID already there, and returns the operation that
 // created it ("" when none is on record: a ticket made without an operation).
