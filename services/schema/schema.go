@@ -3,7 +3,7 @@
 // retrysafe_demo_version. `retrysafe migrate`, `retrysafe serve` (MIGRATE_ON_START) and internal/testdb use
 // it; a service that only uses the library runs migrations.Up and its own migrations.
 //
-// A database that the single sequence migrated (testdata/unsplit: the library's and the demo files together, up
+// A database that the single sequence migrated (the library's files and the demo ones, testdata/unsplit, together, up
 // to version 17) has the demo tables already, exactly as this sequence's first files create them (the tests
 // compare the catalogs). When its library version is 17 or more, Up records those files as applied without
 // running them (a baseline); demo tables at an older version are refused, with what to run.

@@ -3,22 +3,47 @@ package schema_test
 import (
 	"database/sql"
 	"errors"
+	"io/fs"
 	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/services/schema"
 )
 
-// unsplit is the single sequence that held the library's and the demo services' tables, as it was at its last
-// version (17): what databases migrated before the split went through.
-const unsplit = "testdata/unsplit"
+// unsplitFS is the single sequence that held the library's and the demo services' tables, as it was at its last
+// version (17): what databases migrated before the split went through. Its library files are migrations' own,
+// unchanged since; testdata/unsplit holds the rest as they were: the demo services' files and 00014, which the
+// split trimmed to its library statements.
+func unsplitFS(t *testing.T) fs.FS {
+	t.Helper()
+	files := fstest.MapFS{}
+	for _, from := range []fs.FS{migrations.FS, os.DirFS("testdata/unsplit")} {
+		names, err := fs.Glob(from, "*.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names {
+			if name[:5] > "00017" { // the library's later files came after the split
+				continue
+			}
+			b, err := fs.ReadFile(from, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files[name] = &fstest.MapFile{Data: b} // testdata's 00014 replaces the library's trimmed one
+		}
+	}
+	return files
+}
 
 // TestFreshEqualsUnsplit migrates one empty schema with Up and another with the single sequence and then Up (an
 // upgrade), and compares their catalogs: every column, constraint, index, trigger, function, sequence and table option is the same, so
@@ -184,7 +209,7 @@ func TestRefuseOlderUnsplit(t *testing.T) {
 // upUnsplit applies the single sequence up to version to (all of it when 0).
 func upUnsplit(t *testing.T, db *sql.DB, to int64) {
 	t.Helper()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS(unsplit))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, unsplitFS(t))
 	if err != nil {
 		t.Fatal(err)
 	}
