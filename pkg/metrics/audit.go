@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,7 +14,14 @@ import (
 // the records after the newest seal, by index, bounded by timeout): how many, and how old the oldest is. Like
 // the unknown operations' gauges they describe the database: alert on max(), not sum().
 func (m *Metrics) WatchAudit(db *gorm.DB, timeout time.Duration) {
-	m.reg.MustRegister(&unsealedRecords{db: db, timeout: timeout})
+	m.reg.MustRegister(&countAndAge{count: unsealedDesc, age: oldestUnsealedDesc, what: "unsealed audit records", timeout: timeout,
+		read: func(ctx context.Context) (int64, float64, error) {
+			n, oldest, err := audit.Pending(ctx, db)
+			if err != nil || oldest.IsZero() {
+				return n, 0, err
+			}
+			return n, time.Since(oldest).Seconds(), nil
+		}})
 }
 
 var (
@@ -24,31 +30,3 @@ var (
 	oldestUnsealedDesc = prometheus.NewDesc("retrysafe_audit_oldest_unsealed_seconds",
 		"How long ago the oldest unsealed audit record was written; 0 when none is.", nil, nil)
 )
-
-type unsealedRecords struct {
-	db      *gorm.DB
-	timeout time.Duration
-}
-
-func (u *unsealedRecords) Describe(ch chan<- *prometheus.Desc) {
-	ch <- unsealedDesc
-	ch <- oldestUnsealedDesc
-}
-
-func (u *unsealedRecords) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), u.timeout)
-	defer cancel()
-	n, oldest, err := audit.Pending(ctx, u.db)
-	if err != nil {
-		err = fmt.Errorf("metrics: unsealed audit records: %w", err)
-		ch <- prometheus.NewInvalidMetric(unsealedDesc, err)
-		ch <- prometheus.NewInvalidMetric(oldestUnsealedDesc, err)
-		return
-	}
-	age := 0.0
-	if !oldest.IsZero() {
-		age = max(time.Since(oldest).Seconds(), 0)
-	}
-	ch <- prometheus.MustNewConstMetric(unsealedDesc, prometheus.GaugeValue, float64(n))
-	ch <- prometheus.MustNewConstMetric(oldestUnsealedDesc, prometheus.GaugeValue, age)
-}

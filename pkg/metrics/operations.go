@@ -13,7 +13,18 @@ import (
 // (one indexed query, bounded by timeout): how many are unknown now, and for how long the oldest has been.
 // They describe the database, so every process on it reports the same values: alert on max(), not sum().
 func (m *Metrics) WatchOperations(db *gorm.DB, timeout time.Duration) {
-	m.reg.MustRegister(&unknownOperations{db: db, timeout: timeout})
+	m.reg.MustRegister(&countAndAge{count: unknownDesc, age: oldestUnknownDesc, what: "unknown operations", timeout: timeout,
+		read: func(ctx context.Context) (int64, float64, error) {
+			var row struct {
+				Count  int64
+				Oldest float64
+			}
+			// operations_unknown is a partial index on updated_at WHERE state = 'unknown': this reads only those rows.
+			err := db.WithContext(ctx).Raw(`
+SELECT count(*) AS count, COALESCE(EXTRACT(EPOCH FROM now() - min(updated_at)), 0)::float8 AS oldest
+FROM operations WHERE state = 'unknown'`).Scan(&row).Error
+			return row.Count, row.Oldest, err
+		}})
 }
 
 var (
@@ -23,33 +34,30 @@ var (
 		"How long the oldest unknown operation has been unknown (since its last state change); 0 when none is.", nil, nil)
 )
 
-type unknownOperations struct {
-	db      *gorm.DB
-	timeout time.Duration
+// countAndAge is a pair of gauges read from the database at each scrape, within timeout: how many of something
+// there are now, and the age in seconds of the oldest (0 when there is none).
+type countAndAge struct {
+	count, age *prometheus.Desc
+	what       string
+	timeout    time.Duration
+	read       func(ctx context.Context) (n int64, oldestSeconds float64, err error)
 }
 
-func (u *unknownOperations) Describe(ch chan<- *prometheus.Desc) {
-	ch <- unknownDesc
-	ch <- oldestUnknownDesc
+func (c *countAndAge) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.count
+	ch <- c.age
 }
 
-func (u *unknownOperations) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), u.timeout)
+func (c *countAndAge) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	var row struct {
-		Count  int64
-		Oldest float64
-	}
-	// operations_unknown is a partial index on updated_at WHERE state = 'unknown': this reads only those rows.
-	err := u.db.WithContext(ctx).Raw(`
-SELECT count(*) AS count, COALESCE(EXTRACT(EPOCH FROM now() - min(updated_at)), 0)::float8 AS oldest
-FROM operations WHERE state = 'unknown'`).Scan(&row).Error
+	n, age, err := c.read(ctx)
 	if err != nil {
-		err = fmt.Errorf("metrics: unknown operations: %w", err)
-		ch <- prometheus.NewInvalidMetric(unknownDesc, err)
-		ch <- prometheus.NewInvalidMetric(oldestUnknownDesc, err)
+		err = fmt.Errorf("metrics: %s: %w", c.what, err)
+		ch <- prometheus.NewInvalidMetric(c.count, err)
+		ch <- prometheus.NewInvalidMetric(c.age, err)
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(unknownDesc, prometheus.GaugeValue, float64(row.Count))
-	ch <- prometheus.MustNewConstMetric(oldestUnknownDesc, prometheus.GaugeValue, max(row.Oldest, 0))
+	ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, max(age, 0))
 }
