@@ -21,41 +21,9 @@ const tsClientDir = "../../api/ts"
 // generated client, and check that the committed types are what the spec generates. Node and npm are required:
 // without them the test fails (CI installs them); -short skips it.
 func TestTypeScriptClient(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: the TypeScript client test needs node, npm and the api/ts packages")
-	}
+	nodeTests(t, tsClientDir)
 	t.Parallel()
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is not installed: the TypeScript client test (api/ts) needs Node.js 18 or later and npm "+
-				"(Debian: apt-get install nodejs npm; .ci/run installs them)", tool)
-		}
-	}
-	npmCI(t, tsClientDir)
-
-	db := testdb.Schema(t)
-	addr := proctest.FreeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	var out bytes.Buffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
-			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_ts:agent:" + testSecret,
-			"API_KEY_ID_SECRET": testIDSecret, "LOG_LEVEL": "error",
-		}), &syncWriter{w: &out})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run: %v", err)
-			}
-		case <-time.After(15 * time.Second): // or waitHealthy already took run's early return
-		}
-	})
-	base := "http://" + addr
-	waitHealthy(t, base+"/readyz", done)
+	_, base, out := serveTickets(t, "acct_ts")
 
 	test := exec.Command("npm", "test")
 	test.Dir = tsClientDir
@@ -73,36 +41,10 @@ const mcpTSDir = "../../api/mcp-ts"
 // mid-call and calls again with the same action_id on a new server (api/mcp-ts/test). One ticket. Node and npm
 // are required as for TestTypeScriptClient; -short skips it.
 func TestMCPTypeScriptClient(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: the MCP TypeScript client test needs node, npm and the api/mcp-ts packages")
-	}
+	nodeTests(t, mcpTSDir)
 	t.Parallel()
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is not installed: the MCP TypeScript client test (api/mcp-ts) needs Node.js 18 or later and npm "+
-				"(Debian: apt-get install nodejs npm; .ci/run installs them)", tool)
-		}
-	}
-	npmCI(t, mcpTSDir)
 	bin := proctest.Build(t)
-
-	db := testdb.Schema(t)
-	addr := proctest.FreeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	var out bytes.Buffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
-			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": "acct_mcpts:agent:" + testSecret,
-			"API_KEY_ID_SECRET": testIDSecret, "LOG_LEVEL": "error",
-		}), &syncWriter{w: &out})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	base := "http://" + addr
-	waitHealthy(t, base+"/readyz", done)
+	db, base, out := serveTickets(t, "acct_mcpts")
 
 	const title = "from the TypeScript MCP client"
 	test := exec.Command("npm", "test")
@@ -119,6 +61,52 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	if n != 1 {
 		t.Errorf("%d tickets after two calls with one action_id and a kill between them; want 1", n)
 	}
+}
+
+// nodeTests skips t under -short, fails it without node and npm (CI installs them), and installs dir's locked
+// packages.
+func nodeTests(t *testing.T, dir string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: the node tests of %s need node, npm and their packages", dir)
+	}
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is not installed: the node tests of %s need Node.js 18 or later and npm "+
+				"(Debian: apt-get install nodejs npm; .ci/run installs them)", tool, dir)
+		}
+	}
+	npmCI(t, dir)
+}
+
+// serveTickets runs the tickets service (run) on a test schema, with one agent key of account and testSecret,
+// until t ends, and returns the schema, its base URL and its log.
+func serveTickets(t *testing.T, account string) (*testdb.DB, string, *bytes.Buffer) {
+	t.Helper()
+	db := testdb.Schema(t)
+	addr := proctest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &bytes.Buffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
+			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "API_KEYS": account + ":agent:" + testSecret,
+			"API_KEY_ID_SECRET": testIDSecret, "LOG_LEVEL": "error",
+		}), &syncWriter{w: out})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
+		case <-time.After(15 * time.Second): // or waitHealthy already took run's early return
+		}
+	})
+	base := "http://" + addr
+	waitHealthy(t, base+"/readyz", done)
+	return db, base, out
 }
 
 // npmCI installs dir's locked packages (package-lock.json) unless node_modules already holds them: npm records
