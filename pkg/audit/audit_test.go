@@ -544,15 +544,16 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid = ?
 }
 
 // TestSealOrderIsNumeric: records are sealed in the numeric order of their transaction ids, also where the text of
-// the ids sorts otherwise (999 before 1000, as a fresh cluster's ids cross it). Two records written with those
-// ids are sealed once each; a sequencer that ordered them as text ended its batch at 999 and sealed the 1000
-// record again in the next one.
+// the ids sorts otherwise (9 before 10, as a cluster's ids cross a power of ten). Records written with such ids
+// are sealed once each; a sequencer that ordered them as text ended its batch at 9 and sealed the 10 record again
+// in the next one. The ids are below any this cluster still runs (initdb alone uses more), so they are sealable
+// at once on a fresh cluster too.
 func TestSealOrderIsNumeric(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
 	ctx := context.Background()
 	ops := history(t, db.DB, 1)
-	for _, xid := range []string{"1000", "999", "10000"} {
+	for _, xid := range []string{"10", "9", "100"} {
 		err := db.DB.Exec(`INSERT INTO operation_events (operation_id, account_id, type, actor, xid) VALUES (?, 'acct_a', 'observed', 'system:x', ?::xid8)`,
 			ops[0], xid).Error
 		if err != nil {
@@ -568,7 +569,7 @@ func TestSealOrderIsNumeric(t *testing.T) {
 		}
 		rep := mustVerify(t, db.DB, audit.VerifyOptions{})
 		if !rep.Intact() {
-			t.Fatalf("after sealing records of transactions 999, 1000 and 10000: %+v; want each sealed once", rep)
+			t.Fatalf("after sealing records of transactions 9, 10 and 100: %+v; want each sealed once", rep)
 		}
 		if rep.Unsealed == 0 {
 			return
