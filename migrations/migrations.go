@@ -1,5 +1,5 @@
-// Package migrations embeds the library's tables (idempotency keys, operations and their events, approvals, the
-// audit records' seals, console sessions) and applies them with goose. The demo services' tables
+// Package migrations embeds the library's tables (operations, which hold their idempotency keys, and their events,
+// approvals, the audit records' seals, console sessions) and applies them with goose. The demo services' tables
 // are not here: services/schema applies them after these.
 //
 // Every file is plain SQL with goose annotations, numbered in the order it applies. The numbers skip 00002,

@@ -42,7 +42,7 @@ var (
 // libraryTables is every table migrations.Up creates: an adopter's database gets these and nothing else.
 var libraryTables = []string{
 	"approval_events", "approvals", "audit_seals", "console_sessions", "goose_db_version",
-	"idempotency_keys", "operation_events", "operations",
+	"operation_events", "operations",
 }
 
 // TestShardKeys reads the catalog of a schema with every migration applied, the library's and the demo services', and fails, naming the table and the

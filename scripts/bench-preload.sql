@@ -1,13 +1,13 @@
 -- bench-preload.sql: loads completed ticket creates numbered [bench.from, bench.to) into a migrated retrysafe
 -- database, for the growth benchmark (`make bench-growth`, cmd/retrysafe-bench -preload N, which runs it in
 -- batches). Each one leaves the rows a real `POST /v1/tickets` leaves once committed (services/tickets,
--- idem.LocalStore): the ticket, the completed idempotency key with its stored 201 answer, the operation
--- (tickets.create, succeeded) and its two events (claimed; completed, attempt 1). The events are left unsealed,
+-- pkg/idem): the ticket, the operation (tickets.create, succeeded) holding its completed idempotency key with the
+-- stored 201 answer, and its one event (completed, attempt 1). The events are left unsealed,
 -- as after a burst of real creates: the service's audit sequencer seals them (the harness waits for it before it
 -- measures).
 --
--- One set-based statement per table (session_replication_role = replica turns the triggers, and the deferred
--- foreign key check, off for this session only: superuser, as the postgres user of the development server is).
+-- One set-based statement per table (session_replication_role = replica turns the triggers, and the foreign
+-- key checks, off for this session only: superuser, as the postgres user of the development server is).
 -- The ids are UUIDv7-shaped, time
 -- first, as ids.New makes them; the key is "preload-<n>", the account acct_a, the actor agent:preload; the
 -- fingerprint is the real one of `{"project":"bench","title":"ticket preload-<n>","priority":"normal"}`, so
@@ -40,32 +40,28 @@ WITH n AS (
     FROM v
 )
 SELECT *,
-       '{"attempt_id":"' || att || '"}' AS d1,
-       '{"attempt_id":"' || att || '","duration_ms":2,"fingerprint":"' || fingerprint || '","outcome":"created","status":201}' AS d2
+       '{"attempt_id":"' || att || '","duration_ms":2,"fingerprint":"' || fingerprint || '","outcome":"created","status":201}' AS d
 FROM ids;
 
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, created_at, updated_at)
 SELECT tkt, 'acct_a', 'bench', 'ticket ' || key, '', 'normal', 'open', ts, ts FROM preload ORDER BY i;
 
-INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, created_at, updated_at)
-SELECT op, 'acct_a', 'tickets.create', 'succeeded', key, fingerprint, 'ticket', tkt, ts, ts FROM preload ORDER BY i;
-
-INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, operation_id, state, response_status, response_headers,
-                              response_body, created_at, completed_at)
-SELECT 'acct_a', key, fingerprint, op, 'completed', 201, jsonb_build_object('Location', jsonb_build_array('/v1/tickets/' || tkt)),
+INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, created_at, updated_at,
+                        key_state, response_status, response_headers, response_body, completed_at,
+                        response_expires_at, key_expires_at)
+SELECT op, 'acct_a', 'tickets.create', 'succeeded', key, fingerprint, 'ticket', tkt, ts, ts,
+       'completed', 201, jsonb_build_object('Location', jsonb_build_array('/v1/tickets/' || tkt)),
        convert_to('{"id":"' || tkt || '","project":"bench","title":"ticket ' || key || '","description":"","priority":"normal",'
                   || '"status":"open","source_event_id":null,"created_at":"' || t || '","updated_at":"' || t || '","deduplicated":false}', 'UTF8'),
-       ts, ts
+       ts, ts + interval '72 hours', ts + interval '90 days'
 FROM preload ORDER BY i;
 
--- Ids in history order (claimed before completed), after every id already taken.
+-- Ids after every id already taken.
 INSERT INTO operation_events (id, operation_id, account_id, type, from_state, to_state, actor, detail, created_at)
-SELECT b.base + 2 * (p.i - current_setting('bench.from')::bigint) + e.seq, p.op, 'acct_a', e.type, e.from_state, e.to_state, 'agent:preload',
-       e.detail::jsonb, p.ts
+SELECT b.base + (p.i - current_setting('bench.from')::bigint) + 1, p.op, 'acct_a', 'completed', 'running', 'succeeded',
+       'agent:preload', p.d::jsonb, p.ts
 FROM preload p
 CROSS JOIN (SELECT coalesce(max(id), 0) AS base FROM operation_events) b
-CROSS JOIN LATERAL (VALUES (1, 'claimed', NULL, 'running', p.d1), (2, 'completed', 'running', 'succeeded', p.d2))
-    AS e(seq, type, from_state, to_state, detail)
-ORDER BY p.i, e.seq;
+ORDER BY p.i;
 SELECT setval('operation_events_id_seq', (SELECT max(id) FROM operation_events));
 COMMIT;

@@ -77,7 +77,7 @@ func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
 			problem.WriteHTTP(w, r, err) // before the claim: a refused request never burns its key
 			return
 		}
-		h.Handle(w, r, idem.Request{Kind: "notes.create", Command: cmd, OperationAtCompletion: true},
+		h.Handle(w, r, idem.Request{Kind: "notes.create", Command: cmd},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				n := Note{ID: "note_" + strings.TrimPrefix(op.ID, "op_"), Author: cmd.Author, Text: cmd.Text}
 				if err := tx.WithContext(ctx).Create(&n).Error; err != nil {

@@ -82,7 +82,7 @@ func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 			return
 		}
 		account := auth.From(c).AccountID
-		idemgin.Do(h, c, idem.Request{Kind: "orders.create", Command: cmd, OperationAtCompletion: true},
+		idemgin.Do(h, c, idem.Request{Kind: "orders.create", Command: cmd},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				o := Order{ID: "ord_" + strings.TrimPrefix(op.ID, "op_"), AccountID: account,
 					Customer: cmd.Customer, SKU: cmd.SKU, Quantity: cmd.Quantity}

@@ -397,8 +397,10 @@ func TestLateCommitIsSealedLater(t *testing.T) {
 			t.Fatal(err)
 		}
 		var unsealed int64
-		db.Raw(`SELECT count(*) FROM operation_events e WHERE actor NOT IN ('system:late', 'system:after') AND NOT EXISTS (
-    SELECT 1 FROM audit_seals s WHERE s.records @> jsonb_build_array(jsonb_build_object('table', 'operation_events', 'id', e.id)))`).Scan(&unsealed)
+		db.Raw(`SELECT (SELECT count(*) FROM operation_events e WHERE actor NOT IN ('system:late', 'system:after') AND NOT EXISTS (
+    SELECT 1 FROM audit_seals s WHERE s.records @> jsonb_build_array(jsonb_build_object('table', 'operation_events', 'id', e.id))))
+  + (SELECT count(*) FROM approval_events e WHERE NOT EXISTS (
+    SELECT 1 FROM audit_seals s WHERE s.records @> jsonb_build_array(jsonb_build_object('table', 'approval_events', 'id', e.id))))`).Scan(&unsealed)
 		if unsealed == 0 {
 			break
 		}

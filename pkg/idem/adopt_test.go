@@ -180,7 +180,7 @@ func TestRunBackground(t *testing.T) {
 	}()
 	servicetest.Eventually(t, "the responses are pruned, the keys kept, and the audit sealed", func() bool {
 		var expired, seals int64
-		env.DB.Raw(`SELECT count(*) FROM idempotency_keys WHERE account_id = 'acct_bg' AND state = 'expired'`).Scan(&expired)
+		env.DB.Raw(`SELECT count(*) FROM operations WHERE account_id = 'acct_bg' AND key_state = 'expired'`).Scan(&expired)
 		env.DB.Raw(`SELECT count(*) FROM audit_seals`).Scan(&seals)
 		return expired == 2 && seals > 0
 	})

@@ -35,7 +35,7 @@ func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
 		hold         = make(chan struct{})
 	)
 	notes := func(c *gin.Context) {
-		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}, OperationAtCompletion: true},
+		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: map[string]any{"n": 1}},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				var rows []struct{ ID string }
 				if err := tx.WithContext(ctx).Raw(`INSERT INTO notes VALUES (?) RETURNING id`, op.ID).Scan(&rows).Error; err != nil {
@@ -64,7 +64,7 @@ func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
 	}
 	var notesStored, keys, ops, replays int64
 	env.DB.Raw(`SELECT count(*) FROM notes`).Scan(&notesStored)
-	env.DB.Raw(`SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'race'`).Scan(&keys)
+	env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race' AND key_state IS NOT NULL`).Scan(&keys)
 	env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race'`).Scan(&ops)
 	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ?`, opstatus.EventReplayed).Scan(&replays)
 	if n := notesWritten.Load(); n != 1 || notesStored != 1 || keys != 1 || ops != 1 || replays != 1 {
@@ -155,7 +155,7 @@ RETURNING pg_backend_pid()`).Scan(&pid).Error; err != nil {
 	}
 	var reservations, keys, ops int64
 	e.env.DB.Raw(`SELECT count(*) FROM reservations`).Scan(&reservations)
-	e.env.DB.Raw(`SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'race'`).Scan(&keys)
+	e.env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race' AND key_state IS NOT NULL`).Scan(&keys)
 	e.env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race'`).Scan(&ops)
 	if n := reserved.Load(); n != 1 || reservations != 1 || keys != 1 || ops != 1 || e.effect.calls.Load() != 1 {
 		t.Fatalf("reservations made %d, stored %d; keys %d, operations %d, effect calls %d; want 1 of each",

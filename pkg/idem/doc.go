@@ -6,18 +6,19 @@
 //	request ─► begin: key, fingerprint (canonical JSON of method, route, params, account, command), lineage
 //	   │          └─ malformed ─► 400
 //	   ▼
-//	lookupKey ── found ─► decide: replay │ conflict 422 │ in progress 409 │ unknown 202 ─► record attempt ─► answer
+//	readKey ── found ─► decide: replay │ conflict 422 │ in progress 409 │ unknown 202 ─► record attempt ─► answer
 //	   │ none                  ▲
 //	   ▼                       │ key taken (a copy committed first)
-//	BEGIN + claim (INSERT key [+ operation]) ── one round trip
+//	BEGIN + claim (INSERT the operation, holding the key) ── one round trip
 //	   ▼
-//	Guard, then   local: write(tx) ─► key's response + operation's outcome + COMMIT ─► answer
-//	              external: Prepare(tx), COMMIT ─► Call ─► Record(tx) + response + outcome ─► answer
+//	Guard, then   local: write(tx) ─► outcome + response on the operation, one record + COMMIT ─► answer
+//	              external: Prepare(tx), COMMIT ─► Call ─► Record(tx) + outcome + response ─► answer
 //	                                                  └─ lost ─► unknown, 202 (a Reconciler settles it)
 //
-// Local mode (Handler.Run) is for effects in the same database: the claim, the write and the stored response
-// commit together, so a crash leaves nothing and the key free; a concurrent copy waits on the claimed row and
-// then replays. External mode (RunExternal) is for effects that leave the process: the claim commits first with
+// A key is a column of the operation it started (package opstatus writes it): a local create writes its
+// operation, one record and its own rows. Local mode (Handler.Run) is for effects in the same database: the
+// claim, the write and the stored response commit together, so a crash leaves nothing and the key free; a
+// concurrent copy waits on the claimed row and then replays. External mode (RunExternal) is for effects that leave the process: the claim commits first with
 // a lease, the effect runs outside any transaction, its result is recorded after.
 //
 // The core speaks context.Context, http.Header and Answer; Handler.Handle adapts it to net/http and package

@@ -62,6 +62,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	if done != nil {
 		return *done
 	}
+	a.external = true
 	if h.Owner != nil {
 		a.owner = h.Owner.ID()
 	}
@@ -70,7 +71,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	// the operation is the server's to finish, whoever still listens.
 	ctx = context.WithoutCancel(ctx)
 	lease, err := h.claimExternal(ctx, a, req, steps.Prepare)
-	if errors.Is(err, errKeyTaken) {
+	if opstatus.KeyTaken(err) {
 		return h.taken(ctx, a, call.Header)
 	}
 	if err != nil {
@@ -134,7 +135,7 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 		failpoint.Hit(FailpointExternalClaimed, a.op)
 		return tx.Commit(ctx, nil)
 	}()
-	if err != nil && ctx.Err() != nil && !errors.Is(err, errKeyTaken) && !problem.IsStoreUnavailable(err) {
+	if err != nil && ctx.Err() != nil && !opstatus.KeyTaken(err) && !problem.IsStoreUnavailable(err) {
 		err = fmt.Errorf("%w: the claim took its whole lease: %w", problem.ErrStoreUnavailable, err)
 	}
 	return lease, err
@@ -200,8 +201,8 @@ func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, left time.Durat
 type undoFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error
 
 // release gives up op's claim before its effect was sent, in one transaction: check (when set) first, under the
-// operation's row lock, then the operation cancelled with a not_sent event (detail), Prepare's reservation
-// undone, the key deleted, so a retry with the same key claims again. ErrAlreadySettled: op is not running.
+// operation's row lock, then the operation cancelled with a not_sent event (detail) and its key given up,
+// Prepare's reservation undone, so a retry with the same key claims again. ErrAlreadySettled: op is not running.
 func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor string, detail map[string]any,
 	check func(*database.Tx) error, undo undoFunc) error {
 	tx, err := database.Begin(ctx, h.DB)
@@ -214,20 +215,17 @@ func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor stri
 			return err
 		}
 	}
-	moved, err := opstatus.Transition(ctx, tx.Gorm(), op.AccountID, op.ID, opstatus.StateCancelled, actor,
-		opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}), opstatus.WithEvent(EventNotSent, detail))
-	if err != nil {
+	b := &pgx.Batch{}
+	if err := opstatus.QueueRelease(b, op, EventNotSent, actor, detail); err != nil {
 		return err
 	}
-	if !moved {
-		return ErrAlreadySettled
+	if err := tx.Send(ctx, b); err != nil {
+		return err
 	}
 	if err := undo(ctx, tx.Gorm(), op); err != nil {
 		return err
 	}
-	b := &pgx.Batch{}
-	queueRelease(b, op)
-	return tx.Commit(ctx, b)
+	return tx.Commit(ctx, nil)
 }
 
 // settle records an external effect's outcome in one transaction: write (the Record step, or a reconciler's),
@@ -248,7 +246,7 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 			return response{}, err
 		}
 	}
-	resp, b, err := h.completion(ctx, tx, a, res, event, actor)
+	resp, b, err := h.completion(a, res, event, actor)
 	if err != nil {
 		return response{}, err
 	}

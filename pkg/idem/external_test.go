@@ -150,7 +150,7 @@ func TestExternalPrepareFailureLeavesKeyFree(t *testing.T) {
 		t.Fatalf("prepare failure: %d", r.status)
 	}
 	var keys int64
-	e.env.DB.Raw(`SELECT count(*) FROM idempotency_keys`).Scan(&keys)
+	e.env.DB.Raw(`SELECT count(*) FROM operations WHERE key_state IS NOT NULL`).Scan(&keys)
 	if keys != 0 || e.effect.calls.Load() != 0 {
 		t.Fatalf("keys=%d calls=%d after a refused prepare", keys, e.effect.calls.Load())
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -57,10 +58,6 @@ type Request struct {
 	// request, shown that operation (package approval). Unset or false, the write is refused 409
 	// superseded_operation_unknown; an error refuses it with that error.
 	SupersedeUnknown func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error)
-	// OperationAtCompletion says the write never reads or references its own operation row (no foreign key to
-	// it, no opstatus call on it), so the operation is inserted once, at completion, in its final state, instead
-	// of at the claim and moved again. Ignored with a Guard or a Supersedes-Operation-Id, and in external mode.
-	OperationAtCompletion bool
 }
 
 // Result is the answer to store and send.
@@ -208,8 +205,9 @@ type attempt struct {
 	caller      Caller
 	lineage     lineage
 	op          opstatus.Operation
-	// late: the operation is inserted at completion (Request.OperationAtCompletion).
-	late bool
+	// external: the claim commits before the effect (RunExternal), with a claimed event of its own; a local
+	// write's one event records its claim and its outcome together.
+	external bool
 	// attemptRecorded: the claiming attempt already has its attempt record (opstatus.ExpireLeases wrote it
 	// when the lease ran out), so the completion does not number it again.
 	attemptRecorded bool
@@ -281,14 +279,13 @@ func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFu
 	if done != nil {
 		return *done
 	}
-	a.late = req.OperationAtCompletion && req.Guard == nil && a.lineage.supersedes == ""
 	// Once begun, the write is not cut short by the caller hanging up: it commits or rolls back whole, bounded
 	// by the statement timeout, and a retry with the same key learns which.
 	ctx = context.WithoutCancel(ctx)
 	resp, err := h.runLocal(ctx, a, req, write)
 	var lost commitLost
 	switch {
-	case errors.Is(err, errKeyTaken):
+	case opstatus.KeyTaken(err):
 		return h.taken(ctx, a, call.Header)
 	case errors.As(err, &lost):
 		// The connection went away during COMMIT: the write may have committed. Only the same key can tell.
@@ -337,7 +334,7 @@ type commitLost struct{ err error }
 func (c commitLost) Error() string { return "idem: commit lost: " + c.err.Error() }
 
 // runLocal is Run's transaction: claim, write, completion. BEGIN goes with the claim and COMMIT with the
-// completion (database.Tx).
+// completion (database.Tx). The operation gets one event, at completion, which records its claim too.
 func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write WriteFunc) (response, error) {
 	tx, err := database.Begin(ctx, h.DB)
 	if err != nil {
@@ -352,7 +349,7 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	if err != nil {
 		return response{}, err
 	}
-	resp, b, err := h.completion(ctx, tx, a, res, opstatus.EventCompleted, a.caller.Actor)
+	resp, b, err := h.completion(a, res, opstatus.EventCompleted, a.caller.Actor)
 	if err != nil {
 		return response{}, err
 	}
@@ -366,20 +363,19 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	return resp, nil
 }
 
-// claim takes a's key in tx, with its operation unless that is born at completion, then checks the lineage
-// headers and runs the Guard. A key that exists fails it with errKeyTaken.
+// claim takes a's key in tx by inserting its operation (with its claimed event when external), then checks the
+// lineage headers and runs the Guard. A key another operation holds fails it (opstatus.KeyTaken).
 func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
+	var events []opstatus.NewEvent
+	if a.external {
+		events = []opstatus.NewEvent{{Type: opstatus.EventClaimed, To: opstatus.StateRunning, Actor: a.caller.Actor, Detail: a.claimDetail()}}
+	}
 	b := &pgx.Batch{}
-	queueClaim(b, a.op)
-	if !a.late {
-		err := opstatus.QueueCreate(b, a.op, []opstatus.NewEvent{{Type: opstatus.EventClaimed, To: opstatus.StateRunning,
-			Actor: a.caller.Actor, Detail: a.claimDetail()}})
-		if err != nil {
-			return err
-		}
+	if err := opstatus.QueueCreate(b, a.op, events); err != nil {
+		return err
 	}
 	if err := tx.Send(ctx, b); err != nil {
-		return claimError(err)
+		return err
 	}
 	if err := h.checkClaimLineage(ctx, tx, a, req.SupersedeUnknown); err != nil {
 		return err
@@ -390,41 +386,24 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 	return nil
 }
 
-// completion stores res as a's response and moves a's operation to res's state with an event of type event by
-// actor, in tx. It returns the batch that must go with the COMMIT: the key's response, and the operation when it
-// is born at completion; an operation that exists is moved at once, and ErrAlreadySettled says another worker
-// settled it first.
-func (h *Handler) completion(ctx context.Context, tx *database.Tx, a *attempt, res Result, event, actor string) (response, *pgx.Batch, error) {
+// completion is the batch that stores res as a's response and moves a's operation to res's state with an event
+// of type event by actor; it must go with the COMMIT. It fails with ErrAlreadySettled when another worker settled
+// the operation first.
+func (h *Handler) completion(a *attempt, res Result, event, actor string) (response, *pgx.Batch, error) {
 	resp, err := render(res)
 	if err != nil {
 		return response{}, nil, err
 	}
-	state := resultState(res)
 	detail := a.completionDetail(resp.Status, res.Reason)
+	if !a.external {
+		maps.Copy(detail, a.claimDetail())
+	}
+	a.op.State = resultState(res)
 	b := &pgx.Batch{}
-	queueComplete(b, a.op, resp, h.retention(), h.keyLifetime())
-	a.op.State = state
-	if a.late {
-		op := a.op
-		op.Resource = res.Resource
-		return resp, b, opstatus.QueueCreate(b, op, []opstatus.NewEvent{
-			{Type: opstatus.EventClaimed, To: opstatus.StateRunning, Actor: a.caller.Actor, Detail: a.claimDetail()},
-			{Type: event, From: opstatus.StateRunning, To: state, Actor: actor, Detail: detail},
-		})
-	}
-	opts := []opstatus.TransitionOption{opstatus.From(opstatus.StateRunning, opstatus.StateUnknown),
-		opstatus.WithLease(time.Time{}), opstatus.WithEvent(event, detail)}
-	if res.Resource != nil {
-		opts = append(opts, opstatus.WithResource(*res.Resource))
-	}
-	moved, err := opstatus.Transition(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, state, actor, opts...)
-	if err != nil {
-		return response{}, nil, err
-	}
-	if !moved {
-		return response{}, nil, ErrAlreadySettled
-	}
-	return resp, b, nil
+	err = opstatus.QueueComplete(b, a.op, opstatus.Completion{State: a.op.State, Resource: res.Resource,
+		Event:  opstatus.NewEvent{Type: event, Actor: actor, Detail: detail},
+		Status: resp.Status, Header: resp.Header, Body: resp.Body, Retention: h.retention(), Lifetime: h.keyLifetime()})
+	return resp, b, err
 }
 
 // taken answers a request whose claim found the key taken, from the key as committed now (read with the
@@ -452,7 +431,7 @@ func resultState(res Result) opstatus.State {
 }
 
 // ErrAlreadySettled is returned by Settle when another worker recorded the operation's outcome first.
-var ErrAlreadySettled = errors.New("idem: operation already settled")
+var ErrAlreadySettled = opstatus.ErrAlreadySettled
 
 func render(res Result) (response, error) {
 	body, err := json.Marshal(res.Body)

@@ -9,29 +9,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// The key store (the idempotency_keys table, written only here) and the few reads of operations the flow
-// needs. The statements are in sql/.
+// The few reads of keys and operations the flow needs; the statements are in sql/. Keys are written by package
+// opstatus: a key is a column of the operation it started.
 var (
 	//go:embed sql/lookup.sql
 	lookupSQL string
-	//go:embed sql/claim.sql
-	claimSQL string
-	//go:embed sql/complete.sql
-	completeSQL string
-	//go:embed sql/release.sql
-	releaseSQL string
-	//go:embed sql/prune_responses.sql
-	pruneResponsesSQL string
-	//go:embed sql/prune_keys.sql
-	pruneKeysSQL string
 	//go:embed sql/attempt_known.sql
 	attemptKnownSQL string
 	//go:embed sql/attempt_recorded.sql
@@ -51,7 +39,7 @@ type stored struct {
 	// state is the key's: running, completed (response is set) or expired (the response was pruned).
 	state    string
 	response response
-	// resource is the operation's, read once the response expired.
+	// resource is the operation's: what an expired key's answer names.
 	resource *opstatus.Resource
 	// opState is the state of the key's operation when the key was read.
 	opState opstatus.State
@@ -110,54 +98,8 @@ func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, erro
 	return out, nil
 }
 
-// queueClaim queues the claim of cl's key on b. When the key exists the batch fails with errKeyTaken.
-func queueClaim(b *pgx.Batch, op opstatus.Operation) {
-	b.Queue(claimSQL, op.AccountID, op.IdempotencyKey, op.Fingerprint, op.ID)
-}
-
-// errKeyTaken is a claim's failure on a key that exists.
-var errKeyTaken = errors.New("idem: key already claimed")
-
-// claimError turns a claim batch's error into errKeyTaken when it is the key's unique violation.
-func claimError(err error) error {
-	if problem.IsUniqueViolation(err, "idempotency_keys_pkey") {
-		return errKeyTaken
-	}
-	return err
-}
-
 // Defaults of Handler.Retention and Handler.KeyLifetime.
 const (
 	DefaultRetention   = 72 * time.Hour
 	DefaultKeyLifetime = 90 * 24 * time.Hour
 )
-
-// queueComplete queues the storing of resp on op's running key, kept for retention and the key for lifetime. When
-// the key is not running under op the statement fails, and so does everything sent after it, COMMIT included.
-func queueComplete(b *pgx.Batch, op opstatus.Operation, resp response, retention, lifetime time.Duration) {
-	b.Queue(completeSQL, op.AccountID, op.IdempotencyKey, op.ID, resp.Status, resp.Header, resp.Body,
-		retention.Seconds(), lifetime.Seconds())
-}
-
-// queueRelease queues the delete of op's running key, so a retry with it claims again. The batch fails with
-// ErrAlreadySettled when the key is no longer running under op.
-func queueRelease(b *pgx.Batch, op opstatus.Operation) {
-	b.Queue(releaseSQL, op.AccountID, op.IdempotencyKey, op.ID).Exec(func(ct pgconn.CommandTag) error {
-		if ct.RowsAffected() == 0 {
-			return ErrAlreadySettled
-		}
-		return nil
-	})
-}
-
-// prune drops the stored responses older than retention, and the keys older than lifetime, of final operations.
-func prune(ctx context.Context, db *gorm.DB, retention, lifetime time.Duration) (responses, keys int64, err error) {
-	now := time.Now()
-	b := &pgx.Batch{}
-	b.Queue(pruneResponsesSQL, now.Add(-retention)).Exec(func(ct pgconn.CommandTag) error { responses = ct.RowsAffected(); return nil })
-	b.Queue(pruneKeysSQL, now.Add(-lifetime)).Exec(func(ct pgconn.CommandTag) error { keys = ct.RowsAffected(); return nil })
-	if err := database.Send(ctx, db, b); err != nil {
-		return 0, 0, fmt.Errorf("idem: prune: %w", err)
-	}
-	return responses, keys, nil
-}

@@ -29,7 +29,7 @@ func TestKeyOutlivesItsResponse(t *testing.T) {
 	note := func(c *gin.Context) {
 		var body map[string]any
 		_ = c.ShouldBindJSON(&body)
-		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: body, OperationAtCompletion: true},
+		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.note", Command: body},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				writes.Add(1)
 				return idem.Result{Status: http.StatusCreated, Body: map[string]string{"id": "note_1"},
@@ -84,7 +84,7 @@ func TestKeyOutlivesItsResponse(t *testing.T) {
 		t.Fatalf("%d writes, %d calls; want one of each: a pruned response never runs its key again", writes.Load(), calls.Load())
 	}
 	var expired int64
-	env.DB.Raw(`SELECT count(*) FROM idempotency_keys WHERE state = 'expired' AND response_body IS NULL`).Scan(&expired)
+	env.DB.Raw(`SELECT count(*) FROM operations WHERE key_state = 'expired' AND response_body IS NULL`).Scan(&expired)
 	if expired != 2 {
 		t.Fatalf("%d expired keys; want 2", expired)
 	}

@@ -24,7 +24,7 @@ func TestNetHTTPAdapter(t *testing.T) {
 	h := env.Idem
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/things/{id}/marks", func(w http.ResponseWriter, r *http.Request) {
-		h.Handle(w, r, idem.Request{Kind: "things.mark", Command: map[string]any{}, OperationAtCompletion: true},
+		h.Handle(w, r, idem.Request{Kind: "things.mark", Command: map[string]any{}},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				return idem.Result{Status: http.StatusCreated, Body: map[string]string{"thing": r.PathValue("id"), "op": op.ID}}, nil
 			})

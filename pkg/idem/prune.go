@@ -3,13 +3,15 @@ package idem
 import (
 	"context"
 	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Prune drops the stored responses older than h.Retention and the keys older than h.KeyLifetime, of final
 // operations. A key whose response is gone still never runs again: a retry is answered 409
 // idempotency_response_expired, naming the operation and its resource.
 func (h *Handler) Prune(ctx context.Context) (responses, keys int64, err error) {
-	return prune(ctx, h.DB, h.retention(), h.keyLifetime())
+	return opstatus.PruneKeys(ctx, h.DB, h.retention(), h.keyLifetime())
 }
 
 // runPruner prunes every interval until ctx ends (RunBackground).

@@ -2,8 +2,8 @@
 // events, so a caller that timed out can ask what happened instead of guessing.
 //
 // This package is the only writer of the operations and operation_events tables. An operation is born with
-// QueueCreate, in the transaction that claims its idempotency key (pkg/idem: at the claim, or at completion,
-// already final, for a local write that never touches its operation). Everything after goes through
+// QueueCreate, and its insert is the claim of its idempotency key (pkg/idem); QueueComplete stores the key's
+// response with the operation's outcome (keys.go). Everything after goes through
 // Transition for a change of state (idem recording a result, a deploy controller moving queued to running, the
 // recovery worker marking an expired lease unknown) and Append for evidence that changes no state (a provider
 // lookup, an approval check). Reads (Get, FindByKey, GET /v1/operations) are here too.
@@ -327,13 +327,9 @@ func (r operationRow) operation() Operation {
 	return op
 }
 
-// selectOperation reads operations with the expiries of their idempotency keys (read here, written by idem).
+// selectOperation reads operations with the expiries of their idempotency keys.
 const selectOperation = `SELECT id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
-       lease_expires_at, created_at, updated_at,
-       (SELECT k.response_expires_at FROM idempotency_keys k WHERE k.account_id = operations.account_id
-            AND k.idempotency_key = operations.idempotency_key AND k.operation_id = operations.id) AS response_expires_at,
-       (SELECT k.key_expires_at FROM idempotency_keys k WHERE k.account_id = operations.account_id
-            AND k.idempotency_key = operations.idempotency_key AND k.operation_id = operations.id) AS key_expires_at
+       lease_expires_at, created_at, updated_at, response_expires_at, key_expires_at
 FROM operations `
 
 // Get returns operation id of account with its events. Returns an error matching problem.ErrNotFound if the

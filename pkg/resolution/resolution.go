@@ -82,7 +82,7 @@ func (d *Decider) decide(c *gin.Context, call idem.Call, id string, dec opstatus
 		return idem.Answer{Err: err}
 	}
 	p := auth.From(c)
-	return d.Idem.Run(c.Request.Context(), call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}, OperationAtCompletion: true},
+	return d.Idem.Run(c.Request.Context(), call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			op, err := opstatus.Resolve(ctx, tx, p.AccountID, id, p.Actor(), dec, d.Resolvers)
 			if err != nil {

@@ -49,7 +49,7 @@ func TestMutableReferencesAreRefusedWithoutBurningTheKey(t *testing.T) {
 			t.Errorf("%s: code %q, want validation_failed", body, code)
 		}
 	}
-	if n := count(t, b.db, `SELECT count(*) FROM deploys`) + count(t, b.db, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+	if n := count(t, b.db, `SELECT count(*) FROM deploys`) + count(t, b.db, `SELECT count(*) FROM operations WHERE key_state IS NOT NULL`); n != 0 {
 		t.Fatalf("%d deploys or keys stored for refused requests", n)
 	}
 
@@ -211,7 +211,7 @@ func TestControllerRunsADeployToSuccess(t *testing.T) {
 	for _, ev := range final.History {
 		types = append(types, ev.Type)
 	}
-	want := []string{"claimed", "completed", "state_changed", "step_completed", "step_completed", "activation_started",
+	want := []string{"completed", "state_changed", "step_completed", "step_completed", "activation_started",
 		"dispatch_started", "dispatch_response_received", "activated"}
 	if !slices.Equal(types, want) {
 		t.Fatalf("history %v, want %v", types, want)

@@ -168,7 +168,7 @@ func testCallerHangsUpDuringClaim(t *testing.T, h *harness) {
 
 	servicetest.Eventually(t, "the intent is created without its caller", func() bool {
 		var n int64
-		b.db.Raw(`SELECT count(*) FROM idempotency_keys WHERE idempotency_key = ? AND state = 'completed'`, key).Scan(&n)
+		b.db.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = ? AND key_state = 'completed'`, key).Scan(&n)
 		return n == 1
 	})
 	var in intent

@@ -142,7 +142,7 @@ func TestSupersedesLinksBothOperations(t *testing.T) {
 	if n := count(t, env, `SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = 'superseded' AND detail->>'superseded_by' = ?`, old, next); n != 1 {
 		t.Errorf("the replaced operation does not name its successor")
 	}
-	if n := count(t, env, `SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = 'claimed' AND detail->>'supersedes_operation_id' = ?`, next, old); n != 1 {
+	if n := count(t, env, `SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = 'completed' AND detail->>'supersedes_operation_id' = ?`, next, old); n != 1 {
 		t.Errorf("the new operation does not name the one it replaces")
 	}
 	servicetest.AuditIntact(t, env.DB.DB)
@@ -234,7 +234,6 @@ func TestTimelineTellsTheStory(t *testing.T) {
 		got = append(got, s)
 	}
 	want := []string{
-		"state:claimed",
 		"attempt:completed#1/att_01/created/true",
 		"attempt:replayed#2/att_02/replayed/true<-att_01(response_lost_after_dispatch)",
 		"attempt:conflict_rejected#3/att_03/conflict_rejected/false",

@@ -54,7 +54,7 @@ func (s *Server) createTicket(c *gin.Context) {
 	}
 	// A ticket with a source_event_id may be deduplicated, and a deduplicated answer links its operation to the
 	// one that created the ticket, so that operation must exist in the write's transaction.
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindCreate, Command: cmd, OperationAtCompletion: cmd.SourceEventID == nil},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindCreate, Command: cmd},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			return s.create(ctx, tx, account, actor, cmd, &op)
 		})
@@ -119,7 +119,7 @@ func (s *Server) addComment(c *gin.Context) {
 		return
 	}
 	account, ticketID := auth.From(c).AccountID, c.Param("id")
-	idemgin.Do(s.Idem, c, idem.Request{Kind: "tickets.comment", Command: cmd, OperationAtCompletion: true},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: "tickets.comment", Command: cmd},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			cm, err := s.Store.AddComment(ctx, tx, account, ticketID, cmd)
 			if err != nil {

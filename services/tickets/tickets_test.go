@@ -229,7 +229,7 @@ func TestChangedBodyIsRefusedEquivalentJSONReplays(t *testing.T) {
 	for _, ev := range ops[0].(map[string]any)["events"].([]any) {
 		types = append(types, ev.(map[string]any)["type"].(string))
 	}
-	if got := strings.Join(types, ","); got != "claimed,completed,conflict_rejected,replayed,replayed,replayed" {
+	if got := strings.Join(types, ","); got != "completed,conflict_rejected,replayed,replayed,replayed" {
 		t.Errorf("event history = %s", got)
 	}
 }
@@ -329,7 +329,7 @@ func TestRejectedRequestsDoNotBurnTheKey(t *testing.T) {
 			t.Errorf("%s: headers %v", tc.name, res.Header)
 		}
 	}
-	if n := count(t, env, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+	if n := count(t, env, `SELECT count(*) FROM operations WHERE key_state IS NOT NULL`); n != 0 {
 		t.Fatalf("rejected requests stored %d keys", n)
 	}
 	c.Post("/v1/tickets", ticketBody, apitest.Key("reused-after-errors")).Status(t, http.StatusCreated)
@@ -458,7 +458,7 @@ func TestOversizedBodyIsRefusedAndHealthEndpoints(t *testing.T) {
 	if code := c.Post("/v1/tickets", huge, apitest.Key("big")).Status(t, http.StatusRequestEntityTooLarge).Str(t, "code"); code != "body_too_large" {
 		t.Errorf("code = %s", code)
 	}
-	if n := count(t, env, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+	if n := count(t, env, `SELECT count(*) FROM operations WHERE key_state IS NOT NULL`); n != 0 {
 		t.Fatalf("an oversized request stored a key")
 	}
 	anon := c.As("")
@@ -492,7 +492,7 @@ func TestAttemptsOfOneOperationAreToldApart(t *testing.T) {
 	for _, ev := range op.Events {
 		got = append(got, fmt.Sprintf("%s:%v", ev.Type, ev.Detail["attempt_id"]))
 	}
-	want := "claimed:att_01,completed:att_01,replayed:att_02,replayed:" + made
+	want := "completed:att_01,replayed:att_02,replayed:" + made
 	if strings.Join(got, ",") != want {
 		t.Fatalf("history %v, want %s", got, want)
 	}
@@ -524,7 +524,7 @@ func TestTextThatCouldMisleadAPersonIsRefused(t *testing.T) {
 			t.Errorf("%s: %s; want one error naming %s", tc.body, res.Body, tc.field)
 		}
 	}
-	if n := count(t, env, `SELECT count(*) FROM tickets`) + count(t, env, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+	if n := count(t, env, `SELECT count(*) FROM tickets`) + count(t, env, `SELECT count(*) FROM operations WHERE key_state IS NOT NULL`); n != 0 {
 		t.Fatalf("%d tickets and keys stored from refused requests", n)
 	}
 	created := c.Post("/v1/tickets", `{"project":"ops","title":"t","description":"line one\n\tline two"}`, apitest.Key("text")).

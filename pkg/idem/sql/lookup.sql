@@ -1,13 +1,6 @@
--- A key with its operation's state, and its resource once the stored response is gone (state 'expired'). These are
--- subqueries on the operation's whole key, not a join:
--- with the account known, a join lets the planner scan the account's operations and filter them by id, and a
--- generic plan made while the tables were small does exactly that (TestLookupPlanReadsOneOperation).
-SELECT k.fingerprint, k.operation_id, k.state, coalesce(k.response_status, 0), coalesce(k.response_headers, '{}'),
-       k.response_body,
-       coalesce((SELECT o.state FROM operations o WHERE o.account_id = k.account_id AND o.id = k.operation_id), ''),
-       CASE WHEN k.state = 'expired' THEN
-           (SELECT o.resource_type FROM operations o WHERE o.account_id = k.account_id AND o.id = k.operation_id) END,
-       CASE WHEN k.state = 'expired' THEN
-           (SELECT o.resource_id FROM operations o WHERE o.account_id = k.account_id AND o.id = k.operation_id) END
-FROM idempotency_keys k
-WHERE k.account_id = $1 AND k.idempotency_key = $2
+-- The operation that holds a key (key_state is set only on that one: operations_key), with what a retry needs:
+-- its fingerprint, the key's state and stored response, the operation's state and resource.
+SELECT coalesce(fingerprint, ''), id, key_state, coalesce(response_status, 0), coalesce(response_headers, '{}'),
+       response_body, state, resource_type, resource_id
+FROM operations
+WHERE account_id = $1 AND idempotency_key = $2 AND key_state IS NOT NULL

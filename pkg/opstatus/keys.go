@@ -1,0 +1,137 @@
+package opstatus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/problem"
+)
+
+// An operation started under an idempotency key holds that key (package idem): QueueCreate claims it,
+// QueueComplete stores the key's response on the operation, QueueRelease gives the key up before the effect was
+// sent, PruneKeys drops responses and keys past their expiry. The operations table's key columns are written
+// here only.
+
+// ErrAlreadySettled: the operation is not running under its key any more (another worker recorded its outcome,
+// or released it), so nothing was written; PostgreSQL skips whatever was sent after it, COMMIT included.
+var ErrAlreadySettled = errors.New("opstatus: operation already settled")
+
+// KeyTaken reports whether err is a claim's failure on a key another operation of the account holds.
+func KeyTaken(err error) bool {
+	return problem.IsUniqueViolation(err, "operations_key")
+}
+
+// Completion is the outcome an operation's key stores: the operation's new state and resource, the event that
+// records it, and the response a retry with the key replays, kept for Retention and the key for Lifetime.
+type Completion struct {
+	State    State
+	Resource *Resource
+	Event    NewEvent
+	Status   int
+	Header   http.Header
+	Body     []byte
+	// Retention and Lifetime count from the completion.
+	Retention, Lifetime time.Duration
+}
+
+// QueueComplete queues on b the move of op, running or unknown and holding its key, to c.State, with c's event
+// (its From is the state it was in) and c's response stored on the key. When op is not running under its key
+// the batch fails with ErrAlreadySettled.
+func QueueComplete(b *pgx.Batch, op Operation, c Completion) error {
+	detail, err := marshalDetail(op.ID, c.Event.Detail)
+	if err != nil {
+		return err
+	}
+	var resType, resID *string
+	if c.Resource != nil {
+		resType, resID = &c.Resource.Type, &c.Resource.ID
+	}
+	b.Queue(completeSQL, op.AccountID, op.ID, c.State, resType, resID, c.Status, c.Header, c.Body,
+		c.Retention.Seconds(), c.Lifetime.Seconds(), c.Event.Type, c.Event.Actor, detail).QueryRow(settledCheck)
+	return nil
+}
+
+const completeSQL = `
+WITH prev AS (
+    SELECT account_id, id, state FROM operations
+    WHERE account_id = $1 AND id = $2 AND key_state = 'running' AND state IN ('running', 'unknown')
+    FOR NO KEY UPDATE
+), op AS (
+    UPDATE operations o
+    SET state = $3, resource_type = coalesce($4, o.resource_type), resource_id = coalesce($5, o.resource_id),
+        lease_expires_at = NULL, updated_at = now(),
+        key_state = 'completed', response_status = $6, response_headers = $7::jsonb, response_body = $8,
+        completed_at = now(), response_expires_at = now() + $9 * interval '1 second',
+        key_expires_at = now() + $10 * interval '1 second'
+    FROM prev
+    WHERE o.account_id = prev.account_id AND o.id = prev.id
+    RETURNING o.account_id, o.id, prev.state AS from_state
+), ev AS (
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+    SELECT id, account_id, $11, from_state, $3, $12, $13::jsonb FROM op
+)
+SELECT 1 / count(*) FROM op` // no row: division by zero fails the batch (settledCheck)
+
+// QueueRelease queues on b the cancellation of op, running and holding its key, with an event of type
+// eventType (its detail, by actor), and the release of its key: a retry with the key claims it again. When op is
+// not running under its key the batch fails with ErrAlreadySettled.
+func QueueRelease(b *pgx.Batch, op Operation, eventType, actor string, detail map[string]any) error {
+	raw, err := marshalDetail(op.ID, detail)
+	if err != nil {
+		return err
+	}
+	b.Queue(releaseSQL, op.AccountID, op.ID, eventType, actor, raw).QueryRow(settledCheck)
+	return nil
+}
+
+const releaseSQL = `
+WITH op AS (
+    UPDATE operations SET state = 'cancelled', key_state = NULL, lease_expires_at = NULL, updated_at = now()
+    WHERE account_id = $1 AND id = $2 AND state = 'running' AND key_state = 'running'
+    RETURNING account_id, id
+), ev AS (
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+    SELECT id, account_id, $3, 'running', 'cancelled', $4, $5::jsonb FROM op
+)
+SELECT 1 / count(*) FROM op`
+
+// settledCheck reads the answer of completeSQL or releaseSQL: a division by zero is an operation no longer
+// running under its key.
+func settledCheck(row pgx.Row) error {
+	var one int
+	err := row.Scan(&one)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22012" {
+		return ErrAlreadySettled
+	}
+	return err
+}
+
+// PruneKeys drops the stored responses of final operations completed before retention ago whose own expiry has
+// passed (the key stays, expired: a retry with it is answered from the operation and never runs again), and
+// gives up the keys of those completed before lifetime ago whose expiry has passed (the same key would then run
+// again). Keys of queued, running and unknown operations are kept whatever their age. The created_at bounds
+// make the scans use operations_key_created.
+func PruneKeys(ctx context.Context, db *gorm.DB, retention, lifetime time.Duration) (responses, keys int64, err error) {
+	now := time.Now()
+	res := db.WithContext(ctx).Exec(`UPDATE operations SET key_state = 'expired', response_headers = NULL, response_body = NULL
+WHERE key_state = 'completed' AND created_at < ? AND response_expires_at < now()
+  AND state IN ('succeeded', 'failed', 'cancelled')`, now.Add(-retention))
+	if res.Error != nil {
+		return 0, 0, fmt.Errorf("opstatus: prune responses: %w", res.Error)
+	}
+	responses = res.RowsAffected
+	res = db.WithContext(ctx).Exec(`UPDATE operations SET key_state = NULL, response_headers = NULL, response_body = NULL
+WHERE key_state IN ('completed', 'expired') AND created_at < ? AND key_expires_at < now()
+  AND state IN ('succeeded', 'failed', 'cancelled')`, now.Add(-lifetime))
+	if res.Error != nil {
+		return responses, 0, fmt.Errorf("opstatus: prune keys: %w", res.Error)
+	}
+	return responses, res.RowsAffected, nil
+}
