@@ -6,8 +6,13 @@
 -- key_state is the key's: running (claimed, no response yet), completed (the response is stored), expired (the
 -- response was pruned; the key still never runs again), or NULL: the operation holds no key (it has none, its
 -- claim was released before its effect was sent, or its key outlived its lifetime and was pruned). Of one
--- account's operations with one key, at most one holds it: operations_key's third column is NULL for that one and
--- the operation's own id for every other, and NULLs are not distinct in it.
+-- account's operations with one key, at most one holds it (key_held): the unique index operations_key. Every
+-- operation started under a key, holding it or not, is found by operations_account_key.
+--
+-- A completion changes no indexed column, so PostgreSQL writes it as a heap-only update (HOT: no index entry
+-- added): no index reads state, key_state or updated_at. The two facts the indexes need from them are generated
+-- columns, which keep their value when an operation moves from running to succeeded: unknown (listing and the
+-- recovery worker's scan) and key_held. Pruning scans by age with a BRIN index on created_at.
 ALTER TABLE operations
     ADD COLUMN key_state           text CHECK (key_state IN ('running', 'completed', 'expired')),
     ADD COLUMN response_status     integer,
@@ -15,7 +20,9 @@ ALTER TABLE operations
     ADD COLUMN response_body       bytea,
     ADD COLUMN completed_at        timestamptz,
     ADD COLUMN response_expires_at timestamptz,
-    ADD COLUMN key_expires_at      timestamptz;
+    ADD COLUMN key_expires_at      timestamptz,
+    ADD COLUMN unknown             boolean GENERATED ALWAYS AS (state = 'unknown') STORED,
+    ADD COLUMN key_held            boolean GENERATED ALWAYS AS (key_state IS NOT NULL) STORED;
 
 UPDATE operations o
 SET key_state = k.state, response_status = k.response_status, response_headers = k.response_headers,
@@ -25,11 +32,12 @@ FROM idempotency_keys k
 WHERE k.account_id = o.account_id AND k.operation_id = o.id AND k.idempotency_key = o.idempotency_key;
 
 DROP TABLE idempotency_keys;
-DROP INDEX operations_account_key;
-CREATE UNIQUE INDEX operations_key ON operations
-    (account_id, idempotency_key, (CASE WHEN key_state IS NULL THEN id END)) NULLS NOT DISTINCT;
--- Pruning's scan: keys with a stored or pruned response, by age. A running claim is not in it.
-CREATE INDEX operations_key_created ON operations (created_at) WHERE key_state IN ('completed', 'expired');
+CREATE UNIQUE INDEX operations_key ON operations (account_id, idempotency_key) WHERE key_held;
+CREATE INDEX operations_created ON operations USING brin (created_at);
+DROP INDEX operations_account_listing;
+CREATE INDEX operations_account_listing ON operations (account_id, unknown, created_at, id);
+DROP INDEX operations_unknown;
+CREATE INDEX operations_unknown ON operations (created_at) WHERE unknown;
 -- The recovery worker's scan: leased operations only, so a local write's claim (no lease) adds no entry.
 DROP INDEX operations_expired_leases;
 CREATE INDEX operations_expired_leases ON operations (lease_expires_at) WHERE lease_expires_at IS NOT NULL;
@@ -59,8 +67,12 @@ SELECT account_id, idempotency_key, fingerprint, id, key_state, response_status,
 FROM operations WHERE key_state IS NOT NULL;
 DROP INDEX operations_expired_leases;
 CREATE INDEX operations_expired_leases ON operations (lease_expires_at) WHERE state IN ('queued', 'running');
-DROP INDEX operations_key_created;
+DROP INDEX operations_unknown;
+CREATE INDEX operations_unknown ON operations (updated_at) WHERE state = 'unknown';
+DROP INDEX operations_account_listing;
+CREATE INDEX operations_account_listing ON operations (account_id, (state = 'unknown'), created_at, id);
+DROP INDEX operations_created;
 DROP INDEX operations_key;
-CREATE INDEX operations_account_key ON operations (account_id, idempotency_key);
 ALTER TABLE operations DROP COLUMN key_state, DROP COLUMN response_status, DROP COLUMN response_headers,
-    DROP COLUMN response_body, DROP COLUMN completed_at, DROP COLUMN response_expires_at, DROP COLUMN key_expires_at;
+    DROP COLUMN response_body, DROP COLUMN completed_at, DROP COLUMN response_expires_at, DROP COLUMN key_expires_at,
+    DROP COLUMN unknown, DROP COLUMN key_held;

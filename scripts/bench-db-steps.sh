@@ -25,15 +25,15 @@ TKT="'tkt_' || :client_id::text || '_' || :r::text"
 ticket="INSERT INTO tickets (id, account_id, project, title, description, priority, status) VALUES ($TKT, 'acct_a', 'bench', md5(:r::text), '', 'normal', 'open') ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING RETURNING id, created_at;"
 detail='{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "duration_ms": 3}'
 r='\set r random(1, 9000000000000000)'
-read="SELECT coalesce(fingerprint, ''), id, key_state, coalesce(response_status, 0), coalesce(response_headers, '{}'), response_body, state, resource_type, resource_id FROM operations WHERE account_id = 'acct_a' AND idempotency_key = $K AND key_state IS NOT NULL;"
+read="SELECT coalesce(fingerprint, ''), id, key_state, coalesce(response_status, 0), coalesce(response_headers, '{}'), response_body, state, resource_type, resource_id FROM operations WHERE account_id = 'acct_a' AND idempotency_key = $K AND key_held;"
 # The claim and the ticket, sent with BEGIN in one round trip: how key and create both begin.
 claim="\\startpipeline
 BEGIN;
 INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, key_state) VALUES ($OP, 'acct_a', 'tickets.create', 'running', $K, md5(:r::text), 'running');
 $ticket
 \\endpipeline"
-# The completion as opstatus.QueueComplete sends it: the operation's row locked, moved, its event beside it.
-complete="WITH prev AS (SELECT account_id, id, state FROM operations WHERE account_id = 'acct_a' AND id = $OP AND key_state = 'running' AND state IN ('running', 'unknown') FOR NO KEY UPDATE), op AS (UPDATE operations o SET state = 'succeeded', resource_type = 'ticket', resource_id = $TKT, lease_expires_at = NULL, updated_at = now(), key_state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now(), response_expires_at = now() + interval '72 hours', key_expires_at = now() + interval '90 days' FROM prev WHERE o.account_id = prev.account_id AND o.id = prev.id RETURNING o.account_id, o.id, prev.state AS from_state)"
+# The completion as opstatus.QueueComplete sends it: the operation moved in place (heap-only), its event beside it.
+complete="WITH prev AS (SELECT state FROM operations WHERE account_id = 'acct_a' AND id = $OP), op AS (UPDATE operations SET state = 'succeeded', resource_type = 'ticket', resource_id = $TKT, lease_expires_at = NULL, updated_at = now(), key_state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now(), response_expires_at = now() + interval '72 hours', key_expires_at = now() + interval '90 days' WHERE account_id = 'acct_a' AND id = $OP AND key_state = 'running' AND state IN ('running', 'unknown') RETURNING account_id, id, (SELECT state FROM prev) AS from_state)"
 
 printf '%s\n%s\n' "$r" "${ticket/ ON CONFLICT*RETURNING id, created_at;/;}" >"$dir/bare.sql"
 

@@ -445,6 +445,9 @@ func (h *harness) ticketModes(ctx context.Context, target, db, base string, stor
 		Next: func(int64) (Request, bool) { return ticketRequest(base, Key()), true }}
 	h.timed(target+" warm-up (create, not counted)", h.cfg.Warmup, func() { create.Run(ctx, c) })
 	peak()
+	if err := h.cfg.Server.Analyze(ctx, db); err != nil {
+		return fmt.Errorf("%s: analyze after the warm-up: %w", target, err)
+	}
 
 	create.Duration = h.cfg.Duration
 	since := time.Now()
@@ -695,6 +698,9 @@ func (h *harness) payments(ctx context.Context) error {
 		}}
 	h.timed("payments warm-up (intent create, not counted)", h.cfg.Warmup, func() { create.Run(ctx, c) })
 	mem.PhasePeak()
+	if err := h.cfg.Server.Analyze(ctx, db); err != nil {
+		return fmt.Errorf("payments: analyze after the warm-up: %w", err)
+	}
 	create.Duration = h.cfg.Duration
 	since := time.Now()
 	var samples []Sample

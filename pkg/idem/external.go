@@ -241,10 +241,8 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 	if err != nil {
 		return response{}, err
 	}
-	if a.lineage.attempt != "" {
-		if a.attemptRecorded, err = attemptRecorded(ctx, tx, a); err != nil {
-			return response{}, err
-		}
+	if a.attemptRecorded, err = lockForSettle(ctx, tx, a); err != nil {
+		return response{}, err
 	}
 	resp, b, err := h.completion(a, res, event, actor)
 	if err != nil {
@@ -257,16 +255,18 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 	return resp, nil
 }
 
-// attemptRecorded locks a's operation and reports whether the attempt that claimed it already has its attempt
-// record: the recovery worker writes one when the lease runs out before the outcome is recorded, under the same
-// row lock.
-func attemptRecorded(ctx context.Context, tx *database.Tx, a *attempt) (bool, error) {
+// lockForSettle locks a's operation, so the completion moves it from the state it is in (the recovery worker may
+// have marked it unknown), and reports whether the attempt that claimed it already has its attempt record: the
+// recovery worker writes one when the lease runs out before the outcome is recorded, under the same row lock.
+func lockForSettle(ctx context.Context, tx *database.Tx, a *attempt) (bool, error) {
 	var found bool
 	b := &pgx.Batch{}
 	b.Queue(lockOperationSQL, a.op.AccountID, a.op.ID)
-	b.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error { return row.Scan(&found) })
+	if a.lineage.attempt != "" {
+		b.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error { return row.Scan(&found) })
+	}
 	if err := tx.Send(ctx, b); err != nil {
-		return false, fmt.Errorf("idem: attempt record of %s: %w", a.op.ID, err)
+		return false, fmt.Errorf("idem: lock %s: %w", a.op.ID, err)
 	}
 	return found, nil
 }

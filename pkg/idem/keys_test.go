@@ -11,6 +11,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -124,6 +125,40 @@ func TestCompletionFailsBeforeCommit(t *testing.T) {
 		if n := count("operation_events"); n != tc.rows {
 			t.Fatalf("%s: %d events; want %d", tc.name, n, tc.rows)
 		}
+	}
+}
+
+// TestCompletionIsHeapOnly: a local completion moves its operation from running to succeeded and stores the
+// response without changing any indexed column, so PostgreSQL updates the row in place (HOT) instead of adding
+// an entry to each of the table's indexes. An index on state, key_state or updated_at would end that: index the
+// generated columns (unknown, key_held) instead (migration 00019).
+func TestCompletionIsHeapOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.Schema(t).DB
+	h := &Handler{DB: db}
+	a := newAttempt("acct", "hot", "fp")
+	tx, err := database.Begin(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	if err := h.claim(ctx, tx, a, Request{}); err != nil {
+		t.Fatal(err)
+	}
+	_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{"id": "x"}, Resource: &opstatus.Resource{Type: "note", ID: "x"}},
+		opstatus.EventCompleted, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var updated, hot int64
+	b.Queue(`SELECT pg_stat_get_xact_tuples_updated('operations'::regclass), pg_stat_get_xact_tuples_hot_updated('operations'::regclass)`).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&updated, &hot) })
+	if err := tx.Commit(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if updated != 1 || hot != 1 {
+		t.Fatalf("the completion updated %d operation rows, %d of them heap-only; want 1 and 1", updated, hot)
 	}
 }
 

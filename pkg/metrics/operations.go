@@ -19,10 +19,10 @@ func (m *Metrics) WatchOperations(db *gorm.DB, timeout time.Duration) {
 				Count  int64
 				Oldest float64
 			}
-			// operations_unknown is a partial index on updated_at WHERE state = 'unknown': this reads only those rows.
+			// operations_unknown is a partial index WHERE unknown (state = 'unknown'): this reads only those rows.
 			err := db.WithContext(ctx).Raw(`
 SELECT count(*) AS count, COALESCE(EXTRACT(EPOCH FROM now() - min(updated_at)), 0)::float8 AS oldest
-FROM operations WHERE state = 'unknown'`).Scan(&row).Error
+FROM operations WHERE unknown`).Scan(&row).Error
 			return row.Count, row.Oldest, err
 		}})
 }

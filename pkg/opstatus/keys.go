@@ -42,8 +42,9 @@ type Completion struct {
 }
 
 // QueueComplete queues on b the move of op, running or unknown and holding its key, to c.State, with c's event
-// (its From is the state it was in) and c's response stored on the key. When op is not running under its key
-// the batch fails with ErrAlreadySettled.
+// (its From is the state op was in) and c's response stored on the key. When op is not running under its key
+// the batch fails with ErrAlreadySettled. op's row must be the transaction's own (inserted by it, or locked
+// before this statement is sent), so the state it moves from is the one it is in.
 func QueueComplete(b *pgx.Batch, op Operation, c Completion) error {
 	detail, err := marshalDetail(op.ID, c.Event.Detail)
 	if err != nil {
@@ -58,21 +59,21 @@ func QueueComplete(b *pgx.Batch, op Operation, c Completion) error {
 	return nil
 }
 
+// completeSQL finds the operation by its primary key, never by a join (a generic plan cached while the table was
+// small would scan the table for the join's other side), and takes no lock of its own (the row is the
+// transaction's already). It changes no indexed column: a heap-only update (migration 00019).
 const completeSQL = `
 WITH prev AS (
-    SELECT account_id, id, state FROM operations
-    WHERE account_id = $1 AND id = $2 AND key_state = 'running' AND state IN ('running', 'unknown')
-    FOR NO KEY UPDATE
+    SELECT state FROM operations WHERE account_id = $1 AND id = $2
 ), op AS (
-    UPDATE operations o
-    SET state = $3, resource_type = coalesce($4, o.resource_type), resource_id = coalesce($5, o.resource_id),
+    UPDATE operations
+    SET state = $3, resource_type = coalesce($4, resource_type), resource_id = coalesce($5, resource_id),
         lease_expires_at = NULL, updated_at = now(),
         key_state = 'completed', response_status = $6, response_headers = $7::jsonb, response_body = $8,
         completed_at = now(), response_expires_at = now() + $9 * interval '1 second',
         key_expires_at = now() + $10 * interval '1 second'
-    FROM prev
-    WHERE o.account_id = prev.account_id AND o.id = prev.id
-    RETURNING o.account_id, o.id, prev.state AS from_state
+    WHERE account_id = $1 AND id = $2 AND key_state = 'running' AND state IN ('running', 'unknown')
+    RETURNING account_id, id, (SELECT state FROM prev) AS from_state
 ), ev AS (
     INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
     SELECT id, account_id, $11, from_state, $3, $12, $13::jsonb FROM op
@@ -117,7 +118,7 @@ func settledCheck(row pgx.Row) error {
 // passed (the key stays, expired: a retry with it is answered from the operation and never runs again), and
 // gives up the keys of those completed before lifetime ago whose expiry has passed (the same key would then run
 // again). Keys of queued, running and unknown operations are kept whatever their age. The created_at bounds
-// make the scans use operations_key_created.
+// make the scans read only the old part of the table (operations_created, a BRIN index).
 func PruneKeys(ctx context.Context, db *gorm.DB, retention, lifetime time.Duration) (responses, keys int64, err error) {
 	now := time.Now()
 	res := db.WithContext(ctx).Exec(`UPDATE operations SET key_state = 'expired', response_headers = NULL, response_body = NULL

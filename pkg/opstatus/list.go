@@ -64,10 +64,10 @@ func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) (Pag
 		if err != nil || cur.ID == "" {
 			return Page{}, problem.Validation(problem.FieldError{Field: "after", Message: "is not a cursor of this list"})
 		}
-		q += ` AND ((state = 'unknown'), created_at, id) < (?, ?, ?)`
+		q += ` AND (unknown, created_at, id) < (?, ?, ?)`
 		args = append(args, cur.Unknown, cur.CreatedAt, cur.ID)
 	}
-	q += ` ORDER BY (state = 'unknown') DESC, created_at DESC, id DESC LIMIT ?`
+	q += ` ORDER BY unknown DESC, created_at DESC, id DESC LIMIT ?`
 	args = append(args, limit+1)
 	var rows []operationRow
 	if err := db.WithContext(ctx).Raw(q, args...).Scan(&rows).Error; err != nil {

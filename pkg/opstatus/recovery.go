@@ -116,7 +116,7 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	var rows []operationRow
-	err := w.DB.WithContext(ctx).Raw(selectOperation + `WHERE state = 'unknown' ORDER BY updated_at LIMIT 100`).Scan(&rows).Error
+	err := w.DB.WithContext(ctx).Raw(selectOperation + `WHERE unknown ORDER BY updated_at LIMIT 100`).Scan(&rows).Error
 	if err != nil {
 		return 0, fmt.Errorf("opstatus: list unknown: %w", err)
 	}
