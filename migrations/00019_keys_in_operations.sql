@@ -73,6 +73,6 @@ DROP INDEX operations_account_listing;
 CREATE INDEX operations_account_listing ON operations (account_id, (state = 'unknown'), created_at, id);
 DROP INDEX operations_created;
 DROP INDEX operations_key;
+ALTER TABLE operations DROP COLUMN unknown, DROP COLUMN key_held;
 ALTER TABLE operations DROP COLUMN key_state, DROP COLUMN response_status, DROP COLUMN response_headers,
-    DROP COLUMN response_body, DROP COLUMN completed_at, DROP COLUMN response_expires_at, DROP COLUMN key_expires_at,
-    DROP COLUMN unknown, DROP COLUMN key_held;
+    DROP COLUMN response_body, DROP COLUMN completed_at, DROP COLUMN response_expires_at, DROP COLUMN key_expires_at;
