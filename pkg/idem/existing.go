@@ -36,8 +36,7 @@ type decision struct {
 func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header http.Header) Answer {
 	d, err := h.decide(ctx, a, s, header)
 	if err != nil {
-		h.observe(a.op.Kind, failureOutcome(err, OutcomeRefused))
-		return Answer{Err: err}
+		return h.fail(a.op.Kind, err)
 	}
 	return h.respond(ctx, a, d)
 }
@@ -112,7 +111,8 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 		extra = map[string]any{"state": d.key.opState}
 	}
 	h.observe(a.op.Kind, outcome)
-	if err := h.attempts().Append(ctx, a.op.AccountID, opID, event, a.caller.Actor, a.record(record, status, extra)); err != nil {
+	h.init()
+	if err := h.attempts.Append(ctx, a.op.AccountID, opID, event, a.caller.Actor, a.record(record, status, extra)); err != nil {
 		return Answer{Err: err}
 	}
 	switch d.verdict {
@@ -218,16 +218,7 @@ func (h *Handler) preferWait(header http.Header) time.Duration {
 // takeWaiter takes one of MaxWaiters places for a request that asked to wait (Prefer: wait), or reports that
 // none is free: that request is answered at once, so waiting callers cannot multiply the database's reads.
 func (h *Handler) takeWaiter() bool {
-	h.waitersOnce.Do(func() {
-		n := h.MaxWaiters
-		if n <= 0 {
-			n = 64
-		}
-		h.waiters = make(chan struct{}, n)
-		for range n {
-			h.waiters <- struct{}{}
-		}
-	})
+	h.init()
 	select {
 	case <-h.waiters:
 		return true

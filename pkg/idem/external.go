@@ -75,8 +75,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 		return h.taken(ctx, a, call.Header)
 	}
 	if err != nil {
-		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
-		return Answer{Err: err}
+		return h.fail(req.Kind, err)
 	}
 	// From here on the claim is committed: whatever happens, the operation exists and nothing may run twice. Its
 	// steps are bounded by the lease and as long again to record the outcome (the recording refuses to settle

@@ -35,14 +35,13 @@ const (
 	FailpointExternalClaimed    = "idem.external.claimed"
 )
 
-// Response headers of the contract.
+// Response headers of the contract. HeaderKeyAbsent says that a write ran without an Idempotency-Key
+// (Handler.KeyOptional): a retry of it may run it again.
 const (
 	HeaderReplayed    = "Idempotent-Replayed"
 	HeaderOperationID = "Operation-Id"
+	HeaderKeyAbsent   = "Idempotency-Key-Absent"
 )
-
-// storedHeaders is the allowlist of headers a Result may ask to store and replay.
-var storedHeaders = []string{"Location", "Retry-After"}
 
 // Request describes one idempotent write.
 type Request struct {
@@ -117,12 +116,13 @@ type Handler struct {
 	// a claim whose process is gone before its call started instead of waiting for its lease (external.go).
 	Owner *opstatus.Owner
 
-	eventsOnce  sync.Once
-	events      *opstatus.GroupAppender
-	lookupsOnce sync.Once
-	lookups     *batch.Batcher[keyRef, lookup]
-	waitersOnce sync.Once
-	waiters     chan struct{}
+	// What requests share, made by init on first use (a Handler may be a literal): the appender of attempt
+	// records, so concurrent retries' records share commits; the key reads, so concurrent requests' reads share
+	// a round trip; and the MaxWaiters places to wait.
+	once     sync.Once
+	attempts *opstatus.GroupAppender
+	lookups  *batch.Batcher[keyRef, lookup]
+	waiters  chan struct{}
 	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
 	background       atomic.Bool
 	backgroundWarned sync.Once
@@ -137,23 +137,30 @@ func New(db *gorm.DB) (*Handler, error) {
 	return &Handler{DB: db}, nil
 }
 
+func (h *Handler) init() {
+	h.once.Do(func() {
+		h.attempts = &opstatus.GroupAppender{DB: h.DB}
+		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
+			return lookupKeys(ctx, h.DB, refs)
+		}}
+		n := h.MaxWaiters
+		if n <= 0 {
+			n = 64
+		}
+		h.waiters = make(chan struct{}, n)
+		for range n {
+			h.waiters <- struct{}{}
+		}
+	})
+}
+
 // readKey reads a request's key, before its claim and after a claim that found it taken. The reads of concurrent
 // requests go together in one round trip (package batch): copies of one request arriving together (a storm)
 // read their key once. docs/benchmarks.md has what it is worth.
 func (h *Handler) readKey(ctx context.Context, account, key string) (stored, bool, error) {
-	h.lookupsOnce.Do(func() {
-		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
-			return lookupKeys(ctx, h.DB, refs)
-		}}
-	})
+	h.init()
 	l, err := h.lookups.Do(ctx, account+"\x00"+key, keyRef{account, key})
 	return l.stored, l.found, err
-}
-
-// attempts is the appender of attempt records: concurrent retries' records share commits.
-func (h *Handler) attempts() *opstatus.GroupAppender {
-	h.eventsOnce.Do(func() { h.events = &opstatus.GroupAppender{DB: h.DB} })
-	return h.events
 }
 
 func (h *Handler) log() *slog.Logger {
@@ -215,8 +222,12 @@ type attempt struct {
 	owner int64
 }
 
-// begin checks the key and the lineage headers and computes the fingerprint; a refusal is the Answer.
-func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
+// start checks the request (its caller, key and lineage headers), computes its fingerprint and reads its key: a
+// request that is refused, or whose key exists, is answered here; otherwise it goes on to claim the key. A
+// failed read goes on too: the claim reports the failure. reclaim, when set, may free an existing key for this
+// request (an external claim whose owner is gone, releaseOrphan), which then goes on to claim it.
+func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim func(*attempt, stored) bool) (*attempt, *Answer) {
+	h.checkBackground()
 	refuse := func(err error) (*attempt, *Answer) {
 		h.observe(req.Kind, OutcomeRefused)
 		return nil, &Answer{Err: err}
@@ -244,23 +255,11 @@ func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
 	if err != nil {
 		return refuse(err)
 	}
-	return &attempt{key: key, fingerprint: fp, caller: call.Caller, lineage: lin, op: opstatus.Operation{
+	a := &attempt{key: key, fingerprint: fp, caller: call.Caller, lineage: lin, op: opstatus.Operation{
 		ID: opstatus.NewID(), AccountID: call.Caller.AccountID, Kind: req.Kind, State: opstatus.StateRunning,
 		IdempotencyKey: key, Fingerprint: fp,
-	}}, nil
-}
-
-// start checks the request and reads its key: a request that is refused, or whose key exists, is answered
-// here; otherwise it goes on to claim the key. A failed read goes on too: the claim reports the failure. reclaim,
-// when set, may free an existing key for this request (an external claim whose owner is gone, releaseOrphan),
-// which then goes on to claim it.
-func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim func(*attempt, stored) bool) (*attempt, *Answer) {
-	h.checkBackground()
-	a, refused := h.begin(call, req)
-	if refused != nil {
-		return nil, refused
-	}
-	if s, found, err := h.readKey(ctx, a.op.AccountID, a.key); err == nil && found && (reclaim == nil || !reclaim(a, s)) {
+	}}
+	if s, found, err := h.readKey(ctx, a.op.AccountID, key); err == nil && found && (reclaim == nil || !reclaim(a, s)) {
 		ans := h.existing(ctx, a, s, call.Header)
 		return nil, &ans
 	}
@@ -292,17 +291,12 @@ func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFu
 		h.observe(req.Kind, OutcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, lost.err)}
 	case err != nil:
-		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
-		return Answer{Err: err}
+		return h.fail(req.Kind, err)
 	}
 	h.observe(req.Kind, h.created(call))
 	opstatus.ObserveFinished(h.OperationObserver(), req.Kind, a.op.State)
 	return answer(a.op.ID, resp, false)
 }
-
-// HeaderKeyAbsent says that a write ran without an Idempotency-Key (Handler.KeyOptional): a retry of it may run
-// it again.
-const HeaderKeyAbsent = "Idempotency-Key-Absent"
 
 // unkeyed reports whether call runs without idempotency: it has no key and the handler lets it.
 func (h *Handler) unkeyed(call Call) bool {
@@ -398,7 +392,10 @@ func (h *Handler) completion(a *attempt, res Result, event, actor string) (respo
 	if !a.external {
 		maps.Copy(detail, a.claimDetail())
 	}
-	a.op.State = resultState(res)
+	a.op.State = res.State
+	if a.op.State == "" {
+		a.op.State = opstatus.StateSucceeded
+	}
 	b := &pgx.Batch{}
 	err = opstatus.QueueComplete(b, a.op, opstatus.Completion{State: a.op.State, Resource: res.Resource,
 		Event:  opstatus.NewEvent{Type: event, Actor: actor, Detail: detail},
@@ -410,24 +407,14 @@ func (h *Handler) completion(a *attempt, res Result, event, actor string) (respo
 // others: the copies of a storm lose their claims together).
 func (h *Handler) taken(ctx context.Context, a *attempt, header http.Header) Answer {
 	s, found, err := h.readKey(ctx, a.op.AccountID, a.key)
-	switch {
-	case err != nil:
-		h.observe(a.op.Kind, failureOutcome(err, OutcomeRefused))
-		return Answer{Err: err}
-	case !found:
+	if err == nil && !found {
 		// Released or pruned in between: nothing was done, and a retry claims it.
-		h.observe(a.op.Kind, OutcomeStoreUnavailable)
-		return Answer{Err: fmt.Errorf("%w: the key was taken and gone again before it could be read", problem.ErrStoreUnavailable)}
+		err = fmt.Errorf("%w: the key was taken and gone again before it could be read", problem.ErrStoreUnavailable)
+	}
+	if err != nil {
+		return h.fail(a.op.Kind, err)
 	}
 	return h.existing(ctx, a, s, header)
-}
-
-// resultState is the operation's state once res is stored: succeeded unless res says otherwise.
-func resultState(res Result) opstatus.State {
-	if res.State == "" {
-		return opstatus.StateSucceeded
-	}
-	return res.State
 }
 
 // ErrAlreadySettled is returned by Settle when another worker recorded the operation's outcome first.
@@ -439,7 +426,7 @@ func render(res Result) (response, error) {
 		return response{}, fmt.Errorf("idem: marshal response: %w", err)
 	}
 	header := http.Header{}
-	for _, name := range storedHeaders {
+	for _, name := range []string{"Location", "Retry-After"} { // the headers a Result may store (Result.Header)
 		if v := res.Header.Get(name); v != "" {
 			header.Set(name, v)
 		}
@@ -462,9 +449,7 @@ func ProblemResult(err error, state opstatus.State) Result {
 // answer is the Answer that sends resp, the response of operation opID.
 func answer(opID string, resp response, replayed bool) Answer {
 	h := http.Header{}
-	for name, values := range resp.Header {
-		h[name] = values
-	}
+	maps.Copy(h, resp.Header)
 	h.Set(HeaderOperationID, opID)
 	h.Set("Content-Type", "application/json")
 	if resp.Status >= 400 {
