@@ -12,16 +12,23 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// verdict is what the handler decided about a request whose key was already claimed.
-type verdict int
+// verdict is what the handler decided about a request whose key was already claimed: how it is counted, the
+// event and attempt record it leaves on the key's operation, and the status of its answer (0: the stored
+// response's).
+type verdict struct {
+	outcome Outcome
+	event   string
+	record  string
+	status  int
+}
 
-const (
-	verdictReplay     verdict = iota // the stored response, again
-	verdictConflict                  // the key was first used for another request: 422
-	verdictInProgress                // the first request is still running: 409
-	verdictUnknown                   // the operation's outcome is not known: 202
-	verdictBadLineage                // a lineage header that cannot apply: 400
-	verdictExpired                   // the key lives but its stored response was pruned: 409, never run again
+var (
+	verdictReplay     = verdict{OutcomeReplayed, opstatus.EventReplayed, attemptReplayed, 0}
+	verdictConflict   = verdict{OutcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity}
+	verdictInProgress = verdict{OutcomeInProgress, opstatus.EventRetried, attemptInProgress, http.StatusConflict}
+	verdictUnknown    = verdict{OutcomeUnknown, opstatus.EventRetried, attemptUnknown, http.StatusAccepted}
+	verdictBadLineage = verdict{OutcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest}
+	verdictExpired    = verdict{OutcomeExpired, opstatus.EventRetried, attemptResponseExpired, http.StatusConflict}
 )
 
 // decision is a verdict with the key it was made on (and, for verdictBadLineage, the refusal).
@@ -85,59 +92,46 @@ func (s stored) running() bool {
 // respond records the attempt that got d (durably, before the answer: a retry whose evidence cannot be written
 // gets an error, never an answer the record does not show), counts it, and renders it.
 func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
-	opID := d.key.operationID
-	var (
-		outcome Outcome
-		event   = opstatus.EventRetried
-		record  string
-		status  int
-		extra   map[string]any
-	)
-	switch d.verdict {
+	opID, state, v := d.key.operationID, d.key.opState, d.verdict
+	status := v.status
+	var extra map[string]any
+	var ans Answer
+	switch v {
 	case verdictBadLineage:
-		outcome, event, record, status = OutcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest
 		extra = map[string]any{"refusal": "unknown_retry_of"}
+		ans.Err = d.refusal
 	case verdictConflict:
-		outcome, event, record, status = OutcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity
 		extra = map[string]any{"prior_fingerprint": d.key.fingerprint}
+		ans.Err = problem.New(problem.CodeIdempotencyKeyReused,
+			"this Idempotency-Key was first used for a different request; use a new key for a new action").
+			With("operation_id", opID).With("state", state)
 	case verdictReplay:
-		outcome, event, record, status = OutcomeReplayed, opstatus.EventReplayed, attemptReplayed, d.key.response.Status
+		status = d.key.response.Status
+		ans = answer(opID, d.key.response, true)
 	case verdictExpired:
-		outcome, record, status = OutcomeExpired, attemptResponseExpired, http.StatusConflict
-	case verdictUnknown:
-		outcome, record, status = OutcomeUnknown, attemptUnknown, http.StatusAccepted
+		ans = Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
+			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
+			With("operation_id", opID).With("state", state).With("resource", d.key.resource).
+			With("operation_url", "/v1/operations/"+opID)}
 	case verdictInProgress:
-		outcome, record, status = OutcomeInProgress, attemptInProgress, http.StatusConflict
-		extra = map[string]any{"state": d.key.opState}
+		extra = map[string]any{"state": state}
+		ans.Err = &problem.Error{
+			Code:       problem.CodeRequestInProgress,
+			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
+			RetryAfter: max(h.RetryAfter, 1),
+			Extensions: map[string]any{"operation_id": opID, "state": state},
+		}
 	}
-	h.observe(a.op.Kind, outcome)
+	h.observe(a.op.Kind, v.outcome)
 	h.init()
-	if err := h.attempts.Append(ctx, a.op.AccountID, opID, event, a.caller.Actor, a.record(record, status, extra)); err != nil {
+	if err := h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, extra)); err != nil {
 		return Answer{Err: err}
 	}
-	switch d.verdict {
-	case verdictBadLineage:
-		return Answer{Err: d.refusal}
-	case verdictConflict:
-		return Answer{Err: problem.New(problem.CodeIdempotencyKeyReused,
-			"this Idempotency-Key was first used for a different request; use a new key for a new action").
-			With("operation_id", opID).With("state", d.key.opState)}
-	case verdictReplay:
-		return answer(opID, d.key.response, true)
-	case verdictExpired:
-		return Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
-			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
-			With("operation_id", opID).With("state", d.key.opState).With("resource", d.key.resource).
-			With("operation_url", "/v1/operations/"+opID)}
-	case verdictUnknown:
+	if v == verdictUnknown {
+		// Read after the record, so the operation in the answer shows this attempt.
 		return h.unknown(ctx, a.op.AccountID, opID)
 	}
-	return Answer{Err: &problem.Error{
-		Code:       problem.CodeRequestInProgress,
-		Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
-		RetryAfter: max(h.RetryAfter, 1),
-		Extensions: map[string]any{"operation_id": opID, "state": d.key.opState},
-	}}
+	return ans
 }
 
 // reconcileNow asks the reconciler of the operation's kind to settle it while the caller waits, so a retry after
@@ -185,12 +179,9 @@ func (h *Handler) unknown(ctx context.Context, accountID, opID string) Answer {
 	if err != nil {
 		return Answer{Err: err}
 	}
-	h2 := http.Header{}
-	h2.Set(HeaderOperationID, opID)
-	h2.Set("Location", "/v1/operations/"+opID)
-	h2.Set("Retry-After", "5")
-	h2.Set("Content-Type", "application/json")
-	return Answer{Status: http.StatusAccepted, Header: h2, Body: body}
+	header := http.Header{HeaderOperationID: {opID}, "Location": {"/v1/operations/" + opID}, "Retry-After": {"5"},
+		"Content-Type": {"application/json"}}
+	return Answer{Status: http.StatusAccepted, Header: header, Body: body}
 }
 
 // preferWait parses `Prefer: wait=N` (RFC 7240), capped at MaxWait.
