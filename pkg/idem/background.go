@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -31,26 +32,19 @@ func (h *Handler) RunBackground(ctx context.Context, b Background) {
 	h.backgroundRunning(true)
 	defer h.backgroundRunning(false)
 	var wg sync.WaitGroup
-	if every := orDefault(b.PruneInterval, 10*time.Minute); every > 0 {
+	if every := cmp.Or(b.PruneInterval, 10*time.Minute); every > 0 {
 		wg.Go(func() { h.runPruner(ctx, every) })
 	}
-	if every := orDefault(b.RecoveryInterval, 5*time.Second); every > 0 {
+	if every := cmp.Or(b.RecoveryInterval, 5*time.Second); every > 0 {
 		w := &opstatus.RecoveryWorker{DB: h.DB, Reconcilers: h.Reconcilers, Interval: every, Logger: h.log(),
 			Observer: h.OperationObserver()}
 		wg.Go(func() { w.Run(ctx) })
 	}
-	if every := orDefault(b.SealInterval, audit.DefaultSealInterval); every > 0 {
+	if every := cmp.Or(b.SealInterval, audit.DefaultSealInterval); every > 0 {
 		w := &audit.Sequencer{DB: h.DB, Signer: b.Signer, Interval: every, Logger: h.log()}
 		wg.Go(func() { w.Run(ctx) })
 	}
 	wg.Wait()
-}
-
-func orDefault(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 func (h *Handler) backgroundRunning(running bool) {
@@ -100,19 +94,4 @@ func (h *Handler) runPruner(ctx context.Context, interval time.Duration) {
 				"retention", h.retention().String(), "key_lifetime", h.keyLifetime().String())
 		}
 	}
-}
-
-func (h *Handler) retention() time.Duration {
-	if h.Retention <= 0 {
-		return DefaultRetention
-	}
-	return h.Retention
-}
-
-// keyLifetime is never shorter than the retention: a key outlives its response.
-func (h *Handler) keyLifetime() time.Duration {
-	if h.KeyLifetime <= 0 {
-		return max(DefaultKeyLifetime, h.retention())
-	}
-	return max(h.KeyLifetime, h.retention())
 }

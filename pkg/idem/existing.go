@@ -186,10 +186,7 @@ func (h *Handler) unknown(ctx context.Context, accountID, opID string) Answer {
 
 // preferWait parses `Prefer: wait=N` (RFC 7240), capped at MaxWait.
 func (h *Handler) preferWait(header http.Header) time.Duration {
-	limit := h.MaxWait
-	if limit <= 0 {
-		limit = 30 * time.Second
-	}
+	limit := positiveOr(h.MaxWait, 30*time.Second)
 	for _, pref := range header.Values("Prefer") {
 		for _, part := range strings.Split(pref, ",") {
 			name, value, ok := strings.Cut(strings.TrimSpace(part), "=")

@@ -173,13 +173,6 @@ var ErrNotSent = errors.New("idem: the effect was not sent")
 // EventNotSent is the operation event of a claim released before its effect was sent.
 const EventNotSent = "not_sent"
 
-func (h *Handler) dispatchMargin() time.Duration {
-	if h.DispatchMargin > 0 {
-		return h.DispatchMargin
-	}
-	return h.lease() / 4
-}
-
 // releaseUnsent gives up an effect before sending it, when the claim's commit took so long that the effect
 // could outlive the lease (and the recovery worker would then judge a call still in flight). Nothing has left
 // the process, so the claim is released (release). If the release cannot be written the claim stays and the

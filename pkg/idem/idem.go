@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -143,10 +144,7 @@ func (h *Handler) init() {
 		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
 			return lookupKeys(ctx, h.DB, refs)
 		}}
-		n := h.MaxWaiters
-		if n <= 0 {
-			n = 64
-		}
+		n := positiveOr(h.MaxWaiters, 64)
 		h.waiters = make(chan struct{}, n)
 		for range n {
 			h.waiters <- struct{}{}
@@ -163,18 +161,22 @@ func (h *Handler) readKey(ctx context.Context, account, key string) (stored, boo
 	return l.stored, l.found, err
 }
 
-func (h *Handler) log() *slog.Logger {
-	if h.Logger == nil {
-		return slog.Default()
-	}
-	return h.Logger
+// The settings with their defaults. A key outlives its response: its lifetime is never shorter than the
+// retention.
+func (h *Handler) log() *slog.Logger             { return cmp.Or(h.Logger, slog.Default()) }
+func (h *Handler) lease() time.Duration          { return positiveOr(h.Lease, 30*time.Second) }
+func (h *Handler) dispatchMargin() time.Duration { return positiveOr(h.DispatchMargin, h.lease()/4) }
+func (h *Handler) retention() time.Duration      { return positiveOr(h.Retention, DefaultRetention) }
+func (h *Handler) keyLifetime() time.Duration {
+	return max(positiveOr(h.KeyLifetime, DefaultKeyLifetime), h.retention())
 }
 
-func (h *Handler) lease() time.Duration {
-	if h.Lease <= 0 {
-		return 30 * time.Second
+// positiveOr is v, or def for a setting left zero (or negative).
+func positiveOr[T int | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
 	}
-	return h.Lease
+	return def
 }
 
 // Caller is who sends a write: the account its keys and operations belong to, and how records name it.
