@@ -114,7 +114,7 @@ type Handler struct {
 	// for APIs whose clients send no keys yet; off by default (400 idempotency_key_missing).
 	KeyOptional bool
 	// Owner, when set, marks this process's external claims (opstatus.HoldOwner), so a same-key retry releases
-	// a claim whose process is gone before its call started instead of waiting for its lease (external.go).
+	// a claim whose process is gone before its call started instead of waiting for its lease (releaseOrphan).
 	Owner *opstatus.Owner
 
 	// What requests share, made by init on first use (a Handler may be a literal): the appender of attempt
@@ -373,7 +373,7 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 	if err := tx.Send(ctx, b); err != nil {
 		return err
 	}
-	if err := h.checkClaimLineage(ctx, tx, a, req.SupersedeUnknown); err != nil {
+	if err := h.checkClaimLineage(ctx, tx, a, req); err != nil {
 		return err
 	}
 	if req.Guard != nil {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
@@ -81,16 +80,6 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		}
 	}
 	l := lineage{attempt: attemptID, start: time.Now()}
-	one := func(name string) (string, bool, error) {
-		vs := h.Values(name)
-		switch {
-		case len(vs) == 0:
-			return "", false, nil
-		case len(vs) > 1:
-			return "", true, headerProblem(name, "must be sent once")
-		}
-		return vs[0], true, nil
-	}
 	for _, f := range []struct {
 		name  string
 		dst   *string
@@ -105,18 +94,17 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		{HeaderSupersedes, &l.supersedes, func(v string) bool { return printable(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
 	} {
-		v, present, err := one(f.name)
-		if err != nil {
-			return lineage{}, err
-		}
-		if !present {
+		vs := h.Values(f.name)
+		switch {
+		case len(vs) == 0:
 			continue
-		}
-		if !f.check(v) {
+		case len(vs) > 1:
+			return lineage{}, headerProblem(f.name, "must be sent once")
+		case !f.check(vs[0]):
 			return lineage{}, headerProblem(f.name, f.want)
 		}
 		if f.dst != nil {
-			*f.dst = v
+			*f.dst = vs[0]
 		}
 	}
 	if l.retryReason != "" && l.retryOf == "" {
@@ -156,10 +144,8 @@ func (a *attempt) record(outcome string, status int, extra map[string]any) map[s
 
 // checkClaimLineage runs in the claim's transaction of a new operation: a new operation has no earlier attempt
 // to retry, and the operation it supersedes must be one of the same account and kind, not superseded yet and not
-// unknown unless approveUnknown says a person approved this request (Request.SupersedeUnknown), which learns of
-// the link.
-func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt,
-	approveUnknown func(context.Context, *gorm.DB, opstatus.Operation, string, string) (bool, error)) error {
+// unknown unless req.SupersedeUnknown says a person approved this request, which learns of the link.
+func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	if a.lineage.retryOf != "" {
 		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
 	}
@@ -195,9 +181,9 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 		// Its effect may still have happened: a new attempt at the same intent could double it, unless a person
 		// who was shown that decided so.
 		approved := false
-		if approveUnknown != nil {
+		if req.SupersedeUnknown != nil {
 			var err error
-			if approved, err = approveUnknown(ctx, tx.Gorm(), a.op, a.fingerprint, a.lineage.supersedes); err != nil {
+			if approved, err = req.SupersedeUnknown(ctx, tx.Gorm(), a.op, a.fingerprint, a.lineage.supersedes); err != nil {
 				return err
 			}
 		}
