@@ -32,7 +32,7 @@ type ExternalSteps[T any] struct {
 	// op.IdempotencyKey): it survives even a claim lost with its database, so a retry or a reconciler can never
 	// cause a second effect. Return an error matching ErrOutcomeUnknown when the answer was lost or late.
 	// Before anything leaves, commit the call's start with opstatus.StartDispatch and send nothing if it fails:
-	// that refusal is what lets a same-key retry release a claim whose owner is gone (ownergone.go).
+	// that refusal is what lets a same-key retry release a claim whose owner is gone (releaseOrphan).
 	Call func(ctx context.Context, op opstatus.Operation) (T, error)
 	// Record writes what Call returned (or the definite error it returned) in one transaction with the stored
 	// response and the operation's final state. Reconcilers record through Settle with the same code. A callErr
@@ -166,7 +166,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 }
 
 // ErrNotSent is the call error Record gets for an effect that was never sent: too little of the lease was left
-// when the claim committed, or a same-key retry releases the claim of a process that is gone (ownergone.go).
+// when the claim committed, or a same-key retry releases the claim of a process that is gone (releaseOrphan).
 // Record must undo what Prepare reserved; its Result is not stored.
 var ErrNotSent = errors.New("idem: the effect was not sent")
 
@@ -283,4 +283,56 @@ func (h *Handler) markUnknown(ctx context.Context, a *attempt, cause error) {
 		// The lease still runs out and the recovery worker marks it unknown then.
 		h.log().WarnContext(ctx, "operation not marked unknown", "operation_id", a.op.ID, "error", err.Error())
 	}
+}
+
+// ReasonOwnerGone is the reason of the not_sent event of a claim released because its owner is gone.
+const ReasonOwnerGone = "owner_gone"
+
+var errOwnerAlive = errors.New("idem: the claim's owner holds its lock, or its call started")
+
+// releaseOrphan is RunExternal's reclaim (start): it releases s's operation, a claim whose owner is gone, and
+// reports true, so that a retry claims the key at once instead of answering 409 until the lease ends. It does
+// when the operation is running, a is the same request (same fingerprint, a Retry-Of that names one of its
+// attempts, no Supersedes-Operation-Id) and the claiming process no longer holds the owner lock marked on its
+// claim (opstatus.Owner, Handler.Owner) and never started its call (no dispatch_started record): nothing of it
+// can have left a process. That is read once without a lock, and again under the operation's row lock; a call's
+// dispatch_started record is written only while the operation is running (opstatus.StartDispatch), so an owner
+// alive after all (it lost only its lock connection) has its call refused, never sent twice. The not_sent event
+// names this attempt, with its Retry-Of; the new operation this attempt claims starts its own lineage.
+func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo undoFunc) bool {
+	if s.opState != opstatus.StateRunning || !s.running() || s.fingerprint != a.fingerprint || a.lineage.supersedes != "" {
+		return false
+	}
+	// Most retries of a running operation find its owner alive: one read, no lock.
+	owner, gone, err := opstatus.OwnerGone(ctx, h.DB, a.op.AccountID, s.operationID)
+	if err != nil || !gone {
+		return false
+	}
+	if a.lineage.retryOf != "" {
+		if refusal, err := h.checkRetry(ctx, a, s.operationID); err != nil || refusal != nil {
+			return false
+		}
+	}
+	op := opstatus.Operation{ID: s.operationID, AccountID: a.op.AccountID, Kind: a.op.Kind, State: opstatus.StateRunning,
+		IdempotencyKey: a.key, Fingerprint: s.fingerprint}
+	check := func(tx *database.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(lockOperationSQL, op.AccountID, op.ID)
+		if err := tx.Send(ctx, b); err != nil {
+			return err
+		}
+		// Read after the lock is held, so a dispatch_started committed before it is seen.
+		if _, gone, err := opstatus.OwnerGone(ctx, tx.Gorm(), op.AccountID, op.ID); err != nil || !gone {
+			return errors.Join(err, errOwnerAlive)
+		}
+		return nil
+	}
+	detail := a.lineage.identity(map[string]any{"reason": ReasonOwnerGone, opstatus.ClaimOwner: owner})
+	if err := h.release(ctx, op, a.caller.Actor, detail, check, undo); err != nil {
+		h.log().InfoContext(ctx, "orphaned claim not released", "operation_id", op.ID, "error", err.Error())
+		return false
+	}
+	h.log().InfoContext(ctx, "claim released: its owner is gone and its call never started", "operation_id", op.ID, "owner", owner)
+	a.lineage.retryOf, a.lineage.retryReason = "", ""
+	return true
 }
