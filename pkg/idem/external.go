@@ -94,9 +94,9 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 		h.markUnknown(ctx, a, callErr)
 		return h.unknown(ctx, a.op.AccountID, a.op.ID)
 	}
-	resp, err := h.settle(ctx, a, func(ctx context.Context, tx *gorm.DB) (Result, error) {
+	resp, err := h.settle(ctx, a, opstatus.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
 		return steps.Record(ctx, tx, a.op, outcome, callErr)
-	}, opstatus.EventCompleted, a.caller.Actor)
+	})
 	return h.recorded(ctx, a, resp, err, h.created(call))
 }
 
@@ -223,7 +223,7 @@ func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor stri
 // settle records an external effect's outcome in one transaction: write (the Record step, or a reconciler's),
 // the stored response and the operation's move to the result's state. ErrAlreadySettled: another worker
 // recorded it first, and nothing of write stays.
-func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context.Context, tx *gorm.DB) (Result, error), event, actor string) (response, error) {
+func (h *Handler) settle(ctx context.Context, a *attempt, event string, write func(context.Context, *gorm.DB) (Result, error)) (response, error) {
 	tx, err := database.Begin(ctx, h.DB)
 	if err != nil {
 		return response{}, err
@@ -233,10 +233,20 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 	if err != nil {
 		return response{}, err
 	}
-	if a.attemptRecorded, err = lockForSettle(ctx, tx, a); err != nil {
-		return response{}, err
+	// Lock the operation, so the completion moves it from the state it is in (the recovery worker may have marked
+	// it unknown), and learn whether the claiming attempt already has its attempt record: the recovery worker
+	// writes one, under the same row lock, when the lease runs out before the outcome is recorded.
+	lock := &pgx.Batch{}
+	lock.Queue(lockOperationSQL, a.op.AccountID, a.op.ID)
+	if a.lineage.attempt != "" {
+		lock.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&a.attemptRecorded)
+		})
 	}
-	resp, b, err := h.completion(a, res, event, actor)
+	if err := tx.Send(ctx, lock); err != nil {
+		return response{}, fmt.Errorf("idem: lock %s: %w", a.op.ID, err)
+	}
+	resp, b, err := h.completion(a, res, event)
 	if err != nil {
 		return response{}, err
 	}
@@ -247,28 +257,12 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 	return resp, nil
 }
 
-// lockForSettle locks a's operation, so the completion moves it from the state it is in (the recovery worker may
-// have marked it unknown), and reports whether the attempt that claimed it already has its attempt record: the
-// recovery worker writes one when the lease runs out before the outcome is recorded, under the same row lock.
-func lockForSettle(ctx context.Context, tx *database.Tx, a *attempt) (bool, error) {
-	var found bool
-	b := &pgx.Batch{}
-	b.Queue(lockOperationSQL, a.op.AccountID, a.op.ID)
-	if a.lineage.attempt != "" {
-		b.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error { return row.Scan(&found) })
-	}
-	if err := tx.Send(ctx, b); err != nil {
-		return false, fmt.Errorf("idem: lock %s: %w", a.op.ID, err)
-	}
-	return found, nil
-}
-
 // Settle records the outcome of op, an external operation that is running or unknown, as found by a reconciler:
 // write runs in one transaction with the stored response and the move to the result's state, with a reconciled
 // event naming actor. Returns ErrAlreadySettled when the outcome was already recorded.
 func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor string, write func(ctx context.Context, tx *gorm.DB) (Result, error)) error {
 	a := &attempt{key: op.IdempotencyKey, fingerprint: op.Fingerprint, op: op, caller: Caller{AccountID: op.AccountID, Actor: actor}}
-	_, err := h.settle(ctx, a, write, opstatus.EventReconciled, actor)
+	_, err := h.settle(ctx, a, opstatus.EventReconciled, write)
 	return err
 }
 

@@ -345,15 +345,14 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	if err != nil {
 		return response{}, err
 	}
-	resp, b, err := h.completion(a, res, opstatus.EventCompleted, a.caller.Actor)
+	resp, b, err := h.completion(a, res, opstatus.EventCompleted)
 	if err != nil {
 		return response{}, err
 	}
 	failpoint.Hit(FailpointBeforeCommit, a.op)
-	if err := tx.Commit(ctx, b); err != nil {
-		if problem.IsStoreUnavailable(err) {
-			return response{}, commitLost{err}
-		}
+	if err := tx.Commit(ctx, b); problem.IsStoreUnavailable(err) {
+		return response{}, commitLost{err}
+	} else if err != nil {
 		return response{}, err
 	}
 	return resp, nil
@@ -383,9 +382,9 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 }
 
 // completion is the batch that stores res as a's response and moves a's operation to res's state with an event
-// of type event by actor; it must go with the COMMIT. It fails with ErrAlreadySettled when another worker settled
+// of type event by a's caller; it must go with the COMMIT. It fails with ErrAlreadySettled when another worker settled
 // the operation first.
-func (h *Handler) completion(a *attempt, res Result, event, actor string) (response, *pgx.Batch, error) {
+func (h *Handler) completion(a *attempt, res Result, event string) (response, *pgx.Batch, error) {
 	resp, err := render(res)
 	if err != nil {
 		return response{}, nil, err
@@ -400,7 +399,7 @@ func (h *Handler) completion(a *attempt, res Result, event, actor string) (respo
 	}
 	b := &pgx.Batch{}
 	err = opstatus.QueueComplete(b, a.op, opstatus.Completion{State: a.op.State, Resource: res.Resource,
-		Event:  opstatus.NewEvent{Type: event, Actor: actor, Detail: detail},
+		Event:  opstatus.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
 		Status: resp.Status, Header: resp.Header, Body: resp.Body, Retention: h.retention(), Lifetime: h.keyLifetime()})
 	return resp, b, err
 }
@@ -433,11 +432,7 @@ func render(res Result) (response, error) {
 			header.Set(name, v)
 		}
 	}
-	status := res.Status
-	if status == 0 {
-		status = http.StatusOK
-	}
-	return response{Status: status, Header: header, Body: body}, nil
+	return response{Status: cmp.Or(res.Status, http.StatusOK), Header: header, Body: body}, nil
 }
 
 // ProblemResult turns a definite failure into a Result to store, so that retries of a request that failed for
