@@ -31,87 +31,37 @@ var (
 	verdictExpired    = verdict{OutcomeExpired, opstatus.EventRetried, attemptResponseExpired, http.StatusConflict}
 )
 
-// decision is a verdict with the key it was made on (and, for verdictBadLineage, the refusal).
-type decision struct {
-	verdict verdict
-	key     stored
-	refusal error
-}
-
-// existing answers a request whose key was already claimed: decide, then record the attempt, count it and
-// render it, each in one place.
+// existing answers a request whose key was already claimed: a refusal of its lineage headers, or decide's
+// verdict. It records the attempt first (durably: a retry whose evidence cannot be written gets an error, never
+// an answer the record does not show), then counts it and renders it.
 func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header http.Header) Answer {
-	d, err := h.decide(ctx, a, s, header)
+	refusal, err := h.checkRetry(ctx, a, s.operationID)
 	if err != nil {
 		return h.fail(a.op.Kind, err)
 	}
-	return h.respond(ctx, a, d)
-}
-
-// decide is the verdict on a, whose key is stored as s: after waiting (Prefer: wait) for a key still running,
-// and asking the reconciler about an unknown operation.
-func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.Header) (decision, error) {
-	if a.lineage.retryOf != "" || a.lineage.supersedes != "" {
-		refusal, err := h.checkRetry(ctx, a, s.operationID)
-		if err != nil {
-			return decision{}, err
-		}
-		if refusal != nil {
-			return decision{verdict: verdictBadLineage, key: s, refusal: refusal}, nil
-		}
+	v := verdictBadLineage
+	if refusal == nil {
+		v, s = h.decide(ctx, a, s, header)
 	}
-	if s.fingerprint != a.fingerprint {
-		return decision{verdict: verdictConflict, key: s}, nil
-	}
-	if wait := h.preferWait(header); wait > 0 && s.running() && h.takeWaiter() {
-		s = h.waitFor(ctx, a, s, wait)
-		h.waiters <- struct{}{}
-	}
-	if s.opState == opstatus.StateUnknown {
-		s = h.reconcileNow(ctx, a, s)
-	}
-	switch {
-	case s.expired(), !s.completed() && s.opState.Final():
-		// A response pruned, or never stored: a person settled the operation (opstatus.Resolve). Either way the
-		// key ran and never runs again; the operation has the result.
-		return decision{verdict: verdictExpired, key: s}, nil
-	case s.completed():
-		return decision{verdict: verdictReplay, key: s}, nil
-	case s.opState == opstatus.StateUnknown:
-		return decision{verdict: verdictUnknown, key: s}, nil
-	}
-	return decision{verdict: verdictInProgress, key: s}, nil
-}
-
-// running reports whether the key's operation is still at work: no response stored or pruned, and the
-// operation neither final nor unknown.
-func (s stored) running() bool {
-	return !s.completed() && !s.expired() && !s.opState.Final() && s.opState != opstatus.StateUnknown
-}
-
-// respond records the attempt that got d (durably, before the answer: a retry whose evidence cannot be written
-// gets an error, never an answer the record does not show), counts it, and renders it.
-func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
-	opID, state, v := d.key.operationID, d.key.opState, d.verdict
-	status := v.status
+	opID, state, status := s.operationID, s.opState, v.status
 	var extra map[string]any
 	var ans Answer
 	switch v {
 	case verdictBadLineage:
 		extra = map[string]any{"refusal": "unknown_retry_of"}
-		ans.Err = d.refusal
+		ans.Err = refusal
 	case verdictConflict:
-		extra = map[string]any{"prior_fingerprint": d.key.fingerprint}
+		extra = map[string]any{"prior_fingerprint": s.fingerprint}
 		ans.Err = problem.New(problem.CodeIdempotencyKeyReused,
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").
 			With("operation_id", opID).With("state", state)
 	case verdictReplay:
-		status = d.key.response.Status
-		ans = answer(opID, d.key.response, true)
+		status = s.response.Status
+		ans = answer(opID, s.response, true)
 	case verdictExpired:
 		ans = Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
 			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
-			With("operation_id", opID).With("state", state).With("resource", d.key.resource).
+			With("operation_id", opID).With("state", state).With("resource", s.resource).
 			With("operation_url", "/v1/operations/"+opID)}
 	case verdictInProgress:
 		extra = map[string]any{"state": state}
@@ -132,6 +82,38 @@ func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
 		return h.unknown(ctx, a.op.AccountID, opID)
 	}
 	return ans
+}
+
+// decide is the verdict on a, whose key is stored as s, and the key it was made on: after waiting (Prefer: wait)
+// for a key still running, and asking the reconciler about an unknown operation.
+func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.Header) (verdict, stored) {
+	if s.fingerprint != a.fingerprint {
+		return verdictConflict, s
+	}
+	if wait := h.preferWait(header); wait > 0 && s.running() && h.takeWaiter() {
+		s = h.waitFor(ctx, a, s, wait)
+		h.waiters <- struct{}{}
+	}
+	if s.opState == opstatus.StateUnknown {
+		s = h.reconcileNow(ctx, a, s)
+	}
+	switch {
+	case s.expired(), !s.completed() && s.opState.Final():
+		// A response pruned, or never stored: a person settled the operation (opstatus.Resolve). Either way the
+		// key ran and never runs again; the operation has the result.
+		return verdictExpired, s
+	case s.completed():
+		return verdictReplay, s
+	case s.opState == opstatus.StateUnknown:
+		return verdictUnknown, s
+	}
+	return verdictInProgress, s
+}
+
+// running reports whether the key's operation is still at work: no response stored or pruned, and the
+// operation neither final nor unknown.
+func (s stored) running() bool {
+	return !s.completed() && !s.expired() && !s.opState.Final() && s.opState != opstatus.StateUnknown
 }
 
 // reconcileNow asks the reconciler of the operation's kind to settle it while the caller waits, so a retry after

@@ -302,10 +302,8 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 	if err != nil || !gone {
 		return false
 	}
-	if a.lineage.retryOf != "" {
-		if refusal, err := h.checkRetry(ctx, a, s.operationID); err != nil || refusal != nil {
-			return false
-		}
+	if refusal, err := h.checkRetry(ctx, a, s.operationID); err != nil || refusal != nil {
+		return false
 	}
 	op := opstatus.Operation{ID: s.operationID, AccountID: a.op.AccountID, Kind: a.op.Kind, State: opstatus.StateRunning,
 		IdempotencyKey: a.key, Fingerprint: s.fingerprint}

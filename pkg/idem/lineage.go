@@ -201,7 +201,7 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 // checkRetry checks the lineage headers of a request whose key found operation opID: Supersedes-Operation-Id
 // must repeat what the operation's claim said (a header that cannot apply is refused, not dropped); the attempt
 // Retry-Of names must be a recorded attempt of that operation, not this one, and this attempt's id new to it.
-// A refusal is a 400 naming the header.
+// A refusal is a 400 naming the header. A request with neither header is not checked.
 func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (refusal error, err error) {
 	if a.lineage.supersedes != "" {
 		var claimed string
