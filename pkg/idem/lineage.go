@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -152,27 +153,17 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 	if a.lineage.supersedes == "" {
 		return nil
 	}
-	var (
-		kind, state string
-		superseded  bool
-		found       bool
-	)
+	var kind, state string
+	var superseded bool
 	b := &pgx.Batch{}
-	b.Queue(supersededSQL, a.op.AccountID, a.lineage.supersedes).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			found = true
-			if err := rows.Scan(&kind, &state, &superseded); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
+	b.Queue(supersededSQL, a.op.AccountID, a.lineage.supersedes).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&kind, &state, &superseded)
 	})
-	if err := tx.Send(ctx, b); err != nil {
-		return fmt.Errorf("idem: supersedes: %w", err)
-	}
-	switch {
-	case !found:
+	switch err := tx.Send(ctx, b); {
+	case errors.Is(err, pgx.ErrNoRows):
 		return headerProblem(HeaderSupersedes, "names no operation of this account")
+	case err != nil:
+		return fmt.Errorf("idem: supersedes: %w", err)
 	case kind != a.op.Kind:
 		return headerProblem(HeaderSupersedes, "names an operation of another kind ("+kind+"); only an operation of the same kind can be superseded")
 	case superseded:
