@@ -13,7 +13,6 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -75,10 +74,7 @@ func headerProblem(name, detail string) error {
 // adapter's (gin's middleware makes one); when empty it is the Attempt-Id header, or a new one.
 func parseLineage(h http.Header, attemptID string) (lineage, error) {
 	if attemptID == "" {
-		attemptID = h.Get(httpserver.HeaderAttemptID)
-		if !printable(attemptID) {
-			attemptID = ids.New("att_")
-		}
+		attemptID = httpserver.AttemptIDOf(h)
 	}
 	l := lineage{attempt: attemptID, start: time.Now()}
 	for _, f := range []struct {

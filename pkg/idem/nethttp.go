@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -54,11 +53,8 @@ func HTTPCall(r *http.Request) Call {
 			params[name] = r.PathValue(name)
 		}
 	}
-	attempt := r.Header.Get(httpserver.HeaderAttemptID)
-	if !printable(attempt) {
-		attempt = ids.New("att_")
-	}
-	return Call{Method: r.Method, Route: route, Params: params, Header: r.Header, Caller: caller, AttemptID: attempt}
+	return Call{Method: r.Method, Route: route, Params: params, Header: r.Header, Caller: caller,
+		AttemptID: httpserver.AttemptIDOf(r.Header)}
 }
 
 // WriteAnswer writes a on w; a problem goes through problem.WriteHTTP.
