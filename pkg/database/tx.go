@@ -181,15 +181,9 @@ func pgxPool(db *gorm.DB) (gorm.ConnPool, error) {
 	return pool, nil
 }
 
-// withPgx runs fn on the pgx connection under conn.
+// withPgx runs fn on the pgx connection under conn, a connection of a pool pgxPool accepted: pgx's driver.
 func withPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {
-	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("database: retrysafe needs pgx's database/sql driver (gorm.io/driver/postgres), not %T", dc)
-		}
-		return fn(sc.Conn())
-	})
+	return conn.Raw(func(dc any) error { return fn(dc.(*stdlib.Conn).Conn()) })
 }
 
 // txConn is the transaction's connection as a gorm.ConnPool. It has no BeginTx, so gorm never starts a

@@ -52,7 +52,6 @@ func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 }
 
 func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
-	// undo gives back what Prepare reserved for op, an operation of this kind whose call was never sent.
 	undo := func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 		var none T
 		_, err := steps.Record(ctx, tx, op, none, ErrNotSent)

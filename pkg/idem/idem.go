@@ -24,16 +24,13 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// Failpoints of idem (package failpoint), for crash tests: right after a local claim, before the write; right
-// before the commit of a local write (FailpointBeforeCommit) or of an external claim, after Prepare
-// (FailpointExternalClaimed), both given the operation; just before (given the operation) and after an external
-// call.
+// Failpoints of idem (package failpoint), for crash tests. Those marked "op" are hit with the operation.
 const (
-	FailpointAfterClaim         = "idem.after_claim"
-	FailpointBeforeExternalCall = "idem.external.before_call"
-	FailpointAfterExternalCall  = "idem.external.after_call"
-	FailpointBeforeCommit       = "idem.before_commit"
-	FailpointExternalClaimed    = "idem.external.claimed"
+	FailpointAfterClaim         = "idem.after_claim"          // after a local claim, before the write
+	FailpointBeforeCommit       = "idem.before_commit"        // op; before a local write's commit
+	FailpointExternalClaimed    = "idem.external.claimed"     // op; before an external claim's commit, after Prepare
+	FailpointBeforeExternalCall = "idem.external.before_call" // op; just before an external call
+	FailpointAfterExternalCall  = "idem.external.after_call"  // just after an external call
 )
 
 // Response headers of the contract. HeaderKeyAbsent says that a write ran without an Idempotency-Key
