@@ -379,8 +379,8 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 }
 
 // completion is the batch that stores res as a's response and moves a's operation to res's state with an event
-// of type event by a's caller; it must go with the COMMIT. It fails with ErrAlreadySettled when another worker settled
-// the operation first.
+// of type event by a's caller; it must go with the COMMIT. It fails with ErrAlreadySettled when another worker
+// settled the operation first.
 func (h *Handler) completion(a *attempt, res Result, event string) (response, *pgx.Batch, error) {
 	resp, err := render(res)
 	if err != nil {

@@ -241,16 +241,14 @@ func (a *attempt) claimDetail() map[string]any {
 func (a *attempt) completionDetail(status int, reason string) map[string]any {
 	var detail map[string]any
 	switch {
-	case a.lineage.attempt != "" && a.attemptRecorded:
-		// The recovery worker already wrote this attempt's record (outcome unknown, its lease ran out): the
-		// result is told without an outcome, so the attempt is not numbered twice.
+	case a.lineage.attempt == "" || a.attemptRecorded:
+		// A worker's settlement has no attempt; an attempt whose record the recovery worker already wrote (outcome
+		// unknown, its lease ran out) has its result told without an outcome, so it is not numbered twice.
 		detail = a.lineage.identity(map[string]any{"status": status})
-	case a.lineage.attempt != "" && status >= http.StatusBadRequest:
+	case status >= http.StatusBadRequest:
 		detail = a.record(attemptRefused, status, nil)
-	case a.lineage.attempt != "":
-		detail = a.record(attemptCreated, status, nil)
 	default:
-		detail = map[string]any{"status": status}
+		detail = a.record(attemptCreated, status, nil)
 	}
 	if reason != "" {
 		detail["reason"] = reason
