@@ -49,14 +49,8 @@ func Open(dsn string, o Options) (*gorm.DB, error) {
 		cfg.ConnectTimeout = o.ConnectTimeout
 	}
 	if o.StatementTimeout > 0 {
-		if cfg.RuntimeParams == nil {
-			cfg.RuntimeParams = map[string]string{}
-		}
 		cfg.RuntimeParams["statement_timeout"] = strconv.FormatInt(o.StatementTimeout.Milliseconds(), 10)
 		dial := cfg.DialFunc
-		if dial == nil {
-			dial = (&net.Dialer{KeepAlive: 5 * time.Minute}).DialContext
-		}
 		// The client-side bound is a little longer than the server's, so that a statement the server gives up on
 		// is reported by the server (SQLSTATE 57014) and only a server that does not answer at all is cut here.
 		bound := o.StatementTimeout + o.StatementTimeout/5 + 100*time.Millisecond
@@ -120,11 +114,6 @@ type acquireBound struct {
 	timeout time.Duration
 }
 
-var (
-	_ gorm.ConnPool   = (*acquireBound)(nil)
-	_ gorm.TxBeginner = (*acquireBound)(nil)
-)
-
 func (p *acquireBound) conn(ctx context.Context) (*sql.Conn, error) {
 	actx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
@@ -135,44 +124,54 @@ func (p *acquireBound) conn(ctx context.Context) (*sql.Conn, error) {
 	return c, err
 }
 
-// reserved is the connection a statement must use, or nil when the pool has one to spare.
-func (p *acquireBound) reserved(ctx context.Context) (*sql.Conn, error) {
-	if st := p.DB.Stats(); st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections {
-		return nil, nil
-	}
-	return p.conn(ctx)
+// runner is what a statement runs on: the pool, or a connection reserved from it.
+type runner interface {
+	gorm.ConnPool
+	gorm.TxBeginner
 }
 
-// release returns c to the pool once whatever still reads from it (rows, a transaction) is done: sql.Conn.Close
-// waits for that.
-func release(c *sql.Conn) { go c.Close() }
+var _ runner = (*acquireBound)(nil)
+
+// on is where a statement runs: the pool when it has a connection to spare, else c, a connection reserved
+// within the bound.
+func (p *acquireBound) on(ctx context.Context) (on runner, c *sql.Conn, err error) {
+	if st := p.DB.Stats(); st.Idle > 0 || st.OpenConnections < st.MaxOpenConnections {
+		return p.DB, nil, nil
+	}
+	c, err = p.conn(ctx)
+	return c, c, err
+}
+
+// release returns c, when reserved, to the pool once whatever still reads from it (rows, a transaction) is
+// done: sql.Conn.Close waits for that.
+func release(c *sql.Conn) {
+	if c != nil {
+		go c.Close()
+	}
+}
 
 func (p *acquireBound) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	c, err := p.reserved(ctx)
-	if c == nil || err != nil {
-		if err != nil {
-			return nil, err
-		}
-		return p.DB.ExecContext(ctx, query, args...)
+	on, c, err := p.on(ctx)
+	if err != nil {
+		return nil, err
 	}
-	defer c.Close()
-	return c.ExecContext(ctx, query, args...)
+	if c != nil {
+		defer c.Close()
+	}
+	return on.ExecContext(ctx, query, args...)
 }
 
 func (p *acquireBound) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	c, err := p.reserved(ctx)
-	if c == nil || err != nil {
-		if err != nil {
-			return nil, err
-		}
-		return p.DB.QueryContext(ctx, query, args...)
+	on, c, err := p.on(ctx)
+	if err != nil {
+		return nil, err
 	}
 	defer release(c)
-	return c.QueryContext(ctx, query, args...)
+	return on.QueryContext(ctx, query, args...)
 }
 
 func (p *acquireBound) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	c, err := p.reserved(ctx)
+	on, c, err := p.on(ctx)
 	if err != nil {
 		// A *sql.Row carries an error only from a query: this one fails at Scan on a context already over,
 		// which is a store failure as the acquire timeout is.
@@ -180,23 +179,17 @@ func (p *acquireBound) QueryRowContext(ctx context.Context, query string, args .
 		defer cancel()
 		return p.DB.QueryRowContext(over, query, args...)
 	}
-	if c == nil {
-		return p.DB.QueryRowContext(ctx, query, args...)
-	}
 	defer release(c)
-	return c.QueryRowContext(ctx, query, args...)
+	return on.QueryRowContext(ctx, query, args...)
 }
 
 func (p *acquireBound) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
-	c, err := p.reserved(ctx)
-	if c == nil || err != nil {
-		if err != nil {
-			return nil, err
-		}
-		return p.DB.BeginTx(ctx, opts)
+	on, c, err := p.on(ctx)
+	if err != nil {
+		return nil, err
 	}
 	defer release(c)
-	return c.BeginTx(ctx, opts)
+	return on.BeginTx(ctx, opts)
 }
 
 // GetDBConn is how gorm's DB() finds the *sql.DB under a wrapped pool.

@@ -61,26 +61,14 @@ func (t *Tx) Gorm() *gorm.DB { return t.gorm }
 // callbacks queued on b (QueuedQuery.Query, QueryRow, Exec). It returns the first error; PostgreSQL skips the
 // statements after a failed one, and the transaction can then only be closed.
 func (t *Tx) Send(ctx context.Context, b *pgx.Batch) error {
-	if t.state == txCommitted {
-		return errTxDone
-	}
-	if t.state == txIdle {
-		b = withFirst(b, "BEGIN")
-	}
 	return t.send(ctx, b, txOpen)
 }
 
 // Commit sends b (nil for none) and COMMIT in one round trip. When it returns nil the transaction committed. An
 // error that problem.IsStoreUnavailable recognises means the COMMIT may or may not have been applied.
 func (t *Tx) Commit(ctx context.Context, b *pgx.Batch) error {
-	if t.state == txCommitted {
-		return errTxDone
-	}
 	if b == nil {
 		b = &pgx.Batch{}
-	}
-	if t.state == txIdle {
-		b = withFirst(b, "BEGIN")
 	}
 	b.Queue("COMMIT")
 	return t.send(ctx, b, txCommitted)
@@ -108,7 +96,14 @@ func (t *Tx) Close() {
 
 var errTxDone = errors.New("database: the transaction is over")
 
+// send sends b, with BEGIN in front when nothing was sent yet, and moves the transaction to after.
 func (t *Tx) send(ctx context.Context, b *pgx.Batch, after txState) error {
+	switch t.state {
+	case txCommitted:
+		return errTxDone
+	case txIdle:
+		b = &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: "BEGIN"}}, b.QueuedQueries...)}
+	}
 	err := withPgx(t.conn, func(c *pgx.Conn) error { return c.SendBatch(ctx, b).Close() })
 	if err != nil {
 		t.state = txOpen // a statement failed, or the connection did: Close rolls back or discards it
@@ -123,11 +118,7 @@ func (t *Tx) begin(ctx context.Context) error {
 	if t.state != txIdle {
 		return nil
 	}
-	return t.send(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: "BEGIN"}}}, txOpen)
-}
-
-func withFirst(b *pgx.Batch, sql string) *pgx.Batch {
-	return &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: sql}}, b.QueuedQueries...)}
+	return t.send(ctx, &pgx.Batch{}, txOpen)
 }
 
 // Send sends b in one round trip on a connection of db's pool, outside any transaction of the caller: without
@@ -190,15 +181,9 @@ func pgxPool(db *gorm.DB) (gorm.ConnPool, error) {
 	return pool, nil
 }
 
-// withPgx runs fn on the pgx connection under conn.
+// withPgx runs fn on the pgx connection under conn, a connection of a pool pgxPool accepted: pgx's driver.
 func withPgx(conn *sql.Conn, fn func(*pgx.Conn) error) error {
-	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("database: retrysafe needs pgx's database/sql driver (gorm.io/driver/postgres), not %T", dc)
-		}
-		return fn(sc.Conn())
-	})
+	return conn.Raw(func(dc any) error { return fn(dc.(*stdlib.Conn).Conn()) })
 }
 
 // txConn is the transaction's connection as a gorm.ConnPool. It has no BeginTx, so gorm never starts a

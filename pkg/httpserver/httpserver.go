@@ -121,13 +121,18 @@ const HeaderAttemptID = "Attempt-Id"
 const attemptKey = "retrysafe.attempt"
 
 func attempt(c *gin.Context) {
-	id := c.GetHeader(HeaderAttemptID)
-	if !validAttemptID(id) {
-		id = ids.New("att_")
-	}
+	id := AttemptIDOf(c.Request.Header)
 	c.Set(attemptKey, id)
 	c.Header(HeaderAttemptID, id)
 	c.Next()
+}
+
+// AttemptIDOf is the attempt id of a request with header h: its Attempt-Id when valid, or a new one.
+func AttemptIDOf(h http.Header) string {
+	if id := h.Get(HeaderAttemptID); validAttemptID(id) {
+		return id
+	}
+	return ids.New("att_")
 }
 
 func validAttemptID(id string) bool {

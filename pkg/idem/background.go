@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -31,26 +32,19 @@ func (h *Handler) RunBackground(ctx context.Context, b Background) {
 	h.backgroundRunning(true)
 	defer h.backgroundRunning(false)
 	var wg sync.WaitGroup
-	if every := orDefault(b.PruneInterval, 10*time.Minute); every > 0 {
+	if every := cmp.Or(b.PruneInterval, 10*time.Minute); every > 0 {
 		wg.Go(func() { h.runPruner(ctx, every) })
 	}
-	if every := orDefault(b.RecoveryInterval, 5*time.Second); every > 0 {
+	if every := cmp.Or(b.RecoveryInterval, 5*time.Second); every > 0 {
 		w := &opstatus.RecoveryWorker{DB: h.DB, Reconcilers: h.Reconcilers, Interval: every, Logger: h.log(),
 			Observer: h.OperationObserver()}
 		wg.Go(func() { w.Run(ctx) })
 	}
-	if every := orDefault(b.SealInterval, audit.DefaultSealInterval); every > 0 {
+	if every := cmp.Or(b.SealInterval, audit.DefaultSealInterval); every > 0 {
 		w := &audit.Sequencer{DB: h.DB, Signer: b.Signer, Interval: every, Logger: h.log()}
 		wg.Go(func() { w.Run(ctx) })
 	}
 	wg.Wait()
-}
-
-func orDefault(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 func (h *Handler) backgroundRunning(running bool) {
@@ -72,4 +66,32 @@ func (h *Handler) checkBackground() {
 			h.Observer.BackgroundRunning(false)
 		}
 	})
+}
+
+// Prune drops the stored responses older than h.Retention and the keys older than h.KeyLifetime, of final
+// operations. A key whose response is gone still never runs again: a retry is answered 409
+// idempotency_response_expired, naming the operation and its resource.
+func (h *Handler) Prune(ctx context.Context) (responses, keys int64, err error) {
+	return opstatus.PruneKeys(ctx, h.DB, h.retention(), h.keyLifetime())
+}
+
+// runPruner prunes every interval until ctx ends (RunBackground).
+func (h *Handler) runPruner(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		responses, keys, err := h.Prune(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			h.log().WarnContext(ctx, "idempotency key pruning failed", "error", err.Error())
+		case responses > 0 || keys > 0:
+			h.log().InfoContext(ctx, "idempotency keys pruned", "responses", responses, "keys", keys,
+				"retention", h.retention().String(), "key_lifetime", h.keyLifetime().String())
+		}
+	}
 }

@@ -12,50 +12,83 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// verdict is what the handler decided about a request whose key was already claimed.
-type verdict int
+// verdict is what the handler decided about a request whose key was already claimed: how it is counted, the
+// event and attempt record it leaves on the key's operation, and the status of its answer (0: the stored
+// response's).
+type verdict struct {
+	outcome Outcome
+	event   string
+	record  string
+	status  int
+}
 
-const (
-	verdictReplay     verdict = iota // the stored response, again
-	verdictConflict                  // the key was first used for another request: 422
-	verdictInProgress                // the first request is still running: 409
-	verdictUnknown                   // the operation's outcome is not known: 202
-	verdictBadLineage                // a lineage header that cannot apply: 400
-	verdictExpired                   // the key lives but its stored response was pruned: 409, never run again
+var (
+	verdictReplay     = verdict{OutcomeReplayed, opstatus.EventReplayed, attemptReplayed, 0}
+	verdictConflict   = verdict{OutcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity}
+	verdictInProgress = verdict{OutcomeInProgress, opstatus.EventRetried, attemptInProgress, http.StatusConflict}
+	verdictUnknown    = verdict{OutcomeUnknown, opstatus.EventRetried, attemptUnknown, http.StatusAccepted}
+	verdictBadLineage = verdict{OutcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest}
+	verdictExpired    = verdict{OutcomeExpired, opstatus.EventRetried, attemptResponseExpired, http.StatusConflict}
 )
 
-// decision is a verdict with the key it was made on (and, for verdictBadLineage, the refusal).
-type decision struct {
-	verdict verdict
-	key     stored
-	refusal error
-}
-
-// existing answers a request whose key was already claimed: decide, then record the attempt, count it and
-// render it, each in one place.
+// existing answers a request whose key was already claimed: a refusal of its lineage headers, or decide's
+// verdict. It records the attempt first (durably: a retry whose evidence cannot be written gets an error, never
+// an answer the record does not show), then counts it and renders it.
 func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header http.Header) Answer {
-	d, err := h.decide(ctx, a, s, header)
+	refusal, err := h.checkRetry(ctx, a, s.operationID)
 	if err != nil {
-		h.observe(a.op.Kind, failureOutcome(err, OutcomeRefused))
+		return h.fail(a.op.Kind, err)
+	}
+	v := verdictBadLineage
+	if refusal == nil {
+		v, s = h.decide(ctx, a, s, header)
+	}
+	opID, state, status := s.operationID, s.opState, v.status
+	var extra map[string]any
+	var ans Answer
+	switch v {
+	case verdictBadLineage:
+		extra = map[string]any{"refusal": "unknown_retry_of"}
+		ans.Err = refusal
+	case verdictConflict:
+		extra = map[string]any{"prior_fingerprint": s.fingerprint}
+		ans.Err = problem.New(problem.CodeIdempotencyKeyReused,
+			"this Idempotency-Key was first used for a different request; use a new key for a new action").
+			With("operation_id", opID).With("state", state)
+	case verdictReplay:
+		status = s.response.Status
+		ans = answer(opID, s.response, true)
+	case verdictExpired:
+		ans = Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
+			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
+			With("operation_id", opID).With("state", state).With("resource", s.resource).
+			With("operation_url", "/v1/operations/"+opID)}
+	case verdictInProgress:
+		extra = map[string]any{"state": state}
+		ans.Err = &problem.Error{
+			Code:       problem.CodeRequestInProgress,
+			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
+			RetryAfter: max(h.RetryAfter, 1),
+			Extensions: map[string]any{"operation_id": opID, "state": state},
+		}
+	}
+	h.observe(a.op.Kind, v.outcome)
+	h.init()
+	if err := h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, extra)); err != nil {
 		return Answer{Err: err}
 	}
-	return h.respond(ctx, a, d)
+	if v == verdictUnknown {
+		// Read after the record, so the operation in the answer shows this attempt.
+		return h.unknown(ctx, a.op.AccountID, opID)
+	}
+	return ans
 }
 
-// decide is the verdict on a, whose key is stored as s: after waiting (Prefer: wait) for a key still running,
-// and asking the reconciler about an unknown operation.
-func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.Header) (decision, error) {
-	if a.lineage.retryOf != "" || a.lineage.supersedes != "" {
-		refusal, err := h.checkRetry(ctx, a, s.operationID)
-		if err != nil {
-			return decision{}, err
-		}
-		if refusal != nil {
-			return decision{verdict: verdictBadLineage, key: s, refusal: refusal}, nil
-		}
-	}
+// decide is the verdict on a, whose key is stored as s, and the key it was made on: after waiting (Prefer: wait)
+// for a key still running, and asking the reconciler about an unknown operation.
+func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.Header) (verdict, stored) {
 	if s.fingerprint != a.fingerprint {
-		return decision{verdict: verdictConflict, key: s}, nil
+		return verdictConflict, s
 	}
 	if wait := h.preferWait(header); wait > 0 && s.running() && h.takeWaiter() {
 		s = h.waitFor(ctx, a, s, wait)
@@ -68,76 +101,19 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 	case s.expired(), !s.completed() && s.opState.Final():
 		// A response pruned, or never stored: a person settled the operation (opstatus.Resolve). Either way the
 		// key ran and never runs again; the operation has the result.
-		return decision{verdict: verdictExpired, key: s}, nil
+		return verdictExpired, s
 	case s.completed():
-		return decision{verdict: verdictReplay, key: s}, nil
+		return verdictReplay, s
 	case s.opState == opstatus.StateUnknown:
-		return decision{verdict: verdictUnknown, key: s}, nil
+		return verdictUnknown, s
 	}
-	return decision{verdict: verdictInProgress, key: s}, nil
+	return verdictInProgress, s
 }
 
 // running reports whether the key's operation is still at work: no response stored or pruned, and the
 // operation neither final nor unknown.
 func (s stored) running() bool {
 	return !s.completed() && !s.expired() && !s.opState.Final() && s.opState != opstatus.StateUnknown
-}
-
-// respond records the attempt that got d (durably, before the answer: a retry whose evidence cannot be written
-// gets an error, never an answer the record does not show), counts it, and renders it.
-func (h *Handler) respond(ctx context.Context, a *attempt, d decision) Answer {
-	opID := d.key.operationID
-	var (
-		outcome Outcome
-		event   = opstatus.EventRetried
-		record  string
-		status  int
-		extra   map[string]any
-	)
-	switch d.verdict {
-	case verdictBadLineage:
-		outcome, event, record, status = OutcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest
-		extra = map[string]any{"refusal": "unknown_retry_of"}
-	case verdictConflict:
-		outcome, event, record, status = OutcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity
-		extra = map[string]any{"prior_fingerprint": d.key.fingerprint}
-	case verdictReplay:
-		outcome, event, record, status = OutcomeReplayed, opstatus.EventReplayed, attemptReplayed, d.key.response.Status
-	case verdictExpired:
-		outcome, record, status = OutcomeExpired, attemptResponseExpired, http.StatusConflict
-	case verdictUnknown:
-		outcome, record, status = OutcomeUnknown, attemptUnknown, http.StatusAccepted
-	case verdictInProgress:
-		outcome, record, status = OutcomeInProgress, attemptInProgress, http.StatusConflict
-		extra = map[string]any{"state": d.key.opState}
-	}
-	h.observe(a.op.Kind, outcome)
-	if err := h.attempts().Append(ctx, a.op.AccountID, opID, event, a.caller.Actor, a.record(record, status, extra)); err != nil {
-		return Answer{Err: err}
-	}
-	switch d.verdict {
-	case verdictBadLineage:
-		return Answer{Err: d.refusal}
-	case verdictConflict:
-		return Answer{Err: problem.New(problem.CodeIdempotencyKeyReused,
-			"this Idempotency-Key was first used for a different request; use a new key for a new action").
-			With("operation_id", opID).With("state", d.key.opState)}
-	case verdictReplay:
-		return answer(opID, d.key.response, true)
-	case verdictExpired:
-		return Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
-			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
-			With("operation_id", opID).With("state", d.key.opState).With("resource", d.key.resource).
-			With("operation_url", "/v1/operations/"+opID)}
-	case verdictUnknown:
-		return h.unknown(ctx, a.op.AccountID, opID)
-	}
-	return Answer{Err: &problem.Error{
-		Code:       problem.CodeRequestInProgress,
-		Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
-		RetryAfter: max(h.RetryAfter, 1),
-		Extensions: map[string]any{"operation_id": opID, "state": d.key.opState},
-	}}
 }
 
 // reconcileNow asks the reconciler of the operation's kind to settle it while the caller waits, so a retry after
@@ -185,20 +161,14 @@ func (h *Handler) unknown(ctx context.Context, accountID, opID string) Answer {
 	if err != nil {
 		return Answer{Err: err}
 	}
-	h2 := http.Header{}
-	h2.Set(HeaderOperationID, opID)
-	h2.Set("Location", "/v1/operations/"+opID)
-	h2.Set("Retry-After", "5")
-	h2.Set("Content-Type", "application/json")
-	return Answer{Status: http.StatusAccepted, Header: h2, Body: body}
+	header := http.Header{HeaderOperationID: {opID}, "Location": {"/v1/operations/" + opID}, "Retry-After": {"5"},
+		"Content-Type": {"application/json"}}
+	return Answer{Status: http.StatusAccepted, Header: header, Body: body}
 }
 
 // preferWait parses `Prefer: wait=N` (RFC 7240), capped at MaxWait.
 func (h *Handler) preferWait(header http.Header) time.Duration {
-	limit := h.MaxWait
-	if limit <= 0 {
-		limit = 30 * time.Second
-	}
+	limit := positiveOr(h.MaxWait, 30*time.Second)
 	for _, pref := range header.Values("Prefer") {
 		for _, part := range strings.Split(pref, ",") {
 			name, value, ok := strings.Cut(strings.TrimSpace(part), "=")
@@ -218,16 +188,7 @@ func (h *Handler) preferWait(header http.Header) time.Duration {
 // takeWaiter takes one of MaxWaiters places for a request that asked to wait (Prefer: wait), or reports that
 // none is free: that request is answered at once, so waiting callers cannot multiply the database's reads.
 func (h *Handler) takeWaiter() bool {
-	h.waitersOnce.Do(func() {
-		n := h.MaxWaiters
-		if n <= 0 {
-			n = 64
-		}
-		h.waiters = make(chan struct{}, n)
-		for range n {
-			h.waiters <- struct{}{}
-		}
-	})
+	h.init()
 	select {
 	case <-h.waiters:
 		return true

@@ -32,7 +32,7 @@ type ExternalSteps[T any] struct {
 	// op.IdempotencyKey): it survives even a claim lost with its database, so a retry or a reconciler can never
 	// cause a second effect. Return an error matching ErrOutcomeUnknown when the answer was lost or late.
 	// Before anything leaves, commit the call's start with opstatus.StartDispatch and send nothing if it fails:
-	// that refusal is what lets a same-key retry release a claim whose owner is gone (ownergone.go).
+	// that refusal is what lets a same-key retry release a claim whose owner is gone (releaseOrphan).
 	Call func(ctx context.Context, op opstatus.Operation) (T, error)
 	// Record writes what Call returned (or the definite error it returned) in one transaction with the stored
 	// response and the operation's final state. Reconcilers record through Settle with the same code. A callErr
@@ -52,7 +52,6 @@ func RunExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 }
 
 func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request, steps ExternalSteps[T]) Answer {
-	// undo gives back what Prepare reserved for op, an operation of this kind whose call was never sent.
 	undo := func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 		var none T
 		_, err := steps.Record(ctx, tx, op, none, ErrNotSent)
@@ -75,8 +74,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 		return h.taken(ctx, a, call.Header)
 	}
 	if err != nil {
-		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
-		return Answer{Err: err}
+		return h.fail(req.Kind, err)
 	}
 	// From here on the claim is committed: whatever happens, the operation exists and nothing may run twice. Its
 	// steps are bounded by the lease and as long again to record the outcome (the recording refuses to settle
@@ -95,9 +93,9 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 		h.markUnknown(ctx, a, callErr)
 		return h.unknown(ctx, a.op.AccountID, a.op.ID)
 	}
-	resp, err := h.settle(ctx, a, func(ctx context.Context, tx *gorm.DB) (Result, error) {
+	resp, err := h.settle(ctx, a, opstatus.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
 		return steps.Record(ctx, tx, a.op, outcome, callErr)
-	}, opstatus.EventCompleted, a.caller.Actor)
+	})
 	return h.recorded(ctx, a, resp, err, h.created(call))
 }
 
@@ -167,19 +165,12 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 }
 
 // ErrNotSent is the call error Record gets for an effect that was never sent: too little of the lease was left
-// when the claim committed, or a same-key retry releases the claim of a process that is gone (ownergone.go).
+// when the claim committed, or a same-key retry releases the claim of a process that is gone (releaseOrphan).
 // Record must undo what Prepare reserved; its Result is not stored.
 var ErrNotSent = errors.New("idem: the effect was not sent")
 
 // EventNotSent is the operation event of a claim released before its effect was sent.
 const EventNotSent = "not_sent"
-
-func (h *Handler) dispatchMargin() time.Duration {
-	if h.DispatchMargin > 0 {
-		return h.DispatchMargin
-	}
-	return h.lease() / 4
-}
 
 // releaseUnsent gives up an effect before sending it, when the claim's commit took so long that the effect
 // could outlive the lease (and the recovery worker would then judge a call still in flight). Nothing has left
@@ -231,7 +222,7 @@ func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor stri
 // settle records an external effect's outcome in one transaction: write (the Record step, or a reconciler's),
 // the stored response and the operation's move to the result's state. ErrAlreadySettled: another worker
 // recorded it first, and nothing of write stays.
-func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context.Context, tx *gorm.DB) (Result, error), event, actor string) (response, error) {
+func (h *Handler) settle(ctx context.Context, a *attempt, event string, write func(context.Context, *gorm.DB) (Result, error)) (response, error) {
 	tx, err := database.Begin(ctx, h.DB)
 	if err != nil {
 		return response{}, err
@@ -241,10 +232,20 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 	if err != nil {
 		return response{}, err
 	}
-	if a.attemptRecorded, err = lockForSettle(ctx, tx, a); err != nil {
-		return response{}, err
+	// Lock the operation, so the completion moves it from the state it is in (the recovery worker may have marked
+	// it unknown), and learn whether the claiming attempt already has its attempt record: the recovery worker
+	// writes one, under the same row lock, when the lease runs out before the outcome is recorded.
+	lock := &pgx.Batch{}
+	lock.Queue(lockOperationSQL, a.op.AccountID, a.op.ID)
+	if a.lineage.attempt != "" {
+		lock.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&a.attemptRecorded)
+		})
 	}
-	resp, b, err := h.completion(a, res, event, actor)
+	if err := tx.Send(ctx, lock); err != nil {
+		return response{}, fmt.Errorf("idem: lock %s: %w", a.op.ID, err)
+	}
+	resp, b, err := h.completion(a, res, event)
 	if err != nil {
 		return response{}, err
 	}
@@ -255,28 +256,12 @@ func (h *Handler) settle(ctx context.Context, a *attempt, write func(ctx context
 	return resp, nil
 }
 
-// lockForSettle locks a's operation, so the completion moves it from the state it is in (the recovery worker may
-// have marked it unknown), and reports whether the attempt that claimed it already has its attempt record: the
-// recovery worker writes one when the lease runs out before the outcome is recorded, under the same row lock.
-func lockForSettle(ctx context.Context, tx *database.Tx, a *attempt) (bool, error) {
-	var found bool
-	b := &pgx.Batch{}
-	b.Queue(lockOperationSQL, a.op.AccountID, a.op.ID)
-	if a.lineage.attempt != "" {
-		b.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error { return row.Scan(&found) })
-	}
-	if err := tx.Send(ctx, b); err != nil {
-		return false, fmt.Errorf("idem: lock %s: %w", a.op.ID, err)
-	}
-	return found, nil
-}
-
 // Settle records the outcome of op, an external operation that is running or unknown, as found by a reconciler:
 // write runs in one transaction with the stored response and the move to the result's state, with a reconciled
 // event naming actor. Returns ErrAlreadySettled when the outcome was already recorded.
 func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor string, write func(ctx context.Context, tx *gorm.DB) (Result, error)) error {
 	a := &attempt{key: op.IdempotencyKey, fingerprint: op.Fingerprint, op: op, caller: Caller{AccountID: op.AccountID, Actor: actor}}
-	_, err := h.settle(ctx, a, write, opstatus.EventReconciled, actor)
+	_, err := h.settle(ctx, a, opstatus.EventReconciled, write)
 	return err
 }
 
@@ -291,4 +276,54 @@ func (h *Handler) markUnknown(ctx context.Context, a *attempt, cause error) {
 		// The lease still runs out and the recovery worker marks it unknown then.
 		h.log().WarnContext(ctx, "operation not marked unknown", "operation_id", a.op.ID, "error", err.Error())
 	}
+}
+
+// ReasonOwnerGone is the reason of the not_sent event of a claim released because its owner is gone.
+const ReasonOwnerGone = "owner_gone"
+
+var errOwnerAlive = errors.New("idem: the claim's owner holds its lock, or its call started")
+
+// releaseOrphan is RunExternal's reclaim (start): it releases s's operation, a claim whose owner is gone, and
+// reports true, so that a retry claims the key at once instead of answering 409 until the lease ends. It does
+// when the operation is running, a is the same request (same fingerprint, a Retry-Of that names one of its
+// attempts, no Supersedes-Operation-Id) and the claiming process no longer holds the owner lock marked on its
+// claim (opstatus.Owner, Handler.Owner) and never started its call (no dispatch_started record): nothing of it
+// can have left a process. That is read once without a lock, and again under the operation's row lock; a call's
+// dispatch_started record is written only while the operation is running (opstatus.StartDispatch), so an owner
+// alive after all (it lost only its lock connection) has its call refused, never sent twice. The not_sent event
+// names this attempt, with its Retry-Of; the new operation this attempt claims starts its own lineage.
+func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo undoFunc) bool {
+	if s.opState != opstatus.StateRunning || !s.running() || s.fingerprint != a.fingerprint || a.lineage.supersedes != "" {
+		return false
+	}
+	// Most retries of a running operation find its owner alive: one read, no lock.
+	owner, gone, err := opstatus.OwnerGone(ctx, h.DB, a.op.AccountID, s.operationID)
+	if err != nil || !gone {
+		return false
+	}
+	if refusal, err := h.checkRetry(ctx, a, s.operationID); err != nil || refusal != nil {
+		return false
+	}
+	op := opstatus.Operation{ID: s.operationID, AccountID: a.op.AccountID, Kind: a.op.Kind, State: opstatus.StateRunning,
+		IdempotencyKey: a.key, Fingerprint: s.fingerprint}
+	check := func(tx *database.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(lockOperationSQL, op.AccountID, op.ID)
+		if err := tx.Send(ctx, b); err != nil {
+			return err
+		}
+		// Read after the lock is held, so a dispatch_started committed before it is seen.
+		if _, gone, err := opstatus.OwnerGone(ctx, tx.Gorm(), op.AccountID, op.ID); err != nil || !gone {
+			return errors.Join(err, errOwnerAlive)
+		}
+		return nil
+	}
+	detail := a.lineage.identity(map[string]any{"reason": ReasonOwnerGone, opstatus.ClaimOwner: owner})
+	if err := h.release(ctx, op, a.caller.Actor, detail, check, undo); err != nil {
+		h.log().InfoContext(ctx, "orphaned claim not released", "operation_id", op.ID, "error", err.Error())
+		return false
+	}
+	h.log().InfoContext(ctx, "claim released: its owner is gone and its call never started", "operation_id", op.ID, "owner", owner)
+	a.lineage.retryOf, a.lineage.retryReason = "", ""
+	return true
 }

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,26 +24,22 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// Failpoints of idem (package failpoint), for crash tests: right after a local claim, before the write; right
-// before the commit of a local write (FailpointBeforeCommit) or of an external claim, after Prepare
-// (FailpointExternalClaimed), both given the operation; just before (given the operation) and after an external
-// call.
+// Failpoints of idem (package failpoint), for crash tests. Those marked "op" are hit with the operation.
 const (
-	FailpointAfterClaim         = "idem.after_claim"
-	FailpointBeforeExternalCall = "idem.external.before_call"
-	FailpointAfterExternalCall  = "idem.external.after_call"
-	FailpointBeforeCommit       = "idem.before_commit"
-	FailpointExternalClaimed    = "idem.external.claimed"
+	FailpointAfterClaim         = "idem.after_claim"          // after a local claim, before the write
+	FailpointBeforeCommit       = "idem.before_commit"        // op; before a local write's commit
+	FailpointExternalClaimed    = "idem.external.claimed"     // op; before an external claim's commit, after Prepare
+	FailpointBeforeExternalCall = "idem.external.before_call" // op; just before an external call
+	FailpointAfterExternalCall  = "idem.external.after_call"  // just after an external call
 )
 
-// Response headers of the contract.
+// Response headers of the contract. HeaderKeyAbsent says that a write ran without an Idempotency-Key
+// (Handler.KeyOptional): a retry of it may run it again.
 const (
 	HeaderReplayed    = "Idempotent-Replayed"
 	HeaderOperationID = "Operation-Id"
+	HeaderKeyAbsent   = "Idempotency-Key-Absent"
 )
-
-// storedHeaders is the allowlist of headers a Result may ask to store and replay.
-var storedHeaders = []string{"Location", "Retry-After"}
 
 // Request describes one idempotent write.
 type Request struct {
@@ -114,15 +111,16 @@ type Handler struct {
 	// for APIs whose clients send no keys yet; off by default (400 idempotency_key_missing).
 	KeyOptional bool
 	// Owner, when set, marks this process's external claims (opstatus.HoldOwner), so a same-key retry releases
-	// a claim whose process is gone before its call started instead of waiting for its lease (external.go).
+	// a claim whose process is gone before its call started instead of waiting for its lease (releaseOrphan).
 	Owner *opstatus.Owner
 
-	eventsOnce  sync.Once
-	events      *opstatus.GroupAppender
-	lookupsOnce sync.Once
-	lookups     *batch.Batcher[keyRef, lookup]
-	waitersOnce sync.Once
-	waiters     chan struct{}
+	// What requests share, made by init on first use (a Handler may be a literal): the appender of attempt
+	// records, so concurrent retries' records share commits; the key reads, so concurrent requests' reads share
+	// a round trip; and the MaxWaiters places to wait.
+	once     sync.Once
+	attempts *opstatus.GroupAppender
+	lookups  *batch.Batcher[keyRef, lookup]
+	waiters  chan struct{}
 	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
 	background       atomic.Bool
 	backgroundWarned sync.Once
@@ -137,37 +135,45 @@ func New(db *gorm.DB) (*Handler, error) {
 	return &Handler{DB: db}, nil
 }
 
+func (h *Handler) init() {
+	h.once.Do(func() {
+		h.attempts = &opstatus.GroupAppender{DB: h.DB}
+		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
+			return lookupKeys(ctx, h.DB, refs)
+		}}
+		n := positiveOr(h.MaxWaiters, 64)
+		h.waiters = make(chan struct{}, n)
+		for range n {
+			h.waiters <- struct{}{}
+		}
+	})
+}
+
 // readKey reads a request's key, before its claim and after a claim that found it taken. The reads of concurrent
 // requests go together in one round trip (package batch): copies of one request arriving together (a storm)
 // read their key once. docs/benchmarks.md has what it is worth.
 func (h *Handler) readKey(ctx context.Context, account, key string) (stored, bool, error) {
-	h.lookupsOnce.Do(func() {
-		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
-			return lookupKeys(ctx, h.DB, refs)
-		}}
-	})
+	h.init()
 	l, err := h.lookups.Do(ctx, account+"\x00"+key, keyRef{account, key})
 	return l.stored, l.found, err
 }
 
-// attempts is the appender of attempt records: concurrent retries' records share commits.
-func (h *Handler) attempts() *opstatus.GroupAppender {
-	h.eventsOnce.Do(func() { h.events = &opstatus.GroupAppender{DB: h.DB} })
-	return h.events
+// The settings with their defaults. A key outlives its response: its lifetime is never shorter than the
+// retention.
+func (h *Handler) log() *slog.Logger             { return cmp.Or(h.Logger, slog.Default()) }
+func (h *Handler) lease() time.Duration          { return positiveOr(h.Lease, 30*time.Second) }
+func (h *Handler) dispatchMargin() time.Duration { return positiveOr(h.DispatchMargin, h.lease()/4) }
+func (h *Handler) retention() time.Duration      { return positiveOr(h.Retention, DefaultRetention) }
+func (h *Handler) keyLifetime() time.Duration {
+	return max(positiveOr(h.KeyLifetime, DefaultKeyLifetime), h.retention())
 }
 
-func (h *Handler) log() *slog.Logger {
-	if h.Logger == nil {
-		return slog.Default()
+// positiveOr is v, or def for a setting left zero (or negative).
+func positiveOr[T int | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
 	}
-	return h.Logger
-}
-
-func (h *Handler) lease() time.Duration {
-	if h.Lease <= 0 {
-		return 30 * time.Second
-	}
-	return h.Lease
+	return def
 }
 
 // Caller is who sends a write: the account its keys and operations belong to, and how records name it.
@@ -215,8 +221,12 @@ type attempt struct {
 	owner int64
 }
 
-// begin checks the key and the lineage headers and computes the fingerprint; a refusal is the Answer.
-func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
+// start checks the request (its caller, key and lineage headers), computes its fingerprint and reads its key: a
+// request that is refused, or whose key exists, is answered here; otherwise it goes on to claim the key. A
+// failed read goes on too: the claim reports the failure. reclaim, when set, may free an existing key for this
+// request (an external claim whose owner is gone, releaseOrphan), which then goes on to claim it.
+func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim func(*attempt, stored) bool) (*attempt, *Answer) {
+	h.checkBackground()
 	refuse := func(err error) (*attempt, *Answer) {
 		h.observe(req.Kind, OutcomeRefused)
 		return nil, &Answer{Err: err}
@@ -244,23 +254,11 @@ func (h *Handler) begin(call Call, req Request) (*attempt, *Answer) {
 	if err != nil {
 		return refuse(err)
 	}
-	return &attempt{key: key, fingerprint: fp, caller: call.Caller, lineage: lin, op: opstatus.Operation{
+	a := &attempt{key: key, fingerprint: fp, caller: call.Caller, lineage: lin, op: opstatus.Operation{
 		ID: opstatus.NewID(), AccountID: call.Caller.AccountID, Kind: req.Kind, State: opstatus.StateRunning,
 		IdempotencyKey: key, Fingerprint: fp,
-	}}, nil
-}
-
-// start checks the request and reads its key: a request that is refused, or whose key exists, is answered
-// here; otherwise it goes on to claim the key. A failed read goes on too: the claim reports the failure. reclaim,
-// when set, may free an existing key for this request (an external claim whose owner is gone, releaseOrphan),
-// which then goes on to claim it.
-func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim func(*attempt, stored) bool) (*attempt, *Answer) {
-	h.checkBackground()
-	a, refused := h.begin(call, req)
-	if refused != nil {
-		return nil, refused
-	}
-	if s, found, err := h.readKey(ctx, a.op.AccountID, a.key); err == nil && found && (reclaim == nil || !reclaim(a, s)) {
+	}}
+	if s, found, err := h.readKey(ctx, a.op.AccountID, key); err == nil && found && (reclaim == nil || !reclaim(a, s)) {
 		ans := h.existing(ctx, a, s, call.Header)
 		return nil, &ans
 	}
@@ -292,17 +290,12 @@ func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFu
 		h.observe(req.Kind, OutcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, lost.err)}
 	case err != nil:
-		h.observe(req.Kind, failureOutcome(err, OutcomeRefused))
-		return Answer{Err: err}
+		return h.fail(req.Kind, err)
 	}
 	h.observe(req.Kind, h.created(call))
 	opstatus.ObserveFinished(h.OperationObserver(), req.Kind, a.op.State)
 	return answer(a.op.ID, resp, false)
 }
-
-// HeaderKeyAbsent says that a write ran without an Idempotency-Key (Handler.KeyOptional): a retry of it may run
-// it again.
-const HeaderKeyAbsent = "Idempotency-Key-Absent"
 
 // unkeyed reports whether call runs without idempotency: it has no key and the handler lets it.
 func (h *Handler) unkeyed(call Call) bool {
@@ -349,15 +342,14 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	if err != nil {
 		return response{}, err
 	}
-	resp, b, err := h.completion(a, res, opstatus.EventCompleted, a.caller.Actor)
+	resp, b, err := h.completion(a, res, opstatus.EventCompleted)
 	if err != nil {
 		return response{}, err
 	}
 	failpoint.Hit(FailpointBeforeCommit, a.op)
-	if err := tx.Commit(ctx, b); err != nil {
-		if problem.IsStoreUnavailable(err) {
-			return response{}, commitLost{err}
-		}
+	if err := tx.Commit(ctx, b); problem.IsStoreUnavailable(err) {
+		return response{}, commitLost{err}
+	} else if err != nil {
 		return response{}, err
 	}
 	return resp, nil
@@ -377,7 +369,7 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 	if err := tx.Send(ctx, b); err != nil {
 		return err
 	}
-	if err := h.checkClaimLineage(ctx, tx, a, req.SupersedeUnknown); err != nil {
+	if err := h.checkClaimLineage(ctx, tx, a, req); err != nil {
 		return err
 	}
 	if req.Guard != nil {
@@ -387,9 +379,9 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 }
 
 // completion is the batch that stores res as a's response and moves a's operation to res's state with an event
-// of type event by actor; it must go with the COMMIT. It fails with ErrAlreadySettled when another worker settled
-// the operation first.
-func (h *Handler) completion(a *attempt, res Result, event, actor string) (response, *pgx.Batch, error) {
+// of type event by a's caller; it must go with the COMMIT. It fails with ErrAlreadySettled when another worker
+// settled the operation first.
+func (h *Handler) completion(a *attempt, res Result, event string) (response, *pgx.Batch, error) {
 	resp, err := render(res)
 	if err != nil {
 		return response{}, nil, err
@@ -398,10 +390,13 @@ func (h *Handler) completion(a *attempt, res Result, event, actor string) (respo
 	if !a.external {
 		maps.Copy(detail, a.claimDetail())
 	}
-	a.op.State = resultState(res)
+	a.op.State = res.State
+	if a.op.State == "" {
+		a.op.State = opstatus.StateSucceeded
+	}
 	b := &pgx.Batch{}
 	err = opstatus.QueueComplete(b, a.op, opstatus.Completion{State: a.op.State, Resource: res.Resource,
-		Event:  opstatus.NewEvent{Type: event, Actor: actor, Detail: detail},
+		Event:  opstatus.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
 		Status: resp.Status, Header: resp.Header, Body: resp.Body, Retention: h.retention(), Lifetime: h.keyLifetime()})
 	return resp, b, err
 }
@@ -410,24 +405,14 @@ func (h *Handler) completion(a *attempt, res Result, event, actor string) (respo
 // others: the copies of a storm lose their claims together).
 func (h *Handler) taken(ctx context.Context, a *attempt, header http.Header) Answer {
 	s, found, err := h.readKey(ctx, a.op.AccountID, a.key)
-	switch {
-	case err != nil:
-		h.observe(a.op.Kind, failureOutcome(err, OutcomeRefused))
-		return Answer{Err: err}
-	case !found:
+	if err == nil && !found {
 		// Released or pruned in between: nothing was done, and a retry claims it.
-		h.observe(a.op.Kind, OutcomeStoreUnavailable)
-		return Answer{Err: fmt.Errorf("%w: the key was taken and gone again before it could be read", problem.ErrStoreUnavailable)}
+		err = fmt.Errorf("%w: the key was taken and gone again before it could be read", problem.ErrStoreUnavailable)
+	}
+	if err != nil {
+		return h.fail(a.op.Kind, err)
 	}
 	return h.existing(ctx, a, s, header)
-}
-
-// resultState is the operation's state once res is stored: succeeded unless res says otherwise.
-func resultState(res Result) opstatus.State {
-	if res.State == "" {
-		return opstatus.StateSucceeded
-	}
-	return res.State
 }
 
 // ErrAlreadySettled is returned by Settle when another worker recorded the operation's outcome first.
@@ -439,16 +424,12 @@ func render(res Result) (response, error) {
 		return response{}, fmt.Errorf("idem: marshal response: %w", err)
 	}
 	header := http.Header{}
-	for _, name := range storedHeaders {
+	for _, name := range []string{"Location", "Retry-After"} { // the headers a Result may store (Result.Header)
 		if v := res.Header.Get(name); v != "" {
 			header.Set(name, v)
 		}
 	}
-	status := res.Status
-	if status == 0 {
-		status = http.StatusOK
-	}
-	return response{Status: status, Header: header, Body: body}, nil
+	return response{Status: cmp.Or(res.Status, http.StatusOK), Header: header, Body: body}, nil
 }
 
 // ProblemResult turns a definite failure into a Result to store, so that retries of a request that failed for
@@ -462,9 +443,7 @@ func ProblemResult(err error, state opstatus.State) Result {
 // answer is the Answer that sends resp, the response of operation opID.
 func answer(opID string, resp response, replayed bool) Answer {
 	h := http.Header{}
-	for name, values := range resp.Header {
-		h[name] = values
-	}
+	maps.Copy(h, resp.Header)
 	h.Set(HeaderOperationID, opID)
 	h.Set("Content-Type", "application/json")
 	if resp.Status >= 400 {

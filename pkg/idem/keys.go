@@ -2,7 +2,9 @@ package idem
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,9 +13,62 @@ import (
 	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/problem"
 )
+
+// HeaderKey is the request header that names one intended action.
+const HeaderKey = "Idempotency-Key"
+
+// MaxKeyLength is the longest key accepted.
+const MaxKeyLength = 255
+
+// ParseKey validates an Idempotency-Key header value: present, 1 to 255 characters, printable ASCII only.
+// The key is opaque: it is never trimmed, folded or interpreted.
+func ParseKey(value string, present bool) (string, error) {
+	if !present {
+		return "", problem.New(problem.CodeIdempotencyKeyMissing,
+			"this write needs an Idempotency-Key header: one random value (a UUID) per intended action, reused on every retry")
+	}
+	if value == "" || len(value) > MaxKeyLength {
+		return "", problem.New(problem.CodeIdempotencyKeyInvalid, "Idempotency-Key must be 1 to %d characters", MaxKeyLength)
+	}
+	for i := 0; i < len(value); i++ {
+		if value[i] < 0x20 || value[i] > 0x7e {
+			return "", problem.New(problem.CodeIdempotencyKeyInvalid, "Idempotency-Key must be printable ASCII")
+		}
+	}
+	return value, nil
+}
+
+// Fingerprint is SHA-256 over the RFC 8785 canonical JSON of the method, the route template, its path
+// parameters, the account and the validated command (defaults applied, amounts in minor units), in lowercase hex.
+// The path parameters are part of it because the template alone does not say which resource is acted on: one key
+// used to capture two different intents must be a conflict, not a replay. Two requests that mean the same
+// thing have one fingerprint whatever their key order, spacing or equivalent spelling of an amount.
+//
+// The command is marshalled by encoding/json first (auditchain.Canonical), so the canonicalizer only ever sees
+// complete, valid JSON: some canonicalizers accept truncated input, and a fingerprint of half a request would be
+// worse than none.
+func Fingerprint(method, route string, params map[string]string, accountID string, command any) (string, error) {
+	if params == nil {
+		params = map[string]string{}
+	}
+	canonical, err := auditchain.Canonical(struct {
+		Method    string            `json:"method"`
+		Route     string            `json:"route"`
+		Params    map[string]string `json:"params"`
+		AccountID string            `json:"account_id"`
+		Command   any               `json:"command"`
+	}{method, route, params, accountID, command})
+	if err != nil {
+		return "", fmt.Errorf("idem: fingerprint: %w", err)
+	}
+	sum := sha256.Sum256(canonical)
+	return hex.EncodeToString(sum[:]), nil
+}
 
 // The few reads of keys and operations the flow needs; the statements are in sql/. Keys are written by package
 // opstatus: a key is a column of the operation it started.

@@ -52,7 +52,7 @@ func completed(t *testing.T, h *Handler, a *attempt, state opstatus.State) {
 		t.Fatal(err)
 	}
 	defer tx.Close()
-	_, b, err := h.completion(a, Result{Status: 200, Body: map[string]any{}, State: state}, opstatus.EventCompleted, "test")
+	_, b, err := h.completion(a, Result{Status: 200, Body: map[string]any{}, State: state}, opstatus.EventCompleted)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestCompletionFailsBeforeCommit(t *testing.T) {
 		if tc.other {
 			a.op.ID = opstatus.NewID()
 		}
-		_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstatus.EventCompleted, "test")
+		_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstatus.EventCompleted)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +147,7 @@ func TestCompletionIsHeapOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{"id": "x"}, Resource: &opstatus.Resource{Type: "note", ID: "x"}},
-		opstatus.EventCompleted, "test")
+		opstatus.EventCompleted)
 	if err != nil {
 		t.Fatal(err)
 	}

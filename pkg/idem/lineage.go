@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -9,11 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -75,22 +74,9 @@ func headerProblem(name, detail string) error {
 // adapter's (gin's middleware makes one); when empty it is the Attempt-Id header, or a new one.
 func parseLineage(h http.Header, attemptID string) (lineage, error) {
 	if attemptID == "" {
-		attemptID = h.Get(httpserver.HeaderAttemptID)
-		if !printable(attemptID) {
-			attemptID = ids.New("att_")
-		}
+		attemptID = httpserver.AttemptIDOf(h)
 	}
 	l := lineage{attempt: attemptID, start: time.Now()}
-	one := func(name string) (string, bool, error) {
-		vs := h.Values(name)
-		switch {
-		case len(vs) == 0:
-			return "", false, nil
-		case len(vs) > 1:
-			return "", true, headerProblem(name, "must be sent once")
-		}
-		return vs[0], true, nil
-	}
 	for _, f := range []struct {
 		name  string
 		dst   *string
@@ -105,18 +91,17 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		{HeaderSupersedes, &l.supersedes, func(v string) bool { return printable(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
 	} {
-		v, present, err := one(f.name)
-		if err != nil {
-			return lineage{}, err
-		}
-		if !present {
+		vs := h.Values(f.name)
+		switch {
+		case len(vs) == 0:
 			continue
-		}
-		if !f.check(v) {
+		case len(vs) > 1:
+			return lineage{}, headerProblem(f.name, "must be sent once")
+		case !f.check(vs[0]):
 			return lineage{}, headerProblem(f.name, f.want)
 		}
 		if f.dst != nil {
-			*f.dst = v
+			*f.dst = vs[0]
 		}
 	}
 	if l.retryReason != "" && l.retryOf == "" {
@@ -156,37 +141,25 @@ func (a *attempt) record(outcome string, status int, extra map[string]any) map[s
 
 // checkClaimLineage runs in the claim's transaction of a new operation: a new operation has no earlier attempt
 // to retry, and the operation it supersedes must be one of the same account and kind, not superseded yet and not
-// unknown unless approveUnknown says a person approved this request (Request.SupersedeUnknown), which learns of
-// the link.
-func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt,
-	approveUnknown func(context.Context, *gorm.DB, opstatus.Operation, string, string) (bool, error)) error {
+// unknown unless req.SupersedeUnknown says a person approved this request, which learns of the link.
+func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	if a.lineage.retryOf != "" {
 		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
 	}
 	if a.lineage.supersedes == "" {
 		return nil
 	}
-	var (
-		kind, state string
-		superseded  bool
-		found       bool
-	)
+	var kind, state string
+	var superseded bool
 	b := &pgx.Batch{}
-	b.Queue(supersededSQL, a.op.AccountID, a.lineage.supersedes).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			found = true
-			if err := rows.Scan(&kind, &state, &superseded); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
+	b.Queue(supersededSQL, a.op.AccountID, a.lineage.supersedes).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&kind, &state, &superseded)
 	})
-	if err := tx.Send(ctx, b); err != nil {
-		return fmt.Errorf("idem: supersedes: %w", err)
-	}
-	switch {
-	case !found:
+	switch err := tx.Send(ctx, b); {
+	case errors.Is(err, pgx.ErrNoRows):
 		return headerProblem(HeaderSupersedes, "names no operation of this account")
+	case err != nil:
+		return fmt.Errorf("idem: supersedes: %w", err)
 	case kind != a.op.Kind:
 		return headerProblem(HeaderSupersedes, "names an operation of another kind ("+kind+"); only an operation of the same kind can be superseded")
 	case superseded:
@@ -195,9 +168,9 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 		// Its effect may still have happened: a new attempt at the same intent could double it, unless a person
 		// who was shown that decided so.
 		approved := false
-		if approveUnknown != nil {
+		if req.SupersedeUnknown != nil {
 			var err error
-			if approved, err = approveUnknown(ctx, tx.Gorm(), a.op, a.fingerprint, a.lineage.supersedes); err != nil {
+			if approved, err = req.SupersedeUnknown(ctx, tx.Gorm(), a.op, a.fingerprint, a.lineage.supersedes); err != nil {
 				return err
 			}
 		}
@@ -215,7 +188,7 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 // checkRetry checks the lineage headers of a request whose key found operation opID: Supersedes-Operation-Id
 // must repeat what the operation's claim said (a header that cannot apply is refused, not dropped); the attempt
 // Retry-Of names must be a recorded attempt of that operation, not this one, and this attempt's id new to it.
-// A refusal is a 400 naming the header.
+// A refusal is a 400 naming the header. A request with neither header is not checked.
 func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (refusal error, err error) {
 	if a.lineage.supersedes != "" {
 		var claimed string
@@ -268,16 +241,14 @@ func (a *attempt) claimDetail() map[string]any {
 func (a *attempt) completionDetail(status int, reason string) map[string]any {
 	var detail map[string]any
 	switch {
-	case a.lineage.attempt != "" && a.attemptRecorded:
-		// The recovery worker already wrote this attempt's record (outcome unknown, its lease ran out): the
-		// result is told without an outcome, so the attempt is not numbered twice.
+	case a.lineage.attempt == "" || a.attemptRecorded:
+		// A worker's settlement has no attempt; an attempt whose record the recovery worker already wrote (outcome
+		// unknown, its lease ran out) has its result told without an outcome, so it is not numbered twice.
 		detail = a.lineage.identity(map[string]any{"status": status})
-	case a.lineage.attempt != "" && status >= http.StatusBadRequest:
+	case status >= http.StatusBadRequest:
 		detail = a.record(attemptRefused, status, nil)
-	case a.lineage.attempt != "":
-		detail = a.record(attemptCreated, status, nil)
 	default:
-		detail = map[string]any{"status": status}
+		detail = a.record(attemptCreated, status, nil)
 	}
 	if reason != "" {
 		detail["reason"] = reason

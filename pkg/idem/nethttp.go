@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -48,23 +47,14 @@ func HTTPCall(r *http.Request) Call {
 		route = path
 	}
 	params := map[string]string{}
-	for rest := route; ; {
-		open := strings.IndexByte(rest, '{')
-		end := strings.IndexByte(rest, '}')
-		if open < 0 || end < open {
-			break
-		}
-		name := strings.TrimSuffix(rest[open+1:end], "...")
-		if name != "$" {
+	for segment := range strings.SplitSeq(route, "/") { // a wildcard is a whole segment: {name}, {name...} or {$}
+		if name, ok := strings.CutPrefix(segment, "{"); ok && name != "$}" {
+			name = strings.TrimSuffix(strings.TrimSuffix(name, "}"), "...")
 			params[name] = r.PathValue(name)
 		}
-		rest = rest[end+1:]
 	}
-	attempt := r.Header.Get(httpserver.HeaderAttemptID)
-	if !printable(attempt) {
-		attempt = ids.New("att_")
-	}
-	return Call{Method: r.Method, Route: route, Params: params, Header: r.Header, Caller: caller, AttemptID: attempt}
+	return Call{Method: r.Method, Route: route, Params: params, Header: r.Header, Caller: caller,
+		AttemptID: httpserver.AttemptIDOf(r.Header)}
 }
 
 // WriteAnswer writes a on w; a problem goes through problem.WriteHTTP.

@@ -46,10 +46,13 @@ func (h *Handler) OperationObserver() opstatus.Observer {
 	return h.Observer
 }
 
-// failureOutcome classifies an error that ended a request before or instead of its effect.
-func failureOutcome(err error, otherwise Outcome) Outcome {
+// fail answers a request that err ended before or instead of its effect, counted as a store failure or a
+// refusal.
+func (h *Handler) fail(kind string, err error) Answer {
 	if problem.IsStoreUnavailable(err) {
-		return OutcomeStoreUnavailable
+		h.observe(kind, OutcomeStoreUnavailable)
+	} else {
+		h.observe(kind, OutcomeRefused)
 	}
-	return otherwise
+	return Answer{Err: err}
 }
