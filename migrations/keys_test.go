@@ -2,15 +2,7 @@ package migrations_test
 
 import (
 	"context"
-	"os"
 	"testing"
-
-	"github.com/pressly/goose/v3"
-	"gorm.io/driver/postgres"
-	"gorm.io/gorm"
-	gormlogger "gorm.io/gorm/logger"
-
-	"github.com/retrysafe/retrysafe/internal/testdb"
 )
 
 // TestKeysMoveIntoOperations upgrades a database that holds keys in idempotency_keys (version 18) to keys held by
@@ -20,20 +12,8 @@ import (
 func TestKeysMoveIntoOperations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, err := gorm.Open(postgres.Open(testdb.EmptySchema(t)), &gorm.Config{Logger: gormlogger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlDB.SetMaxOpenConns(1)
-	t.Cleanup(func() { sqlDB.Close() })
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS("."))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, sqlDB := emptySchema(t, 1)
+	p := provider(t, sqlDB)
 	if _, err := p.UpTo(ctx, 18); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +53,7 @@ func TestKeysMoveIntoOperations(t *testing.T) {
 		t.Fatalf("operations after 00019: %+v", rows)
 	}
 	// The released operation does not hold k2, the retried one does: a third claim of k2 is refused.
-	err = db.Exec(`INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, key_state)
+	err := db.Exec(`INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, key_state)
 VALUES ('op_third', 'acct', 'payments.capture', 'running', 'k2', 'fp2', 'running')`).Error
 	if err == nil {
 		t.Fatal("a second holder of k2 was inserted")

@@ -12,10 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pressly/goose/v3"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/migrations"
@@ -88,16 +85,7 @@ func TestShardKeys(t *testing.T) {
 // shard rules with only the library's local tables.
 func TestLibraryTablesOnly(t *testing.T) {
 	t.Parallel()
-	db, err := gorm.Open(postgres.Open(testdb.EmptySchema(t)), &gorm.Config{Logger: gormlogger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlDB.SetMaxOpenConns(2)
-	t.Cleanup(func() { sqlDB.Close() })
+	db, sqlDB := emptySchema(t, 2)
 	if err := migrations.Up(t.Context(), sqlDB); err != nil {
 		t.Fatal(err)
 	}
@@ -135,15 +123,8 @@ func TestLibraryTablesOnly(t *testing.T) {
 // its constraint's name, and the good ones are not.
 func TestShardKeysCatchBadKeys(t *testing.T) {
 	t.Parallel()
-	db, err := gorm.Open(postgres.Open(testdb.EmptySchema(t)), &gorm.Config{Logger: gormlogger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sqlDB, err := db.DB(); err == nil {
-		sqlDB.SetMaxOpenConns(1)
-		t.Cleanup(func() { sqlDB.Close() })
-	}
-	err = db.Exec(`
+	db, _ := emptySchema(t, 1)
+	err := db.Exec(`
 CREATE TABLE good (account_id text, id text, ref text, CONSTRAINT good_pk PRIMARY KEY (account_id, id),
     CONSTRAINT good_ref_key UNIQUE (account_id, ref));
 CREATE TABLE bad_pk (id text CONSTRAINT bad_pk_pk PRIMARY KEY, account_id text NOT NULL);
@@ -191,20 +172,8 @@ CREATE TABLE listed_local (id text PRIMARY KEY);
 // keyed by id alone, and expects it to fail there.
 func TestShardKeysCatchTheOldSchema(t *testing.T) {
 	t.Parallel()
-	db, err := gorm.Open(postgres.Open(testdb.EmptySchema(t)), &gorm.Config{Logger: gormlogger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlDB.SetMaxOpenConns(1)
-	t.Cleanup(func() { sqlDB.Close() })
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS("."))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, sqlDB := emptySchema(t, 1)
+	p := provider(t, sqlDB)
 	// The version before shard_ready, whatever its number.
 	names, err := filepath.Glob("*_shard_ready.sql")
 	if err != nil || len(names) != 1 {
