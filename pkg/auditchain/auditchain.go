@@ -37,7 +37,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gowebpki/jcs"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Genesis is the prev hash of a chain's first record and of the first seal.
@@ -51,26 +51,27 @@ func FormatTime(t time.Time) string {
 	return t.UTC().Truncate(time.Microsecond).Format(TimeFormat)
 }
 
-// Canonical returns the RFC 8785 canonical JSON of v. A json.RawMessage or []byte is taken as JSON text.
+// Canonical returns the RFC 8785 canonical JSON of v. A json.RawMessage or []byte is taken as JSON text. The
+// canonicalizer is jsontext.Value.Canonicalize (github.com/go-json-experiment/json, the encoding/json/v2
+// prototype), which reformats the text in place.
 //
 // It is the one canonicalization of records: the sequencer that seals them and every verifier go through it.
 // RFC 8785 writes a number as the IEEE 754 double nearest to it, so a number that no double holds
 // exactly would be recorded as another one: ExactNumber tells, and the API refuses those at its edge.
 func Canonical(v any) ([]byte, error) {
-	var raw []byte
+	var out jsontext.Value
 	switch b := v.(type) {
 	case json.RawMessage:
-		raw = b
+		out = bytes.Clone(b) // canonicalized in place: never the caller's bytes
 	case []byte:
-		raw = b
+		out = bytes.Clone(b)
 	default:
 		var err error
-		if raw, err = json.Marshal(v); err != nil {
+		if out, err = json.Marshal(v); err != nil {
 			return nil, fmt.Errorf("auditchain: canonical: %w", err)
 		}
 	}
-	out, err := jcs.Transform(raw)
-	if err != nil {
+	if err := out.Canonicalize(); err != nil {
 		return nil, fmt.Errorf("auditchain: canonical: %w", err)
 	}
 	return out, nil

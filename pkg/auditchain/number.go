@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gowebpki/jcs"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // ExactNumber reports whether text, a JSON number, keeps its value through RFC 8785: whether the number that
@@ -17,15 +17,11 @@ func ExactNumber(text string) bool {
 	if !ok {
 		return false
 	}
-	f, err := strconv.ParseFloat(text, 64)
-	if err != nil {
+	canon := jsontext.Value(text)
+	if err := canon.Canonicalize(); err != nil {
 		return false // out of a double's range
 	}
-	canon, err := jcs.NumberToJSON(f)
-	if err != nil {
-		return false
-	}
-	got, ok := parseDecimal(canon)
+	got, ok := parseDecimal(string(canon))
 	return ok && got == want
 }
 
