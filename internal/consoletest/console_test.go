@@ -328,7 +328,7 @@ func mustJSON(s string) string {
 	return string(b)
 }
 
-// TestUnknownCaptureTimeline is the README's lost capture: the provider drops its answer, the capture is 202
+// TestUnknownCaptureTimeline is docs/payments.md's lost capture: the provider drops its answer, the capture is 202
 // unknown, and its page shows what happened: the dispatch, no response, the unknown outcome, the chain intact.
 func TestUnknownCaptureTimeline(t *testing.T) {
 	t.Parallel()
