@@ -6,12 +6,14 @@
 # machine), which is what bounds the whole request on a machine whose cores the service shares. The variants run
 # back to back in one go so their ratios compare; absolute figures move with the machine's load.
 #   bare       one INSERT INTO tickets per transaction (what the baseline server does)
-#   key        the least a create can send whose write runs between its claim and its completion (as a
-#              WriteFunc does): the read that serves retries, then BEGIN, the claim (the operation holding its key)
-#              and the ticket, then the completion (the operation's outcome and stored response) and COMMIT. No
-#              record. (One statement with the answer made before the write is less again:
-#              internal/bench/ceiling.go.)
+#   key        a create as the code sends it, without its record: the read that serves retries, then BEGIN with
+#              the claim (the operation holding its key), then the ticket (the WriteFunc's statement), then the
+#              completion (the operation's outcome and stored response) with COMMIT: four round trips
 #   create     today's create: key, and the completion's one record (operation_events) beside it
+#   pipelined  create with the claim sent in the ticket's round trip (BEGIN, claim and ticket together): what
+#              sending the claim with the write's first statement would save the database; the code does not
+#              (a gorm statement's rows come back through database/sql, which cannot share a pgx pipeline).
+#              One statement with the answer made before the write is less again: internal/bench/ceiling.go.
 set -eu
 D=${1:-10}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
@@ -26,10 +28,17 @@ ticket="INSERT INTO tickets (id, account_id, project, title, description, priori
 detail='{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "duration_ms": 3}'
 r='\set r random(1, 9000000000000000)'
 read="SELECT coalesce(fingerprint, ''), id, key_state, coalesce(response_status, 0), coalesce(response_headers, '{}'), response_body, state, resource_type, resource_id FROM operations WHERE account_id = 'acct_a' AND idempotency_key = $K AND key_held;"
-# The claim and the ticket, sent with BEGIN in one round trip: how key and create both begin.
+insert="INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, key_state) VALUES ($OP, 'acct_a', 'tickets.create', 'running', $K, md5(:r::text), 'running');"
+# BEGIN with the claim in one round trip (database.Tx.Send), then the ticket in its own (through gorm).
 claim="\\startpipeline
 BEGIN;
-INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, key_state) VALUES ($OP, 'acct_a', 'tickets.create', 'running', $K, md5(:r::text), 'running');
+$insert
+\\endpipeline
+$ticket"
+# BEGIN, the claim and the ticket in one round trip.
+claimpipelined="\\startpipeline
+BEGIN;
+$insert
 $ticket
 \\endpipeline"
 # The completion as opstatus.QueueComplete sends it: the operation moved in place (heap-only), its event beside it.
@@ -47,21 +56,18 @@ COMMIT;
 \endpipeline
 SQL
 
-cat >"$dir/create.sql" <<SQL
-$r
-$read
-$claim
-\startpipeline
+completion="\\startpipeline
 $complete, ev AS (INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail) SELECT id, account_id, 'completed', from_state, 'succeeded', 'agent_a', '$detail'::jsonb FROM op) SELECT 1 / count(*) FROM op;
 COMMIT;
-\endpipeline
-SQL
+\\endpipeline"
+printf '%s\n' "$r" "$read" "$claim" "$completion" >"$dir/create.sql"
+printf '%s\n' "$r" "$read" "$claimpipelined" "$completion" >"$dir/pipelined.sql"
 
 . "$(dirname "$0")/proc-cpu.sh" # pgticks
 
 printf '%-10s %8s %7s %14s\n' variant tps ratio 'db CPU per tx'
 base=
-for v in bare key create; do
+for v in bare key create pipelined; do
   c0=$(pgticks)
   out=$(pgbench -n -M prepared -c 32 -j 2 -T "$D" -f "$dir/$v.sql" "$db" 2>&1) || { echo "$v failed:"; echo "$out" | tail -5; exit 1; }
   c1=$(pgticks)
