@@ -16,67 +16,19 @@ import (
 // library's own statements, and a gorm handle (Gorm) for the caller's write. Both run on the same connection,
 // inside the same transaction, whatever the gorm configuration of the pool it came from.
 //
-// Round trips are saved by name, not hidden: BEGIN is sent with the first batch (or the first gorm statement),
-// COMMIT with the last batch (Commit), and a batch given to Defer with the next statement sent through Send,
-// Query or Commit. docs/benchmarks.md has what that is worth.
+// Two round trips are saved by name, not hidden: BEGIN is sent with the first batch (or the first gorm
+// statement), and COMMIT with the last batch (Commit). docs/benchmarks.md has what that is worth.
 //
 //	tx, err := database.Begin(ctx, db)
 //	if err != nil { ... }
-//	defer tx.Close()                     // rolls back unless Commit succeeded
-//	tx.Defer(claimBatch)                 // nothing sent yet
-//	err = tx.Query(ctx, scan, sql, args) // BEGIN + the claim + the write's statement: one round trip
-//	err = write(ctx, tx.Gorm())          // the caller's statements through gorm, in the transaction
-//	err = tx.Commit(ctx, lastBatch)      // the batch + COMMIT: one round trip
+//	defer tx.Close()                // rolls back unless Commit succeeded
+//	err = tx.Send(ctx, claimBatch)  // BEGIN + the batch: one round trip
+//	err = write(ctx, tx.Gorm())     // the caller's statements, in the transaction
+//	err = tx.Commit(ctx, lastBatch) // the batch + COMMIT: one round trip
 type Tx struct {
 	conn  *sql.Conn
 	gorm  *gorm.DB
 	state txState
-	// deferred is what Defer queued, sent with the next statement; deferredErr is its error once it failed.
-	deferred    *pgx.Batch
-	deferredErr error
-}
-
-// Defer queues b to be sent with the transaction's next statement, in its round trip: the batch of the next
-// Send, Query or Commit, or BEGIN alone before a statement through Gorm (which database/sql sends by itself).
-// If a statement of b fails, the statements after it in that round trip do not run (PostgreSQL skips the rest of
-// a pipeline after an error), the call that sent them returns the error, and DeferredErr returns it too, whatever
-// a caller in between made of it.
-func (t *Tx) Defer(b *pgx.Batch) {
-	for _, q := range b.QueuedQueries {
-		read := q.Fn
-		q.Fn = func(br pgx.BatchResults) error {
-			var err error
-			if read != nil {
-				err = read(br)
-			} else {
-				_, err = br.Exec()
-			}
-			if err != nil && t.deferredErr == nil {
-				t.deferredErr = err
-			}
-			return err
-		}
-	}
-	t.deferred = b
-}
-
-// DeferredErr is the error of the batch given to Defer, once it was sent and failed; nil otherwise.
-func (t *Tx) DeferredErr() error { return t.deferredErr }
-
-// Query sends query (placeholders $1, $2, ...) in the transaction, with what Defer queued, in one round trip, and
-// hands its rows to scan (pgx.CollectRows reads them into structs).
-func (t *Tx) Query(ctx context.Context, scan func(pgx.Rows) error, query string, args ...any) error {
-	b := &pgx.Batch{}
-	b.Queue(query, args...).Query(scan)
-	return t.Send(ctx, b)
-}
-
-// TxOf is the Tx whose Gorm handle db is (the handle a WriteFunc of package idem is given), or nil.
-func TxOf(db *gorm.DB) *Tx {
-	if c, ok := db.Statement.ConnPool.(*txConn); ok {
-		return c.t
-	}
-	return nil
 }
 
 type txState int
@@ -144,22 +96,13 @@ func (t *Tx) Close() {
 
 var errTxDone = errors.New("database: the transaction is over")
 
-// send sends b, with BEGIN in front when nothing was sent yet and what Defer queued, and moves the transaction
-// to after.
+// send sends b, with BEGIN in front when nothing was sent yet, and moves the transaction to after.
 func (t *Tx) send(ctx context.Context, b *pgx.Batch, after txState) error {
-	if t.state == txCommitted {
+	switch t.state {
+	case txCommitted:
 		return errTxDone
-	}
-	var first []*pgx.QueuedQuery
-	if t.state == txIdle {
-		first = append(first, &pgx.QueuedQuery{SQL: "BEGIN"})
-	}
-	if t.deferred != nil {
-		first = append(first, t.deferred.QueuedQueries...)
-		t.deferred = nil
-	}
-	if len(first) > 0 {
-		b = &pgx.Batch{QueuedQueries: append(first, b.QueuedQueries...)}
+	case txIdle:
+		b = &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: "BEGIN"}}, b.QueuedQueries...)}
 	}
 	err := withPgx(t.conn, func(c *pgx.Conn) error { return c.SendBatch(ctx, b).Close() })
 	if err != nil {
@@ -170,9 +113,9 @@ func (t *Tx) send(ctx context.Context, b *pgx.Batch, after txState) error {
 	return nil
 }
 
-// begin sends BEGIN and what Defer queued, for a gorm statement that comes first.
+// begin sends BEGIN alone, for a gorm statement that comes first.
 func (t *Tx) begin(ctx context.Context) error {
-	if t.state != txIdle && t.deferred == nil {
+	if t.state != txIdle {
 		return nil
 	}
 	return t.send(ctx, &pgx.Batch{}, txOpen)

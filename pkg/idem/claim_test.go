@@ -10,15 +10,12 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
-	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // TestClaimSentWithTheWriteLosesCleanly: a local write's claim travels with the write's first statement. Two
@@ -78,60 +75,6 @@ func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
 	var body map[string]string
 	if err := json.Unmarshal([]byte(a.body), &body); err != nil || body["note"] != stored {
 		t.Fatalf("answer %s names note %q; the stored one is %q", a.body, body["note"], stored)
-	}
-}
-
-// TestDeferredClaimLosesCleanly: a write whose first statement goes through the claim's transaction
-// (database.TxOf(tx).Query) carries the claim in that round trip. The second copy's claim waits on the first's
-// key; once the first commits it fails, the write's statement never runs, and even though this write answers any
-// error of its own with a problem that hides the cause, the second copy is answered with the first's result.
-func TestDeferredClaimLosesCleanly(t *testing.T) {
-	t.Parallel()
-	env := servicetest.New(t)
-	if err := env.DB.Exec(`CREATE TABLE IF NOT EXISTS pipelined_notes (id text PRIMARY KEY)`).Error; err != nil {
-		t.Fatal(err)
-	}
-	var (
-		notesWritten atomic.Int64
-		firstPID     atomic.Int64
-		hold         = make(chan struct{})
-	)
-	notes := func(c *gin.Context) {
-		idemgin.Do(env.Idem, c, idem.Request{Kind: "test.pipelined_note", Command: map[string]any{"n": 1}},
-			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
-				var ids []string
-				err := database.TxOf(tx).Query(ctx, func(r pgx.Rows) (err error) {
-					ids, err = pgx.CollectRows(r, pgx.RowTo[string])
-					return err
-				}, `INSERT INTO pipelined_notes VALUES ($1) RETURNING id`, op.ID)
-				if err != nil {
-					return idem.Result{}, problem.New(problem.CodeInternal, "the note could not be written")
-				}
-				if notesWritten.Add(1) == 1 {
-					var pid int64
-					if err := tx.Raw(`SELECT pg_backend_pid()`).Scan(&pid).Error; err != nil {
-						return idem.Result{}, err
-					}
-					firstPID.Store(pid)
-					<-hold
-				}
-				return idem.Result{Status: http.StatusCreated, Body: map[string]any{"note": ids[0]}}, nil
-			})
-	}
-	env.Serve(t, servicetest.Routes(func(api gin.IRouter) { api.POST("/pipelined_notes", notes) }))
-
-	a, b := race(t, env.DB.DB, env.URL+"/pipelined_notes", `{"n":1}`, &firstPID, hold)
-	if a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "" {
-		t.Fatalf("first copy: %d %v %s; want a fresh 201", a.status, a.header, a.body)
-	}
-	if b.status != http.StatusCreated || b.header.Get(idem.HeaderReplayed) != "true" || b.body != a.body {
-		t.Fatalf("second copy: %d %v %s; want the first's answer replayed: %s", b.status, b.header, b.body, a.body)
-	}
-	var stored, ops int64
-	env.DB.Raw(`SELECT count(*) FROM pipelined_notes`).Scan(&stored)
-	env.DB.Raw(`SELECT count(*) FROM operations WHERE kind = 'test.pipelined_note'`).Scan(&ops)
-	if n := notesWritten.Load(); n != 1 || stored != 1 || ops != 1 {
-		t.Fatalf("notes written %d, stored %d, operations %d; want 1 of each", n, stored, ops)
 	}
 }
 

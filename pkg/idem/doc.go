@@ -9,7 +9,7 @@
 //	readKey ── found ─► decide: replay │ conflict 422 │ in progress 409 │ unknown 202 ─► record attempt ─► answer
 //	   │ none                  ▲
 //	   ▼                       │ key taken (a copy committed first)
-//	BEGIN + claim (INSERT the operation, holding the key), local: sent with the write's first statement
+//	BEGIN + claim (INSERT the operation, holding the key) ── one round trip
 //	   ▼
 //	Guard, then   local: write(tx) ─► outcome + response on the operation, one record + COMMIT ─► answer
 //	              external: Prepare(tx), COMMIT ─► Call ─► Record(tx) + outcome + response ─► answer
@@ -23,6 +23,6 @@
 //
 // The core speaks context.Context, http.Header and Answer; Handler.Handle adapts it to net/http and package
 // idemgin to gin. The write gets a *gorm.DB inside the claim's transaction (database.Tx), whatever the gorm
-// configuration of Handler.DB; a statement sent through database.TxOf(tx).Query shares the claim's round trip.
-// The library's own statements are in sql/; the tables it needs come from migrations/.
+// configuration of Handler.DB. The library's own statements are in sql/; the tables it needs come from
+// migrations/.
 package idem

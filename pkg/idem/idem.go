@@ -26,7 +26,7 @@ import (
 
 // Failpoints of idem (package failpoint), for crash tests. Those marked "op" are hit with the operation.
 const (
-	FailpointAfterClaim         = "idem.after_claim"          // after a local claim is made (maybe not sent yet), before the write
+	FailpointAfterClaim         = "idem.after_claim"          // after a local claim, before the write
 	FailpointBeforeCommit       = "idem.before_commit"        // op; before a local write's commit
 	FailpointExternalClaimed    = "idem.external.claimed"     // op; before an external claim's commit, after Prepare
 	FailpointBeforeExternalCall = "idem.external.before_call" // op; just before an external call
@@ -340,8 +340,7 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	failpoint.Hit(FailpointAfterClaim)
 	res, err := write(ctx, tx.Gorm(), a.op)
 	if err != nil {
-		// A claim that failed with the write's first statement is why, whatever the write made of its error.
-		return response{}, cmp.Or(tx.DeferredErr(), err)
+		return response{}, err
 	}
 	resp, b, err := h.completion(a, res, opstatus.EventCompleted)
 	if err != nil {
@@ -358,11 +357,6 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 
 // claim takes a's key in tx by inserting its operation (with its claimed event when external), then checks the
 // lineage headers and runs the Guard. A key another operation holds fails it (opstatus.KeyTaken).
-//
-// A local claim that nothing in its transaction has to read before the write (no Guard, no Supersedes) is not sent
-// by itself: it goes with the write's first statement sent through the Tx (database.TxOf, Tx.Query), or with the
-// completion, in their round trip (Tx.Defer). PostgreSQL runs none of the statements after it when the key is
-// taken. A write's first statement through gorm sends it alone first.
 func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	var events []opstatus.NewEvent
 	if a.external {
@@ -372,9 +366,7 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 	if err := opstatus.QueueCreate(b, a.op, events); err != nil {
 		return err
 	}
-	if !a.external && req.Guard == nil && a.lineage.supersedes == "" {
-		tx.Defer(b)
-	} else if err := tx.Send(ctx, b); err != nil {
+	if err := tx.Send(ctx, b); err != nil {
 		return err
 	}
 	if err := h.checkClaimLineage(ctx, tx, a, req); err != nil {

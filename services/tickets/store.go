@@ -2,14 +2,11 @@ package tickets
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
-	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -24,22 +21,14 @@ const ticketColumns = `id, account_id, project, title, description, priority, st
 
 // CreateTicket implements Store. The partial unique index tickets_source_event decides between concurrent
 // creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads the winner.
-// The insert goes through the claim's transaction (database.TxOf), in the claim's round trip.
 func (PostgresStore) CreateTicket(ctx context.Context, tx *gorm.DB, accountID string, cmd CreateTicket) (Ticket, bool, error) {
-	claimTx := database.TxOf(tx)
-	if claimTx == nil {
-		return Ticket{}, false, errors.New("tickets: create runs in the write's transaction (idem.WriteFunc)")
-	}
 	var rows []Ticket
-	err := claimTx.Query(ctx, func(r pgx.Rows) (err error) {
-		rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[Ticket])
-		return err
-	}, `
+	err := tx.WithContext(ctx).Raw(`
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, source_event_id)
-VALUES ($1, $2, $3, $4, $5, $6, 'open', $7)
+VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
 ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING
 RETURNING `+ticketColumns,
-		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, string(*cmd.Priority), cmd.SourceEventID)
+		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID).Scan(&rows).Error
 	if err != nil {
 		return Ticket{}, false, fmt.Errorf("tickets: create: %w", err)
 	}
