@@ -24,6 +24,12 @@
 //	  awk -v up="$b.up.sql" -v down="$b.down.sql" '/^-- \+goose Down/ {d=1} {print > (d ? down : up)}' "$f"
 //	done
 //	migrate -path gm -database "$DATABASE_URL" up
+//
+// Two things to know on a large database. 00019 adds two stored generated columns to operations, which makes
+// PostgreSQL rewrite the table under an exclusive lock: writes wait for the whole rewrite, so apply it in a
+// quiet window. And the library's statements are prepared once per connection: PostgreSQL keeps a plan made while
+// the tables were empty until their statistics change, so a database that runs with autovacuum off (as the
+// benchmark machine does) needs an ANALYZE once it has grown, or those plans keep scanning the tables.
 package migrations
 
 import (

@@ -49,7 +49,7 @@ func TestEveryRouteIsInTheSpec(t *testing.T) {
 		engine := service.Handler(d, stack, s)
 		for _, r := range engine.Routes() {
 			if strings.HasPrefix(r.Path, console.Prefix) {
-				continue // the browser console's HTML pages (docs/console.md), not the JSON API
+				continue // the browser console's HTML pages (README, "Console"), not the JSON API
 			}
 			path := ginParam.ReplaceAllString(r.Path, "{$1}")
 			item := doc.Paths.Find(path)
