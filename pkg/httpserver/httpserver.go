@@ -129,13 +129,15 @@ func attempt(c *gin.Context) {
 
 // AttemptIDOf is the attempt id of a request with header h: its Attempt-Id when valid, or a new one.
 func AttemptIDOf(h http.Header) string {
-	if id := h.Get(HeaderAttemptID); validAttemptID(id) {
+	if id := h.Get(HeaderAttemptID); ValidID(id) {
 		return id
 	}
 	return ids.New("att_")
 }
 
-func validAttemptID(id string) bool {
+// ValidID reports whether id is 1 to 128 printable ASCII characters without spaces: the form of an Attempt-Id,
+// and of the other ids a caller sends in headers (package idem's lineage headers).
+func ValidID(id string) bool {
 	if id == "" || len(id) > 128 {
 		return false
 	}

@@ -53,19 +53,6 @@ type lineage struct {
 	start       time.Time
 }
 
-// printable reports whether v is 1 to 128 printable ASCII characters without spaces.
-func printable(v string) bool {
-	if v == "" || len(v) > 128 {
-		return false
-	}
-	for i := 0; i < len(v); i++ {
-		if v[i] <= 0x20 || v[i] > 0x7e {
-			return false
-		}
-	}
-	return true
-}
-
 func headerProblem(name, detail string) error {
 	return problem.New(problem.CodeInvalidRequest, "the %s header %s", name, detail).With("header", name)
 }
@@ -83,12 +70,12 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		check func(string) bool
 		want  string
 	}{
-		{httpserver.HeaderAttemptID, nil, printable, "must be 1 to 128 printable ASCII characters"},
-		{HeaderAgentRunID, &l.agentRun, printable, "must be 1 to 128 printable ASCII characters"},
-		{HeaderRetryOf, &l.retryOf, printable, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
+		{httpserver.HeaderAttemptID, nil, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
+		{HeaderAgentRunID, &l.agentRun, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
+		{HeaderRetryOf, &l.retryOf, httpserver.ValidID, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
 		{HeaderRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
 			"must be one of " + strings.Join(RetryReasons, ", ")},
-		{HeaderSupersedes, &l.supersedes, func(v string) bool { return printable(v) && len(v) > 3 && v[:3] == "op_" },
+		{HeaderSupersedes, &l.supersedes, func(v string) bool { return httpserver.ValidID(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
 	} {
 		vs := h.Values(f.name)
