@@ -7,8 +7,9 @@
 # back to back in one go so their ratios compare; absolute figures move with the machine's load.
 #   bare       one INSERT INTO tickets per transaction (what the baseline server does)
 #   key        a create as the code sends it, without its record: the read that serves retries, then BEGIN with
-#              the claim (the operation holding its key), then the ticket (the WriteFunc's statement), then the
-#              completion (the operation's outcome and stored response) with COMMIT: four round trips
+#              the claim (the key's lock, and the key read again under it), then the ticket (the WriteFunc's
+#              statement), then the operation inserted completed (key and stored response) with COMMIT: four round
+#              trips
 #   create     today's create: key, and the completion's one record (operation_events) beside it
 #   pipelined  create with the claim sent in the ticket's round trip (BEGIN, claim and ticket together): what
 #              sending the claim with the write's first statement would save the database; the code does not
@@ -28,22 +29,23 @@ ticket="INSERT INTO tickets (id, account_id, project, title, description, priori
 detail='{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "duration_ms": 3}'
 r='\set r random(1, 9000000000000000)'
 read="SELECT coalesce(fingerprint, ''), id, key_state, coalesce(response_status, 0), coalesce(response_headers, '{}'), response_body, state, resource_type, resource_id FROM operations WHERE account_id = 'acct_a' AND idempotency_key = $K AND key_held;"
-insert="INSERT INTO operations (id, account_id, kind, state, idempotency_key, fingerprint, key_state) VALUES ($OP, 'acct_a', 'tickets.create', 'running', $K, md5(:r::text), 'running');"
+lock="SELECT pg_advisory_xact_lock(hashtextextended('acct_a' || ':' || $K, 0));"
 # BEGIN with the claim in one round trip (database.Tx.Send), then the ticket in its own (through gorm).
 claim="\\startpipeline
 BEGIN;
-$insert
+$lock
+$read
 \\endpipeline
 $ticket"
 # BEGIN, the claim and the ticket in one round trip.
 claimpipelined="\\startpipeline
 BEGIN;
-$insert
+$lock
+$read
 $ticket
 \\endpipeline"
-# The completion as opstatus.QueueComplete sends it: the operation moved in place (heap-only), its event beside it.
-complete="WITH prev AS (SELECT state FROM operations WHERE account_id = 'acct_a' AND id = $OP), op AS (UPDATE operations SET state = 'succeeded', resource_type = 'ticket', resource_id = $TKT, lease_expires_at = NULL, updated_at = now(), key_state = 'completed', response_status = 201, response_headers = '{}'::jsonb, response_body = '\x7b7d', completed_at = now(), response_expires_at = now() + interval '72 hours', key_expires_at = now() + interval '90 days' WHERE account_id = 'acct_a' AND id = $OP AND key_state = 'running' AND state IN ('running', 'unknown') RETURNING account_id, id, (SELECT state FROM prev) AS from_state)"
-
+# The completion as opstatus.QueueCreateCompleted sends it: the operation inserted completed, its record beside it.
+insert="INSERT INTO operations (account_id, id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, key_state, response_status, response_headers, response_body, completed_at, response_expires_at, key_expires_at) VALUES ('acct_a', $OP, 'tickets.create', 'succeeded', $K, md5(:r::text), 'ticket', $TKT, 'completed', 201, '{}'::jsonb, '\x7b7d', now(), now() + interval '72 hours', now() + interval '90 days')"
 printf '%s\n%s\n' "$r" "${ticket/ ON CONFLICT*RETURNING id, created_at;/;}" >"$dir/bare.sql"
 
 cat >"$dir/key.sql" <<SQL
@@ -51,13 +53,13 @@ $r
 $read
 $claim
 \startpipeline
-$complete SELECT 1 / count(*) FROM op;
+$insert;
 COMMIT;
 \endpipeline
 SQL
 
 completion="\\startpipeline
-$complete, ev AS (INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail) SELECT id, account_id, 'completed', from_state, 'succeeded', 'agent_a', '$detail'::jsonb FROM op) SELECT 1 / count(*) FROM op;
+WITH op AS ($insert RETURNING account_id, id) INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail) SELECT id, account_id, 'completed', 'running', 'succeeded', 'agent_a', '$detail'::jsonb FROM op;
 COMMIT;
 \\endpipeline"
 printf '%s\n' "$r" "$read" "$claim" "$completion" >"$dir/create.sql"

@@ -18,12 +18,11 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
-// TestClaimSentWithTheWriteLosesCleanly: a local write's claim travels with the write's first statement. Two
-// copies of one request race: the first holds its claim (and its note) uncommitted while the second, which found
-// no key, sends its claim and note together and waits on the first's key. When the first commits, the second's
-// claim fails, so its note never runs (not even to be rolled back: the write's code counts it), and the second
-// answers with the first's result as a replay, recorded as such.
-func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
+// TestLocalCopyWaitsForTheKeyAndReplays: two copies of one local write race. The first holds its claim (its key's
+// lock) and its note uncommitted; the second, which found no key, waits for that lock. When the first commits, the
+// second reads the key under the lock and finds it completed, so its note never runs (not even to be rolled back:
+// the write's code counts it), and the second answers with the first's result as a replay, recorded as such.
+func TestLocalCopyWaitsForTheKeyAndReplays(t *testing.T) {
 	t.Parallel()
 	env := servicetest.New(t)
 	if err := env.DB.Exec(`CREATE TABLE IF NOT EXISTS notes (id text PRIMARY KEY)`).Error; err != nil {
@@ -80,7 +79,7 @@ func TestClaimSentWithTheWriteLosesCleanly(t *testing.T) {
 
 // race sends two copies of one request under the key "race": the first, whose handler stores its backend's
 // pid in firstPID and then blocks on hold with its claim uncommitted; then the second, once the first holds.
-// When the second's claim waits on the first's transaction (pg_locks), it lets the first go, and returns both
+// When the second's claim waits on a lock the first holds (pg_locks), it lets the first go, and returns both
 // answers, the first's first.
 func race(t *testing.T, db *gorm.DB, url, body string, firstPID *atomic.Int64, hold chan struct{}) (answer, answer) {
 	t.Helper()
@@ -89,9 +88,12 @@ func race(t *testing.T, db *gorm.DB, url, body string, firstPID *atomic.Int64, h
 	servicetest.Eventually(t, "the first copy holds the key", func() bool { return firstPID.Load() != 0 })
 	go func() { second <- post(url, "race", body) }()
 	servicetest.Eventually(t, "the second copy's claim waits for the first's transaction", func() bool {
+		// A lock the first holds and another backend waits for: its key's (local) or its transaction's (external).
 		var waiting int64
-		db.Raw(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = ?
-WHERE NOT l.granted AND l.locktype = 'transactionid' AND l.transactionid = a.backend_xid`, firstPID.Load()).Scan(&waiting)
+		db.Raw(`SELECT count(*) FROM pg_locks w JOIN pg_locks h ON h.pid = ? AND h.granted AND h.locktype = w.locktype
+  AND h.database IS NOT DISTINCT FROM w.database AND h.transactionid IS NOT DISTINCT FROM w.transactionid
+  AND h.classid IS NOT DISTINCT FROM w.classid AND h.objid IS NOT DISTINCT FROM w.objid AND h.objsubid IS NOT DISTINCT FROM w.objsubid
+WHERE NOT w.granted AND w.locktype IN ('advisory', 'transactionid')`, firstPID.Load()).Scan(&waiting)
 		return waiting == 1
 	})
 	close(hold)

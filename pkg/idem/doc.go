@@ -9,17 +9,21 @@
 //	readKey ── found ─► decide: replay │ conflict 422 │ in progress 409 │ unknown 202 ─► record attempt ─► answer
 //	   │ none                  ▲
 //	   ▼                       │ key taken (a copy committed first)
-//	BEGIN + claim (INSERT the operation, holding the key) ── one round trip
+//	BEGIN + claim ── one round trip
+//	   │   local: the key's lock, and the key read again under it
+//	   │   external: INSERT the operation, running, holding the key
 //	   ▼
-//	Guard, then   local: write(tx) ─► outcome + response on the operation, one record + COMMIT ─► answer
-//	              external: Prepare(tx), COMMIT ─► Call ─► Record(tx) + outcome + response ─► answer
+//	Guard, then   local: write(tx) ─► INSERT the operation completed, with the response, one record + COMMIT ─► answer
+//	              external: Prepare(tx), COMMIT ─► Call ─► Record(tx): outcome + response on the operation ─► answer
 //	                                                  └─ lost ─► unknown, 202 (a Reconciler settles it)
 //
-// A key is a column of the operation it started (package opstatus writes it): a local create writes its
-// operation, one record and its own rows. Local mode (Handler.Run) is for effects in the same database: the
-// claim, the write and the stored response commit together, so a crash leaves nothing and the key free; a
-// concurrent copy waits on the claimed row and then replays. External mode (RunExternal) is for effects that leave the process: the claim commits first with
-// a lease, the effect runs outside any transaction, its result is recorded after.
+// A key is a column of the operation it started (package opstatus writes it). Local mode (Handler.Run) is for
+// effects in the same database: the claim, the write, the operation and its stored response commit together, so
+// a crash leaves nothing and the key free, and a local create writes its operation once, one record and its own
+// rows; a concurrent copy waits on the key's lock and then replays. A row the write inserts with a foreign key to
+// its operation needs that key DEFERRABLE INITIALLY DEFERRED: the operation comes after it. External mode (RunExternal) is for effects
+// that leave the process: the claim commits first with a lease, the effect runs outside any transaction, its
+// result is recorded after.
 //
 // The core speaks context.Context, http.Header and Answer; Handler.Handle adapts it to net/http and package
 // idemgin to gin. The write gets a *gorm.DB inside the claim's transaction (database.Tx), whatever the gorm

@@ -260,7 +260,8 @@ func (h *Handler) settle(ctx context.Context, a *attempt, event string, write fu
 // write runs in one transaction with the stored response and the move to the result's state, with a reconciled
 // event naming actor. Returns ErrAlreadySettled when the outcome was already recorded.
 func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor string, write func(ctx context.Context, tx *gorm.DB) (Result, error)) error {
-	a := &attempt{key: op.IdempotencyKey, fingerprint: op.Fingerprint, op: op, caller: Caller{AccountID: op.AccountID, Actor: actor}}
+	a := &attempt{key: op.IdempotencyKey, fingerprint: op.Fingerprint, op: op, caller: Caller{AccountID: op.AccountID, Actor: actor},
+		external: true}
 	_, err := h.settle(ctx, a, opstatus.EventReconciled, write)
 	return err
 }

@@ -75,7 +75,8 @@ type Result struct {
 }
 
 // WriteFunc does a local write inside tx, the transaction that holds the claim, whatever tx's gorm
-// configuration (its default transaction does not start; a nested Transaction is a savepoint).
+// configuration (its default transaction does not start; a nested Transaction is a savepoint). op is the
+// operation the write's outcome will be stored on: its row is inserted after the write returns, in tx.
 type WriteFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (Result, error)
 
 // Handler runs idempotent writes. Build it with New; the fields other than DB have defaults.
@@ -283,7 +284,7 @@ func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFu
 	resp, err := h.runLocal(ctx, a, req, write)
 	var lost commitLost
 	switch {
-	case opstatus.KeyTaken(err):
+	case keyTaken(err):
 		return h.taken(ctx, a, call.Header)
 	case errors.As(err, &lost):
 		// The connection went away during COMMIT: the write may have committed. Only the same key can tell.
@@ -327,7 +328,8 @@ type commitLost struct{ err error }
 func (c commitLost) Error() string { return "idem: commit lost: " + c.err.Error() }
 
 // runLocal is Run's transaction: claim, write, completion. BEGIN goes with the claim and COMMIT with the
-// completion (database.Tx). The operation gets one event, at completion, which records its claim too.
+// completion (database.Tx). The operation is written once, at completion, with one event that records its
+// claim too.
 func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write WriteFunc) (response, error) {
 	tx, err := database.Begin(ctx, h.DB)
 	if err != nil {
@@ -355,16 +357,25 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	return resp, nil
 }
 
-// claim takes a's key in tx by inserting its operation (with its claimed event when external), then checks the
-// lineage headers and runs the Guard. A key another operation holds fails it (opstatus.KeyTaken).
+// claim takes a's key in tx, then checks the lineage headers and runs the Guard. An external claim inserts its
+// operation running, with its claimed event, to commit before the effect. A local claim takes the key's lock
+// (sql/lock_key.sql) and reads the key again under it; its operation is inserted once, completed, with the
+// write's outcome (completion). A key another operation holds fails it (keyTaken).
 func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
-	var events []opstatus.NewEvent
-	if a.external {
-		events = []opstatus.NewEvent{{Type: opstatus.EventClaimed, To: opstatus.StateRunning, Actor: a.caller.Actor, Detail: a.claimDetail()}}
-	}
 	b := &pgx.Batch{}
-	if err := opstatus.QueueCreate(b, a.op, events); err != nil {
-		return err
+	if a.external {
+		events := []opstatus.NewEvent{{Type: opstatus.EventClaimed, To: opstatus.StateRunning, Actor: a.caller.Actor, Detail: a.claimDetail()}}
+		if err := opstatus.QueueCreate(b, a.op, events); err != nil {
+			return err
+		}
+	} else {
+		b.Queue(lockKeySQL, a.op.AccountID, a.key)
+		b.Queue(lookupSQL, a.op.AccountID, a.key).Query(func(rows pgx.Rows) error {
+			if rows.Next() {
+				return errKeyTaken
+			}
+			return rows.Err()
+		})
 	}
 	if err := tx.Send(ctx, b); err != nil {
 		return err
@@ -378,9 +389,9 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 	return nil
 }
 
-// completion is the batch that stores res as a's response and moves a's operation to res's state with an event
-// of type event by a's caller; it must go with the COMMIT. It fails with ErrAlreadySettled when another worker
-// settled the operation first.
+// completion is the batch that stores res as a's response, with a's operation in res's state and an event of
+// type event by a's caller; it must go with the COMMIT. An external operation is moved in place, and the batch
+// fails with ErrAlreadySettled when another worker settled it first; a local one is inserted, completed.
 func (h *Handler) completion(a *attempt, res Result, event string) (response, *pgx.Batch, error) {
 	resp, err := render(res)
 	if err != nil {
@@ -395,14 +406,28 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 		a.op.State = opstatus.StateSucceeded
 	}
 	b := &pgx.Batch{}
-	err = opstatus.QueueComplete(b, a.op, opstatus.Completion{State: a.op.State, Resource: res.Resource,
+	c := opstatus.Completion{State: a.op.State, Resource: res.Resource,
 		Event:  opstatus.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
-		Status: resp.Status, Header: resp.Header, Body: resp.Body, Retention: h.retention(), Lifetime: h.keyLifetime()})
+		Status: resp.Status, Header: resp.Header, Body: resp.Body, Retention: h.retention(), Lifetime: h.keyLifetime()}
+	if a.external {
+		err = opstatus.QueueComplete(b, a.op, c)
+	} else {
+		err = opstatus.QueueCreateCompleted(b, a.op, c)
+	}
 	return resp, b, err
 }
 
-// taken answers a request whose claim found the key taken, from the key as committed now (read with the
-// others: the copies of a storm lose their claims together).
+// errKeyTaken: a local claim found its key held once it had the key's lock (a copy committed first).
+var errKeyTaken = errors.New("idem: the key is held by another operation")
+
+// keyTaken reports whether a claim failed on a key another operation holds: a local claim's read under the
+// key's lock, or the insert of an operation holding it (opstatus.KeyTaken).
+func keyTaken(err error) bool {
+	return errors.Is(err, errKeyTaken) || opstatus.KeyTaken(err)
+}
+
+// taken answers a request whose claim found the key taken, from the key as committed now (read in one round
+// trip with the other requests' reads).
 func (h *Handler) taken(ctx context.Context, a *attempt, header http.Header) Answer {
 	s, found, err := h.readKey(ctx, a.op.AccountID, a.key)
 	if err == nil && !found {

@@ -79,6 +79,8 @@ var (
 	attemptKnownSQL string
 	//go:embed sql/attempt_recorded.sql
 	attemptRecordedSQL string
+	//go:embed sql/lock_key.sql
+	lockKeySQL string
 	//go:embed sql/lock_operation.sql
 	lockOperationSQL string
 	//go:embed sql/superseded.sql

@@ -21,9 +21,11 @@ import (
 // The key store's own tests: the statements and the transaction production runs (Handler.claim, completion and
 // prune on database.Tx), below the HTTP layer the other tests go through.
 
+// newAttempt is an external attempt: its claim inserts its operation, which its completion moves in place.
 func newAttempt(account, key, fp string) *attempt {
-	return &attempt{key: key, fingerprint: fp, caller: Caller{AccountID: account, Actor: "test"}, op: opstatus.Operation{
-		ID: opstatus.NewID(), AccountID: account, Kind: "test", State: opstatus.StateRunning, IdempotencyKey: key, Fingerprint: fp}}
+	return &attempt{key: key, fingerprint: fp, caller: Caller{AccountID: account, Actor: "test"}, external: true,
+		op: opstatus.Operation{ID: opstatus.NewID(), AccountID: account, Kind: "test", State: opstatus.StateRunning,
+			IdempotencyKey: key, Fingerprint: fp}}
 }
 
 // claimed claims a's key with its operation and commits, as external mode does.
@@ -79,26 +81,20 @@ func TestKeysAreScopedToAccounts(t *testing.T) {
 	}
 }
 
-// TestCompletionFailsBeforeCommit: the completion is sent with its COMMIT without waiting for its answer. A
-// completion for an operation other than the one that claimed the key stores nothing, fails with
+// TestCompletionFailsBeforeCommit: the completion is sent with its COMMIT without waiting for its answer. An
+// external completion for an operation other than the one that claimed the key stores nothing, fails with
 // ErrAlreadySettled, and the COMMIT sent behind it never applies: nothing of the transaction is kept, the claim
-// included. The right completion commits the operation holding its key and its one event.
+// included. The right completion commits the operation holding its key, its claimed event and its outcome's.
 func TestCompletionFailsBeforeCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.Schema(t).DB
 	h := &Handler{DB: db}
-	count := func(table string) (n int64) {
-		if err := db.Table(table).Count(&n).Error; err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 	for _, tc := range []struct {
-		name  string
-		other bool
-		rows  int64
-	}{{"another operation", true, 0}, {"its operation", false, 1}} {
+		name         string
+		other        bool
+		ops, records int64
+	}{{"another operation", true, 0, 0}, {"its operation", false, 1, 2}} {
 		a := newAttempt("acct", "k", "fp")
 		tx, err := database.Begin(ctx, db)
 		if err != nil {
@@ -116,19 +112,94 @@ func TestCompletionFailsBeforeCommit(t *testing.T) {
 		}
 		err = tx.Commit(ctx, b)
 		tx.Close()
-		if (err == nil) != (tc.rows == 1) || (tc.other && !errors.Is(err, ErrAlreadySettled)) {
+		if (err == nil) != (tc.ops == 1) || (tc.other && !errors.Is(err, ErrAlreadySettled)) {
 			t.Fatalf("%s: commit = %v", tc.name, err)
 		}
-		if n := count("operations"); n != tc.rows {
-			t.Fatalf("%s: %d operations; want %d", tc.name, n, tc.rows)
-		}
-		if n := count("operation_events"); n != tc.rows {
-			t.Fatalf("%s: %d events; want %d", tc.name, n, tc.rows)
+		if ops, records := count(t, db, "operations"), count(t, db, "operation_events"); ops != tc.ops || records != tc.records {
+			t.Fatalf("%s: %d operations, %d records; want %d and %d", tc.name, ops, records, tc.ops, tc.records)
 		}
 	}
 }
 
-// TestCompletionIsHeapOnly: a local completion moves its operation from running to succeeded and stores the
+// TestLocalOperationIsWrittenOnce: a local claim writes nothing (it takes its key's lock and reads the key); its
+// completion inserts the operation completed, holding its key with the response, and its one record, and updates
+// no row. When an external claim took the key between the local claim's read and its completion, the completion
+// fails on the key (keyTaken) and nothing of the transaction is kept, its write included.
+func TestLocalOperationIsWrittenOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.Schema(t).DB
+	h := &Handler{DB: db}
+	if err := db.Exec(`CREATE TABLE IF NOT EXISTS written_once (id text PRIMARY KEY)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	const counters = `SELECT pg_stat_get_xact_tuples_inserted('operations'::regclass), pg_stat_get_xact_tuples_updated('operations'::regclass)`
+	for _, tc := range []struct {
+		name  string
+		taken bool
+	}{{"key free", false}, {"key taken meanwhile", true}} {
+		key := strings.ReplaceAll(tc.name, " ", "-")
+		a := newAttempt("acct", key, "fp")
+		a.external = false
+		tx, err := database.Begin(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var inserted0, updated0, inserted, updated int64
+		b := &pgx.Batch{}
+		b.Queue(counters).QueryRow(func(row pgx.Row) error { return row.Scan(&inserted0, &updated0) })
+		if err := tx.Send(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.claim(ctx, tx, a, Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Gorm().Exec(`INSERT INTO written_once VALUES (?)`, key).Error; err != nil {
+			t.Fatal(err)
+		}
+		if tc.taken {
+			claimed(t, h, newAttempt("acct", key, "fp"))
+		}
+		_, b, err = h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstatus.EventCompleted)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Queue(counters).QueryRow(func(row pgx.Row) error { return row.Scan(&inserted, &updated) })
+		err = tx.Commit(ctx, b)
+		tx.Close()
+		if tc.taken {
+			var notes int64
+			db.Raw(`SELECT count(*) FROM written_once WHERE id = ?`, key).Scan(&notes)
+			if !keyTaken(err) || notes != 0 {
+				t.Fatalf("%s: commit = %v, %d notes; want the key taken and no note", tc.name, err, notes)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if inserted-inserted0 != 1 || updated-updated0 != 0 {
+			t.Fatalf("%s: %d operations inserted, %d updated; want 1 and 0", tc.name, inserted-inserted0, updated-updated0)
+		}
+		var state, keyState string
+		var records int64
+		db.Raw(`SELECT state, key_state FROM operations WHERE id = ?`, a.op.ID).Row().Scan(&state, &keyState)
+		db.Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ?`, a.op.ID).Scan(&records)
+		if state != "succeeded" || keyState != "completed" || records != 1 {
+			t.Fatalf("%s: operation %s, key %s, %d records; want succeeded, completed and 1", tc.name, state, keyState, records)
+		}
+	}
+}
+
+func count(t *testing.T, db *gorm.DB, table string) (n int64) {
+	t.Helper()
+	if err := db.Table(table).Count(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestCompletionIsHeapOnly: an external completion moves its operation from running to succeeded and stores the
 // response without changing any indexed column, so PostgreSQL updates the row in place (HOT) instead of adding
 // an entry to each of the table's indexes. An index on state, key_state or updated_at would end that: index the
 // generated columns (unknown, key_held) instead (migration 00019).

@@ -15,9 +15,10 @@ import (
 )
 
 // An operation started under an idempotency key holds that key (package idem): QueueCreate claims it,
-// QueueComplete stores the key's response on the operation, QueueRelease gives the key up before the effect was
-// sent, PruneKeys drops responses and keys past their expiry. The operations table's key columns are written
-// here only.
+// QueueComplete stores the key's response on the operation, QueueCreateCompleted inserts an operation already
+// completed (a local write's, whose claim and outcome commit together), QueueRelease gives the key up before the
+// effect was sent, PruneKeys drops responses and keys past their expiry. The operations table's key columns are
+// written here only.
 
 // ErrAlreadySettled: the operation is not running under its key any more (another worker recorded its outcome,
 // or released it), so nothing was written; PostgreSQL skips whatever was sent after it, COMMIT included.
@@ -79,6 +80,38 @@ WITH prev AS (
     SELECT id, account_id, $11, from_state, $3, $12, $13::jsonb FROM op
 )
 SELECT 1 / count(*) FROM op` // no row: division by zero fails the batch (settledCheck)
+
+// QueueCreateCompleted queues on b the insert of op in c.State, holding its key with c's response stored, and
+// of c's event (from running: the event records the operation's start and its outcome). It is for a write whose
+// operation, effect and response commit in one transaction, so that the operation is written once, never moved
+// (docs/benchmarks.md). When another operation of the account holds the key the insert fails as QueueCreate's
+// does (KeyTaken).
+func QueueCreateCompleted(b *pgx.Batch, op Operation, c Completion) error {
+	detail, err := marshalDetail(op.ID, c.Event.Detail)
+	if err != nil {
+		return err
+	}
+	var resType, resID *string
+	if c.Resource != nil {
+		resType, resID = &c.Resource.Type, &c.Resource.ID
+	}
+	b.Queue(createCompletedSQL, op.AccountID, op.ID, op.Kind, c.State, op.IdempotencyKey, op.Fingerprint, resType, resID,
+		c.Status, c.Header, c.Body, c.Retention.Seconds(), c.Lifetime.Seconds(), c.Event.Type, c.Event.Actor, detail)
+	return nil
+}
+
+const createCompletedSQL = `
+WITH op AS (
+    INSERT INTO operations (account_id, id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
+                            key_state, response_status, response_headers, response_body, completed_at,
+                            response_expires_at, key_expires_at)
+    VALUES ($1, $2, $3, $4, nullif($5, ''), nullif($6, ''), $7, $8,
+            CASE WHEN $5 <> '' THEN 'completed' END, $9, $10::jsonb, $11, now(),
+            now() + $12 * interval '1 second', now() + $13 * interval '1 second')
+    RETURNING account_id, id
+)
+INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+SELECT id, account_id, $14, 'running', $4, $15, $16::jsonb FROM op`
 
 // QueueRelease queues on b the cancellation of op, running and holding its key, with an event of type
 // eventType (its detail, by actor), and the release of its key: a retry with the key claims it again. When op is

@@ -2,8 +2,9 @@
 // events, so a caller that timed out can ask what happened instead of guessing.
 //
 // This package is the only writer of the operations and operation_events tables. An operation is born with
-// QueueCreate, and its insert is the claim of its idempotency key (pkg/idem); QueueComplete stores the key's
-// response with the operation's outcome (keys.go). Everything after goes through
+// QueueCreate, and its insert is the claim of its idempotency key (pkg/idem, external mode); QueueComplete stores
+// the key's response with the operation's outcome. An operation whose claim, effect and outcome commit together
+// (pkg/idem, local mode) is born completed, with QueueCreateCompleted (keys.go). Everything after goes through
 // Transition for a change of state (idem recording a result, a deploy controller moving queued to running, the
 // recovery worker marking an expired lease unknown) and Append for evidence that changes no state (a provider
 // lookup, an approval check). Reads (Get, FindByKey, GET /v1/operations) are here too.
@@ -283,10 +284,11 @@ func Append(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor st
 			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
 		}
 	}
+	// The operation may not be inserted yet: a local write's is, completed, at the end of its transaction (package
+	// idem). The records' foreign key, checked at COMMIT, refuses a record of an operation that never is.
 	err := db.WithContext(ctx).Exec(`
-INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-SELECT o.id, o.account_id, ?, ?, ?::jsonb FROM operations o WHERE o.account_id = ? AND o.id = ?`,
-		eventType, actor, string(raw), accountID, id).Error
+INSERT INTO operation_events (operation_id, account_id, type, actor, detail) VALUES (?, ?, ?, ?, ?::jsonb)`,
+		id, accountID, eventType, actor, string(raw)).Error
 	if err != nil {
 		return fmt.Errorf("opstatus: append to %s: %w", id, err)
 	}
