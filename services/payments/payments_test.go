@@ -276,6 +276,7 @@ func testOwnerGone(t *testing.T, h *harness) {
 		return proctest.Start(t, h.bin, []string{"serve", "payments"}, map[string]string{
 			"DATABASE_URL": db.DSN, "PROVIDER_URL": h.providerURL, "PROVIDER_SECRET": merchantSecret(t),
 			"OPERATION_LEASE": "30s", "PROVIDER_TIMEOUT": "2s", "RETRYSAFE_FAILPOINTS": failpoints,
+			"LOG_LEVEL": "info", // "owner lock held"
 		}, "PAYMENTS_ADDR")
 	}
 	live := start("")
@@ -285,6 +286,9 @@ func testOwnerGone(t *testing.T, h *harness) {
 		Status(t, http.StatusCreated).Decode(t, &in)
 
 	doomed := start(idem.FailpointBeforeExternalCall + "=pause")
+	// Until a process holds its owner lock its claims are not marked (opstatus.HoldOwner); under load that can
+	// outlast its start.
+	doomed.WaitFor(t, "owner lock held")
 	path := "/v1/payment_intents/" + in.ID + "/capture"
 	done := make(chan error, 1)
 	go func() {
