@@ -21,9 +21,9 @@
 // effects in the same database: the claim, the write, the operation and its stored response commit together, so
 // a crash leaves nothing and the key free, and a local create writes its operation once, one record and its own
 // rows; a concurrent copy waits on the key's lock and then replays. A row the write inserts with a foreign key to
-// its operation needs that key DEFERRABLE INITIALLY DEFERRED: the operation comes after it. External mode (RunExternal) is for effects
-// that leave the process: the claim commits first with a lease, the effect runs outside any transaction, its
-// result is recorded after.
+// its operation needs that key DEFERRABLE INITIALLY DEFERRED: the operation comes after it. External mode
+// (RunExternal) is for effects that leave the process: the claim commits first with a lease, the effect runs
+// outside any transaction, its result is recorded after.
 //
 // The core speaks context.Context, http.Header and Answer; Handler.Handle adapts it to net/http and package
 // idemgin to gin. The write gets a *gorm.DB inside the claim's transaction (database.Tx), whatever the gorm
