@@ -32,10 +32,7 @@ func QueueCreate(b *pgx.Batch, op Operation, events []NewEvent) error {
 		}
 		types[i], froms[i], tos[i], actors[i], details[i] = e.Type, stateText(e.From), stateText(e.To), e.Actor, raw
 	}
-	var resType, resID *string
-	if op.Resource != nil {
-		resType, resID = &op.Resource.Type, &op.Resource.ID
-	}
+	resType, resID := op.Resource.columns()
 	b.Queue(insertOperationSQL, op.ID, op.AccountID, op.Kind, op.State, op.IdempotencyKey, op.Fingerprint,
 		resType, resID, op.LeaseExpiresAt)
 	if len(events) > 0 {

@@ -51,10 +51,7 @@ func QueueComplete(b *pgx.Batch, op Operation, c Completion) error {
 	if err != nil {
 		return err
 	}
-	var resType, resID *string
-	if c.Resource != nil {
-		resType, resID = &c.Resource.Type, &c.Resource.ID
-	}
+	resType, resID := c.Resource.columns()
 	b.Queue(completeSQL, op.AccountID, op.ID, c.State, resType, resID, c.Status, c.Header, c.Body,
 		c.Retention.Seconds(), c.Lifetime.Seconds(), c.Event.Type, c.Event.Actor, detail).QueryRow(settledCheck)
 	return nil
@@ -91,10 +88,7 @@ func QueueCreateCompleted(b *pgx.Batch, op Operation, c Completion) error {
 	if err != nil {
 		return err
 	}
-	var resType, resID *string
-	if c.Resource != nil {
-		resType, resID = &c.Resource.Type, &c.Resource.ID
-	}
+	resType, resID := c.Resource.columns()
 	b.Queue(createCompletedSQL, op.AccountID, op.ID, op.Kind, c.State, op.IdempotencyKey, op.Fingerprint, resType, resID,
 		c.Status, c.Header, c.Body, c.Retention.Seconds(), c.Lifetime.Seconds(), c.Event.Type, c.Event.Actor, detail)
 	return nil

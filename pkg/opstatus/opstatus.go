@@ -136,6 +136,14 @@ type Resource struct {
 	ID   string `json:"id"`
 }
 
+// columns is r as the operations table's resource_type and resource_id: NULL and NULL for none.
+func (r *Resource) columns() (typ, id *string) {
+	if r == nil {
+		return nil, nil
+	}
+	return &r.Type, &r.ID
+}
+
 // Operation is one intended action of one account.
 type Operation struct {
 	ID             string     `json:"id"`
@@ -243,10 +251,7 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State
 			return false, fmt.Errorf("opstatus: transition %s: detail: %w", id, err)
 		}
 	}
-	var resType, resID *string
-	if t.resource != nil {
-		resType, resID = &t.resource.Type, &t.resource.ID
-	}
+	resType, resID := t.resource.columns()
 	var n int64
 	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert takes KEY SHARE on the operation for its foreign key,
 	// which FOR UPDATE would make wait for this transaction.
