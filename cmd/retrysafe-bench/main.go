@@ -5,6 +5,8 @@
 //
 //	retrysafe-bench -pg postgres://postgres@127.0.0.1:5432 -bin bin/retrysafe [-d 10s] [-c 32] [-preload N]
 //	retrysafe-bench baseline    (the baseline server: DATABASE_URL, ADDR; started by the harness itself)
+//	retrysafe-bench ceiling     (the ceiling server, likewise)
+//	retrysafe-bench schema-ceiling  (the schema ceiling server, likewise)
 //
 // It prints a table on stdout, progress on stderr, and draws -chart (a PNG).
 package main
@@ -42,6 +44,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) > 0 && args[0] == bench.TargetCeiling {
 		return bench.ServeCeiling(ctx, getenv("DATABASE_URL"), getenv("ADDR"))
 	}
+	if len(args) > 0 && args[0] == bench.TargetSchema {
+		return bench.ServeSchemaCeiling(ctx, getenv("DATABASE_URL"), getenv("ADDR"))
+	}
 	fs := flag.NewFlagSet("retrysafe-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	pg := fs.String("pg", "postgres://postgres@127.0.0.1:5432", "PostgreSQL server (no database): the harness makes and drops its databases there")
@@ -53,6 +58,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	keys := fs.Int("keys", 1000, "stored keys that replay cycles over")
 	pgbench := fs.Bool("pgbench", true, "measure pgbench's one-row insert first, when pgbench is installed")
 	ceiling := fs.Bool("ceiling", true, "measure the ceiling too: the baseline with the least idempotency, a stored key (internal/bench/ceiling.go)")
+	schemaCeiling := fs.Bool("schema-ceiling", true, "measure the schema ceiling too: the ceiling writing retrysafe's rows into retrysafe's schema (internal/bench/schemaceiling.go)")
 	payments := fs.Bool("payments", true, "measure payments' intent create and capture")
 	preload := fs.Int64("preload", 0, "growth: also measure create and replay on tables holding this many completed creates")
 	preloadSQL := fs.String("preload-sql", "scripts/bench-preload.sql", "the loader of -preload")
@@ -101,7 +107,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	cfg := bench.Config{
 		Server: bench.Server{Base: *pg}, Bin: binPath, Self: self,
 		Duration: *d, Warmup: *warmup, Clients: *clients, Storm: *storm, ReplayKeys: *keys,
-		Pgbench: *pgbench, Ceiling: *ceiling, Payments: *payments,
+		Pgbench: *pgbench, Ceiling: *ceiling, SchemaCeiling: *schemaCeiling, Payments: *payments,
 		Preload: *preload, PreloadSQL: *preloadSQL, PreloadBatch: *batch, PreloadFor: *preloadFor,
 		KeyIDSecret: secret, Chart: *chart, LogDir: logDir, Out: stdout, Progress: stderr, TTY: tty,
 	}
@@ -117,6 +123,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		series := []bench.Series{{Name: "baseline (gin + gorm insert)", Target: bench.TargetBaseline}}
 		if *ceiling {
 			series = append(series, bench.Series{Name: "ceiling (the insert and a stored key)", Target: bench.TargetCeiling})
+		}
+		if *schemaCeiling {
+			series = append(series, bench.Series{Name: "schema ceiling (retrysafe's rows, nothing else)", Target: bench.TargetSchema})
 		}
 		series = append(series, bench.Series{Name: "retrysafe serve tickets", Target: bench.TargetTickets})
 		if rep.Preloaded > 0 {

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,11 +17,40 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 )
 
-// TestCeilingStoresEachKeyOnce: the ceiling is a bound only if it does what it claims, the least idempotency:
+// TestCeilingsStoreEachKeyOnce: a ceiling is a bound only if it does what it claims, the least idempotency:
 // copies of one request sent at once make one ticket and all get its answer, a retry gets the stored answer,
-// and another body under the same key is refused without a write. On a database of its own, dropped after.
-func TestCeilingStoresEachKeyOnce(t *testing.T) {
-	t.Parallel()
+// and another body under the same key is refused without a write. The schema ceiling also records every
+// attempt, as retrysafe does: the create's own record, one per copy and retry answered from the key, one for
+// the refusal. Each on a database of its own, dropped after.
+func TestCeilingsStoreEachKeyOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		serve func(ctx context.Context, databaseURL, addr string) error
+		rows  map[string]int64
+	}{
+		{TargetCeiling, ServeCeiling, map[string]int64{
+			"SELECT count(*) FROM tickets":      1,
+			"SELECT count(*) FROM ceiling_keys": 1,
+		}},
+		{TargetSchema, ServeSchemaCeiling, map[string]int64{
+			"SELECT count(*) FROM tickets": 1,
+			"SELECT count(*) FROM operations WHERE key_state = 'completed' AND resource_id = (SELECT id FROM tickets)": 1,
+			"SELECT count(*) FROM operation_events WHERE type = 'completed'":                                           1,
+			"SELECT count(*) FROM operation_events WHERE type = 'replayed'":                                            8,
+			"SELECT count(*) FROM operation_events WHERE type = 'conflict_rejected'":                                   1,
+			"SELECT count(*) FROM operation_events":                                                                    10,
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ceilingStoresEachKeyOnce(t, tc.serve, tc.rows)
+		})
+	}
+}
+
+// ceilingStoresEachKeyOnce runs serve on a fresh database, sends it the requests above and checks each of rows
+// (a count query) gives its count.
+func ceilingStoresEachKeyOnce(t *testing.T, serve func(ctx context.Context, databaseURL, addr string) error, rows map[string]int64) {
 	ctx := context.Background()
 	u, err := url.Parse(testdb.URL())
 	if err != nil {
@@ -27,7 +58,7 @@ func TestCeilingStoresEachKeyOnce(t *testing.T) {
 	}
 	u.Path, u.RawQuery = "", ""
 	srv := Server{Base: u.String()}
-	name := fmt.Sprintf("bench_ceiling_test_%d", os.Getpid())
+	name := fmt.Sprintf("bench_%s_test_%d", strings.ReplaceAll(path.Base(t.Name()), "-", "_"), os.Getpid())
 	if err := srv.Fresh(ctx, name); err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +69,7 @@ func TestCeilingStoresEachKeyOnce(t *testing.T) {
 	}
 	sctx, stop := context.WithCancel(ctx)
 	served := make(chan error, 1)
-	go func() { served <- ServeCeiling(sctx, srv.URL(name), addr) }()
+	go func() { served <- serve(sctx, srv.URL(name), addr) }()
 	t.Cleanup(func() {
 		stop()
 		if err := <-served; err != nil {
@@ -46,13 +77,13 @@ func TestCeilingStoresEachKeyOnce(t *testing.T) {
 		}
 	})
 	base := "http://" + addr
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	for deadline := time.Now().Add(60 * time.Second); ; {
 		if res, err := http.Get(base + "/healthz"); err == nil {
 			res.Body.Close()
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the ceiling did not start")
+			t.Fatal("the server did not start")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -86,9 +117,9 @@ func TestCeilingStoresEachKeyOnce(t *testing.T) {
 	if status, got := post(`{"project":"bench","title":"two"}`); status != http.StatusUnprocessableEntity {
 		t.Fatalf("another body under the key: %d %s; want 422", status, got)
 	}
-	for _, table := range []string{"tickets", "ceiling_keys"} {
-		if n, err := srv.Query1(ctx, name, "SELECT count(*) FROM "+table); err != nil || n != 1 {
-			t.Fatalf("%s: %d rows (%v); want 1", table, n, err)
+	for query, want := range rows {
+		if n, err := srv.Query1(ctx, name, query); err != nil || n != want {
+			t.Errorf("%s: %d (%v); want %d", query, n, err, want)
 		}
 	}
 }

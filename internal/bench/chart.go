@@ -19,10 +19,14 @@ type Series struct {
 	Target string
 }
 
+// palette colours the series in order: the baseline, the ceiling, the schema ceiling, retrysafe, the growth run
+// (without the ceilings, retrysafe takes the second colour).
 var palette = []color.Color{
-	color.RGBA{R: 0x88, G: 0x88, B: 0x88, A: 0xff}, // baseline: grey
-	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, // retrysafe: blue
-	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}, // growth: orange
+	color.RGBA{R: 0x88, G: 0x88, B: 0x88, A: 0xff}, // grey
+	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, // blue
+	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}, // orange
+	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}, // green
+	color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}, // red
 }
 
 // Chart draws two panels into a PNG at path: requests per second and p99 latency per mode, one bar per series

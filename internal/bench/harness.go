@@ -32,6 +32,7 @@ const (
 	TargetPgbench   = "pgbench insert"
 	TargetBaseline  = "baseline"
 	TargetCeiling   = "ceiling"
+	TargetSchema    = "schema-ceiling"
 	TargetTickets   = "retrysafe"
 	TargetPayments  = "payments"
 	targetGrowthFmt = "retrysafe, %s preloaded"
@@ -40,8 +41,8 @@ const (
 // Config is one run of the harness.
 type Config struct {
 	Server Server
-	// Bin is the retrysafe binary; Self this harness's binary, started as `Self baseline` for the baseline and
-	// `Self ceiling` for the ceiling.
+	// Bin is the retrysafe binary; Self this harness's binary, started as `Self baseline` for the baseline,
+	// `Self ceiling` for the ceiling and `Self schema-ceiling` for the schema ceiling.
 	Bin, Self string
 	// Duration of each timed mode, Warmup of the untimed create before them; Clients the concurrency; Storm the
 	// copies of one key sent at once; ReplayKeys the stored keys replay cycles over.
@@ -51,8 +52,11 @@ type Config struct {
 	// Pgbench adds pgbench's one-row insert (the machine's limit) when the pgbench command is found.
 	Pgbench bool
 	// Ceiling adds the ceiling (ServeCeiling): the baseline with the least idempotency, a stored key.
-	Ceiling  bool
-	Payments bool
+	Ceiling bool
+	// SchemaCeiling adds the schema ceiling (ServeSchemaCeiling): the ceiling writing retrysafe's rows into
+	// retrysafe's schema.
+	SchemaCeiling bool
+	Payments      bool
 	// Preload, when > 0, adds the growth run: a database with Preload completed creates (PreloadSQL, in batches
 	// of PreloadBatch), measured with create and replay.
 	Preload      int64
@@ -118,6 +122,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Ceiling {
 		h.total += 5
 	}
+	if cfg.SchemaCeiling {
+		h.total += 5
+	}
 	if cfg.Payments {
 		h.total += 3
 	}
@@ -156,6 +163,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if cfg.Ceiling {
 		if err := h.reference(ctx, TargetCeiling); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.SchemaCeiling {
+		if err := h.reference(ctx, TargetSchema); err != nil {
 			return nil, err
 		}
 	}
@@ -329,8 +341,8 @@ func (h *harness) pgbench(ctx context.Context) error {
 	return nil
 }
 
-// reference measures a reference server of this harness's own binary (`Self baseline`, `Self ceiling`) on a
-// fresh database.
+// reference measures a reference server of this harness's own binary (`Self baseline`, `Self ceiling`,
+// `Self schema-ceiling`) on a fresh database.
 func (h *harness) reference(ctx context.Context, target string) error {
 	db := "bench_" + target
 	if err := h.fresh(ctx, db); err != nil {

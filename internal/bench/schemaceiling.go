@@ -1,0 +1,166 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/services/schema"
+)
+
+// The schema ceiling is the ceiling (ceiling.go) writing the rows retrysafe's design asks for, into retrysafe's
+// own schema (migrations/ and services/schema, with their indexes, constraints and triggers): a create is the
+// operation holding its key with the stored response, the operation's one event (its attempt record) and the
+// ticket, in one autocommit statement after the key's read; a retry is the key's read and one attempt record,
+// a plain insert. Still two round trips and one commit each, as the ceiling's create.
+//
+// It measures how much of retrysafe's distance from the ceiling is the rows themselves (three rows and their
+// eleven indexes where the ceiling writes two rows and two) and how much is the project's own work around them:
+// the claim's transaction and lock, the canonical fingerprint, the adopter's handler in that transaction, the
+// sealing of the records, accounts, rate limits, logs and metrics, which this server does none of. It is not a
+// design to copy either: its fingerprint is the raw body's, a retry of a request still running is answered as a
+// conflict on the key's index instead of by the operation's state, and nothing seals its records.
+
+// ServeSchemaCeiling serves POST /v1/tickets (and GET /healthz) at addr on databaseURL until ctx ends, as
+// ServeCeiling does, on retrysafe's schema (applied first).
+func ServeSchemaCeiling(ctx context.Context, databaseURL, addr string) error {
+	db, closeDB, err := openReference(databaseURL)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	if err := schema.Up(ctx, sqlDB); err != nil {
+		return err
+	}
+	r := gin.New()
+	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.POST("/v1/tickets", func(c *gin.Context) { schemaCeilingCreate(c, db) })
+	return serveReference(ctx, addr, r)
+}
+
+// schemaTicket is a ticket as services/tickets answers it.
+type schemaTicket struct {
+	ID            string    `json:"id"`
+	Project       string    `json:"project"`
+	Title         string    `json:"title"`
+	Description   string    `json:"description"`
+	Priority      string    `json:"priority"`
+	Status        string    `json:"status"`
+	SourceEventID *string   `json:"source_event_id"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+	Deduplicated  bool      `json:"deduplicated"`
+}
+
+func schemaCeilingCreate(c *gin.Context, db *gorm.DB) {
+	start := time.Now()
+	raw, err := io.ReadAll(io.LimitReader(c.Request.Body, 1<<20))
+	if err != nil {
+		c.JSON(http.StatusBadRequest, gin.H{"error": err.Error()})
+		return
+	}
+	sum := sha256.Sum256(raw)
+	fingerprint := hex.EncodeToString(sum[:])
+	account := referenceAccount(c)
+	key := c.GetHeader("Idempotency-Key")
+	if key == "" {
+		c.JSON(http.StatusBadRequest, gin.H{"error": "Idempotency-Key is required"})
+		return
+	}
+	if schemaCeilingAnswerStored(c, db, account, key, fingerprint) {
+		return
+	}
+	var in baselineCreate
+	if err := json.Unmarshal(raw, &in); err != nil || in.Project == "" || in.Title == "" {
+		c.JSON(http.StatusBadRequest, gin.H{"error": "project and title are required"})
+		return
+	}
+	if in.Priority == "" {
+		in.Priority = "normal"
+	}
+	now := time.Now().UTC()
+	t := schemaTicket{ID: ids.New("tkt"), Project: in.Project, Title: in.Title, Priority: in.Priority, Status: "open",
+		CreatedAt: now, UpdatedAt: now}
+	body, err := json.Marshal(t)
+	if err != nil {
+		c.JSON(http.StatusInternalServerError, gin.H{"error": err.Error()})
+		return
+	}
+	header, _ := json.Marshal(map[string][]string{"Location": {"/v1/tickets/" + t.ID}})
+	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att"), "duration_ms": time.Since(start).Milliseconds(),
+		"fingerprint": fingerprint, "outcome": "created", "status": http.StatusCreated})
+	// The operation (holding the key, its response stored), its event and the ticket in one statement: the event
+	// and the ticket are inserted only if the operation was. A concurrent copy waits on operations_key until the
+	// first commits, then inserts nothing and reads the stored answer.
+	res := db.WithContext(c).Exec(`WITH op AS (
+    INSERT INTO operations (account_id, id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
+                            key_state, response_status, response_headers, response_body, completed_at,
+                            response_expires_at, key_expires_at)
+    VALUES (?, ?, 'tickets.create', 'succeeded', ?, ?, 'ticket', ?, 'completed', 201, ?::jsonb, ?, now(),
+            now() + interval '72 hours', now() + interval '90 days')
+    ON CONFLICT (account_id, idempotency_key) WHERE key_held DO NOTHING
+    RETURNING account_id, id
+), ev AS (
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
+    SELECT id, account_id, 'completed', 'running', 'succeeded', 'agent:bench', ?::jsonb FROM op
+)
+INSERT INTO tickets (id, account_id, project, title, description, priority, status, created_at, updated_at)
+SELECT ?, account_id, ?, ?, '', ?, 'open', ?, ? FROM op`,
+		account, ids.New("op"), key, fingerprint, t.ID, string(header), body, string(detail),
+		t.ID, t.Project, t.Title, t.Priority, now, now)
+	switch {
+	case res.Error != nil:
+		c.JSON(http.StatusServiceUnavailable, gin.H{"error": "insert failed"})
+	case res.RowsAffected == 1:
+		c.Header("Location", "/v1/tickets/"+t.ID)
+		c.Data(http.StatusCreated, "application/json", body)
+	case !schemaCeilingAnswerStored(c, db, account, key, fingerprint):
+		c.JSON(http.StatusServiceUnavailable, gin.H{"error": "the key was taken and is gone"})
+	}
+}
+
+// schemaCeilingAnswerStored answers from the operation holding the key, if there is one, after recording the
+// attempt: its stored response, or 422 for another body.
+func schemaCeilingAnswerStored(c *gin.Context, db *gorm.DB, account, key, fingerprint string) bool {
+	var stored []struct {
+		ID             string
+		Fingerprint    string
+		ResponseStatus int
+		ResponseBody   []byte
+	}
+	if err := db.WithContext(c).Raw(`SELECT id, fingerprint, response_status, response_body FROM operations
+WHERE account_id = ? AND idempotency_key = ? AND key_held`, account, key).Scan(&stored).Error; err != nil || len(stored) == 0 {
+		return false
+	}
+	op := stored[0]
+	event, status, outcome := "replayed", op.ResponseStatus, "replayed"
+	if op.Fingerprint != fingerprint {
+		event, status, outcome = "conflict_rejected", http.StatusUnprocessableEntity, "refused"
+	}
+	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att"), "fingerprint": fingerprint,
+		"outcome": outcome, "status": status})
+	if err := db.WithContext(c).Exec(`INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
+VALUES (?, ?, ?, 'agent:bench', ?::jsonb)`, op.ID, account, event, string(detail)).Error; err != nil {
+		c.JSON(http.StatusServiceUnavailable, gin.H{"error": fmt.Sprintf("record the attempt: %v", err)})
+		return true
+	}
+	if status == http.StatusUnprocessableEntity {
+		c.JSON(status, gin.H{"error": "this Idempotency-Key was used for another request"})
+		return true
+	}
+	c.Data(status, "application/json", op.ResponseBody)
+	return true
+}
