@@ -23,8 +23,8 @@ import (
 // ticket, in one autocommit statement after the key's read; a retry is the key's read and one attempt record,
 // a plain insert. Still two round trips and one commit each, as the ceiling's create.
 //
-// It measures how much of retrysafe's distance from the ceiling is the rows themselves (three rows and their
-// eleven indexes where the ceiling writes two rows and two) and how much is the project's own work around them:
+// It measures how much of retrysafe's distance from the ceiling is the rows themselves (three rows and nine
+// index entries where the ceiling writes two and two) and how much is the project's own work around them:
 // the claim's transaction and lock, the canonical fingerprint, the adopter's handler in that transaction, the
 // sealing of the records, accounts, rate limits, logs and metrics, which this server does none of. It is not a
 // design to copy either: its fingerprint is the raw body's, a retry of a request still running is answered as a
@@ -92,7 +92,7 @@ func schemaCeilingCreate(c *gin.Context, db *gorm.DB) {
 		in.Priority = "normal"
 	}
 	now := time.Now().UTC()
-	t := schemaTicket{ID: ids.New("tkt"), Project: in.Project, Title: in.Title, Priority: in.Priority, Status: "open",
+	t := schemaTicket{ID: ids.New("tkt_"), Project: in.Project, Title: in.Title, Priority: in.Priority, Status: "open",
 		CreatedAt: now, UpdatedAt: now}
 	body, err := json.Marshal(t)
 	if err != nil {
@@ -100,7 +100,7 @@ func schemaCeilingCreate(c *gin.Context, db *gorm.DB) {
 		return
 	}
 	header, _ := json.Marshal(map[string][]string{"Location": {"/v1/tickets/" + t.ID}})
-	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att"), "duration_ms": time.Since(start).Milliseconds(),
+	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att_"), "duration_ms": time.Since(start).Milliseconds(),
 		"fingerprint": fingerprint, "outcome": "created", "status": http.StatusCreated})
 	// The operation (holding the key, its response stored), its event and the ticket in one statement: the event
 	// and the ticket are inserted only if the operation was. A concurrent copy waits on operations_key until the
@@ -119,7 +119,7 @@ func schemaCeilingCreate(c *gin.Context, db *gorm.DB) {
 )
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, created_at, updated_at)
 SELECT ?, account_id, ?, ?, '', ?, 'open', ?, ? FROM op`,
-		account, ids.New("op"), key, fingerprint, t.ID, string(header), body, string(detail),
+		account, ids.New("op_"), key, fingerprint, t.ID, string(header), body, string(detail),
 		t.ID, t.Project, t.Title, t.Priority, now, now)
 	switch {
 	case res.Error != nil:
@@ -150,7 +150,7 @@ WHERE account_id = ? AND idempotency_key = ? AND key_held`, account, key).Scan(&
 	if op.Fingerprint != fingerprint {
 		event, status, outcome = "conflict_rejected", http.StatusUnprocessableEntity, "refused"
 	}
-	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att"), "fingerprint": fingerprint,
+	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att_"), "fingerprint": fingerprint,
 		"outcome": outcome, "status": status})
 	if err := db.WithContext(c).Exec(`INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
 VALUES (?, ?, ?, 'agent:bench', ?::jsonb)`, op.ID, account, event, string(detail)).Error; err != nil {
