@@ -44,7 +44,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) > 0 && args[0] == bench.TargetCeiling {
 		return bench.ServeCeiling(ctx, getenv("DATABASE_URL"), getenv("ADDR"))
 	}
-	if len(args) > 0 && args[0] == bench.TargetSchema {
+	if len(args) > 0 && args[0] == bench.TargetSchemaCeiling {
 		return bench.ServeSchemaCeiling(ctx, getenv("DATABASE_URL"), getenv("ADDR"))
 	}
 	fs := flag.NewFlagSet("retrysafe-bench", flag.ContinueOnError)
@@ -125,7 +125,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			series = append(series, bench.Series{Name: "ceiling (the insert and a stored key)", Target: bench.TargetCeiling})
 		}
 		if *schemaCeiling {
-			series = append(series, bench.Series{Name: "schema ceiling (retrysafe's rows, nothing else)", Target: bench.TargetSchema})
+			series = append(series, bench.Series{Name: "schema ceiling (retrysafe's rows, nothing else)", Target: bench.TargetSchemaCeiling})
 		}
 		series = append(series, bench.Series{Name: "retrysafe serve tickets", Target: bench.TargetTickets})
 		if rep.Preloaded > 0 {

@@ -32,7 +32,7 @@ func TestCeilingsStoreEachKeyOnce(t *testing.T) {
 			"SELECT count(*) FROM tickets":      1,
 			"SELECT count(*) FROM ceiling_keys": 1,
 		}},
-		{TargetSchema, ServeSchemaCeiling, map[string]int64{
+		{TargetSchemaCeiling, ServeSchemaCeiling, map[string]int64{
 			"SELECT count(*) FROM tickets": 1,
 			"SELECT count(*) FROM operations WHERE key_state = 'completed' AND resource_id = (SELECT id FROM tickets)": 1,
 			"SELECT count(*) FROM operation_events WHERE type = 'completed'":                                           1,

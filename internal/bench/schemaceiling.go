@@ -27,8 +27,9 @@ import (
 // index entries where the ceiling writes two and two) and how much is the project's own work around them:
 // the claim's transaction and lock, the canonical fingerprint, the adopter's handler in that transaction, the
 // sealing of the records, accounts, rate limits, logs and metrics, which this server does none of. It is not a
-// design to copy either: its fingerprint is the raw body's, a retry of a request still running is answered as a
-// conflict on the key's index instead of by the operation's state, and nothing seals its records.
+// design to copy either: its fingerprint is the raw body's, a copy of a request still running waits on the key's
+// index until the first commits instead of being answered from the operation's state, and nothing seals its
+// records.
 
 // ServeSchemaCeiling serves POST /v1/tickets (and GET /healthz) at addr on databaseURL until ctx ends, as
 // ServeCeiling does, on retrysafe's schema (applied first).
