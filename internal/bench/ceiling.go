@@ -47,29 +47,52 @@ func ServeCeiling(ctx context.Context, databaseURL, addr string) error {
 	return serveReference(ctx, addr, r)
 }
 
-func ceilingCreate(c *gin.Context, db *gorm.DB) {
+// keyedRequest is what the ceilings read of a create: its body, the body's hash as its fingerprint, the
+// account and the Idempotency-Key.
+type keyedRequest struct {
+	raw                       []byte
+	fingerprint, account, key string
+}
+
+// readKeyed reads c's request, or answers 400 and returns false.
+func readKeyed(c *gin.Context) (keyedRequest, bool) {
 	raw, err := io.ReadAll(io.LimitReader(c.Request.Body, 1<<20))
 	if err != nil {
 		c.JSON(http.StatusBadRequest, gin.H{"error": err.Error()})
-		return
+		return keyedRequest{}, false
 	}
-	sum := sha256.Sum256(raw)
-	fingerprint := hex.EncodeToString(sum[:])
-	account := referenceAccount(c)
 	key := c.GetHeader("Idempotency-Key")
 	if key == "" {
 		c.JSON(http.StatusBadRequest, gin.H{"error": "Idempotency-Key is required"})
-		return
+		return keyedRequest{}, false
 	}
-	if ceilingAnswerStored(c, db, account, key, fingerprint) {
-		return
-	}
+	sum := sha256.Sum256(raw)
+	return keyedRequest{raw: raw, fingerprint: hex.EncodeToString(sum[:]), account: referenceAccount(c), key: key}, true
+}
+
+// create decodes the ticket to create, or answers 400 and returns false.
+func (r keyedRequest) create(c *gin.Context) (baselineCreate, bool) {
 	var in baselineCreate
-	if err := json.Unmarshal(raw, &in); err != nil || in.Project == "" || in.Title == "" {
+	if err := json.Unmarshal(r.raw, &in); err != nil || in.Project == "" || in.Title == "" {
 		c.JSON(http.StatusBadRequest, gin.H{"error": "project and title are required"})
+		return in, false
+	}
+	return in, true
+}
+
+func ceilingCreate(c *gin.Context, db *gorm.DB) {
+	r, ok := readKeyed(c)
+	if !ok {
 		return
 	}
-	t := newBaselineTicket(account, in)
+	if ceilingAnswerStored(c, db, r.account, r.key, r.fingerprint) {
+		return
+	}
+	in, ok := r.create(c)
+	if !ok {
+		return
+	}
+	t := newBaselineTicket(r.account, in)
 	body, err := json.Marshal(t)
 	if err != nil {
 		c.JSON(http.StatusInternalServerError, gin.H{"error": err.Error()})
@@ -82,13 +105,13 @@ func ceilingCreate(c *gin.Context, db *gorm.DB) {
     ON CONFLICT DO NOTHING RETURNING 1
 )
 INSERT INTO tickets (id, account_id, project, title, priority, status, created_at) SELECT ?, ?, ?, ?, ?, ?, ? FROM k`,
-		account, key, fingerprint, http.StatusCreated, body, t.ID, t.AccountID, t.Project, t.Title, t.Priority, t.Status, t.CreatedAt)
+		r.account, r.key, r.fingerprint, http.StatusCreated, body, t.ID, t.AccountID, t.Project, t.Title, t.Priority, t.Status, t.CreatedAt)
 	switch {
 	case res.Error != nil:
 		c.JSON(http.StatusServiceUnavailable, gin.H{"error": "insert failed"})
 	case res.RowsAffected == 1:
 		c.Data(http.StatusCreated, "application/json", body)
-	case !ceilingAnswerStored(c, db, account, key, fingerprint):
+	case !ceilingAnswerStored(c, db, r.account, r.key, r.fingerprint):
 		c.JSON(http.StatusServiceUnavailable, gin.H{"error": "the key was taken and is gone"})
 	}
 }
