@@ -91,11 +91,12 @@ func Pending(ctx context.Context, db *sql.DB) (bool, error) {
 var ErrOldSequence = errors.New("migrations: this database was migrated before the baseline migration")
 
 // oldSequenceEnd is the version at which the sequence before the baseline ended: goose_db_version records it on
-// every database that sequence brought up to date.
+// every database that sequence brought up to date. Lower versions cannot tell: this sequence's own files take
+// them, and a database that a newer binary migrated further is not refused by an older one.
 const oldSequenceEnd = 20
 
 // refuseOldSequence returns ErrOldSequence when goose_db_version records oldSequenceEnd as applied and p has no
-// file of that number.
+// file of that number (once it has, databases of this sequence record that version too).
 func refuseOldSequence(ctx context.Context, db *sql.DB, p *goose.Provider) error {
 	for _, s := range p.ListSources() {
 		if s.Version == oldSequenceEnd {
