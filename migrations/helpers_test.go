@@ -2,10 +2,8 @@ package migrations_test
 
 import (
 	"database/sql"
-	"os"
 	"testing"
 
-	"github.com/pressly/goose/v3"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	gormlogger "gorm.io/gorm/logger"
@@ -28,14 +26,4 @@ func emptySchema(t *testing.T, conns int) (*gorm.DB, *sql.DB) {
 	sqlDB.SetMaxOpenConns(conns)
 	t.Cleanup(func() { sqlDB.Close() })
 	return db, sqlDB
-}
-
-// provider is goose on this directory's migration files, for a test that applies them one version at a time.
-func provider(t *testing.T, sqlDB *sql.DB) *goose.Provider {
-	t.Helper()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS("."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }

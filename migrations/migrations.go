@@ -2,10 +2,9 @@
 // approvals, the audit records' seals, console sessions) and applies them with goose. The demo services' tables
 // are not here: services/schema applies them after these.
 //
-// Every file is plain SQL with goose annotations, numbered in the order it applies. The numbers skip 00002,
-// 00004, 00005 and 00008, the demo services' files in the single sequence that services/schema splits, so a
-// database that sequence migrated is up to date here. goose records them in its default table,
-// goose_db_version. A service that uses the library migrates its database in one of three ways:
+// Every file is plain SQL with goose annotations, numbered in the order it applies; 00001_baseline creates the
+// tables as the first release has them. goose records the files applied in its default table, goose_db_version.
+// A service that uses the library migrates its database in one of three ways:
 //
 //   - from Go, at start: Up(ctx, sqlDB). It takes goose's PostgreSQL advisory lock, so replicas that start at
 //     once migrate one at a time. Its record is goose_db_version: a service whose own goose migrations use that
@@ -25,11 +24,12 @@
 //	done
 //	migrate -path gm -database "$DATABASE_URL" up
 //
-// Two things to know on a large database. 00019 adds two stored generated columns to operations, which makes
-// PostgreSQL rewrite the table under an exclusive lock: writes wait for the whole rewrite, so apply it in a
-// quiet window. And the library's statements are prepared once per connection: PostgreSQL keeps a plan made while
-// the tables were empty until their statistics change, so a database that runs with autovacuum off (as the
-// benchmark machine does) needs an ANALYZE once it has grown, or those plans keep scanning the tables.
+// A development database migrated before the baseline holds goose_db_version rows of files that are gone: Up
+// and Pending refuse it with ErrOldSequence, and it is recreated (README, "Recreating the development database").
+//
+// The library's statements are prepared once per connection: PostgreSQL keeps a plan made while the tables were
+// empty until their statistics change, so a database that runs with autovacuum off (as the benchmark machine
+// does) needs an ANALYZE once it has grown, or those plans keep scanning the tables.
 package migrations
 
 import (
@@ -38,10 +38,12 @@ import (
 	"database/sql"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 )
 
@@ -50,10 +52,14 @@ import (
 //go:embed *.sql
 var FS embed.FS
 
-// Up applies every migration that the database has not seen yet.
+// Up applies every migration that the database has not seen yet. Returns ErrOldSequence, having changed
+// nothing, for a database migrated before the baseline.
 func Up(ctx context.Context, db *sql.DB) error {
 	p, err := provider(db)
 	if err != nil {
+		return err
+	}
+	if err := refuseOldSequence(ctx, db, p); err != nil {
 		return err
 	}
 	if _, err := p.Up(ctx); err != nil {
@@ -62,10 +68,14 @@ func Up(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// Pending reports whether some migration has not been applied; /readyz uses it.
+// Pending reports whether some migration has not been applied; /readyz uses it. Returns ErrOldSequence for a
+// database migrated before the baseline.
 func Pending(ctx context.Context, db *sql.DB) (bool, error) {
 	p, err := provider(db)
 	if err != nil {
+		return false, err
+	}
+	if err := refuseOldSequence(ctx, db, p); err != nil {
 		return false, err
 	}
 	pending, err := p.HasPending(ctx)
@@ -73,6 +83,54 @@ func Pending(ctx context.Context, db *sql.DB) (bool, error) {
 		return false, fmt.Errorf("migrations: pending: %w", err)
 	}
 	return pending, nil
+}
+
+// ErrOldSequence is returned for a database that the sequence before 00001_baseline migrated. Its
+// goose_db_version records files that are gone under numbers that new files reuse, so goose would take some new
+// ones for applied; and nothing was released with it, so only development databases have it.
+var ErrOldSequence = errors.New("migrations: this database was migrated before the baseline migration")
+
+// oldSequenceEnd is the version at which the sequence before the baseline ended: goose_db_version records it on
+// every database that sequence brought up to date. Lower versions cannot tell: this sequence's own files take
+// them, and a database that a newer binary migrated further is not refused by an older one.
+const oldSequenceEnd = 20
+
+// refuseOldSequence returns ErrOldSequence when goose_db_version records oldSequenceEnd as applied and p has no
+// file of that number (once it has, databases of this sequence record that version too).
+func refuseOldSequence(ctx context.Context, db *sql.DB, p *goose.Provider) error {
+	for _, s := range p.ListSources() {
+		if s.Version == oldSequenceEnd {
+			return nil
+		}
+	}
+	store, err := database.NewStore(database.DialectPostgres, goose.DefaultTablename)
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	ext, ok := store.(database.StoreExtender)
+	if !ok {
+		return errors.New("migrations: goose's PostgreSQL store cannot tell whether its table exists")
+	}
+	exists, err := ext.TableExists(ctx, db)
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	if !exists {
+		return nil
+	}
+	m, err := store.GetMigration(ctx, db, oldSequenceEnd)
+	switch {
+	case errors.Is(err, database.ErrVersionNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("migrations: %w", err)
+	case !m.IsApplied:
+		return nil
+	}
+	return fmt.Errorf("%w: %s records version %d, which this retrysafe has no file for. Nothing was released "+
+		"with those migrations: drop the database and migrate a new one (the development database: "+
+		`psql "$(scripts/devdb.sh url)/postgres" -c 'DROP DATABASE retrysafe', then make run)`,
+		ErrOldSequence, goose.DefaultTablename, oldSequenceEnd)
 }
 
 func provider(db *sql.DB) (*goose.Provider, error) {

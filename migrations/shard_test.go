@@ -1,14 +1,11 @@
 package migrations_test
 
 import (
-	"context"
 	"maps"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -165,38 +162,6 @@ CREATE TABLE listed_local (id text PRIMARY KEY);
 	}
 	if strings.Join(tenant, " ") != "bad_fk bad_pk bad_unique good good_fk" {
 		t.Errorf("tenant tables %v", tenant)
-	}
-}
-
-// TestShardKeysCatchTheOldSchema runs the check on the library's schema just before the shard_ready migration,
-// keyed by id alone, and expects it to fail there.
-func TestShardKeysCatchTheOldSchema(t *testing.T) {
-	t.Parallel()
-	db, sqlDB := emptySchema(t, 1)
-	p := provider(t, sqlDB)
-	// The version before shard_ready, whatever its number.
-	names, err := filepath.Glob("*_shard_ready.sql")
-	if err != nil || len(names) != 1 {
-		t.Fatalf("one *_shard_ready.sql migration, found %v (%v)", names, err)
-	}
-	shardReady, err := strconv.ParseInt(strings.SplitN(names[0], "_", 2)[0], 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.UpTo(context.Background(), shardReady-1); err != nil {
-		t.Fatal(err)
-	}
-	problems, _ := shardProblems(t, db, libraryLocal)
-	got := strings.Join(problems, "\n")
-	for _, want := range []string{
-		"operations: primary key operations_pkey (id) does not lead with account_id",
-		"approvals: primary key approvals_pkey (id) does not lead with account_id",
-		"operation_events: foreign key operation_events_operation_id_fkey (operation_id) -> operations (id) does not lead with account_id",
-		"audit_chain_heads: no account_id column, and not listed as a local table",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("the check did not report %q on the schema before %s; it reported:\n%s", want, names[0], got)
-		}
 	}
 }
 

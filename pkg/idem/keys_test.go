@@ -202,7 +202,7 @@ func count(t *testing.T, db *gorm.DB, table string) (n int64) {
 // TestCompletionIsHeapOnly: an external completion moves its operation from running to succeeded and stores the
 // response without changing any indexed column, so PostgreSQL updates the row in place (HOT) instead of adding
 // an entry to each of the table's indexes. An index on state, key_state or updated_at would end that: index the
-// generated columns (unknown, key_held) instead (migration 00019).
+// generated columns (unknown, key_held) instead (migrations/00001_baseline.sql).
 func TestCompletionIsHeapOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -59,7 +59,7 @@ func QueueComplete(b *pgx.Batch, op Operation, c Completion) error {
 
 // completeSQL finds the operation by its primary key, never by a join (a generic plan cached while the table was
 // small would scan the table for the join's other side), and takes no lock of its own (the row is the
-// transaction's already). It changes no indexed column: a heap-only update (migration 00019).
+// transaction's already). It changes no indexed column: a heap-only update (migrations/00001_baseline.sql).
 const completeSQL = `
 WITH prev AS (
     SELECT state FROM operations WHERE account_id = $1 AND id = $2

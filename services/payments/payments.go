@@ -86,7 +86,7 @@ type Intent struct {
 	ProviderAuthorizationID *string      `json:"provider_authorization_id"`
 	// DuplicateCaptureOperationID is the capture the provider executed more than once, once a correction named
 	// it; DuplicateCapturedMinor what its further executions took beyond CapturedMinor, and
-	// DuplicateRefundedMinor what corrections returned of it (services/schema/00004_payments_duplicate_capture.sql).
+	// DuplicateRefundedMinor what corrections returned of it (services/schema/00001_baseline.sql).
 	DuplicateCaptureOperationID *string   `json:"duplicate_capture_operation_id,omitempty"`
 	DuplicateCapturedMinor      int64     `json:"duplicate_captured_minor"`
 	DuplicateRefundedMinor      int64     `json:"duplicate_refunded_minor"`

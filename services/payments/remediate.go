@@ -8,7 +8,7 @@ package payments
 // reserved (capturing). Its correction first records the capture as the provider executed it, from the
 // reconciler's evidence: captured_minor one execution, duplicate_captured_minor the others. The correction then
 // refunds from duplicate_captured_minor, not from the capture, so refunds never exceed what was really captured
-// and the customer's own refunds keep the whole capture (services/schema/00004_payments_duplicate_capture.sql).
+// and the customer's own refunds keep the whole capture (services/schema/00001_baseline.sql).
 
 import (
 	"context"

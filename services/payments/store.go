@@ -12,7 +12,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// PostgresStore is the Store on gorm + PostgreSQL (services/schema/00002_payments.sql).
+// PostgresStore is the Store on gorm + PostgreSQL (services/schema/00001_baseline.sql).
 type PostgresStore struct{}
 
 var _ Store = PostgresStore{}
