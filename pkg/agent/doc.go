@@ -107,7 +107,9 @@
 // account: under a key of another account, a lookup finds nothing and a retry does the effect a second time,
 // there. Open refuses such a journal with ErrOtherPrincipal, as it does a journal whose operations were
 // journaled without their key (written before keys were recorded); Config.SameAccount is the operator saying
-// the key is a new one of the same account, and binds the journal to it.
+// the key is a new one of the same account, and binds the journal to it once the services confirm it: each
+// unsettled operation that may have reached a service under another key must be visible to the new key (by
+// its server operation id, or one of the same key's, or its idempotency key), or Open refuses and sends nothing.
 //
 // Open refuses, and leaves as it is, anything that is not a journal (ErrNotJournal): a symbolic link (the
 // journal is opened with O_NOFOLLOW), a file that is not regular, a file whose first line, or whose unfinished
