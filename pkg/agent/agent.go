@@ -67,8 +67,8 @@ type Config struct {
 	// MaxBodyBytes bounds a call's arguments and the request body made from them (default 1 MiB, the services'
 	// default BODY_LIMIT_BYTES): larger ones are refused before anything is journaled or sent.
 	MaxBodyBytes int
-	// Warn receives what the operator should know but that stops nothing, such as a journal others can write
-	// (default: slog.Warn).
+	// Warn receives what the operator should know but that stops nothing, such as a journal others could write,
+	// made 0600 (default: slog.Warn).
 	Warn func(msg string)
 	// HTTPClient sends the requests (default: no keep-alive, so net/http never resends on its own; no client
 	// timeout, AttemptTimeout applies).

@@ -112,8 +112,10 @@
 // its server operation id, or one of the same key's, or its idempotency key), or Open refuses and sends nothing.
 //
 // Open refuses, and leaves as it is, anything that is not a journal (ErrNotJournal): a symbolic link (the
-// journal is opened with O_NOFOLLOW), a file that is not regular, a file whose first line, or whose unfinished
-// last line, is not the start of a record. It warns (Config.Warn) about a journal others can write.
+// journal is opened with O_NOFOLLOW), a file that is not regular, an empty file (a new journal appears with its
+// first record, so an agent never leaves one empty), a file whose first line, or whose unfinished last line, is
+// not the start of a record. A journal is mode 0600: a new one is made so, and one others could read or write is
+// made so, with a warning (Config.Warn), or refused when the agent may not change its mode.
 //
 // A call is refused before anything is journaled or sent when it could never leave: arguments or a body over
 // Config.MaxBodyBytes, an approval_id that is not an id, any header value HTTP forbids. What show prints from a

@@ -565,3 +565,54 @@ func TestSameAccountIsCheckedWithTheService(t *testing.T) {
 		t.Error("the adoption does not record what confirmed the account")
 	}
 }
+
+// An agent never leaves a journal empty (a new one appears with its first record), so an empty file is not
+// taken for one: Open refuses it and leaves it, mode and all. A new journal is mode 0600, with nothing else left
+// beside it; a journal others could read is made 0600, with a warning.
+func TestJournalFileIsOnlyEverAJournalOfMode0600(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.journal")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(empty, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := agent.Open(empty, agent.Config{Warn: func(string) {}}); !errors.Is(err, agent.ErrNotJournal) {
+		if err == nil {
+			a.Close()
+		}
+		t.Errorf("Open of an empty file = %v; want ErrNotJournal", err)
+	}
+	if st, err := os.Stat(empty); err != nil || st.Size() != 0 || st.Mode().Perm() != 0o644 {
+		t.Errorf("the empty file after Open: %v, %v; want it left empty and 0644", st.Size(), st.Mode().Perm())
+	}
+
+	fresh := filepath.Join(dir, "new.journal")
+	a, err := agent.Open(fresh, agent.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if st, err := os.Stat(fresh); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("a new journal's mode = %v, %v; want 0600", st.Mode().Perm(), err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
+		t.Errorf("%d files in the directory; want the empty file and the journal only", len(entries))
+	}
+
+	if err := os.Chmod(fresh, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var warnings []string
+	a, err = agent.Open(fresh, agent.Config{Warn: func(msg string) { warnings = append(warnings, msg) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if st, err := os.Stat(fresh); err != nil || st.Mode().Perm() != 0o600 || len(warnings) != 1 || !strings.Contains(warnings[0], "mode 0644") ||
+		!strings.Contains(warnings[0], "now mode 0600") {
+		t.Errorf("a journal of mode 0644 after Open: %v, warnings %q; want 0600 and one warning", st.Mode().Perm(), warnings)
+	}
+}
