@@ -144,9 +144,10 @@ func TestApproverKeysSendNoWrites(t *testing.T) {
 
 // TestRunIdleHealthChecksDoNotHoldEveryConnection runs the real program with HTTP_MAX_CONNS=3 and an idle
 // timeout of an hour: three keep-alive connections that each asked GET /healthz (no key) and then sit idle do
-// not keep an agent's request waiting for that hour. The client gives up after 10 s, far below it, and the
-// request must be answered while the idle connections are open: at most one of them (or the readiness poll's
-// own idle connection) is closed to make room.
+// not keep an agent's request waiting for that hour. The client gives up after 10 s, far below it, so the
+// request must be answered while idle connections hold the places. A connection is closed only to make room:
+// one for the agent, and one more if the readiness poll's connection still held a place when the third opened
+// (pkg/httpserver's test counts exactly one).
 func TestRunIdleHealthChecksDoNotHoldEveryConnection(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
@@ -213,8 +214,8 @@ func TestRunIdleHealthChecksDoNotHoldEveryConnection(t *testing.T) {
 			open++
 		}
 	}
-	if open < 2 {
-		t.Errorf("%d of the three idle connections still open; want at least 2 (one closed to make room, at most)", open)
+	if open < 1 {
+		t.Errorf("none of the three idle connections is still open; want those not closed to make room")
 	}
 	cancel()
 	if err := <-done; err != nil {
