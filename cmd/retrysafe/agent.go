@@ -131,7 +131,8 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 	}
 	if name != "agent show" {
 		fs.BoolVar(&f.sameAccount, "same-account", false, "AGENT_API_KEY belongs to the account the journal's operations "+
-			"were made in, though the journal names another key or none (a rotated key, an older journal): adopt it")
+			"were made in, though the journal names another key or none (a rotated key, an older journal): adopt it, once "+
+			"the services show this key the operations resume would send again")
 	}
 	if err := fs.Parse(args); err != nil {
 		return f, agentUsage("%s: %v", name, err)

@@ -76,7 +76,8 @@ func init() {
                             bursts of 200; 0 per second turns it off); over it: 429 rate_limited with Retry-After
   AUTH_FAILURES_PER_MINUTE AUTH_FAILURE_BURST   unknown keys and refused console sign-ins per client address
                             (default 30/min, bursts of 20; 0 per minute turns it off); over it: 429 on every request
-  HTTP_MAX_CONNS            connections open at once, per listening port (default 1024; more wait to be accepted)
+  HTTP_MAX_CONNS            connections open at once, per listening port (default 1024; a new one closes the
+                            connection idle longest, or waits to be accepted while none is idle)
   HTTP_MAX_CONNS_PER_CLIENT connections of one client address, an IPv6 /64 (default 64, 0 for no cap); loopback
                             and HTTP_TRUSTED_PROXIES are not capped
   HTTP_IDLE_TIMEOUT         keep-alive connections idle longer are closed (default 30s)

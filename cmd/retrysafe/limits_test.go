@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -136,5 +139,86 @@ func TestApproverKeysSendNoWrites(t *testing.T) {
 	w.env.DB.DB.Table("tickets").Count(&n)
 	if n != 1 {
 		t.Fatalf("%d tickets after the agent's write; want 1", n)
+	}
+}
+
+// TestRunIdleHealthChecksDoNotHoldEveryConnection runs the real program with HTTP_MAX_CONNS=3 and an idle
+// timeout of an hour: three keep-alive connections that each asked GET /healthz (no key) and then sit idle do
+// not keep an agent's request waiting for that hour. The client gives up after 10 s, far below it, so the
+// request must be answered while idle connections hold the places. A connection is closed only to make room:
+// one for the agent, and one more if the readiness poll's connection still held a place when the third opened
+// (pkg/httpserver's test counts exactly one).
+func TestRunIdleHealthChecksDoNotHoldEveryConnection(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	addr := proctest.FreeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	var out bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{"serve", "tickets"}, env(map[string]string{
+			"DATABASE_URL": db.DSN, "TICKETS_ADDR": addr, "HTTP_MAX_CONNS": "3", "HTTP_IDLE_TIMEOUT": "1h",
+		}), &syncWriter{w: &out})
+	}()
+	base := "http://" + addr
+	waitHealthy(t, base+"/readyz", done)
+
+	healthz := func(c net.Conn, r *bufio.Reader) error {
+		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			return err
+		}
+		res, err := http.ReadResponse(r, nil)
+		if err != nil {
+			return err
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", res.StatusCode)
+		}
+		return nil
+	}
+	type idleConn struct {
+		net.Conn
+		r *bufio.Reader
+	}
+	var idle []idleConn
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(30 * time.Second)) // a watchdog: a hung test fails
+		ic := idleConn{Conn: c, r: bufio.NewReader(c)}
+		if err := healthz(ic, ic.r); err != nil {
+			t.Fatalf("GET /healthz: %v", err)
+		}
+		idle = append(idle, ic)
+	}
+
+	req, _ := http.NewRequest(http.MethodGet, base+"/v1/tickets", nil)
+	req.Header.Set("Authorization", "Bearer "+servicetest.AgentSecret)
+	agent := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	res, err := agent.Do(req)
+	if err != nil {
+		t.Fatalf("the agent's request while idle /healthz connections held every place: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("the agent's request: %d", res.StatusCode)
+	}
+	open := 0
+	for _, c := range idle {
+		if healthz(c, c.r) == nil {
+			open++
+		}
+	}
+	if open < 1 {
+		t.Errorf("none of the three idle connections is still open; want those not closed to make room")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
 	}
 }

@@ -61,13 +61,14 @@ type Config struct {
 	LockWait time.Duration
 	// SameAccount says APIKey belongs to the account the journal's operations were made in, though the journal
 	// records another key for them, or none (a journal from before keys were recorded): a rotated key. Open
-	// then binds the journal to APIKey instead of refusing it with ErrOtherPrincipal.
+	// then binds the journal to APIKey instead of refusing it with ErrOtherPrincipal, once the services show
+	// APIKey the operations resume would send again (a key of another account sees none: still refused).
 	SameAccount bool
 	// MaxBodyBytes bounds a call's arguments and the request body made from them (default 1 MiB, the services'
 	// default BODY_LIMIT_BYTES): larger ones are refused before anything is journaled or sent.
 	MaxBodyBytes int
-	// Warn receives what the operator should know but that stops nothing, such as a journal others can write
-	// (default: slog.Warn).
+	// Warn receives what the operator should know but that stops nothing, such as a journal others could write,
+	// made 0600 (default: slog.Warn).
 	Warn func(msg string)
 	// HTTPClient sends the requests (default: no keep-alive, so net/http never resends on its own; no client
 	// timeout, AttemptTimeout applies).

@@ -107,11 +107,15 @@
 // account: under a key of another account, a lookup finds nothing and a retry does the effect a second time,
 // there. Open refuses such a journal with ErrOtherPrincipal, as it does a journal whose operations were
 // journaled without their key (written before keys were recorded); Config.SameAccount is the operator saying
-// the key is a new one of the same account, and binds the journal to it.
+// the key is a new one of the same account, and binds the journal to it once the services confirm it: each
+// unsettled operation that may have reached a service under another key must be visible to the new key (by
+// its server operation id, or one of the same key's, or its idempotency key), or Open refuses and sends nothing.
 //
 // Open refuses, and leaves as it is, anything that is not a journal (ErrNotJournal): a symbolic link (the
-// journal is opened with O_NOFOLLOW), a file that is not regular, a file whose first line, or whose unfinished
-// last line, is not the start of a record. It warns (Config.Warn) about a journal others can write.
+// journal is opened with O_NOFOLLOW), a file that is not regular, an empty file (a new journal appears with its
+// first record, so an agent never leaves one empty), a file whose first line, or whose unfinished last line, is
+// not the start of a record. A journal is mode 0600: a new one is made so, and one others could read or write is
+// made so, with a warning (Config.Warn), or refused when the agent may not change its mode.
 //
 // A call is refused before anything is journaled or sent when it could never leave: arguments or a body over
 // Config.MaxBodyBytes, an approval_id that is not an id, any header value HTTP forbids. What show prints from a

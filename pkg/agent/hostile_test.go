@@ -19,6 +19,8 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/agent"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
 // fakeService answers every request with answer and counts what reached it: for tests whose point is what the
@@ -470,5 +472,147 @@ func TestOversizedArgumentsAreRefusedBeforeAnything(t *testing.T) {
 	}
 	if res, err := small.Do(t.Context(), "t", "create_ticket", ticketArgs("fits"), agent.DoOptions{}); err != nil || res.State != agent.StateSucceeded {
 		t.Errorf("under the limit: %+v, %v; want it sent", res, err)
+	}
+}
+
+// interrupt makes the ticket title under key and kills the agent once the answer is in, before it is
+// journaled: the journal holds an operation that reached the service, with nothing to show where.
+func (b *bundle) interrupt(t *testing.T, key, title string) {
+	t.Helper()
+	stop := errors.New("died")
+	a, err := agent.Open(b.journal, agent.Config{TicketsURL: b.env.URL, APIKey: key,
+		HTTPClient: &http.Client{Transport: b.fault}, Hook: func(p string) {
+			if p == "after_answer" {
+				panic(stop)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer func() {
+		if r := recover(); r != stop {
+			t.Fatalf("recovered %v", r)
+		}
+	}()
+	_, _ = a.Do(context.Background(), "b", "create_ticket", ticketArgs(title), agent.DoOptions{})
+}
+
+func (b *bundle) ticketsIn(t *testing.T, account, title string) int {
+	t.Helper()
+	var n int
+	if err := b.env.DB.Raw(`SELECT count(*) FROM tickets WHERE title = ? AND account_id = ?`, title, account).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The operator's word that a key is of the journal's account (--same-account) is checked with the service
+// before anything is sent: another account's key does not see the interrupted operation, and is refused
+// rather than used to create the ticket a second time, in its own account. A rotated key of the same account
+// sees it, and resumes it to the one ticket.
+func TestSameAccountIsCheckedWithTheService(t *testing.T) {
+	t.Parallel()
+	env := servicetest.New(t)
+	const first, rotated, other = "demo-account-first-key-secret", "demo-account-rotated-key-secret", "other-account-agent-key-secret"
+	keys, err := auth.ParseKeys(servicetest.AccountDemo+":agent:"+first+","+servicetest.AccountDemo+":agent:"+rotated+
+		","+servicetest.AccountOther+":agent:"+other, "a key id secret of thirty-two characters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Keys = keys
+	svc, err := tickets.New(env.Deps, tickets.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Serve(t, svc)
+	b := &bundle{env: env, fault: &fault{next: http.DefaultTransport}, journal: filepath.Join(t.TempDir(), "agent.journal")}
+
+	b.interrupt(t, other, "made in other")
+	before := readFile(t, b.journal)
+	cfg := agent.Config{TicketsURL: env.URL, APIKey: first, SameAccount: true,
+		HTTPClient: &http.Client{Transport: b.fault}, BackoffBase: time.Millisecond}
+	if a, err := agent.Open(b.journal, cfg); err == nil {
+		_, _ = a.Resume(t.Context())
+		a.Close()
+		t.Error("Open with --same-account under another account's key succeeded")
+	} else if !errors.Is(err, agent.ErrOtherPrincipal) {
+		t.Errorf("Open with --same-account under another account's key = %v; want ErrOtherPrincipal", err)
+	}
+	if demo, other := b.ticketsIn(t, servicetest.AccountDemo, "made in other"), b.ticketsIn(t, servicetest.AccountOther, "made in other"); demo != 0 || other != 1 || b.fault.writes.Load() != 1 {
+		t.Errorf("tickets: %d in the demo account, %d in the other, after %d writes; want 0, 1 and 1", demo, other, b.fault.writes.Load())
+	}
+	if after := readFile(t, b.journal); !bytes.Equal(after, before) {
+		t.Errorf("the refused agent wrote %d bytes to the journal", len(after)-len(before))
+	}
+
+	b.journal = filepath.Join(t.TempDir(), "rotated.journal")
+	b.interrupt(t, first, "made in demo")
+	cfg.APIKey = rotated
+	a, err := agent.Open(b.journal, cfg)
+	if err != nil {
+		t.Fatalf("Open with --same-account under a rotated key of the account = %v", err)
+	}
+	defer a.Close()
+	results, err := a.Resume(t.Context())
+	if err != nil || len(results) != 1 || results[0].State != agent.StateSucceeded {
+		t.Fatalf("Resume under the rotated key = %+v, %v; want succeeded", results, err)
+	}
+	if demo, other := b.ticketsIn(t, servicetest.AccountDemo, "made in demo"), b.ticketsIn(t, servicetest.AccountOther, "made in demo"); demo != 1 || other != 0 {
+		t.Errorf("tickets: %d in the demo account, %d in the other; want 1 and 0", demo, other)
+	}
+	if !bytes.Contains(readFile(t, b.journal), []byte(`"confirmed_by":["GET /v1/operations?idempotency_key=`)) {
+		t.Error("the adoption does not record what confirmed the account")
+	}
+}
+
+// An agent never leaves a journal empty (a new one appears with its first record), so an empty file is not
+// taken for one: Open refuses it and leaves it, mode and all. A new journal is mode 0600, with nothing else left
+// beside it; a journal others could read is made 0600, with a warning.
+func TestJournalFileIsOnlyEverAJournalOfMode0600(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.journal")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(empty, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := agent.Open(empty, agent.Config{Warn: func(string) {}}); !errors.Is(err, agent.ErrNotJournal) {
+		if err == nil {
+			a.Close()
+		}
+		t.Errorf("Open of an empty file = %v; want ErrNotJournal", err)
+	}
+	if st, err := os.Stat(empty); err != nil || st.Size() != 0 || st.Mode().Perm() != 0o644 {
+		t.Errorf("the empty file after Open: %v, %v; want it left empty and 0644", st.Size(), st.Mode().Perm())
+	}
+
+	fresh := filepath.Join(dir, "new.journal")
+	a, err := agent.Open(fresh, agent.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if st, err := os.Stat(fresh); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("a new journal's mode = %v, %v; want 0600", st.Mode().Perm(), err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
+		t.Errorf("%d files in the directory; want the empty file and the journal only", len(entries))
+	}
+
+	if err := os.Chmod(fresh, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var warnings []string
+	a, err = agent.Open(fresh, agent.Config{Warn: func(msg string) { warnings = append(warnings, msg) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if st, err := os.Stat(fresh); err != nil || st.Mode().Perm() != 0o600 || len(warnings) != 1 || !strings.Contains(warnings[0], "mode 0644") ||
+		!strings.Contains(warnings[0], "now mode 0600") {
+		t.Errorf("a journal of mode 0644 after Open: %v, warnings %q; want 0600 and one warning", st.Mode().Perm(), warnings)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -22,7 +24,7 @@ var ErrJournalBroken = errors.New("agent: the journal's hash chain is broken")
 var ErrJournalLocked = errors.New("agent: the journal is in use by another agent process")
 
 // ErrNotJournal is returned by Open for a path that is not a journal: a symbolic link, something other than a
-// regular file, or a file whose first line is not a journal record. The file is left as it is.
+// regular file, an empty file, or a file whose first line is not a journal record. The file is left as it is.
 var ErrNotJournal = errors.New("agent: not a journal")
 
 // Record types of the journal, in the order an operation's story usually runs.
@@ -68,13 +70,19 @@ type journal struct {
 // The lock is an flock(2) on the file itself: the kernel drops it when the holder dies, even by SIGKILL.
 //
 // The journal is opened without following a symbolic link, and must be a regular file: an agent appends to it
-// and truncates a torn last line, which must never happen to a file the link points at. A journal others can
-// write is used, with a warning: whoever can write it can change what resume sends.
+// and truncates a torn last line, which must never happen to a file the link points at. A new journal appears
+// whole, with its first record (createJournal), so a file an agent did not write, an empty one included, is
+// refused and left as it is. The journal holds every call's arguments and decides what resume sends: it is
+// kept to mode 0600, like a file holding a secret; a journal others could read or write is made 0600, with a
+// warning, or refused when this process may not change its mode.
 func openJournal(path string, wait time.Duration, now func() time.Time, warn func(string)) (*journal, error) {
 	if st, err := os.Lstat(path); err == nil && !st.Mode().IsRegular() {
 		return nil, notRegular(path, st.Mode())
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err := createJournal(path, now()); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, syscall.ELOOP) {
 		return nil, notRegular(path, os.ModeSymlink)
 	}
@@ -89,10 +97,6 @@ func openJournal(path string, wait time.Duration, now func() time.Time, warn fun
 		f.Close()
 		return nil, err
 	}
-	if perm := st.Mode().Perm(); perm&0o022 != 0 {
-		warn(fmt.Sprintf("agent: journal %s can be written by others (mode %v): whoever can write it can change what "+
-			"resume sends; chmod go-w it", path, perm))
-	}
 	if err := lockFile(f, wait); err != nil {
 		f.Close()
 		return nil, err
@@ -102,7 +106,55 @@ func openJournal(path string, wait time.Duration, now func() time.Time, warn fun
 		f.Close()
 		return nil, err
 	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		if err := f.Chmod(perm &^ 0o077); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("agent: journal %s is mode %04o, open to others, and cannot be made 0600 (%w): "+
+				"whoever can write it can change what resume sends; chmod go-rwx it", path, perm, err)
+		}
+		warn(fmt.Sprintf("agent: journal %s could be read or written by others (mode %04o): whoever can write it can "+
+			"change what resume sends; it is now mode %04o", path, perm, perm&^0o077))
+	}
 	return j, nil
+}
+
+// createJournal makes a new journal at path whole: its first record is written and fsynced in a temporary file
+// (mode 0600) beside it, which is then hard-linked to path. A journal never exists without its first record, so
+// an agent never leaves an empty file, and an empty file is never taken for a journal. When path already
+// exists (another process may have created it a moment ago) it does nothing: Open reads what is there.
+func createJournal(path string, now time.Time) error {
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		return nil // there, or unreadable: opening it says which
+	}
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".new-*")
+	if err != nil {
+		return fmt.Errorf("agent: create journal: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	chain := &auditchain.Chain{Name: ids.New("jnl_")}
+	line, _, err := chainLine(chain, map[string]any{"type": RecJournalOpened, "at": auditchain.FormatTime(now), "format": 1})
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(line); err != nil {
+		return fmt.Errorf("agent: create journal: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("agent: create journal: %w", err)
+	}
+	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("agent: create journal: %w", err)
+	}
+	// The new name is durable once its directory is.
+	if d, err := os.Open(dir); err == nil {
+		defer d.Close()
+		if err := d.Sync(); err != nil {
+			return fmt.Errorf("agent: create journal: %w", err)
+		}
+	}
+	return nil
 }
 
 func notRegular(path string, mode os.FileMode) error {
@@ -159,7 +211,12 @@ func (j *journal) load() error {
 			return fmt.Errorf("agent: journal: discard unfinished line: %w", err)
 		}
 	}
+	if len(entries) == 0 && torn == 0 {
+		return fmt.Errorf("%w: %s is empty, and an agent never leaves a journal empty; the file was left as it is "+
+			"(remove it, or name a path where none exists)", ErrNotJournal, j.path)
+	}
 	if len(entries) == 0 {
+		// A torn first record, which agents that created the file before writing to it could leave.
 		j.chain = &auditchain.Chain{Name: ids.New("jnl_")}
 		if _, err := j.append(map[string]any{"type": RecJournalOpened, "at": auditchain.FormatTime(j.now()), "format": 1}); err != nil {
 			return err
@@ -207,23 +264,31 @@ func readEntries(r io.ReaderAt) (entries []entry, tail []byte, err error) {
 // append chains body as the next record, writes it as one line and fsyncs. The Agent's mu must be held, or j not
 // shared yet.
 func (j *journal) append(body any) (json.RawMessage, error) {
-	rec, err := j.chain.Append(body)
+	line, rec, err := chainLine(j.chain, body)
 	if err != nil {
 		return nil, err
 	}
-	line, err := json.Marshal(entry{Chain: rec.Chain, Seq: rec.Seq, Prev: rec.Prev, Hash: rec.Hash, Record: rec.Body})
-	if err != nil {
-		return nil, err
-	}
-	line = append(line, '\n')
 	if _, err := j.f.Write(line); err != nil {
 		return nil, fmt.Errorf("agent: journal write: %w", err)
 	}
 	if err := j.f.Sync(); err != nil {
 		return nil, fmt.Errorf("agent: journal fsync: %w", err)
 	}
-	j.recs = append(j.recs, rec.Body)
-	return rec.Body, nil
+	j.recs = append(j.recs, rec)
+	return rec, nil
+}
+
+// chainLine chains body as the next record of c and returns its journal line, newline included, and the body.
+func chainLine(c *auditchain.Chain, body any) (line []byte, rec json.RawMessage, err error) {
+	r, err := c.Append(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	line, err = json.Marshal(entry{Chain: r.Chain, Seq: r.Seq, Prev: r.Prev, Hash: r.Hash, Record: r.Body})
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(line, '\n'), r.Body, nil
 }
 
 func (j *journal) close() error {

@@ -19,8 +19,10 @@ package conformance
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -30,6 +32,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -176,8 +179,8 @@ type runner struct {
 	opts    Options
 	target  *url.URL
 	allowed map[string]bool
-	mu      sync.Mutex // guards allowed (the proxy adds its own address)
-	secrets []string
+	mu      sync.Mutex     // guards allowed (the proxy adds its own address)
+	secrets *regexp.Regexp // matches every form of every secret (secretPattern); nil when there is none
 	runID   string
 	client  *http.Client
 	marker  [2]string // replay marker name and value ("" = any value)
@@ -311,6 +314,7 @@ func (r *runner) collectSecrets() error {
 	for _, st := range r.spec.Setup {
 		maps = append(maps, st.Headers)
 	}
+	var secrets []string
 	for _, h := range maps {
 		for _, v := range h {
 			for _, m := range envRef.FindAllStringSubmatch(v, -1) {
@@ -318,22 +322,43 @@ func (r *runner) collectSecrets() error {
 				if val == "" {
 					return fmt.Errorf("environment variable %s (named in a header) is empty or unset", m[1])
 				}
-				r.secrets = append(r.secrets, val)
+				secrets = append(secrets, val)
 			}
 		}
 	}
-	// Longest first: a secret that holds another is masked whole, not left with the other's remainder.
-	slices.SortFunc(r.secrets, func(a, b string) int { return len(b) - len(a) })
+	r.secrets = secretPattern(secrets)
 	return nil
+}
+
+// secretPattern matches the secrets in every form a target might echo them in: as sent, in any case (upper-case
+// included), base64 (standard and URL alphabets, padded or not) and hex (either case). Longest first: a form
+// that holds another is masked whole, not left with the other's remainder.
+func secretPattern(secrets []string) *regexp.Regexp {
+	var forms []string
+	for _, sec := range secrets {
+		b := []byte(sec)
+		forms = append(forms, sec, hex.EncodeToString(b),
+			base64.StdEncoding.EncodeToString(b), base64.RawStdEncoding.EncodeToString(b),
+			base64.URLEncoding.EncodeToString(b), base64.RawURLEncoding.EncodeToString(b))
+	}
+	if len(forms) == 0 {
+		return nil
+	}
+	slices.SortFunc(forms, func(a, b string) int { return cmp.Or(len(b)-len(a), strings.Compare(a, b)) })
+	forms = slices.Compact(forms)
+	for i, f := range forms {
+		forms[i] = regexp.QuoteMeta(f)
+	}
+	return regexp.MustCompile(`(?i)` + strings.Join(forms, "|"))
 }
 
 // mask removes secret values from text meant for output. Every secret is masked, however short: a short one
 // garbles the evidence where its characters recur, which is better than printing it.
 func (r *runner) mask(s string) string {
-	for _, sec := range r.secrets {
-		s = strings.ReplaceAll(s, sec, "***")
+	if r.secrets == nil {
+		return s
 	}
-	return s
+	return r.secrets.ReplaceAllLiteralString(s, "***")
 }
 
 func (r *runner) resolve(ref string) (*url.URL, error) {

@@ -2,6 +2,8 @@ package conformance
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -323,5 +325,36 @@ func TestEscapeControls(t *testing.T) {
 		if got := escapeControls(in); got != want {
 			t.Errorf("escapeControls(%q) = %s; want %s", in, got, want)
 		}
+	}
+}
+
+// A target that echoes the credential it got in another form (upper- or lower-case, base64 in either alphabet
+// with or without padding, hex in either case) has it masked in each: the report shows none of them, and the
+// text around them is kept.
+func TestSecretIsMaskedInEveryForm(t *testing.T) {
+	t.Parallel()
+	const secret = "Tok>>?~en-5ecret!"
+	b := []byte(secret)
+	forms := []string{secret, strings.ToUpper(secret), strings.ToLower(secret),
+		base64.StdEncoding.EncodeToString(b), base64.RawStdEncoding.EncodeToString(b),
+		base64.URLEncoding.EncodeToString(b), base64.RawURLEncoding.EncodeToString(b),
+		hex.EncodeToString(b), strings.ToUpper(hex.EncodeToString(b))}
+	spec, err := ParseSpec([]byte(`{"method":"POST","path":"/w","headers":{"Authorization":"Bearer ${TOKEN}"},
+		"body":{"a":1},"variant":{"a":2},"count":{"url":"/count","field":"effects"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := newRunner(spec, Options{Target: "http://127.0.0.1:1", Getenv: func(string) string { return secret }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	masked := r.mask("echoed: " + strings.Join(forms, ", ") + ".")
+	for _, form := range forms {
+		if strings.Contains(masked, form) {
+			t.Errorf("the masked text shows the secret as %q: %s", form, masked)
+		}
+	}
+	if want := "echoed: " + strings.TrimSuffix(strings.Repeat("***, ", len(forms)), ", ") + "."; masked != want {
+		t.Errorf("masked text %q; want %q", masked, want)
 	}
 }

@@ -362,7 +362,10 @@ func (c *console) resolve(ctx *gin.Context) {
 		return
 	}
 	id := ctx.Param("id")
-	d := opstatus.Decision{State: opstatus.State(ctx.PostForm("state")), Evidence: ctx.PostForm("evidence"),
+	// Browsers send a textarea's line breaks as CRLF (HTML's form encoding); the decision keeps LF, which is
+	// what the API takes and what the text check allows.
+	evidence := strings.ReplaceAll(ctx.PostForm("evidence"), "\r\n", "\n")
+	d := opstatus.Decision{State: opstatus.State(ctx.PostForm("state")), Evidence: evidence,
 		RemoteRef: ctx.PostForm("remote_ref")}
 	if err := c.o.Resolve(ctx, id, ctx.PostForm("idempotency_key"), d); err != nil {
 		c.fail(ctx, err)

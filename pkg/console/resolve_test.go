@@ -89,3 +89,34 @@ func decisions(t *testing.T, env *servicetest.Env, opID string) int64 {
 	}
 	return n
 }
+
+// A browser sends a textarea's line breaks as CRLF: the decision is recorded, with the evidence's lines
+// joined by LF as the API would have stored them.
+func TestDecisionFormTakesBrowserLineBreaks(t *testing.T) {
+	t.Parallel()
+	env, base := setup(t)
+	op := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct_demo", Kind: "test.effect", State: opstatus.StateUnknown}
+	testdb.CreateOperation(t, env.DB.DB, op)
+	path := "/console/operations/" + op.ID
+
+	p := newPerson(t, base)
+	p.signIn(servicetest.ApproverSecret)
+	page := mustGet(t, p, path)
+	key := resolveKeyInput.FindStringSubmatch(page)
+	if key == nil {
+		t.Fatal("no decision form for an approver on an unknown operation")
+	}
+	form := url.Values{"csrf_token": {csrf(t, page)}, "idempotency_key": {key[1]}, "state": {"failed"},
+		"evidence": {"Bank statement: nothing taken.\r\nChecked by phone.\r\n"}}
+	if res, body := p.do(http.MethodPost, path+"/resolution", form); res.StatusCode != http.StatusOK || !strings.Contains(body, `id="done"`) {
+		t.Fatalf("decision with CRLF evidence = %d", res.StatusCode)
+	}
+	var evidence []string
+	if err := env.DB.Raw(`SELECT detail->>'evidence' FROM operation_events WHERE operation_id = ? AND type = ?`,
+		op.ID, opstatus.EventOperatorDecision).Scan(&evidence).Error; err != nil {
+		t.Fatal(err)
+	}
+	if want := "Bank statement: nothing taken.\nChecked by phone.\n"; len(evidence) != 1 || evidence[0] != want {
+		t.Fatalf("recorded evidence %q; want one decision with %q", evidence, want)
+	}
+}

@@ -342,7 +342,9 @@ func Serve(ctx context.Context, addr string, handler http.Handler, logger *slog.
 func ServeListener(ctx context.Context, ln net.Listener, handler http.Handler, logger *slog.Logger, limits Limits) error {
 	limits = limits.withDefaults()
 	srv := newServer(handler, logger, limits)
-	ln = limitListener(ln, limits, exemptPeer(limits.TrustedProxies))
+	limited := limitListener(ln, limits, exemptPeer(limits.TrustedProxies))
+	srv.ConnState = limited.connState
+	ln = limited
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	logger.Info("listening", "addr", ln.Addr().String())

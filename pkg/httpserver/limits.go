@@ -7,8 +7,6 @@ import (
 	"net/netip"
 	"sync"
 	"time"
-
-	"golang.org/x/net/netutil"
 )
 
 // Defaults of Limits.
@@ -22,8 +20,9 @@ const (
 // file descriptors every account needs. Zero MaxConns and IdleTimeout take the defaults above; a zero
 // MaxConnsPerClient caps nothing (cmd/retrysafe sets DefaultMaxConnsPerClient).
 type Limits struct {
-	// MaxConns caps the connections a listener holds open at once. More wait, unaccepted, in the kernel's
-	// backlog until one closes.
+	// MaxConns caps the connections a listener holds open at once. When all are taken, a new connection
+	// closes the one idle longest between requests (a keep-alive that may never send again); with none idle it
+	// waits for one to close, and those after it wait, unaccepted, in the kernel's backlog.
 	MaxConns int
 	// MaxConnsPerClient caps the connections of one client address (ClientPrefix); a connection beyond it is
 	// closed as soon as it is accepted. Connections from loopback and from TrustedProxies are not counted:
@@ -72,13 +71,113 @@ func newServer(handler http.Handler, logger *slog.Logger, l Limits) *http.Server
 	}
 }
 
-// limitListener applies l's connection caps to ln; exempt says which peers the per-client cap leaves out.
-func limitListener(ln net.Listener, l Limits, exempt func(netip.Addr) bool) net.Listener {
+// limitListener applies l's connection caps to ln; exempt says which peers the per-client cap leaves out. The
+// server must report its connections' states to the listener's connState (http.Server.ConnState).
+func limitListener(ln net.Listener, l Limits, exempt func(netip.Addr) bool) *connLimiter {
 	if l.MaxConnsPerClient > 0 {
 		ln = &perClientListener{Listener: ln, max: l.MaxConnsPerClient, exempt: exempt, open: map[netip.Prefix]int{}}
 	}
 	// Outermost, so a connection the per-client cap closes never holds a place under MaxConns.
-	return netutil.LimitListener(ln, l.MaxConns)
+	return &connLimiter{Listener: ln, slots: make(chan struct{}, l.MaxConns), idle: map[*limitedConn]time.Time{},
+		wentIdle: make(chan struct{}, 1), closed: make(chan struct{})}
+}
+
+// connLimiter holds at most cap(slots) connections open: MaxConns bounds the file descriptors clients can take.
+// A slot is held by a connection, but an idle keep-alive connection holds it only until someone else needs it:
+// a connection accepted while every slot is taken closes the connection idle longest, as IdleTimeout would
+// have later. Without that, clients that send one request needing no key (GET /healthz) on each connection and
+// then keep it open would hold every slot for the whole idle timeout, and a real request would wait for it.
+// Closing an idle connection loses nothing: no request is on it, and the client opens another when it needs
+// one. A connection in a request is never closed for another; with none idle, the new one waits for a slot.
+type connLimiter struct {
+	net.Listener
+	slots chan struct{}
+
+	mu       sync.Mutex
+	idle     map[*limitedConn]time.Time // since when each idle connection is idle
+	wentIdle chan struct{}              // a token when a connection goes idle
+	closed   chan struct{}
+	once     sync.Once
+}
+
+func (l *connLimiter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	for {
+		select {
+		case l.slots <- struct{}{}:
+			return &limitedConn{Conn: c, release: func() { <-l.slots }}, nil
+		default:
+		}
+		if l.closeLongestIdle() {
+			continue
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitedConn{Conn: c, release: func() { <-l.slots }}, nil
+		case <-l.wentIdle:
+		case <-l.closed:
+			c.Close()
+			return nil, net.ErrClosed
+		}
+	}
+}
+
+func (l *connLimiter) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// connState follows the server's connections: which are idle, between requests, and since when.
+func (l *connLimiter) connState(c net.Conn, state http.ConnState) {
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if state != http.StateIdle {
+		delete(l.idle, lc)
+		return
+	}
+	l.idle[lc] = time.Now()
+	select {
+	case l.wentIdle <- struct{}{}:
+	default:
+	}
+}
+
+// closeLongestIdle closes the connection idle longest, which frees its slot, and reports whether there was one.
+func (l *connLimiter) closeLongestIdle() bool {
+	l.mu.Lock()
+	var oldest *limitedConn
+	for c, since := range l.idle {
+		if oldest == nil || since.Before(l.idle[oldest]) {
+			oldest = c
+		}
+	}
+	delete(l.idle, oldest)
+	l.mu.Unlock()
+	if oldest == nil {
+		return false
+	}
+	oldest.Close()
+	return true
+}
+
+// limitedConn gives its slot back when it is closed, by the server or by connLimiter.
+type limitedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }
 
 // exemptPeer is the exemption of Limits.MaxConnsPerClient: loopback and the trusted proxies.

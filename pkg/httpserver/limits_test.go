@@ -2,6 +2,7 @@ package httpserver
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -11,17 +12,22 @@ import (
 	"time"
 )
 
-// serveLimited serves a handler that answers 200 on a loopback listener under l, every peer counted by the
-// per-client cap (exempt nothing), and returns its address.
-func serveLimited(t *testing.T, l Limits) string {
+// serveLimited serves h (nil: a handler that answers 200) on a loopback listener under l, every peer counted by
+// the per-client cap (exempt nothing), and returns its address.
+func serveLimited(t *testing.T, l Limits, h http.Handler) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	l = l.withDefaults()
-	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}), slog.New(slog.DiscardHandler), l)
-	go srv.Serve(limitListener(ln, l, func(netip.Addr) bool { return false }))
+	if h == nil {
+		h = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})
+	}
+	srv := newServer(h, slog.New(slog.DiscardHandler), l)
+	limited := limitListener(ln, l, func(netip.Addr) bool { return false })
+	srv.ConnState = limited.connState
+	go srv.Serve(limited)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
@@ -44,9 +50,11 @@ func dial(t *testing.T, addr string) *client {
 	return &client{Conn: c, r: bufio.NewReader(c)}
 }
 
-// get sends a GET and returns the answer's status, or the error reading it.
-func (c *client) get() (int, error) {
-	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+// get sends a GET / and returns the answer's status, or the error reading it.
+func (c *client) get() (int, error) { return c.getPath("/") }
+
+func (c *client) getPath(path string) (int, error) {
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		return 0, err
 	}
 	res, err := http.ReadResponse(c.r, nil)
@@ -61,7 +69,7 @@ func (c *client) get() (int, error) {
 // unanswered; once one of its connections closes, it may open another.
 func TestConnectionsPerClientAreCapped(t *testing.T) {
 	t.Parallel()
-	addr := serveLimited(t, Limits{MaxConnsPerClient: 2})
+	addr := serveLimited(t, Limits{MaxConnsPerClient: 2}, nil)
 	first, second := dial(t, addr), dial(t, addr)
 	for i, c := range []*client{first, second} {
 		if status, err := c.get(); err != nil || status != http.StatusOK {
@@ -89,14 +97,20 @@ func TestConnectionsPerClientAreCapped(t *testing.T) {
 	}
 }
 
-// TestConnectionsAreCapped: with MaxConns open, the next connection is not served until one closes.
+// TestConnectionsAreCapped: with MaxConns connections in a request, the next connection is not served until
+// one of them is done; it then takes the place of the connection idle longest.
 func TestConnectionsAreCapped(t *testing.T) {
 	t.Parallel()
-	addr := serveLimited(t, Limits{MaxConns: 2})
+	finish := make(chan struct{})
+	addr := serveLimited(t, Limits{MaxConns: 2}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-finish
+		}
+	}))
 	first, second := dial(t, addr), dial(t, addr)
 	for _, c := range []*client{first, second} {
-		if status, err := c.get(); err != nil || status != http.StatusOK {
-			t.Fatalf("%d %v", status, err)
+		if _, err := io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
 		}
 	}
 	third := dial(t, addr)
@@ -105,13 +119,71 @@ func TestConnectionsAreCapped(t *testing.T) {
 	}
 	third.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 	if _, err := third.r.Peek(1); err == nil {
-		t.Fatal("a third connection was served while two were open")
+		t.Fatal("a third connection was served while two were in a request")
 	}
 	third.SetDeadline(time.Now().Add(20 * time.Second))
-	first.Close()
+	close(finish)
+	for _, c := range []*client{first, second} {
+		if res, err := http.ReadResponse(c.r, nil); err != nil || res.StatusCode != http.StatusOK {
+			t.Fatalf("a slow request: %v %v", res, err)
+		}
+	}
 	res, err := http.ReadResponse(third.r, nil)
 	if err != nil || res.StatusCode != http.StatusOK {
-		t.Fatalf("after one connection closed, the waiting one: %v %v", res, err)
+		t.Fatalf("after the requests were done, the waiting connection: %v %v", res, err)
+	}
+	open := 0
+	for _, c := range []*client{first, second} {
+		if status, err := c.get(); err == nil && status == http.StatusOK {
+			open++
+		}
+	}
+	if open != 1 {
+		t.Fatalf("%d of the two first connections still served; want one, the other closed for the third", open)
+	}
+}
+
+// TestIdleConnectionsGiveWay: MaxConns keep-alive connections that each asked GET /healthz and then sit idle do
+// not keep a real request waiting for the idle timeout (an hour here; the client gives up long before): the new
+// connection takes the place of the one idle longest, and the others stay open.
+func TestIdleConnectionsGiveWay(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- ServeListener(ctx, ln, NewRouter(Options{Logger: slog.New(slog.DiscardHandler)}), slog.New(slog.DiscardHandler),
+			Limits{MaxConns: 3, IdleTimeout: time.Hour})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	addr := ln.Addr().String()
+	var idle []*client
+	for range 3 {
+		c := dial(t, addr)
+		if status, err := c.getPath("/healthz"); err != nil || status != http.StatusOK {
+			t.Fatalf("GET /healthz: %d %v", status, err)
+		}
+		idle = append(idle, c)
+	}
+
+	real := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	res, err := real.Get("http://" + addr + "/healthz")
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("a request while three idle connections held every place: %v %v", res, err)
+	}
+	res.Body.Close()
+
+	open := 0
+	for _, c := range idle {
+		if status, err := c.getPath("/healthz"); err == nil && status == http.StatusOK {
+			open++
+		}
+	}
+	if open != 2 {
+		t.Errorf("%d of the three idle connections still open; want 2 (one closed to make room)", open)
 	}
 }
 

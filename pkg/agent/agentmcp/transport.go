@@ -14,6 +14,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/retrysafe/retrysafe/pkg/ids"
 )
 
 // Limits on one message a client sends to [Transport]. A message over either is refused on its own (see
@@ -33,6 +35,11 @@ const (
 // error when its id can be read, logged and skipped when not. At the end of In, the requests already read are
 // answered before the session ends, so that a client that writes its requests and closes its end gets every
 // answer and every call is carried out. Closing the session closes In if it is an io.Closer.
+//
+// A call is answered with its id exactly as the client wrote it. The SDK holds an id as a string or an int64,
+// so an id it would write back otherwise (a number beyond int64, a fraction or an exponent, a string written
+// with escapes) is handed to it as an alias and written back as received; such a call cannot be named by
+// notifications/cancelled.
 type Transport struct {
 	In  io.Reader
 	Out io.Writer
@@ -50,6 +57,7 @@ func (t *Transport) Connect(context.Context) (mcp.Connection, error) {
 		closed:   make(chan struct{}),
 		pending:  map[jsonrpc.ID]bool{},
 		answered: make(chan struct{}, 1),
+		aliases:  newAliases(),
 	}
 	if c.log == nil {
 		c.log = slog.Default()
@@ -77,6 +85,77 @@ type conn struct {
 	mu       sync.Mutex
 	pending  map[jsonrpc.ID]bool
 	answered chan struct{}
+
+	aliases *aliases
+}
+
+// aliases are the ids given to the SDK for calls whose ids it would not write back as received.
+type aliases struct {
+	mu     sync.Mutex
+	prefix string                     // unguessable, so no client id is taken for an alias
+	next   int                        // numbers the aliases
+	wire   map[string]json.RawMessage // alias -> the id as the client wrote it
+	of     map[string]string          // the id as written -> its alias, while the call is in flight
+}
+
+func newAliases() *aliases {
+	return &aliases{prefix: ids.New("mcpid_") + ":", wire: map[string]json.RawMessage{}, of: map[string]string{}}
+}
+
+// forCall returns the id to hand the SDK for a call whose id the client wrote as raw and the SDK decoded as
+// id: id itself when the SDK writes it back as raw, else an alias (the same one for a second call with the
+// same id in flight, which the SDK then refuses as it would any duplicate).
+func (a *aliases) forCall(id jsonrpc.ID, raw []byte) jsonrpc.ID {
+	if back, err := json.Marshal(id.Raw()); err == nil && bytes.Equal(back, raw) {
+		return id
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	alias, ok := a.of[string(raw)]
+	if !ok {
+		a.next++
+		alias = a.prefix + strconv.Itoa(a.next)
+		a.of[string(raw)], a.wire[alias] = alias, bytes.Clone(raw)
+	}
+	aliasID, _ := jsonrpc.MakeID(alias) // a string is always an id
+	return aliasID
+}
+
+// wireID returns the id as the client wrote it for an aliased call's answer, and forgets the alias.
+func (a *aliases) wireID(id jsonrpc.ID) (json.RawMessage, bool) {
+	alias, ok := id.Raw().(string)
+	if !ok {
+		return nil, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	raw, ok := a.wire[alias]
+	if ok {
+		delete(a.wire, alias)
+		delete(a.of, string(raw))
+	}
+	return raw, ok
+}
+
+// withID is msg, as the SDK encoded it, with its id replaced by raw.
+func withID(msg []byte, raw json.RawMessage) ([]byte, error) {
+	var m struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Result  json.RawMessage `json:"result,omitempty"`
+		Error   json.RawMessage `json:"error,omitempty"`
+	}
+	if err := json.Unmarshal(msg, &m); err != nil {
+		return nil, err
+	}
+	m.ID = raw
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(&m); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(out.Bytes(), []byte("\n")), nil
 }
 
 func (c *conn) SessionID() string { return "" }
@@ -124,10 +203,16 @@ func (c *conn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	default:
 	}
 	data, err := jsonrpc.EncodeMessage(msg)
+	resp, isResp := msg.(*jsonrpc.Response)
+	if err == nil && isResp {
+		if raw, ok := c.aliases.wireID(resp.ID); ok {
+			data, err = withID(data, raw)
+		}
+	}
 	if err == nil {
 		err = c.writeLine(data)
 	}
-	if resp, ok := msg.(*jsonrpc.Response); ok {
+	if isResp {
 		// Answered, written or not: a failed write closes the connection anyway.
 		c.mu.Lock()
 		delete(c.pending, resp.ID)
@@ -236,6 +321,14 @@ func (c *conn) accept(line []byte, size int, scan *frameScan) jsonrpc.Message {
 			c.refuse(scan, size, jsonrpc.CodeInvalidRequest, "message is not a JSON-RPC 2.0 request, notification or response")
 			return nil
 		}
+		if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+			raw, err := scan.wireID(line)
+			if err != nil {
+				c.refuse(scan, size, jsonrpc.CodeInvalidRequest, "message's id cannot be read")
+				return nil
+			}
+			req.ID = c.aliases.forCall(req.ID, raw)
+		}
 		return msg
 	}
 	return nil
@@ -341,6 +434,19 @@ func (s *frameScan) step(ch byte) {
 	case ',':
 		s.expectKey = top
 	}
+}
+
+// wireID is the top-level id of line, the message scanned, as written: from the scan, or, when longer than the
+// scan keeps, from line itself (its last "id" member, as the SDK reads it).
+func (s *frameScan) wireID(line []byte) (json.RawMessage, error) {
+	if s.idDone && !s.idLong {
+		return bytes.TrimSpace(s.id), nil
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(line, &members); err != nil {
+		return nil, err
+	}
+	return members["id"], nil
 }
 
 // plainID is the message's id if it is one worth echoing: complete, a string or a number, short.

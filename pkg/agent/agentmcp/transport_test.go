@@ -102,3 +102,49 @@ func TestTransportEdges(t *testing.T) {
 func nested(n int) string {
 	return strings.Repeat(`{"a":`, n) + `"[[[{{{"` + strings.Repeat("}", n)
 }
+
+// Every call is answered with its id as the client wrote it, byte for byte: numbers beyond int64 (which the
+// SDK alone would write back as -9223372036854775808), fractions, exponents, a negative zero, strings written
+// with escapes, and the ids the SDK holds as they are.
+func TestTransportEchoesIDsExactly(t *testing.T) {
+	t.Parallel()
+	a, err := agent.Open(filepath.Join(t.TempDir(), "t.journal"), agent.Config{TicketsURL: "http://127.0.0.1:1", APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	ids := []string{`9223372036854775808`, `-9223372036854775809`, `123456789012345678901234567890`, `1.5`, `1e3`, `-0`,
+		`2.0`, `"\u0041"`, `"a\/b"`, `"<tag>"`, `7`, `"plain"`, `-9223372036854775808`}
+	lines := []string{`{"jsonrpc":"2.0","id":18446744073709551616,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`}
+	for _, id := range ids {
+		lines = append(lines, `{"jsonrpc":"2.0","id": `+id+` ,"method":"tools/list"}`)
+	}
+	var out bytes.Buffer
+	tr := &agentmcp.Transport{In: io.NopCloser(strings.NewReader(strings.Join(lines, "\n"))), Out: &out,
+		Logger: slog.New(slog.DiscardHandler)}
+	if err := agentmcp.NewServer(a, "test").Run(t.Context(), tr); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	answered := map[string]int{}
+	sc := bufio.NewScanner(&out)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Result json.RawMessage `json:"result"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil || m.Result == nil {
+			t.Fatalf("answer %s: %v", sc.Bytes(), err)
+		}
+		answered[string(m.ID)]++
+	}
+	for _, id := range append(ids, `18446744073709551616`) {
+		if answered[id] != 1 {
+			t.Errorf("id %s answered %d times; want once, as written (answers: %v)", id, answered[id], answered)
+		}
+	}
+	if len(answered) != len(ids)+1 {
+		t.Errorf("%d ids answered; want %d: %v", len(answered), len(ids)+1, answered)
+	}
+}
