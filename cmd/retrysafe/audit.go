@@ -195,12 +195,15 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 	}
 	var rep audit.Report
 	w := inv.stdout
+	// A record's wait for a seal is judged when the records were read: now, or when the bundle was exported.
+	readAt, readWhen := time.Now(), ""
 	if f.bundle != "" {
 		brep, err := verifyBundle(f, pub)
 		if err != nil {
 			return exitError{code: 2, err: err}
 		}
 		rep = brep.Report
+		readAt, readWhen = brep.ExportedAt, " by the time the bundle was exported"
 		if brep.KeyFromBundle {
 			keyNote = "checked with the bundle's own public key: compare it with the key the operator published, or give --public-key"
 		}
@@ -235,9 +238,12 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 	if s := rep.LastSeal; s != nil {
 		fmt.Fprintf(w, "last seal: %d at %s, hash %s\n", s.Seq, s.At.UTC().Format(time.RFC3339), s.Hash)
 	}
-	stalled := f.bundle == "" && rep.Stalled(time.Now(), inv.cfg.AuditSealInterval)
+	stalled := rep.Stalled(readAt, inv.cfg.AuditSealInterval)
 	if !rep.OldestUnsealed.IsZero() {
 		fmt.Fprintf(w, "oldest unsealed record: written at %s\n", rep.OldestUnsealed.UTC().Format(time.RFC3339Nano))
+		if f.bundle != "" {
+			fmt.Fprintf(w, "note: no seal vouches for the %d records not sealed yet: they are as the bundle has them\n", rep.Unsealed)
+		}
 	}
 	if f.operation != "" && rep.Records == 0 && rep.Intact() {
 		return exitError{code: 2, err: fmt.Errorf("audit verify: operation %s has no records", f.operation)}
@@ -246,8 +252,8 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 		fmt.Fprintf(w, "BROKEN %s\n", p)
 	}
 	if stalled {
-		fmt.Fprintf(w, "STALLED: a record has waited more than 10 seal intervals (%s) to be sealed: is a sequencer running, "+
-			"and is no transaction held open that long?\n", 10*inv.cfg.AuditSealInterval)
+		fmt.Fprintf(w, "STALLED: a record has waited more than 10 seal intervals (%s) to be sealed%s: is a sequencer running, "+
+			"and is no transaction held open that long?\n", 10*inv.cfg.AuditSealInterval, readWhen)
 	}
 	switch {
 	case !rep.Intact():

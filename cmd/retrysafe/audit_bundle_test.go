@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -133,6 +134,30 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 			d["public_key"] = attacker.PublicKey()
 		}
 	}
+	// dropOldest deletes the oldest seal and the records only it holds.
+	dropOldest := func(d doc) {
+		held := map[float64]bool{}
+		for _, e := range seals(d)[0].(doc)["records"].([]any) {
+			held[e.(doc)["id"].(float64)] = true
+		}
+		d["seals"] = seals(d)[1:]
+		drop(d, func(r doc) bool { return held[r["id"].(float64)] })
+	}
+	// fabricate adds a record of ops[0] that no seal holds, at position xid.
+	fabricate := func(d doc, table, xid string, at time.Time) {
+		rec := maps.Clone(records(d, ops[0])[0])
+		rec["table"], rec["id"], rec["xid"], rec["created_at"] = table, 900001, xid, at.Format(time.RFC3339Nano)
+		rec["record"] = maps.Clone(rec["record"].(doc))
+		rec["record"].(doc)["created_at"] = auditchain.FormatTime(at)
+		d["records"] = append(d["records"].([]any), rec)
+	}
+	exportedAt := func(d doc) time.Time {
+		at, err := time.Parse(time.RFC3339Nano, d["exported_at"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
 	attacker, _ := auditchain.ParseSigningKey(base64.StdEncoding.EncodeToString([]byte("attacker-key-0123456789abcdef012")))
 	newest := fmt.Sprintf("(seals) seq %d", last.Seq)
 	cases := []struct {
@@ -142,6 +167,35 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		code   int
 		broken string
 	}{
+		// A record copied within the bundle is counted once, and reported.
+		{"a record copied", func(d doc) { d["records"] = append(d["records"].([]any), maps.Clone(records(d, ops[0])[1])) }, nil, 1,
+			"checked 10 records of 3 operations and approvals: 10 sealed,"},
+		{"a record copied", func(d doc) { d["records"] = append(d["records"].([]any), maps.Clone(records(d, ops[0])[1])) }, nil, 1,
+			"BROKEN inserted: " + ops[0] + " seq 0 (operation_events id "},
+		// Where the seals end is in the header, which nothing signs; the newest seal says it too.
+		{"a fabricated record, where the seals end deleted", func(d doc) {
+			fabricate(d, "operation_events", "1", exportedAt(d))
+			delete(d, "through")
+		}, nil, 1, "BROKEN inserted: " + ops[0] + " seq 0 (operation_events id 900001): no seal holds it"},
+		{"a fabricated record of no table", func(d doc) { fabricate(d, "ledger_events", "99999999", exportedAt(d)) }, nil, 1,
+			"BROKEN inserted: " + ops[0] + " seq 0 (ledger_events id 900001): no table of audit records"},
+		{"a fabricated record written after the export", func(d doc) {
+			fabricate(d, "operation_events", "99999999", exportedAt(d).Add(time.Minute))
+		}, nil, 1, "BROKEN changed: (bundle) seq 0 (exported_at): exported at"},
+		// The scope is in the header too: a pinned seal anchors the first one whatever it says.
+		{"the first seal deleted, the scope made a time range, pinned", func(d doc) {
+			dropOldest(d)
+			d["scope"] = doc{"since": seals(d)[0].(doc)["created_at"]}
+		}, []string{"--seal", last.Hash}, 1, "BROKEN missing: (seals) seq 2 (seal 2): seals 1 to 1 are not here"},
+		{"the first seal deleted, the scope made an operation, pinned", func(d doc) {
+			dropOldest(d)
+			d["scope"] = doc{"operation": ops[1]}
+		}, []string{"--seal", last.Hash}, 1, "BROKEN missing: (seals) seq 2 (seal 2): seals 1 to 1 are not here"},
+		// What a time range exported after the pinned seal holds.
+		{"the first seal deleted, pinned to it", func(d doc) {
+			dropOldest(d)
+			d["scope"] = doc{"since": seals(d)[0].(doc)["created_at"]}
+		}, []string{"--seal", first[0].Hash}, 0, ""},
 		{"a changed field", func(d doc) { records(d, ops[0])[1]["record"].(doc)["actor"] = "agent:mallory" }, nil, 1, "BROKEN changed: " + ops[0]},
 		{"a deleted record", func(d doc) {
 			gone := records(d, ops[0])[1]
@@ -208,6 +262,13 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		}
 	}
 
+	// Data after the bundle's object is not a bundle: exit 2, saying so.
+	for _, tail := range []string{`{"format":"` + audit.BundleFormat + `"}`, "garbage", "]"} {
+		if code, text := verify(append(bytes.Clone(exported), tail...)); code != 2 || !strings.Contains(text, "data after its JSON object") {
+			t.Errorf("a bundle followed by %q: exit %d\n%s", tail, code, text)
+		}
+	}
+
 	// What cannot be checked is exit 2.
 	if code, text := verify([]byte(`{"format":"something else"}`)); code != 2 {
 		t.Errorf("not a bundle: exit %d\n%s", code, text)
@@ -224,4 +285,43 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 	if code, text := run2(t, db.DSN, "audit", "export", "--operation", "op_missing"); code != 2 || strings.Contains(text, "format") {
 		t.Errorf("export of an unknown operation: exit %d\n%s", code, text)
 	}
+
+	// A bundle exported --until holds no records not sealed yet: one added to it was made up.
+	code, until := run2(t, db.DSN, "audit", "export", "--until", last.At.Add(time.Second).Format(time.RFC3339Nano))
+	if code != 0 {
+		t.Fatalf("export --until: exit %d\n%s", code, until)
+	}
+	d := mustDoc(t, []byte(until))
+	fabricate(d, "operation_events", "99999999", exportedAt(d))
+	edited, _ := json.Marshal(d)
+	if code, text := verify(edited); code != 1 || !strings.Contains(text, "BROKEN inserted: (bundle) seq 0 (scope): it was exported until") {
+		t.Errorf("a record not sealed yet in a bundle exported --until: exit %d\n%s", code, text)
+	}
+
+	// Sealing stalled is judged at the export's time, not the auditor's.
+	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[2], "observed", "system:test", nil); err != nil {
+		t.Fatal(err)
+	}
+	code, fresh := run2(t, db.DSN, "audit", "export")
+	if code != 0 {
+		t.Fatalf("export: exit %d\n%s", code, fresh)
+	}
+	if code, text := verify([]byte(fresh)); code != 0 || !strings.Contains(text, "1 not sealed yet") || !strings.Contains(text, "INTACT") {
+		t.Errorf("a record not sealed yet, exported at once: exit %d\n%s", code, text)
+	}
+	d = mustDoc(t, []byte(fresh))
+	d["exported_at"] = exportedAt(d).Add(time.Hour).Format(time.RFC3339Nano)
+	edited, _ = json.Marshal(d)
+	if code, text := verify(edited); code != 1 || !strings.Contains(text, "STALLED") || !strings.Contains(text, "by the time the bundle was exported") {
+		t.Errorf("a record waiting an hour when the bundle was exported: exit %d\n%s", code, text)
+	}
+}
+
+func mustDoc(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var d map[string]any
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -31,6 +32,30 @@ func TestToolsFlag(t *testing.T) {
 	}
 	if strings.Contains(list, `"create_ticket"`) {
 		t.Errorf("tools/list offers the demo tools with a tools file: %.500s", list)
+	}
+
+	// A hostile tools file is refused with a clear error, not read until memory runs out.
+	bomb := t.TempDir() + "/bomb.yaml"
+	if err := os.WriteFile(bomb, []byte(`a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+tools: *i
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for file, want := range map[string]string{"/dev/zero": "not a regular file", bomb: "its aliases make more than"} {
+		cmd := exec.Command(bin, "mcp", "--journal", journal, "--tools", file)
+		cmd.Env = []string{"AGENT_API_KEY=k"}
+		output, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(output), want) {
+			t.Errorf("mcp --tools %s: %v %s; want exit 1 saying %q", file, err, output, want)
+		}
 	}
 
 	for _, args := range [][]string{

@@ -6,13 +6,30 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
-	"github.com/goccy/go-yaml"
+	"go.yaml.in/yaml/v4"
+	"go.yaml.in/yaml/v4/plugin/loaderlimits"
+)
+
+// Limits of a tools file. It is read whole, and YAML can make a small file into a large value (an alias names
+// a value written once, and may be named many times, inside values that are named in turn) or a deep one, so
+// the file's size, its nesting and the values it makes are all bounded (docs/security.md).
+const (
+	maxToolsFileBytes = 1 << 20
+	// maxToolsDepth bounds nesting: a tool's input schema nests a few levels inside the file's own.
+	maxToolsDepth = 64
+	// maxToolsValues bounds the values the file makes, counting each time an alias repeats one;
+	// maxToolsAliasValues those made through aliases.
+	maxToolsValues      = 100_000
+	maxToolsAliasValues = 10_000
 )
 
 // ServiceDef is one service of a tools file.
@@ -95,11 +112,14 @@ var (
 // A tool of kind request_approval asks for a person's approval of another action (input for_action): it has no
 // service; its path (/v1/approvals) is a route of the target action's service, which must take approvals.
 //
-// ParseTools says what it refuses.
+// ParseTools says what it refuses. The file must be a regular file (not a device or a pipe) of at most 1 MiB.
 func LoadTools(path string) (*Catalog, error) {
-	raw, err := os.ReadFile(path)
+	raw, err := readToolsFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrToolsFile, err)
+		if pe, ok := errors.AsType[*fs.PathError](err); ok {
+			err = pe.Err
+		}
+		return nil, fmt.Errorf("%w: %s: %v", ErrToolsFile, path, err)
 	}
 	c, err := ParseTools(raw)
 	if err != nil {
@@ -108,13 +128,14 @@ func LoadTools(path string) (*Catalog, error) {
 	return c, nil
 }
 
-// ParseTools reads a tools file's content and checks every tool: a known retry mode, a keyed tool where a
+// ParseTools reads a tools file's content, at most 1 MiB, nested at most 64 levels, making at most 100,000
+// values (10,000 through aliases), and checks every tool: a known retry mode, a keyed tool where a
 // repeat could double an effect, a lookup where the rule needs one, path parameters that are required string
 // arguments, and an input schema that compiles.
 func ParseTools(raw []byte) (*Catalog, error) {
-	js, err := yaml.YAMLToJSON(raw)
+	js, err := toolsJSON(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: not YAML or JSON: %v", ErrToolsFile, err)
+		return nil, fmt.Errorf("%w: %v", ErrToolsFile, err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
@@ -152,6 +173,97 @@ func ParseTools(raw []byte) (*Catalog, error) {
 	}
 	slices.Sort(c.names)
 	return c, nil
+}
+
+// readToolsFile reads a regular file of at most maxToolsFileBytes: not a device, a pipe or a directory, which
+// may never end or never answer.
+func readToolsFile(path string) ([]byte, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s): a tools file is a file", info.Mode().Type())
+	}
+	tooBig := fmt.Errorf("larger than %d bytes, the most a tools file may hold", maxToolsFileBytes)
+	if info.Size() > maxToolsFileBytes {
+		return nil, tooBig
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// It may have been replaced or grown since: read one byte past the limit, no more.
+	raw, err := io.ReadAll(io.LimitReader(f, maxToolsFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > maxToolsFileBytes {
+		return nil, tooBig
+	}
+	return raw, nil
+}
+
+// toolsJSON reads a tools file's YAML (or JSON) within the limits, and writes it as JSON.
+func toolsJSON(raw []byte) ([]byte, error) {
+	if len(raw) > maxToolsFileBytes {
+		return nil, fmt.Errorf("larger than %d bytes, the most a tools file may hold", maxToolsFileBytes)
+	}
+	limits := loaderlimits.New(
+		loaderlimits.DepthFunc(func(depth int, _ *loaderlimits.DepthContext) error {
+			if depth > maxToolsDepth {
+				return fmt.Errorf("nested deeper than %d levels", maxToolsDepth)
+			}
+			return nil
+		}),
+		loaderlimits.AliasFunc(func(aliasValues, values int) error {
+			switch {
+			case aliasValues > maxToolsAliasValues:
+				return fmt.Errorf("its aliases make more than %d values", maxToolsAliasValues)
+			case values > maxToolsValues:
+				return fmt.Errorf("more than %d values", maxToolsValues)
+			}
+			return nil
+		}))
+	var doc any
+	if err := yaml.Load(raw, &doc, yaml.WithPlugin(limits)); err != nil {
+		return nil, fmt.Errorf("not YAML or JSON within the limits: %v", err)
+	}
+	js, err := json.Marshal(jsonValue(doc))
+	if err != nil {
+		return nil, fmt.Errorf("not YAML or JSON: %v", err)
+	}
+	return js, nil
+}
+
+// jsonValue makes what the YAML decoder returns into what encoding/json writes as the file says it: a mapping's
+// keys as text, and a date or time as the text it was written as (RFC 3339).
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			v[k] = jsonValue(e)
+		}
+		return v
+	case map[any]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[fmt.Sprint(k)] = jsonValue(e)
+		}
+		return out
+	case []any:
+		for i, e := range v {
+			v[i] = jsonValue(e)
+		}
+		return v
+	case time.Time:
+		if v.Equal(v.Truncate(24*time.Hour)) && v.Location() == time.UTC {
+			return v.Format(time.DateOnly)
+		}
+		return v.Format(time.RFC3339Nano)
+	}
+	return v
 }
 
 func (c *Catalog) tool(d toolDef) (Tool, error) {

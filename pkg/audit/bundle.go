@@ -92,8 +92,14 @@ func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) er
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		ev := &dbEvidence{ctx: ctx, tx: tx, opt: VerifyOptions{Since: opt.Since, OperationID: opt.OperationID},
 			until: opt.Until, run: true}
-		b := bundle{Format: BundleFormat, ExportedAt: time.Now().UTC(), PublicKey: opt.PublicKey,
-			Scope: bundleScope{Operation: opt.OperationID}}
+		b := bundle{Format: BundleFormat, PublicKey: opt.PublicKey, Scope: bundleScope{Operation: opt.OperationID}}
+		// The database's clock, as the snapshot is taken (this is its first statement): the clock records' created_at
+		// come from, and no later than any record the snapshot holds was written, so that VerifyBundle can hold the
+		// records to it and judge their wait for a seal at it.
+		if err := tx.Raw(`SELECT clock_timestamp()`).Scan(&b.ExportedAt).Error; err != nil {
+			return err
+		}
+		b.ExportedAt = b.ExportedAt.UTC()
 		if !opt.Since.IsZero() {
 			b.Scope.Since = &opt.Since
 		}
@@ -244,6 +250,9 @@ func VerifyBundle(r io.Reader, opt BundleOptions) (BundleReport, error) {
 	if err := dec.Decode(&b); err != nil {
 		return BundleReport{}, fmt.Errorf("audit: bundle: %w", err)
 	}
+	if end := dec.InputOffset(); !errors.Is(trailing(dec), io.EOF) {
+		return BundleReport{}, fmt.Errorf("audit: bundle: data after its JSON object, from byte %d: a bundle is one object", end)
+	}
 	if b.Format != BundleFormat {
 		return BundleReport{}, fmt.Errorf("audit: bundle: format %q, want %q", b.Format, BundleFormat)
 	}
@@ -271,11 +280,46 @@ func VerifyBundle(r io.Reader, opt BundleOptions) (BundleReport, error) {
 			subjects[s] = true
 		}
 	}
-	rep.Report, err = check(bundleEvidence{&b}, checkOptions{whole: whole, pub: pub, pin: opt.Seal, subjects: subjects})
+	rep.Report, err = check(bundleEvidence{&b}, checkOptions{whole: whole, pub: pub, pin: opt.Seal, pinAnchors: true,
+		subjects: subjects})
 	if err != nil {
 		return BundleReport{}, fmt.Errorf("audit: bundle: %w", err)
 	}
+	rep.Problems = append(rep.Problems, b.exportProblems(rep.Report)...)
 	return rep, nil
+}
+
+// BundleChain is the Chain name of the problems of a bundle's own header: its export time and scope.
+const BundleChain = "(bundle)"
+
+// exportProblems checks the bundle's header against what it holds: it was exported after every record in it was
+// written (both times are the database's clock), and a bundle exported with an end (--until) holds no records
+// not sealed yet. Its export time is what Stalled is judged at, so it cannot be moved back before a record.
+func (b *bundle) exportProblems(rep Report) []auditchain.Problem {
+	var problems []auditchain.Problem
+	for _, r := range b.Records {
+		if at := r.writtenAt(); at.After(b.ExportedAt) {
+			problems = append(problems, auditchain.Problem{Kind: auditchain.Changed, Chain: BundleChain, Ref: "exported_at",
+				Detail: fmt.Sprintf("exported at %s, before %s id %d, which it holds, was written at %s",
+					b.ExportedAt.UTC().Format(time.RFC3339Nano), r.Table, r.ID, at.UTC().Format(time.RFC3339Nano))})
+			break
+		}
+	}
+	if b.Scope.Until != nil && rep.Unsealed > 0 {
+		problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: BundleChain, Ref: "scope",
+			Detail: fmt.Sprintf("it was exported until %s, which leaves out the records not sealed yet, yet holds %d",
+				b.Scope.Until.UTC().Format(time.RFC3339Nano), rep.Unsealed)})
+	}
+	return problems
+}
+
+// trailing reads what follows the first JSON value: io.EOF when nothing but white space does.
+func trailing(dec *json.Decoder) error {
+	_, err := dec.Token()
+	if err == nil {
+		return errors.New("more JSON")
+	}
+	return err
 }
 
 // bundleEvidence is a decoded bundle as evidence.
@@ -303,17 +347,40 @@ func (e bundleEvidence) seals(emit func(sealRow) error) error {
 	return nil
 }
 
+// through is where the bundle says the seals end, but never before where its newest seal says they end: the
+// header is not signed, and a record placed before where a seal ends, yet held by none, was inserted, whatever
+// the header says.
 func (e bundleEvidence) through() (map[string]auditchain.Position, error) {
-	if e.b.Through == nil {
-		return map[string]auditchain.Position{}, nil
+	through := map[string]auditchain.Position{}
+	for table, at := range e.b.Through {
+		through[table] = at
 	}
-	return e.b.Through, nil
+	if n := len(e.b.Seals); n > 0 {
+		for table, at := range e.b.Seals[n-1].Through {
+			if cur, ok := through[table]; !ok || after(at, cur) {
+				through[table] = at
+			}
+		}
+	}
+	return through, nil
+}
+
+// writtenAt is when the record was written as its content says, which its hash covers once it is sealed; the
+// copy beside it when the content has none.
+func (r bundleRecord) writtenAt() time.Time {
+	var body struct {
+		CreatedAt time.Time `json:"created_at"`
+	}
+	if json.Unmarshal(r.Record, &body) == nil && !body.CreatedAt.IsZero() {
+		return body.CreatedAt
+	}
+	return r.CreatedAt
 }
 
 func (e bundleEvidence) records(_ map[recordKey]*expected, emit func(storedRecord) error) error {
 	for _, r := range e.b.Records {
 		rec := storedRecord{Table: r.Table, ID: r.ID, Pos: auditchain.Position{XID: r.XID, ID: r.ID}, AccountID: r.AccountID,
-			Subject: r.Subject, CreatedAt: r.CreatedAt, Body: r.Record}
+			Subject: r.Subject, CreatedAt: r.writtenAt(), Body: r.Record}
 		if err := emit(rec); err != nil {
 			return err
 		}

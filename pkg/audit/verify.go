@@ -113,8 +113,11 @@ type checkOptions struct {
 	// whole says they are all of them, so the run starts at the first: seals are never deleted.
 	whole bool
 	pub   ed25519.PublicKey
-	// pin is a seal's hash they must include (VerifyOptions.Seal).
+	// pin is a seal's hash they must include, or start right after (VerifyOptions.Seal).
 	pin string
+	// pinAnchors says that a run not starting at the first seal must start right after the pin: a bundle's
+	// scope, which would excuse the missing first seals, is not evidence.
+	pinAnchors bool
 	// subjects, when not nil, are the only subjects whose records are checked.
 	subjects map[string]bool
 }
@@ -208,10 +211,20 @@ func check(ev evidence, opt checkOptions) (Report, error) {
 		problems = append([]auditchain.Problem{*p}, problems...)
 	}
 	// The checks above hold each seal's hash to its content and (in a run) to its successor's link, so a pinned
-	// hash found among them is the one the auditor kept, and every seal before it links to it.
-	if pin := opt.pin; pin != "" && !slices.ContainsFunc(seals, func(s auditchain.Seal) bool { return s.Hash == pin }) {
+	// hash found among them, or as the first one's link, is the one the auditor kept, and every seal before it
+	// links to it.
+	pin := opt.pin
+	afterPin := len(seals) > 0 && seals[0].Prev == pin
+	switch {
+	case pin == "":
+	case !afterPin && !slices.ContainsFunc(seals, func(s auditchain.Seal) bool { return s.Hash == pin }):
 		problems = append(problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain,
 			Detail: fmt.Sprintf("the pinned seal %s is not among them: the newest seals were removed or forged", pin)})
+	case opt.pinAnchors && !afterPin && seals[0].Seq != 1:
+		problems = append(problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain, Seq: seals[0].Seq,
+			Ref: fmt.Sprintf("seal %d", seals[0].Seq), Detail: fmt.Sprintf("seals 1 to %d are not here, and the pinned seal is "+
+				"not the one right before them: with --seal, the seals start at seal 1 or right after the pinned one, "+
+				"whatever the scope says", seals[0].Seq-1)})
 	}
 
 	through, err := ev.through()
@@ -220,17 +233,30 @@ func check(ev evidence, opt checkOptions) (Report, error) {
 	}
 	subjects := map[string]bool{}
 	var mismatches []mismatch
+	unsealed := map[recordKey]bool{}
 	err = ev.records(sealed, func(r storedRecord) error {
 		if opt.subjects != nil && !opt.subjects[r.Subject] {
 			return nil
 		}
+		ref := fmt.Sprintf("%s id %d", r.Table, r.ID)
+		if !slices.ContainsFunc(sources, func(s source) bool { return s.table == r.Table }) {
+			problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: r.Subject, Ref: ref,
+				Detail: "no table of audit records has that name"})
+			return nil
+		}
+		k := recordKey{r.Table, r.ID}
+		exp, ok := sealed[k]
+		if (ok && exp.seen) || unsealed[k] {
+			problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: r.Subject, Ref: ref,
+				Detail: "it is there twice: a record is counted once"})
+			return nil
+		}
 		rep.Records++
 		subjects[r.Subject] = true
-		exp, ok := sealed[recordKey{r.Table, r.ID}]
 		if !ok {
+			unsealed[k] = true
 			if at, ok := through[r.Table]; ok && !after(r.Pos, at) {
-				problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: r.Subject,
-					Ref:    fmt.Sprintf("%s id %d", r.Table, r.ID),
+				problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: r.Subject, Ref: ref,
 					Detail: "no seal holds it, though the seals hold every record written before it and after"})
 				return nil
 			}
