@@ -172,8 +172,8 @@ func (op *Operation) writeProvenance(w io.Writer) {
 	}
 }
 
-// timelineEntry is one line of the timeline: when it happened and what. An at ending in "~" sorts just after
-// the same instant without it and is printed without the "~".
+// timelineEntry is one line of the timeline: when it happened and what. An at ending in "~" sorts after the
+// same at without it, and is printed without the "~".
 type timelineEntry struct{ at, text string }
 
 // timelineEntries are the operation's attempts, their ends, its observations and its settlement, in the order
