@@ -111,77 +111,77 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Pgbench {
 		if _, err := exec.LookPath("pgbench"); err != nil {
 			h.say("pgbench not found: its insert limit is left out")
-			cfg.Pgbench = false
 			h.cfg.Pgbench = false
 		}
 	}
-	h.total = 5 + 5 // baseline and retrysafe: warm-up, create, single client, replay, storm
-	if cfg.Pgbench {
-		h.total++
-	}
-	if cfg.Ceiling {
-		h.total += 5
-	}
-	if cfg.SchemaCeiling {
-		h.total += 5
-	}
-	if cfg.Payments {
-		h.total += 3
-	}
-	if cfg.Preload > 0 {
-		h.total += 6 // load, seal, warm-up, create, single client, replay
+	plan := h.plan()
+	for _, s := range plan {
+		h.total += s.phases
 	}
 	h.rep.Phases = h.total
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		for _, db := range h.dbs {
-			if err := cfg.Server.Drop(dctx, db); err != nil {
-				h.say("drop %s: %v", db, err)
-			}
-		}
-	}()
+	defer h.dropDatabases(ctx)
 	h.rep.LoadStart = loadavg()
-	// The growth run goes first: loading takes long and the machine's load drifts meanwhile, so the empty-table
-	// runs it is compared with are measured right after it, not an hour before.
-	if cfg.Preload > 0 {
-		if err := h.tickets(ctx, h.growthTarget(), "bench_growth", cfg.Preload); err != nil {
-			return nil, err
-		}
-		// Its 10M rows are not needed any more: dropped now, not at the end, to give the disk back.
-		if err := cfg.Server.Drop(ctx, "bench_growth"); err != nil {
-			h.say("drop bench_growth: %v", err)
-		}
-	}
-	if cfg.Pgbench {
-		if err := h.pgbench(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if err := h.reference(ctx, TargetBaseline); err != nil {
-		return nil, err
-	}
-	if cfg.Ceiling {
-		if err := h.reference(ctx, TargetCeiling); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.SchemaCeiling {
-		if err := h.reference(ctx, TargetSchemaCeiling); err != nil {
-			return nil, err
-		}
-	}
-	if err := h.tickets(ctx, TargetTickets, "bench_tickets", 0); err != nil {
-		return nil, err
-	}
-	if cfg.Payments {
-		if err := h.payments(ctx); err != nil {
+	for _, s := range plan {
+		if err := s.run(ctx); err != nil {
 			return nil, err
 		}
 	}
 	h.rep.Finished = time.Now()
 	h.rep.Load = loadavg()
 	return h.rep, nil
+}
+
+// step is one target's measurement and the number of phases it shows.
+type step struct {
+	phases int
+	run    func(context.Context) error
+}
+
+// plan is what the config asks to measure, in the order it runs.
+func (h *harness) plan() []step {
+	var plan []step
+	add := func(wanted bool, phases int, run func(context.Context) error) {
+		if wanted {
+			plan = append(plan, step{phases, run})
+		}
+	}
+	reference := func(target string) func(context.Context) error {
+		return func(ctx context.Context) error { return h.reference(ctx, target) }
+	}
+	// The growth run goes first: loading takes long and the machine's load drifts meanwhile, so the empty-table
+	// runs it is compared with are measured right after it, not an hour before.
+	add(h.cfg.Preload > 0, 6, h.growth) // load, seal, warm-up, create, single client, replay
+	add(h.cfg.Pgbench, 1, h.pgbench)
+	// Each ticket target: warm-up, create, single client, replay, storm.
+	add(true, 5, reference(TargetBaseline))
+	add(h.cfg.Ceiling, 5, reference(TargetCeiling))
+	add(h.cfg.SchemaCeiling, 5, reference(TargetSchemaCeiling))
+	add(true, 5, func(ctx context.Context) error { return h.tickets(ctx, TargetTickets, "bench_tickets", 0) })
+	add(h.cfg.Payments, 3, h.payments) // warm-up, intent create, capture
+	return plan
+}
+
+// growth measures the tickets service on tables already holding cfg.Preload completed creates.
+func (h *harness) growth(ctx context.Context) error {
+	if err := h.tickets(ctx, h.growthTarget(), "bench_growth", h.cfg.Preload); err != nil {
+		return err
+	}
+	// Its 10M rows are not needed any more: dropped now, not at the end, to give the disk back.
+	if err := h.cfg.Server.Drop(ctx, "bench_growth"); err != nil {
+		h.say("drop bench_growth: %v", err)
+	}
+	return nil
+}
+
+// dropDatabases drops the databases the run made, also when ctx is over.
+func (h *harness) dropDatabases(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	for _, db := range h.dbs {
+		if err := h.cfg.Server.Drop(dctx, db); err != nil {
+			h.say("drop %s: %v", db, err)
+		}
+	}
 }
 
 // Count renders n as 10M, 250k or 1234.
@@ -360,10 +360,7 @@ func (h *harness) reference(ctx context.Context, target string) error {
 	// Its memory too: what the same load costs a server with no idempotency (or the least) is the yardstick
 	// for retrysafe's.
 	mem := p.SampleMemory(200 * time.Millisecond)
-	defer func() {
-		h.rep.Memory[target] = p.Stop()
-		h.rep.MemoryOrder = append(h.rep.MemoryOrder, target)
-	}()
+	defer h.stop(p, target)
 	if err := p.WaitReady("http://"+addr+"/healthz", 30*time.Second); err != nil {
 		return err
 	}
@@ -398,11 +395,7 @@ func (h *harness) tickets(ctx context.Context, target, db string, preload int64)
 		return err
 	}
 	mem := p.SampleMemory(200 * time.Millisecond)
-	defer func() {
-		m := p.Stop()
-		h.rep.Memory[target] = m
-		h.rep.MemoryOrder = append(h.rep.MemoryOrder, target)
-	}()
+	defer h.stop(p, target)
 	if err := p.WaitReady("http://"+addr+"/readyz", 2*time.Minute); err != nil {
 		return err
 	}
@@ -420,10 +413,7 @@ func (h *harness) sealPreloaded(ctx context.Context, target, db, addr string, en
 		return err
 	}
 	p.SampleMemory(200 * time.Millisecond)
-	defer func() {
-		h.rep.Memory[name] = p.Stop()
-		h.rep.MemoryOrder = append(h.rep.MemoryOrder, name)
-	}()
+	defer h.stop(p, name)
 	if err := p.WaitReady("http://"+addr+"/readyz", 2*time.Minute); err != nil {
 		return err
 	}
@@ -443,55 +433,100 @@ func ticketRequest(base, key string) Request {
 		Body: []byte(`{"project":"bench","title":"ticket ` + key + `","priority":"normal"}`)}
 }
 
-// ticketModes runs warm-up, create, replay and (with storm) the storm against one target.
-func (h *harness) ticketModes(ctx context.Context, target, db, base string, storm bool, mem *MemSampler) error {
-	peak := func() int64 {
-		if mem == nil {
-			return 0
-		}
-		return mem.PhasePeak()
-	}
-	c := NewClient(agentSecret, h.cfg.Clients*2)
-	defer c.Close()
-	create := Load{Clients: h.cfg.Clients, Duration: h.cfg.Warmup,
-		Next: func(int64) (Request, bool) { return ticketRequest(base, Key()), true }}
-	h.timed(target+" warm-up (create, not counted)", h.cfg.Warmup, func() { create.Run(ctx, c) })
-	peak()
-	if err := h.cfg.Server.Analyze(ctx, db); err != nil {
-		return fmt.Errorf("%s: analyze after the warm-up: %w", target, err)
-	}
+// measuring is one target being measured: its database, the client the load is sent with and the sampler of
+// its memory (nil: not sampled).
+type measuring struct {
+	h          *harness
+	target, db string
+	client     *Client
+	mem        *MemSampler
+}
 
-	create.Duration = h.cfg.Duration
+// peak is the target's largest memory since the last call (0 when not sampled), and starts over.
+func (m *measuring) peak() int64 {
+	if m.mem == nil {
+		return 0
+	}
+	return m.mem.PhasePeak()
+}
+
+// warmUp runs l as the untimed phase name, then analyzes the database, so that the measured modes start
+// with statistics of a table that holds rows.
+func (m *measuring) warmUp(ctx context.Context, name string, l Load) error {
+	m.h.timed(name, l.Duration, func() { l.Run(ctx, m.client) })
+	m.peak()
+	if err := m.h.cfg.Server.Analyze(ctx, m.db); err != nil {
+		return fmt.Errorf("%s: analyze after the warm-up: %w", m.target, err)
+	}
+	return nil
+}
+
+// measure runs l as the timed phase name and records it as the target's mode, with rowsSince counting
+// ($1: the time the phase began) the rows the target wrote.
+func (m *measuring) measure(ctx context.Context, name, mode string, l Load, rowsSince string) {
 	since := time.Now()
 	var samples []Sample
 	var took time.Duration
-	h.timed(target+" create (a new key each request)", h.cfg.Duration, func() { samples, took = create.Run(ctx, c) })
-	r := Summarize(target, "create", samples, took)
-	r.RSS = peak()
-	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
-	h.record(r)
+	m.h.timed(name, l.Duration, func() { samples, took = l.Run(ctx, m.client) })
+	m.record(ctx, mode, samples, took, rowsSince, since)
+}
+
+// record records the samples of the target's mode with the memory peak of the phase and the rows that rows
+// (given args) counts.
+func (m *measuring) record(ctx context.Context, mode string, samples []Sample, took time.Duration, rows string, args ...any) {
+	r := Summarize(m.target, mode, samples, took)
+	r.RSS = m.peak()
+	r.Rows, _ = m.h.cfg.Server.Query1(ctx, m.db, rows, args...)
+	m.h.record(r)
+}
+
+const ticketsSince = `SELECT count(*) FROM tickets WHERE created_at >= $1`
+
+// ticketModes runs warm-up, create, replay and (with storm) the storm against one target.
+func (h *harness) ticketModes(ctx context.Context, target, db, base string, storm bool, mem *MemSampler) error {
+	c := NewClient(agentSecret, h.cfg.Clients*2)
+	defer c.Close()
+	m := &measuring{h: h, target: target, db: db, client: c, mem: mem}
+	newTicket := func(int64) (Request, bool) { return ticketRequest(base, Key()), true }
+	create := Load{Clients: h.cfg.Clients, Duration: h.cfg.Warmup, Next: newTicket}
+	if err := m.warmUp(ctx, target+" warm-up (create, not counted)", create); err != nil {
+		return err
+	}
+	create.Duration = h.cfg.Duration
+	m.measure(ctx, target+" create (a new key each request)", "create", create, ticketsSince)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-
 	// One client alone: the latency of a create on an idle server, not its throughput.
-	single := Load{Clients: 1, Duration: h.cfg.Duration / 2,
-		Next: func(int64) (Request, bool) { return ticketRequest(base, Key()), true }}
-	since = time.Now()
-	h.timed(target+" single client (create, one at a time)", single.Duration, func() { samples, took = single.Run(ctx, c) })
-	r = Summarize(target, "single", samples, took)
-	r.RSS = peak()
-	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
-	h.record(r)
+	single := Load{Clients: 1, Duration: h.cfg.Duration / 2, Next: newTicket}
+	m.measure(ctx, target+" single client (create, one at a time)", "single", single, ticketsSince)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	keys, err := m.storeTickets(ctx, base, h.cfg.ReplayKeys)
+	if err != nil {
+		return err
+	}
+	replay := Load{Clients: h.cfg.Clients, Duration: h.cfg.Duration, Next: func(n int64) (Request, bool) {
+		return ticketRequest(base, keys[n%int64(len(keys))]), true
+	}}
+	m.measure(ctx, fmt.Sprintf("%s replay (%d stored keys again)", target, len(keys)), "replay", replay, ticketsSince)
+	if !storm || ctx.Err() != nil {
+		return ctx.Err()
+	}
+	// The storm's copies are the only connections: the modes before leave none idle, which would otherwise hold
+	// places of the service's connection cap (HTTP_MAX_CONNS) until its idle timeout.
+	c.Close()
+	m.storm(ctx, base)
+	return nil
+}
 
-	// Replay: ReplayKeys keys stored first (not timed), then sent again and again.
-	keys := make([]string, h.cfg.ReplayKeys)
+// storeTickets creates n tickets, untimed, for replay to send again, and returns their keys.
+func (m *measuring) storeTickets(ctx context.Context, base string, n int) ([]string, error) {
+	keys := make([]string, n)
 	var seedErr error
 	var seedMu sync.Mutex
-	seed := Load{Clients: h.cfg.Clients, Duration: 5 * time.Minute, Next: func(n int64) (Request, bool) {
+	seed := Load{Clients: m.h.cfg.Clients, Duration: 5 * time.Minute, Next: func(n int64) (Request, bool) {
 		if n >= int64(len(keys)) {
 			return Request{}, false
 		}
@@ -500,42 +535,27 @@ func (h *harness) ticketModes(ctx context.Context, target, db, base string, stor
 	}, Answer: func(r Request, status int, _ []byte) {
 		if status < 200 || status >= 300 {
 			seedMu.Lock()
-			seedErr = fmt.Errorf("%s: storing replay keys: status %d", target, status)
+			seedErr = fmt.Errorf("%s: storing replay keys: status %d", m.target, status)
 			seedMu.Unlock()
 		}
 	}}
-	seed.Run(ctx, c)
-	peak()
-	if seedErr != nil {
-		return seedErr
-	}
-	replay := Load{Clients: h.cfg.Clients, Duration: h.cfg.Duration, Next: func(n int64) (Request, bool) {
-		return ticketRequest(base, keys[n%int64(len(keys))]), true
-	}}
-	since = time.Now()
-	h.timed(fmt.Sprintf("%s replay (%d stored keys again)", target, len(keys)), h.cfg.Duration, func() { samples, took = replay.Run(ctx, c) })
-	r = Summarize(target, "replay", samples, took)
-	r.RSS = peak()
-	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE created_at >= $1`, since)
-	h.record(r)
-	if !storm || ctx.Err() != nil {
-		return ctx.Err()
-	}
+	seed.Run(ctx, m.client)
+	m.peak()
+	return keys, seedErr
+}
 
-	// The storm's copies are the only connections: the modes before leave none idle, which would otherwise hold
-	// places of the service's connection cap (HTTP_MAX_CONNS) until its idle timeout.
-	c.Close()
-	sc := NewClient(agentSecret, h.cfg.Storm)
+// storm sends cfg.Storm copies of one new ticket at once, each on a connection of its own, and records how
+// many tickets they made.
+func (m *measuring) storm(ctx context.Context, base string) {
+	sc := NewClient(agentSecret, m.h.cfg.Storm)
 	defer sc.Close()
 	key := Key()
-	h.untimed(fmt.Sprintf("%s storm (%d copies of one key at once)", target, h.cfg.Storm),
+	var samples []Sample
+	var took time.Duration
+	m.h.untimed(fmt.Sprintf("%s storm (%d copies of one key at once)", m.target, m.h.cfg.Storm),
 		func(e time.Duration) string { return fmt.Sprintf("%s so far", e.Round(time.Second)) },
-		func() { samples, took = Storm(ctx, sc, ticketRequest(base, key), h.cfg.Storm) })
-	r = Summarize(target, "storm", samples, took)
-	r.RSS = peak()
-	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM tickets WHERE title = $1`, "ticket "+key)
-	h.record(r)
-	return nil
+		func() { samples, took = Storm(ctx, sc, ticketRequest(base, key), m.h.cfg.Storm) })
+	m.record(ctx, "storm", samples, took, `SELECT count(*) FROM tickets WHERE title = $1`, "ticket "+key)
 }
 
 // preload loads n completed creates into db with PreloadSQL, in batches, showing how far it is.
@@ -646,6 +666,7 @@ func (h *harness) seal(ctx context.Context, db string) error {
 	return sealErr
 }
 
+// payments measures `retrysafe serve payments`, with the provider sandbox behind it, on a fresh database.
 func (h *harness) payments(ctx context.Context) error {
 	const db = "bench_payments"
 	if err := h.fresh(ctx, db); err != nil {
@@ -661,10 +682,7 @@ func (h *harness) payments(ctx context.Context) error {
 		return err
 	}
 	prov.SampleMemory(200 * time.Millisecond)
-	defer func() {
-		h.rep.Memory["provider (sandbox)"] = prov.Stop()
-		h.rep.MemoryOrder = append(h.rep.MemoryOrder, "provider (sandbox)")
-	}()
+	defer h.stop(prov, "provider (sandbox)")
 	if err := prov.WaitReady("http://"+paddr+"/healthz", 30*time.Second); err != nil {
 		return err
 	}
@@ -678,17 +696,25 @@ func (h *harness) payments(ctx context.Context) error {
 		return err
 	}
 	mem := p.SampleMemory(200 * time.Millisecond)
-	defer func() {
-		h.rep.Memory[TargetPayments] = p.Stop()
-		h.rep.MemoryOrder = append(h.rep.MemoryOrder, TargetPayments)
-	}()
+	defer h.stop(p, TargetPayments)
 	base := "http://" + addr
 	if err := p.WaitReady(base+"/readyz", 2*time.Minute); err != nil {
 		return err
 	}
+	return h.paymentModes(ctx, db, base, p.Log, mem)
+}
 
+// stop stops p and records its memory as name's.
+func (h *harness) stop(p *Proc, name string) {
+	h.rep.Memory[name] = p.Stop()
+	h.rep.MemoryOrder = append(h.rep.MemoryOrder, name)
+}
+
+// paymentModes runs warm-up, intent create and capture against the payments service at base (its log at log).
+func (h *harness) paymentModes(ctx context.Context, db, base, log string, mem *MemSampler) error {
 	c := NewClient(agentSecret, h.cfg.Clients*2)
 	defer c.Close()
+	m := &measuring{h: h, target: TargetPayments, db: db, client: c, mem: mem}
 	var mu sync.Mutex
 	var intents []string
 	create := Load{Clients: h.cfg.Clients, Duration: h.cfg.Warmup,
@@ -708,26 +734,17 @@ func (h *harness) payments(ctx context.Context) error {
 				mu.Unlock()
 			}
 		}}
-	h.timed("payments warm-up (intent create, not counted)", h.cfg.Warmup, func() { create.Run(ctx, c) })
-	mem.PhasePeak()
-	if err := h.cfg.Server.Analyze(ctx, db); err != nil {
-		return fmt.Errorf("payments: analyze after the warm-up: %w", err)
+	if err := m.warmUp(ctx, "payments warm-up (intent create, not counted)", create); err != nil {
+		return err
 	}
 	create.Duration = h.cfg.Duration
-	since := time.Now()
-	var samples []Sample
-	var took time.Duration
-	h.timed("payments intent create (authorize at the sandbox; a new key and order each)", h.cfg.Duration,
-		func() { samples, took = create.Run(ctx, c) })
-	r := Summarize(TargetPayments, "intent create", samples, took)
-	r.RSS = mem.PhasePeak()
-	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM payment_intents WHERE created_at >= $1`, since)
-	h.record(r)
+	m.measure(ctx, "payments intent create (authorize at the sandbox; a new key and order each)", "intent create", create,
+		`SELECT count(*) FROM payment_intents WHERE created_at >= $1`)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if len(intents) == 0 {
-		return errors.New("payments: no intent was created; see " + p.Log)
+		return errors.New("payments: no intent was created; see " + log)
 	}
 	// Capture each intent made above once, under a new key; the run ends early when they run out.
 	pool := intents
@@ -738,12 +755,7 @@ func (h *harness) payments(ctx context.Context) error {
 		return Request{Method: "POST", URL: base + "/v1/payment_intents/" + pool[n] + "/capture", Key: Key(),
 			Body: []byte(`{}`)}, true
 	}}
-	since = time.Now()
-	h.timed(fmt.Sprintf("payments capture (%d intents, each once, a new key each)", len(pool)), h.cfg.Duration,
-		func() { samples, took = capture.Run(ctx, c) })
-	r = Summarize(TargetPayments, "capture", samples, took)
-	r.RSS = mem.PhasePeak()
-	r.Rows, _ = h.cfg.Server.Query1(ctx, db, `SELECT count(*) FROM payment_intents WHERE status = 'succeeded' AND updated_at >= $1`, since)
-	h.record(r)
+	m.measure(ctx, fmt.Sprintf("payments capture (%d intents, each once, a new key each)", len(pool)), "capture", capture,
+		`SELECT count(*) FROM payment_intents WHERE status = 'succeeded' AND updated_at >= $1`)
 	return ctx.Err()
 }

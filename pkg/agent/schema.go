@@ -58,16 +58,36 @@ func (refusingLoader) Load(url string) (any, error) {
 // compile reads the tool's input schema, checks it describes the arguments (an object whose path parameters are
 // required strings, with none of the names the agent adds) and compiles it, approval_id added to approval tools.
 func (t *Tool) compile(raw json.RawMessage) error {
+	schema, err := objectSchema(raw)
+	if err != nil {
+		return err
+	}
+	if err := t.checkArguments(schema); err != nil {
+		return err
+	}
+	t.InputSchema = schema
+	t.schema, err = compileSchema("retrysafe:tools/"+t.Name+".json", t.Schema())
+	return err
+}
+
+// objectSchema decodes an input schema, which must describe one JSON object.
+func objectSchema(raw json.RawMessage) (map[string]any, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
-		return errors.New("input_schema is required (JSON Schema of the arguments; {type: object} for none)")
+		return nil, errors.New("input_schema is required (JSON Schema of the arguments; {type: object} for none)")
 	}
 	var schema map[string]any
 	if err := json.Unmarshal(raw, &schema); err != nil || schema == nil {
-		return errors.New("input_schema must be a JSON Schema object")
+		return nil, errors.New("input_schema must be a JSON Schema object")
 	}
 	if schema["type"] != "object" {
-		return errors.New("input_schema must have type: object (the arguments are one JSON object)")
+		return nil, errors.New("input_schema must have type: object (the arguments are one JSON object)")
 	}
+	return schema, nil
+}
+
+// checkArguments checks that the schema's properties leave the agent's own names to the agent and have each
+// argument the tool's route (and, for a request_approval tool, the approval) needs as a required string.
+func (t *Tool) checkArguments(schema map[string]any) error {
 	props, _ := schema["properties"].(map[string]any)
 	var required []string
 	if list, ok := schema["required"].([]any); ok {
@@ -77,40 +97,44 @@ func (t *Tool) compile(raw json.RawMessage) error {
 			}
 		}
 	}
+	isRequiredString := func(name string) bool {
+		ps, _ := props[name].(map[string]any)
+		return ps != nil && ps["type"] == "string" && slices.Contains(required, name)
+	}
 	for _, name := range reservedArguments {
 		if _, ok := props[name]; ok {
 			return fmt.Errorf("input_schema declares %s, which the agent adds itself", name)
 		}
 	}
 	for _, p := range t.PathParams() {
-		ps, _ := props[p].(map[string]any)
-		if ps == nil || ps["type"] != "string" || !slices.Contains(required, p) {
+		if !isRequiredString(p) {
 			return fmt.Errorf("path parameter %s must be a required property of type string in input_schema", p)
 		}
 	}
-	if t.ApprovalRequest {
-		ps, _ := props["for_action"].(map[string]any)
-		if ps == nil || ps["type"] != "string" || !slices.Contains(required, "for_action") {
-			return errors.New("a request_approval tool's input_schema has for_action, a required string (the action to approve)")
-		}
+	if t.ApprovalRequest && !isRequiredString("for_action") {
+		return errors.New("a request_approval tool's input_schema has for_action, a required string (the action to approve)")
 	}
-	t.InputSchema = schema
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(mustJSON(t.Schema())))
+	return nil
+}
+
+// compileSchema compiles a self-contained JSON Schema 2020-12, formats asserted, under the name url.
+func compileSchema(url string, schema any) (*jsonschema.Schema, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(mustJSON(schema)))
 	if err != nil {
-		return fmt.Errorf("input_schema: %v", err)
+		return nil, fmt.Errorf("input_schema: %v", err)
 	}
 	c := jsonschema.NewCompiler()
 	c.UseLoader(refusingLoader{})
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.AssertFormat()
-	url := "retrysafe:tools/" + t.Name + ".json"
 	if err := c.AddResource(url, doc); err != nil {
-		return fmt.Errorf("input_schema: %v", err)
+		return nil, fmt.Errorf("input_schema: %v", err)
 	}
-	if t.schema, err = c.Compile(url); err != nil {
-		return fmt.Errorf("input_schema is not a valid JSON Schema: %v", err)
+	compiled, err := c.Compile(url)
+	if err != nil {
+		return nil, fmt.Errorf("input_schema is not a valid JSON Schema: %v", err)
 	}
-	return nil
+	return compiled, nil
 }
 
 // validate checks args, a JSON object, against the tool's input schema.

@@ -119,6 +119,21 @@ func (j *Journal) WriteSummary(w io.Writer) {
 // WriteTimeline prints one operation's story, agent side: the intent, every attempt with its lineage and
 // dispatch state, every observation (negative ones too), and how it ended.
 func (op *Operation) WriteTimeline(w io.Writer) {
+	op.writeIntent(w)
+	op.writeProvenance(w)
+	for _, l := range op.timelineEntries() {
+		printSafe(w, "  %-27s %s\n", strings.TrimSuffix(l.at, "~"), l.text)
+	}
+	if s := op.Settled; s != nil {
+		printSafe(w, "  next step: %s\n", s.NextStep)
+	} else {
+		printSafe(w, "  not settled: resume drives it to an end\n")
+	}
+}
+
+// writeIntent prints what the operation is: the tool call, its arguments and fingerprint, and the idempotency
+// key that makes sending it again safe.
+func (op *Operation) writeIntent(w io.Writer) {
 	printSafe(w, "operation %s  action %s  state %s\n", op.OperationID, strconv.Quote(op.ActionID), op.State())
 	printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
 	printSafe(w, "  arguments   %s\n", op.Args)
@@ -132,6 +147,11 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 	default:
 		printSafe(w, "  key         none: a declared state, safe to send again\n")
 	}
+}
+
+// writeProvenance prints who acted and what the operation is tied to: its authority, the delegating run, the
+// key it was made with, the operations it supersedes or remediates, and the service's operation id.
+func (op *Operation) writeProvenance(w io.Writer) {
 	printSafe(w, "  authority   %s\n", op.AuthorityRef)
 	if op.ParentRunID != "" {
 		printSafe(w, "  parent run  %s (the run that delegated this action)\n", op.ParentRunID)
@@ -150,93 +170,103 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 	if id := op.ServerOperationID(); id != "" {
 		printSafe(w, "  server op   %s\n", id)
 	}
-	type line struct{ at, text string }
-	var lines []line
+}
+
+// timelineEntry is one line of the timeline: when it happened and what. An at ending in "~" sorts after the
+// same at without it, and is printed without the "~".
+type timelineEntry struct{ at, text string }
+
+// timelineEntries are the operation's attempts, their ends, its observations and its settlement, in the order
+// they happened (journal order among equal times).
+func (op *Operation) timelineEntries() []timelineEntry {
+	var lines []timelineEntry
 	for _, at := range op.Attempts {
-		t := fmt.Sprintf("attempt %d %s  %s", at.Number, at.AttemptID, at.Decision)
-		if at.RetryOf != "" {
-			t += fmt.Sprintf("  retry of %s (%s)", at.RetryOf, at.RetryReason)
-			if at.RetryOfSent != at.RetryOf {
-				t += fmt.Sprintf(" [Retry-Of sent: %q, the nearest attempt the service had seen]", at.RetryOfSent)
-			}
-			if at.RetryReasonSent != "" && at.RetryReasonSent != at.RetryReason {
-				t += fmt.Sprintf(" [Retry-Reason sent: %s, the nearest the service lists]", at.RetryReasonSent)
-			}
-		}
-		t += fmt.Sprintf("  budget left %d  run %s", at.BudgetLeft, at.RunID)
-		if at.ApprovalID != "" {
-			t += "  approval " + at.ApprovalID
-		}
-		lines = append(lines, line{at.At, t})
+		lines = append(lines, timelineEntry{at.At, attemptText(at)})
 		if r := at.Finished; r != nil {
-			t := fmt.Sprintf("  -> %s", r.DispatchState)
-			if r.Status != 0 {
-				t += fmt.Sprintf(" %d", r.Status)
-			}
-			for _, s := range []string{r.Code, r.Error} {
-				if s != "" {
-					t += " " + s
-				}
-			}
-			if r.Replayed {
-				t += " (replayed by the service)"
-			}
-			if r.ServerOperationID != "" {
-				t += " op " + r.ServerOperationID
-			}
-			if r.ServerState != "" {
-				t += " state " + r.ServerState
-			}
-			if r.KeyExpiresAt != "" {
-				t += " key expires " + r.KeyExpiresAt
-			}
-			t += fmt.Sprintf(" in %dms", r.DurationMS)
-			lines = append(lines, line{r.At, t})
+			lines = append(lines, timelineEntry{r.At, attemptResultText(r)})
 		} else {
-			lines = append(lines, line{at.At + "~", "  -> no recorded end: the agent stopped during this attempt"})
+			lines = append(lines, timelineEntry{at.At + "~", "  -> no recorded end: the agent stopped during this attempt"})
 		}
 	}
 	for _, o := range op.Observations {
-		t := "observation " + o.Kind
-		if o.Endpoint != "" {
-			t += "  " + o.Endpoint
-		}
-		if o.Status != 0 {
-			t += fmt.Sprintf("  %d", o.Status)
-		}
-		switch {
-		case o.Found != nil && *o.Found:
-			t += fmt.Sprintf("  found %s state %s", o.ServerOperationID, o.ServerState)
-			if len(o.KnownAttempts) > 0 {
-				t += "  attempts it saw: " + strings.Join(o.KnownAttempts, ", ")
-			}
-			if o.KeyExpiresAt != "" {
-				t += "  key expires " + o.KeyExpiresAt
-			}
-		case o.Found != nil:
-			t += "  NOT FOUND"
-		}
-		if o.Kind == ObsOperatorDecision {
-			t += fmt.Sprintf("  by %s: %s", o.DecidedBy, o.ServerState)
-			if o.RemoteRef != "" {
-				t += "  remote ref " + o.RemoteRef
-			}
-		}
-		if o.Detail != "" {
-			t += "  (" + o.Detail + ")"
-		}
-		lines = append(lines, line{o.At, t})
+		lines = append(lines, timelineEntry{o.At, observationText(o)})
 	}
 	if s := op.Settled; s != nil {
-		lines = append(lines, line{s.At, fmt.Sprintf("settled %s: %s", s.State, s.Reason)})
+		lines = append(lines, timelineEntry{s.At, fmt.Sprintf("settled %s: %s", s.State, s.Reason)})
 	}
 	sort.SliceStable(lines, func(i, k int) bool { return lines[i].at < lines[k].at })
-	for _, l := range lines {
-		printSafe(w, "  %-27s %s\n", strings.TrimSuffix(l.at, "~"), l.text)
+	return lines
+}
+
+// attemptText describes a send: its number, the decision behind it, the lineage it claimed (and what was
+// really sent, where the service's view forced a nearer one), and the budget and run it spent.
+func attemptText(at *Attempt) string {
+	t := fmt.Sprintf("attempt %d %s  %s", at.Number, at.AttemptID, at.Decision)
+	if at.RetryOf != "" {
+		t += fmt.Sprintf("  retry of %s (%s)", at.RetryOf, at.RetryReason)
+		if at.RetryOfSent != at.RetryOf {
+			t += fmt.Sprintf(" [Retry-Of sent: %q, the nearest attempt the service had seen]", at.RetryOfSent)
+		}
+		if at.RetryReasonSent != "" && at.RetryReasonSent != at.RetryReason {
+			t += fmt.Sprintf(" [Retry-Reason sent: %s, the nearest the service lists]", at.RetryReasonSent)
+		}
 	}
-	if s := op.Settled; s != nil {
-		printSafe(w, "  next step: %s\n", s.NextStep)
-	} else {
-		printSafe(w, "  not settled: resume drives it to an end\n")
+	t += fmt.Sprintf("  budget left %d  run %s", at.BudgetLeft, at.RunID)
+	if at.ApprovalID != "" {
+		t += "  approval " + at.ApprovalID
 	}
+	return t
+}
+
+// attemptResultText describes how a send ended: its dispatch state, the service's answer and operation, and
+// how long it took.
+func attemptResultText(r *AttemptResult) string {
+	t := fmt.Sprintf("  -> %s", r.DispatchState)
+	if r.Status != 0 {
+		t += fmt.Sprintf(" %d", r.Status)
+	}
+	for _, s := range []string{r.Code, r.Error} {
+		if s != "" {
+			t += " " + s
+		}
+	}
+	if r.Replayed {
+		t += " (replayed by the service)"
+	}
+	t += labelled(" op ", r.ServerOperationID) + labelled(" state ", r.ServerState) + labelled(" key expires ", r.KeyExpiresAt)
+	return t + fmt.Sprintf(" in %dms", r.DurationMS)
+}
+
+// observationText describes one look at the service: where it looked, what it found (or that it found
+// nothing), and for an operator's decision who decided what.
+func observationText(o *Observation) string {
+	t := "observation " + o.Kind + labelled("  ", o.Endpoint)
+	if o.Status != 0 {
+		t += fmt.Sprintf("  %d", o.Status)
+	}
+	switch {
+	case o.Found != nil && *o.Found:
+		t += fmt.Sprintf("  found %s state %s", o.ServerOperationID, o.ServerState)
+		if len(o.KnownAttempts) > 0 {
+			t += "  attempts it saw: " + strings.Join(o.KnownAttempts, ", ")
+		}
+		t += labelled("  key expires ", o.KeyExpiresAt)
+	case o.Found != nil:
+		t += "  NOT FOUND"
+	}
+	if o.Kind == ObsOperatorDecision {
+		t += fmt.Sprintf("  by %s: %s", o.DecidedBy, o.ServerState) + labelled("  remote ref ", o.RemoteRef)
+	}
+	if o.Detail != "" {
+		t += "  (" + o.Detail + ")"
+	}
+	return t
+}
+
+// labelled is label followed by value, or nothing when value is empty.
+func labelled(label, value string) string {
+	if value == "" {
+		return ""
+	}
+	return label + value
 }

@@ -228,69 +228,110 @@ func (v *view) apply(body json.RawMessage) error {
 			return fmt.Errorf("agent: journal record %s names unknown operation %s", head.Type, head.OperationID)
 		}
 	}
-	switch head.Type {
-	case RecRunStarted:
-		v.runs++
-	case RecOperationCreated:
-		o := &Operation{}
-		if err := json.Unmarshal(body, o); err != nil {
-			return err
-		}
-		v.ops[o.OperationID] = o
-		v.order = append(v.order, o)
-		v.byAction[o.ActionID] = o
-		if o.Principal != nil {
-			v.principal = o.Principal
-		} else {
-			v.unrecorded++
-		}
-	case RecPrincipalAdopted:
-		p := &principalAdopted{}
-		if err := json.Unmarshal(body, p); err != nil {
-			return err
-		}
-		v.principal, v.unrecorded = &p.Principal, 0
-	case RecAttemptStarted:
-		a := &Attempt{}
-		if err := json.Unmarshal(body, a); err != nil {
-			return err
-		}
-		op.Attempts = append(op.Attempts, a)
-		v.attempts[a.AttemptID] = a
-	case RecAttemptFinished:
-		r := &AttemptResult{}
-		if err := json.Unmarshal(body, r); err != nil {
-			return err
-		}
-		if a := v.attempts[r.AttemptID]; a != nil {
-			a.Finished = r
-		}
-	case RecObservation:
-		ob := &Observation{}
-		if err := json.Unmarshal(body, ob); err != nil {
-			return err
-		}
-		op.Observations = append(op.Observations, ob)
-		switch ob.Kind {
-		case ObsApproval:
-			// A person decided: the operation is open again, with a fresh budget.
-			op.budgetFrom = len(op.Attempts)
-			op.Settled = nil
-		case ObsRetryRequested:
-			// Someone asked for a retry with the same key: open again, with the budget they gave.
-			op.budgetFrom, op.Budget, op.Settled = len(op.Attempts), ob.Budget, nil
-		case ObsSupersededSettled:
-			op.Settled = nil
-			if op.SupersedesServerOpID == "" {
-				op.SupersedesServerOpID = ob.SupersededServerOpID
-			}
-		}
-	case RecOperationSettled:
-		s := &Settlement{}
-		if err := json.Unmarshal(body, s); err != nil {
-			return err
-		}
-		op.Settled = s
+	if applyRecord := recordAppliers[head.Type]; applyRecord != nil {
+		return applyRecord(v, op, body)
 	}
+	return nil
+}
+
+// recordAppliers say how each type of record changes the view, given the operation the record names (nil for
+// records of the whole journal); records of other types leave it as it is.
+var recordAppliers = map[string]func(v *view, op *Operation, body json.RawMessage) error{
+	RecRunStarted:       (*view).startRun,
+	RecOperationCreated: (*view).createOperation,
+	RecPrincipalAdopted: (*view).adoptPrincipal,
+	RecAttemptStarted:   (*view).startAttempt,
+	RecAttemptFinished:  (*view).finishAttempt,
+	RecObservation:      (*view).observe,
+	RecOperationSettled: (*view).settle,
+}
+
+func (v *view) startRun(*Operation, json.RawMessage) error {
+	v.runs++
+	return nil
+}
+
+// createOperation adds the operation, and counts the key it was made with as the journal's.
+func (v *view) createOperation(_ *Operation, body json.RawMessage) error {
+	o := &Operation{}
+	if err := json.Unmarshal(body, o); err != nil {
+		return err
+	}
+	v.ops[o.OperationID] = o
+	v.order = append(v.order, o)
+	v.byAction[o.ActionID] = o
+	if o.Principal != nil {
+		v.principal = o.Principal
+	} else {
+		v.unrecorded++
+	}
+	return nil
+}
+
+func (v *view) adoptPrincipal(_ *Operation, body json.RawMessage) error {
+	p := &principalAdopted{}
+	if err := json.Unmarshal(body, p); err != nil {
+		return err
+	}
+	v.principal, v.unrecorded = &p.Principal, 0
+	return nil
+}
+
+func (v *view) startAttempt(op *Operation, body json.RawMessage) error {
+	a := &Attempt{}
+	if err := json.Unmarshal(body, a); err != nil {
+		return err
+	}
+	op.Attempts = append(op.Attempts, a)
+	v.attempts[a.AttemptID] = a
+	return nil
+}
+
+// finishAttempt records how an attempt ended; an end whose attempt the journal does not hold is ignored.
+func (v *view) finishAttempt(_ *Operation, body json.RawMessage) error {
+	r := &AttemptResult{}
+	if err := json.Unmarshal(body, r); err != nil {
+		return err
+	}
+	if a := v.attempts[r.AttemptID]; a != nil {
+		a.Finished = r
+	}
+	return nil
+}
+
+func (v *view) observe(op *Operation, body json.RawMessage) error {
+	ob := &Observation{}
+	if err := json.Unmarshal(body, ob); err != nil {
+		return err
+	}
+	op.Observations = append(op.Observations, ob)
+	op.reopenAfter(ob)
+	return nil
+}
+
+// reopenAfter opens the operation again when the observation is someone's word that it may go on.
+func (o *Operation) reopenAfter(ob *Observation) {
+	switch ob.Kind {
+	case ObsApproval:
+		// A person decided: the operation is open again, with a fresh budget.
+		o.budgetFrom = len(o.Attempts)
+		o.Settled = nil
+	case ObsRetryRequested:
+		// Someone asked for a retry with the same key: open again, with the budget they gave.
+		o.budgetFrom, o.Budget, o.Settled = len(o.Attempts), ob.Budget, nil
+	case ObsSupersededSettled:
+		o.Settled = nil
+		if o.SupersedesServerOpID == "" {
+			o.SupersedesServerOpID = ob.SupersededServerOpID
+		}
+	}
+}
+
+func (v *view) settle(op *Operation, body json.RawMessage) error {
+	s := &Settlement{}
+	if err := json.Unmarshal(body, s); err != nil {
+		return err
+	}
+	op.Settled = s
 	return nil
 }

@@ -47,6 +47,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"time"
 
@@ -129,79 +130,100 @@ LIMIT ?`
 // RunOnce seals the records written since the last seal, at most MaxSealRecords, and returns the seal (nil when
 // there was nothing to seal). It waits for a sequencer of another replica to finish first.
 func (s *Sequencer) RunOnce(ctx context.Context) (*auditchain.Seal, error) {
-	now := time.Now
-	if s.Now != nil {
-		now = s.Now
-	}
 	var written *auditchain.Seal
 	err := s.DB.WithContext(ctx).Connection(func(conn *gorm.DB) error {
-		if err := conn.Exec(`SELECT pg_advisory_lock(?, hashtext(current_schema()))`, sealLock).Error; err != nil {
+		release, err := takeSealLock(ctx, conn)
+		if err != nil {
 			return err
 		}
-		defer func() {
-			// Not with ctx, which may be over; a connection that cannot say it ends its session, and the lock.
-			unlock, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			conn.WithContext(unlock).Exec(`SELECT pg_advisory_unlock(?, hashtext(current_schema()))`, sealLock)
-		}()
+		defer release()
 		return conn.Transaction(func(tx *gorm.DB) error {
-			var last []sealRow
-			if err := tx.Raw(`SELECT ` + sealHeaderColumns + ` FROM audit_seals ORDER BY seq DESC LIMIT 1`).Scan(&last).Error; err != nil {
-				return err
-			}
-			var prev *auditchain.Seal
-			through := map[string]auditchain.Position{}
-			if len(last) == 1 {
-				p, err := last[0].seal()
-				if err != nil {
-					return err
-				}
-				prev = &p
-				for table, pos := range p.Through {
-					through[table] = pos
-				}
-			}
-			var entries []auditchain.Entry
-			for _, src := range sources {
-				from, ok := through[src.table]
-				if !ok {
-					from = auditchain.Position{XID: "0", ID: math.MinInt64}
-				}
-				var rows []recordRow
-				q := fmt.Sprintf(sealableSQL, src.columns, src.table)
-				if err := tx.Raw(q, from.XID, from.ID, MaxSealRecords-len(entries)).Scan(&rows).Error; err != nil {
-					return err
-				}
-				for _, r := range rows {
-					h, err := auditchain.RecordHash(src.body(r))
-					if err != nil {
-						return fmt.Errorf("%s id %d: %w", src.table, r.ID, err)
-					}
-					entries = append(entries, auditchain.Entry{Table: src.table, ID: r.ID, AccountID: r.AccountID, Subject: r.Subject, Hash: h})
-				}
-				if len(rows) > 0 {
-					through[src.table] = auditchain.Position{XID: rows[len(rows)-1].XID, ID: rows[len(rows)-1].ID}
-				}
-			}
-			if len(entries) == 0 {
-				return nil
-			}
-			seal, err := auditchain.NextSeal(prev, now(), entries, through, s.Signer)
-			if err != nil {
-				return err
-			}
-			if err := insertSeal(tx, seal, entries); err != nil {
-				return err
-			}
-			failpoint.Hit(FailpointBeforeSealCommit, seal)
-			written = &seal
-			return nil
+			written, err = s.sealNext(tx)
+			return err
 		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("audit: seal: %w", err)
 	}
 	return written, nil
+}
+
+// takeSealLock waits for the session advisory lock that makes sequencers take turns, on conn, and returns
+// its release.
+func takeSealLock(ctx context.Context, conn *gorm.DB) (release func(), err error) {
+	if err := conn.Exec(`SELECT pg_advisory_lock(?, hashtext(current_schema()))`, sealLock).Error; err != nil {
+		return nil, err
+	}
+	return func() {
+		// Not with ctx, which may be over; a connection that cannot say it ends its session, and the lock.
+		unlock, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		conn.WithContext(unlock).Exec(`SELECT pg_advisory_unlock(?, hashtext(current_schema()))`, sealLock)
+	}, nil
+}
+
+// sealNext seals, in tx, the records after the newest seal's positions and returns the seal (nil when there
+// was nothing to seal).
+func (s *Sequencer) sealNext(tx *gorm.DB) (*auditchain.Seal, error) {
+	prev, err := newestSeal(tx)
+	if err != nil {
+		return nil, err
+	}
+	through := map[string]auditchain.Position{}
+	if prev != nil {
+		maps.Copy(through, prev.Through)
+	}
+	entries, err := nextEntries(tx, through)
+	if err != nil || len(entries) == 0 {
+		return nil, err
+	}
+	now := time.Now
+	if s.Now != nil {
+		now = s.Now
+	}
+	seal, err := auditchain.NextSeal(prev, now(), entries, through, s.Signer)
+	if err != nil {
+		return nil, err
+	}
+	if err := insertSeal(tx, seal, entries); err != nil {
+		return nil, err
+	}
+	failpoint.Hit(FailpointBeforeSealCommit, seal)
+	return &seal, nil
+}
+
+// nextEntries reads the records to seal, table by table, after each table's position in through, at most
+// MaxSealRecords in all, and moves through to the last record read of each table.
+func nextEntries(tx *gorm.DB, through map[string]auditchain.Position) ([]auditchain.Entry, error) {
+	var entries []auditchain.Entry
+	for _, src := range sources {
+		from := sealedThrough(through, src.table)
+		var rows []recordRow
+		q := fmt.Sprintf(sealableSQL, src.columns, src.table)
+		if err := tx.Raw(q, from.XID, from.ID, MaxSealRecords-len(entries)).Scan(&rows).Error; err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			h, err := auditchain.RecordHash(src.body(r))
+			if err != nil {
+				return nil, fmt.Errorf("%s id %d: %w", src.table, r.ID, err)
+			}
+			entries = append(entries, auditchain.Entry{Table: src.table, ID: r.ID, AccountID: r.AccountID, Subject: r.Subject, Hash: h})
+		}
+		if len(rows) > 0 {
+			through[src.table] = auditchain.Position{XID: rows[len(rows)-1].XID, ID: rows[len(rows)-1].ID}
+		}
+	}
+	return entries, nil
+}
+
+// sealedThrough is how far the seals' positions through reach into table: before its first record when no
+// seal reaches into it yet.
+func sealedThrough(through map[string]auditchain.Position, table string) auditchain.Position {
+	if pos, ok := through[table]; ok {
+		return pos
+	}
+	return auditchain.Position{XID: "0", ID: math.MinInt64}
 }
 
 // Pending returns how many records are not sealed yet and the creation time of the oldest of them (zero when
@@ -215,10 +237,7 @@ func Pending(ctx context.Context, db *gorm.DB) (int64, time.Time, error) {
 			return err
 		}
 		for _, src := range sources {
-			from, ok := through[src.table]
-			if !ok {
-				from = auditchain.Position{XID: "0", ID: math.MinInt64}
-			}
+			from := sealedThrough(through, src.table)
 			var row struct {
 				Count  int64
 				Oldest *time.Time
@@ -243,16 +262,28 @@ func Pending(ctx context.Context, db *gorm.DB) (int64, time.Time, error) {
 
 // newestThrough is where the newest seal ends in each table (empty when there is no seal).
 func newestThrough(tx *gorm.DB) (map[string]auditchain.Position, error) {
+	last, err := newestSeal(tx)
+	if err != nil {
+		return nil, err
+	}
+	if last == nil {
+		return map[string]auditchain.Position{}, nil
+	}
+	return last.Through, nil
+}
+
+// newestSeal is the last seal written, nil when there is none.
+func newestSeal(tx *gorm.DB) (*auditchain.Seal, error) {
 	var last []sealRow
 	if err := tx.Raw(`SELECT ` + sealHeaderColumns + ` FROM audit_seals ORDER BY seq DESC LIMIT 1`).Scan(&last).Error; err != nil {
 		return nil, err
 	}
 	if len(last) == 0 {
-		return map[string]auditchain.Position{}, nil
+		return nil, nil
 	}
 	s, err := last[0].seal()
 	if err != nil {
 		return nil, err
 	}
-	return s.Through, nil
+	return &s, nil
 }

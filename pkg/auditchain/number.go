@@ -49,29 +49,15 @@ func parseDecimal(s string) (decimal, bool) {
 		mantissa, exponent, hasExp = strings.Cut(s, "E")
 	}
 	whole, frac, hasFrac := strings.Cut(mantissa, ".")
-	switch {
-	case whole == "" || !allDigits(whole) || (len(whole) > 1 && whole[0] == '0'):
-		return decimal{}, false
-	case hasFrac && (frac == "" || !allDigits(frac)):
+	if !validMantissa(whole, frac, hasFrac) {
 		return decimal{}, false
 	}
 	e := 0
 	if hasExp {
-		sign := 1
-		if rest, ok := strings.CutPrefix(exponent, "-"); ok {
-			sign, exponent = -1, rest
-		} else {
-			exponent = strings.TrimPrefix(exponent, "+")
-		}
-		if exponent == "" || !allDigits(exponent) {
+		var ok bool
+		if e, ok = parseExponent(exponent); !ok {
 			return decimal{}, false
 		}
-		if digits := strings.TrimLeft(exponent, "0"); len(digits) > 7 {
-			e = maxExponent + 1
-		} else {
-			e, _ = strconv.Atoi("0" + digits)
-		}
-		e *= sign
 	}
 	all := whole + frac
 	lead := len(all) - len(strings.TrimLeft(all, "0"))
@@ -84,6 +70,35 @@ func parseDecimal(s string) (decimal, bool) {
 	}
 	d.exp = len(whole) - lead + e
 	return d, true
+}
+
+// validMantissa reports whether whole and frac, the digits before and after the point (hasFrac: there is a
+// point), are JSON's: whole digits without a leading zero, and at least one digit after a point.
+func validMantissa(whole, frac string, hasFrac bool) bool {
+	if whole == "" || !allDigits(whole) || (len(whole) > 1 && whole[0] == '0') {
+		return false
+	}
+	return !hasFrac || (frac != "" && allDigits(frac))
+}
+
+// parseExponent reads the digits after the "e", optionally signed; one of more than seven significant digits
+// reads as beyond maxExponent.
+func parseExponent(text string) (int, bool) {
+	sign := 1
+	if rest, ok := strings.CutPrefix(text, "-"); ok {
+		sign, text = -1, rest
+	} else {
+		text = strings.TrimPrefix(text, "+")
+	}
+	if text == "" || !allDigits(text) {
+		return 0, false
+	}
+	digits := strings.TrimLeft(text, "0")
+	if len(digits) > 7 {
+		return sign * (maxExponent + 1), true
+	}
+	e, _ := strconv.Atoi("0" + digits)
+	return sign * e, true
 }
 
 func allDigits(s string) bool {

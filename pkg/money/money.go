@@ -201,20 +201,8 @@ func checkPlainDecimal(currency, s string, exp int) error {
 	if len(s) > MaxDecimalLen {
 		return amountError(FieldAmount, fmt.Sprintf("must be at most %d characters", MaxDecimalLen))
 	}
-	intDigits, fracDigits, seenDot := 0, 0, false
-	for i := range len(s) {
-		switch c := s[i]; {
-		case c >= '0' && c <= '9' && seenDot:
-			fracDigits++
-		case c >= '0' && c <= '9':
-			intDigits++
-		case c == '.' && !seenDot:
-			seenDot = true
-		default:
-			return amountError(FieldAmount, syntax)
-		}
-	}
-	if intDigits == 0 || (seenDot && fracDigits == 0) {
+	fracDigits, ok := plainDecimalFraction(s)
+	if !ok {
 		return amountError(FieldAmount, syntax)
 	}
 	if fracDigits > exp {
@@ -224,6 +212,25 @@ func checkPlainDecimal(currency, s string, exp int) error {
 		return amountError(FieldAmount, fmt.Sprintf("%s has at most %d decimals", currency, exp))
 	}
 	return nil
+}
+
+// plainDecimalFraction reports whether s is one or more digits with an optional '.' and one or more fraction
+// digits, and how many fraction digits it has.
+func plainDecimalFraction(s string) (fracDigits int, ok bool) {
+	intDigits, seenDot := 0, false
+	for i := range len(s) {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9' && seenDot:
+			fracDigits++
+		case c >= '0' && c <= '9':
+			intDigits++
+		case c == '.' && !seenDot:
+			seenDot = true
+		default:
+			return 0, false
+		}
+	}
+	return fracDigits, intDigits > 0 && (!seenDot || fracDigits > 0)
 }
 
 func tooLarge(currency string, exp int) string {

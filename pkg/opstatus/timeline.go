@@ -140,39 +140,62 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 	}
 	tl := Timeline{
 		OperationID: op.ID, Kind: op.Kind, State: op.State, IdempotencyKey: op.IdempotencyKey,
-		Fingerprint: op.Fingerprint, Resource: op.Resource, SupersededBy: []string{}, RemediatedBy: []string{},
-		DeduplicatedBy: []string{},
-		Entries:        make([]TimelineEntry, 0, len(op.Events)), Approvals: []TimelineApproval{},
+		Fingerprint: op.Fingerprint, Resource: op.Resource, Start: timelineStart(op),
+		SupersededBy: []string{}, RemediatedBy: []string{}, DeduplicatedBy: []string{},
+		Entries: make([]TimelineEntry, 0, len(op.Events)), Approvals: []TimelineApproval{},
 	}
-	tl.Start = op.CreatedAt
+	tl.addEvents(op.Events)
+	if tl.Approvals, err = timelineApprovals(ctx, db, op); err != nil {
+		return Timeline{}, err
+	}
+	if tl.Chain, err = checkChain(ctx, db, accountID, id, tl.Approvals); err != nil {
+		return Timeline{}, err
+	}
+	return tl, nil
+}
+
+// timelineStart is the time of op's first attempt (of its creation if it has none), or of its first event if
+// that came earlier.
+func timelineStart(op Operation) time.Time {
+	start := op.CreatedAt
 	for _, ev := range op.Events {
 		if ev.Attempt != nil {
-			tl.Start = ev.CreatedAt
+			start = ev.CreatedAt
 			break
 		}
 	}
-	if len(op.Events) > 0 && op.Events[0].CreatedAt.Before(tl.Start) {
-		tl.Start = op.Events[0].CreatedAt
+	if len(op.Events) > 0 && op.Events[0].CreatedAt.Before(start) {
+		start = op.Events[0].CreatedAt
 	}
+	return start
+}
+
+// timelineDetail is what the timeline reads of an event's detail; the members an event does not have stay
+// empty.
+type timelineDetail struct {
+	AttemptID             string `json:"attempt_id"`
+	AgentRunID            string `json:"agent_run_id"`
+	RetryOf               string `json:"retry_of"`
+	RetryReason           string `json:"retry_reason"`
+	Outcome               string `json:"outcome"`
+	Status                *int   `json:"status"`
+	DurationMS            *int64 `json:"duration_ms"`
+	Fingerprint           string `json:"fingerprint"`
+	Reason                string `json:"reason"`
+	SupersedesOperationID string `json:"supersedes_operation_id"`
+	SupersededBy          string `json:"superseded_by"`
+	Remediates            string `json:"remediates_operation_id"`
+	RemediatedBy          string `json:"remediated_by"`
+	DeduplicatedAgainst   string `json:"deduplicated_against"`
+	DeduplicatedBy        string `json:"deduplicated_by"`
+}
+
+// addEvents adds an entry per event, marks whether each attempt sent the first attempt's fingerprint, and
+// gathers the operation's links and settlement from the events.
+func (tl *Timeline) addEvents(events []Event) {
 	var firstFingerprint string
-	for _, ev := range op.Events {
-		var d struct {
-			AttemptID             string `json:"attempt_id"`
-			AgentRunID            string `json:"agent_run_id"`
-			RetryOf               string `json:"retry_of"`
-			RetryReason           string `json:"retry_reason"`
-			Outcome               string `json:"outcome"`
-			Status                *int   `json:"status"`
-			DurationMS            *int64 `json:"duration_ms"`
-			Fingerprint           string `json:"fingerprint"`
-			Reason                string `json:"reason"`
-			SupersedesOperationID string `json:"supersedes_operation_id"`
-			SupersededBy          string `json:"superseded_by"`
-			Remediates            string `json:"remediates_operation_id"`
-			RemediatedBy          string `json:"remediated_by"`
-			DeduplicatedAgainst   string `json:"deduplicated_against"`
-			DeduplicatedBy        string `json:"deduplicated_by"`
-		}
+	for _, ev := range events {
+		var d timelineDetail
 		if len(ev.Detail) > 0 {
 			_ = json.Unmarshal(ev.Detail, &d) // a detail of another shape still shows as detail
 		}
@@ -189,48 +212,53 @@ func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeli
 			same := d.Fingerprint == firstFingerprint
 			e.SameFingerprint = &same
 		}
-		if d.SupersedesOperationID != "" {
-			tl.Supersedes = &d.SupersedesOperationID
-		}
-		if d.SupersededBy != "" {
-			tl.SupersededBy = append(tl.SupersededBy, d.SupersededBy)
-		}
-		// The link events are written by the services that make the links (payments, tickets), named by
-		// their detail member.
-		switch ev.Type {
-		case "remediates":
-			tl.Remediates = nonEmpty(d.Remediates, tl.Remediates)
-		case "remediated_by":
-			tl.RemediatedBy = appendNonEmpty(tl.RemediatedBy, d.RemediatedBy)
-		case "deduplicated_against":
-			tl.DeduplicatedAgainst = nonEmpty(d.DeduplicatedAgainst, tl.DeduplicatedAgainst)
-		case "deduplicated_by":
-			tl.DeduplicatedBy = appendNonEmpty(tl.DeduplicatedBy, d.DeduplicatedBy)
-		}
+		tl.addLinks(ev.Type, d)
 		if ev.ToState.Final() {
 			actor, at := ev.Actor, ev.CreatedAt
 			tl.SettledBy, tl.SettledAt = &actor, &at
 		}
 		tl.Entries = append(tl.Entries, e)
 	}
-	if tl.Approvals, err = timelineApprovals(ctx, db, op); err != nil {
-		return Timeline{}, err
-	}
-	approvals := make([]string, 0, len(tl.Approvals))
-	for _, a := range tl.Approvals {
-		approvals = append(approvals, a.ApprovalID)
-	}
+}
 
-	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{AccountID: accountID, OperationID: id, Subjects: approvals})
-	if err != nil {
-		return Timeline{}, fmt.Errorf("opstatus: timeline of %s: %w", id, err)
+// addLinks records the operations an event of type evType links this one to.
+func (tl *Timeline) addLinks(evType string, d timelineDetail) {
+	if d.SupersedesOperationID != "" {
+		tl.Supersedes = &d.SupersedesOperationID
 	}
-	tl.Chain = ChainCheck{Intact: rep.Intact(), Records: rep.Records, Sealed: rep.Sealed, Unsealed: rep.Unsealed,
+	if d.SupersededBy != "" {
+		tl.SupersededBy = append(tl.SupersededBy, d.SupersededBy)
+	}
+	// The link events are written by the services that make the links (payments, tickets), named by
+	// their detail member.
+	switch evType {
+	case "remediates":
+		tl.Remediates = nonEmpty(d.Remediates, tl.Remediates)
+	case "remediated_by":
+		tl.RemediatedBy = appendNonEmpty(tl.RemediatedBy, d.RemediatedBy)
+	case "deduplicated_against":
+		tl.DeduplicatedAgainst = nonEmpty(d.DeduplicatedAgainst, tl.DeduplicatedAgainst)
+	case "deduplicated_by":
+		tl.DeduplicatedBy = appendNonEmpty(tl.DeduplicatedBy, d.DeduplicatedBy)
+	}
+}
+
+// checkChain verifies the audit chain's records of operation id and of its approvals.
+func checkChain(ctx context.Context, db *gorm.DB, accountID, id string, approvals []TimelineApproval) (ChainCheck, error) {
+	subjects := make([]string, 0, len(approvals))
+	for _, a := range approvals {
+		subjects = append(subjects, a.ApprovalID)
+	}
+	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{AccountID: accountID, OperationID: id, Subjects: subjects})
+	if err != nil {
+		return ChainCheck{}, fmt.Errorf("opstatus: timeline of %s: %w", id, err)
+	}
+	check := ChainCheck{Intact: rep.Intact(), Records: rep.Records, Sealed: rep.Sealed, Unsealed: rep.Unsealed,
 		Seals: rep.Seals, Problems: []string{}}
 	for _, p := range rep.Problems {
-		tl.Chain.Problems = append(tl.Chain.Problems, p.String())
+		check.Problems = append(check.Problems, p.String())
 	}
-	return tl, nil
+	return check, nil
 }
 
 // timelineApprovals finds the approvals of op: the guard only lets a write use an approval of its own key, so

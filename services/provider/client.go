@@ -181,36 +181,71 @@ func (c *Client) do(ctx context.Context, method, path, key string, in, out any) 
 	return err
 }
 
+// send makes one call. A keyed call is reported to the context's DispatchObserver, if any: before it is
+// written, and with how it ended.
 func (c *Client) send(ctx context.Context, method, path, key string, in, out any) error {
 	obs := observerFrom(ctx)
 	if key == "" {
 		obs = nil
 	}
-	d := Dispatch{Method: method, Path: path, Key: key}
-	finish := func(d Dispatch) {
-		if obs != nil {
-			obs.Finished(ctx, d)
-		}
+	d, err := c.dispatch(ctx, obs, Dispatch{Method: method, Path: path, Key: key}, in, out)
+	if obs != nil {
+		obs.Finished(ctx, d)
 	}
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			d.State, d.Reason = DispatchExecutionError, ReasonRequestNotBuilt
-			finish(d)
-			return fmt.Errorf("provider: encoding %s %s: %w: %w", method, path, ErrNotSent, err)
-		}
-		body = bytes.NewReader(b)
-	}
+	return err
+}
+
+// dispatch builds the call d, has obs (if not nil) record that it starts, sends it and reads the answer into
+// out. It returns the dispatch as it ended (not sent, sent without an answer, or answered) and the call's error.
+func (c *Client) dispatch(ctx context.Context, obs DispatchObserver, d Dispatch, in, out any) (Dispatch, error) {
 	// The connection trace tells "never connected" (nothing left: not sent) from "connected" (the request may
 	// have reached the provider), which a transport error alone does not.
 	var connected atomic.Bool
 	traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
-	req, err := http.NewRequestWithContext(traced, method, c.baseURL+path, body)
+	req, err := c.newRequest(traced, d, in)
 	if err != nil {
 		d.State, d.Reason = DispatchExecutionError, ReasonRequestNotBuilt
-		finish(d)
-		return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrNotSent, err)
+		return d, err
+	}
+	if obs != nil {
+		if err := obs.Started(ctx, d); err != nil {
+			// Without the record of the dispatch, the call is not made: a later reader could not tell it left.
+			d.State, d.Reason = DispatchNotSent, ReasonEvidenceNotRecorded
+			return d, fmt.Errorf("provider: %s %s: %w: %w", d.Method, d.Path, ErrNotSent, err)
+		}
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if !connected.Load() {
+			d.State, d.Reason = DispatchNotSent, notSentReason(err)
+			return d, fmt.Errorf("provider: %s %s: %w: %w", d.Method, d.Path, ErrNotSent, err)
+		}
+		d.State, d.Reason = DispatchSentNoResponse, sentReason(err)
+		return d, fmt.Errorf("provider: %s %s: %w: %w", d.Method, d.Path, ErrOutcomeUnknown, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBodyBytes))
+	if err != nil {
+		d.State, d.Reason, d.Status = DispatchSentNoResponse, ReasonResponseCut, resp.StatusCode
+		return d, fmt.Errorf("provider: %s %s: reading the answer: %w: %w", d.Method, d.Path, ErrOutcomeUnknown, err)
+	}
+	d = received(d, resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true", b)
+	return decodeAnswer(d, b, out)
+}
+
+// newRequest builds the request of d with in as its JSON body (none when nil). Its errors match ErrNotSent.
+func (c *Client) newRequest(ctx context.Context, d Dispatch, in any) (*http.Request, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, fmt.Errorf("provider: encoding %s %s: %w: %w", d.Method, d.Path, ErrNotSent, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, d.Method, c.baseURL+d.Path, body)
+	if err != nil {
+		return nil, fmt.Errorf("provider: %s %s: %w: %w", d.Method, d.Path, ErrNotSent, err)
 	}
 	// Without GetBody, net/http never resends the request by itself (it would
 	// for a request with an Idempotency-Key on a reused connection): a lost
@@ -221,59 +256,31 @@ func (c *Client) send(ctx context.Context, method, path, key string, in, out any
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
+	if d.Key != "" {
+		req.Header.Set("Idempotency-Key", d.Key)
 	}
-	if obs != nil {
-		if err := obs.Started(ctx, d); err != nil {
-			// Without the record of the dispatch, the call is not made: a later reader could not tell it left.
-			d.State, d.Reason = DispatchNotSent, ReasonEvidenceNotRecorded
-			finish(d)
-			return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrNotSent, err)
-		}
-	}
+	return req, nil
+}
 
-	resp, err := c.http.Do(req)
-	if err != nil {
-		if !connected.Load() {
-			d.State, d.Reason = DispatchNotSent, notSentReason(err)
-			finish(d)
-			return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrNotSent, err)
-		}
-		d.State, d.Reason = DispatchSentNoResponse, sentReason(err)
-		finish(d)
-		return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrOutcomeUnknown, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBodyBytes))
-	if err != nil {
-		d.State, d.Reason, d.Status = DispatchSentNoResponse, ReasonResponseCut, resp.StatusCode
-		finish(d)
-		return fmt.Errorf("provider: %s %s: reading the answer: %w: %w", method, path, ErrOutcomeUnknown, err)
-	}
-	d = received(d, resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true", b)
-
+// decodeAnswer decodes the body of a 2xx answer into out (ignored when nil) and turns any other answer into
+// the call's error: a 4xx is the provider's refusal, anything else leaves the outcome unknown.
+func decodeAnswer(d Dispatch, body []byte, out any) (Dispatch, error) {
 	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		if out == nil || resp.StatusCode == http.StatusNoContent {
-			finish(d)
-			return nil
+	case d.Status >= 200 && d.Status < 300:
+		if out == nil || d.Status == http.StatusNoContent {
+			return d, nil
 		}
-		if err := json.Unmarshal(b, out); err != nil {
+		if err := json.Unmarshal(body, out); err != nil {
 			// It executed, but we cannot tell the caller what it did.
 			d.Reason = ReasonResponseNotUnderstood
-			finish(d)
-			return fmt.Errorf("provider: %s %s: decoding the %d answer: %w: %w", method, path, resp.StatusCode, ErrOutcomeUnknown, err)
+			return d, fmt.Errorf("provider: %s %s: decoding the %d answer: %w: %w", d.Method, d.Path, d.Status, ErrOutcomeUnknown, err)
 		}
-		finish(d)
-		return nil
-	case resp.StatusCode >= 400 && resp.StatusCode < 500:
-		finish(d)
-		return decodeError(resp.StatusCode, b)
+		return d, nil
+	case d.Status >= 400 && d.Status < 500:
+		return d, decodeError(d.Status, body)
 	default:
 		// 5xx, or a status this client does not expect: the call may have run.
-		finish(d)
-		return fmt.Errorf("provider: %s %s: %w: %w", method, path, ErrOutcomeUnknown, decodeError(resp.StatusCode, b))
+		return d, fmt.Errorf("provider: %s %s: %w: %w", d.Method, d.Path, ErrOutcomeUnknown, decodeError(d.Status, body))
 	}
 }
 

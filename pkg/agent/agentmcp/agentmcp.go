@@ -143,50 +143,76 @@ func toolFor(t agent.Tool) *mcp.Tool {
 	}
 }
 
+// handlerFor calls tool t through the agent: the agent's own arguments are taken out of the call, the rest are
+// the tool's arguments.
 func handlerFor(a *agent.Agent, t agent.Tool) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(req.Params.Arguments, &fields); err != nil || fields == nil {
-			return toolError("bad_arguments", "the arguments must be a JSON object with action_id"), nil
+		call, refusal := parseToolCall(t, req.Params.Arguments)
+		if refusal != nil {
+			return refusal, nil
 		}
-		var actionID, supersedes, remediates string
-		if err := json.Unmarshal(fields["action_id"], &actionID); err != nil || actionID == "" {
-			return toolError("bad_arguments", "action_id (a string) is required: "+ActionIDDescription), nil
-		}
-		if raw, ok := fields["supersedes_action_id"]; ok {
-			if err := json.Unmarshal(raw, &supersedes); err != nil {
-				return toolError("bad_arguments", "supersedes_action_id must be a string"), nil
-			}
-		}
-		if raw, ok := fields["remediates_operation_id"]; ok && t.Name == "refund_payment" {
-			if err := json.Unmarshal(raw, &remediates); err != nil {
-				return toolError("bad_arguments", "remediates_operation_id must be a string"), nil
-			}
-			delete(fields, "remediates_operation_id")
-		}
-		delete(fields, "action_id")
-		delete(fields, "supersedes_action_id")
-		args, _ := json.Marshal(fields)
-		res, err := a.Do(ctx, actionID, t.Name, args, agent.DoOptions{Supersedes: supersedes, Remediates: remediates})
-		var argErr *agent.ArgumentError
-		switch {
-		case errors.Is(err, agent.ErrChangedIntent):
-			return toolErrorWith("changed_intent", err.Error()+". Nothing was sent.", res), nil
-		case errors.As(err, &argErr):
-			out := toolError("bad_arguments", err.Error())
-			out.StructuredContent.(map[string]any)["arguments"] = argErr.Problems
-			return out, nil
-		case errors.Is(err, agent.ErrBadArguments), errors.Is(err, agent.ErrUnknownAction):
-			return toolError("bad_arguments", err.Error()), nil
-		case err != nil:
-			return toolErrorWith("internal", "the agent stopped before the operation settled ("+err.Error()+"); call again with the same action_id", res), nil
-		}
-		out := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: resultText(res, nil)}}, StructuredContent: res}
-		if res.State == agent.StateRefused || res.State == agent.StateFailed {
-			out.IsError = true
-		}
-		return out, nil
+		res, err := a.Do(ctx, call.actionID, t.Name, call.args, call.options)
+		return doResult(res, err), nil
 	}
+}
+
+// toolCall is a tool's call as the agent takes it.
+type toolCall struct {
+	actionID string
+	args     json.RawMessage
+	options  agent.DoOptions
+}
+
+// parseToolCall splits a call's arguments into the agent's (action_id, supersedes_action_id and, for
+// refund_payment, remediates_operation_id) and the tool's. A call that cannot be split is refused with the
+// result to return.
+func parseToolCall(t agent.Tool, arguments json.RawMessage) (toolCall, *mcp.CallToolResult) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(arguments, &fields); err != nil || fields == nil {
+		return toolCall{}, toolError("bad_arguments", "the arguments must be a JSON object with action_id")
+	}
+	var call toolCall
+	if err := json.Unmarshal(fields["action_id"], &call.actionID); err != nil || call.actionID == "" {
+		return toolCall{}, toolError("bad_arguments", "action_id (a string) is required: "+ActionIDDescription)
+	}
+	if raw, ok := fields["supersedes_action_id"]; ok {
+		if err := json.Unmarshal(raw, &call.options.Supersedes); err != nil {
+			return toolCall{}, toolError("bad_arguments", "supersedes_action_id must be a string")
+		}
+	}
+	if raw, ok := fields["remediates_operation_id"]; ok && t.Name == "refund_payment" {
+		if err := json.Unmarshal(raw, &call.options.Remediates); err != nil {
+			return toolCall{}, toolError("bad_arguments", "remediates_operation_id must be a string")
+		}
+		delete(fields, "remediates_operation_id")
+	}
+	delete(fields, "action_id")
+	delete(fields, "supersedes_action_id")
+	call.args, _ = json.Marshal(fields)
+	return call, nil
+}
+
+// doResult is the tool result of agent.Do: refusals and stops are tool errors with a code; an operation that
+// settled refused or failed is a result marked as an error.
+func doResult(res agent.Result, err error) *mcp.CallToolResult {
+	var argErr *agent.ArgumentError
+	switch {
+	case errors.Is(err, agent.ErrChangedIntent):
+		return toolErrorWith("changed_intent", err.Error()+". Nothing was sent.", res)
+	case errors.As(err, &argErr):
+		out := toolError("bad_arguments", err.Error())
+		out.StructuredContent.(map[string]any)["arguments"] = argErr.Problems
+		return out
+	case errors.Is(err, agent.ErrBadArguments), errors.Is(err, agent.ErrUnknownAction):
+		return toolError("bad_arguments", err.Error())
+	case err != nil:
+		return toolErrorWith("internal", "the agent stopped before the operation settled ("+err.Error()+"); call again with the same action_id", res)
+	}
+	out := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: resultText(res, nil)}}, StructuredContent: res}
+	if res.State == agent.StateRefused || res.State == agent.StateFailed {
+		out.IsError = true
+	}
+	return out
 }
 
 // resultText is a result for a model that reads text: first the agent's own words, the line to act on first,
