@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"github.com/goccy/go-yaml"
+
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 )
 
 // ServiceDef is one service of a tools file.
@@ -116,7 +118,7 @@ func ParseTools(raw []byte) (*Catalog, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: not YAML or JSON: %v", ErrToolsFile, err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(js))
+	dec := json.NewDecoder(jsondepth.Reader(bytes.NewReader(js)))
 	dec.DisallowUnknownFields()
 	var f toolsFile
 	if err := dec.Decode(&f); err != nil {
