@@ -1,13 +1,20 @@
 package agent
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
+)
 
 // Tools are the tools the agent offers.
 func (a *Agent) Tools() *Catalog { return a.cfg.Tools }
 
-// check validates args against the tool's input schema, then prepares the request: a call refused here has
-// journaled and sent nothing.
+// check bounds the depth of args, validates them against the tool's input schema, then prepares the request:
+// a call refused here has journaled and sent nothing.
 func (t Tool) check(args json.RawMessage) (request, error) {
+	if err := jsondepth.Check(args); err != nil {
+		return request{}, &ArgumentError{Tool: t.Name, Problems: []ArgumentProblem{{Message: err.Error()}}}
+	}
 	obj := args
 	if len(obj) == 0 {
 		obj = json.RawMessage(`{}`)

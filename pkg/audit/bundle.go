@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 )
 
 // BundleFormat names the format of an exported bundle, its first member.
@@ -246,7 +247,7 @@ type BundleReport struct {
 // only when r is not a bundle; what is wrong with the records is in the report.
 func VerifyBundle(r io.Reader, opt BundleOptions) (BundleReport, error) {
 	var b bundle
-	dec := json.NewDecoder(r)
+	dec := json.NewDecoder(jsondepth.Reader(r))
 	if err := dec.Decode(&b); err != nil {
 		return BundleReport{}, fmt.Errorf("audit: bundle: %w", err)
 	}

@@ -5,14 +5,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 )
 
 // reorderJSON returns the same JSON value with every object's members in reverse order and other whitespace:
 // a different byte string for the same request.
 func reorderJSON(b []byte) ([]byte, error) {
+	if err := jsondepth.Check(b); err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
-	v, err := readOrdered(dec, 0)
+	v, err := readOrdered(dec)
 	if err != nil {
 		return nil, err
 	}
@@ -37,12 +42,8 @@ type object []member
 
 type array []any
 
-const maxDepth = 64
-
-func readOrdered(dec *json.Decoder, depth int) (any, error) {
-	if depth > maxDepth {
-		return nil, fmt.Errorf("JSON nested deeper than %d", maxDepth)
-	}
+// readOrdered reads one value; its recursion is bounded by the jsondepth.Check of reorderJSON.
+func readOrdered(dec *json.Decoder) (any, error) {
 	tok, err := dec.Token()
 	if err != nil {
 		return nil, err
@@ -55,7 +56,7 @@ func readOrdered(dec *json.Decoder, depth int) (any, error) {
 			if err != nil {
 				return nil, err
 			}
-			v, err := readOrdered(dec, depth+1)
+			v, err := readOrdered(dec)
 			if err != nil {
 				return nil, err
 			}
@@ -66,7 +67,7 @@ func readOrdered(dec *json.Decoder, depth int) (any, error) {
 	case json.Delim('['):
 		a := array{}
 		for dec.More() {
-			v, err := readOrdered(dec, depth+1)
+			v, err := readOrdered(dec)
 			if err != nil {
 				return nil, err
 			}

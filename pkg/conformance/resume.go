@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 )
 
 // callerState is what a caller stores before it sends a write, so that after a restart it can retry with the
@@ -92,6 +94,9 @@ func resume(ctx context.Context, stateFile string, getenv func(string) string) (
 	data, err := os.ReadFile(stateFile)
 	if err != nil {
 		return response{}, err
+	}
+	if err := jsondepth.Check(data); err != nil {
+		return response{}, fmt.Errorf("state file: %w", err)
 	}
 	var st callerState
 	if err := json.Unmarshal(data, &st); err != nil {

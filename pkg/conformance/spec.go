@@ -9,6 +9,8 @@ import (
 	"os"
 	"regexp"
 	"strings"
+
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 )
 
 // Spec describes one write to check; it is the request file, in JSON.
@@ -82,8 +84,12 @@ func LoadSpec(path string) (Spec, error) {
 	return ParseSpec(data)
 }
 
-// ParseSpec decodes a request file strictly (unknown fields are errors) and checks it.
+// ParseSpec decodes a request file strictly (unknown fields are errors, nesting past jsondepth.Max too) and
+// checks it.
 func ParseSpec(data []byte) (Spec, error) {
+	if err := jsondepth.Check(data); err != nil {
+		return Spec{}, fmt.Errorf("request file: %w", err)
+	}
 	var s Spec
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

@@ -30,6 +30,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -223,13 +224,17 @@ func DecodeJSON(c *gin.Context, v any) error {
 }
 
 // DecodeJSONBytes is DecodeJSON for a body already read, such as the proposed body of an approval request, so
-// that it is held to exactly the rules its write will be. Strict means: UTF-8, one JSON value, no unknown
-// member, no member twice in one object and no name that matches a field only by case, at any depth; so what
-// is decoded is the only way to read the body, and the fingerprint, an approver's summary and the write all
-// see the same request.
+// that it is held to exactly the rules its write will be. Strict means: nested at most jsondepth.Max levels,
+// UTF-8, one JSON value, no unknown member, no member twice in one object, no name that matches a field only
+// by case, no escape of half a surrogate pair, at any depth; so what is decoded is the only way to read the
+// body, and the fingerprint, an approver's summary and the write all see the same request. A body nested
+// deeper is refused before it is walked, after one pass over at most its bytes.
 func DecodeJSONBytes(body []byte, v any) error {
 	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' {
 		return problem.New(problem.CodeInvalidRequest, "the request body must be a JSON object")
+	}
+	if err := jsondepth.Check(body); err != nil {
+		return problem.New(problem.CodeInvalidRequest, "malformed JSON: %v", err)
 	}
 	if !utf8.Valid(body) {
 		return problem.New(problem.CodeInvalidRequest, "malformed JSON: the body is not valid UTF-8")

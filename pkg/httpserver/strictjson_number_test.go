@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
@@ -26,6 +27,14 @@ func TestDecodeJSONBytesExactNumbers(t *testing.T) {
 		{`{"raw":{"deep":{"ratio":0.30000000000000001}}}`, "raw.deep.ratio"},
 		{`{"any":1e400}`, "any"},
 		{`{"shipping":{"count":-9007199254740993}}`, "shipping.count"},
+		// A number an integer field cannot hold is the same answer, however it is written.
+		{`{"lines":[{"count":1e23}]}`, "lines[0].count"},
+		{`{"lines":[{"count":-1e19}]}`, "lines[0].count"},
+		{`{"shipping":{"count":10000000000000000000}}`, "shipping.count"},
+		{`{"shipping":{"count":1` + strings.Repeat("0", 299) + `}}`, "shipping.count"},
+		{`{"shipping":{"count":1` + strings.Repeat("0", 399) + `}}`, "shipping.count"},
+		{`{"shipping":{"count":` + strings.Repeat("7", 400) + `}}`, "shipping.count"},
+		{`{"any":1e23,"raw":[1e21],"shipping":{"count":-9007199254740992}}`, ""},
 	} {
 		var o order
 		err := httpserver.DecodeJSONBytes([]byte(tc.body), &o)
@@ -40,6 +49,12 @@ func TestDecodeJSONBytesExactNumbers(t *testing.T) {
 			pe.Fields[0].Field != tc.field {
 			t.Errorf("%s: got %v, want validation_failed naming %q", tc.body, err, tc.field)
 		}
+	}
+	// A fraction is not an integer at all: the wrong type, 400 as a string for a number is.
+	var o order
+	if err := httpserver.DecodeJSONBytes([]byte(`{"lines":[{"count":12.5}]}`), &o); !errors.As(err, new(*problem.Error)) ||
+		err.(*problem.Error).Code != problem.CodeInvalidRequest {
+		t.Errorf("12.5 for an int: %v, want invalid_request", err)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -81,6 +82,9 @@ func Parse(s string) (Cursor, error) {
 	var c Cursor
 	raw, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
+		return Cursor{}, err
+	}
+	if err := jsondepth.Check(raw); err != nil {
 		return Cursor{}, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))

@@ -3,6 +3,7 @@ package problem
 import (
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -44,8 +45,18 @@ func tooLong(maxLen int) string {
 //   - bidirectional formatting characters: the embeddings and overrides U+202A–U+202E, the isolates
 //     U+2066–U+2069 and the marks U+200E, U+200F, U+061C, which make a person read text in another order
 //     than it is stored (an approver reading "capture 10" where "01 erutpac" is stored);
-//   - zero-width and invisible characters U+200B–U+200D, U+2060 and U+FEFF, which make two strings that
-//     look the same differ, or hide a word from a person while a machine still reads it.
+//   - invisible characters, which a person does not see and a machine (a model reading a ticket) still reads,
+//     or which make two strings that look the same differ: every format character (general category Cf:
+//     zero-width U+200B–U+200D, U+2060, U+FEFF, the soft hyphen U+00AD, the tags U+E0001 and
+//     U+E0020–U+E007F, U+180E, ...) but the prepended concatenation marks, which are visible signs (U+0600
+//     ARABIC NUMBER SIGN); the variation selectors (U+FE00–U+FE0F, U+E0100–U+E01EF, U+180B–U+180F); and the
+//     other default-ignorable code points (the Hangul fillers U+115F, U+1160, U+3164, U+FFA0, U+034F, the
+//     unassigned tag block U+E0000–U+E0FFF): together Unicode's Default_Ignorable_Code_Point, as Go's unicode
+//     tables give it;
+//   - noncharacters (U+FDD0–U+FDEF and the last two code points of every plane, U+FFFE and U+FFFF among
+//     them), which Unicode reserves for a program's own use and never for text that is exchanged.
+//
+// They are refused, never stripped: what is stored and shown is what was sent.
 func TextFault(s string, multiline bool) string {
 	if !utf8.ValidString(s) {
 		return "must be valid UTF-8"
@@ -58,11 +69,27 @@ func TextFault(s string, multiline bool) string {
 				return "must not contain control characters (line feed and tab are allowed)"
 			}
 			return "must not contain control characters"
+		case r < 0xa0:
 		case (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) || r == 0x200e || r == 0x200f || r == 0x061c:
 			return "must not contain bidirectional formatting characters (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C)"
-		case (r >= 0x200b && r <= 0x200d) || r == 0x2060 || r == 0xfeff:
-			return "must not contain zero-width characters (U+200B–U+200D, U+2060, U+FEFF)"
+		case invisible(r):
+			return "must not contain invisible characters (zero-width and other format characters such as U+200B, U+00AD and the tags U+E0000–U+E007F, variation selectors, Hangul fillers)"
+		case unicode.Is(unicode.Noncharacter_Code_Point, r):
+			return "must not contain noncharacters (U+FFFE, U+FFFF, U+FDD0–U+FDEF and the last two code points of every plane)"
 		}
 	}
 	return ""
+}
+
+// invisible reports whether r is default-ignorable: Unicode's derivation of Default_Ignorable_Code_Point
+// (DerivedCoreProperties.txt), with the format characters it leaves out (U+FFF9–U+FFFB, U+13430–U+1343F, which
+// hide or arrange text too) kept in.
+func invisible(r rune) bool {
+	switch {
+	case unicode.Is(unicode.Cf, r):
+		return !unicode.Is(unicode.Prepended_Concatenation_Mark, r)
+	case unicode.Is(unicode.Variation_Selector, r), unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r):
+		return true
+	}
+	return false
 }

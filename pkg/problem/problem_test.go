@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -89,6 +90,25 @@ func TestTextFault(t *testing.T) {
 		{"joiner\u200d", true, false},
 		{"word\u2060joiner", true, false},
 		{"\ufeffbom", true, false},
+		// Invisible to a person, read by a model: every default-ignorable character and the noncharacters.
+		{"ar\u0600abic number sign, visible", false, true},
+		{"tag\U000E0041\U000E0042 letters", false, false},
+		{"cancel tag\U000E007F", false, false},
+		{"language tag\U000E0001", false, false},
+		{"soft\u00adhyphen", false, false},
+		{"hangul\u3164filler", false, false},
+		{"choseong\u115ffiller", false, false},
+		{"halfwidth\uffa0filler", false, false},
+		{"variation\ufe0fselector", false, false},
+		{"ideographic variation\U000E0100", false, false},
+		{"mongolian\u180eseparator", false, false},
+		{"grapheme\u034fjoiner", false, false},
+		{"invisible\u2062times", false, false},
+		{"interlinear\ufff9annotation", false, false},
+		{"nonchar\ufffe", false, false},
+		{"nonchar\uffff", false, false},
+		{"nonchar\ufdd0", false, false},
+		{"nonchar\U0010FFFF", false, false},
 	} {
 		fault := problem.TextFault(tc.in, tc.multiline)
 		if (fault == "") != tc.ok {
@@ -107,7 +127,8 @@ func TestTextFault(t *testing.T) {
 // FuzzTextFault checks that text TextFault accepts is what PostgreSQL text stores and a person reads as it is:
 // UTF-8, without NUL or the characters it lists.
 func FuzzTextFault(f *testing.F) {
-	for _, s := range []string{"", "ok", "a\x00b", "\xff\xfe", "\u202e", "\u200b", "a\nb", "\xed\xa0\x80", "\xc0\xaf", strings.Repeat("é", 300)} {
+	for _, s := range []string{"", "ok", "a\x00b", "\xff\xfe", "\u202e", "\u200b", "a\nb", "\xed\xa0\x80", "\xc0\xaf", strings.Repeat("é", 300),
+		"\U000E0041", "\u00ad", "\u3164", "\ufe0f", "\ufffe", "\u0600"} {
 		f.Add(s, true)
 		f.Add(s, false)
 	}
@@ -117,6 +138,12 @@ func FuzzTextFault(f *testing.F) {
 		}
 		if !utf8.ValidString(s) || strings.ContainsAny(s, "\x00\r\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200b\u200c\u200d\u2060\ufeff") {
 			t.Fatalf("TextFault accepted %q", s)
+		}
+		for _, r := range s {
+			if (unicode.Is(unicode.Cf, r) && !unicode.Is(unicode.Prepended_Concatenation_Mark, r)) || unicode.Is(unicode.Variation_Selector, r) ||
+				unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) || unicode.Is(unicode.Noncharacter_Code_Point, r) {
+				t.Fatalf("TextFault accepted %q with %U", s, r)
+			}
 		}
 		if !multiline && strings.ContainsAny(s, "\n\t") {
 			t.Fatalf("TextFault accepted %q on one line", s)

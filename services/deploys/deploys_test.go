@@ -228,3 +228,33 @@ func TestControllerRunsADeployToSuccess(t *testing.T) {
 	b.agent.Get("/v1/environments/nowhere").Status(t, 404)
 	b.agent.As("other-agent-secret").Get("/v1/deploys/"+d.ID).Status(t, 404)
 }
+
+// TestFoldedDuplicateNamesAreRefused: encoding/json matches "ſervice" (U+017F LONG S) to service, as it
+// matches K (U+212A KELVIN SIGN) to k, so {"service":"shop","ſervice":"evil"} would deploy evil while the card and every other
+// reader show shop. Any name the decoder would match to a field without being its name is 400 naming it, for a
+// deploy and for the approval of one, with no deploy, approval or key left behind.
+func TestFoldedDuplicateNamesAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, body := range []string{
+		`{"service":"shop","ſervice":"evil","environment":"staging","commit_sha":"` + commit(1) + `"}`,
+		`{"ſervice":"evil","service":"shop","environment":"staging","commit_sha":"` + commit(1) + `"}`,
+		`{"service":"shop","environment":"staging","commit_sha":"` + commit(1) + `","commit_\u017fha":"` + commit(2) + `"}`,
+		`{"service":"shop","environment":"staging","commit_sha":"` + commit(1) + `","expected_environment_version":0,"expected_environment_ver\u017fion":3}`,
+	} {
+		res := b.agent.Post("/v1/deploys", body, apitest.Key("folded")).Status(t, http.StatusBadRequest)
+		fields := problemFields(t, res)
+		if res.Str(t, "code") != "invalid_request" || len(fields) != 1 || !strings.ContainsRune(fields[0], 'ſ') {
+			t.Errorf("%s: %s; want invalid_request naming the folded member", body, res.Body)
+		}
+		req := fmt.Sprintf(`{"method":"POST","path":"/v1/deploys","idempotency_key":"folded","body":%s}`, body)
+		if code := b.agent.Post("/v1/approvals", req, apitest.Key("approval-of-folded")).Status(t, http.StatusBadRequest).Str(t, "code"); code != "invalid_request" {
+			t.Errorf("approval of %s: code %q, want invalid_request", body, code)
+		}
+	}
+	if n := count(t, b.db, `SELECT count(*) FROM deploys`) + count(t, b.db, `SELECT count(*) FROM approvals`) +
+		count(t, b.db, `SELECT count(*) FROM operations`); n != 0 {
+		t.Fatalf("%d deploys, approvals or operations stored for refused requests", n)
+	}
+	b.agent.Post("/v1/deploys", deployBody("shop", "staging", commit(1)), apitest.Key("folded")).Status(t, http.StatusAccepted)
+}

@@ -862,6 +862,13 @@ func testAmountValidation(t *testing.T, h *harness) {
 		{`{"order_id":"o","amount":"-1","currency":"USD"}`, 422, "amount"},
 		{`{"order_id":"o","amount":"1e3","currency":"USD"}`, 422, "amount"},
 		{`{"order_id":"o","amount_minor":9007199254740992,"currency":"USD"}`, 422, "amount_minor"},
+		// A number amount_minor cannot hold is one answer, however it is written: beyond a double's exactness,
+		// beyond int64, beyond a double's range.
+		{`{"order_id":"o","amount_minor":9007199254740993,"currency":"USD"}`, 422, "amount_minor"},
+		{`{"order_id":"o","amount_minor":1e23,"currency":"USD"}`, 422, "amount_minor"},
+		{`{"order_id":"o","amount_minor":10000000000000000000,"currency":"USD"}`, 422, "amount_minor"},
+		{`{"order_id":"o","amount_minor":1` + strings.Repeat("0", 399) + `,"currency":"USD"}`, 422, "amount_minor"},
+		{`{"order_id":"o","amount_minor":1` + strings.Repeat("0", 299) + `,"currency":"USD"}`, 422, "amount_minor"},
 		{`{"order_id":"o","amount":"1.00","currency":"XXX"}`, 422, "currency"},
 		{`{"order_id":"o","amount":"1.00","amount_minor":100,"currency":"USD"}`, 422, "amount"},
 		{`{"order_id":"","amount":"1.00","currency":"USD"}`, 422, "order_id"},

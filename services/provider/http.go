@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/money"
 )
 
@@ -239,6 +240,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
+	}
+	if err := jsondepth.Check(body); err != nil {
+		writeProblem(w, http.StatusBadRequest, CodeInvalidRequest, "the body is not a valid JSON request: "+err.Error())
+		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

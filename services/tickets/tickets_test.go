@@ -516,6 +516,13 @@ func TestTextThatCouldMisleadAPersonIsRefused(t *testing.T) {
 		{`{"project":"ops","title":"t","description":` + quote("carriage\rreturn") + `}`, "description"},
 		{`{"project":"ops","title":"t","source_event_id":` + quote("evt\u200d1") + `}`, "source_event_id"},
 		{`{"project":"ops","title":` + quote(strings.Repeat("t", 201)) + `}`, "title"},
+		// Invisible to a person, read by a model or a matcher: tags, soft hyphen, Hangul filler, variation
+		// selector, noncharacter.
+		{`{"project":"ops","title":` + quote("ok󠁩󠁧󠁮󠁯󠁲󠁥") + `}`, "title"},
+		{`{"project":"ops","title":"t","description":` + quote("pass­word") + `}`, "description"},
+		{`{"project":` + quote("opsㅤ") + `,"title":"t"}`, "project"},
+		{`{"project":"ops","title":` + quote("ok️") + `}`, "title"},
+		{`{"project":"ops","title":"t","source_event_id":` + quote("evt￾") + `}`, "source_event_id"},
 	} {
 		res := c.Post("/v1/tickets", tc.body, apitest.Key("text")).Status(t, http.StatusUnprocessableEntity)
 		var doc struct{ Errors []problem.FieldError }
@@ -535,6 +542,37 @@ func TestTextThatCouldMisleadAPersonIsRefused(t *testing.T) {
 	if n := count(t, env, `SELECT count(*) FROM ticket_comments`); n != 1 {
 		t.Fatalf("%d comments, want the one with clean text", n)
 	}
+}
+
+// TestHostileJSONIsRefusedBeforeAnythingIsStored: a body nested 100,000 levels (200 KB) is 400 at once, and
+// a lone surrogate escape in a source_event_id, which encoding/json would store as U+FFFD and so make
+// "\ud800" and "\udbff" one event, is 400 naming the field; neither leaves a ticket, an operation or a key.
+// The same body with its text escaped as a whole pair is created.
+func TestHostileJSONIsRefusedBeforeAnythingIsStored(t *testing.T) {
+	t.Parallel()
+	c, env := setup(t)
+	deep := `{"project":"p","title":"t","x":` + strings.Repeat("[", 100_000) + strings.Repeat("]", 100_000) + `}`
+	for _, tc := range []struct{ body, field string }{
+		{deep, ""},
+		{`{"project":"p","title":"t","source_event_id":"evt-\ud800"}`, "source_event_id"},
+		{`{"project":"p","title":"t","source_event_id":"evt-\udbff"}`, "source_event_id"},
+		{`{"project":"p","title":"\udc00t"}`, "title"},
+	} {
+		res := c.Post("/v1/tickets", tc.body, apitest.Key("hostile-json")).Status(t, http.StatusBadRequest)
+		var doc struct {
+			Code   string
+			Errors []problem.FieldError
+		}
+		res.Decode(t, &doc)
+		if doc.Code != "invalid_request" || (tc.field != "" && (len(doc.Errors) != 1 || doc.Errors[0].Field != tc.field)) {
+			t.Errorf("%.80s: %s; want invalid_request naming %q", tc.body, res.Body, tc.field)
+		}
+	}
+	if n := count(t, env, `SELECT count(*) FROM tickets`) + count(t, env, `SELECT count(*) FROM operations`); n != 0 {
+		t.Fatalf("%d tickets and operations stored from refused bodies", n)
+	}
+	c.Post("/v1/tickets", `{"project":"p","title":"t","source_event_id":"evt-\ud83d\ude00"}`, apitest.Key("hostile-json")).
+		Status(t, http.StatusCreated)
 }
 
 // TestListsPageWithACursor: every list pages by limit and an opaque cursor; walking the pages of tickets and of

@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 )
 
 // Limits on one message a client sends to [Transport]. A message over either is refused on its own (see
@@ -24,9 +25,10 @@ const (
 	// MaxMessageBytes bounds one line, that is one JSON-RPC message. Tool arguments carry at most a service's
 	// request body (1 MiB by default), escaped once more inside the message.
 	MaxMessageBytes = 4 << 20
-	// MaxMessageDepth bounds how deeply arrays and objects nest in one message. The envelope takes three
-	// levels (message, params, arguments) and no tool's arguments need more than a few.
-	MaxMessageDepth = 64
+	// MaxMessageDepth bounds how deeply arrays and objects nest in one message: the one limit of every JSON
+	// retrysafe reads. The envelope takes three levels (message, params, arguments) and no tool's arguments
+	// need more than a few.
+	MaxMessageDepth = jsondepth.Max
 )
 
 // Transport is MCP's stdio transport (one JSON-RPC message per line, as the specification has it) made to
@@ -300,7 +302,7 @@ func (c *conn) accept(line []byte, size int, scan *frameScan) jsonrpc.Message {
 	switch {
 	case size > MaxMessageBytes:
 		c.refuse(scan, size, jsonrpc.CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", MaxMessageBytes))
-	case scan.maxDepth > MaxMessageDepth:
+	case jsondepth.Check(line) != nil:
 		c.refuse(scan, size, jsonrpc.CodeInvalidRequest, fmt.Sprintf("message nested deeper than %d levels", MaxMessageDepth))
 	case !json.Valid(line):
 		c.refuse(scan, size, jsonrpc.CodeParseError, "message is not JSON")
@@ -354,7 +356,7 @@ func (c *conn) refuse(scan *frameScan, size, code int, reason string) {
 // by its id wherever the id stands (clients write it before or after the params), even when the message is
 // never held whole. Broken JSON gives what could be read.
 type frameScan struct {
-	depth, maxDepth   int
+	depth             int
 	inString, escaped bool
 	expectKey, inKey  bool   // at the top level, the next string names a member; reading that name
 	key               []byte // the member name, its first maxKeyBytes
@@ -418,7 +420,6 @@ func (s *frameScan) step(ch byte) {
 		}
 	case '{', '[':
 		s.depth++
-		s.maxDepth = max(s.maxDepth, s.depth)
 		s.expectKey = s.depth == 1 && ch == '{'
 	case '}', ']':
 		s.depth--
