@@ -289,13 +289,10 @@ func (s *Server) createRefund(c *gin.Context) {
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			reserve := s.cfg.Store.ReserveRefund
 			if remediates != "" {
-				duplicateCapture, err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor())
-				if err != nil {
+				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor()); err != nil {
 					return err
 				}
-				if duplicateCapture {
-					reserve = s.cfg.Store.ReserveDuplicateRefund
-				}
+				reserve = s.cfg.Store.ReserveDuplicateRefund
 			}
 			var err error
 			_, reserved, err = reserve(ctx, tx, account, intentID, op.ID, cmd)

@@ -130,9 +130,13 @@ type Refund struct {
 	ProviderRefundID *string      `json:"provider_refund_id"`
 	// ReturnsDuplicateCapture: a correction that returns what a duplicated capture took beyond the intent's
 	// capture; it counts against the intent's duplicate_captured_minor, not its captured_minor.
-	ReturnsDuplicateCapture bool      `json:"returns_duplicate_capture"`
-	CreatedAt               time.Time `json:"created_at"`
-	UpdatedAt               time.Time `json:"updated_at"`
+	ReturnsDuplicateCapture bool `json:"returns_duplicate_capture"`
+	// Executions is how many times the provider executed the refund: more than one when it paid it out twice
+	// (its operation duplicate_effect_confirmed), each execution booked in the intent's refunded total
+	// (services/schema/00006_payments_money_duplicate_refund.sql).
+	Executions int       `json:"executions"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
 }
 
 // MarshalJSON adds the formatted amount.
@@ -328,8 +332,12 @@ type Store interface {
 	// refunds of the capture that are not failed: succeeded and pending. Returns problem.ErrNotFound.
 	RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error)
 	// RefundSucceeded marks the pending refund of opID succeeded and adds it to the intent's refunded_minor (its
-	// duplicate_refunded_minor for a refund that returns a duplicated capture).
+	// duplicate_refunded_minor for a refund that returns a duplicated capture, up to duplicate_captured_minor).
 	RefundSucceeded(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string) (Refund, error)
+	// RefundDuplicated books the pending refund of opID that the provider executed executions times (more than
+	// once): succeeded under the first execution's providerRefundID, with each execution added to the intent's
+	// refunded total. ErrNotReserved when opID holds no pending refund.
+	RefundDuplicated(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string, executions int) (Refund, error)
 	// RefundFailed marks the pending refund of opID failed, which releases its amount.
 	RefundFailed(ctx context.Context, tx *gorm.DB, accountID, opID string) (Refund, error)
 
