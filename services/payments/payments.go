@@ -38,14 +38,27 @@ const (
 	KindRefund       = "payments.refund"
 )
 
-// DownstreamKey is the provider Idempotency-Key of op: a digest of its account and the caller's
-// Idempotency-Key, so that every retry, restart, worker and reconciler of one request names the same provider
-// call. It does not depend on the operation id, which a database failover can take away: when the newest commits
-// are lost with the old primary (an asynchronous standby promoted), a retry claims the key again under a new
-// operation, and its provider call still replays the first one's instead of authorizing or capturing twice.
-// The digest keeps the account and the caller's key from the provider.
+// DownstreamKey is the provider Idempotency-Key of op, the first operation under its key: a digest of its
+// account and the caller's Idempotency-Key, so that every retry, restart, worker and reconciler of one request
+// names the same provider call. It does not depend on the operation id, which a database failover can take
+// away: when the newest commits are lost with the old primary (an asynchronous standby promoted), a retry claims
+// the key again under a new operation, and its provider call still replays the first one's instead of
+// authorizing or capturing twice. The digest keeps the account and the caller's key from the provider.
+//
+// A key sent again after its lifetime names a new action (downstreamKey): its provider key is derived from the
+// operation that held the key before too.
 func DownstreamKey(op opstatus.Operation) string {
-	sum := sha256.Sum256([]byte(op.AccountID + "\x00" + op.IdempotencyKey))
+	return downstreamKeyAfter(op, "")
+}
+
+// downstreamKeyAfter is the provider key of op when predecessor (opstatus.KeyPredecessor) held its key before
+// and gave it up at the end of its lifetime; DownstreamKey when none did.
+func downstreamKeyAfter(op opstatus.Operation, predecessor string) string {
+	in := op.AccountID + "\x00" + op.IdempotencyKey
+	if predecessor != "" {
+		in += "\x00" + predecessor
+	}
+	sum := sha256.Sum256([]byte(in))
 	return "rsk-" + hex.EncodeToString(sum[:])
 }
 

@@ -66,6 +66,7 @@ func TestPayments(t *testing.T) {
 		{"DecisionWaitsForTheCall", testDecisionWaitsForTheCall},
 		{"DecisionSentToAnotherService", testDecisionSentToAnotherService},
 		{"PrunedKeysNeverRunTwice", testPrunedKeysNeverRunTwice},
+		{"KeyReusedAfterLifetime", testKeyReusedAfterLifetime},
 		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
 	}
 	for _, tt := range tests {

@@ -111,7 +111,10 @@ func reconciler[T any](s *Server, record recordFunc[T], duplicated duplicatedFun
 
 // lookup asks the provider what it answered under op's downstream key, and returns the key it asked about.
 func (s *Server) lookup(ctx context.Context, op opstatus.Operation) (string, provider.LookupResult, error) {
-	key := DownstreamKey(op)
+	key, err := s.downstreamKey(ctx, op)
+	if err != nil {
+		return "", provider.LookupResult{}, err
+	}
 	res, err := s.cfg.Provider.Lookup(ctx, key)
 	if err == nil && !res.Found {
 		// Dispatched before provider keys were derived from the request: under the operation's id.
