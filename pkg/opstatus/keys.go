@@ -165,11 +165,11 @@ WHERE key_state IN ('completed', 'expired') AND created_at < ? AND key_expires_a
 }
 
 // keyPredecessorSQL finds, through operations_account_key, the newest operation started under the key before
-// op (ids are time-ordered) that completed and gave the key up at the end of its lifetime: key_state NULL with a
+// op (ids are time-ordered UUIDv7s, compared byte by byte whatever the database's collation) that completed and gave the key up at the end of its lifetime: key_state NULL with a
 // completion, unlike a claim released before its effect was sent (no completion).
 const keyPredecessorSQL = `SELECT id FROM operations
-WHERE account_id = ? AND idempotency_key = ? AND id < ? AND key_state IS NULL AND completed_at IS NOT NULL
-ORDER BY id DESC LIMIT 1`
+WHERE account_id = ? AND idempotency_key = ? AND id COLLATE "C" < ? AND key_state IS NULL AND completed_at IS NOT NULL
+ORDER BY id COLLATE "C" DESC LIMIT 1`
 
 // KeyPredecessor returns the newest operation of op's account started under op's idempotency key before op
 // whose key outlived its lifetime and was given up (PruneKeys), or "" when there is none. The same key sent
