@@ -325,3 +325,51 @@ func mustExec(t *testing.T, db *sql.DB, query string) {
 		t.Fatal(err)
 	}
 }
+
+// A refund settled duplicate_effect_confirmed before migration 6 was left pending, its intent's refunded total
+// without it. Migration 6 books it from the provider lookup its settlement rests on: succeeded, two executions,
+// both in the intent's refunded total; a pending refund that is no duplicate stays as it was.
+func TestDuplicatedRefundBookedByMigration(t *testing.T) {
+	t.Parallel()
+	db := open(t, testdb.EmptySchema(t))
+	if err := migrations.Up(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("."), goose.WithTableName(schema.VersionTable))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(t.Context(), 5); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`INSERT INTO operations (id, account_id, kind, state) VALUES
+ ('op_dup', 'acct', 'payments.refund', 'duplicate_effect_confirmed'), ('op_run', 'acct', 'payments.refund', 'unknown')`,
+		`INSERT INTO operation_events (operation_id, account_id, type, actor, detail) VALUES
+ ('op_dup', 'acct', 'provider_lookup', 'test', '{"found":false}'),
+ ('op_dup', 'acct', 'provider_lookup', 'test', '{"found":true,"effects":["ref_1","ref_2"]}')`,
+		`INSERT INTO payment_intents (id, account_id, order_id, currency, amount_minor, status, captured_minor, refunded_minor, create_operation_id)
+ VALUES ('pi_1', 'acct', 'o', 'USD', 1000, 'succeeded', 1000, 100, 'op_create')`,
+		`INSERT INTO payment_refunds (id, account_id, intent_id, currency, amount_minor, status, operation_id) VALUES
+ ('re_dup', 'acct', 'pi_1', 'USD', 300, 'pending', 'op_dup'), ('re_run', 'acct', 'pi_1', 'USD', 200, 'pending', 'op_run')`,
+	} {
+		mustExec(t, db, q)
+	}
+	if err := schema.Up(t.Context(), db); err != nil {
+		t.Fatal(err)
+	}
+	var status, providerID string
+	var executions, refunded int64
+	if err := db.QueryRowContext(t.Context(), `SELECT r.status, r.executions, r.provider_refund_id, i.refunded_minor
+FROM payment_refunds r JOIN payment_intents i ON i.id = r.intent_id WHERE r.id = 're_dup'`).Scan(&status, &executions, &providerID, &refunded); err != nil {
+		t.Fatal(err)
+	}
+	if status != "succeeded" || executions != 2 || providerID != "ref_1" || refunded != 700 {
+		t.Errorf("duplicated refund after the migration: %s, %d executions, %s, intent refunded %d; want succeeded, 2, ref_1, 700",
+			status, executions, providerID, refunded)
+	}
+	if err := db.QueryRowContext(t.Context(), `SELECT status, executions FROM payment_refunds WHERE id = 're_run'`).Scan(&status, &executions); err != nil ||
+		status != "pending" || executions != 1 {
+		t.Errorf("the refund that is no duplicate: %s, %d executions (%v); want pending, 1", status, executions, err)
+	}
+}
