@@ -2153,7 +2153,8 @@ type ClientInterface interface {
 	// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
 	// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
 	// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-	// `resolver_elsewhere` naming the `service` to send it to.
+	// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+	// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 	//
 	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 	//
@@ -2181,7 +2182,8 @@ type ClientInterface interface {
 	// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
 	// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
 	// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-	// `resolver_elsewhere` naming the `service` to send it to.
+	// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+	// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 	//
 	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 	//
@@ -3306,7 +3308,8 @@ func (c *Client) GetOperation(ctx context.Context, id string, reqEditors ...Requ
 // While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
 // show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
 // process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-// `resolver_elsewhere` naming the `service` to send it to.
+// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 //
 // Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 //
@@ -3344,7 +3347,8 @@ func (c *Client) ResolveOperationWithBody(ctx context.Context, id string, params
 // While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
 // show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
 // process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-// `resolver_elsewhere` naming the `service` to send it to.
+// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 //
 // Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 //
@@ -6493,7 +6497,8 @@ type ClientWithResponsesInterface interface {
 	// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
 	// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
 	// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-	// `resolver_elsewhere` naming the `service` to send it to.
+	// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+	// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 	//
 	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 	//
@@ -6521,7 +6526,8 @@ type ClientWithResponsesInterface interface {
 	// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
 	// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
 	// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-	// `resolver_elsewhere` naming the `service` to send it to.
+	// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+	// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 	//
 	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 	//
@@ -11571,7 +11577,8 @@ func (c *ClientWithResponses) GetOperationWithResponse(ctx context.Context, id s
 // While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
 // show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
 // process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-// `resolver_elsewhere` naming the `service` to send it to.
+// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 //
 // Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 //
@@ -11605,7 +11612,8 @@ func (c *ClientWithResponses) ResolveOperationWithBodyWithResponse(ctx context.C
 // While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
 // show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
 // process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-// `resolver_elsewhere` naming the `service` to send it to.
+// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 //
 // Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 //

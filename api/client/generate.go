@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "bf94511c5560a4a327fba22f6d153476cfdf33cdc44bfe93700ec4caebf527cc"
+const SpecSHA256 = "d916104d3cb41d2c7b64c0cd548df1338c70ea541e1d88456710f2c090954fe3"

@@ -13,6 +13,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/services/provider"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
 
@@ -176,5 +177,36 @@ func testDecisionSentToAnotherService(t *testing.T, h *harness) {
 	}
 	b.agent.Post("/v1/payment_intents/"+in.ID+"/cancel", `{}`, apitest.Key("cancel")).Status(t, http.StatusOK)
 	b.assertCounters(t, map[string]int64{"authorize": 1, "void": 1})
+	b.assertBooks(t, in.ID)
+}
+
+// testDecisionWhenTheProviderKnows: a capture the provider made whose answer was lost is unknown; once its lease
+// has ended a person decides it failed. The provider has a record of the call, so the decision is refused (409
+// invalid_state with provider_record) and changes nothing; the reconciler records the capture, and the books
+// equal the provider's.
+func testDecisionWhenTheProviderKnows(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-knows", `{"order_id":"o-knows","amount":"25.00","currency":"USD"}`)
+	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindCapture, Mode: provider.FaultDrop, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var op opstatus.Operation
+	b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap")).Status(t, http.StatusAccepted).Decode(t, &op)
+	b.endLease(t, op.ID)
+	body := map[string]any{"state": "failed", "evidence": "Nothing on the dashboard yet."}
+	r := b.approver.Post("/v1/operations/"+op.ID+"/resolution", body, apitest.Key("dec")).Status(t, http.StatusConflict)
+	if code(t, r) != "invalid_state" || r.JSON(t)["provider_record"] != true {
+		t.Fatalf("decision against the provider's record: %s; want 409 invalid_state with provider_record", r.Body)
+	}
+	if got := b.getIntent(t, in.ID).Status; got != "capturing" {
+		t.Fatalf("after the refused decision the intent is %s; want capturing", got)
+	}
+	if _, err := b.recovery.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.getIntent(t, in.ID); got.Status != "succeeded" || got.CapturedMinor != 2500 {
+		t.Fatalf("after the reconciler the intent is %s with %d captured; want succeeded with 2500", got.Status, got.CapturedMinor)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1})
 	b.assertBooks(t, in.ID)
 }

@@ -65,6 +65,7 @@ func TestPayments(t *testing.T) {
 		{"PersonDecidesUnknownCapture", testResolveUnknownCapture},
 		{"DecisionWaitsForTheCall", testDecisionWaitsForTheCall},
 		{"DecisionSentToAnotherService", testDecisionSentToAnotherService},
+		{"DecisionWhenTheProviderKnows", testDecisionWhenTheProviderKnows},
 		{"PrunedKeysNeverRunTwice", testPrunedKeysNeverRunTwice},
 		{"KeyReusedAfterLifetime", testKeyReusedAfterLifetime},
 		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},

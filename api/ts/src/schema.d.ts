@@ -141,7 +141,8 @@ export interface paths {
          *     While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
          *     show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
          *     process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
-         *     `resolver_elsewhere` naming the `service` to send it to.
+         *     `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+         *     record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
          *
          *     Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
          */
