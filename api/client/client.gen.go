@@ -893,14 +893,17 @@ type ProviderMovementStatus string
 // Refund defines model for Refund.
 type Refund struct {
 	// Amount A decimal string with at most the currency's ISO 4217 decimals ("12.30" USD, "1000" JPY, "1.500" KWD).
-	Amount           PaymentAmount `json:"amount"`
-	AmountMinor      int64         `json:"amount_minor"`
-	CreatedAt        time.Time     `json:"created_at"`
-	Currency         string        `json:"currency"`
-	Id               string        `json:"id"`
-	IntentId         string        `json:"intent_id"`
-	ProviderRefundId *string       `json:"provider_refund_id"`
-	Reason           string        `json:"reason"`
+	Amount      PaymentAmount `json:"amount"`
+	AmountMinor int64         `json:"amount_minor"`
+	CreatedAt   time.Time     `json:"created_at"`
+	Currency    string        `json:"currency"`
+
+	// Executions How many times the provider executed the refund: 2 when it paid it out twice (its operation duplicate_effect_confirmed); each execution is in the intent's refunded total.
+	Executions       *int    `json:"executions,omitempty"`
+	Id               string  `json:"id"`
+	IntentId         string  `json:"intent_id"`
+	ProviderRefundId *string `json:"provider_refund_id"`
+	Reason           string  `json:"reason"`
 
 	// ReturnsDuplicateCapture A correction returning what a duplicated capture took: counted in the intent's duplicate_refunded_minor, not refunded_minor.
 	ReturnsDuplicateCapture *bool        `json:"returns_duplicate_capture,omitempty"`
@@ -1269,7 +1272,7 @@ type CreateRefundParams struct {
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 
-	// RemediatesOperationId The duplicate_effect_confirmed capture or refund of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. Already corrected: 409 already_remediated with remediated_by.
+	// RemediatesOperationId The duplicate_effect_confirmed capture of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. All of the duplicate already returned: 409 already_remediated with remediated_by. Naming a duplicated refund: 409 duplicate_refund_not_refundable.
 	RemediatesOperationId *RemediatesOperationId `json:"Remediates-Operation-Id,omitempty"`
 }
 
@@ -2147,6 +2150,12 @@ type ClientInterface interface {
 	// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
 	// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
 	//
+	// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+	// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+	// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+	// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+	// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
+	//
 	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 	//
 	// Takes any type of body and a specified content type.
@@ -2169,6 +2178,12 @@ type ClientInterface interface {
 	// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
 	// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
 	// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+	//
+	// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+	// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+	// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+	// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+	// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 	//
 	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 	//
@@ -2330,13 +2345,15 @@ type ClientInterface interface {
 	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
 	// key.
 	//
-	// A refund that corrects a capture or refund the provider executed twice (an operation in state
+	// A refund that corrects a capture the provider executed twice (an operation in state
 	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-	// correction's key replays it.
+	// `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+	// provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+	// with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+	// the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+	// provider executed twice is booked with both executions and never corrected by a refund: 409
+	// `duplicate_refund_not_refundable`.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -2357,13 +2374,15 @@ type ClientInterface interface {
 	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
 	// key.
 	//
-	// A refund that corrects a capture or refund the provider executed twice (an operation in state
+	// A refund that corrects a capture the provider executed twice (an operation in state
 	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-	// correction's key replays it.
+	// `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+	// provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+	// with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+	// the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+	// provider executed twice is booked with both executions and never corrected by a refund: 409
+	// `duplicate_refund_not_refundable`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -3286,6 +3305,12 @@ func (c *Client) GetOperation(ctx context.Context, id string, reqEditors ...Requ
 // field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
 // capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
 //
+// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
+//
 // Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 //
 // Takes any type of body and a specified content type.
@@ -3318,6 +3343,12 @@ func (c *Client) ResolveOperationWithBody(ctx context.Context, id string, params
 // `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
 // field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
 // capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+//
+// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 //
 // Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 //
@@ -3579,13 +3610,15 @@ func (c *Client) ListPaymentIntentRefunds(ctx context.Context, id string, params
 // it did with that key and settles the operation) or poll the operation; never send the action again under a new
 // key.
 //
-// A refund that corrects a capture or refund the provider executed twice (an operation in state
+// A refund that corrects a capture the provider executed twice (an operation in state
 // `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 // the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-// correction's key replays it.
+// `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+// provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+// with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+// the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+// provider executed twice is booked with both executions and never corrected by a refund: 409
+// `duplicate_refund_not_refundable`.
 //
 // Takes any type of body and a specified content type.
 //
@@ -3616,13 +3649,15 @@ func (c *Client) CreateRefundWithBody(ctx context.Context, id string, params *Cr
 // it did with that key and settles the operation) or poll the operation; never send the action again under a new
 // key.
 //
-// A refund that corrects a capture or refund the provider executed twice (an operation in state
+// A refund that corrects a capture the provider executed twice (an operation in state
 // `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 // the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-// correction's key replays it.
+// `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+// provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+// with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+// the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+// provider executed twice is booked with both executions and never corrected by a refund: 409
+// `duplicate_refund_not_refundable`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -6459,6 +6494,12 @@ type ClientWithResponsesInterface interface {
 	// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
 	// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
 	//
+	// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+	// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+	// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+	// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+	// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
+	//
 	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -6481,6 +6522,12 @@ type ClientWithResponsesInterface interface {
 	// `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
 	// field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
 	// capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+	//
+	// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+	// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+	// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+	// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+	// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 	//
 	// Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 	//
@@ -6648,13 +6695,15 @@ type ClientWithResponsesInterface interface {
 	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
 	// key.
 	//
-	// A refund that corrects a capture or refund the provider executed twice (an operation in state
+	// A refund that corrects a capture the provider executed twice (an operation in state
 	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-	// correction's key replays it.
+	// `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+	// provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+	// with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+	// the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+	// provider executed twice is booked with both executions and never corrected by a refund: 409
+	// `duplicate_refund_not_refundable`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -6675,13 +6724,15 @@ type ClientWithResponsesInterface interface {
 	// it did with that key and settles the operation) or poll the operation; never send the action again under a new
 	// key.
 	//
-	// A refund that corrects a capture or refund the provider executed twice (an operation in state
+	// A refund that corrects a capture the provider executed twice (an operation in state
 	// `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 	// the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-	// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-	// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-	// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-	// correction's key replays it.
+	// `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+	// provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+	// with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+	// the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+	// provider executed twice is booked with both executions and never corrected by a refund: 409
+	// `duplicate_refund_not_refundable`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -11523,6 +11574,12 @@ func (c *ClientWithResponses) GetOperationWithResponse(ctx context.Context, id s
 // field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
 // capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
 //
+// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
+//
 // Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -11551,6 +11608,12 @@ func (c *ClientWithResponses) ResolveOperationWithBodyWithResponse(ctx context.C
 // `remote_ref` at most 255, neither with control, bidirectional or zero-width characters: 422 naming the
 // field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
 // capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
+//
+// While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+// show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+// process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+// `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+// record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
 //
 // Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
 //
@@ -11778,13 +11841,15 @@ func (c *ClientWithResponses) ListPaymentIntentRefundsWithResponse(ctx context.C
 // it did with that key and settles the operation) or poll the operation; never send the action again under a new
 // key.
 //
-// A refund that corrects a capture or refund the provider executed twice (an operation in state
+// A refund that corrects a capture the provider executed twice (an operation in state
 // `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 // the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-// correction's key replays it.
+// `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+// provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+// with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+// the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+// provider executed twice is booked with both executions and never corrected by a refund: 409
+// `duplicate_refund_not_refundable`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -11811,13 +11876,15 @@ func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Conte
 // it did with that key and settles the operation) or poll the operation; never send the action again under a new
 // key.
 //
-// A refund that corrects a capture or refund the provider executed twice (an operation in state
+// A refund that corrects a capture the provider executed twice (an operation in state
 // `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
 // the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-// `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-// first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-// `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-// correction's key replays it.
+// `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+// provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+// with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+// the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+// provider executed twice is booked with both executions and never corrected by a refund: 409
+// `duplicate_refund_not_refundable`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "0fdafbfbe7d5e65abb4ee383497bdd5fc4bf6b1d3a503b3fe5910a5e1dde4cdc"
+const SpecSHA256 = "b1ad056a7980268c9b5a8c8bd92a4553a45ac117d6fb533e18f9aeddef243768"

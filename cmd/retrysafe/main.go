@@ -235,6 +235,9 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	d.Idem.Reconcilers = service.Reconcilers(svcs...)
 	// A person's decision, sent to any service, releases what the operation held in the service that owns it.
 	d.Resolvers = service.Resolvers(svcs...)
+	for _, s := range svcs {
+		d.Services = append(d.Services, s.Name())
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -356,7 +356,7 @@ func (a *Agent) decide(op *Operation) step {
 		return step{kind: "send", reason: ReasonDestination5xx, decision: "5xx_same_key_after_backoff", wait: wait}
 	case res.Code == "duplicate_effect_confirmed":
 		return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
-			next: remediationNext(serverOperationID(op, res)) + " (the body lists the remote ids)"}
+			next: remediationNext(op.Tool, serverOperationID(op, res)) + " (the body lists the remote ids)"}
 	case res.Code == "idempotency_key_reused":
 		return step{kind: "settle", state: StateRefused, why: "the service holds other arguments under this key: a changed intent",
 			next: "never retried: a changed intent is a new action_id that supersedes this one"}
@@ -374,8 +374,14 @@ func (a *Agent) decide(op *Operation) step {
 }
 
 // remediationNext is the next step of an operation the service settled duplicate_effect_confirmed: never a
-// retry, but one correction that names it, which the service links to it and accepts once.
-func remediationNext(serverOpID string) string {
+// retry, but corrections that name it, which the service links to it and accepts until the duplicate is returned.
+// A refund paid twice is not corrected by another refund (docs/payments.md).
+func remediationNext(tool, serverOpID string) string {
+	if tool == "refund_payment" {
+		return "the service's records show this refund was paid out more than once, and its books count every payment; " +
+			"nothing is retried and no refund corrects it (the service refuses one, 409 duplicate_refund_not_refundable): " +
+			"a person recovers the money through the payment provider or the customer (docs/payments.md)"
+	}
 	if serverOpID == "" {
 		return "the service's records show this effect happened more than once; nothing is retried: a person corrects it " +
 			"with a refund of the duplicate amount on the same payment intent, sent with the header Remediates-Operation-Id " +
@@ -384,7 +390,7 @@ func remediationNext(serverOpID string) string {
 	return fmt.Sprintf("the service's records show this effect happened more than once; nothing is retried: a person "+
 		"corrects it with a refund of the duplicate amount on the same payment intent, sent with the header "+
 		"Remediates-Operation-Id: %s: refund_payment under a new action_id with remediates_operation_id %q (agent do "+
-		"--remediates %s). The service accepts one correction of it; both timelines, GET /v1/operations/%s/timeline, "+
+		"--remediates %s). The service accepts corrections of it until they return what the duplicate took; both timelines, GET /v1/operations/%s/timeline, "+
 		"show the link", serverOpID, serverOpID, serverOpID, serverOpID)
 }
 
@@ -459,7 +465,7 @@ func (a *Agent) accepted(op *Operation, res *AttemptResult, obs []*Observation, 
 		}
 		if state == "duplicate_effect_confirmed" {
 			return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
-				next: remediationNext(serverOperationID(op, res))}
+				next: remediationNext(op.Tool, serverOperationID(op, res))}
 		}
 		return step{kind: "settle", state: StateFailed, why: "the service reports the operation " + state,
 			next: "the service says it did not complete: to try again, call with a new action_id"}

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // lastDispatchSQL reads the type of an operation's newest dispatch record: dispatch_started while its call is
@@ -29,6 +32,36 @@ func CallOver(ctx context.Context, db *gorm.DB, accountID, id string) (string, e
 		return types[0], nil
 	}
 	return "", nil
+}
+
+// CallMayLand reports whether the call op sent to the other side may still arrive there at now, and so whether
+// its outcome may be concluded from the other side's silence or decided by a person yet. It cannot once its
+// dispatch records show it over (CallOver; reason is that record) or once the lease that bounds every call of
+// the operation has ended (reason ReasonLeaseExpired; an operation without a lease has no call that can still
+// run). While it may, until is the end of the lease and reason is "". It is the one test of this in retrysafe:
+// reconcilers that read the other side's silence and every person's decision (Resolve) ask it.
+func CallMayLand(ctx context.Context, db *gorm.DB, op Operation, now time.Time) (until time.Time, reason string, err error) {
+	over, err := CallOver(ctx, db, op.AccountID, op.ID)
+	switch {
+	case err != nil:
+		return time.Time{}, "", err
+	case over != "":
+		return time.Time{}, over, nil
+	case op.LeaseExpiresAt == nil || !now.Before(*op.LeaseExpiresAt):
+		return time.Time{}, ReasonLeaseExpired, nil
+	}
+	return *op.LeaseExpiresAt, "", nil
+}
+
+// CallMayLandProblem is the refusal of a decision on op while its call may still arrive (CallMayLand): 409
+// call_may_still_land, with Retry-After the seconds until the lease that bounds the call ends.
+func CallMayLandProblem(op Operation, until, now time.Time) *problem.Error {
+	p := problem.New(problem.CodeCallMayLand,
+		"operation %s may still have its call arrive at the other side until %s; nothing was decided: decide once it cannot, when the reconciler may well have settled it",
+		op.ID, until.UTC().Format(time.RFC3339)).
+		With("operation_id", op.ID).With("state", op.State).With("lease_expires_at", until.UTC())
+	p.RetryAfter = max(1, int((until.Sub(now)+time.Second-1)/time.Second))
+	return p
 }
 
 // ErrNotRunning is StartDispatch's refusal: the operation is no longer running (settled, marked unknown, or its

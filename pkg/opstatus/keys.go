@@ -163,3 +163,29 @@ WHERE key_state IN ('completed', 'expired') AND created_at < ? AND key_expires_a
 	}
 	return responses, res.RowsAffected, nil
 }
+
+// keyPredecessorSQL finds, through operations_account_key, the newest operation started under the key before
+// op (ids are time-ordered UUIDv7s, compared byte by byte whatever the database's collation) that completed and gave the key up at the end of its lifetime: key_state NULL with a
+// completion, unlike a claim released before its effect was sent (no completion).
+const keyPredecessorSQL = `SELECT id FROM operations
+WHERE account_id = ? AND idempotency_key = ? AND id COLLATE "C" < ? AND key_state IS NULL AND completed_at IS NOT NULL
+ORDER BY id COLLATE "C" DESC LIMIT 1`
+
+// KeyPredecessor returns the newest operation of op's account started under op's idempotency key before op
+// whose key outlived its lifetime and was given up (PruneKeys), or "" when there is none. The same key sent
+// after its lifetime names a new action, so anything derived from the key for another system (a downstream
+// Idempotency-Key) must then differ from what the predecessor sent; a retry within the lifetime, or a claim made
+// again after a failover lost the first one, finds the same predecessor and derives the same.
+func KeyPredecessor(ctx context.Context, db *gorm.DB, op Operation) (string, error) {
+	if op.IdempotencyKey == "" {
+		return "", nil
+	}
+	var ids []string
+	if err := db.WithContext(ctx).Raw(keyPredecessorSQL, op.AccountID, op.IdempotencyKey, op.ID).Scan(&ids).Error; err != nil {
+		return "", fmt.Errorf("opstatus: predecessor of %s under its key: %w", op.ID, err)
+	}
+	if len(ids) == 0 {
+		return "", nil
+	}
+	return ids[0], nil
+}

@@ -3,6 +3,8 @@ package opstatus
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -64,10 +66,16 @@ func (f ResolverFunc) Resolve(ctx context.Context, tx *gorm.DB, op Operation, d 
 }
 
 // Resolve records actor's decision d on operation id of account, in tx: it locks the operation, refuses one
-// that is not unknown (409 invalid_state naming its state), lets the Resolver of its kind, when there is one,
-// release what the operation held, and moves the operation to d.State with an operator_decision event. d must
-// be valid (Decision.Validate). Returns problem.ErrNotFound for another account's operation.
-func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d Decision, resolvers map[string]Resolver) (Operation, error) {
+// that is not unknown (409 invalid_state naming its state) and one whose call may still arrive at the other side
+// (CallMayLand: 409 call_may_still_land with Retry-After), lets the Resolver of its kind release what the
+// operation held, and moves the operation to d.State with an operator_decision event. d must be valid
+// (Decision.Validate). Returns problem.ErrNotFound for another account's operation.
+//
+// resolvers are the Resolvers of the process by kind, services the names of the services it runs. A kind names
+// its service before its first dot (payments.capture). A kind without a Resolver holds nothing when the process
+// runs its service; when it does not, the decision is refused (409 resolver_elsewhere naming the service): only
+// that service can release what the operation holds, and settling the operation without it would strand it.
+func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d Decision, resolvers map[string]Resolver, services []string) (Operation, error) {
 	var rows []operationRow
 	// FOR NO KEY UPDATE, as Transition takes it: the decision and a reconciler settling the same operation
 	// wait for each other, and the second finds it no longer unknown.
@@ -84,7 +92,19 @@ func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d De
 			"operation %s is %s; only an operation whose outcome is unknown takes a person's decision", id, op.State).
 			With("state", op.State).With("operation_id", id)
 	}
-	if r, ok := resolvers[op.Kind]; ok {
+	r, ok := resolvers[op.Kind]
+	if service, _, _ := strings.Cut(op.Kind, "."); !ok && !slices.Contains(services, service) {
+		return Operation{}, problem.New(problem.CodeResolverElsewhere,
+			"operation %s is a %s operation, which this process does not run: send the decision to the %s service; nothing was decided",
+			id, op.Kind, service).With("operation_id", id).With("kind", op.Kind).With("service", service)
+	}
+	now := time.Now()
+	if until, _, err := CallMayLand(ctx, tx, op, now); err != nil {
+		return Operation{}, err
+	} else if !until.IsZero() {
+		return Operation{}, CallMayLandProblem(op, until, now)
+	}
+	if ok {
 		if err := r.Resolve(ctx, tx, op, d); err != nil {
 			return Operation{}, err
 		}

@@ -61,6 +61,14 @@ const (
 	CodeMutableReference           Code = "mutable_reference"
 	CodeEnvironmentLocked          Code = "environment_locked"
 	CodeEnvironmentVersionMismatch Code = "environment_version_mismatch"
+
+	// decisions and corrections that could pay twice
+	// CodeCallMayLand: a decision on an operation whose call to the other side may still arrive there.
+	CodeCallMayLand Code = "call_may_still_land"
+	// CodeResolverElsewhere: a decision on an operation of a service this process does not run.
+	CodeResolverElsewhere Code = "resolver_elsewhere"
+	// CodeDuplicateRefundNotRefundable: Remediates-Operation-Id names a refund the provider executed twice.
+	CodeDuplicateRefundNotRefundable Code = "duplicate_refund_not_refundable"
 )
 
 type codeInfo struct {
@@ -103,6 +111,10 @@ var codes = map[Code]codeInfo{
 	CodeMutableReference:           {http.StatusUnprocessableEntity, "Mutable reference"},
 	CodeEnvironmentLocked:          {http.StatusConflict, "Environment locked"},
 	CodeEnvironmentVersionMismatch: {http.StatusConflict, "Environment version mismatch"},
+
+	CodeCallMayLand:                  {http.StatusConflict, "The operation's call may still arrive"},
+	CodeResolverElsewhere:            {http.StatusConflict, "Decided by another service"},
+	CodeDuplicateRefundNotRefundable: {http.StatusConflict, "A duplicated refund is not corrected by a refund"},
 }
 
 // Status is the HTTP status of a code; unknown codes are 500.

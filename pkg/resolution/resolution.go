@@ -33,10 +33,12 @@ type command struct {
 }
 
 // Decider records decisions through Idem; Resolvers, by operation kind, release what an operation of that
-// kind held.
+// kind held; Services are the names of the services the process runs, whose kinds without a Resolver hold
+// nothing (opstatus.Resolve refuses a kind of any other service).
 type Decider struct {
 	Idem      *idem.Handler
 	Resolvers map[string]opstatus.Resolver
+	Services  []string
 }
 
 // Routes registers POST /v1/operations/{id}/resolution on r, which must be behind auth.Middleware.
@@ -84,7 +86,7 @@ func (d *Decider) decide(c *gin.Context, call idem.Call, id string, dec opstatus
 	p := auth.From(c)
 	return d.Idem.Run(c.Request.Context(), call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
-			op, err := opstatus.Resolve(ctx, tx, p.AccountID, id, p.Actor(), dec, d.Resolvers)
+			op, err := opstatus.Resolve(ctx, tx, p.AccountID, id, p.Actor(), dec, d.Resolvers, d.Services)
 			if err != nil {
 				return idem.Result{}, err
 			}

@@ -24,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -55,6 +56,10 @@ type Deps struct {
 	// person's decision sent to any service's POST /v1/operations/{id}/resolution releases what the operation
 	// held, whichever service owns it. Handler adds the served service's own.
 	Resolvers map[string]opstatus.Resolver
+	// Services are the names of every service of the process, so that a decision sent to any of them on an
+	// operation of another is refused naming where to send it (opstatus.Resolve). Handler adds the served
+	// service's own.
+	Services []string
 }
 
 // Log returns d.Logger, or a logger that discards when it is nil.
@@ -147,7 +152,8 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	svc.Routes(group)
 	var decider *resolution.Decider
 	if d.Idem != nil {
-		decider = &resolution.Decider{Idem: d.Idem, Resolvers: mergeResolvers(d.Resolvers, Resolvers(svc))}
+		decider = &resolution.Decider{Idem: d.Idem, Resolvers: mergeResolvers(d.Resolvers, Resolvers(svc)),
+			Services: append(slices.Clip(d.Services), svc.Name())}
 		decider.Routes(group)
 	}
 	var pages []console.Page

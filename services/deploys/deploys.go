@@ -294,6 +294,14 @@ var (
 	ErrLeaseLive = errors.New("deploys: lock lease still live")
 )
 
+// LeaseLiveError is TakeOver's ErrLeaseLive, with the end of the lease that still runs.
+type LeaseLiveError struct{ Until time.Time }
+
+func (e *LeaseLiveError) Error() string {
+	return ErrLeaseLive.Error() + " until " + e.Until.UTC().Format(time.RFC3339)
+}
+func (e *LeaseLiveError) Is(target error) bool { return target == ErrLeaseLive }
+
 // Store keeps deploys, environments and release locks. Methods that take tx run in the caller's transaction.
 type Store interface {
 	// CreateDeploy checks the expected environment version, takes the environment's release lock and inserts a
@@ -344,7 +352,7 @@ type Store interface {
 	Settle(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool) error
 
 	// TakeOver gives the lock of an unknown deploy a new fencing token, so its old worker can no longer write,
-	// and returns the new claim. Returns ErrLeaseLive while the lease runs, ErrLockLost if the deploy does not
+	// and returns the new claim. Returns ErrLeaseLive (a *LeaseLiveError) while the lease runs, ErrLockLost if the deploy does not
 	// hold the lock.
 	TakeOver(ctx context.Context, tx *gorm.DB, d Deploy, now time.Time) (Claim, error)
 }

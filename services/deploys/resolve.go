@@ -8,7 +8,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Resolvers returns what carries a person's decision on an unknown deploy or rollback into the deploy's rows
@@ -25,12 +24,13 @@ func (s *Service) resolve(ctx context.Context, tx *gorm.DB, op opstatus.Operatio
 	if err != nil {
 		return err
 	}
-	claim, err := s.Reconciler.Store.TakeOver(ctx, tx, d, time.Now())
+	now := time.Now()
+	claim, err := s.Reconciler.Store.TakeOver(ctx, tx, d, now)
+	var live *LeaseLiveError
 	switch {
-	case errors.Is(err, ErrLeaseLive):
-		return problem.New(problem.CodeInvalidState,
-			"deploy %s still holds its environment's lock under a live lease: its worker may still be activating it; decide once the lease has run out", d.ID).
-			With("state", op.State).With("operation_id", op.ID).With("deploy_id", d.ID)
+	case errors.As(err, &live):
+		// Its worker may still be activating it: the same refusal as any call that may still land.
+		return opstatus.CallMayLandProblem(op, live.Until, now).With("deploy_id", d.ID)
 	case errors.Is(err, ErrLockLost):
 		// The lock went with an earlier settlement; the deploy's rows say what happened, and the decision
 		// still records the operation's outcome.

@@ -612,13 +612,17 @@ RETURNING fencing_token`, d.AccountID, d.Environment, d.ID, now).Scan(&token).Er
 	if len(token) == 1 {
 		return Claim{Deploy: d, Token: token[0]}, nil
 	}
-	var holder []string
-	if err := tx.WithContext(ctx).Raw(`SELECT holder_deploy_id FROM environment_locks
+	var holder []struct{ LeaseExpiresAt *time.Time }
+	if err := tx.WithContext(ctx).Raw(`SELECT lease_expires_at FROM environment_locks
 WHERE account_id = ? AND environment = ? AND holder_deploy_id = ?`, d.AccountID, d.Environment, d.ID).Scan(&holder).Error; err != nil {
 		return Claim{}, fmt.Errorf("deploys: take over %s: %w", d.ID, err)
 	}
 	if len(holder) == 1 {
-		return Claim{}, ErrLeaseLive
+		until := now
+		if holder[0].LeaseExpiresAt != nil {
+			until = *holder[0].LeaseExpiresAt
+		}
+		return Claim{}, &LeaseLiveError{Until: until}
 	}
 	return Claim{}, ErrLockLost
 }

@@ -103,6 +103,30 @@ func (s *Server) callContext(ctx context.Context, op opstatus.Operation) (contex
 	return context.WithDeadline(ctx, *op.LeaseExpiresAt)
 }
 
+// downstreamKey is op's provider Idempotency-Key: DownstreamKey, unless the caller's key was given up at the end of
+// its lifetime by an earlier operation, when the same key names a new action and so a new provider call (the
+// provider would replay the earlier call's answer, and the books would record an effect it never made).
+func (s *Server) downstreamKey(ctx context.Context, op opstatus.Operation) (string, error) {
+	predecessor, err := opstatus.KeyPredecessor(ctx, s.db, op)
+	if err != nil {
+		return "", err
+	}
+	return downstreamKeyAfter(op, predecessor), nil
+}
+
+// send calls the provider with op's provider key; when the key cannot be read nothing is sent.
+func send[T any](ctx context.Context, s *Server, op opstatus.Operation, call func(ctx context.Context, key string) (T, error)) (T, error) {
+	ctx, cancel := s.callContext(ctx, op)
+	defer cancel()
+	key, err := s.downstreamKey(ctx, op)
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("%w: %w", idem.ErrNotSent, err)
+	}
+	out, err := call(ctx, key)
+	return out, unknown(err)
+}
+
 // --- create ---
 
 func (s *Server) createIntent(c *gin.Context) {
@@ -123,14 +147,13 @@ func (s *Server) createIntent(c *gin.Context) {
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Authorization, error) {
-			ctx, cancel := s.callContext(ctx, op)
-			defer cancel()
-			// The reference is part of what the provider compares under one key, so it is the order, which a
-			// retry of the request repeats, and never the operation, which a retry may not share.
-			a, err := s.cfg.Provider.Authorize(ctx, DownstreamKey(op), provider.AuthorizeRequest{
-				AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, Reference: cmd.OrderID,
+			return send(ctx, s, op, func(ctx context.Context, key string) (provider.Authorization, error) {
+				// The reference is part of what the provider compares under one key, so it is the order, which a
+				// retry of the request repeats, and never the operation, which a retry may not share.
+				return s.cfg.Provider.Authorize(ctx, key, provider.AuthorizeRequest{
+					AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, Reference: cmd.OrderID,
+				})
 			})
-			return a, unknown(err)
 		},
 		Record: s.recordCreate,
 	})
@@ -187,10 +210,9 @@ func (s *Server) capture(c *gin.Context) {
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Capture, error) {
-			ctx, cancel := s.callContext(ctx, op)
-			defer cancel()
-			cp, err := s.cfg.Provider.Capture(ctx, DownstreamKey(op), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
-			return cp, unknown(err)
+			return send(ctx, s, op, func(ctx context.Context, key string) (provider.Capture, error) {
+				return s.cfg.Provider.Capture(ctx, key, *reserved.ProviderAuthorizationID, cmd.AmountMinor)
+			})
 		},
 		Record: s.recordCapture,
 	})
@@ -213,10 +235,9 @@ func (s *Server) cancel(c *gin.Context) {
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Authorization, error) {
-			ctx, cancel := s.callContext(ctx, op)
-			defer cancel()
-			a, err := s.cfg.Provider.Void(ctx, DownstreamKey(op), *reserved.ProviderAuthorizationID)
-			return a, unknown(err)
+			return send(ctx, s, op, func(ctx context.Context, key string) (provider.Authorization, error) {
+				return s.cfg.Provider.Void(ctx, key, *reserved.ProviderAuthorizationID)
+			})
 		},
 		Record: s.recordCancel,
 	})
@@ -289,23 +310,19 @@ func (s *Server) createRefund(c *gin.Context) {
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			reserve := s.cfg.Store.ReserveRefund
 			if remediates != "" {
-				duplicateCapture, err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor())
-				if err != nil {
+				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor()); err != nil {
 					return err
 				}
-				if duplicateCapture {
-					reserve = s.cfg.Store.ReserveDuplicateRefund
-				}
+				reserve = s.cfg.Store.ReserveDuplicateRefund
 			}
 			var err error
 			_, reserved, err = reserve(ctx, tx, account, intentID, op.ID, cmd)
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Refund, error) {
-			ctx, cancel := s.callContext(ctx, op)
-			defer cancel()
-			rf, err := s.cfg.Provider.Refund(ctx, DownstreamKey(op), *reserved.ProviderAuthorizationID, cmd.AmountMinor)
-			return rf, unknown(err)
+			return send(ctx, s, op, func(ctx context.Context, key string) (provider.Refund, error) {
+				return s.cfg.Provider.Refund(ctx, key, *reserved.ProviderAuthorizationID, cmd.AmountMinor)
+			})
 		},
 		Record: s.recordRefund,
 	})

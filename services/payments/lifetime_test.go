@@ -1,11 +1,15 @@
 package payments_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/services/provider"
 )
 
 // testPrunedKeysNeverRunTwice: a capture and a refund whose stored responses are pruned (what
@@ -52,4 +56,71 @@ func testPrunedKeysNeverRunTwice(t *testing.T, h *harness) {
 	if got := b.getIntent(t, in.ID); got.CapturedMinor != 2000 || got.RefundedMinor != 400 {
 		t.Errorf("intent after the retries: captured %d refunded %d; want 2000 and 400", got.CapturedMinor, got.RefundedMinor)
 	}
+}
+
+// testKeyReusedAfterLifetime: a refund under key K, then K's lifetime ends (keys pruned) and K is sent again
+// with the same refund: a new action, so a new provider call under a new provider key, and a second refund at
+// the provider with its own id. A same-key retry within the lifetime of a refund whose answer was lost still
+// names the first provider call (the reconciler finds it) and refunds nothing more. At the end the provider's
+// refunds, per intent, equal the intent's.
+func testKeyReusedAfterLifetime(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-reused", `{"order_id":"o-reused","amount":"20.00","currency":"USD"}`)
+	b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap-reused")).Status(t, http.StatusOK)
+	refunds := "/v1/payment_intents/" + in.ID + "/refunds"
+	type refund struct {
+		ID               string `json:"id"`
+		ProviderRefundID string `json:"provider_refund_id"`
+	}
+	var first, second refund
+	b.idem.Retention, b.idem.KeyLifetime = time.Microsecond, time.Microsecond
+	b.agent.Post(refunds, `{"amount":"1.00"}`, apitest.Key("ref-k")).Status(t, http.StatusCreated).Decode(t, &first)
+	firstOp := operation(t, b.agent, "ref-k")
+	time.Sleep(2 * time.Millisecond)
+	if _, keys, err := b.idem.Prune(t.Context()); err != nil || keys < 1 {
+		t.Fatalf("prune: %d keys, %v; want the refund's key given up", keys, err)
+	}
+	b.idem.Retention, b.idem.KeyLifetime = 0, 0
+	again := b.agent.Post(refunds, `{"amount":"1.00"}`, apitest.Key("ref-k")).Status(t, http.StatusCreated)
+	again.Decode(t, &second)
+	if second.ID == first.ID || second.ProviderRefundID == first.ProviderRefundID || again.Header.Get(idem.HeaderReplayed) == "true" {
+		t.Errorf("the key sent after its lifetime: refund %+v after %+v; want a new refund with its own provider refund", second, first)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 2})
+	if got := b.getIntent(t, in.ID); got.RefundedMinor != 200 {
+		t.Errorf("intent refunded %d; want 200, the two refunds the provider made", got.RefundedMinor)
+	}
+	var againOp opstatus.Operation
+	b.agent.Get("/v1/operations/"+again.Header.Get(idem.HeaderOperationID)).Status(t, http.StatusOK).Decode(t, &againOp)
+	if k1, k2 := downstreamKeyOf(t, firstOp), downstreamKeyOf(t, againOp); k1 == "" || k1 == k2 {
+		t.Errorf("provider keys %q and %q; want a new one for the new action", k1, k2)
+	}
+
+	// Within its lifetime the same key names the same provider call.
+	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindRefund, Mode: provider.FaultDrop, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	b.agent.Post(refunds, `{"amount":"2.00"}`, apitest.Key("ref-lost")).Status(t, http.StatusAccepted)
+	b.agent.Post(refunds, `{"amount":"2.00"}`, apitest.Key("ref-lost")).Status(t, http.StatusCreated)
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 3})
+	if got := b.getIntent(t, in.ID); got.RefundedMinor != 400 {
+		t.Errorf("intent refunded %d; want 400", got.RefundedMinor)
+	}
+	b.assertBooks(t, in.ID)
+}
+
+// downstreamKeyOf reads the provider key of the operation's first dispatch record.
+func downstreamKeyOf(t *testing.T, op opstatus.Operation) string {
+	t.Helper()
+	ev, ok := hasEvent(op, opstatus.EventDispatchStarted)
+	if !ok {
+		t.Fatalf("operation %s has no dispatch record", op.ID)
+	}
+	var d struct {
+		DownstreamKey string `json:"downstream_key"`
+	}
+	if err := json.Unmarshal(ev.Detail, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d.DownstreamKey
 }

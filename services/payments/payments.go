@@ -38,14 +38,27 @@ const (
 	KindRefund       = "payments.refund"
 )
 
-// DownstreamKey is the provider Idempotency-Key of op: a digest of its account and the caller's
-// Idempotency-Key, so that every retry, restart, worker and reconciler of one request names the same provider
-// call. It does not depend on the operation id, which a database failover can take away: when the newest commits
-// are lost with the old primary (an asynchronous standby promoted), a retry claims the key again under a new
-// operation, and its provider call still replays the first one's instead of authorizing or capturing twice.
-// The digest keeps the account and the caller's key from the provider.
+// DownstreamKey is the provider Idempotency-Key of op, the first operation under its key: a digest of its
+// account and the caller's Idempotency-Key, so that every retry, restart, worker and reconciler of one request
+// names the same provider call. It does not depend on the operation id, which a database failover can take
+// away: when the newest commits are lost with the old primary (an asynchronous standby promoted), a retry claims
+// the key again under a new operation, and its provider call still replays the first one's instead of
+// authorizing or capturing twice. The digest keeps the account and the caller's key from the provider.
+//
+// A key sent again after its lifetime names a new action (downstreamKey): its provider key is derived from the
+// operation that held the key before too.
 func DownstreamKey(op opstatus.Operation) string {
-	sum := sha256.Sum256([]byte(op.AccountID + "\x00" + op.IdempotencyKey))
+	return downstreamKeyAfter(op, "")
+}
+
+// downstreamKeyAfter is the provider key of op when predecessor (opstatus.KeyPredecessor) held its key before
+// and gave it up at the end of its lifetime; DownstreamKey when none did.
+func downstreamKeyAfter(op opstatus.Operation, predecessor string) string {
+	in := op.AccountID + "\x00" + op.IdempotencyKey
+	if predecessor != "" {
+		in += "\x00" + predecessor
+	}
+	sum := sha256.Sum256([]byte(in))
 	return "rsk-" + hex.EncodeToString(sum[:])
 }
 
@@ -130,9 +143,13 @@ type Refund struct {
 	ProviderRefundID *string      `json:"provider_refund_id"`
 	// ReturnsDuplicateCapture: a correction that returns what a duplicated capture took beyond the intent's
 	// capture; it counts against the intent's duplicate_captured_minor, not its captured_minor.
-	ReturnsDuplicateCapture bool      `json:"returns_duplicate_capture"`
-	CreatedAt               time.Time `json:"created_at"`
-	UpdatedAt               time.Time `json:"updated_at"`
+	ReturnsDuplicateCapture bool `json:"returns_duplicate_capture"`
+	// Executions is how many times the provider executed the refund: more than one when it paid it out twice
+	// (its operation duplicate_effect_confirmed), each execution booked in the intent's refunded total
+	// (services/schema, payment_refunds.executions).
+	Executions int       `json:"executions"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
 }
 
 // MarshalJSON adds the formatted amount.
@@ -328,8 +345,12 @@ type Store interface {
 	// refunds of the capture that are not failed: succeeded and pending. Returns problem.ErrNotFound.
 	RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, intentID string) (int64, error)
 	// RefundSucceeded marks the pending refund of opID succeeded and adds it to the intent's refunded_minor (its
-	// duplicate_refunded_minor for a refund that returns a duplicated capture).
+	// duplicate_refunded_minor for a refund that returns a duplicated capture, up to duplicate_captured_minor).
 	RefundSucceeded(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string) (Refund, error)
+	// RefundDuplicated books the pending refund of opID that the provider executed executions times (more than
+	// once): succeeded under the first execution's providerRefundID, with each execution added to the intent's
+	// refunded total. ErrNotReserved when opID holds no pending refund.
+	RefundDuplicated(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string, executions int) (Refund, error)
 	// RefundFailed marks the pending refund of opID failed, which releases its amount.
 	RefundFailed(ctx context.Context, tx *gorm.DB, accountID, opID string) (Refund, error)
 

@@ -53,8 +53,9 @@ func TestPayments(t *testing.T) {
 		{"FrozenDatabaseBeforeEffect", testFrozenDatabaseBeforeEffect},
 		{"UnreachableProviderIsNotSent", testUnreachableProviderIsNotSent},
 		{"DuplicateEffectConfirmed", testDuplicateEffect},
-		{"DuplicateCorrectedOnce", testRemediation},
+		{"DuplicatedRefundBookedNotRefunded", testRemediation},
 		{"CaptureDuplicateCorrected", testCaptureDuplicateCorrected},
+		{"CaptureCorrectedUntilReturned", testCaptureCorrectedUntilReturned},
 		{"ProviderSaysItReplayed", testProviderSaysItReplayed},
 		{"StrictJSON", testStrictJSON},
 		{"ApprovalsFailClosed", testApprovalsFailClosed},
@@ -62,7 +63,11 @@ func TestPayments(t *testing.T) {
 		{"ClaimsLostWithTheDatabase", testClaimsLostWithTheDatabase},
 		{"OperationKeyStillReconciles", testOperationKeyStillReconciles},
 		{"PersonDecidesUnknownCapture", testResolveUnknownCapture},
+		{"DecisionWaitsForTheCall", testDecisionWaitsForTheCall},
+		{"DecisionSentToAnotherService", testDecisionSentToAnotherService},
+		{"DecisionWhenTheProviderKnows", testDecisionWhenTheProviderKnows},
 		{"PrunedKeysNeverRunTwice", testPrunedKeysNeverRunTwice},
+		{"KeyReusedAfterLifetime", testKeyReusedAfterLifetime},
 		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
 	}
 	for _, tt := range tests {
@@ -85,6 +90,7 @@ type bundle struct {
 	db                     *testdb.DB
 	recovery               *opstatus.RecoveryWorker
 	idem                   *idem.Handler
+	env                    *servicetest.Env
 }
 
 func merchantSecret(t *testing.T) string { return "sk_test_" + strings.ReplaceAll(t.Name(), "/", "_") }
@@ -110,7 +116,7 @@ func (h *harness) setupWith(t *testing.T, url string) *bundle {
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
 		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger},
-		idem:     env.Idem,
+		idem:     env.Idem, env: env,
 	}
 }
 

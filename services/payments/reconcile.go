@@ -27,20 +27,24 @@ type recordFunc[T any] func(ctx context.Context, tx *gorm.DB, op opstatus.Operat
 // Reconcilers returns the reconciler of every payments operation kind, for the recovery worker.
 func (s *Server) Reconcilers() map[string]opstatus.Reconciler {
 	return map[string]opstatus.Reconciler{
-		KindCreateIntent: reconciler[provider.Authorization](s, s.recordCreate),
-		KindCapture:      reconciler[provider.Capture](s, s.recordCapture),
-		KindCancel:       reconciler[provider.Authorization](s, s.recordCancel),
-		KindRefund:       reconciler[provider.Refund](s, s.recordRefund),
+		KindCreateIntent: reconciler[provider.Authorization](s, s.recordCreate, nil),
+		KindCapture:      reconciler[provider.Capture](s, s.recordCapture, nil),
+		KindCancel:       reconciler[provider.Authorization](s, s.recordCancel, nil),
+		KindRefund:       reconciler[provider.Refund](s, s.recordRefund, s.recordDuplicatedRefund),
 	}
 }
 
 // errLeaseRunning leaves an operation unknown for a later pass.
 var errLeaseRunning = errors.New("payments: the operation's lease has not ended; its provider call may still arrive")
 
+// duplicatedFunc books, with the settlement, what a call the provider executed more than once (effects, one id
+// per execution) did; the resource it names goes on the operation.
+type duplicatedFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, effects []string) (*opstatus.Resource, error)
+
 // reconciler settles an unknown operation from the provider's record of its downstream key. T is the type of
 // the provider's answer to the kind's call. It never calls the provider's write endpoints: a capture is sent by
-// the handler once, or never.
-func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
+// the handler once, or never. duplicated, when set, books a call executed more than once.
+func reconciler[T any](s *Server, record recordFunc[T], duplicated duplicatedFunc) opstatus.Reconciler {
 	return opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 		key, res, err := s.lookup(ctx, op)
 		evidence := map[string]any{"downstream_key": key, "endpoint": "GET /v1/idempotency/{key}"}
@@ -80,12 +84,21 @@ func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 		}
 		if len(res.Effects) > 1 {
 			// The provider executed the call more than once: not a success, not a failure, and never retried.
-			// The intent keeps its reservation for the person who corrects it.
-			write = func(context.Context, *gorm.DB) (idem.Result, error) {
+			// A refund is booked as executed (each execution paid out); a capture's intent keeps its
+			// reservation for the correction that records it (remediate.go).
+			write = func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 				p := problem.New(problem.CodeDuplicateEffect,
-					"the payment provider executed this request %d times (%s); nothing will be retried: correct it with a new operation",
+					"the payment provider executed this request %d times (%s); nothing will be retried: see docs/payments.md for its correction",
 					len(res.Effects), strings.Join(res.Effects, ", ")).With("remote_ids", res.Effects)
-				return idem.ProblemResult(p, opstatus.StateDuplicateEffect), nil
+				result := idem.ProblemResult(p, opstatus.StateDuplicateEffect)
+				if duplicated != nil {
+					resource, err := duplicated(ctx, tx, op, res.Effects)
+					if err != nil {
+						return idem.Result{}, recorded(err)
+					}
+					result.Resource = resource
+				}
+				return result, nil
 			}
 		}
 		err = s.idem.Settle(ctx, op, reconcilerActor, write)
@@ -98,7 +111,10 @@ func reconciler[T any](s *Server, record recordFunc[T]) opstatus.Reconciler {
 
 // lookup asks the provider what it answered under op's downstream key, and returns the key it asked about.
 func (s *Server) lookup(ctx context.Context, op opstatus.Operation) (string, provider.LookupResult, error) {
-	key := DownstreamKey(op)
+	key, err := s.downstreamKey(ctx, op)
+	if err != nil {
+		return "", provider.LookupResult{}, err
+	}
 	res, err := s.cfg.Provider.Lookup(ctx, key)
 	if err == nil && !res.Found {
 		// Dispatched before provider keys were derived from the request: under the operation's id.
@@ -111,29 +127,24 @@ func (s *Server) lookup(ctx context.Context, op opstatus.Operation) (string, pro
 }
 
 // negativeLookup decides whether nothing under the downstream key proves that the call never executed, and
-// says why in evidence["conclusive_because"]: our own call can no longer arrive, because its dispatch record
-// shows it over (an answer came back, whatever its status, or it never left: opstatus.CallOver), or because
-// the lease that bounds it (callContext) has ended. While the call may still be in flight (sent with no answer,
-// or no record of how it ended) the negative lookup proves nothing: it is recorded, and errLeaseRunning leaves
-// the operation unknown for a later pass.
+// says why in evidence["conclusive_because"]: our own call can no longer arrive (opstatus.CallMayLand: its
+// dispatch record shows it over, or the lease that bounds it, callContext, has ended). While it may still
+// arrive the negative lookup proves nothing: it is recorded, and errLeaseRunning leaves the operation unknown
+// for a later pass.
 func (s *Server) negativeLookup(ctx context.Context, op opstatus.Operation, evidence map[string]any) error {
-	over, err := opstatus.CallOver(ctx, s.db, op.AccountID, op.ID)
+	until, reason, err := opstatus.CallMayLand(ctx, s.db, op, time.Now())
 	if err != nil {
 		return err
 	}
-	switch {
-	case over != "":
-		evidence["conclusive_because"] = over
-	case op.LeaseExpiresAt == nil || !time.Now().Before(*op.LeaseExpiresAt):
-		evidence["conclusive_because"] = opstatus.ReasonLeaseExpired
-	default:
-		evidence["lease_running"] = true
-		if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
-			return err
-		}
-		return errLeaseRunning
+	if until.IsZero() {
+		evidence["conclusive_because"] = reason
+		return nil
 	}
-	return nil
+	evidence["lease_running"] = true
+	if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+		return err
+	}
+	return errLeaseRunning
 }
 
 // lookupFailure names, from a fixed list, why a lookup learned nothing; the error itself goes to the log.

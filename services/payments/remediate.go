@@ -1,8 +1,14 @@
 package payments
 
-// Corrections: a duplicate the provider executed (an operation settled duplicate_effect_confirmed) is corrected
-// by a refund that names it in Remediates-Operation-Id. The link is two events, one on each operation, written in
-// the refund's claim transaction, so the correction and the link commit together or not at all.
+// Corrections: a capture the provider executed more than once (an operation settled duplicate_effect_confirmed)
+// is corrected by refunds that name it in Remediates-Operation-Id, until they have returned what the duplicate
+// took and never beyond. The link is two events, one on each operation, written in each refund's claim
+// transaction, so a correction and its link commit together or not at all.
+//
+// A refund the provider executed more than once is booked as executed (every execution in refunded_minor,
+// settle.go) and is never corrected by a refund: another refund would pay the customer a third time. Its money
+// comes back outside retrysafe (the provider reverses the extra execution, or the customer returns it), as a
+// person decides; a refund naming it is 409 duplicate_refund_not_refundable (docs/payments.md).
 //
 // A duplicated capture took its amount more than once, beyond what the intent authorized, and left the intent
 // reserved (capturing). Its correction first records the capture as the provider executed it, from the
@@ -22,7 +28,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// HeaderRemediates names, on a refund, the duplicate_effect_confirmed capture or refund it corrects.
+// HeaderRemediates names, on a refund, the duplicate_effect_confirmed capture it corrects.
 const HeaderRemediates = "Remediates-Operation-Id"
 
 // Events of a correction: the corrected operation gets EventRemediatedBy (detail remediated_by), the
@@ -76,8 +82,8 @@ SELECT jsonb_array_length(detail->'effects') AS effects, (detail->'body'->>'amou
 FROM operation_events
 WHERE account_id = ? AND operation_id = ? AND type = 'provider_lookup' AND jsonb_typeof(detail->'effects') = 'array'
 ORDER BY id DESC LIMIT 1`
-	// remediatedBySQL reads the correction of an operation, unless it failed (the provider refused it, or it
-	// never reached the provider): that one returned nothing, and another may.
+	// remediatedBySQL reads the first correction of an operation that did not fail (the provider refused a
+	// failed one, or it never reached the provider: it returned nothing).
 	remediatedBySQL = `
 SELECT e.detail->>'remediated_by' FROM operation_events e
 JOIN operations o ON o.account_id = e.account_id AND o.id = e.detail->>'remediated_by'
@@ -86,75 +92,87 @@ ORDER BY e.id LIMIT 1`
 )
 
 // remediate checks, in the claim transaction of refund operation op on intentID, that dupID names a
-// duplicate_effect_confirmed capture or refund of the same intent with no correction yet (one that failed does
-// not count), that the refund of amountMinor does not return more than the duplicate took (the executions after
-// the first), and links the two. For a duplicated capture it records the capture on the intent (DuplicateCaptured,
-// unless an earlier, failed correction did) and reports that the refund returns the duplicate's money
-// (ReserveDuplicateRefund). A second correction is a 409 already_remediated naming the first; a replay of the
-// first correction's key never gets here (idem answers it from the stored response).
-func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID, dupID string, amountMinor int64, op opstatus.Operation, actor string) (duplicateCapture bool, err error) {
+// duplicate_effect_confirmed capture of the same intent, that the refund of amountMinor does not return more than
+// the duplicate took (the executions after the first) less its corrections so far that did not fail, and links
+// the two. It records the capture on the intent (DuplicateCaptured, unless an earlier correction did), and the
+// refund then returns the duplicate's money (ReserveDuplicateRefund). Once the corrections have returned all the
+// duplicate took, another is a 409 already_remediated naming the first; a replay of a correction's key never gets
+// here (idem answers it from the stored response). A duplicated refund is 409 duplicate_refund_not_refundable.
+func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID, dupID string, amountMinor int64, op opstatus.Operation, actor string) error {
 	db := tx.WithContext(ctx)
 	var locked []struct {
 		Kind  string
 		State opstatus.State
 	}
 	if err := db.Raw(lockOperationSQL, accountID, dupID).Scan(&locked).Error; err != nil {
-		return false, fmt.Errorf("payments: remediate %s: lock: %w", dupID, err)
+		return fmt.Errorf("payments: remediate %s: lock: %w", dupID, err)
 	}
 	switch {
 	case len(locked) == 0:
-		return false, headerProblem("names no operation of this account")
+		return headerProblem("names no operation of this account")
 	case locked[0].Kind != KindCapture && locked[0].Kind != KindRefund:
-		return false, headerProblem("names a " + locked[0].Kind + " operation; only a capture or a refund can be corrected")
+		return headerProblem("names a " + locked[0].Kind + " operation; only a capture can be corrected")
 	case locked[0].State != opstatus.StateDuplicateEffect:
-		return false, problem.New(problem.CodeInvalidState, "operation %s is %s; only a duplicate_effect_confirmed operation is corrected with %s",
+		return problem.New(problem.CodeInvalidState, "operation %s is %s; only a duplicate_effect_confirmed operation is corrected with %s",
 			dupID, locked[0].State, HeaderRemediates).With("operation_id", dupID).With("state", locked[0].State)
+	case locked[0].Kind == KindRefund:
+		return problem.New(problem.CodeDuplicateRefundNotRefundable,
+			"operation %s is a refund the provider executed more than once, booked as such; another refund would pay the customer again: "+
+				"its money comes back through the provider or the customer (docs/payments.md), nothing was sent", dupID).
+			With("operation_id", dupID)
 	}
 	var intent []string
 	if err := db.Raw(remediatedIntent, accountID, dupID, accountID, dupID, accountID, dupID).Scan(&intent).Error; err != nil {
-		return false, fmt.Errorf("payments: remediate %s: intent: %w", dupID, err)
+		return fmt.Errorf("payments: remediate %s: intent: %w", dupID, err)
 	}
 	if len(intent) == 0 || intent[0] != intentID {
-		return false, headerProblem("names an operation of another payment intent; a correction refunds the intent the duplicate charged")
-	}
-	var by []string
-	if err := db.Raw(remediatedBySQL, accountID, dupID).Scan(&by).Error; err != nil {
-		return false, fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
-	}
-	if len(by) > 0 {
-		return false, problem.New(problem.CodeAlreadyRemediated,
-			"operation %s is already corrected by operation %s; a second correction would refund the duplicate twice", dupID, by[0]).
-			With("operation_id", dupID).With("remediated_by", by[0])
+		return headerProblem("names an operation of another payment intent; a correction refunds the intent the duplicate charged")
 	}
 	var dup []struct {
 		Effects     int64
 		AmountMinor *int64
 	}
 	if err := db.Raw(duplicateSQL, accountID, dupID).Scan(&dup).Error; err != nil {
-		return false, fmt.Errorf("payments: remediate %s: evidence: %w", dupID, err)
+		return fmt.Errorf("payments: remediate %s: evidence: %w", dupID, err)
 	}
 	if len(dup) == 0 || dup[0].AmountMinor == nil || dup[0].Effects < 2 {
 		// Fail closed: without the evidence the duplicate amount is not known, and a person settles it.
-		return false, problem.New(problem.CodeInvalidState, "operation %s has no provider record of its duplicate to correct against", dupID).
+		return problem.New(problem.CodeInvalidState, "operation %s has no provider record of its duplicate to correct against", dupID).
 			With("operation_id", dupID).With("state", locked[0].State)
 	}
 	each := *dup[0].AmountMinor
 	extra := each * (dup[0].Effects - 1)
-	if amountMinor > extra {
-		return false, problem.New(problem.CodeAmountTooLarge, "a correction refunds at most what the duplicate took: %d minor units (%d executions of %d)",
-			extra, dup[0].Effects, each).With("available_minor", extra)
+	// What earlier corrections return, pending or done: read after the duplicate's lock, which every correction
+	// of it takes, so two corrections sent at once are counted one after the other.
+	var returned int64
+	if err := db.Raw(heldSQL, accountID, intentID, true).Scan(&returned).Error; err != nil {
+		return fmt.Errorf("payments: remediate %s: returned so far: %w", dupID, err)
 	}
-	duplicateCapture = locked[0].Kind == KindCapture
-	if duplicateCapture {
-		_, err := s.cfg.Store.DuplicateCaptured(ctx, tx, accountID, dupID, each, extra)
-		if err != nil && !errors.Is(err, ErrNotReserved) { // ErrNotReserved: an earlier, failed correction recorded it
-			return false, err
+	if returned >= extra {
+		var by []string
+		if err := db.Raw(remediatedBySQL, accountID, dupID).Scan(&by).Error; err != nil {
+			return fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
 		}
+		p := problem.New(problem.CodeAlreadyRemediated,
+			"operation %s is already corrected: its corrections return all the duplicate took (%d minor units); another would refund it twice", dupID, extra).
+			With("operation_id", dupID)
+		if len(by) > 0 {
+			p = p.With("remediated_by", by[0])
+		}
+		return p
+	}
+	if available := extra - returned; amountMinor > available {
+		return problem.New(problem.CodeAmountTooLarge,
+			"a correction refunds at most what the duplicate took and earlier corrections have not returned: %d minor units (%d executions of %d, %d returned)",
+			available, dup[0].Effects, each, returned).With("available_minor", available)
+	}
+	if _, err := s.cfg.Store.DuplicateCaptured(ctx, tx, accountID, dupID, each, extra); err != nil && !errors.Is(err, ErrNotReserved) {
+		return err // ErrNotReserved: an earlier correction recorded it
 	}
 	if err := opstatus.Append(ctx, tx, accountID, dupID, EventRemediatedBy, actor,
 		map[string]any{"remediated_by": op.ID}); err != nil {
-		return false, err
+		return err
 	}
-	return duplicateCapture, opstatus.Append(ctx, tx, accountID, op.ID, EventRemediates, actor,
+	return opstatus.Append(ctx, tx, accountID, op.ID, EventRemediates, actor,
 		map[string]any{"remediates_operation_id": dupID})
 }

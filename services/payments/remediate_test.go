@@ -11,11 +11,12 @@ import (
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
-// testRemediation: the provider executes one refund twice and loses the answer, so the refund ends
-// duplicate_effect_confirmed. Two corrections naming it in Remediates-Operation-Id race under two keys: one
-// refunds the duplicate amount at the provider, the other is 409 already_remediated naming it, and sends
-// nothing. A replay of the correction's key replays it. Both timelines show the link. A header naming an
-// operation that is no duplicate, or a duplicate of another intent, is refused before anything is sent.
+// testRemediation: the provider executes one refund of 3.00 twice and loses the answer, so the refund ends
+// duplicate_effect_confirmed. It is booked as the provider executed it: the refund succeeded with two
+// executions, the intent's refunded total 6.00, what is left to refund 4.00, equal to the provider's records. A
+// refund naming it in Remediates-Operation-Id would pay the customer a third time: it is 409
+// duplicate_refund_not_refundable, sends nothing and leaves no row or operation. A header naming an operation
+// that is no duplicate, or malformed, is refused before anything is sent.
 func testRemediation(t *testing.T, h *harness) {
 	b := h.setup(t)
 	in := b.createIntent(t, "o-fix", `{"order_id":"o-fix","amount":"10.00","currency":"USD"}`)
@@ -33,67 +34,47 @@ func testRemediation(t *testing.T, h *harness) {
 		t.Fatalf("duplicated refund is %s", dup.State)
 	}
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 2})
+	var booked struct {
+		Status           string `json:"status"`
+		Executions       int    `json:"executions"`
+		ProviderRefundID string `json:"provider_refund_id"`
+	}
+	if dup.Resource == nil || dup.Resource.Type != "refund" {
+		t.Fatalf("duplicated refund names resource %+v; want its refund", dup.Resource)
+	}
+	b.agent.Get("/v1/refunds/"+dup.Resource.ID).Status(t, http.StatusOK).Decode(t, &booked)
+	if booked.Status != "succeeded" || booked.Executions != 2 || booked.ProviderRefundID == "" {
+		t.Errorf("duplicated refund booked as %+v; want succeeded, 2 executions", booked)
+	}
+	if got := b.getIntent(t, in.ID); got.RefundedMinor != 600 {
+		t.Errorf("intent refunded %d after a refund of 3.00 paid out twice; want 600", got.RefundedMinor)
+	}
+	b.assertBooks(t, in.ID)
 
+	// Another refund is no correction of it.
 	fix := apitest.Header(payments.HeaderRemediates, dup.ID)
-	// More than the duplicate took is no correction.
-	r := b.agent.Post(refunds, `{"amount":"3.01"}`, fix, apitest.Key("too-much")).Status(t, http.StatusUnprocessableEntity)
-	if code(t, r) != "amount_too_large" || r.JSON(t)["available_minor"] != float64(300) {
-		t.Errorf("correction above the duplicate: %s", r.Body)
+	r := b.agent.Post(refunds, `{"amount":"3.00","reason":"duplicate refund"}`, fix, apitest.Key("fix")).Status(t, http.StatusConflict)
+	if code(t, r) != "duplicate_refund_not_refundable" || r.Str(t, "operation_id") != dup.ID {
+		t.Errorf("refund correcting a duplicated refund: %s; want 409 duplicate_refund_not_refundable", r.Body)
 	}
-	res := race(2, func(i int) *apitest.Response {
-		return b.agent.Post(refunds, `{"amount":"3.00","reason":"duplicate refund"}`, fix, apitest.Key([]string{"fix-1", "fix-2"}[i]))
-	})
-	var won *apitest.Response
-	wonKey, lostKey := "fix-1", "fix-2"
-	switch {
-	case res[0].Code == http.StatusCreated && res[1].Code == http.StatusConflict:
-		won = res[0]
-	case res[1].Code == http.StatusCreated && res[0].Code == http.StatusConflict:
-		won, wonKey, lostKey = res[1], "fix-2", "fix-1"
-		res[0], res[1] = res[1], res[0]
-	default:
-		t.Fatalf("two corrections: %d %s / %d %s; want one 201 and one 409", res[0].Code, res[0].Body, res[1].Code, res[1].Body)
-	}
-	fixOp := won.Header.Get(idem.HeaderOperationID)
-	if code(t, res[1]) != "already_remediated" || res[1].Str(t, "remediated_by") != fixOp || res[1].Str(t, "operation_id") != dup.ID {
-		t.Errorf("second correction: %s; want already_remediated naming %s", res[1].Body, fixOp)
-	}
-	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 3})
-	r = b.agent.Post(refunds, `{"amount":"5.00"}`, fix, apitest.Key("fix-3")).Status(t, http.StatusConflict)
-	if code(t, r) != "already_remediated" {
-		t.Errorf("a later, larger correction: %s; want already_remediated", r.Body)
-	}
-
-	// The correction's key replays; the refused one left its key free and no row behind.
-	replay := b.agent.Post(refunds, `{"amount":"3.00","reason":"duplicate refund"}`, fix, apitest.Key(wonKey)).Status(t, http.StatusCreated)
-	if replay.Header.Get(idem.HeaderReplayed) != "true" || replay.Header.Get(idem.HeaderOperationID) != fixOp {
-		t.Errorf("replay of the correction: %v %s", replay.Header, replay.Body)
-	}
-	b.agent.Post(refunds, `{"amount":"3.00","reason":"duplicate refund"}`, fix, apitest.Key(lostKey)).Status(t, http.StatusConflict)
 	var ops struct {
 		Items []opstatus.Operation `json:"items"`
 	}
-	b.agent.Get("/v1/operations?idempotency_key="+lostKey).Status(t, http.StatusOK).Decode(t, &ops)
+	b.agent.Get("/v1/operations?idempotency_key=fix").Status(t, http.StatusOK).Decode(t, &ops)
 	if len(ops.Items) != 0 {
 		t.Errorf("the refused correction left operations %+v", ops.Items)
 	}
-	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 3})
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 2})
+
+	// What is left to refund is what the provider has left: 4.00.
+	r = b.agent.Post(refunds, `{"amount":"4.01"}`, apitest.Key("beyond")).Status(t, http.StatusUnprocessableEntity)
+	if code(t, r) != "amount_too_large" || r.JSON(t)["available_minor"] != float64(400) {
+		t.Errorf("refund beyond what the provider has left: %s", r.Body)
+	}
+	b.agent.Post(refunds, `{"amount":"4.00"}`, apitest.Key("rest")).Status(t, http.StatusCreated)
 	var rows int64
 	if err := b.db.Raw(`SELECT count(*) FROM payment_refunds WHERE intent_id = ?`, in.ID).Scan(&rows).Error; err != nil || rows != 2 {
-		t.Errorf("refund rows = %d (%v); want 2: the duplicated one and its correction", rows, err)
-	}
-
-	var dupTL, fixTL opstatus.Timeline
-	b.agent.Get("/v1/operations/"+dup.ID+"/timeline").Status(t, http.StatusOK).Decode(t, &dupTL)
-	b.agent.Get("/v1/operations/"+fixOp+"/timeline").Status(t, http.StatusOK).Decode(t, &fixTL)
-	if len(dupTL.RemediatedBy) != 1 || dupTL.RemediatedBy[0] != fixOp || dupTL.Remediates != nil {
-		t.Errorf("duplicate's timeline: remediated_by %v remediates %v; want [%s]", dupTL.RemediatedBy, dupTL.Remediates, fixOp)
-	}
-	if fixTL.Remediates == nil || *fixTL.Remediates != dup.ID || len(fixTL.RemediatedBy) != 0 {
-		t.Errorf("correction's timeline: remediates %v", fixTL.Remediates)
-	}
-	if !dupTL.Chain.Intact || !fixTL.Chain.Intact {
-		t.Errorf("chains %+v %+v", dupTL.Chain, fixTL.Chain)
+		t.Errorf("refund rows = %d (%v); want 2: the duplicated one and the rest", rows, err)
 	}
 
 	// Refusals before anything is sent.
@@ -106,14 +87,87 @@ func testRemediation(t *testing.T, h *harness) {
 	if r.Str(t, "header") != payments.HeaderRemediates {
 		t.Errorf("malformed header: %s", r.Body)
 	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 3})
+	if got := b.getIntent(t, in.ID); got.RefundedMinor != 1000 {
+		t.Errorf("intent refunded %d; want 1000, all the provider paid out", got.RefundedMinor)
+	}
+	b.assertBooks(t, in.ID)
+}
+
+// testCaptureCorrectedUntilReturned: a capture of 10.00 the provider executed twice is corrected in parts: 1.00,
+// then two corrections of 9.00 race under two keys, one 201 and the other 409 already_remediated (all is
+// returned). A correction beyond what is left is 422 amount_too_large, one after all is returned 409
+// already_remediated, one naming the duplicate on another intent 400; none sends anything. The provider refunded
+// exactly the duplicate, and the books equal it.
+func testCaptureCorrectedUntilReturned(t *testing.T, h *harness) {
+	b := h.setup(t)
+	in := b.createIntent(t, "o-parts", `{"order_id":"o-parts","amount":"10.00","currency":"USD"}`)
+	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindCapture, Mode: provider.FaultDuplicate, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap-dup")).Status(t, http.StatusAccepted)
+	if _, err := b.recovery.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	dup := operation(t, b.agent, "cap-dup")
+	if dup.State != opstatus.StateDuplicateEffect {
+		t.Fatalf("duplicated capture is %s", dup.State)
+	}
+	refunds := "/v1/payment_intents/" + in.ID + "/refunds"
+	fix := apitest.Header(payments.HeaderRemediates, dup.ID)
+	first := b.agent.Post(refunds, `{"amount":"1.00"}`, fix, apitest.Key("fix-part")).Status(t, http.StatusCreated)
+	r := b.agent.Post(refunds, `{"amount":"9.01"}`, fix, apitest.Key("fix-big")).Status(t, http.StatusUnprocessableEntity)
+	if code(t, r) != "amount_too_large" || r.JSON(t)["available_minor"] != float64(900) {
+		t.Errorf("correction beyond what is left of the duplicate: %s", r.Body)
+	}
+
+	res := race(2, func(i int) *apitest.Response {
+		return b.agent.Post(refunds, `{"amount":"9.00"}`, fix, apitest.Key([]string{"fix-1", "fix-2"}[i]))
+	})
+	var won, lost *apitest.Response
+	wonKey := "fix-1"
+	switch {
+	case res[0].Code == http.StatusCreated && res[1].Code == http.StatusConflict:
+		won, lost = res[0], res[1]
+	case res[1].Code == http.StatusCreated && res[0].Code == http.StatusConflict:
+		won, lost, wonKey = res[1], res[0], "fix-2"
+	default:
+		t.Fatalf("two corrections of the rest: %d %s / %d %s; want one 201 and one 409", res[0].Code, res[0].Body, res[1].Code, res[1].Body)
+	}
+	if code(t, lost) != "already_remediated" || lost.Str(t, "remediated_by") != first.Header.Get(idem.HeaderOperationID) {
+		t.Errorf("the losing correction: %s; want already_remediated naming the first", lost.Body)
+	}
+	if r := b.agent.Post(refunds, `{"amount":"0.01"}`, fix, apitest.Key("fix-more")).Status(t, http.StatusConflict); code(t, r) != "already_remediated" {
+		t.Errorf("a correction after all is returned: %s", r.Body)
+	}
+	replay := b.agent.Post(refunds, `{"amount":"9.00"}`, fix, apitest.Key(wonKey)).Status(t, http.StatusCreated)
+	if replay.Header.Get(idem.HeaderReplayed) != "true" || replay.Header.Get(idem.HeaderOperationID) != won.Header.Get(idem.HeaderOperationID) {
+		t.Errorf("replay of the winning correction: %v %s", replay.Header, replay.Body)
+	}
 	other := b.createIntent(t, "o-other", `{"order_id":"o-other","amount":"10.00","currency":"USD"}`)
 	b.agent.Post("/v1/payment_intents/"+other.ID+"/capture", `{}`, apitest.Key("cap-other")).Status(t, http.StatusOK)
-	r = b.agent.Post("/v1/payment_intents/"+other.ID+"/refunds", `{"amount":"1.00"}`, apitest.Header(payments.HeaderRemediates, dup.ID),
-		apitest.Key("other-intent")).Status(t, http.StatusBadRequest)
+	r = b.agent.Post("/v1/payment_intents/"+other.ID+"/refunds", `{"amount":"1.00"}`, fix, apitest.Key("other-intent")).Status(t, http.StatusBadRequest)
 	if r.Str(t, "header") != payments.HeaderRemediates {
 		t.Errorf("duplicate of another intent: %s", r.Body)
 	}
-	b.assertCounters(t, map[string]int64{"authorize": 2, "capture": 2, "refund": 3})
+
+	b.assertCounters(t, map[string]int64{"authorize": 2, "capture": 3, "refund": 2})
+	var got struct {
+		DuplicateCapturedMinor int64 `json:"duplicate_captured_minor"`
+		DuplicateRefundedMinor int64 `json:"duplicate_refunded_minor"`
+		RefundedMinor          int64 `json:"refunded_minor"`
+	}
+	b.agent.Get("/v1/payment_intents/"+in.ID).Status(t, http.StatusOK).Decode(t, &got)
+	if got.DuplicateCapturedMinor != 1000 || got.DuplicateRefundedMinor != 1000 || got.RefundedMinor != 0 {
+		t.Errorf("intent after the corrections %+v; want the whole duplicate of 10.00 returned", got)
+	}
+	var dupTL opstatus.Timeline
+	b.agent.Get("/v1/operations/"+dup.ID+"/timeline").Status(t, http.StatusOK).Decode(t, &dupTL)
+	if len(dupTL.RemediatedBy) != 2 || !dupTL.Chain.Intact {
+		t.Errorf("the capture's timeline: remediated_by %v; want both corrections", dupTL.RemediatedBy)
+	}
+	b.assertBooks(t, in.ID)
+	b.assertBooks(t, other.ID)
 }
 
 // testCaptureDuplicateCorrected: the provider executes one capture twice (it took 10.00 twice from a 10.00
@@ -193,4 +247,5 @@ func testCaptureDuplicateCorrected(t *testing.T, h *harness) {
 	if len(dupTL.RemediatedBy) != 1 || dupTL.RemediatedBy[0] != done.Header.Get(idem.HeaderOperationID) {
 		t.Errorf("the capture's timeline: remediated_by %v", dupTL.RemediatedBy)
 	}
+	b.assertBooks(t, in.ID)
 }

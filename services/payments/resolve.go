@@ -11,13 +11,29 @@ import (
 
 // Resolvers returns what carries a person's decision on an unknown payments operation into the intent and
 // refund rows (package resolution): failed releases the reservation as a refused call does (settle.go);
-// succeeded records the effect as its provider answer would have.
+// succeeded records the effect as its provider answer would have. A decision is refused while the provider has
+// a record of the call (unlessRecorded).
 func (s *Server) Resolvers() map[string]opstatus.Resolver {
 	return map[string]opstatus.Resolver{
-		KindCreateIntent: opstatus.ResolverFunc(s.resolveCreate),
-		KindCapture:      opstatus.ResolverFunc(s.resolveCapture),
-		KindCancel:       opstatus.ResolverFunc(s.resolveCancel),
-		KindRefund:       opstatus.ResolverFunc(s.resolveRefund),
+		KindCreateIntent: s.unlessRecorded(s.resolveCreate),
+		KindCapture:      s.unlessRecorded(s.resolveCapture),
+		KindCancel:       s.unlessRecorded(s.resolveCancel),
+		KindRefund:       s.unlessRecorded(s.resolveRefund),
+	}
+}
+
+// unlessRecorded refuses a decision on an operation whose call the provider has a record of: the provider says
+// what it did, and the reconciler records exactly that, where a person's decision could record something else
+// (a capture decided failed that the provider made). When the provider cannot be asked, or has no record, the
+// person decides.
+func (s *Server) unlessRecorded(resolve opstatus.ResolverFunc) opstatus.ResolverFunc {
+	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, d opstatus.Decision) error {
+		if key, res, err := s.lookup(ctx, op); err == nil && res.Found {
+			return problem.New(problem.CodeInvalidState,
+				"the payment provider has a record of operation %s's call (%s): its reconciler records what the provider did; nothing was decided",
+				op.ID, key).With("state", op.State).With("operation_id", op.ID).With("provider_record", true)
+		}
+		return resolve(ctx, tx, op, d)
 	}
 }
 

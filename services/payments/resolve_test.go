@@ -8,19 +8,16 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/services/provider"
 )
 
-// testResolveUnknownCapture: a capture whose answer was lost stays unknown with the intent reserved. A person
-// decides it failed: the decision is a record with its evidence, the operation is failed, the intent's
-// reservation is released; the same decision again is a replay; an agent key, bad evidence and a decision on a
-// settled operation change nothing.
+// testResolveUnknownCapture: a capture whose call never reaches the provider (held on the way) stays unknown
+// with the intent reserved. Once its lease has ended, so that the call can no longer arrive, a person decides it
+// failed: the decision is a record with its evidence, the operation is failed, the intent's reservation is
+// released, and the books equal the provider's (nothing captured); the same decision again is a replay; an
+// agent key, bad evidence and a decision on a settled operation change nothing.
 func testResolveUnknownCapture(t *testing.T, h *harness) {
-	b := h.setup(t)
+	b := h.setupWith(t, holdProvider(t, h.providerURL, "/capture").URL)
 	in := b.createIntent(t, "o-resolve", `{"order_id":"o-resolve","amount":"25.00","currency":"USD"}`)
-	if err := b.provider.InjectFault(t.Context(), provider.Fault{Kind: provider.KindCapture, Mode: provider.FaultDrop, Count: 1}); err != nil {
-		t.Fatal(err)
-	}
 	var op opstatus.Operation
 	b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap-r")).Status(t, http.StatusAccepted).Decode(t, &op)
 	if op.State != opstatus.StateUnknown || b.getIntent(t, in.ID).Status != "capturing" {
@@ -43,6 +40,10 @@ func testResolveUnknownCapture(t *testing.T, h *harness) {
 		Status(t, http.StatusUnprocessableEntity)); got != "validation_failed" {
 		t.Fatalf("state cancelled: code %s", got)
 	}
+	if got := code(t, b.approver.Post(path, body, apitest.Key("dec-early")).Status(t, http.StatusConflict)); got != "call_may_still_land" {
+		t.Fatalf("decision while the lease runs: code %s; want call_may_still_land", got)
+	}
+	b.endLease(t, op.ID)
 	// A capture decided succeeded is refused: the amount taken is the provider's to say.
 	if got := code(t, b.approver.Post(path, map[string]any{"state": "succeeded", "evidence": "looks captured"}, apitest.Key("dec-ok")).
 		Status(t, http.StatusConflict)); got != "invalid_state" {
@@ -95,5 +96,7 @@ func testResolveUnknownCapture(t *testing.T, h *harness) {
 	if decisions != 1 || tl.State != opstatus.StateFailed || tl.SettledBy == nil || !strings.HasPrefix(*tl.SettledBy, "approver:") || !tl.Chain.Intact {
 		t.Fatalf("timeline: %d decisions, state %s, settled by %v, chain intact %v", decisions, tl.State, tl.SettledBy, tl.Chain.Intact)
 	}
+	b.assertCounters(t, map[string]int64{"authorize": 1})
+	b.assertBooks(t, in.ID)
 	servicetest.AuditIntact(t, b.db.DB)
 }

@@ -102,6 +102,16 @@ func (s *Server) recordRefund(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 		Header: http.Header{"Location": {"/v1/refunds/" + rf.ID}}}, "refund", rf.ID), nil
 }
 
+// recordDuplicatedRefund books a refund the provider executed len(effects) times: every execution paid out, so
+// every one is in the intent's refunded total, and what is left to refund is what the provider has left.
+func (s *Server) recordDuplicatedRefund(ctx context.Context, tx *gorm.DB, op opstatus.Operation, effects []string) (*opstatus.Resource, error) {
+	rf, err := s.cfg.Store.RefundDuplicated(ctx, tx, op.AccountID, op.ID, effects[0], len(effects))
+	if err != nil {
+		return nil, err
+	}
+	return &opstatus.Resource{Type: "refund", ID: rf.ID}, nil
+}
+
 // refusal turns a definite outcome other than success into the problem stored for the operation. An error it
 // does not know is returned as is: the outcome stays unrecorded and the recovery worker settles it later.
 func refusal(callErr error, action string) (*problem.Error, error) {

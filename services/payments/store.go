@@ -22,7 +22,7 @@ refunded_minor, provider_authorization_id, duplicate_capture_operation_id, dupli
 duplicate_refunded_minor, created_at, updated_at`
 
 const refundColumns = `id, account_id, intent_id, currency, amount_minor, reason, status, provider_refund_id,
-returns_duplicate_capture, created_at, updated_at`
+returns_duplicate_capture, executions, created_at, updated_at`
 
 // BeginIntent implements Store. The partial unique index payment_intents_active_order decides between
 // concurrent creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads
@@ -148,8 +148,9 @@ func (s PostgresStore) ReserveDuplicateRefund(ctx context.Context, tx *gorm.DB, 
 }
 
 // heldSQL sums an intent's refunds that are not failed, of one side: those of its capture, or (second
-// argument true) those that return its duplicated capture.
-const heldSQL = `SELECT COALESCE(sum(amount_minor), 0) FROM payment_refunds
+// argument true) those that return its duplicated capture. A refund the provider executed more than once
+// counts every execution.
+const heldSQL = `SELECT COALESCE(sum(amount_minor * executions), 0) FROM payment_refunds
 WHERE account_id = ? AND intent_id = ? AND status <> 'failed' AND returns_duplicate_capture = ?`
 
 // reserveRefund reserves a refund of the intent's capture, or (duplicate) of what its duplicated capture took.
@@ -213,27 +214,48 @@ func (PostgresStore) RefundsHeld(ctx context.Context, tx *gorm.DB, accountID, in
 	return held, nil
 }
 
-// RefundSucceeded implements Store: the refund and the intent's refunded total change in one statement.
+// RefundSucceeded implements Store.
 func (PostgresStore) RefundSucceeded(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string) (Refund, error) {
-	var rows []Refund
-	err := tx.WithContext(ctx).Raw(`
+	return settleRefund(ctx, tx, "refund succeeded", accountID, opID, providerRefundID, 1)
+}
+
+// RefundDuplicated implements Store.
+func (PostgresStore) RefundDuplicated(ctx context.Context, tx *gorm.DB, accountID, opID, providerRefundID string, executions int) (Refund, error) {
+	return settleRefund(ctx, tx, "refund duplicated", accountID, opID, providerRefundID, executions)
+}
+
+// settleRefundSQL books a pending refund the provider executed: the refund and the intent's refunded total
+// change in one statement, by amount_minor for each execution. A correction of a duplicated capture returns into
+// duplicate_refunded_minor up to duplicate_captured_minor; what a duplicated correction paid beyond that came out
+// of the capture.
+const settleRefundSQL = `
 WITH r AS (
-    UPDATE payment_refunds SET status = 'succeeded', provider_refund_id = ?, updated_at = now()
+    UPDATE payment_refunds SET status = 'succeeded', provider_refund_id = ?, executions = ?, updated_at = now()
     WHERE account_id = ? AND operation_id = ? AND status = 'pending'
-    RETURNING `+refundColumns+`
+    RETURNING ` + refundColumns + `
+), paid AS (
+    SELECT r.account_id, r.intent_id, r.amount_minor * r.executions AS total,
+           CASE WHEN r.returns_duplicate_capture
+                THEN LEAST(r.amount_minor * r.executions, i.duplicate_captured_minor - i.duplicate_refunded_minor)
+                ELSE 0 END AS to_duplicate
+    FROM r JOIN payment_intents i ON i.account_id = r.account_id AND i.id = r.intent_id
 ), i AS (
     UPDATE payment_intents SET
-        refunded_minor           = refunded_minor + CASE WHEN r.returns_duplicate_capture THEN 0 ELSE r.amount_minor END,
-        duplicate_refunded_minor = duplicate_refunded_minor + CASE WHEN r.returns_duplicate_capture THEN r.amount_minor ELSE 0 END,
+        refunded_minor           = refunded_minor + paid.total - paid.to_duplicate,
+        duplicate_refunded_minor = duplicate_refunded_minor + paid.to_duplicate,
         updated_at = now()
-    FROM r WHERE payment_intents.account_id = r.account_id AND payment_intents.id = r.intent_id
+    FROM paid WHERE payment_intents.account_id = paid.account_id AND payment_intents.id = paid.intent_id
 )
-SELECT * FROM r`, providerRefundID, accountID, opID).Scan(&rows).Error
+SELECT * FROM r`
+
+func settleRefund(ctx context.Context, tx *gorm.DB, what, accountID, opID, providerRefundID string, executions int) (Refund, error) {
+	var rows []Refund
+	err := tx.WithContext(ctx).Raw(settleRefundSQL, providerRefundID, executions, accountID, opID).Scan(&rows).Error
 	if err != nil {
-		return Refund{}, fmt.Errorf("payments: refund succeeded: %w", err)
+		return Refund{}, fmt.Errorf("payments: %s: %w", what, err)
 	}
 	if len(rows) == 0 {
-		return Refund{}, fmt.Errorf("payments: refund succeeded: %w", ErrNotReserved)
+		return Refund{}, fmt.Errorf("payments: %s: %w", what, ErrNotReserved)
 	}
 	return rows[0], nil
 }

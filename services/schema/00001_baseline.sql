@@ -108,6 +108,10 @@ CREATE TABLE payment_refunds (
     updated_at         timestamptz NOT NULL DEFAULT now(),
     -- A correction refund: it returns a duplicate capture (into duplicate_refunded_minor), not the capture.
     returns_duplicate_capture boolean NOT NULL DEFAULT false,
+    -- A refund the provider executed more than once (duplicate_effect_confirmed) paid out its amount each time:
+    -- everything that sums refunds counts amount_minor * executions, so the intent's refunded total and what is
+    -- left to refund equal what the provider paid out.
+    executions         integer     NOT NULL DEFAULT 1 CHECK (executions >= 1),
     CONSTRAINT payment_refunds_pkey PRIMARY KEY (account_id, id),
     CONSTRAINT payment_refunds_operation_id_key UNIQUE (account_id, operation_id),
     CONSTRAINT payment_refunds_intent_id_fkey FOREIGN KEY (account_id, intent_id) REFERENCES payment_intents (account_id, id)

@@ -138,6 +138,12 @@ export interface paths {
          *     field. A payment authorization decided `succeeded` needs `remote_ref` (the provider's authorization id); a
          *     capture cannot be decided `succeeded` here (the amount taken is the provider's to say): 409.
          *
+         *     While the operation's call may still arrive at the other side (its lease runs and its dispatch records do not
+         *     show the call over), a decision is 409 `call_may_still_land` with `Retry-After`, and nothing is decided. A
+         *     process that does not run the operation's service (`serve tickets` given a payments operation) answers 409
+         *     `resolver_elsewhere` naming the `service` to send it to. A payments operation whose call the provider has a
+         *     record of is 409 `invalid_state` with `provider_record: true`: its reconciler records what the provider did.
+         *
          *     Retrying with the same Idempotency-Key and body replays the stored answer with `Idempotent-Replayed: true`.
          */
         post: operations["resolveOperation"];
@@ -537,13 +543,15 @@ export interface paths {
          *     it did with that key and settles the operation) or poll the operation; never send the action again under a new
          *     key.
          *
-         *     A refund that corrects a capture or refund the provider executed twice (an operation in state
+         *     A refund that corrects a capture the provider executed twice (an operation in state
          *     `duplicate_effect_confirmed`, of this intent) names it in `Remediates-Operation-Id`: both operations record
          *     the link (`remediated_by` and `remediates` events; their timelines show `remediated_by` and
-         *     `remediates_operation_id`). It refunds at most what the duplicate took, the provider's executions after the
-         *     first (else 422 `amount_too_large` with `available_minor`). A duplicate is corrected once: a second correction under another key is 409
-         *     `already_remediated` naming the first in `remediated_by`, and nothing is sent; a retry of the first
-         *     correction's key replays it.
+         *     `remediates_operation_id`). Corrections, one or several, refund at most what the duplicate took, the
+         *     provider's executions after the first, less what earlier corrections return (else 422 `amount_too_large`
+         *     with `available_minor`). Once all of it is returned another correction is 409 `already_remediated` naming
+         *     the first in `remediated_by`, and nothing is sent; a retry of a correction's key replays it. A refund the
+         *     provider executed twice is booked with both executions and never corrected by a refund: 409
+         *     `duplicate_refund_not_refundable`.
          */
         post: operations["createRefund"];
         delete?: never;
@@ -1267,6 +1275,8 @@ export interface components {
             provider_refund_id: string | null;
             /** @description A correction returning what a duplicated capture took: counted in the intent's duplicate_refunded_minor, not refunded_minor. */
             returns_duplicate_capture?: boolean;
+            /** @description How many times the provider executed the refund: 2 when it paid it out twice (its operation duplicate_effect_confirmed); each execution is in the intent's refunded total. */
+            executions?: number;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -1538,7 +1548,7 @@ export interface components {
         Prefer: string;
         /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
         ApprovalId: string;
-        /** @description The duplicate_effect_confirmed capture or refund of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. Already corrected: 409 already_remediated with remediated_by. */
+        /** @description The duplicate_effect_confirmed capture of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. All of the duplicate already returned: 409 already_remediated with remediated_by. Naming a duplicated refund: 409 duplicate_refund_not_refundable. */
         RemediatesOperationId: string;
     };
     requestBodies: never;
@@ -2428,7 +2438,7 @@ export interface operations {
                 Prefer?: components["parameters"]["Prefer"];
                 /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
                 "Approval-Id"?: components["parameters"]["ApprovalId"];
-                /** @description The duplicate_effect_confirmed capture or refund of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. Already corrected: 409 already_remediated with remediated_by. */
+                /** @description The duplicate_effect_confirmed capture of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. All of the duplicate already returned: 409 already_remediated with remediated_by. Naming a duplicated refund: 409 duplicate_refund_not_refundable. */
                 "Remediates-Operation-Id"?: components["parameters"]["RemediatesOperationId"];
             };
             path: {
