@@ -39,17 +39,14 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 	if err != nil {
 		return h.fail(a.op.Kind, err)
 	}
-	v := verdictBadLineage
-	if refusal == nil {
-		v, s = h.decide(ctx, a, s, header)
+	if refusal != nil {
+		return h.refuseLineage(ctx, a, s.operationID, refusal)
 	}
+	v, s := h.decide(ctx, a, s, header)
 	opID, state, status := s.operationID, s.opState, v.status
 	var extra map[string]any
 	var ans Answer
 	switch v {
-	case verdictBadLineage:
-		extra = map[string]any{"refusal": "unknown_retry_of"}
-		ans.Err = refusal
 	case verdictConflict:
 		extra = map[string]any{"prior_fingerprint": s.fingerprint}
 		ans.Err = problem.New(problem.CodeIdempotencyKeyReused,
@@ -72,16 +69,53 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 			Extensions: map[string]any{"operation_id": opID, "state": state},
 		}
 	}
-	h.observe(a.op.Kind, v.outcome)
 	h.init()
-	if err := h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, extra)); err != nil {
+	err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, extra))
+	switch {
+	case opstatus.AttemptUsed(err) && opID == a.op.ID:
+		// The attempt that claimed the operation, answering with what another worker stored, has its record
+		// already (the recovery worker's, when its lease ran out): this answer is told without an outcome, so the
+		// attempt is not numbered twice.
+		err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.lineage.identity(map[string]any{"status": status}))
+	case opstatus.AttemptUsed(err):
+		// A copy of this attempt (same Attempt-Id) was recorded first, after this one's check.
+		return h.refuseLineage(ctx, a, opID, attemptIDUsed())
+	}
+	if err != nil {
 		return Answer{Err: err}
 	}
+	h.observe(a.op.Kind, v.outcome)
 	if v == verdictUnknown {
 		// Read after the record, so the operation in the answer shows this attempt.
 		return h.unknown(ctx, a.op.AccountID, opID)
 	}
 	return ans
+}
+
+// refuseLineage records and answers a retry of operation opID refused for its lineage headers. Its record is an
+// attempt record, but for an attempt whose Attempt-Id the operation already has: that id stays the other
+// attempt's (operation_events_attempt), and the refused one's is kept as repeated_attempt_id.
+func (h *Handler) refuseLineage(ctx context.Context, a *attempt, opID string, r *lineageRefusal) Answer {
+	detail := a.record(attemptRefused, verdictBadLineage.status, map[string]any{"refusal": r.reason})
+	repeated := func() {
+		detail["repeated_attempt_id"] = detail["attempt_id"]
+		delete(detail, "attempt_id")
+	}
+	if r.reason == refusalAttemptIDUsed {
+		repeated()
+	}
+	h.init()
+	err := h.attempts.Append(ctx, a.op.AccountID, opID, verdictBadLineage.event, a.caller.Actor, detail)
+	if opstatus.AttemptUsed(err) {
+		// Refused for another header, with an Attempt-Id the operation has too.
+		repeated()
+		err = h.attempts.Append(ctx, a.op.AccountID, opID, verdictBadLineage.event, a.caller.Actor, detail)
+	}
+	if err != nil {
+		return Answer{Err: err}
+	}
+	h.observe(a.op.Kind, verdictBadLineage.outcome)
+	return Answer{Err: r.err}
 }
 
 // decide is the verdict on a, whose key is stored as s, and the key it was made on: after waiting (Prefer: wait)
