@@ -64,6 +64,7 @@ func TestPayments(t *testing.T) {
 		{"PersonDecidesUnknownCapture", testResolveUnknownCapture},
 		{"PrunedKeysNeverRunTwice", testPrunedKeysNeverRunTwice},
 		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
+		{"RetryOfRunningCapture", testRetryOfRunningCapture},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
