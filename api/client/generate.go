@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "48e43ddb59a10ea8dd88ddbf14496b8761d0338104b2609bb1eec512e1f3cdec"
+const SpecSHA256 = "7b8475e97a0070cb70d292c7158b7c81bcd96fd9563e3d0161f322f1d707d77c"

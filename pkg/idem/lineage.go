@@ -25,6 +25,30 @@ const (
 	HeaderSupersedes  = "Supersedes-Operation-Id"
 )
 
+// Headers that only some writes take, each where its Request says so (Request.Takes): Approval-Id on a write
+// that takes approvals (package approval), Remediates-Operation-Id on a payments refund. Sent to another write
+// they are refused before its key is read, never dropped (checkTakes).
+const (
+	HeaderApprovalID = "Approval-Id"
+	HeaderRemediates = "Remediates-Operation-Id"
+)
+
+// checkTakes refuses a header of a write that does not take it: an Approval-Id is an approval that cannot
+// apply, 403 approval_invalid as the contract answers an unknown one; another is 400 invalid_request naming it.
+func checkTakes(h http.Header, takes []string) error {
+	if vs := h.Values(HeaderApprovalID); len(vs) > 0 && !slices.Contains(takes, HeaderApprovalID) {
+		err := problem.New(problem.CodeApprovalInvalid, "this write takes no approval: the %s header cannot apply to it", HeaderApprovalID)
+		if len(vs) == 1 && httpserver.ValidID(vs[0]) {
+			err = err.With("approval_id", vs[0])
+		}
+		return err
+	}
+	if len(h.Values(HeaderRemediates)) > 0 && !slices.Contains(takes, HeaderRemediates) {
+		return headerProblem(HeaderRemediates, "cannot apply to this write: only a payments refund corrects an operation")
+	}
+	return nil
+}
+
 // RetryReasons is the fixed list a Retry-Reason must come from: reasons that can be grouped and checked, never
 // an agent's free-text explanation.
 var RetryReasons = []string{

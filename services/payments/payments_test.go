@@ -65,6 +65,7 @@ func TestPayments(t *testing.T) {
 		{"PrunedKeysNeverRunTwice", testPrunedKeysNeverRunTwice},
 		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
 		{"RetryOfRunningCapture", testRetryOfRunningCapture},
+		{"HeadersThatCannotApply", testHeadersThatCannotApply},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

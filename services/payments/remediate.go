@@ -18,12 +18,13 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // HeaderRemediates names, on a refund, the duplicate_effect_confirmed capture or refund it corrects.
-const HeaderRemediates = "Remediates-Operation-Id"
+const HeaderRemediates = idem.HeaderRemediates
 
 // Events of a correction: the corrected operation gets EventRemediatedBy (detail remediated_by), the
 // correction EventRemediates (detail remediates_operation_id). opstatus.GetTimeline shows both links.
