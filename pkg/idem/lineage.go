@@ -222,6 +222,11 @@ type lineageRefusal struct {
 // an Attempt-Id the caller sent must be new to the operation. A refusal is a 400 naming the header. A request
 // with none of these headers is not checked.
 func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lineageRefusal, error) {
+	if opID == a.op.ID {
+		// The attempt that claimed the operation, answered from its key (another worker settled it first): its
+		// lineage was checked at its claim, and its attempt id is its own.
+		return nil, nil
+	}
 	if a.lineage.supersedes != "" {
 		var claimed string
 		b := &pgx.Batch{}

@@ -45,3 +45,44 @@ func TestUnknownSettledDuringARetryIsNotAnswered202(t *testing.T) {
 		t.Fatalf("the retry's records: %+v; want one, replayed", records)
 	}
 }
+
+// TestLateClaimantWithItsOwnAttemptIDDefers: the attempt that claimed an operation outlives its lease; the
+// recovery worker settles the operation meanwhile. Its late answer is what the worker stored: its own Attempt-Id
+// (sent by the caller, on the operation's claim and the worker's record of it) is not a repeat of another
+// attempt's, and the attempt is still recorded once.
+func TestLateClaimantWithItsOwnAttemptIDDefers(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	e := setupExternal(t, lease)
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
+		entered <- struct{}{}
+		<-release
+		return "too late", nil
+	}
+	done := make(chan reply, 1)
+	go func() { done <- e.post(t, "hung", `{"amount":5}`, "Attempt-Id", "att_claimant") }()
+	<-entered
+	time.Sleep(lease + 100*time.Millisecond) // let the lease run out
+	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Reconcilers: map[string]opstatus.Reconciler{
+		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
+			return e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
+				return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": "reconciled"}}, nil
+			})
+		}),
+	}}
+	if n, err := worker.RunOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("reconciled %d, %v", n, err)
+	}
+	close(release)
+	late := <-done
+	if late.status != 200 || late.body["outcome"] != "reconciled" {
+		t.Fatalf("late answer: %d %v; want what the worker stored", late.status, late.body)
+	}
+	var records int64
+	e.env.DB.Raw(`SELECT count(*) FROM operation_events WHERE is_attempt_record(detail) AND detail->>'attempt_id' = 'att_claimant'`).Scan(&records)
+	if records != 1 {
+		t.Fatalf("%d attempt records of the claimant; want 1", records)
+	}
+}
