@@ -109,6 +109,16 @@ CREATE FUNCTION is_attempt_record(detail jsonb) RETURNS boolean LANGUAGE sql IMM
     SELECT detail ? 'outcome' AND detail ? 'attempt_id'
 $$;
 
+-- An operation's lineage is held here, not only checked before a write (package idem), so requests that race
+-- past the check cannot both write; the loser meets the index after waiting for the winner's transaction, and
+-- its write is rolled back:
+--   operation_events_successor: at most one superseded event per operation, so one successor;
+--   operation_events_attempt: an attempt id has at most one attempt record in an operation.
+CREATE UNIQUE INDEX operation_events_successor ON operation_events (account_id, operation_id)
+    WHERE type = 'superseded';
+CREATE UNIQUE INDEX operation_events_attempt ON operation_events (account_id, operation_id, (detail->>'attempt_id'))
+    WHERE is_attempt_record(detail);
+
 -- An operation's events as its history shows them: seq is the event's place in the operation's history (id
 -- order) and attempt numbers its attempt records in the same order. Both are read, not stored, so a retry's
 -- record is one plain insert. A filter on the operation is applied before the numbering.
@@ -262,6 +272,8 @@ DROP TABLE approval_events;
 DROP FUNCTION audit_append_only();
 DROP TABLE approvals;
 DROP VIEW operation_events_numbered;
+DROP INDEX operation_events_attempt;
+DROP INDEX operation_events_successor;
 DROP FUNCTION is_attempt_record(jsonb);
 DROP TABLE operation_events;
 DROP FUNCTION operation_events_append_only();

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "b1ad056a7980268c9b5a8c8bd92a4553a45ac117d6fb533e18f9aeddef243768"
+const SpecSHA256 = "dc40c79137eba31679afb6bfc793b0b4d78d851cf596387a9ce76111c105bf25"

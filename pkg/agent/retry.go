@@ -345,6 +345,10 @@ func (a *Agent) decide(op *Operation) step {
 		return a.responseExpired(op, res, obs, wait)
 	case res.Code == "request_in_progress":
 		return step{kind: "send", reason: ReasonRequestInProgress, decision: "in_progress_same_key_after_retry_after", wait: wait}
+	case refusedLineage(res):
+		// The service refused how the attempt described itself, before deciding anything about the action, which
+		// may be done or under way under the key: never a settlement. The next attempt goes without Retry-Of.
+		return step{kind: "send", decision: "lineage_refused_same_key_without_retry_of", wait: backoff}
 	case res.Code == CodeSupersededUnknown:
 		return a.supersededUnknownAnswer(op)
 	case res.Status == http.StatusTooManyRequests:
@@ -371,6 +375,23 @@ func (a *Agent) decide(op *Operation) step {
 		return step{kind: "settle", state: StateRefused, why: fmt.Sprintf("the service refused it (%d %s)", res.Status, res.Code),
 			next: "refused and final: do not retry this action; fix the request and use a new action_id"}
 	}
+}
+
+// lineageHeaders are the headers in which the agent describes an attempt, not the action: its id, its run, the
+// attempt it retries and why. A 400 invalid_request naming one of them (docs/contract.md, "Attempts, lineage and
+// evidence") refuses the attempt's description only.
+var lineageHeaders = []string{"Attempt-Id", "Agent-Run-Id", "Retry-Of", "Retry-Reason"}
+
+// refusedLineage reports whether res is the service's refusal of one of the attempt's lineage headers.
+func refusedLineage(res *AttemptResult) bool {
+	if res.Status != http.StatusBadRequest || res.Code != "invalid_request" {
+		return false
+	}
+	var p struct {
+		Header string `json:"header"`
+	}
+	_ = json.Unmarshal(res.Body, &p)
+	return slices.Contains(lineageHeaders, p.Header)
 }
 
 // remediationNext is the next step of an operation the service settled duplicate_effect_confirmed: never a
@@ -569,6 +590,9 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 					break
 				}
 			}
+		}
+		if prev.Finished != nil && refusedLineage(prev.Finished) {
+			at.RetryOfSent = "" // the service refused the last one's lineage: this one claims none
 		}
 	}
 	req, err := a.newRequest(op, at, approvalID)

@@ -14,7 +14,8 @@
 //	})
 //	approval.Routes(api, approvals)
 //	// in the write's handler:
-//	h.Do(c, idem.Request{Kind: "deploys.create", Command: cmd, Guard: approvals.Guard(c, cmd.Environment == "production")}, write)
+//	h.Do(c, idem.Request{Kind: "deploys.create", Command: cmd, Guard: approvals.Guard(c, cmd.Environment == "production"),
+//		Takes: []string{approval.HeaderApprovalID}}, write)
 //
 // The guard runs only after a new claim, so a replay of an approved request needs no new approval.
 package approval
@@ -45,7 +46,7 @@ import (
 )
 
 // HeaderApprovalID is the request header that names the approval of a write.
-const HeaderApprovalID = "Approval-Id"
+const HeaderApprovalID = idem.HeaderApprovalID
 
 // idPrefix starts every approval id (ids.New).
 const idPrefix = "apv_"
@@ -340,29 +341,32 @@ func (s *Service) bind(ctx context.Context, accountID string, req Request) (boun
 	return bound{}, problem.Validation(problem.FieldError{Field: "path", Message: "this service has no write at this method and path that takes approvals"})
 }
 
-// Guard returns the idem.Request.Guard for a write, or nil when required is false. It runs in the claim
-// transaction and marks the approval used by the operation, so one approval authorizes one operation.
+// Guard returns the idem.Request.Guard for a write, which requires an approval when required is true. It runs
+// in the claim transaction and marks the approval used by the operation, so one approval authorizes one
+// operation. The write's idem.Request takes HeaderApprovalID (Takes).
 func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
-	if !required {
-		return nil
-	}
-	return s.GuardWhen(c, func(context.Context, *gorm.DB) (bool, error) { return true, nil })
+	return s.GuardWhen(c, func(context.Context, *gorm.DB) (bool, error) { return required, nil })
 }
 
 // GuardWhen is Guard for a write whose need of approval depends on what is stored (a running total of
 // refunds): needed runs first, in the claim transaction, where it can lock what it reads, so the decision and
-// the write see the same state.
+// the write see the same state. An Approval-Id sent is checked whether or not it is needed: one that cannot
+// apply to the request (unknown, of another request, of one that supersedes an operation this one does not)
+// is refused, never ignored.
 func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
 	id, supersedes := c.GetHeader(HeaderApprovalID), c.GetHeader(idem.HeaderSupersedes)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
-		if need, err := needed(ctx, tx); err != nil || !need {
+		need, err := needed(ctx, tx)
+		switch {
+		case err != nil:
 			return err
-		}
-		if id == "" {
+		case id != "":
+			return s.use(ctx, tx, op, fingerprint, id, supersedes, false)
+		case need:
 			return problem.New(problem.CodeApprovalRequired,
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
 		}
-		return s.use(ctx, tx, op, fingerprint, id, supersedes, false)
+		return nil
 	}
 }
 

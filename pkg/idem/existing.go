@@ -3,11 +3,15 @@ package idem
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -39,17 +43,29 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 	if err != nil {
 		return h.fail(a.op.Kind, err)
 	}
-	v := verdictBadLineage
-	if refusal == nil {
-		v, s = h.decide(ctx, a, s, header)
+	if refusal != nil {
+		return h.refuseLineage(ctx, a, s.operationID, refusal)
+	}
+	v, s := h.decide(ctx, a, s, header)
+	for v == verdictUnknown {
+		ans, settled := h.unknown(ctx, a, s.operationID)
+		if !settled {
+			return ans
+		}
+		// Settled since its key was read: decided again from the key as it is now, without waiting.
+		latest, found, err := h.readKey(ctx, a.op.AccountID, a.key)
+		if err == nil && !found {
+			err = fmt.Errorf("%w: the key was settled and gone before it could be read", problem.ErrStoreUnavailable)
+		}
+		if err != nil {
+			return h.fail(a.op.Kind, err)
+		}
+		v, s = h.decide(ctx, a, latest, nil)
 	}
 	opID, state, status := s.operationID, s.opState, v.status
 	var extra map[string]any
 	var ans Answer
 	switch v {
-	case verdictBadLineage:
-		extra = map[string]any{"refusal": "unknown_retry_of"}
-		ans.Err = refusal
 	case verdictConflict:
 		extra = map[string]any{"prior_fingerprint": s.fingerprint}
 		ans.Err = problem.New(problem.CodeIdempotencyKeyReused,
@@ -72,16 +88,49 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 			Extensions: map[string]any{"operation_id": opID, "state": state},
 		}
 	}
-	h.observe(a.op.Kind, v.outcome)
 	h.init()
-	if err := h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, extra)); err != nil {
+	err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, extra))
+	switch {
+	case opstatus.AttemptUsed(err) && opID == a.op.ID:
+		// The attempt that claimed the operation, answering with what another worker stored, has its record
+		// already (the recovery worker's, when its lease ran out): this answer is told without an outcome, so the
+		// attempt is not numbered twice.
+		err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.lineage.identity(map[string]any{"status": status}))
+	case opstatus.AttemptUsed(err):
+		// A copy of this attempt (same Attempt-Id) was recorded first, after this one's check.
+		return h.refuseLineage(ctx, a, opID, attemptIDUsed())
+	}
+	if err != nil {
 		return Answer{Err: err}
 	}
-	if v == verdictUnknown {
-		// Read after the record, so the operation in the answer shows this attempt.
-		return h.unknown(ctx, a.op.AccountID, opID)
-	}
+	h.observe(a.op.Kind, v.outcome)
 	return ans
+}
+
+// refuseLineage records and answers a retry of operation opID refused for its lineage headers. Its record is an
+// attempt record, but for an attempt whose Attempt-Id the operation already has: that id stays the other
+// attempt's (operation_events_attempt), and the refused one's is kept as repeated_attempt_id.
+func (h *Handler) refuseLineage(ctx context.Context, a *attempt, opID string, r *lineageRefusal) Answer {
+	detail := a.record(attemptRefused, verdictBadLineage.status, map[string]any{"refusal": r.reason})
+	repeated := func() {
+		detail["repeated_attempt_id"] = detail["attempt_id"]
+		delete(detail, "attempt_id")
+	}
+	if r.reason == refusalAttemptIDUsed {
+		repeated()
+	}
+	h.init()
+	err := h.attempts.Append(ctx, a.op.AccountID, opID, verdictBadLineage.event, a.caller.Actor, detail)
+	if opstatus.AttemptUsed(err) {
+		// Refused for another header, with an Attempt-Id the operation has too.
+		repeated()
+		err = h.attempts.Append(ctx, a.op.AccountID, opID, verdictBadLineage.event, a.caller.Actor, detail)
+	}
+	if err != nil {
+		return Answer{Err: err}
+	}
+	h.observe(a.op.Kind, verdictBadLineage.outcome)
+	return Answer{Err: r.err}
 }
 
 // decide is the verdict on a, whose key is stored as s, and the key it was made on: after waiting (Prefer: wait)
@@ -145,25 +194,71 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 	return latest
 }
 
-// unknown is the 202 for an operation whose outcome is not known: the caller must not start a new action, but
-// ask GET /v1/operations/{id} (or retry with the same key) until it settles.
-func (h *Handler) unknown(ctx context.Context, accountID, opID string) Answer {
-	op, err := opstatus.Get(ctx, h.DB, accountID, opID)
-	if err != nil {
-		// Still unknown, only not readable now: the same answer without the operation's details.
-		return Answer{Err: problem.OutcomeUnknown(opID, err)}
+// unknown is the 202 for operation opID, whose outcome was not known when a's key was read: the caller must not
+// start a new action, but ask GET /v1/operations/{id} (or retry with the same key) until it settles. The attempt
+// is recorded and the operation read in one transaction that holds the operation against a settlement
+// (sql/share_operation.sql), so the operation in the answer is unknown and shows this attempt. settled reports
+// an operation no longer unknown: nothing was recorded or answered.
+func (h *Handler) unknown(ctx context.Context, a *attempt, opID string) (ans Answer, settled bool) {
+	op, settled, err := h.recordUnknown(ctx, a, opID, a.record(verdictUnknown.record, verdictUnknown.status, nil))
+	switch {
+	case opstatus.AttemptUsed(err) && opID == a.op.ID:
+		// The attempt that claimed it has its record already (the recovery worker's): told without an outcome.
+		op, settled, err = h.recordUnknown(ctx, a, opID, a.lineage.identity(map[string]any{"status": verdictUnknown.status}))
+	case opstatus.AttemptUsed(err):
+		return h.refuseLineage(ctx, a, opID, attemptIDUsed()), false
 	}
+	switch {
+	case err != nil:
+		// Still unknown, only not recorded now: the same answer without the operation's details.
+		h.observe(a.op.Kind, OutcomeUnknown)
+		return Answer{Err: problem.OutcomeUnknown(opID, err)}, false
+	case settled:
+		return Answer{}, true
+	}
+	h.observe(a.op.Kind, verdictUnknown.outcome)
+	return unknownAnswer(op), false
+}
+
+// unknownAnswer is the 202 that sends op, read unknown in the transaction that recorded the attempt answered.
+func unknownAnswer(op opstatus.Operation) Answer {
 	// The operation itself, and operation_id as the contract names it in every answer about an operation.
 	body, err := json.Marshal(struct {
 		opstatus.Operation
 		OperationID string `json:"operation_id"`
-	}{op, opID})
+	}{op, op.ID})
 	if err != nil {
 		return Answer{Err: err}
 	}
-	header := http.Header{HeaderOperationID: {opID}, "Location": {"/v1/operations/" + opID}, "Retry-After": {"5"},
+	header := http.Header{HeaderOperationID: {op.ID}, "Location": {"/v1/operations/" + op.ID}, "Retry-After": {"5"},
 		"Content-Type": {"application/json"}}
 	return Answer{Status: http.StatusAccepted, Header: header, Body: body}
+}
+
+// recordUnknown appends detail, a's record, to operation opID and reads the operation, in one transaction that
+// holds its row; unless the operation is no longer unknown (settled).
+func (h *Handler) recordUnknown(ctx context.Context, a *attempt, opID string, detail map[string]any) (op opstatus.Operation, settled bool, err error) {
+	tx, err := database.Begin(ctx, h.DB)
+	if err != nil {
+		return op, false, err
+	}
+	defer tx.Close()
+	var state opstatus.State
+	b := &pgx.Batch{}
+	b.Queue(shareOperationSQL, a.op.AccountID, opID).QueryRow(func(row pgx.Row) error { return row.Scan(&state) })
+	if err := tx.Send(ctx, b); err != nil {
+		return op, false, fmt.Errorf("idem: unknown: %w", err)
+	}
+	if state != opstatus.StateUnknown {
+		return op, true, nil
+	}
+	if err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, opID, verdictUnknown.event, a.caller.Actor, detail); err != nil {
+		return op, false, err
+	}
+	if op, err = opstatus.Get(ctx, tx.Gorm(), a.op.AccountID, opID); err != nil {
+		return op, false, err
+	}
+	return op, false, tx.Commit(ctx, nil)
 }
 
 // preferWait parses `Prefer: wait=N` (RFC 7240), capped at MaxWait.

@@ -89,9 +89,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	outcome, callErr := steps.Call(ctx, a.op)
 	failpoint.Hit(FailpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
-		h.observe(req.Kind, OutcomeUnknown)
-		h.markUnknown(ctx, a, callErr)
-		return h.unknown(ctx, a.op.AccountID, a.op.ID)
+		return h.markUnknown(ctx, a, callErr)
 	}
 	resp, err := h.settle(ctx, a, opstatus.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
 		return steps.Record(ctx, tx, a.op, outcome, callErr)
@@ -266,17 +264,49 @@ func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor strin
 	return err
 }
 
-func (h *Handler) markUnknown(ctx context.Context, a *attempt, cause error) {
+// markUnknown records that a's call ended without a definite answer, moving its operation from running to
+// unknown with a's attempt record, and answers 202 with the operation read in that transaction. An operation
+// another worker moved first (the recovery worker, when the lease ran out) is answered from its key as it is now.
+func (h *Handler) markUnknown(ctx context.Context, a *attempt, cause error) Answer {
 	// The record carries a reason from a fixed list; the error's own words go to the log only.
 	h.log().InfoContext(ctx, "outcome unknown", "operation_id", a.op.ID, "error", cause.Error())
-	_, err := opstatus.Transition(ctx, h.DB, a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
+	op, moved, err := h.moveUnknown(ctx, a)
+	switch {
+	case err != nil:
+		// The lease still runs out and the recovery worker marks it unknown then.
+		h.log().WarnContext(ctx, "operation not marked unknown", "operation_id", a.op.ID, "error", err.Error())
+		h.observe(a.op.Kind, OutcomeUnknown)
+		return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
+	case !moved:
+		s, found, err := h.readKey(ctx, a.op.AccountID, a.key)
+		if err != nil || !found {
+			h.observe(a.op.Kind, OutcomeUnknown)
+			return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
+		}
+		return h.existing(ctx, a, s, nil)
+	}
+	h.observe(a.op.Kind, OutcomeUnknown)
+	return unknownAnswer(op)
+}
+
+// moveUnknown is markUnknown's transaction: the move, then the operation read while the move holds its row.
+func (h *Handler) moveUnknown(ctx context.Context, a *attempt) (op opstatus.Operation, moved bool, err error) {
+	tx, err := database.Begin(ctx, h.DB)
+	if err != nil {
+		return op, false, err
+	}
+	defer tx.Close()
+	moved, err = opstatus.Transition(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
 		opstatus.From(opstatus.StateRunning),
 		opstatus.WithEvent(opstatus.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
 			map[string]any{"reason": opstatus.ReasonNoDefiniteAnswer})))
-	if err != nil {
-		// The lease still runs out and the recovery worker marks it unknown then.
-		h.log().WarnContext(ctx, "operation not marked unknown", "operation_id", a.op.ID, "error", err.Error())
+	if err != nil || !moved {
+		return op, false, err
 	}
+	if op, err = opstatus.Get(ctx, tx.Gorm(), a.op.AccountID, a.op.ID); err != nil {
+		return op, false, err
+	}
+	return op, true, tx.Commit(ctx, nil)
 }
 
 // ReasonOwnerGone is the reason of the not_sent event of a claim released because its owner is gone.

@@ -55,6 +55,9 @@ type Request struct {
 	// request, shown that operation (package approval). Unset or false, the write is refused 409
 	// superseded_operation_unknown; an error refuses it with that error.
 	SupersedeUnknown func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error)
+	// Takes names the headers of those only some writes take (HeaderApprovalID, HeaderRemediates) that this one
+	// reads. A request carrying another of them is refused before its key is read.
+	Takes []string
 }
 
 // Result is the answer to store and send.
@@ -252,6 +255,9 @@ func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim fun
 		return refuse(err)
 	}
 	lin, err := parseLineage(call.Header, call.AttemptID)
+	if err == nil {
+		err = checkTakes(call.Header, req.Takes)
+	}
 	if err != nil {
 		return refuse(err)
 	}

@@ -87,6 +87,8 @@ var (
 	supersededSQL string
 	//go:embed sql/claimed_supersedes.sql
 	claimedSupersedesSQL string
+	//go:embed sql/share_operation.sql
+	shareOperationSQL string
 )
 
 // stored is a claimed key as read back.

@@ -25,6 +25,30 @@ const (
 	HeaderSupersedes  = "Supersedes-Operation-Id"
 )
 
+// Headers that only some writes take, each where its Request says so (Request.Takes): Approval-Id on a write
+// that takes approvals (package approval), Remediates-Operation-Id on a payments refund. Sent to another write
+// they are refused before its key is read, never dropped (checkTakes).
+const (
+	HeaderApprovalID = "Approval-Id"
+	HeaderRemediates = "Remediates-Operation-Id"
+)
+
+// checkTakes refuses a header of a write that does not take it: an Approval-Id is an approval that cannot
+// apply, 403 approval_invalid as the contract answers an unknown one; another is 400 invalid_request naming it.
+func checkTakes(h http.Header, takes []string) error {
+	if vs := h.Values(HeaderApprovalID); len(vs) > 0 && !slices.Contains(takes, HeaderApprovalID) {
+		err := problem.New(problem.CodeApprovalInvalid, "this write takes no approval: the %s header cannot apply to it", HeaderApprovalID)
+		if len(vs) == 1 && httpserver.ValidID(vs[0]) {
+			err = err.With("approval_id", vs[0])
+		}
+		return err
+	}
+	if len(h.Values(HeaderRemediates)) > 0 && !slices.Contains(takes, HeaderRemediates) {
+		return headerProblem(HeaderRemediates, "cannot apply to this write: only a payments refund corrects an operation")
+	}
+	return nil
+}
+
 // RetryReasons is the fixed list a Retry-Reason must come from: reasons that can be grouped and checked, never
 // an agent's free-text explanation.
 var RetryReasons = []string{
@@ -43,9 +67,11 @@ const (
 	attemptRefused          = "refused"           // refused after the key was found (a bad Retry-Of), or a stored failure
 )
 
-// lineage is what an attempt says about itself.
+// lineage is what an attempt says about itself. attemptSent: the caller sent its attempt id (Attempt-Id), which
+// may then repeat one the operation has; an id the server made is new.
 type lineage struct {
 	attempt     string
+	attemptSent bool
 	agentRun    string
 	retryOf     string
 	retryReason string
@@ -63,7 +89,7 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 	if attemptID == "" {
 		attemptID = httpserver.AttemptIDOf(h)
 	}
-	l := lineage{attempt: attemptID, start: time.Now()}
+	l := lineage{attempt: attemptID, attemptSent: len(h.Values(httpserver.HeaderAttemptID)) > 0, start: time.Now()}
 	for _, f := range []struct {
 		name  string
 		dst   *string
@@ -168,15 +194,39 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 				With("operation_id", a.lineage.supersedes).With("state", state)
 		}
 	}
-	return opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
+	err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
 		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})
+	if problem.IsUniqueViolation(err, "operation_events_successor") {
+		// Another operation superseded it after this one looked (operation_events_successor): it committed first.
+		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
+	}
+	return err
+}
+
+// Why a retry's lineage headers were refused: the refusal of its record.
+const (
+	refusalUnknownRetryOf     = "unknown_retry_of"
+	refusalAttemptIDUsed      = "attempt_id_used"
+	refusalSupersedesMismatch = "supersedes_mismatch"
+)
+
+// lineageRefusal is a retry refused for its lineage headers: the problem to answer and why, for its record.
+type lineageRefusal struct {
+	err    error
+	reason string
 }
 
 // checkRetry checks the lineage headers of a request whose key found operation opID: Supersedes-Operation-Id
 // must repeat what the operation's claim said (a header that cannot apply is refused, not dropped); the attempt
-// Retry-Of names must be a recorded attempt of that operation, not this one, and this attempt's id new to it.
-// A refusal is a 400 naming the header. A request with neither header is not checked.
-func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (refusal error, err error) {
+// Retry-Of names must be an attempt of that operation, recorded or still running (its claim), not this one; and
+// an Attempt-Id the caller sent must be new to the operation. A refusal is a 400 naming the header. A request
+// with none of these headers is not checked.
+func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lineageRefusal, error) {
+	if opID == a.op.ID {
+		// The attempt that claimed the operation, answered from its key (another worker settled it first): its
+		// lineage was checked at its claim, and its attempt id is its own.
+		return nil, nil
+	}
 	if a.lineage.supersedes != "" {
 		var claimed string
 		b := &pgx.Batch{}
@@ -185,14 +235,15 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (refu
 			return nil, fmt.Errorf("idem: supersedes: %w", err)
 		}
 		if claimed != a.lineage.supersedes {
-			return headerProblem(HeaderSupersedes, "cannot apply: this Idempotency-Key's operation exists and did not supersede that operation"), nil
+			return &lineageRefusal{headerProblem(HeaderSupersedes, "cannot apply: this Idempotency-Key's operation exists and did not supersede that operation"),
+				refusalSupersedesMismatch}, nil
 		}
 	}
-	if a.lineage.retryOf == "" {
-		return nil, nil
+	if a.lineage.retryOf != "" && a.lineage.retryOf == a.lineage.attempt {
+		return &lineageRefusal{headerProblem(HeaderRetryOf, "names this attempt itself"), refusalUnknownRetryOf}, nil
 	}
-	if a.lineage.retryOf == a.lineage.attempt {
-		return headerProblem(HeaderRetryOf, "names this attempt itself"), nil
+	if a.lineage.retryOf == "" && !a.lineage.attemptSent {
+		return nil, nil
 	}
 	var parentKnown, attemptUsed bool
 	b := &pgx.Batch{}
@@ -203,12 +254,17 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (refu
 		return nil, fmt.Errorf("idem: retry-of: %w", err)
 	}
 	switch {
-	case !parentKnown:
-		return headerProblem(HeaderRetryOf, "names no earlier attempt of this operation"), nil
+	case a.lineage.retryOf != "" && !parentKnown:
+		return &lineageRefusal{headerProblem(HeaderRetryOf, "names no earlier attempt of this operation"), refusalUnknownRetryOf}, nil
 	case attemptUsed:
-		return headerProblem(httpserver.HeaderAttemptID, "was already used by another attempt of this operation"), nil
+		return attemptIDUsed(), nil
 	}
 	return nil, nil
+}
+
+// attemptIDUsed is the refusal of an attempt whose Attempt-Id the operation already has.
+func attemptIDUsed() *lineageRefusal {
+	return &lineageRefusal{headerProblem(httpserver.HeaderAttemptID, "was already used by another attempt of this operation"), refusalAttemptIDUsed}
 }
 
 // claimDetail is the detail of the claimed event.

@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -44,10 +45,12 @@ func TestNetHTTPAdapter(t *testing.T) {
 	anonymous := httptest.NewServer(mux)
 	t.Cleanup(anonymous.Close)
 
+	attempts := 0
 	send := func(base, path, key string) answer {
 		req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(`{}`))
 		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("Attempt-Id", "att_http_"+key+path[len(path)-2:])
+		attempts++ // an attempt id names one attempt: a retry sends its own
+		req.Header.Set("Attempt-Id", fmt.Sprintf("att_http_%s%s_%d", key, path[len(path)-2:], attempts))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return answer{err: err}
@@ -59,7 +62,7 @@ func TestNetHTTPAdapter(t *testing.T) {
 	first := send(named.URL, "/v1/things/a/marks", "k1")
 	again := send(named.URL, "/v1/things/a/marks", "k1")
 	other := send(named.URL, "/v1/things/b/marks", "k1")
-	if first.status != http.StatusCreated || first.header.Get("Attempt-Id") != "att_http_k1ks" {
+	if first.status != http.StatusCreated || first.header.Get("Attempt-Id") != "att_http_k1ks_1" {
 		t.Fatalf("first: %d %v %s", first.status, first.header, first.body)
 	}
 	if again.status != http.StatusCreated || again.body != first.body || again.header.Get(idem.HeaderReplayed) != "true" {

@@ -8,15 +8,15 @@ type GroupEvent struct {
 	Detail                     any
 }
 
-// AppendGroup writes events as one group, as concurrent Appends that arrived together are written.
-func (g *GroupAppender) AppendGroup(ctx context.Context, events []GroupEvent) error {
+// AppendGroup writes events as one group, as concurrent Appends that arrived together are written, and returns
+// what each Append would return besides the group's error (a repeated attempt id's refusal).
+func (g *GroupAppender) AppendGroup(ctx context.Context, events []GroupEvent) ([]error, error) {
 	group := make([]groupItem, len(events))
 	for i, e := range events {
 		var err error
 		if group[i], err = newGroupItem(e.AccountID, e.ID, e.Type, e.Actor, e.Detail); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	_, err := g.insert(ctx, group)
-	return err
+	return g.insert(ctx, group)
 }

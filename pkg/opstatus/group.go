@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
+	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // GroupAppender appends events durably, and concurrent appends together (package batch): one INSERT and one
@@ -28,7 +29,7 @@ type GroupAppender struct {
 	Lanes int
 
 	once    sync.Once
-	batcher *batch.Batcher[groupItem, struct{}]
+	batcher *batch.Batcher[groupItem, error]
 }
 
 type groupItem struct {
@@ -37,17 +38,21 @@ type groupItem struct {
 }
 
 // Append adds an event to operation id of account, committed (with synchronous_commit on) when it returns nil.
-// The operation must exist: the foreign key refuses the whole group otherwise.
+// The operation must exist: the foreign key refuses the whole group otherwise. An attempt record whose attempt id
+// the operation already has a record of is refused alone, with an error matching AttemptUsed.
 func (g *GroupAppender) Append(ctx context.Context, accountID, id, eventType, actor string, detail any) error {
 	it, err := newGroupItem(accountID, id, eventType, actor, detail)
 	if err != nil {
 		return err
 	}
 	g.once.Do(func() {
-		g.batcher = &batch.Batcher[groupItem, struct{}]{Run: g.insert, Max: g.MaxGroup, Lanes: g.Lanes}
+		g.batcher = &batch.Batcher[groupItem, error]{Run: g.insert, Max: g.MaxGroup, Lanes: g.Lanes}
 	})
-	_, err = g.batcher.Do(ctx, id, it)
-	return err
+	refused, err := g.batcher.Do(ctx, id, it)
+	if err != nil {
+		return err
+	}
+	return refused
 }
 
 func newGroupItem(accountID, id, eventType, actor string, detail any) (groupItem, error) {
@@ -61,7 +66,32 @@ func newGroupItem(accountID, id, eventType, actor string, detail any) (groupItem
 	return groupItem{accountID: accountID, id: id, eventType: eventType, actor: actor, detail: raw}, nil
 }
 
-func (g *GroupAppender) insert(ctx context.Context, group []groupItem) ([]struct{}, error) {
+// insert writes group in one statement and returns, per item, nil. When an attempt record repeats an attempt id
+// (operation_events_attempt), which refuses the whole statement, each item goes alone, so only the repeat is
+// refused: its error is its result.
+func (g *GroupAppender) insert(ctx context.Context, group []groupItem) ([]error, error) {
+	err := g.insertRows(ctx, group)
+	if len(group) == 1 || !AttemptUsed(err) {
+		return make([]error, len(group)), err
+	}
+	refused := make([]error, len(group))
+	for i := range group {
+		if err := g.insertRows(ctx, group[i:i+1]); AttemptUsed(err) {
+			refused[i] = err
+		} else if err != nil {
+			return nil, err
+		}
+	}
+	return refused, nil
+}
+
+// AttemptUsed reports whether err is the refusal of an attempt record whose attempt id its operation already
+// has a record of (the unique index operation_events_attempt).
+func AttemptUsed(err error) bool {
+	return problem.IsUniqueViolation(err, "operation_events_attempt")
+}
+
+func (g *GroupAppender) insertRows(ctx context.Context, group []groupItem) error {
 	accounts, ids, types, actors, details := make([]string, len(group)), make([]string, len(group)), make([]string, len(group)),
 		make([]string, len(group)), make([]string, len(group))
 	for i, it := range group {
@@ -80,9 +110,9 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORD
 ORDER BY v.ord`, accounts, ids, types, actors, details)
 	if err != nil {
 		if len(group) == 1 {
-			return nil, fmt.Errorf("opstatus: append to %s: %w", group[0].id, err)
+			return fmt.Errorf("opstatus: append to %s: %w", group[0].id, err)
 		}
-		return nil, fmt.Errorf("opstatus: append %d events to %s and others: %w", len(group), group[0].id, err)
+		return fmt.Errorf("opstatus: append %d events to %s and others: %w", len(group), group[0].id, err)
 	}
-	return make([]struct{}, len(group)), nil
+	return nil
 }

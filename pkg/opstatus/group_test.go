@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,10 +14,13 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
-// attemptDetail is the detail of an attempt record (audit.IsAttempt); evidence is one of an event that is not.
-func attemptDetail(n int) map[string]any {
-	return map[string]any{"attempt_id": fmt.Sprintf("att_%d", n), "outcome": "replayed", "status": 201}
+// attemptDetail is the detail of an attempt record (audit.IsAttempt), of an attempt id never used before (an
+// operation has one record per attempt id); evidence is one of an event that is not.
+func attemptDetail() map[string]any {
+	return map[string]any{"attempt_id": fmt.Sprintf("att_%d", attemptIDs.Add(1)), "outcome": "replayed", "status": 201}
 }
+
+var attemptIDs atomic.Int64
 
 func evidence(n int) map[string]any { return map[string]any{"evidence": n} }
 
@@ -36,7 +40,7 @@ func appendConcurrently(ctx context.Context, g *opstatus.GroupAppender, ops []op
 				if i%3 == 2 {
 					detail = evidence(i)
 				} else {
-					detail = attemptDetail(i)
+					detail = attemptDetail()
 				}
 				errs <- g.Append(ctx, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", detail)
 			}()
@@ -96,7 +100,7 @@ func TestGroupAppenderConcurrentAppends(t *testing.T) {
 	for range 6 {
 		op := create(t, db, opstatus.StateSucceeded, nil)
 		// An attempt written alone: the group's numbering continues from it.
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", attemptDetail(0)); err != nil {
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", attemptDetail()); err != nil {
 			t.Fatal(err)
 		}
 		ops = append(ops, op)
@@ -106,7 +110,7 @@ func TestGroupAppenderConcurrentAppends(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, op := range ops {
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", attemptDetail(99)); err != nil {
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", attemptDetail()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -146,11 +150,11 @@ func TestTwoGroupAppendersShareOperations(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for range singleStatements {
+		for i := range singleStatements {
 			// A record on every operation, in one statement.
 			_, err := db.Statement.ConnPool.ExecContext(ctx, `INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-SELECT v.id, v.account_id, 'replayed', 'agent:b', '{"attempt_id": "att_b", "outcome": "replayed"}'
-FROM unnest($1::text[], $2::text[]) AS v(account_id, id) ORDER BY v.id COLLATE "C"`, accounts, ids)
+SELECT v.id, v.account_id, 'replayed', 'agent:b', jsonb_build_object('attempt_id', 'att_b' || $3::text, 'outcome', 'replayed')
+FROM unnest($1::text[], $2::text[]) AS v(account_id, id) ORDER BY v.id COLLATE "C"`, accounts, ids, fmt.Sprint(i))
 			if err != nil {
 				errs[len(replicas)] = err
 				return
@@ -188,11 +192,11 @@ func TestGroupWithUnknownOperationWritesNothing(t *testing.T) {
 	before := state()
 	g := &opstatus.GroupAppender{DB: db.DB}
 	for _, ghost := range []opstatus.GroupEvent{
-		{AccountID: a.AccountID, ID: "op_missing", Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail(1)},
-		{AccountID: "acct_other", ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail(1)},
+		{AccountID: a.AccountID, ID: "op_missing", Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
+		{AccountID: "acct_other", ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
 	} {
-		err := g.AppendGroup(ctx, []opstatus.GroupEvent{
-			{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail(1)},
+		_, err := g.AppendGroup(ctx, []opstatus.GroupEvent{
+			{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
 			ghost,
 			{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: evidence(1)},
 		})
@@ -204,8 +208,8 @@ func TestGroupWithUnknownOperationWritesNothing(t *testing.T) {
 		}
 	}
 	// The same group without the ghost is written.
-	err := g.AppendGroup(ctx, []opstatus.GroupEvent{
-		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail(1)},
+	_, err := g.AppendGroup(ctx, []opstatus.GroupEvent{
+		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
 		{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: evidence(1)},
 	})
 	if err != nil {
@@ -213,4 +217,41 @@ func TestGroupWithUnknownOperationWritesNothing(t *testing.T) {
 	}
 	checkHistory(t, db.DB, a, 2)
 	checkHistory(t, db.DB, b, 2)
+}
+
+// TestGroupRefusesARepeatedAttemptAlone: the database keeps one attempt record per attempt id and operation
+// (operation_events_attempt). A group in which one record repeats an attempt id (of the group, or one recorded
+// before) writes the others, and refuses only the repeats, with AttemptUsed. An event that is not an attempt
+// record may name the id again.
+func TestGroupRefusesARepeatedAttemptAlone(t *testing.T) {
+	t.Parallel()
+	db := testdb.Schema(t)
+	ctx := context.Background()
+	a, b := create(t, db, opstatus.StateSucceeded, nil), create(t, db, opstatus.StateSucceeded, nil)
+	first := attemptDetail()
+	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstatus.EventReplayed, "agent:a", first); err != nil {
+		t.Fatal(err)
+	}
+	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstatus.EventReplayed, "agent:a", first); !opstatus.AttemptUsed(err) {
+		t.Fatalf("a second record of %v: %v; want AttemptUsed", first["attempt_id"], err)
+	}
+	again := attemptDetail()
+	g := &opstatus.GroupAppender{DB: db.DB}
+	refused, err := g.AppendGroup(ctx, []opstatus.GroupEvent{
+		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: first},
+		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: again},
+		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: again},
+		{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: first}, // another operation
+		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventSuperseded, Actor: "agent:a", Detail: map[string]any{"attempt_id": first["attempt_id"]}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false, true, false, false} {
+		if opstatus.AttemptUsed(refused[i]) != want || (!want && refused[i] != nil) {
+			t.Errorf("event %d: %v; want refused %v", i, refused[i], want)
+		}
+	}
+	checkHistory(t, db.DB, a, 1+1+1+1) // claimed, first, again, the superseded event
+	checkHistory(t, db.DB, b, 1+1)
 }

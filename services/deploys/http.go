@@ -57,7 +57,8 @@ func (s *Server) createDeploy(c *gin.Context) {
 	account := auth.From(c).AccountID
 	needsApproval, approvalID := s.needsApproval(cmd.Environment), c.GetHeader(approval.HeaderApprovalID)
 	guard := s.Approvals.Guard(c, needsApproval)
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c)},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c),
+		Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			version := cmd.ExpectedEnvironmentVersion
 			if version == nil && needsApproval {
@@ -93,7 +94,8 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 		return
 	}
 	guard := s.Approvals.Guard(c, s.needsApproval(of.Environment))
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c)},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c),
+		Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			plan, err := s.Store.RollbackPlan(ctx, tx, account, id)
 			if err != nil {

@@ -202,7 +202,7 @@ func (s *Server) capture(c *gin.Context) {
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{
 		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
-		SupersedeUnknown: s.approvals.SupersedeUnknown(c),
+		SupersedeUnknown: s.approvals.SupersedeUnknown(c), Takes: []string{approval.HeaderApprovalID},
 	}, idem.ExternalSteps[provider.Capture]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
@@ -306,6 +306,7 @@ func (s *Server) createRefund(c *gin.Context) {
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{
 		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed), SupersedeUnknown: s.approvals.SupersedeUnknown(c),
+		Takes: []string{approval.HeaderApprovalID, HeaderRemediates},
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			reserve := s.cfg.Store.ReserveRefund

@@ -69,6 +69,8 @@ func TestPayments(t *testing.T) {
 		{"PrunedKeysNeverRunTwice", testPrunedKeysNeverRunTwice},
 		{"KeyReusedAfterLifetime", testKeyReusedAfterLifetime},
 		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
+		{"RetryOfRunningCapture", testRetryOfRunningCapture},
+		{"HeadersThatCannotApply", testHeadersThatCannotApply},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -24,12 +24,14 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// HeaderRemediates names, on a refund, the duplicate_effect_confirmed capture it corrects.
-const HeaderRemediates = "Remediates-Operation-Id"
+// HeaderRemediates names, on a refund, the duplicate_effect_confirmed capture it corrects (a duplicated refund
+// is refused: duplicate_refund_not_refundable).
+const HeaderRemediates = idem.HeaderRemediates
 
 // Events of a correction: the corrected operation gets EventRemediatedBy (detail remediated_by), the
 // correction EventRemediates (detail remediates_operation_id). opstatus.GetTimeline shows both links.

@@ -63,8 +63,12 @@ func testSupersedeUnknownWithApproval(t *testing.T, h *harness) {
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 1})
 
 	b.approver.Post("/v1/approvals/"+named+"/approve", `{}`).Status(t, http.StatusOK)
-	// The approval is of a request that supersedes: sent without the header it authorizes nothing.
-	b.agent.Post(refunds, body, apitest.Key("ref-other"), apitest.Header("Approval-Id", named)).Status(t, http.StatusCreated)
+	// The approval is of a request that supersedes: sent without the header it cannot apply, and is refused.
+	r = b.agent.Post(refunds, body, apitest.Key("ref-other"), apitest.Header("Approval-Id", named)).Status(t, http.StatusForbidden)
+	if code(t, r) != "approval_invalid" {
+		t.Fatalf("the approval without the Supersedes-Operation-Id it names: %s; want approval_invalid", r.Body)
+	}
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 1})
 	var n int64
 	b.db.Raw(`SELECT count(*) FROM approvals WHERE id = ? AND used_by_operation_id IS NOT NULL`, named).Scan(&n)
 	if n != 0 {
@@ -72,7 +76,7 @@ func testSupersedeUnknownWithApproval(t *testing.T, h *harness) {
 	}
 	done := b.agent.Post(refunds, body, sup, apitest.Key("ref-new"), apitest.Header("Approval-Id", named)).Status(t, http.StatusCreated)
 	newOp := done.Header.Get(idem.HeaderOperationID)
-	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 3})
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 2})
 	b.db.Raw(`SELECT count(*) FROM approvals WHERE id = ? AND used_by_operation_id = ?`, named, newOp).Scan(&n)
 	if n != 1 {
 		t.Errorf("the approval is not marked used by %s", newOp)
@@ -87,5 +91,5 @@ func testSupersedeUnknownWithApproval(t *testing.T, h *harness) {
 	}
 	// A replay needs no approval again, and runs nothing.
 	b.agent.Post(refunds, body, sup, apitest.Key("ref-new")).Status(t, http.StatusCreated)
-	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 3})
+	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 2})
 }
