@@ -123,6 +123,7 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 	printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
 	printSafe(w, "  arguments   %s\n", op.Args)
 	printSafe(w, "  fingerprint sha256:%s\n", op.Fingerprint)
+	op.Command.writeIntent(w)
 	switch {
 	case op.IdempotencyKey != "" && op.KeyNamespace != "":
 		printSafe(w, "  key         %s (derived from namespace %s and the action id; journaled %s, before the first send)\n",
@@ -164,6 +165,7 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 			}
 		}
 		t += fmt.Sprintf("  budget left %d  run %s", at.BudgetLeft, at.RunID)
+		t += at.Command.text()
 		if at.ApprovalID != "" {
 			t += "  approval " + at.ApprovalID
 		}
@@ -190,6 +192,7 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 			if r.KeyExpiresAt != "" {
 				t += " key expires " + r.KeyExpiresAt
 			}
+			t += r.Command.text()
 			t += fmt.Sprintf(" in %dms", r.DurationMS)
 			lines = append(lines, line{r.At, t})
 		} else {
@@ -222,6 +225,7 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 				t += "  remote ref " + o.RemoteRef
 			}
 		}
+		t += o.Command.text()
 		if o.Detail != "" {
 			t += "  (" + o.Detail + ")"
 		}

@@ -58,16 +58,25 @@ type toolDef struct {
 	IdempotencyKey *bool           `json:"idempotency_key"`
 	Approval       bool            `json:"approval"`
 	InputSchema    json.RawMessage `json:"input_schema"`
+	// A command tool's (kind: command, command.go).
+	Host    string   `json:"host"`
+	Family  Family   `json:"family"`
+	Command string   `json:"command"`
+	Check   string   `json:"check"`
+	Workdir string   `json:"workdir"`
+	Secrets []string `json:"secrets"`
 }
 
 type toolsFile struct {
 	Services map[string]*ServiceDef `json:"services"`
+	Hosts    map[string]*HostDef    `json:"hosts"`
 	Tools    []toolDef              `json:"tools"`
 }
 
 // Catalog is the tools an agent offers and the services they write to, from one tools file.
 type Catalog struct {
 	services map[string]*ServiceDef
+	hosts    map[string]*HostDef
 	tools    map[string]Tool
 	names    []string
 }
@@ -156,6 +165,9 @@ func ParseTools(raw []byte) (*Catalog, error) {
 		}
 		s.Name = name
 		c.services[name] = s
+	}
+	if err := c.addHosts(f.Hosts); err != nil {
+		return nil, err
 	}
 	if len(f.Tools) == 0 {
 		return nil, fmt.Errorf("%w: no tools", ErrToolsFile)
@@ -270,6 +282,9 @@ func (c *Catalog) tool(d toolDef) (Tool, error) {
 	if !toolNameRE.MatchString(d.Name) || slices.Contains(reservedTools, d.Name) {
 		return Tool{}, fmt.Errorf("a tool name is 1 to 64 lower case letters, digits and _, starting with a letter, and not one of %v", reservedTools)
 	}
+	if d.Kind == "command" {
+		return c.commandTool(d)
+	}
 	t := Tool{Name: d.Name, Summary: strings.TrimSpace(d.Summary), Service: d.Service, Method: strings.ToUpper(d.Method),
 		Route: d.Path, Mode: d.RetryMode, Approval: d.Approval}
 	if t.Summary == "" {
@@ -317,7 +332,7 @@ func (c *Catalog) tool(d toolDef) (Tool, error) {
 		}
 		t.ApprovalRequest = true
 	default:
-		return Tool{}, fmt.Errorf("kind %q: want request (the default) or request_approval", d.Kind)
+		return Tool{}, fmt.Errorf("kind %q: want request (the default), request_approval or command", d.Kind)
 	}
 	if err := t.compile(d.InputSchema); err != nil {
 		return Tool{}, err
