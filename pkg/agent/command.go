@@ -331,14 +331,6 @@ func (t Tool) Rule() string {
 	return t.Mode.Rule()
 }
 
-// RetryWord names the tool's retry rule: its family for a command tool, its retry mode otherwise.
-func (t Tool) RetryWord() string {
-	if t.Command != nil {
-		return "command family " + string(t.Command.Family)
-	}
-	return "retry mode " + string(t.Mode)
-}
-
 // host returns the host named alias.
 func (c *Catalog) host(alias string) (*HostDef, bool) {
 	h, ok := c.hosts[alias]

@@ -20,8 +20,8 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"hash"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -269,7 +269,10 @@ func ParseStatus(stderr []byte) (Status, []byte, bool) {
 	if i < 0 {
 		return Status{}, stderr, false
 	}
-	line := bytes.TrimSpace(stderr[i+1+len(StatusPrefix):])
+	line := stderr[i+1+len(StatusPrefix):]
+	if j := bytes.IndexByte(line, '\n'); j >= 0 {
+		line = line[:j]
+	}
 	var st Status
 	if err := json.Unmarshal(line, &st); err != nil || st.State == "" {
 		return Status{}, stderr, false
