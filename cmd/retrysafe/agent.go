@@ -250,8 +250,8 @@ func agentConfig(getenv func(string) string, command string, lockWait time.Durat
 	cfg := agent.Config{
 		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
 		Namespace: getenv("AGENT_NAMESPACE"), Getenv: getenv,
-		Hook:      func(point string) { failpoint.Hit("agent." + point) },
-		Warn:      func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
+		Hook: func(point string) { failpoint.Hit("agent." + point) },
+		Warn: func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
 	}
 	if v := getenv("AGENT_BUDGET"); v != "" {
 		n, err := strconv.Atoi(v)
