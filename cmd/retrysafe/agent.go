@@ -34,7 +34,7 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (de
                             --tools FILE, the variables its services name (base_url_env)
   AGENT_API_KEY             the bearer key requests carry (never written to the journal); not needed when every
                             tool of --tools FILE is a command tool
-  and the variables a tools file's hosts and command tools name (address_env, identity_file_env, secrets):
+  with --tools FILE, the variables its hosts and command tools name (address_env, identity_file_env, secrets);
                             a secret reaches the host on the command's standard input, never the journal
   AGENT_NAMESPACE           what idempotency keys are derived from, with the action id (default: the key id of
                             AGENT_API_KEY); agents given one action in one namespace send one key, so it runs once
@@ -249,9 +249,10 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 func agentConfig(getenv func(string) string, command string, lockWait time.Duration) (agent.Config, error) {
 	cfg := agent.Config{
 		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
-		Namespace: getenv("AGENT_NAMESPACE"), Getenv: getenv,
-		Hook: func(point string) { failpoint.Hit("agent." + point) },
-		Warn: func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
+		Namespace: getenv("AGENT_NAMESPACE"),
+		Getenv:    getenv,
+		Hook:      func(point string) { failpoint.Hit("agent." + point) },
+		Warn:      func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
 	}
 	if v := getenv("AGENT_BUDGET"); v != "" {
 		n, err := strconv.Atoi(v)
