@@ -444,3 +444,41 @@ func TestCommandToolsFileRefusals(t *testing.T) {
 		}
 	}
 }
+
+// An agent that stops after the command was sent, before it journaled the end, leaves an attempt without its
+// end: resume takes the command as started, and an effect goes to a person instead of running again.
+func TestCommandAgentStoppedAfterSendIsStarted(t *testing.T) {
+	b := setupCommands(t, nil, false)
+	a, err := agent.Open(b.journal, agent.Config{Tools: b.tools, Getenv: func(k string) string { return b.env[k] },
+		Hook: func(point string) {
+			if point == "after_send" {
+				panic("stopped after send")
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the agent did not stop at after_send")
+			}
+		}()
+		_, _ = a.Do(t.Context(), "ledger-5", "append_line", json.RawMessage(`{"line":"z"}`), agent.DoOptions{})
+	}()
+	a.Close()
+	if n := len(b.records(t, agent.RecAttemptFinished)); n != 0 {
+		t.Fatalf("%d attempt_finished records, want none", n)
+	}
+	results, err := b.open(t).Resume(t.Context())
+	if err != nil || len(results) != 1 || results[0].State != agent.StateNeedsHuman || results[0].Code != agent.CodeCommandUnknown {
+		t.Fatalf("resume: %v %+v", err, results)
+	}
+	if n := b.srv.execs.Load(); n != 1 {
+		t.Fatalf("the host got %d exec requests, want 1", n)
+	}
+	obs := b.records(t, agent.RecObservation)
+	if len(obs) != 1 || obs[0]["kind"] != agent.ObsInterrupted {
+		t.Fatalf("observations %v, want attempt_interrupted", obs)
+	}
+}
