@@ -101,7 +101,10 @@ func setupCommands(t *testing.T, lose func(n int) int, marker bool) *commandBund
 func (b *commandBundle) open(t *testing.T) *agent.Agent {
 	t.Helper()
 	a, err := agent.Open(b.journal, agent.Config{Tools: b.tools, Getenv: func(k string) string { return b.env[k] },
-		Budget: 4, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond, AttemptTimeout: 20 * time.Second})
+		Budget: 4, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond, AttemptTimeout: 20 * time.Second,
+		// The test's SSH server forks in this process: a child between fork and exec holds the journal's lock
+		// for a moment after the agent before this one let go.
+		LockWait: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
