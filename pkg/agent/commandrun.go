@@ -68,6 +68,15 @@ func (a *Agent) commandOperation(op *Operation, tool Tool, req request) {
 	}
 	op.Method, op.RouteTemplate, op.Path = "COMMAND", "host "+tool.Command.Host, ""
 	op.Command = tool.Command.intent(req, h, op.IdempotencyKey, account)
+	// The authority is what the agent logs in with: the identity file's reference, never the key.
+	switch {
+	case h.Local:
+		op.AuthorityRef = account
+	case h.IdentityFileEnv != "":
+		op.AuthorityRef = "env:" + h.IdentityFileEnv + " (identity file)"
+	default:
+		op.AuthorityRef = "file:" + h.IdentityFile
+	}
 }
 
 func localUser() string {
@@ -430,16 +439,13 @@ func (a *Agent) checkCommand(ctx context.Context, op *Operation) error {
 }
 
 // writeIntent prints a command operation's intent lines in its timeline.
-func (ci *CommandIntent) writeIntent(w io.Writer) {
+func (ci *CommandIntent) writeIntent(w io.Writer, op *Operation) {
 	if ci == nil {
 		return
 	}
-	account := ci.Account
-	if account == "" {
-		account = "-"
-	}
+	printSafe(w, "  intent      %s on host %s, family %s, budget %d\n", op.Tool, ci.Host, string(ci.Family), op.Budget)
 	printSafe(w, "  command     %s\n", ci.Display)
-	printSafe(w, "  host        %s  account %s  workdir %s  family %s\n", ci.Host, account, cmpOr(ci.Workdir, "-"), string(ci.Family))
+	printSafe(w, "  host        %s  account %s  workdir %s\n", ci.Host, cmpOr(ci.Account, "-"), cmpOr(ci.Workdir, "-"))
 	if ci.Check != "" {
 		printSafe(w, "  check       %s\n", ci.Check)
 	}

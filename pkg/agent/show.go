@@ -120,10 +120,12 @@ func (j *Journal) WriteSummary(w io.Writer) {
 // dispatch state, every observation (negative ones too), and how it ended.
 func (op *Operation) WriteTimeline(w io.Writer) {
 	printSafe(w, "operation %s  action %s  state %s\n", op.OperationID, strconv.Quote(op.ActionID), op.State())
-	printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
+	if op.Command == nil {
+		printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
+	}
+	op.Command.writeIntent(w, op)
 	printSafe(w, "  arguments   %s\n", op.Args)
 	printSafe(w, "  fingerprint sha256:%s\n", op.Fingerprint)
-	op.Command.writeIntent(w)
 	switch {
 	case op.IdempotencyKey != "" && op.KeyNamespace != "":
 		printSafe(w, "  key         %s (derived from namespace %s and the action id; journaled %s, before the first send)\n",
