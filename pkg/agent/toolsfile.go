@@ -121,6 +121,11 @@ var (
 // A tool of kind request_approval asks for a person's approval of another action (input for_action): it has no
 // service; its path (/v1/approvals) is a route of the target action's service, which must take approvals.
 //
+// A tool of kind command runs a command line on a host the file declares under hosts (SSH with a pinned host key
+// or a known_hosts file, or local: true): it has host, family (read, converge or effect), command, check (converge
+// only), workdir and secrets instead of service, method, path and retry_mode. See HostDef, CommandSpec and
+// docs/agents.md.
+//
 // ParseTools says what it refuses. The file must be a regular file (not a device or a pipe) of at most 1 MiB.
 func LoadTools(path string) (*Catalog, error) {
 	raw, err := readToolsFile(path)
