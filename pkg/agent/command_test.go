@@ -485,3 +485,62 @@ func TestCommandAgentStoppedAfterSendIsStarted(t *testing.T) {
 		t.Fatalf("observations %v, want attempt_interrupted", obs)
 	}
 }
+
+// An effect whose connection was lost after the host accepted it and before it ran: the retry reaches the
+// marker, which has no record of it, so it runs, once.
+func TestCommandEffectMarkerRunsWhatNeverRan(t *testing.T) {
+	b := setupCommands(t, first(cutBeforeRun), true)
+	res, err := b.open(t).Do(t.Context(), "ledger-6", "append_line", json.RawMessage(`{"line":"paid 60"}`), agent.DoOptions{})
+	if err != nil || res.State != agent.StateSucceeded || strings.Contains(string(res.Body), `"replayed":true`) {
+		t.Fatalf("%v %+v, want succeeded by a run the marker let through", err, res)
+	}
+	if n := b.lines(t, "ledger.txt"); n != 1 {
+		t.Fatalf("the ledger has %d lines, want 1", n)
+	}
+	fin := b.records(t, agent.RecAttemptFinished)
+	if m := fin[len(fin)-1]["command"].(map[string]any)["marker"].(map[string]any); m["state"] != "ran" {
+		t.Fatalf("marker %v, want ran", m)
+	}
+}
+
+// A host checked against a known_hosts file: its key there is accepted and journaled; another host's entry
+// under its address is not, and nothing is sent.
+func TestCommandKnownHosts(t *testing.T) {
+	b := setupCommands(t, nil, false)
+	other := startSSHServer(t, nil)
+	for _, tc := range []struct {
+		name  string
+		entry *sshServer
+		want  string
+	}{{"its key", b.srv, agent.StateSucceeded}, {"another key", other, agent.StateNeedsHuman}} {
+		t.Run(tc.name, func(t *testing.T) {
+			known := filepath.Join(t.TempDir(), "known_hosts")
+			if err := os.WriteFile(known, []byte(knownHostsLine(t, b.srv.addr, tc.entry)+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			c, err := agent.ParseTools(fmt.Appendf(nil, `hosts: {web: {address: %q, user: deploy, known_hosts: %s, identity_file: %s}}
+tools:
+  - {name: df, kind: command, summary: Read., host: web, family: read, command: "echo ok", input_schema: {type: object}}
+`, b.srv.addr, known, b.srv.identity))
+			if err != nil {
+				t.Fatal(err)
+			}
+			journal := filepath.Join(t.TempDir(), "j")
+			a, err := agent.Open(journal, agent.Config{Tools: c, Budget: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			execs := b.srv.execs.Load()
+			res, err := a.Do(t.Context(), "df-1", "df", nil, agent.DoOptions{})
+			if err != nil || res.State != tc.want {
+				t.Fatalf("%v %+v, want %s", err, res, tc.want)
+			}
+			raw, _ := os.ReadFile(journal)
+			hasKey := strings.Contains(string(raw), `"host_key":"`+b.srv.hostKey+`"`)
+			if sent := b.srv.execs.Load() - execs; hasKey != (tc.want == agent.StateSucceeded) || sent != map[bool]int32{true: 1, false: 0}[hasKey] {
+				t.Fatalf("host key journaled %v, %d exec requests sent", hasKey, sent)
+			}
+		})
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
 
 	"github.com/retrysafe/retrysafe/pkg/agent/opmarker"
 )
@@ -40,12 +41,13 @@ const (
 // sshServer is a real SSH server on 127.0.0.1 (golang.org/x/crypto/ssh) that runs every exec request with
 // sh -c, as the test's user, with a throwaway host key and one throwaway client key.
 type sshServer struct {
-	addr     string
-	hostKey  string // SHA256:... fingerprint
-	identity string // the client's private key file
-	execs    atomic.Int32
-	mu       sync.Mutex
-	commands []string
+	addr      string
+	hostKey   string // SHA256:... fingerprint
+	publicKey ssh.PublicKey
+	identity  string // the client's private key file
+	execs     atomic.Int32
+	mu        sync.Mutex
+	commands  []string
 	// lose says what to do to the n-th exec request's connection.
 	lose func(n int) int
 }
@@ -81,7 +83,8 @@ func startSSHServer(t *testing.T, lose func(n int) int) *sshServer {
 	if lose == nil {
 		lose = func(int) int { return keep }
 	}
-	s := &sshServer{addr: ln.Addr().String(), hostKey: ssh.FingerprintSHA256(hostSigner.PublicKey()), identity: identity, lose: lose}
+	s := &sshServer{addr: ln.Addr().String(), hostKey: ssh.FingerprintSHA256(hostSigner.PublicKey()), publicKey: hostSigner.PublicKey(),
+		identity: identity, lose: lose}
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Add(1)
@@ -159,4 +162,10 @@ func (s *sshServer) session(nc net.Conn, ch ssh.Channel, requests <-chan *ssh.Re
 		_, _ = ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{uint32(code)}))
 		return
 	}
+}
+
+// knownHostsLine is a known_hosts line giving addr the host key of server.
+func knownHostsLine(t *testing.T, addr string, server *sshServer) string {
+	t.Helper()
+	return knownhosts.Line([]string{knownhosts.Normalize(addr)}, server.publicKey)
 }
