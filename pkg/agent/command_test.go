@@ -441,6 +441,7 @@ func TestCommandToolsFileRefusals(t *testing.T) {
 		"secret name":       host + "tools: [{name: t, kind: command, summary: s, host: web, family: read, command: ls, secrets: ['a b'], input_schema: {type: object}}]",
 		"optional arg":      host + "tools: [{name: t, kind: command, summary: s, host: web, family: read, command: 'ls {{p}}', input_schema: {type: object, properties: {p: {type: string}}}}]",
 		"retry mode":        host + "tools: [{name: t, kind: command, summary: s, host: web, family: read, retry_mode: create, command: ls, input_schema: {type: object}}]",
+		"request with host": "services: {s: {base_url: 'http://x'}}\ntools: [{name: t, summary: s, service: s, method: POST, path: /v1/x, retry_mode: create, host: web, input_schema: {type: object}}]",
 	} {
 		if _, err := agent.ParseTools([]byte(file)); !errors.Is(err, agent.ErrToolsFile) {
 			t.Errorf("%s: %v, want ErrToolsFile", name, err)

@@ -290,6 +290,9 @@ func (c *Catalog) tool(d toolDef) (Tool, error) {
 	if d.Kind == "command" {
 		return c.commandTool(d)
 	}
+	if d.Host != "" || d.Family != "" || d.Command != "" || d.Check != "" || d.Workdir != "" || d.Secrets != nil {
+		return Tool{}, errors.New("host, family, command, check, workdir and secrets belong to a tool of kind command")
+	}
 	t := Tool{Name: d.Name, Summary: strings.TrimSpace(d.Summary), Service: d.Service, Method: strings.ToUpper(d.Method),
 		Route: d.Path, Mode: d.RetryMode, Approval: d.Approval}
 	if t.Summary == "" {
