@@ -393,7 +393,7 @@ func commandResult(r commandRun, secrets map[string]string, marked bool) *Attemp
 			res.Code = "exit_nonzero"
 		}
 	}
-	body := commandBody{ExitCode: r.exit, Stdout: redact(string(r.stdout.buf.Bytes()), secrets),
+	body := commandBody{ExitCode: r.exit, Stdout: redact(r.stdout.buf.String(), secrets),
 		Stderr: redact(string(bytes.TrimRight(stderr, "\n")), secrets), StdoutTruncated: r.stdout.truncated,
 		Replayed: cr.Marker != nil && cr.Marker.State == opmarker.Replayed}
 	res.Body, _ = json.Marshal(body)
