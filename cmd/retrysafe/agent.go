@@ -32,7 +32,10 @@ const (
 
 const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (default http://127.0.0.1:8081 :8082 :8083); with
                             --tools FILE, the variables its services name (base_url_env)
-  AGENT_API_KEY             the bearer key requests carry (never written to the journal)
+  AGENT_API_KEY             the bearer key requests carry (never written to the journal); not needed when every
+                            tool of --tools FILE is a command tool
+  with --tools FILE, the variables its hosts and command tools name (address_env, identity_file_env, secrets);
+                            a secret reaches the host on the command's standard input, never the journal
   AGENT_NAMESPACE           what idempotency keys are derived from, with the action id (default: the key id of
                             AGENT_API_KEY); agents given one action in one namespace send one key, so it runs once
   AGENT_BUDGET              attempts per operation before a person decides (default 5)
@@ -228,7 +231,7 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 		return nil, err
 	}
 	cfg.BaseURLs = cfg.Tools.BaseURLs(inv.getenv)
-	if cfg.APIKey == "" {
+	if cfg.APIKey == "" && cfg.Tools.HasRequests() {
 		return nil, agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
 	}
 	cfg.SameAccount = f.sameAccount
@@ -247,6 +250,7 @@ func agentConfig(getenv func(string) string, command string, lockWait time.Durat
 	cfg := agent.Config{
 		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
 		Namespace: getenv("AGENT_NAMESPACE"),
+		Getenv:    getenv,
 		Hook:      func(point string) { failpoint.Hit("agent." + point) },
 		Warn:      func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
 	}

@@ -129,6 +129,7 @@ func init() {
 		},
 		auditCommand(),
 		agentCommand(), mcpCommand(),
+		markerCommand(),
 		{name: "help", synopsis: "help [COMMAND]", summary: "describe the commands, or one command and the variables it reads", noConfig: true},
 	}
 }

@@ -75,6 +75,9 @@ type Config struct {
 	HTTPClient *http.Client
 	// Command is recorded with the run ("agent do", "mcp").
 	Command string
+	// Getenv reads what command tools take from the environment: their secrets, and a host's address_env and
+	// identity_file_env (default: nothing is set).
+	Getenv func(string) string
 	// Hook, when set, is called at the named crash points: "before_journal", "before_send", "after_send",
 	// "after_answer". Tests stop the process there (failpoint.Hit).
 	Hook func(point string)
@@ -114,6 +117,9 @@ func (c *Config) defaults() {
 	}
 	if c.AuthorityRef == "" {
 		c.AuthorityRef = "config:APIKey"
+	}
+	if c.Getenv == nil {
+		c.Getenv = func(string) string { return "" }
 	}
 	if c.Hook == nil {
 		c.Hook = func(string) {}
@@ -281,7 +287,11 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	if err != nil {
 		return Result{}, err
 	}
-	if !tool.ApprovalRequest && a.baseURL(tool.Service) == "" {
+	if tool.Command != nil {
+		if err := a.commandReady(tool); err != nil {
+			return Result{}, err
+		}
+	} else if !tool.ApprovalRequest && a.baseURL(tool.Service) == "" {
 		svc, _ := a.cfg.Tools.Service(tool.Service)
 		return Result{}, fmt.Errorf("%w: service %s has no base URL: set %s; nothing was sent", ErrBadArguments, tool.Service, svc.BaseURLEnv)
 	}
@@ -486,6 +496,9 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 	}
 	if tool.Keyed {
 		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.Namespace, actionID), a.cfg.Namespace
+	}
+	if tool.Command != nil {
+		a.commandOperation(op, tool, req)
 	}
 	if tool.ApprovalRequest {
 		var f struct {

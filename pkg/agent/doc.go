@@ -11,6 +11,12 @@
 // the demo services' file and the default. Arguments are checked against the schema before anything is journaled
 // or sent: a bad argument is an ArgumentError naming it, and the action id stays free for the corrected call.
 //
+// A tool of kind command runs a command line over SSH on a host of the tools file (or locally), in the same
+// journal: an attempt records the host key it checked before the command is sent, and the execution boundary it
+// reached after (not_started, started, exit_received). Its family (read, converge, effect) is its retry rule after
+// a lost connection; an effect runs again only when the host's operation marker (package opmarker, `retrysafe
+// marker`) answers for it, or a person decides.
+//
 // The services dedupe by Idempotency-Key. That protects a caller only if it keeps its side: one key per intended
 // action, made before the first send, kept across its own crash, reused on every retry, never reused for a
 // changed intent. This package keeps that side, in a journal file, and adds the retry rule and the evidence.

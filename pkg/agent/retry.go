@@ -122,6 +122,10 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 			if err := a.poll(ctx, op); err != nil {
 				return a.result(op), err
 			}
+		case "check":
+			if err := a.checkCommand(ctx, op); err != nil {
+				return a.result(op), err
+			}
 		}
 	}
 }
@@ -308,6 +312,9 @@ func approvedSince(op *Operation, at *Attempt) bool {
 
 // decide is the retry rule: from the last attempt and what was observed since, the next step.
 func (a *Agent) decide(op *Operation) step {
+	if op.Command != nil {
+		return a.decideCommand(op)
+	}
 	last := lastAttempt(op)
 	if last == nil {
 		return step{kind: "send", decision: "first_attempt"}
@@ -570,6 +577,9 @@ func knownToServer(op *Operation, id string) bool {
 
 // send makes one attempt: attempt_started is durable before the request leaves, attempt_finished after.
 func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID string) error {
+	if op.Command != nil {
+		return a.sendCommand(ctx, op, s)
+	}
 	at := &Attempt{Type: RecAttemptStarted, OperationID: op.OperationID, AttemptID: ids.New("att_"), Number: len(op.Attempts) + 1,
 		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, RunID: a.runID, At: a.now()}
 	if prev := lastAttempt(op); prev != nil {

@@ -135,7 +135,10 @@ func (op *Operation) WriteTimeline(w io.Writer) {
 // key that makes sending it again safe.
 func (op *Operation) writeIntent(w io.Writer) {
 	printSafe(w, "operation %s  action %s  state %s\n", op.OperationID, strconv.Quote(op.ActionID), op.State())
-	printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
+	if op.Command == nil {
+		printSafe(w, "  intent      %s %s %s (%s), retry mode %s, budget %d\n", op.Tool, op.Method, op.RouteTemplate, op.Path, op.RetryMode, op.Budget)
+	}
+	op.Command.writeIntent(w, op)
 	printSafe(w, "  arguments   %s\n", op.Args)
 	printSafe(w, "  fingerprint sha256:%s\n", op.Fingerprint)
 	switch {
@@ -212,6 +215,7 @@ func attemptText(at *Attempt) string {
 		}
 	}
 	t += fmt.Sprintf("  budget left %d  run %s", at.BudgetLeft, at.RunID)
+	t += at.Command.text()
 	if at.ApprovalID != "" {
 		t += "  approval " + at.ApprovalID
 	}
@@ -234,7 +238,7 @@ func attemptResultText(r *AttemptResult) string {
 		t += " (replayed by the service)"
 	}
 	t += labelled(" op ", r.ServerOperationID) + labelled(" state ", r.ServerState) + labelled(" key expires ", r.KeyExpiresAt)
-	return t + fmt.Sprintf(" in %dms", r.DurationMS)
+	return t + r.Command.text() + fmt.Sprintf(" in %dms", r.DurationMS)
 }
 
 // observationText describes one look at the service: where it looked, what it found (or that it found
@@ -257,6 +261,7 @@ func observationText(o *Observation) string {
 	if o.Kind == ObsOperatorDecision {
 		t += fmt.Sprintf("  by %s: %s", o.DecidedBy, o.ServerState) + labelled("  remote ref ", o.RemoteRef)
 	}
+	t += o.Command.text()
 	if o.Detail != "" {
 		t += "  (" + o.Detail + ")"
 	}

@@ -58,6 +58,8 @@ type Operation struct {
 	Principal *Principal `json:"principal,omitempty"`
 	RunID     string     `json:"run_id"`
 	At        string     `json:"at"`
+	// Command is a command tool's intent (command.go).
+	Command *CommandIntent `json:"command,omitempty"`
 
 	Attempts     []*Attempt     `json:"-"`
 	Observations []*Observation `json:"-"`
@@ -86,6 +88,8 @@ type Attempt struct {
 	ApprovalID      string `json:"approval_id,omitempty"`
 	RunID           string `json:"run_id"`
 	At              string `json:"at"`
+	// Command is where a command attempt connected, and the host key it checked.
+	Command *CommandAttempt `json:"command,omitempty"`
 
 	Finished *AttemptResult `json:"-"`
 }
@@ -108,6 +112,8 @@ type AttemptResult struct {
 	Body         json.RawMessage `json:"body,omitempty"`
 	DurationMS   int64           `json:"duration_ms"`
 	At           string          `json:"at"`
+	// Command is a command attempt's boundary and exit code.
+	Command *CommandResult `json:"command,omitempty"`
 }
 
 // Observation is evidence gathered without sending the write again: an operation lookup or poll (negative ones
@@ -137,6 +143,8 @@ type Observation struct {
 	DurationMS int64  `json:"duration_ms,omitempty"`
 	RunID      string `json:"run_id"`
 	At         string `json:"at"`
+	// Command is a command_check's boundary and exit code.
+	Command *CommandResult `json:"command,omitempty"`
 }
 
 // Observation kinds.

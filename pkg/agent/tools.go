@@ -75,12 +75,17 @@ type Tool struct {
 	ApprovalRequest bool
 	// InputSchema is the JSON Schema of the arguments, path parameters inside, approval_id and action_id not.
 	InputSchema map[string]any
+	// Command is a command tool's command (kind command): it runs on a host of the tools file, not over HTTP.
+	Command *CommandSpec
 
 	schema *jsonschema.Schema // InputSchema compiled, approval_id added
 }
 
-// PathParams are the route's parameter names.
+// PathParams are the route's parameter names; a command tool's are its command's placeholders.
 func (t Tool) PathParams() []string {
+	if t.Command != nil {
+		return t.Command.placeholders()
+	}
 	var out []string
 	for _, seg := range strings.Split(t.Route, "/") {
 		if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") {
@@ -112,6 +117,8 @@ type request struct {
 	approvalID  string
 	fingerprint string
 	args        json.RawMessage // canonical args without approval_id: what the intent is
+	// command and check are a command tool's command line and check, arguments substituted.
+	command, check string
 }
 
 // prepare checks args against the tool and computes the intent's fingerprint: SHA-256 over the canonical JSON

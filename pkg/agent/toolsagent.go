@@ -22,6 +22,9 @@ func (t Tool) check(args json.RawMessage) (request, error) {
 	if err := t.validate(obj); err != nil {
 		return request{}, err
 	}
+	if t.Command != nil {
+		return t.prepareCommand(args)
+	}
 	return t.prepare(args)
 }
 

@@ -58,16 +58,25 @@ type toolDef struct {
 	IdempotencyKey *bool           `json:"idempotency_key"`
 	Approval       bool            `json:"approval"`
 	InputSchema    json.RawMessage `json:"input_schema"`
+	// A command tool's (kind: command, command.go).
+	Host    string   `json:"host"`
+	Family  Family   `json:"family"`
+	Command string   `json:"command"`
+	Check   string   `json:"check"`
+	Workdir string   `json:"workdir"`
+	Secrets []string `json:"secrets"`
 }
 
 type toolsFile struct {
 	Services map[string]*ServiceDef `json:"services"`
+	Hosts    map[string]*HostDef    `json:"hosts"`
 	Tools    []toolDef              `json:"tools"`
 }
 
 // Catalog is the tools an agent offers and the services they write to, from one tools file.
 type Catalog struct {
 	services map[string]*ServiceDef
+	hosts    map[string]*HostDef
 	tools    map[string]Tool
 	names    []string
 }
@@ -111,6 +120,11 @@ var (
 //
 // A tool of kind request_approval asks for a person's approval of another action (input for_action): it has no
 // service; its path (/v1/approvals) is a route of the target action's service, which must take approvals.
+//
+// A tool of kind command runs a command line on a host the file declares under hosts (SSH with a pinned host key
+// or a known_hosts file, or local: true): it has host, family (read, converge or effect), command, check (converge
+// only), workdir and secrets instead of service, method, path and retry_mode. See HostDef, CommandSpec and
+// docs/agents.md.
 //
 // ParseTools says what it refuses. The file must be a regular file (not a device or a pipe) of at most 1 MiB.
 func LoadTools(path string) (*Catalog, error) {
@@ -156,6 +170,9 @@ func ParseTools(raw []byte) (*Catalog, error) {
 		}
 		s.Name = name
 		c.services[name] = s
+	}
+	if err := c.addHosts(f.Hosts); err != nil {
+		return nil, err
 	}
 	if len(f.Tools) == 0 {
 		return nil, fmt.Errorf("%w: no tools", ErrToolsFile)
@@ -270,6 +287,12 @@ func (c *Catalog) tool(d toolDef) (Tool, error) {
 	if !toolNameRE.MatchString(d.Name) || slices.Contains(reservedTools, d.Name) {
 		return Tool{}, fmt.Errorf("a tool name is 1 to 64 lower case letters, digits and _, starting with a letter, and not one of %v", reservedTools)
 	}
+	if d.Kind == "command" {
+		return c.commandTool(d)
+	}
+	if d.Host != "" || d.Family != "" || d.Command != "" || d.Check != "" || d.Workdir != "" || d.Secrets != nil {
+		return Tool{}, errors.New("host, family, command, check, workdir and secrets belong to a tool of kind command")
+	}
 	t := Tool{Name: d.Name, Summary: strings.TrimSpace(d.Summary), Service: d.Service, Method: strings.ToUpper(d.Method),
 		Route: d.Path, Mode: d.RetryMode, Approval: d.Approval}
 	if t.Summary == "" {
@@ -317,7 +340,7 @@ func (c *Catalog) tool(d toolDef) (Tool, error) {
 		}
 		t.ApprovalRequest = true
 	default:
-		return Tool{}, fmt.Errorf("kind %q: want request (the default) or request_approval", d.Kind)
+		return Tool{}, fmt.Errorf("kind %q: want request (the default), request_approval or command", d.Kind)
 	}
 	if err := t.compile(d.InputSchema); err != nil {
 		return Tool{}, err

@@ -128,10 +128,14 @@ func toolFor(t agent.Tool) *mcp.Tool {
 	// Financial writes to a collection (POST /v1/payment_intents) add something; on a resource (a capture, a
 	// refund) they change it.
 	destructive := t.Mode == agent.Destructive || t.Mode == agent.Converge || t.Mode == agent.Financial && len(t.PathParams()) > 0
+	description := t.Summary + " " + t.Mode.Rule() + " Retry mode: " + string(t.Mode) + "."
+	if t.Command != nil {
+		description = t.Summary + " " + t.Rule() + " Command family: " + string(t.Command.Family) + "."
+	}
 	return &mcp.Tool{
 		Name:         t.Name,
 		Title:        t.Summary,
-		Description:  t.Summary + " " + t.Mode.Rule() + " Retry mode: " + string(t.Mode) + ".",
+		Description:  description,
 		InputSchema:  schema,
 		OutputSchema: resultSchema,
 		Annotations: &mcp.ToolAnnotations{
