@@ -145,7 +145,7 @@ type mismatch struct {
 
 // check runs every check of a verification on ev: the seals, then each record in scope against them.
 func check(ev evidence, opt checkOptions) (Report, error) {
-	c := &checker{opt: opt, sealed: map[recordKey]*expected{}}
+	c := &checker{opt: opt, sealed: map[recordKey]*expected{}, subjects: map[string]bool{}, unsealed: map[recordKey]bool{}}
 	if err := ev.seals(c.readSeal); err != nil {
 		return Report{}, err
 	}
@@ -161,8 +161,6 @@ func check(ev evidence, opt checkOptions) (Report, error) {
 		return Report{}, err
 	}
 	c.through = through
-	c.subjects = map[string]bool{}
-	c.unsealed = map[recordKey]bool{}
 	if err := ev.records(c.sealed, c.readRecord); err != nil {
 		return Report{}, err
 	}
