@@ -184,61 +184,100 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 	if f.journal != "" {
 		return verifyJournal(inv.stdout, f.journal)
 	}
-	pub := f.publicKey
-	keyNote := "checked with --public-key"
-	switch {
-	case pub == nil && inv.cfg.AuditSigningKey != nil:
-		pub, _ = auditchain.ParsePublicKey(inv.cfg.AuditSigningKey.PublicKey())
-		keyNote = "checked with AUDIT_SIGNING_KEY's public key"
-	case pub == nil:
-		keyNote = "not checked (no public key given): a rewrite that recomputes every hash would pass"
-	}
-	var rep audit.Report
-	w := inv.stdout
-	// A record's wait for a seal is judged when the records were read: now, or when the bundle was exported.
-	readAt, readWhen := time.Now(), ""
+	pub, keyNote := verifyKey(f.publicKey, inv.cfg)
+	var v verification
 	if f.bundle != "" {
-		brep, err := verifyBundle(f, pub)
-		if err != nil {
-			return exitError{code: 2, err: err}
-		}
-		rep = brep.Report
-		readAt, readWhen = brep.ExportedAt, " by the time the bundle was exported"
-		if brep.KeyFromBundle {
-			keyNote = "checked with the bundle's own public key: compare it with the key the operator published, or give --public-key"
-		}
-		scope := "the whole record"
-		switch {
-		case brep.Operation != "":
-			scope = "operation " + brep.Operation
-		case !brep.Since.IsZero() || !brep.Until.IsZero():
-			scope = "seals and records"
-			if !brep.Since.IsZero() {
-				scope += " since " + brep.Since.UTC().Format(time.RFC3339)
-			}
-			if !brep.Until.IsZero() {
-				scope += " until " + brep.Until.UTC().Format(time.RFC3339)
-			}
-		}
-		fmt.Fprintf(w, "bundle %s: %s, exported at %s\n", f.bundle, scope, brep.ExportedAt.UTC().Format(time.RFC3339))
+		v, err = verifyBundleFile(inv.stdout, f, pub, keyNote)
 	} else {
-		db, err := openAuditDB(inv.cfg)
-		if err != nil {
-			return exitError{code: 2, err: err}
-		}
-		rep, err = audit.Verify(ctx, db, audit.VerifyOptions{Since: f.since, OperationID: f.operation, PublicKey: pub,
-			Seal: f.seal})
-		if err != nil {
-			return exitError{code: 2, err: err}
-		}
+		v, err = verifyDatabase(ctx, inv.cfg, f, pub, keyNote)
 	}
+	if err != nil {
+		return exitError{code: 2, err: err}
+	}
+	return printVerification(inv.stdout, f, v, inv.cfg.AuditSealInterval)
+}
+
+// verification is what `audit verify` checked, and when.
+type verification struct {
+	rep audit.Report
+	// keyNote says which key the signatures were checked with, if any.
+	keyNote string
+	// readAt is when the records were read: a record's wait for a seal is judged then, now or when the bundle
+	// was exported (readWhen says which, for the STALLED line).
+	readAt   time.Time
+	readWhen string
+}
+
+// verifyKey is the public key the seals' signatures are checked with (--public-key, else AUDIT_SIGNING_KEY's;
+// nil when neither is set), and the note that says so.
+func verifyKey(flagKey ed25519.PublicKey, cfg config) (ed25519.PublicKey, string) {
+	switch {
+	case flagKey != nil:
+		return flagKey, "checked with --public-key"
+	case cfg.AuditSigningKey != nil:
+		pub, _ := auditchain.ParsePublicKey(cfg.AuditSigningKey.PublicKey())
+		return pub, "checked with AUDIT_SIGNING_KEY's public key"
+	}
+	return nil, "not checked (no public key given): a rewrite that recomputes every hash would pass"
+}
+
+// verifyDatabase checks the audit record in the database.
+func verifyDatabase(ctx context.Context, cfg config, f verifyFlags, pub ed25519.PublicKey, keyNote string) (verification, error) {
+	readAt := time.Now()
+	db, err := openAuditDB(cfg)
+	if err != nil {
+		return verification{}, err
+	}
+	rep, err := audit.Verify(ctx, db, audit.VerifyOptions{Since: f.since, OperationID: f.operation, PublicKey: pub,
+		Seal: f.seal})
+	if err != nil {
+		return verification{}, err
+	}
+	return verification{rep: rep, keyNote: keyNote, readAt: readAt}, nil
+}
+
+// verifyBundleFile checks the bundle f names, and prints what it was exported for.
+func verifyBundleFile(w io.Writer, f verifyFlags, pub ed25519.PublicKey, keyNote string) (verification, error) {
+	brep, err := verifyBundle(f, pub)
+	if err != nil {
+		return verification{}, err
+	}
+	if brep.KeyFromBundle {
+		keyNote = "checked with the bundle's own public key: compare it with the key the operator published, or give --public-key"
+	}
+	fmt.Fprintf(w, "bundle %s: %s, exported at %s\n", f.bundle, bundleScope(brep), brep.ExportedAt.UTC().Format(time.RFC3339))
+	return verification{rep: brep.Report, keyNote: keyNote, readAt: brep.ExportedAt,
+		readWhen: " by the time the bundle was exported"}, nil
+}
+
+// bundleScope says what a bundle holds: an operation, a time range, or the whole record.
+func bundleScope(brep audit.BundleReport) string {
+	switch {
+	case brep.Operation != "":
+		return "operation " + brep.Operation
+	case brep.Since.IsZero() && brep.Until.IsZero():
+		return "the whole record"
+	}
+	scope := "seals and records"
+	if !brep.Since.IsZero() {
+		scope += " since " + brep.Since.UTC().Format(time.RFC3339)
+	}
+	if !brep.Until.IsZero() {
+		scope += " until " + brep.Until.UTC().Format(time.RFC3339)
+	}
+	return scope
+}
+
+// printVerification prints what a verification counted and found, and returns its verdict: nil when intact,
+// exit 1 when broken or stalled, exit 2 when an operation has no records to check.
+func printVerification(w io.Writer, f verifyFlags, v verification, interval time.Duration) error {
+	rep := v.rep
 	fmt.Fprintf(w, "checked %d records of %d operations and approvals: %d sealed, by %d seals; %d not sealed yet\n",
 		rep.Records, rep.Subjects, rep.Sealed, rep.Seals, rep.Unsealed)
-	fmt.Fprintf(w, "signatures: %s\n", keyNote)
+	fmt.Fprintf(w, "signatures: %s\n", v.keyNote)
 	if s := rep.LastSeal; s != nil {
 		fmt.Fprintf(w, "last seal: %d at %s, hash %s\n", s.Seq, s.At.UTC().Format(time.RFC3339), s.Hash)
 	}
-	stalled := rep.Stalled(readAt, inv.cfg.AuditSealInterval)
 	if !rep.OldestUnsealed.IsZero() {
 		fmt.Fprintf(w, "oldest unsealed record: written at %s\n", rep.OldestUnsealed.UTC().Format(time.RFC3339Nano))
 		if f.bundle != "" {
@@ -251,9 +290,10 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "BROKEN %s\n", p)
 	}
+	stalled := rep.Stalled(v.readAt, interval)
 	if stalled {
 		fmt.Fprintf(w, "STALLED: a record has waited more than 10 seal intervals (%s) to be sealed%s: is a sequencer running, "+
-			"and is no transaction held open that long?\n", 10*inv.cfg.AuditSealInterval, readWhen)
+			"and is no transaction held open that long?\n", 10*interval, v.readWhen)
 	}
 	switch {
 	case !rep.Intact():
@@ -342,12 +382,21 @@ func runAuditTimeline(ctx context.Context, inv invocation, operationID string) e
 }
 
 func printTimeline(out io.Writer, tl opstatus.Timeline) {
-	orDash := func(s string) string {
-		if s == "" {
-			return "-"
-		}
-		return s
+	printTimelineHeader(out, tl)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "TIME\tSEQ\tWHAT\tTYPE\tATTEMPT\tAGENT RUN\tRETRY OF\tREASON\tSAME REQUEST\tOUTCOME\tSTATUS\tTOOK\tSTATE\tACTOR")
+	for _, e := range tl.Entries {
+		fmt.Fprintln(w, strings.Join(timelineRow(e, tl.Start), "\t"))
 	}
+	w.Flush()
+	for _, a := range tl.Approvals {
+		printTimelineApproval(out, a, tl.Start)
+	}
+}
+
+// printTimelineHeader prints what the operation is, how it settled, its lineage and whether its records are
+// intact.
+func printTimelineHeader(out io.Writer, tl opstatus.Timeline) {
 	settled := "not settled"
 	if tl.SettledBy != nil {
 		settled = fmt.Sprintf("settled by %s at %s", *tl.SettledBy, offset(tl.SettledAt.Sub(tl.Start)))
@@ -366,52 +415,59 @@ func printTimeline(out io.Writer, tl opstatus.Timeline) {
 	fmt.Fprintf(out, "records: %s (%d records: %d sealed by %d seals, %d not sealed yet)\n", chain, tl.Chain.Records,
 		tl.Chain.Sealed, tl.Chain.Seals, tl.Chain.Unsealed)
 	fmt.Fprintf(out, "times are relative to the first attempt, at %s\n\n", tl.Start.UTC().Format(time.RFC3339Nano))
+}
 
-	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "TIME\tSEQ\tWHAT\tTYPE\tATTEMPT\tAGENT RUN\tRETRY OF\tREASON\tSAME REQUEST\tOUTCOME\tSTATUS\tTOOK\tSTATE\tACTOR")
-	for _, e := range tl.Entries {
-		attempt, status, took, same := "-", "-", "-", "-"
-		if e.Attempt != nil {
-			attempt = fmt.Sprintf("#%d %s", *e.Attempt, e.AttemptID)
-		} else if e.AttemptID != "" {
-			attempt = e.AttemptID
-		}
-		if e.Status != nil {
-			status = fmt.Sprint(*e.Status)
-		}
-		if e.DurationMS != nil {
-			took = fmt.Sprintf("%dms", *e.DurationMS)
-		}
-		if e.SameFingerprint != nil {
-			same = map[bool]string{true: "yes", false: "NO"}[*e.SameFingerprint]
-		}
-		state := "-"
-		if e.ToState != "" {
-			state = fmt.Sprintf("%s -> %s", orDash(string(e.FromState)), e.ToState)
-		}
-		reason := orDash(e.RetryReason)
-		if e.Reason != "" {
-			reason = e.Reason
-		}
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", offset(e.At.Sub(tl.Start)), e.Seq, e.Category,
-			e.Type, attempt, orDash(e.AgentRunID), orDash(e.RetryOf), reason, same, orDash(e.Outcome), status, took, state, e.Actor)
+// timelineRow is one entry's cells, in the columns printTimeline heads them with; "-" where it has no value.
+func timelineRow(e opstatus.TimelineEntry, start time.Time) []string {
+	attempt, status, took, same, state := "-", "-", "-", "-", "-"
+	if e.Attempt != nil {
+		attempt = fmt.Sprintf("#%d %s", *e.Attempt, e.AttemptID)
+	} else if e.AttemptID != "" {
+		attempt = e.AttemptID
 	}
-	w.Flush()
-	for _, a := range tl.Approvals {
-		decided := "undecided"
-		if a.DecidedBy != nil && a.DecidedAt != nil {
-			decided = fmt.Sprintf("%s by %s at %s", a.State, *a.DecidedBy, offset(a.DecidedAt.Sub(tl.Start)))
-		}
-		fmt.Fprintf(out, "approval %s: requested by %s at %s, %s, used by attempt %s\n", a.ApprovalID, a.RequestedBy,
-			offset(a.RequestedAt.Sub(tl.Start)), decided, orDash(a.UsedByAttempt))
-		recs := make([]string, 0, len(a.Records))
-		for _, r := range a.Records {
-			recs = append(recs, fmt.Sprintf("%d %s by %s at %s", r.Seq, r.Type, r.Actor, offset(r.At.Sub(tl.Start))))
-		}
-		if len(recs) > 0 {
-			fmt.Fprintf(out, "  records: %s\n", strings.Join(recs, "; "))
-		}
+	if e.Status != nil {
+		status = fmt.Sprint(*e.Status)
 	}
+	if e.DurationMS != nil {
+		took = fmt.Sprintf("%dms", *e.DurationMS)
+	}
+	if e.SameFingerprint != nil {
+		same = map[bool]string{true: "yes", false: "NO"}[*e.SameFingerprint]
+	}
+	if e.ToState != "" {
+		state = fmt.Sprintf("%s -> %s", orDash(string(e.FromState)), e.ToState)
+	}
+	reason := orDash(e.RetryReason)
+	if e.Reason != "" {
+		reason = e.Reason
+	}
+	return []string{offset(e.At.Sub(start)), fmt.Sprint(e.Seq), e.Category, e.Type, attempt, orDash(e.AgentRunID),
+		orDash(e.RetryOf), reason, same, orDash(e.Outcome), status, took, state, e.Actor}
+}
+
+// printTimelineApproval prints an approval the timeline shows, and its records.
+func printTimelineApproval(out io.Writer, a opstatus.TimelineApproval, start time.Time) {
+	decided := "undecided"
+	if a.DecidedBy != nil && a.DecidedAt != nil {
+		decided = fmt.Sprintf("%s by %s at %s", a.State, *a.DecidedBy, offset(a.DecidedAt.Sub(start)))
+	}
+	fmt.Fprintf(out, "approval %s: requested by %s at %s, %s, used by attempt %s\n", a.ApprovalID, a.RequestedBy,
+		offset(a.RequestedAt.Sub(start)), decided, orDash(a.UsedByAttempt))
+	recs := make([]string, 0, len(a.Records))
+	for _, r := range a.Records {
+		recs = append(recs, fmt.Sprintf("%d %s by %s at %s", r.Seq, r.Type, r.Actor, offset(r.At.Sub(start))))
+	}
+	if len(recs) > 0 {
+		fmt.Fprintf(out, "  records: %s\n", strings.Join(recs, "; "))
+	}
+}
+
+// orDash is s, or "-" when it is empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // offset renders a time relative to the first attempt: +1.234s, or -0.500s for what came before it.

@@ -83,74 +83,99 @@ func newServer(db *gorm.DB, token string, logger *slog.Logger) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.Recovery(), bearer(token))
-	internal := func(c *gin.Context, msg string, err error) {
-		logger.ErrorContext(c, msg, "method", c.Request.Method, "path", c.Request.URL.Path, "error", err.Error())
-		c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
-	}
-	r.POST("/v1/orders", func(c *gin.Context) {
-		key, ok := c.Request.Header["Idempotency-Key"]
-		if !ok || !validKey(key[0]) {
-			c.JSON(http.StatusBadRequest, gin.H{"code": "idempotency_key_invalid"})
-			return
-		}
-		var cmd createOrder
-		if err := c.ShouldBindJSON(&cmd); err != nil {
-			c.JSON(http.StatusBadRequest, gin.H{"code": "invalid_request"})
-			return
-		}
-		var body []byte
-		replay := false
-		err := db.WithContext(c).Transaction(func(tx *gorm.DB) error {
-			// The claim, atomic: a concurrent copy waits here until this transaction ends.
-			res := tx.Exec(`INSERT INTO nofp_keys (key, status, done) VALUES (?, 0, false) ON CONFLICT (key) DO NOTHING`, key[0])
-			if res.Error != nil {
-				return res.Error
-			}
-			if res.RowsAffected == 0 {
-				replay = true
-				return nil
-			}
-			o := Order{Customer: cmd.Customer, SKU: cmd.SKU, Quantity: cmd.Quantity}
-			if err := tx.Create(&o).Error; err != nil {
-				return err
-			}
-			var err error
-			if body, err = json.Marshal(o); err != nil {
-				return err
-			}
-			return tx.Model(&Key{}).Where("key = ?", key[0]).Updates(map[string]any{"status": http.StatusCreated, "body": body, "done": true}).Error
-		})
-		if err != nil {
-			internal(c, "order not written", err)
-			return
-		}
-		if !replay {
-			c.Data(http.StatusCreated, "application/json", body)
-			return
-		}
-		var stored Key
-		if err := db.WithContext(c).Where("key = ?", key[0]).First(&stored).Error; err != nil {
-			internal(c, "stored answer not read", err)
-			return
-		}
-		if !stored.Done {
-			c.Header("Retry-After", "1")
-			c.JSON(http.StatusConflict, gin.H{"code": "request_in_progress"})
-			return
-		}
-		// The mistake: the stored answer is replayed whatever this request asks for.
-		c.Header("Idempotent-Replayed", "true")
-		c.Data(stored.Status, "application/json", stored.Body)
-	})
-	r.GET("/v1/orders", func(c *gin.Context) {
-		orders := []Order{}
-		if err := db.WithContext(c).Where("customer = ?", c.Query("customer")).Order("id").Limit(1000).Find(&orders).Error; err != nil {
-			internal(c, "orders not listed", err)
-			return
-		}
-		c.JSON(http.StatusOK, gin.H{"items": orders})
-	})
+	s := &server{db: db, logger: logger}
+	r.POST("/v1/orders", s.postOrder)
+	r.GET("/v1/orders", s.listOrders)
 	return r
+}
+
+type server struct {
+	db     *gorm.DB
+	logger *slog.Logger
+}
+
+// internal logs err with msg and answers 500 with only the code.
+func (s *server) internal(c *gin.Context, msg string, err error) {
+	s.logger.ErrorContext(c, msg, "method", c.Request.Method, "path", c.Request.URL.Path, "error", err.Error())
+	c.JSON(http.StatusInternalServerError, gin.H{"code": "internal"})
+}
+
+// postOrder makes the order once per Idempotency-Key, and answers a key already claimed with what is stored
+// for it.
+func (s *server) postOrder(c *gin.Context) {
+	key, ok := c.Request.Header["Idempotency-Key"]
+	if !ok || !validKey(key[0]) {
+		c.JSON(http.StatusBadRequest, gin.H{"code": "idempotency_key_invalid"})
+		return
+	}
+	var cmd createOrder
+	if err := c.ShouldBindJSON(&cmd); err != nil {
+		c.JSON(http.StatusBadRequest, gin.H{"code": "invalid_request"})
+		return
+	}
+	body, replay, err := s.claimAndCreate(c, key[0], cmd)
+	if err != nil {
+		s.internal(c, "order not written", err)
+		return
+	}
+	if !replay {
+		c.Data(http.StatusCreated, "application/json", body)
+		return
+	}
+	s.replay(c, key[0])
+}
+
+// claimAndCreate claims key and, when this request is the first to, makes the order and stores the answer
+// with the key, in one transaction. replay says the key was claimed already.
+func (s *server) claimAndCreate(ctx context.Context, key string, cmd createOrder) (body []byte, replay bool, err error) {
+	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// The claim, atomic: a concurrent copy waits here until this transaction ends.
+		res := tx.Exec(`INSERT INTO nofp_keys (key, status, done) VALUES (?, 0, false) ON CONFLICT (key) DO NOTHING`, key)
+		if res.Error != nil {
+			return res.Error
+		}
+		if res.RowsAffected == 0 {
+			replay = true
+			return nil
+		}
+		o := Order{Customer: cmd.Customer, SKU: cmd.SKU, Quantity: cmd.Quantity}
+		if err := tx.Create(&o).Error; err != nil {
+			return err
+		}
+		var err error
+		if body, err = json.Marshal(o); err != nil {
+			return err
+		}
+		return tx.Model(&Key{}).Where("key = ?", key).Updates(map[string]any{"status": http.StatusCreated, "body": body, "done": true}).Error
+	})
+	return body, replay, err
+}
+
+// replay answers with the answer stored for key, or 409 while its first request is still running.
+func (s *server) replay(c *gin.Context, key string) {
+	var stored Key
+	if err := s.db.WithContext(c).Where("key = ?", key).First(&stored).Error; err != nil {
+		s.internal(c, "stored answer not read", err)
+		return
+	}
+	if !stored.Done {
+		c.Header("Retry-After", "1")
+		c.JSON(http.StatusConflict, gin.H{"code": "request_in_progress"})
+		return
+	}
+	// The mistake: the stored answer is replayed whatever this request asks for.
+	c.Header("Idempotent-Replayed", "true")
+	c.Data(stored.Status, "application/json", stored.Body)
+}
+
+// listOrders lists a customer's orders, the first 1000.
+func (s *server) listOrders(c *gin.Context) {
+	orders := []Order{}
+	if err := s.db.WithContext(c).Where("customer = ?", c.Query("customer")).Order("id").Limit(1000).Find(&orders).Error; err != nil {
+		s.internal(c, "orders not listed", err)
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"items": orders})
 }
 
 func bearer(token string) gin.HandlerFunc {

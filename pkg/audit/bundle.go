@@ -139,86 +139,104 @@ func writeBundle(ev *dbEvidence, b bundle, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	bw := bufio.NewWriter(w)
-	var werr error
-	put := func(s string) {
-		if werr == nil {
-			_, werr = bw.WriteString(s)
-		}
-	}
-	putJSON := func(v any) {
-		if werr != nil {
-			return
-		}
-		var raw []byte
-		if raw, werr = json.Marshal(v); werr == nil {
-			put(string(raw))
-		}
-	}
-	list := func(i int) {
-		if i > 0 {
-			put(",\n")
-		} else {
-			put("\n")
-		}
-	}
-	put(`{"format":`)
-	putJSON(b.Format)
-	put(`,"exported_at":`)
-	putJSON(b.ExportedAt)
-	put(`,"scope":`)
-	putJSON(b.Scope)
-	if b.PublicKey != "" {
-		put(`,"public_key":`)
-		putJSON(b.PublicKey)
-	}
-	put(`,"through":`)
-	putJSON(through)
-	put(`,"seals":[`)
+	bw := &bundleWriter{w: bufio.NewWriter(w)}
+	bw.header(b, through)
+	bw.put(`,"seals":[`)
 	sealed := map[recordKey]*expected{}
-	n := 0
-	err = ev.seals(func(r sealRow) error {
-		s, err := r.seal()
-		if err != nil {
-			return err
-		}
-		bs := bundleSeal{Seq: s.Seq, Prev: s.Prev, At: s.At.UTC(), First: s.First, Count: s.Count, Through: s.Through,
-			RecordsHash: s.Records, Hash: s.Hash, Signature: s.Signature}
-		if r.Records != nil {
-			bs.Records = json.RawMessage(*r.Records)
-			var entries []auditchain.Entry
-			if err := json.Unmarshal(bs.Records, &entries); err != nil {
-				return fmt.Errorf("seal %d: entries: %w", s.Seq, err)
-			}
-			for _, e := range entries {
-				sealed[recordKey{e.Table, e.ID}] = &expected{entry: e}
-			}
-		}
-		list(n)
-		n++
-		putJSON(bs)
-		return nil
-	})
+	if err := ev.seals(func(r sealRow) error { return bw.seal(r, sealed) }); err != nil {
+		return err
+	}
+	bw.put("],\n\"records\":[")
+	bw.n = 0
+	if err := ev.records(sealed, bw.record); err != nil {
+		return err
+	}
+	bw.put("]}\n")
+	if bw.err != nil {
+		return bw.err
+	}
+	return bw.w.Flush()
+}
+
+// bundleWriter writes a bundle piece by piece; the first write that fails stops the rest, and is its err.
+type bundleWriter struct {
+	w   *bufio.Writer
+	err error
+	// n counts the items of the list being written.
+	n int
+}
+
+func (bw *bundleWriter) put(s string) {
+	if bw.err == nil {
+		_, bw.err = bw.w.WriteString(s)
+	}
+}
+
+func (bw *bundleWriter) putJSON(v any) {
+	if bw.err != nil {
+		return
+	}
+	var raw []byte
+	if raw, bw.err = json.Marshal(v); bw.err == nil {
+		bw.put(string(raw))
+	}
+}
+
+// item starts the next item of a list on a line of its own.
+func (bw *bundleWriter) item() {
+	if bw.n > 0 {
+		bw.put(",\n")
+	} else {
+		bw.put("\n")
+	}
+	bw.n++
+}
+
+// header writes the members before the seals: the format first, and where the seals end.
+func (bw *bundleWriter) header(b bundle, through map[string]auditchain.Position) {
+	bw.put(`{"format":`)
+	bw.putJSON(b.Format)
+	bw.put(`,"exported_at":`)
+	bw.putJSON(b.ExportedAt)
+	bw.put(`,"scope":`)
+	bw.putJSON(b.Scope)
+	if b.PublicKey != "" {
+		bw.put(`,"public_key":`)
+		bw.putJSON(b.PublicKey)
+	}
+	bw.put(`,"through":`)
+	bw.putJSON(through)
+}
+
+// seal writes one seal, and notes the records its entries hold in sealed.
+func (bw *bundleWriter) seal(r sealRow, sealed map[recordKey]*expected) error {
+	s, err := r.seal()
 	if err != nil {
 		return err
 	}
-	put("],\n\"records\":[")
-	n = 0
-	err = ev.records(sealed, func(r storedRecord) error {
-		list(n)
-		n++
-		putJSON(bundleRecord{Table: r.Table, ID: r.ID, XID: r.Pos.XID, AccountID: r.AccountID, Subject: r.Subject,
-			CreatedAt: r.CreatedAt.UTC(), Record: r.Body})
-		return nil
-	})
-	if err != nil {
-		return err
+	bs := bundleSeal{Seq: s.Seq, Prev: s.Prev, At: s.At.UTC(), First: s.First, Count: s.Count, Through: s.Through,
+		RecordsHash: s.Records, Hash: s.Hash, Signature: s.Signature}
+	if r.Records != nil {
+		bs.Records = json.RawMessage(*r.Records)
+		var entries []auditchain.Entry
+		if err := json.Unmarshal(bs.Records, &entries); err != nil {
+			return fmt.Errorf("seal %d: entries: %w", s.Seq, err)
+		}
+		for _, e := range entries {
+			sealed[recordKey{e.Table, e.ID}] = &expected{entry: e}
+		}
 	}
-	put("]}\n")
-	if werr != nil {
-		return werr
-	}
-	return bw.Flush()
+	bw.item()
+	bw.putJSON(bs)
+	return nil
+}
+
+// record writes one record with the content its hash covers.
+func (bw *bundleWriter) record(r storedRecord) error {
+	bw.item()
+	bw.putJSON(bundleRecord{Table: r.Table, ID: r.ID, XID: r.Pos.XID, AccountID: r.AccountID, Subject: r.Subject,
+		CreatedAt: r.CreatedAt.UTC(), Record: r.Body})
+	return nil
 }
 
 // BundleOptions narrow the check of a bundle.

@@ -7,6 +7,7 @@ import (
 	"database/sql/driver"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -144,143 +145,190 @@ type mismatch struct {
 
 // check runs every check of a verification on ev: the seals, then each record in scope against them.
 func check(ev evidence, opt checkOptions) (Report, error) {
-	var rep Report
-	var seals []auditchain.Seal
-	sealed := map[recordKey]*expected{}
-	var problems []auditchain.Problem
-	sealProblem := func(k auditchain.Kind, seq int64, format string, args ...any) {
-		problems = append(problems, auditchain.Problem{Kind: k, Chain: auditchain.SealChain, Seq: seq,
-			Ref: fmt.Sprintf("seal %d", seq), Detail: fmt.Sprintf(format, args...)})
-	}
-	err := ev.seals(func(r sealRow) error {
-		rep.Seals++
-		s, err := r.seal()
-		if err != nil {
-			sealProblem(auditchain.Changed, r.Seq, "its through is not valid JSON")
-			return nil
-		}
-		seals = append(seals, s)
-		if r.Records == nil {
-			return nil
-		}
-		raw := json.RawMessage(*r.Records)
-		var entries []auditchain.Entry
-		if err := json.Unmarshal(raw, &entries); err != nil {
-			sealProblem(auditchain.Changed, s.Seq, "its entries are not valid JSON")
-			return nil
-		}
-		if h, err := auditchain.RecordsHash(raw); err != nil || h != s.Records || int64(len(entries)) != s.Count {
-			sealProblem(auditchain.Changed, s.Seq, "its entries do not match the hash and count it carries")
-			return nil
-		}
-		for i, e := range entries {
-			if opt.subjects != nil && !opt.subjects[e.Subject] {
-				continue
-			}
-			k := recordKey{e.Table, e.ID}
-			if before, ok := sealed[k]; ok {
-				problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: e.Subject, Seq: s.First + int64(i),
-					Ref: fmt.Sprintf("%s id %d", e.Table, e.ID), Detail: fmt.Sprintf("seals %d and %d both hold it", before.seal, s.Seq)})
-				continue
-			}
-			sealed[k] = &expected{entry: e, seal: s.Seq, ordinal: s.First + int64(i)}
-		}
-		return nil
-	})
-	if err != nil {
+	c := &checker{opt: opt, sealed: map[recordKey]*expected{}, subjects: map[string]bool{}, unsealed: map[recordKey]bool{}}
+	if err := ev.seals(c.readSeal); err != nil {
 		return Report{}, err
 	}
-	if len(seals) > 0 {
-		rep.LastSeal = &seals[len(seals)-1]
+	if len(c.seals) > 0 {
+		c.rep.LastSeal = &c.seals[len(c.seals)-1]
 	}
-	var p *auditchain.Problem
-	if opt.one {
-		for _, s := range seals {
-			if p = auditchain.VerifySeal(s, opt.pub); p != nil {
-				break
-			}
-		}
-	} else {
-		p = auditchain.VerifySealChain(seals, opt.pub)
+	if p := c.chainProblem(); p != nil {
+		c.problems = append([]auditchain.Problem{*p}, c.problems...)
 	}
-	if p == nil && opt.whole && len(seals) > 0 && seals[0].Seq != 1 {
-		p = &auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain, Seq: seals[0].Seq,
-			Ref: fmt.Sprintf("seal %d", seals[0].Seq), Detail: fmt.Sprintf("seals 1 to %d, before it, are missing", seals[0].Seq-1)}
-	}
-	if p != nil {
-		problems = append([]auditchain.Problem{*p}, problems...)
-	}
-	// The checks above hold each seal's hash to its content and (in a run) to its successor's link, so a pinned
-	// hash found among them, or as the first one's link, is the one the auditor kept, and every seal before it
-	// links to it.
-	pin := opt.pin
-	afterPin := len(seals) > 0 && seals[0].Prev == pin
-	switch {
-	case pin == "":
-	case !afterPin && !slices.ContainsFunc(seals, func(s auditchain.Seal) bool { return s.Hash == pin }):
-		problems = append(problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain,
-			Detail: fmt.Sprintf("the pinned seal %s is not among them: the newest seals were removed or forged", pin)})
-	case opt.pinAnchors && !afterPin && seals[0].Seq != 1:
-		problems = append(problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain, Seq: seals[0].Seq,
-			Ref: fmt.Sprintf("seal %d", seals[0].Seq), Detail: fmt.Sprintf("seals 1 to %d are not here, and the pinned seal is "+
-				"not the one right before them: with --seal, the seals start at seal 1 or right after the pinned one, "+
-				"whatever the scope says", seals[0].Seq-1)})
-	}
-
+	c.checkPin()
 	through, err := ev.through()
 	if err != nil {
 		return Report{}, err
 	}
-	subjects := map[string]bool{}
-	var mismatches []mismatch
-	unsealed := map[recordKey]bool{}
-	err = ev.records(sealed, func(r storedRecord) error {
-		if opt.subjects != nil && !opt.subjects[r.Subject] {
-			return nil
-		}
-		ref := fmt.Sprintf("%s id %d", r.Table, r.ID)
-		if !slices.ContainsFunc(sources, func(s source) bool { return s.table == r.Table }) {
-			problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: r.Subject, Ref: ref,
-				Detail: "no table of audit records has that name"})
-			return nil
-		}
-		k := recordKey{r.Table, r.ID}
-		exp, ok := sealed[k]
-		if (ok && exp.seen) || unsealed[k] {
-			problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: r.Subject, Ref: ref,
-				Detail: "it is there twice: a record is counted once"})
-			return nil
-		}
-		rep.Records++
-		subjects[r.Subject] = true
-		if !ok {
-			unsealed[k] = true
-			if at, ok := through[r.Table]; ok && !after(r.Pos, at) {
-				problems = append(problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: r.Subject, Ref: ref,
-					Detail: "no seal holds it, though the seals hold every record written before it and after"})
-				return nil
-			}
-			rep.Unsealed++
-			if rep.OldestUnsealed.IsZero() || r.CreatedAt.Before(rep.OldestUnsealed) {
-				rep.OldestUnsealed = r.CreatedAt
-			}
-			return nil
-		}
-		exp.seen = true
-		rep.Sealed++
-		h, err := auditchain.RecordHash(r.Body)
-		if err != nil || h != exp.entry.Hash || r.Subject != exp.entry.Subject || r.AccountID != exp.entry.AccountID {
-			mismatches = append(mismatches, mismatch{rec: r, exp: exp, computed: h})
-		}
-		return nil
-	})
-	if err != nil {
+	c.through = through
+	if err := ev.records(c.sealed, c.readRecord); err != nil {
 		return Report{}, err
 	}
-	rep.Subjects = len(subjects)
+	c.rep.Subjects = len(c.subjects)
+	c.problems = append(c.problems, c.subjectProblems()...)
+	c.rep.Problems = c.problems
+	return c.rep, nil
+}
 
-	// One problem per subject, its first by sealed order: a record changed, or records of one subject that hold
-	// each other's content (reordered), or records a seal holds that are gone.
+// checker is one verification under way: what check has read so far, and the problems it found.
+type checker struct {
+	opt      checkOptions
+	rep      Report
+	problems []auditchain.Problem
+	seals    []auditchain.Seal
+	// sealed are the records the seals hold.
+	sealed map[recordKey]*expected
+	// through is where the newest seal ends in each table.
+	through map[string]auditchain.Position
+	// subjects are those whose records were counted; unsealed the records counted that no seal holds.
+	subjects map[string]bool
+	unsealed map[recordKey]bool
+	// mismatches are the sealed records whose content is not what their entry holds.
+	mismatches []mismatch
+}
+
+func (c *checker) sealProblem(k auditchain.Kind, seq int64, format string, args ...any) {
+	c.problems = append(c.problems, auditchain.Problem{Kind: k, Chain: auditchain.SealChain, Seq: seq,
+		Ref: fmt.Sprintf("seal %d", seq), Detail: fmt.Sprintf(format, args...)})
+}
+
+func (c *checker) recordProblem(k auditchain.Kind, r storedRecord, detail string) {
+	c.problems = append(c.problems, auditchain.Problem{Kind: k, Chain: r.Subject,
+		Ref: fmt.Sprintf("%s id %d", r.Table, r.ID), Detail: detail})
+}
+
+// readSeal takes one seal and, when the evidence holds them, its entries: a seal whose entries do not match
+// the hash and count it carries vouches for none of them.
+func (c *checker) readSeal(r sealRow) error {
+	c.rep.Seals++
+	s, err := r.seal()
+	if err != nil {
+		c.sealProblem(auditchain.Changed, r.Seq, "its through is not valid JSON")
+		return nil
+	}
+	c.seals = append(c.seals, s)
+	if r.Records == nil {
+		return nil
+	}
+	raw := json.RawMessage(*r.Records)
+	var entries []auditchain.Entry
+	if err := json.Unmarshal(raw, &entries); err != nil {
+		c.sealProblem(auditchain.Changed, s.Seq, "its entries are not valid JSON")
+		return nil
+	}
+	if h, err := auditchain.RecordsHash(raw); err != nil || h != s.Records || int64(len(entries)) != s.Count {
+		c.sealProblem(auditchain.Changed, s.Seq, "its entries do not match the hash and count it carries")
+		return nil
+	}
+	c.expect(s, entries)
+	return nil
+}
+
+// expect notes the entries of seal s in scope as the records it holds; one that an earlier seal holds too is
+// inserted.
+func (c *checker) expect(s auditchain.Seal, entries []auditchain.Entry) {
+	for i, e := range entries {
+		if c.opt.subjects != nil && !c.opt.subjects[e.Subject] {
+			continue
+		}
+		k := recordKey{e.Table, e.ID}
+		if before, ok := c.sealed[k]; ok {
+			c.problems = append(c.problems, auditchain.Problem{Kind: auditchain.Inserted, Chain: e.Subject, Seq: s.First + int64(i),
+				Ref: fmt.Sprintf("%s id %d", e.Table, e.ID), Detail: fmt.Sprintf("seals %d and %d both hold it", before.seal, s.Seq)})
+			continue
+		}
+		c.sealed[k] = &expected{entry: e, seal: s.Seq, ordinal: s.First + int64(i)}
+	}
+}
+
+// chainProblem is the first problem with the seals themselves: each one's hash and signature, and, in a run,
+// each one's link to the one before; a whole record must start at seal 1.
+func (c *checker) chainProblem() *auditchain.Problem {
+	seals := c.seals
+	if c.opt.one {
+		for _, s := range seals {
+			if p := auditchain.VerifySeal(s, c.opt.pub); p != nil {
+				return p
+			}
+		}
+	} else if p := auditchain.VerifySealChain(seals, c.opt.pub); p != nil {
+		return p
+	}
+	if c.opt.whole && len(seals) > 0 && seals[0].Seq != 1 {
+		return &auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain, Seq: seals[0].Seq,
+			Ref: fmt.Sprintf("seal %d", seals[0].Seq), Detail: fmt.Sprintf("seals 1 to %d, before it, are missing", seals[0].Seq-1)}
+	}
+	return nil
+}
+
+// checkPin holds the seals to the pinned hash (checkOptions.pin). The chain's checks hold each seal's hash to
+// its content and (in a run) to its successor's link, so a pinned hash found among them, or as the first one's
+// link, is the one the auditor kept, and every seal before it links to it.
+func (c *checker) checkPin() {
+	pin, seals := c.opt.pin, c.seals
+	afterPin := len(seals) > 0 && seals[0].Prev == pin
+	switch {
+	case pin == "":
+	case !afterPin && !slices.ContainsFunc(seals, func(s auditchain.Seal) bool { return s.Hash == pin }):
+		c.problems = append(c.problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain,
+			Detail: fmt.Sprintf("the pinned seal %s is not among them: the newest seals were removed or forged", pin)})
+	case c.opt.pinAnchors && !afterPin && seals[0].Seq != 1:
+		c.problems = append(c.problems, auditchain.Problem{Kind: auditchain.Missing, Chain: auditchain.SealChain, Seq: seals[0].Seq,
+			Ref: fmt.Sprintf("seal %d", seals[0].Seq), Detail: fmt.Sprintf("seals 1 to %d are not here, and the pinned seal is "+
+				"not the one right before them: with --seal, the seals start at seal 1 or right after the pinned one, "+
+				"whatever the scope says", seals[0].Seq-1)})
+	}
+}
+
+// readRecord counts one stored record in scope and checks it against the seal that holds it, or, when none
+// does, against where the seals end.
+func (c *checker) readRecord(r storedRecord) error {
+	if c.opt.subjects != nil && !c.opt.subjects[r.Subject] {
+		return nil
+	}
+	if !slices.ContainsFunc(sources, func(s source) bool { return s.table == r.Table }) {
+		c.recordProblem(auditchain.Inserted, r, "no table of audit records has that name")
+		return nil
+	}
+	k := recordKey{r.Table, r.ID}
+	exp, ok := c.sealed[k]
+	if (ok && exp.seen) || c.unsealed[k] {
+		c.recordProblem(auditchain.Inserted, r, "it is there twice: a record is counted once")
+		return nil
+	}
+	c.rep.Records++
+	c.subjects[r.Subject] = true
+	if !ok {
+		c.unsealed[k] = true
+		c.readUnsealed(r)
+		return nil
+	}
+	exp.seen = true
+	c.rep.Sealed++
+	h, err := auditchain.RecordHash(r.Body)
+	if err != nil || h != exp.entry.Hash || r.Subject != exp.entry.Subject || r.AccountID != exp.entry.AccountID {
+		c.mismatches = append(c.mismatches, mismatch{rec: r, exp: exp, computed: h})
+	}
+	return nil
+}
+
+// readUnsealed counts a record no seal holds: it must come after where the seals end in its table.
+func (c *checker) readUnsealed(r storedRecord) {
+	if at, ok := c.through[r.Table]; ok && !after(r.Pos, at) {
+		c.recordProblem(auditchain.Inserted, r,
+			"no seal holds it, though the seals hold every record written before it and after")
+		return
+	}
+	c.rep.Unsealed++
+	if c.rep.OldestUnsealed.IsZero() || r.CreatedAt.Before(c.rep.OldestUnsealed) {
+		c.rep.OldestUnsealed = r.CreatedAt
+	}
+}
+
+// subjectProblems are the problems of the sealed records, one per subject (its first by sealed order), in
+// the order of the subjects' names: a record changed, or records of one subject that hold each other's content
+// (reordered), or records a seal holds that are gone.
+func (c *checker) subjectProblems() []auditchain.Problem {
 	type firstProblem struct {
 		ordinal int64
 		p       auditchain.Problem
@@ -291,39 +339,45 @@ func check(ev evidence, opt checkOptions) (Report, error) {
 			bySubject[subject] = firstProblem{ordinal, p}
 		}
 	}
-	stored, held := map[string][]string{}, map[string][]string{}
-	for _, m := range mismatches {
-		stored[m.exp.entry.Subject] = append(stored[m.exp.entry.Subject], m.computed)
-		held[m.exp.entry.Subject] = append(held[m.exp.entry.Subject], m.exp.entry.Hash)
-	}
-	for _, m := range mismatches {
+	reordered := c.reorderedSubjects()
+	for _, m := range c.mismatches {
 		s := m.exp.entry.Subject
-		a, b := slices.Clone(stored[s]), slices.Clone(held[s])
-		slices.Sort(a)
-		slices.Sort(b)
 		kind, detail := auditchain.Changed, fmt.Sprintf("its content does not match what seal %d holds", m.exp.seal)
-		if len(a) > 1 && slices.Equal(a, b) {
+		if reordered[s] {
 			kind, detail = auditchain.OutOfOrder, fmt.Sprintf("it holds the content seal %d holds for another record of %s", m.exp.seal, s)
 		}
 		note(s, m.exp.ordinal, auditchain.Problem{Kind: kind, Chain: s, Seq: m.exp.ordinal,
 			Ref: fmt.Sprintf("%s id %d", m.rec.Table, m.rec.ID), Detail: detail})
 	}
-	for _, exp := range sealed {
+	for _, exp := range c.sealed {
 		if !exp.seen {
 			note(exp.entry.Subject, exp.ordinal, auditchain.Problem{Kind: auditchain.Missing, Chain: exp.entry.Subject, Seq: exp.ordinal,
 				Ref: fmt.Sprintf("%s id %d", exp.entry.Table, exp.entry.ID), Detail: fmt.Sprintf("seal %d holds it, but it is gone", exp.seal)})
 		}
 	}
-	names := make([]string, 0, len(bySubject))
-	for s := range bySubject {
-		names = append(names, s)
-	}
-	slices.Sort(names)
-	for _, s := range names {
+	problems := make([]auditchain.Problem, 0, len(bySubject))
+	for _, s := range slices.Sorted(maps.Keys(bySubject)) {
 		problems = append(problems, bySubject[s].p)
 	}
-	rep.Problems = problems
-	return rep, nil
+	return problems
+}
+
+// reorderedSubjects are the subjects with more than one mismatched record whose records hold between them
+// exactly the contents their entries do: reordered, not changed.
+func (c *checker) reorderedSubjects() map[string]bool {
+	stored, held := map[string][]string{}, map[string][]string{}
+	for _, m := range c.mismatches {
+		stored[m.exp.entry.Subject] = append(stored[m.exp.entry.Subject], m.computed)
+		held[m.exp.entry.Subject] = append(held[m.exp.entry.Subject], m.exp.entry.Hash)
+	}
+	reordered := map[string]bool{}
+	for s, a := range stored {
+		b := held[s]
+		slices.Sort(a)
+		slices.Sort(b)
+		reordered[s] = len(a) > 1 && slices.Equal(a, b)
+	}
+	return reordered
 }
 
 // after reports whether p comes after at in (xid, id) order.
@@ -423,26 +477,42 @@ func (e *dbEvidence) through() (map[string]auditchain.Position, error) {
 func (e *dbEvidence) records(sealed map[recordKey]*expected, emit func(storedRecord) error) error {
 	switch {
 	case e.opt.OperationID != "":
-		for _, src := range sources {
-			q := `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE ` + src.subject + ` IN ?`
-			args := []any{e.subjectList()}
-			if e.opt.AccountID != "" {
-				q = `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE account_id = ? AND ` + src.subject + ` IN ?`
-				args = append([]any{e.opt.AccountID}, args...)
-			}
-			if err := e.stream(src, q+` ORDER BY xid, id`, args, emit); err != nil {
-				return err
-			}
-		}
-		return nil
+		return e.subjectRecords(emit)
 	case e.opt.Since.IsZero() && e.until.IsZero():
-		for _, src := range sources {
-			if err := e.stream(src, `SELECT `+src.columns+` FROM `+src.table+` ORDER BY xid, id`, nil, emit); err != nil {
-				return err
-			}
-		}
-		return nil
+		return e.allRecords(emit)
 	}
+	return e.rangeRecords(sealed, emit)
+}
+
+// subjectRecords reads the records of the operation and the subjects checked with it, by their account's keys
+// when the account is known.
+func (e *dbEvidence) subjectRecords(emit func(storedRecord) error) error {
+	for _, src := range sources {
+		q := `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE ` + src.subject + ` IN ?`
+		args := []any{e.subjectList()}
+		if e.opt.AccountID != "" {
+			q = `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE account_id = ? AND ` + src.subject + ` IN ?`
+			args = append([]any{e.opt.AccountID}, args...)
+		}
+		if err := e.stream(src, q+` ORDER BY xid, id`, args, emit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// allRecords reads every record of every table.
+func (e *dbEvidence) allRecords(emit func(storedRecord) error) error {
+	for _, src := range sources {
+		if err := e.stream(src, `SELECT `+src.columns+` FROM `+src.table+` ORDER BY xid, id`, nil, emit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rangeRecords reads the records sealed names and, without an until, those not sealed yet.
+func (e *dbEvidence) rangeRecords(sealed map[recordKey]*expected, emit func(storedRecord) error) error {
 	through, err := e.through()
 	if err != nil {
 		return err

@@ -127,12 +127,28 @@ func (r *runner) concurrentCopies(ctx context.Context, c *caseRun) {
 	if !ok {
 		return
 	}
-	key := r.key(c)
-	copies := r.spec.Copies
-	answers := make([]response, copies)
+	answers, took := r.sendCopies(ctx, c, r.key(c), body)
+	tally, results, bad := r.tallyCopies(answers)
+	c.note("%d copies in %s: %s", len(answers), took.Round(time.Millisecond), formatTally(tally))
+	if bad > 0 {
+		c.fail("%d answer(s) neither the result nor 409 with Retry-After", bad)
+	}
+	if len(results) == 0 {
+		c.fail("no copy got the result")
+	}
+	if n := distinctResults(results); n > 1 {
+		c.fail("%d different results for one key", n)
+	}
+	r.effects(ctx, c, n0, 1)
+}
+
+// sendCopies sends the spec's number of copies of one write under key, released together, and says how long
+// they took.
+func (r *runner) sendCopies(ctx context.Context, c *caseRun, key string, body []byte) ([]response, time.Duration) {
+	answers := make([]response, r.spec.Copies)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
-	for i := range copies {
+	for i := range answers {
 		wg.Go(func() {
 			<-start
 			answers[i] = r.write(ctx, c, keyOf(key), body)
@@ -141,11 +157,13 @@ func (r *runner) concurrentCopies(ctx context.Context, c *caseRun) {
 	began := time.Now()
 	close(start)
 	wg.Wait()
-	took := time.Since(began)
+	return answers, time.Since(began)
+}
 
-	tally := map[string]int{}
-	var results []response
-	bad := 0
+// tallyCopies counts the copies' answers by kind: the results (2xx, replayed or not), in progress (409), and
+// the bad ones, each by its description.
+func (r *runner) tallyCopies(answers []response) (tally map[string]int, results []response, bad int) {
+	tally = map[string]int{}
 	for _, a := range answers {
 		switch {
 		case is2xx(a):
@@ -162,13 +180,11 @@ func (r *runner) concurrentCopies(ctx context.Context, c *caseRun) {
 			bad++
 		}
 	}
-	c.note("%d copies in %s: %s", copies, took.Round(time.Millisecond), formatTally(tally))
-	if bad > 0 {
-		c.fail("%d answer(s) neither the result nor 409 with Retry-After", bad)
-	}
-	if len(results) == 0 {
-		c.fail("no copy got the result")
-	}
+	return tally, results, bad
+}
+
+// distinctResults counts the different results (status and JSON body) among results.
+func distinctResults(results []response) int {
 	var distinct []response
 	for _, a := range results {
 		seen := false
@@ -179,10 +195,7 @@ func (r *runner) concurrentCopies(ctx context.Context, c *caseRun) {
 			distinct = append(distinct, a)
 		}
 	}
-	if len(distinct) > 1 {
-		c.fail("%d different results for one key", len(distinct))
-	}
-	r.effects(ctx, c, n0, 1)
+	return len(distinct)
 }
 
 func formatTally(t map[string]int) string {
@@ -288,14 +301,8 @@ func lastJSONLine(out []byte) []byte {
 // changedPayload: the same key with a different intent is refused (422 or 409), nothing runs, the stored
 // result is not shown, and the operation is named when the API names operations.
 func (r *runner) changedPayload(ctx context.Context, c *caseRun) {
-	body, err := r.body(c, r.spec.Body)
-	if err != nil {
-		c.error("%v", err)
-		return
-	}
-	variant, err := r.body(c, r.spec.Variant)
-	if err != nil {
-		c.error("%v", err)
+	body, variant, ok := r.bodyAndVariant(c)
+	if !ok {
 		return
 	}
 	n0, ok := r.before(ctx, c)
@@ -314,21 +321,7 @@ func (r *runner) changedPayload(ctx context.Context, c *caseRun) {
 	}
 	a := r.write(ctx, c, keyOf(key), variant)
 	c.note("first %s; variant under the same key: %s", stored.describe(), a.describe())
-	if a.err != nil || (a.status != http.StatusUnprocessableEntity && a.status != http.StatusConflict) {
-		c.fail("variant not refused with 422 or 409")
-	}
-	if a.err == nil {
-		if leaked(a.body, stored.body, r.spec.Path, c.vars) {
-			c.fail("the answer shows the stored result (its id)")
-		}
-		if op := stored.header.Get("Operation-Id"); op != "" {
-			if bytes.Contains(a.body, []byte(op)) || a.header.Get("Operation-Id") == op {
-				c.note("names operation %s", op)
-			} else {
-				c.fail("the API names operations (Operation-Id %s) but the refusal does not", op)
-			}
-		}
-	}
+	r.judgeRefusal(c, stored, a)
 	n2, err := r.count(ctx, c)
 	switch {
 	case err != nil:
@@ -339,6 +332,42 @@ func (r *runner) changedPayload(ctx context.Context, c *caseRun) {
 		c.fail("the variant ran: effect %d -> %d", n1, n2)
 	default:
 		c.note("effect %d -> %d, none from the variant", n0, n2)
+	}
+}
+
+// bodyAndVariant are the case's body and variant, their placeholders filled.
+func (r *runner) bodyAndVariant(c *caseRun) (body, variant []byte, ok bool) {
+	body, err := r.body(c, r.spec.Body)
+	if err != nil {
+		c.error("%v", err)
+		return nil, nil, false
+	}
+	variant, err = r.body(c, r.spec.Variant)
+	if err != nil {
+		c.error("%v", err)
+		return nil, nil, false
+	}
+	return body, variant, true
+}
+
+// judgeRefusal checks the answer a to the variant of the write that stored stored: refused with 422 or 409,
+// without showing the stored result, and naming the operation when the API names operations.
+func (r *runner) judgeRefusal(c *caseRun, stored, a response) {
+	if a.err != nil || (a.status != http.StatusUnprocessableEntity && a.status != http.StatusConflict) {
+		c.fail("variant not refused with 422 or 409")
+	}
+	if a.err != nil {
+		return
+	}
+	if leaked(a.body, stored.body, r.spec.Path, c.vars) {
+		c.fail("the answer shows the stored result (its id)")
+	}
+	if op := stored.header.Get("Operation-Id"); op != "" {
+		if bytes.Contains(a.body, []byte(op)) || a.header.Get("Operation-Id") == op {
+			c.note("names operation %s", op)
+		} else {
+			c.fail("the API names operations (Operation-Id %s) but the refusal does not", op)
+		}
 	}
 }
 

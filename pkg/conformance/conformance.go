@@ -187,54 +187,25 @@ type runner struct {
 }
 
 func newRunner(spec Spec, opts Options) (*runner, error) {
-	if opts.Getenv == nil {
-		opts.Getenv = os.Getenv
+	if err := opts.prepare(); err != nil {
+		return nil, err
 	}
 	if opts.Copies > 0 {
-		if opts.Copies < 2 || opts.Copies > maxCopies {
-			return nil, fmt.Errorf("copies must be 2 to %d", maxCopies)
-		}
 		spec.Copies = opts.Copies
-	}
-	if opts.RequestTimeout <= 0 {
-		opts.RequestTimeout = 10 * time.Second
-	}
-	if opts.SettleTimeout <= 0 {
-		opts.SettleTimeout = 15 * time.Second
-	}
-	if opts.HookTimeout <= 0 {
-		opts.HookTimeout = 60 * time.Second
-	}
-	for _, n := range opts.Cases {
-		if n < CaseLostResponse || n > CaseKilledWorker {
-			return nil, fmt.Errorf("case %d: cases are numbered 1 to 7", n)
-		}
 	}
 	target, err := parseBase(opts.Target)
 	if err != nil {
 		return nil, err
 	}
 	r := &runner{spec: spec, opts: opts, target: target, allowed: map[string]bool{hostPort(target): true}}
-	for _, a := range opts.Allow {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return nil, fmt.Errorf("allow %q: want host:port", a)
-		}
-		r.allowed[strings.ToLower(a)] = true
+	if err := r.allowNamed(opts.Allow); err != nil {
+		return nil, err
 	}
 	if err := r.collectSecrets(); err != nil {
 		return nil, err
 	}
-	if spec.Count.URL != "" && spec.Count.Command == "" && opts.Counter == nil {
-		u, err := r.resolve(spec.Count.URL)
-		if err != nil {
-			return nil, fmt.Errorf("count url: %w", err)
-		}
-		if !r.isAllowed(hostPort(u)) {
-			return nil, fmt.Errorf("count url: %s is not the target; name it with --allow %s to let the run contact it", hostPort(u), hostPort(u))
-		}
-	}
-	if spec.Count.URL == "" && spec.Count.Command == "" && opts.Counter == nil {
-		return nil, fmt.Errorf("request file: count is required: a url with length or field, or a command")
+	if err := r.checkCounter(); err != nil {
+		return nil, err
 	}
 	name, value, _ := strings.Cut(spec.ReplayMarker, ":")
 	r.marker = [2]string{strings.TrimSpace(name), strings.TrimSpace(value)}
@@ -243,6 +214,62 @@ func newRunner(spec Spec, opts Options) (*runner, error) {
 	r.runID = "c" + hex.EncodeToString(id[:])
 	r.client = r.newClient(false)
 	return r, nil
+}
+
+// prepare fills in the options' defaults and checks the copies and cases asked for.
+func (o *Options) prepare() error {
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.Copies > 0 && (o.Copies < 2 || o.Copies > maxCopies) {
+		return fmt.Errorf("copies must be 2 to %d", maxCopies)
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 10 * time.Second
+	}
+	if o.SettleTimeout <= 0 {
+		o.SettleTimeout = 15 * time.Second
+	}
+	if o.HookTimeout <= 0 {
+		o.HookTimeout = 60 * time.Second
+	}
+	for _, n := range o.Cases {
+		if n < CaseLostResponse || n > CaseKilledWorker {
+			return fmt.Errorf("case %d: cases are numbered 1 to 7", n)
+		}
+	}
+	return nil
+}
+
+// allowNamed lets the run contact the addresses the user named (host:port) besides the target.
+func (r *runner) allowNamed(addrs []string) error {
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("allow %q: want host:port", a)
+		}
+		r.allow(a)
+	}
+	return nil
+}
+
+// checkCounter checks that the run has a way to count the effect, and that a count url is an address it may
+// contact.
+func (r *runner) checkCounter() error {
+	count := r.spec.Count
+	if r.opts.Counter != nil || count.Command != "" {
+		return nil
+	}
+	if count.URL == "" {
+		return fmt.Errorf("request file: count is required: a url with length or field, or a command")
+	}
+	u, err := r.resolve(count.URL)
+	if err != nil {
+		return fmt.Errorf("count url: %w", err)
+	}
+	if !r.isAllowed(hostPort(u)) {
+		return fmt.Errorf("count url: %s is not the target; name it with --allow %s to let the run contact it", hostPort(u), hostPort(u))
+	}
+	return nil
 }
 
 func parseBase(s string) (*url.URL, error) {

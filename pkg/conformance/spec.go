@@ -108,67 +108,21 @@ const (
 	maxSetupSteps = 10
 )
 
+// check checks a spec and fills in its defaults.
 func (s *Spec) check() error {
 	s.Method = strings.ToUpper(s.Method)
-	switch s.Method {
-	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
-	default:
-		return fmt.Errorf("method %q: a write is POST, PUT, PATCH or DELETE", s.Method)
-	}
-	if !strings.HasPrefix(s.Path, "/") {
-		return fmt.Errorf("path %q must start with /", s.Path)
-	}
-	if !json.Valid(s.Body) {
-		return fmt.Errorf("body must be a JSON value")
-	}
-	if !json.Valid(s.Variant) {
-		return fmt.Errorf("variant must be a JSON value (the same write with a different intent)")
-	}
-	if jsonEqual(s.Body, s.Variant) {
-		return fmt.Errorf("variant must differ from body")
-	}
-	if err := checkHeaders(s.Headers); err != nil {
+	if err := s.checkRequest(); err != nil {
 		return err
 	}
-	if err := checkHeaders(s.Count.Headers); err != nil {
+	if err := s.Count.check(); err != nil {
 		return fmt.Errorf("count: %w", err)
-	}
-	kinds := 0
-	if s.Count.URL != "" {
-		kinds++
-		if (s.Count.Length == "") == (s.Count.Field == "") {
-			return fmt.Errorf("count: with url, name exactly one of length (a list) or field (a number)")
-		}
-	}
-	if s.Count.Command != "" {
-		kinds++
-	}
-	if kinds > 1 {
-		return fmt.Errorf("count: url or command, not both")
-	}
-	if m := placeholder.FindStringSubmatch(s.Count.Command); m != nil {
-		return fmt.Errorf("count: command: {{%s}} is never filled into a command (a value from the target could run as "+
-			"code); read it from the environment, quoted, as \"$%s\"", m[1], envName(m[1]))
 	}
 	if len(s.Setup) > maxSetupSteps {
 		return fmt.Errorf("setup: at most %d steps", maxSetupSteps)
 	}
 	for i := range s.Setup {
-		st := &s.Setup[i]
-		st.Method = strings.ToUpper(st.Method)
-		if st.Method == "" || !strings.HasPrefix(st.Path, "/") {
-			return fmt.Errorf("setup %d: method and a path starting with / are required", i+1)
-		}
-		if len(st.Body) > 0 && !json.Valid(st.Body) {
-			return fmt.Errorf("setup %d: body must be a JSON value", i+1)
-		}
-		if err := checkHeaders(st.Headers); err != nil {
+		if err := s.Setup[i].check(); err != nil {
 			return fmt.Errorf("setup %d: %w", i+1, err)
-		}
-		for name := range st.Save {
-			if !varName.MatchString(name) {
-				return fmt.Errorf("setup %d: save %q: a name is a letter or underscore, then letters, digits and underscores", i+1, name)
-			}
 		}
 	}
 	if s.KeyHeader == "" {
@@ -186,6 +140,67 @@ func (s *Spec) check() error {
 	}
 	if s.Name == "" {
 		s.Name = s.Method + " " + s.Path
+	}
+	return nil
+}
+
+// checkRequest checks the write itself: a write method, a path, a body and a variant that differs from it, and
+// headers that carry no secret written out.
+func (s *Spec) checkRequest() error {
+	switch s.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+	default:
+		return fmt.Errorf("method %q: a write is POST, PUT, PATCH or DELETE", s.Method)
+	}
+	if !strings.HasPrefix(s.Path, "/") {
+		return fmt.Errorf("path %q must start with /", s.Path)
+	}
+	if !json.Valid(s.Body) {
+		return fmt.Errorf("body must be a JSON value")
+	}
+	if !json.Valid(s.Variant) {
+		return fmt.Errorf("variant must be a JSON value (the same write with a different intent)")
+	}
+	if jsonEqual(s.Body, s.Variant) {
+		return fmt.Errorf("variant must differ from body")
+	}
+	return checkHeaders(s.Headers)
+}
+
+// check checks that a count is one way of counting, and a command that is never filled.
+func (c *Count) check() error {
+	if err := checkHeaders(c.Headers); err != nil {
+		return err
+	}
+	if c.URL != "" && (c.Length == "") == (c.Field == "") {
+		return fmt.Errorf("with url, name exactly one of length (a list) or field (a number)")
+	}
+	if c.URL != "" && c.Command != "" {
+		return fmt.Errorf("url or command, not both")
+	}
+	if m := placeholder.FindStringSubmatch(c.Command); m != nil {
+		return fmt.Errorf("command: {{%s}} is never filled into a command (a value from the target could run as "+
+			"code); read it from the environment, quoted, as \"$%s\"", m[1], envName(m[1]))
+	}
+	return nil
+}
+
+// check checks a setup step: a method, a path, a JSON body if any, headers and the names it saves.
+func (st *Step) check() error {
+	st.Method = strings.ToUpper(st.Method)
+	if st.Method == "" || !strings.HasPrefix(st.Path, "/") {
+		return fmt.Errorf("method and a path starting with / are required")
+	}
+	if len(st.Body) > 0 && !json.Valid(st.Body) {
+		return fmt.Errorf("body must be a JSON value")
+	}
+	if err := checkHeaders(st.Headers); err != nil {
+		return err
+	}
+	for name := range st.Save {
+		if !varName.MatchString(name) {
+			return fmt.Errorf("save %q: a name is a letter or underscore, then letters, digits and underscores", name)
+		}
 	}
 	return nil
 }

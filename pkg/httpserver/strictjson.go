@@ -78,55 +78,71 @@ func (w *walker) value(t reflect.Type) error {
 	t = opaque(t)
 	switch tok.Kind() {
 	case '{':
-		fields := fieldsOf(t)
-		var elem reflect.Type
-		if t != nil && t.Kind() == reflect.Map {
-			elem = t.Elem()
-		}
-		seen := map[string]bool{}
-		for w.dec.PeekKind() != '}' {
-			tok, err := w.dec.ReadToken()
-			if err != nil {
-				return w.syntaxError(err)
-			}
-			name := tok.String()
-			w.path = append(w.path, pathStep{name: name})
-			if seen[name] {
-				return w.nameError("appears more than once in one object")
-			}
-			seen[name] = true
-			next := elem
-			if fields != nil {
-				if ft, exact := fields.exact[name]; exact {
-					next = ft
-				} else if canonical, folded := fields.folded(name); folded {
-					return w.nameError(fmt.Sprintf("matches the field %q only by case; names are case-sensitive", canonical))
-				}
-			}
-			if err := w.value(next); err != nil {
-				return err
-			}
-			w.path = w.path[:len(w.path)-1]
-		}
+		err = w.object(t)
 	case '[':
-		var elem reflect.Type
-		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
-			elem = t.Elem()
-		}
-		for i := 0; w.dec.PeekKind() != ']'; i++ {
-			w.path = append(w.path, pathStep{index: i, isIndex: true})
-			if err := w.value(elem); err != nil {
-				return err
-			}
-			w.path = w.path[:len(w.path)-1]
-		}
+		err = w.array(t)
 	case '0':
 		return w.number(tok.String(), t)
 	default:
 		return nil
 	}
+	if err != nil {
+		return err
+	}
 	if _, err := w.dec.ReadToken(); err != nil { // the '}' or ']'
 		return w.syntaxError(err)
+	}
+	return nil
+}
+
+// object reads the members of an object of type t, up to its '}': each name once, and each field's name as
+// the field spells it.
+func (w *walker) object(t reflect.Type) error {
+	fields := fieldsOf(t)
+	var elem reflect.Type
+	if t != nil && t.Kind() == reflect.Map {
+		elem = t.Elem()
+	}
+	seen := map[string]bool{}
+	for w.dec.PeekKind() != '}' {
+		tok, err := w.dec.ReadToken()
+		if err != nil {
+			return w.syntaxError(err)
+		}
+		name := tok.String()
+		w.path = append(w.path, pathStep{name: name})
+		if seen[name] {
+			return w.nameError("appears more than once in one object")
+		}
+		seen[name] = true
+		next := elem
+		if fields != nil {
+			if ft, exact := fields.exact[name]; exact {
+				next = ft
+			} else if canonical, folded := fields.folded(name); folded {
+				return w.nameError(fmt.Sprintf("matches the field %q only by case; names are case-sensitive", canonical))
+			}
+		}
+		if err := w.value(next); err != nil {
+			return err
+		}
+		w.path = w.path[:len(w.path)-1]
+	}
+	return nil
+}
+
+// array reads the elements of an array of type t, up to its ']'.
+func (w *walker) array(t reflect.Type) error {
+	var elem reflect.Type
+	if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		elem = t.Elem()
+	}
+	for i := 0; w.dec.PeekKind() != ']'; i++ {
+		w.path = append(w.path, pathStep{index: i, isIndex: true})
+		if err := w.value(elem); err != nil {
+			return err
+		}
+		w.path = w.path[:len(w.path)-1]
 	}
 	return nil
 }

@@ -42,43 +42,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	if err != nil {
 		return fmt.Errorf("deploys: reconcile %s: %w", op.ID, err)
 	}
-	now := time.Now
-	if r.Now != nil {
-		now = r.Now
-	}
-	var claim Claim
-	err = r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		claim, err = r.Store.TakeOver(ctx, tx, d, now())
+	claim, settled, err := r.takeOver(ctx, op, d)
+	if err != nil || settled {
 		return err
-	})
-	if errors.Is(err, ErrLockLost) {
-		// The deploy no longer holds the lock: its worker or a cancel settled it after the lease ran out.
-		if latest, lerr := r.Store.DeployByOperation(ctx, r.DB, op.AccountID, op.ID); lerr == nil && latest.State != StateUnknown {
-			return nil
-		}
-		return fmt.Errorf("deploys: reconcile %s: deploy %s is unknown but does not hold its environment's lock", op.ID, d.ID)
-	}
-	if err != nil {
-		return fmt.Errorf("deploys: reconcile %s: %w", op.ID, err)
 	}
 	if err := r.Target.Fence(ctx, d.AccountID, d.Environment, claim.Token); err != nil {
 		return err
 	}
-	marker, activated, err := r.Target.Activation(ctx, d.ID)
-	lookup := map[string]any{"target": "deploy_target", "call": "activation", "deploy_id": d.ID}
+	marker, activated, err := r.lookUpActivation(ctx, op, d)
 	if err != nil {
-		// A failed lookup is recorded too: when someone asked, and that they could not learn.
-		lookup["result"], lookup["reason"] = "failed", opstatus.ReasonTargetError
-		if aerr := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
-			return errors.Join(err, aerr)
-		}
-		return err
-	}
-	lookup["found"], lookup["result"] = activated, "not_found"
-	if activated {
-		lookup["result"], lookup["marker"] = "found", marker
-	}
-	if err := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); err != nil {
 		return err
 	}
 	evidence := map[string]any{"target_marker": nil, "fencing_token": claim.Token,
@@ -98,4 +70,49 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	}
 	opstatus.ObserveFinished(r.Observer, op.Kind, state)
 	return nil
+}
+
+// takeOver takes d's environment lock over with a new fencing token. settled says that d no longer holds the
+// lock because its worker or a cancel settled it after the lease ran out: there is nothing to reconcile.
+func (r *Reconciler) takeOver(ctx context.Context, op opstatus.Operation, d Deploy) (claim Claim, settled bool, err error) {
+	now := time.Now
+	if r.Now != nil {
+		now = r.Now
+	}
+	err = r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		claim, err = r.Store.TakeOver(ctx, tx, d, now())
+		return err
+	})
+	if errors.Is(err, ErrLockLost) {
+		if latest, lerr := r.Store.DeployByOperation(ctx, r.DB, op.AccountID, op.ID); lerr == nil && latest.State != StateUnknown {
+			return Claim{}, true, nil
+		}
+		return Claim{}, false, fmt.Errorf("deploys: reconcile %s: deploy %s is unknown but does not hold its environment's lock", op.ID, d.ID)
+	}
+	if err != nil {
+		return Claim{}, false, fmt.Errorf("deploys: reconcile %s: %w", op.ID, err)
+	}
+	return claim, false, nil
+}
+
+// lookUpActivation asks the target whether d was activated, and records what it said as the operation's
+// target_lookup event: a failed lookup too (when someone asked, and that they could not learn).
+func (r *Reconciler) lookUpActivation(ctx context.Context, op opstatus.Operation, d Deploy) (Activation, bool, error) {
+	marker, activated, err := r.Target.Activation(ctx, d.ID)
+	lookup := map[string]any{"target": "deploy_target", "call": "activation", "deploy_id": d.ID}
+	if err != nil {
+		lookup["result"], lookup["reason"] = "failed", opstatus.ReasonTargetError
+		if aerr := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
+			return Activation{}, false, errors.Join(err, aerr)
+		}
+		return Activation{}, false, err
+	}
+	lookup["found"], lookup["result"] = activated, "not_found"
+	if activated {
+		lookup["result"], lookup["marker"] = "found", marker
+	}
+	if err := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); err != nil {
+		return Activation{}, false, err
+	}
+	return marker, activated, nil
 }

@@ -48,65 +48,15 @@ const selectDeploy = `SELECT ` + deployColumns + ` FROM deploys d `
 // environment; the lock row decides between them in one statement.
 func (s PostgresStore) CreateDeploy(ctx context.Context, tx *gorm.DB, nd NewDeploy) (Deploy, error) {
 	db := tx.WithContext(ctx)
-	if err := db.Exec(`INSERT INTO deploy_accounts (account_id) VALUES (?) ON CONFLICT DO NOTHING`, nd.AccountID).Error; err != nil {
-		return Deploy{}, fmt.Errorf("deploys: register account: %w", err)
-	}
-	if err := db.Exec(`INSERT INTO environments (account_id, name) VALUES (?, ?) ON CONFLICT DO NOTHING`,
-		nd.AccountID, nd.Environment).Error; err != nil {
-		return Deploy{}, fmt.Errorf("deploys: create environment: %w", err)
-	}
-	var env []struct {
-		Version         int64
-		CurrentDeployID *string
-	}
-	if err := db.Raw(`SELECT version, current_deploy_id FROM environments WHERE account_id = ? AND name = ? FOR UPDATE`,
-		nd.AccountID, nd.Environment).Scan(&env).Error; err != nil {
-		return Deploy{}, fmt.Errorf("deploys: lock environment: %w", err)
-	}
-	if len(env) != 1 {
-		return Deploy{}, fmt.Errorf("deploys: environment %q vanished", nd.Environment)
-	}
-	version := env[0].Version
-	if nd.ExpectedEnvironmentVersion != nil && *nd.ExpectedEnvironmentVersion != version {
-		return Deploy{}, versionMismatch(nd.Environment, version, *nd.ExpectedEnvironmentVersion)
-	}
-	if nd.RollsBackDeployID != nil && (env[0].CurrentDeployID == nil || *env[0].CurrentDeployID != *nd.RollsBackDeployID) {
-		return Deploy{}, problem.New(problem.CodeInvalidState,
-			"deploy %s is no longer the current deploy of environment %s", *nd.RollsBackDeployID, nd.Environment)
-	}
-
-	id := ids.New("dep_")
-	var token []int64
-	err := db.Raw(`
-INSERT INTO environment_locks (account_id, environment, holder_deploy_id, fencing_token, acquired_at)
-VALUES (?, ?, ?, 1, now())
-ON CONFLICT (account_id, environment) DO UPDATE
-SET holder_deploy_id = EXCLUDED.holder_deploy_id, fencing_token = environment_locks.fencing_token + 1,
-    acquired_at = now(), lease_expires_at = NULL
-WHERE environment_locks.holder_deploy_id IS NULL
-RETURNING fencing_token`, nd.AccountID, nd.Environment, id).Scan(&token).Error
+	version, err := lockEnvironment(db, nd)
 	if err != nil {
-		return Deploy{}, fmt.Errorf("deploys: acquire lock: %w", err)
+		return Deploy{}, err
 	}
-	if len(token) == 0 {
-		var holder []string
-		if err := db.Raw(`SELECT holder_deploy_id FROM environment_locks WHERE account_id = ? AND environment = ?`,
-			nd.AccountID, nd.Environment).Scan(&holder).Error; err != nil {
-			return Deploy{}, fmt.Errorf("deploys: lock holder: %w", err)
-		}
-		e := &problem.Error{
-			Code: problem.CodeEnvironmentLocked,
-			Detail: fmt.Sprintf("environment %s is locked by another deploy that is queued or running; wait for it (GET /v1/deploys/{holder_deploy_id}) or cancel it",
-				nd.Environment),
-			RetryAfter: lockRetryAfter,
-		}
-		e.With("environment", nd.Environment)
-		if len(holder) == 1 {
-			e.With("holder_deploy_id", holder[0])
-		}
-		return Deploy{}, e
+	id := ids.New("dep_")
+	token, err := acquireEnvironmentLock(db, nd, id)
+	if err != nil {
+		return Deploy{}, err
 	}
-
 	var rows []deployRow
 	err = db.Raw(`
 WITH d AS (
@@ -117,11 +67,80 @@ WITH d AS (
 )
 SELECT `+deployColumns+` FROM d`,
 		id, nd.AccountID, nd.OperationID, nd.Kind, nd.Service, nd.Environment, nd.Artifact, nd.CommitSHA,
-		nd.RollsBackDeployID, version, token[0], nd.StepsTotal).Scan(&rows).Error
+		nd.RollsBackDeployID, version, token, nd.StepsTotal).Scan(&rows).Error
 	if err != nil {
 		return Deploy{}, fmt.Errorf("deploys: insert: %w", err)
 	}
 	return rows[0].Deploy, nil
+}
+
+// lockEnvironment creates the account and environment rows if need be, locks the environment row FOR UPDATE,
+// and returns its version. Returns 409 environment_version_mismatch if nd expected another version, and 409
+// invalid_state if nd rolls back a deploy that is no longer the environment's current one.
+func lockEnvironment(db *gorm.DB, nd NewDeploy) (int64, error) {
+	if err := db.Exec(`INSERT INTO deploy_accounts (account_id) VALUES (?) ON CONFLICT DO NOTHING`, nd.AccountID).Error; err != nil {
+		return 0, fmt.Errorf("deploys: register account: %w", err)
+	}
+	if err := db.Exec(`INSERT INTO environments (account_id, name) VALUES (?, ?) ON CONFLICT DO NOTHING`,
+		nd.AccountID, nd.Environment).Error; err != nil {
+		return 0, fmt.Errorf("deploys: create environment: %w", err)
+	}
+	var env []struct {
+		Version         int64
+		CurrentDeployID *string
+	}
+	if err := db.Raw(`SELECT version, current_deploy_id FROM environments WHERE account_id = ? AND name = ? FOR UPDATE`,
+		nd.AccountID, nd.Environment).Scan(&env).Error; err != nil {
+		return 0, fmt.Errorf("deploys: lock environment: %w", err)
+	}
+	if len(env) != 1 {
+		return 0, fmt.Errorf("deploys: environment %q vanished", nd.Environment)
+	}
+	version := env[0].Version
+	if nd.ExpectedEnvironmentVersion != nil && *nd.ExpectedEnvironmentVersion != version {
+		return 0, versionMismatch(nd.Environment, version, *nd.ExpectedEnvironmentVersion)
+	}
+	if nd.RollsBackDeployID != nil && (env[0].CurrentDeployID == nil || *env[0].CurrentDeployID != *nd.RollsBackDeployID) {
+		return 0, problem.New(problem.CodeInvalidState,
+			"deploy %s is no longer the current deploy of environment %s", *nd.RollsBackDeployID, nd.Environment)
+	}
+	return version, nil
+}
+
+// acquireEnvironmentLock gives the environment's lock to the deploy id, in one statement, and returns its new
+// fencing token. Returns 409 environment_locked, naming the holder, if another deploy holds it.
+func acquireEnvironmentLock(db *gorm.DB, nd NewDeploy, id string) (int64, error) {
+	var token []int64
+	err := db.Raw(`
+INSERT INTO environment_locks (account_id, environment, holder_deploy_id, fencing_token, acquired_at)
+VALUES (?, ?, ?, 1, now())
+ON CONFLICT (account_id, environment) DO UPDATE
+SET holder_deploy_id = EXCLUDED.holder_deploy_id, fencing_token = environment_locks.fencing_token + 1,
+    acquired_at = now(), lease_expires_at = NULL
+WHERE environment_locks.holder_deploy_id IS NULL
+RETURNING fencing_token`, nd.AccountID, nd.Environment, id).Scan(&token).Error
+	if err != nil {
+		return 0, fmt.Errorf("deploys: acquire lock: %w", err)
+	}
+	if len(token) > 0 {
+		return token[0], nil
+	}
+	var holder []string
+	if err := db.Raw(`SELECT holder_deploy_id FROM environment_locks WHERE account_id = ? AND environment = ?`,
+		nd.AccountID, nd.Environment).Scan(&holder).Error; err != nil {
+		return 0, fmt.Errorf("deploys: lock holder: %w", err)
+	}
+	e := &problem.Error{
+		Code: problem.CodeEnvironmentLocked,
+		Detail: fmt.Sprintf("environment %s is locked by another deploy that is queued or running; wait for it (GET /v1/deploys/{holder_deploy_id}) or cancel it",
+			nd.Environment),
+		RetryAfter: lockRetryAfter,
+	}
+	e.With("environment", nd.Environment)
+	if len(holder) == 1 {
+		e.With("holder_deploy_id", holder[0])
+	}
+	return 0, e
 }
 
 // versionMismatch is 409 environment_version_mismatch: environment is at version, not at expected.

@@ -381,37 +381,53 @@ func (s *frameScan) write(p []byte) {
 func (s *frameScan) step(ch byte) {
 	top := s.depth == 1
 	if s.inID {
-		// The id's value runs to the ',' or '}' that ends its member.
-		if !s.inString && top && (ch == ',' || ch == '}') {
-			s.inID, s.idDone = false, true
-		} else if len(s.id) < maxIDBytes {
-			s.id = append(s.id, ch)
-		} else {
-			s.idLong = true
-		}
+		s.idByte(ch, top)
 	}
 	if s.inString {
-		switch {
-		case s.escaped:
-			s.escaped = false
-		case ch == '\\':
-			s.escaped = true
-		case ch == '"':
-			s.inString = false
-			if s.inKey {
-				s.inKey, s.expectKey = false, false
-			}
-			return
-		}
+		s.stringByte(ch)
+		return
+	}
+	s.structureByte(ch, top)
+}
+
+// idByte keeps a byte of the id's value, which runs to the ',' or '}' that ends its member.
+func (s *frameScan) idByte(ch byte, top bool) {
+	switch {
+	case !s.inString && top && (ch == ',' || ch == '}'):
+		s.inID, s.idDone = false, true
+	case len(s.id) < maxIDBytes:
+		s.id = append(s.id, ch)
+	default:
+		s.idLong = true
+	}
+}
+
+// stringByte reads a byte inside a string: an escape, the closing quote, or a byte of a member's name.
+func (s *frameScan) stringByte(ch byte) {
+	switch {
+	case s.escaped:
+		s.escaped = false
+	case ch == '\\':
+		s.escaped = true
+	case ch == '"':
+		s.inString = false
 		if s.inKey {
-			if len(s.key) < maxKeyBytes {
-				s.key = append(s.key, ch)
-			} else {
-				s.keyLong = true
-			}
+			s.inKey, s.expectKey = false, false
 		}
 		return
 	}
+	if s.inKey {
+		if len(s.key) < maxKeyBytes {
+			s.key = append(s.key, ch)
+		} else {
+			s.keyLong = true
+		}
+	}
+}
+
+// structureByte reads a byte outside strings: one that opens a string, nests, ends nesting, starts a member's
+// value or separates members.
+func (s *frameScan) structureByte(ch byte, top bool) {
 	switch ch {
 	case '"':
 		s.inString = true
@@ -425,15 +441,21 @@ func (s *frameScan) step(ch byte) {
 		s.depth--
 	case ':':
 		if top && !s.keyLong {
-			switch string(s.key) {
-			case "id":
-				s.inID, s.idDone, s.id, s.idLong = true, false, s.id[:0], false
-			case "result", "error":
-				s.response = true
-			}
+			s.memberValue()
 		}
 	case ',':
 		s.expectKey = top
+	}
+}
+
+// memberValue starts the value of the top-level member just named: an id is kept as it is written; a result or
+// an error makes the message a response.
+func (s *frameScan) memberValue() {
+	switch string(s.key) {
+	case "id":
+		s.inID, s.idDone, s.id, s.idLong = true, false, s.id[:0], false
+	case "result", "error":
+		s.response = true
 	}
 }
 
