@@ -30,8 +30,10 @@ const (
 	exitUnknown    = 6
 )
 
-const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (default http://127.0.0.1:8081 :8082 :8083); with
-                            --tools FILE, the variables its services name (base_url_env)
+const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (default http://127.0.0.1: and RETRYSAFE_PORT_BASE
+                            plus 1, 2 and 3: 8081 8082 8083); with --tools FILE, the variables its services name
+                            (base_url_env)
+  RETRYSAFE_PORT_BASE       where the demo runs (default 8080), as for serve
   AGENT_API_KEY             the bearer key requests carry (never written to the journal)
   AGENT_NAMESPACE           what idempotency keys are derived from, with the action id (default: the key id of
                             AGENT_API_KEY); agents given one action in one namespace send one key, so it runs once
@@ -226,7 +228,11 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 	if cfg.Tools, err = loadTools(f.tools); err != nil {
 		return nil, err
 	}
-	cfg.BaseURLs = cfg.Tools.BaseURLs(inv.getenv)
+	ports, err := readPorts(inv.getenv)
+	if err != nil {
+		return nil, agentUsage("%v", err)
+	}
+	cfg.BaseURLs = cfg.Tools.BaseURLs(withDemoURLs(inv.getenv, ports))
 	if cfg.APIKey == "" {
 		return nil, agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
 	}

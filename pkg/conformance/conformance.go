@@ -222,7 +222,7 @@ func newRunner(spec Spec, opts Options) (*runner, error) {
 		return nil, err
 	}
 	if spec.Count.URL != "" && spec.Count.Command == "" && opts.Counter == nil {
-		u, err := r.resolve(spec.Count.URL)
+		u, err := r.countURL()
 		if err != nil {
 			return nil, fmt.Errorf("count url: %w", err)
 		}
@@ -334,6 +334,24 @@ func (r *runner) mask(s string) string {
 		s = strings.ReplaceAll(s, sec, "***")
 	}
 	return s
+}
+
+// countURL is the count's url with its ${NAME} references read from the environment (a provider's address that
+// moves with the demo, "${PROVIDER_URL}/admin/counters"), resolved against the target.
+func (r *runner) countURL() (*url.URL, error) {
+	var missing string
+	ref := envRef.ReplaceAllStringFunc(r.spec.Count.URL, func(m string) string {
+		name := envRef.FindStringSubmatch(m)[1]
+		v := r.opts.Getenv(name)
+		if v == "" && missing == "" {
+			missing = name
+		}
+		return v
+	})
+	if missing != "" {
+		return nil, fmt.Errorf("${%s} is unset", missing)
+	}
+	return r.resolve(ref)
 }
 
 func (r *runner) resolve(ref string) (*url.URL, error) {
