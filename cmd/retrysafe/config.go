@@ -22,9 +22,11 @@ import (
 // every variable before the program opens anything, so a bad value is one error naming it and nothing else
 // happens.
 type config struct {
-	DatabaseURL    string
-	MigrateOnStart bool
-	DBMaxConns     int
+	DatabaseURL string
+	// DatabaseDefaulted is DATABASE_URL unset: a failure to open it says how to find make run's database.
+	DatabaseDefaulted bool
+	MigrateOnStart    bool
+	DBMaxConns        int
 	// Bounds on the database waits (pkg/database): a frozen or restarting database is a prompt 503, not a hang.
 	DBConnectTimeout   time.Duration
 	DBAcquireTimeout   time.Duration
@@ -205,6 +207,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	cfg.DeploysAddr = r.addr("DEPLOYS_ADDR", cfg.Ports.addr(deploysPort))
 	cfg.ProviderAddr = r.addr("PROVIDER_ADDR", cfg.Ports.addr(providerPort))
 	cfg.ProviderURL = r.httpURL("PROVIDER_URL", cfg.Ports.url(providerPort))
+	cfg.DatabaseDefaulted = getenv("DATABASE_URL") == ""
 	cfg.AuditSealInterval = r.duration("AUDIT_SEAL_INTERVAL", audit.DefaultSealInterval)
 	if v := getenv("AUDIT_SIGNING_KEY"); v != "" {
 		signer, err := auditchain.ParseSigningKey(v)

@@ -142,9 +142,18 @@ func openDB(cfg config) (*gorm.DB, error) {
 		StatementTimeout: cfg.DBStatementTimeout,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("open database %s: %w", maskURL(cfg.DatabaseURL), err)
+		return nil, openDBError(cfg, err)
 	}
 	return db, nil
+}
+
+// openDBError names the database that could not be opened; when DATABASE_URL was unset it also says how to
+// reach the one make run uses, which may be a project-local cluster on another port (scripts/devdb.sh).
+func openDBError(cfg config, err error) error {
+	if cfg.DatabaseDefaulted {
+		return fmt.Errorf("open database %s (DATABASE_URL is unset; eval \"$(make -s env)\" in the repository exports the one make run uses): %w", maskURL(cfg.DatabaseURL), err)
+	}
+	return fmt.Errorf("open database %s: %w", maskURL(cfg.DatabaseURL), err)
 }
 
 // migrate applies the migrations on a connection of its own, without the statement timeout of the services'
@@ -152,7 +161,7 @@ func openDB(cfg config) (*gorm.DB, error) {
 func migrate(ctx context.Context, cfg config, logger *slog.Logger) error {
 	db, err := database.Open(cfg.DatabaseURL, database.Options{MaxConns: 1, ConnectTimeout: cfg.DBConnectTimeout})
 	if err != nil {
-		return fmt.Errorf("open database %s: %w", maskURL(cfg.DatabaseURL), err)
+		return openDBError(cfg, err)
 	}
 	sqlDB, err := db.DB()
 	if err != nil {

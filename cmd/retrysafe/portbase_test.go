@@ -122,3 +122,28 @@ func freePortBase(t *testing.T) int {
 	t.Fatal("no free port base")
 	return 0
 }
+
+// TestEnvLine: retrysafe env prints one line a shell can eval, carrying the demo's database unless its URL holds
+// a password (that stays out of terminals and scrollback).
+func TestEnvLine(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		db     string
+		wantDB bool
+	}{
+		{"postgres://postgres@127.0.0.1:54329/retrysafe?sslmode=disable", true},
+		{"postgres://app:s3cret@db.internal/retrysafe", false},
+	} {
+		var out bytes.Buffer
+		if err := run(t.Context(), []string{"env"}, env(map[string]string{"DATABASE_URL": tt.db}), &out); err != nil {
+			t.Fatal(err)
+		}
+		line := out.String()
+		if strings.Count(line, "\n") != 1 || !strings.HasPrefix(line, "export RETRYSAFE_PORT_BASE='8080' TICKETS_URL='http://127.0.0.1:8081'") {
+			t.Errorf("retrysafe env = %q; want one export line of the default demo", line)
+		}
+		if got := strings.Contains(line, "DATABASE_URL="); got != tt.wantDB || strings.Contains(line, "s3cret") {
+			t.Errorf("retrysafe env with %s = %q; want DATABASE_URL printed: %v, no password", tt.db, line, tt.wantDB)
+		}
+	}
+}
