@@ -125,6 +125,8 @@ type Handler struct {
 	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
 	background       atomic.Bool
 	backgroundWarned sync.Once
+	// resourceWarned holds the kinds whose success stored no Resource and was told once (warnNoResource).
+	resourceWarned sync.Map
 }
 
 // New returns a Handler on db, or an error that says what to do when db is not a pool the library can use
@@ -405,6 +407,9 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 	if a.op.State == "" {
 		a.op.State = opstatus.StateSucceeded
 	}
+	if res.Resource == nil && a.op.State == opstatus.StateSucceeded && resp.Status < 300 {
+		h.warnNoResource(a.op.Kind)
+	}
 	b := &pgx.Batch{}
 	c := opstatus.Completion{State: a.op.State, Resource: res.Resource,
 		Event:  opstatus.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
@@ -415,6 +420,16 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 		err = opstatus.QueueCreateCompleted(b, a.op, c)
 	}
 	return resp, b, err
+}
+
+// warnNoResource tells the operator, once per kind, that a write succeeded without naming what it made: once its
+// stored answer is pruned, a retry's 409 idempotency_response_expired points at the resource, and there is none.
+func (h *Handler) warnNoResource(kind string) {
+	if _, told := h.resourceWarned.LoadOrStore(kind, true); told {
+		return
+	}
+	h.log().Warn("idem: a write succeeded without Result.Resource: after its answer is pruned, a retry is told to read the "+
+		"result at its resource, and none is named; set Resource to what the write made or acted on", "kind", kind)
 }
 
 // errKeyTaken: a local claim found its key held once it had the key's lock (a copy committed first).
