@@ -120,7 +120,7 @@ func init() {
   HTTP_MAX_CONNS HTTP_MAX_CONNS_PER_CLIENT HTTP_IDLE_TIMEOUT HTTP_TRUSTED_PROXIES   as for serve
 ` + commonEnv,
 		},
-		conformanceCommand,
+		conformanceCommand, killHookCommand(),
 		{
 			name: "version", synopsis: "version", summary: "print the version", noConfig: true,
 			check: noArgs("version"),

@@ -130,9 +130,14 @@ type Handler struct {
 }
 
 // New returns a Handler on db, or an error that says what to do when db is not a pool the library can use
-// (database.Check): another driver, or a transaction instead of the pool.
+// (database.Check): another driver, or a transaction instead of the pool; or when RETRYSAFE_FAILPOINTS, which
+// New reads for crash tests (failpoint.FromEnvironment), does not parse.
 func New(db *gorm.DB) (*Handler, error) {
 	if err := database.Check(db); err != nil {
+		return nil, fmt.Errorf("idem: %w", err)
+	}
+	// A crash test stops the service at its claim through the environment alone (failpoint.FromEnvironment).
+	if err := failpoint.FromEnvironment(); err != nil {
 		return nil, fmt.Errorf("idem: %w", err)
 	}
 	return &Handler{DB: db}, nil
