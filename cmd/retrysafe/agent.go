@@ -74,7 +74,8 @@ func mcpCommand() command {
 		synopsis: "mcp --journal PATH [--tools FILE] [--same-account]",
 		summary: fmt.Sprintf("serve the agent tools (those of --tools FILE, or the demo services'), get_operation and "+
 			"retry_action over the Model Context Protocol on stdin/stdout "+
-			"(a message over %d bytes or %d levels deep is refused alone; requests read before stdin ends are answered)",
+			"(a message over %d bytes or %d levels deep is refused alone; requests read before stdin ends are answered; "+
+			"requests run concurrently, so answers may come in another order: match them by id)",
 			agentmcp.MaxMessageBytes, agentmcp.MaxMessageDepth),
 		noConfig: true,
 		check: func(args []string) error {
@@ -122,9 +123,9 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 		fs.StringVar(&f.retry.By, "by", "", "who asks (default: the operating system user)")
 		fs.StringVar(&f.retry.Reason, "reason", "", "why it should go again now, journaled")
 	}
-	if name != "agent show" && name != "agent resolve" {
-		fs.StringVar(&f.tools, "tools", "", "a tools file (YAML or JSON) to read the tools from instead of the demo services'")
-	}
+	// Every subcommand takes --tools, so one command line serves them all; show and resolve send nothing and
+	// only check that the file can be read.
+	fs.StringVar(&f.tools, "tools", "", "a tools file (YAML or JSON) to read the tools from instead of the demo services'")
 	if name == "agent resolve" {
 		fs.StringVar(&f.decision.State, "state", "", "succeeded or failed: what you learned happened")
 		fs.StringVar(&f.decision.Evidence, "evidence", "", "what the decision rests on (the provider's dashboard, a call to the bank)")
@@ -204,12 +205,18 @@ func checkAgent(args []string) error {
 		if err := f.decision.Validate(); err != nil {
 			return agentUsage("agent resolve: %v", err)
 		}
+		if _, err := loadTools(f.tools); err != nil {
+			return err
+		}
 	case "show":
 		if err != nil {
 			return err
 		}
 		if len(f.rest) > 1 {
 			return agentUsage("agent show takes at most one OPERATION_ID or ACTION_ID")
+		}
+		if _, err := loadTools(f.tools); err != nil {
+			return err
 		}
 	default:
 		return agentUsage("unknown agent subcommand %q: want do, resume, retry, resolve or show", args[0])

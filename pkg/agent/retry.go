@@ -104,7 +104,8 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 					"(retrysafe agent show, GET /v1/operations?idempotency_key=) before anything else is sent"
 				if neverSent(op) {
 					next = "the attempt budget is spent and no attempt left this machine (every one not_sent): nothing happened; " +
-						"when the service is reachable, a person may start the action again under a new action_id"
+						"when the service is reachable, a person sends it again with the same key: retrysafe agent retry ACTION_ID " +
+						"(retry_action over MCP); never a new action_id, which would be a second key for one intent"
 				}
 				if err := a.settle(op, step{state: StateNeedsHuman, why: "attempt budget spent", next: next}); err != nil {
 					return Result{}, err
