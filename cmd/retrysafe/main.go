@@ -240,6 +240,8 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 		}
 		svcs, addrs = append(svcs, s), append(addrs, b.addr(cfg))
 	}
+	// One console: every port serves the same console for all the services this process runs.
+	httpStack.ConsoleServices = svcs
 	// Before anything runs: a retry of an unknown operation settles it at once.
 	d.Idem.Reconcilers = service.Reconcilers(svcs...)
 	// A person's decision, sent to any service, releases what the operation held in the service that owns it.

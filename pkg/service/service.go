@@ -24,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -110,6 +111,10 @@ type HTTP struct {
 	AuthFailures *ratelimit.Failures
 	// TrustedProxies are the proxies whose X-Forwarded-For names the client (httpserver.Options).
 	TrustedProxies []netip.Prefix
+	// ConsoleServices are every service the process serves, in order (nil: the one being served). Each
+	// service's console is then the same console for all of them: it names them all, adds all their pages,
+	// and labels each operation with its service.
+	ConsoleServices []Service
 	// Console holds the console's settings from configuration (Secret, SecureCookie, MaxSessionsPerKey);
 	// Handler fills in the rest.
 	Console console.Options
@@ -150,13 +155,17 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		decider = &resolution.Decider{Idem: d.Idem, Resolvers: mergeResolvers(d.Resolvers, Resolvers(svc))}
 		decider.Routes(group)
 	}
-	var pages []console.Page
-	if cp, ok := svc.(ConsolePages); ok {
-		pages = cp.ConsolePages()
-	}
 	if d.DB != nil && h.Keys != nil {
+		covered := h.ConsoleServices
+		if len(covered) == 0 {
+			covered = []Service{svc}
+		}
+		names := make([]string, len(covered))
+		for i, s := range covered {
+			names[i] = s.Name()
+		}
 		o := h.Console
-		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.DB, h.Keys, svc.Name(), pages, d.Log()
+		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.DB, h.Keys, strings.Join(names, " · "), ConsolePagesOf(covered...), d.Log()
 		if decider != nil {
 			o.Resolve = decider.DecideForm
 		}
@@ -169,6 +178,25 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		}
 	}
 	return r
+}
+
+// ConsolePagesOf gathers the console pages of those of svcs that add some (ConsolePages), each path once.
+func ConsolePagesOf(svcs ...Service) []console.Page {
+	var pages []console.Page
+	seen := map[string]bool{}
+	for _, s := range svcs {
+		cp, ok := s.(ConsolePages)
+		if !ok {
+			continue
+		}
+		for _, p := range cp.ConsolePages() {
+			if !seen[p.Path] {
+				seen[p.Path] = true
+				pages = append(pages, p)
+			}
+		}
+	}
+	return pages
 }
 
 // Reconcilers merges the reconcilers of svcs. Give the result to the idem.Handler (so a retry of an unknown
