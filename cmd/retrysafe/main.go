@@ -5,10 +5,12 @@
 //	retrysafe migrate
 //	retrysafe provider
 //	retrysafe conformance --target URL --request FILE   (the seeds' fault tests against any HTTP API)
-//	retrysafe audit verify|public-key|timeline
+//	retrysafe kill-after-claim [--start] --state DIR --health URL -- CMD   (conformance case 7's kill hook)
+//	retrysafe audit verify|export|public-key|timeline
 //	retrysafe agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...
 //	                                                    (pkg/agent: writes an agent can retry, from a shell)
 //	retrysafe mcp --journal PATH [--tools FILE]         (the same tools over MCP, on stdio)
+//	retrysafe env                                       (one shell line pointing a terminal at the demo)
 //	retrysafe help [COMMAND], retrysafe version
 //
 // Every command checks its arguments and the whole configuration before it opens anything.
