@@ -42,6 +42,7 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (de
   AGENT_LOCK_WAIT           how long to wait for another agent holding the journal (default 30s; mcp 10s)
   AGENT_MAX_BODY_BYTES      largest arguments and request body the agent sends (default 1048576, the services'
                             BODY_LIMIT_BYTES); larger ones are refused before anything is journaled or sent
+  OTEL_TRACES_EXPORTER      otlp or console: each action is one trace, its traceparent journaled (default off)
   RETRYSAFE_AGENT_FAILPOINTS   crash points for tests: agent.before_journal|before_send|after_send|after_answer=pause|exit`
 
 // agentCommand is `retrysafe agent do|resume|show`: pkg/agent for shell-driven agents and scripts.

@@ -48,6 +48,7 @@ type command struct {
 }
 
 const commonEnv = `  LOG_LEVEL                 debug, info (default), warn or error; JSON logs on stdout
+  OTEL_TRACES_EXPORTER      otlp (OTLP/HTTP, OTEL_EXPORTER_OTLP_*) or console: traces (default off; pkg/tracing)
   RETRYSAFE_FAILPOINTS      crash points for tests, name=pause|exit,...`
 
 const databaseEnv = `  DATABASE_URL              postgres:// URL (default postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable)

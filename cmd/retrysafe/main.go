@@ -42,6 +42,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/service"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 	"github.com/retrysafe/retrysafe/services/schema"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
@@ -86,6 +87,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return err
 		}
 	}
+	// Traces, when the OTEL_* variables ask for them (pkg/tracing); off otherwise. Spans not yet exported are
+	// flushed on the way out.
+	shutdown, err := tracing.Setup(ctx, getenv, "retrysafe-"+cmd.name)
+	if err != nil {
+		return configError{err.Error()}
+	}
+	defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
 	if cmd.noConfig {
 		return cmd.run(ctx, invocation{args: rest, getenv: getenv, stdout: stdout})
 	}

@@ -16,10 +16,12 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Retry reasons the journal records: the fixed list the services accept in Retry-Reason (docs/contract.md),
@@ -566,6 +568,20 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 			}
 		}
 	}
+	if tracing.Enabled() {
+		// One trace per action: the first attempt starts it, every later one is a child of the first.
+		sctx := ctx
+		for _, p := range op.Attempts {
+			if p.TraceParent != "" {
+				sctx = tracing.Parent(ctx, p.TraceParent)
+				break
+			}
+		}
+		sctx, span := tracing.Start(sctx, "agent.attempt "+op.Tool,
+			attribute.String("retrysafe.action_id", op.ActionID), attribute.Int("retrysafe.attempt", at.Number))
+		defer span.End()
+		at.TraceParent = tracing.TraceParent(sctx)
+	}
 	req, err := a.newRequest(op, at, approvalID)
 	if err != nil {
 		return err
@@ -666,6 +682,9 @@ func (a *Agent) newRequest(op *Operation, at *Attempt, approvalID string) (*http
 	}
 	if approvalID != "" {
 		h.Set("Approval-Id", approvalID)
+	}
+	if at.TraceParent != "" {
+		h.Set("Traceparent", at.TraceParent)
 	}
 	for name, values := range h {
 		for _, v := range values {

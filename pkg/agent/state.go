@@ -86,6 +86,9 @@ type Attempt struct {
 	ApprovalID      string `json:"approval_id,omitempty"`
 	RunID           string `json:"run_id"`
 	At              string `json:"at"`
+	// TraceParent is the W3C traceparent the attempt sent, when tracing is on (pkg/tracing): its trace id is the
+	// action's trace, which every later attempt, in any process, joins.
+	TraceParent string `json:"traceparent,omitempty"`
 
 	Finished *AttemptResult `json:"-"`
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
@@ -22,6 +24,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Failpoints of idem (package failpoint), for crash tests. Those marked "op" are hit with the operation.
@@ -343,12 +346,15 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 		return response{}, err
 	}
 	defer tx.Close()
-	if err := h.claim(ctx, tx, a, req); err != nil {
+	if err := traced(ctx, "idem.claim", a, func(ctx context.Context) error { return h.claim(ctx, tx, a, req) }); err != nil {
 		return response{}, err
 	}
 	failpoint.Hit(FailpointAfterClaim)
-	res, err := write(ctx, tx.Gorm(), a.op)
-	if err != nil {
+	var res Result
+	if err := traced(ctx, "idem.write", a, func(ctx context.Context) (err error) {
+		res, err = write(ctx, tx.Gorm(), a.op)
+		return err
+	}); err != nil {
 		return response{}, err
 	}
 	resp, b, err := h.completion(a, res, opstatus.EventCompleted)
@@ -356,12 +362,26 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 		return response{}, err
 	}
 	failpoint.Hit(FailpointBeforeCommit, a.op)
-	if err := tx.Commit(ctx, b); problem.IsStoreUnavailable(err) {
+	if err := traced(ctx, "idem.complete", a, func(ctx context.Context) error { return tx.Commit(ctx, b) }); problem.IsStoreUnavailable(err) {
 		return response{}, commitLost{err}
 	} else if err != nil {
 		return response{}, err
 	}
 	return resp, nil
+}
+
+// traced runs step in a span named name (pkg/tracing; nothing when tracing is off), marked with a's operation.
+func traced(ctx context.Context, name string, a *attempt, step func(context.Context) error) error {
+	if !tracing.Enabled() {
+		return step(ctx)
+	}
+	ctx, span := tracing.Start(ctx, name, attribute.String("retrysafe.operation_id", a.op.ID), attribute.String("retrysafe.kind", a.op.Kind))
+	defer span.End()
+	err := step(ctx)
+	if err != nil {
+		span.SetStatus(codes.Error, "failed")
+	}
+	return err
 }
 
 // claim takes a's key in tx, then checks the lineage headers and runs the Guard. An external claim inserts its

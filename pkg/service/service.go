@@ -41,6 +41,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/resolution"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
@@ -128,7 +129,8 @@ type HTTP struct {
 // limit when h.WriteLimiter is set; and the browser console at /console (signed in by session cookie; the
 // service's ConsolePages among its pages).
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
-	middleware := h.Middleware
+	// A span per request, joined to the caller's traceparent, when tracing is on (pkg/tracing).
+	middleware := append([]gin.HandlerFunc{tracing.Middleware()}, h.Middleware...)
 	if d.Metrics != nil {
 		middleware = append([]gin.HandlerFunc{d.Metrics.Middleware(svc.Name())}, middleware...)
 	}
