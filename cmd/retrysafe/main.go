@@ -42,7 +42,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/service"
-	"github.com/retrysafe/retrysafe/pkg/tracing"
 	"github.com/retrysafe/retrysafe/services/schema"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
@@ -89,7 +88,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	// Traces, when the OTEL_* variables ask for them (pkg/tracing); off otherwise. Spans not yet exported are
 	// flushed on the way out.
-	shutdown, err := tracing.Setup(ctx, getenv, "retrysafe-"+cmd.name)
+	shutdown, err := setupTracing(ctx, getenv, "retrysafe-"+cmd.name)
 	if err != nil {
 		return configError{err.Error()}
 	}

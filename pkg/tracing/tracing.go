@@ -3,34 +3,24 @@
 // service's request, idem's claim, write, dispatch and completion, the provider's call).
 //
 // It is off by default and then costs one atomic load per would-be span: Start hands back the context as it
-// is, Middleware and Transport pass straight through. Setup turns it on from the standard OpenTelemetry
-// variables when they ask for traces:
+// is, Middleware and Transport pass straight through. Use turns it on with a TracerProvider; the package needs
+// only the OpenTelemetry API, and the program picks the SDK and its exporter (cmd/retrysafe reads the standard
+// OTEL_* variables):
 //
-//	shutdown, err := tracing.Setup(ctx, os.Getenv, "retrysafe")
-//	defer shutdown(context.Background()) // flushes the spans not yet exported
-//
-// OTEL_TRACES_EXPORTER=otlp (OTLP over HTTP, configured by OTEL_EXPORTER_OTLP_*), a set
-// OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or OTEL_TRACES_EXPORTER=console (spans as
-// JSON on stderr) turn it on; unset, none, or OTEL_SDK_DISABLED=true leave it off. OTEL_SERVICE_NAME,
-// OTEL_RESOURCE_ATTRIBUTES and OTEL_TRACES_SAMPLER are read by the SDK as usual.
+//	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter))
+//	tracing.Use(tp)
+//	defer tp.Shutdown(context.Background()) // flushes the spans not yet exported
 package tracing
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"os"
-	"strings"
 	"sync/atomic"
 
 	"github.com/gin-gonic/gin"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -44,44 +34,6 @@ var (
 
 // Enabled reports whether spans are recorded and traceparent sent.
 func Enabled() bool { return on.Load() }
-
-// Setup turns tracing on when the OTEL_* variables getenv reads ask for traces (see the package doc), naming
-// the process service unless OTEL_SERVICE_NAME does. The shutdown it returns flushes and stops; with tracing
-// off it does nothing.
-func Setup(ctx context.Context, getenv func(string) string, service string) (shutdown func(context.Context) error, err error) {
-	nothing := func(context.Context) error { return nil }
-	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
-		return nothing, nil
-	}
-	exporter := strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")))
-	if exporter == "" && (getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "") {
-		exporter = "otlp"
-	}
-	var exp sdktrace.SpanExporter
-	switch exporter {
-	case "", "none":
-		return nothing, nil
-	case "otlp":
-		if p := getenv("OTEL_EXPORTER_OTLP_PROTOCOL"); p != "" && p != "http/protobuf" {
-			return nil, fmt.Errorf("tracing: OTEL_EXPORTER_OTLP_PROTOCOL=%q: only http/protobuf is built in", p)
-		}
-		exp, err = otlptracehttp.New(ctx)
-	case "console":
-		exp, err = stdouttrace.New(stdouttrace.WithWriter(os.Stderr))
-	default:
-		return nil, fmt.Errorf("tracing: OTEL_TRACES_EXPORTER=%q: want otlp, console or none", exporter)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
-	}
-	res, err := resource.Merge(resource.NewSchemaless(attribute.String("service.name", service)), resource.Environment())
-	if err != nil {
-		return nil, fmt.Errorf("tracing: OTEL_RESOURCE_ATTRIBUTES: %w", err)
-	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	Use(tp)
-	return tp.Shutdown, nil
-}
 
 // Use turns tracing on with tp: Setup's provider, or a test's with an in-memory exporter.
 func Use(tp trace.TracerProvider) {
