@@ -5,19 +5,30 @@ SHELL := /bin/bash
 GO ?= go
 export GOTOOLCHAIN ?= local
 
-.PHONY: run build test test-failover lint bench bench-growth bench-go fuzz db stop-db migrate generate ci-fresh screenshots
+.PHONY: env run build test test-failover lint bench bench-growth bench-go fuzz db stop-db migrate generate ci-fresh screenshots
 
 build:
 	$(GO) build -o bin/retrysafe ./cmd/retrysafe
 
-# Serves tickets :8081, payments :8082, deploys :8083 and the payment provider sandbox :8090 (payments calls it over
-# HTTP). DATABASE_URL, when set, is used as it is; otherwise the `retrysafe` database is created if missing on the
-# PostgreSQL that scripts/devdb.sh finds or starts.
-run: build
-	@if [ -z "$$DATABASE_URL" ]; then \
+# The demo's database: DATABASE_URL, when set, as it is; otherwise the `retrysafe` database, created if missing, on
+# the PostgreSQL that scripts/devdb.sh finds or starts. Every target that talks to the demo's database uses it.
+DEMO_DB = if [ -z "$$DATABASE_URL" ]; then \
 	  base=$$(scripts/devdb.sh url) && scripts/devdb.sh createdb retrysafe && \
 	  export DATABASE_URL="$$base/retrysafe?sslmode=disable"; \
-	fi && scripts/run.sh
+	fi
+
+# Serves tickets :8081, payments :8082, deploys :8083 and the payment provider sandbox :8090 (payments calls it over
+# HTTP), each port RETRYSAFE_PORT_BASE (default 8080) plus its offset: `RETRYSAFE_PORT_BASE=9080 make run` moves
+# all of them, and payments follows the provider. It first prints the line that points another terminal at it.
+run: build
+	@$(DEMO_DB) && { echo "In another terminal, from $(CURDIR): eval \"\$$(make -s env)\" (with the same RETRYSAFE_PORT_BASE), or:"; \
+	  echo "  export PATH=\"$(CURDIR)/bin:\$$PATH\"; $$(./bin/retrysafe env)"; } >&2 && scripts/run.sh
+
+# One line for a shell: eval "$$(make -s env)" puts bin/ on PATH and exports RETRYSAFE_PORT_BASE, the services'
+# URLs (TICKETS_URL, PAYMENTS_URL, DEPLOYS_URL, PROVIDER_URL), KILL_HOOK_PORT and the DATABASE_URL of make run,
+# so the README's commands, `retrysafe agent` and `retrysafe audit` find the demo wherever it runs.
+env: build
+	@$(DEMO_DB) && echo "export PATH=\"$(CURDIR)/bin:\$$PATH\"; $$(./bin/retrysafe env)"
 
 # Creates the retrysafe database on the development PostgreSQL (make run does this itself).
 db:
@@ -28,10 +39,7 @@ stop-db:
 	@scripts/devdb.sh stop
 
 migrate: build
-	@if [ -z "$$DATABASE_URL" ]; then \
-	  base=$$(scripts/devdb.sh url) && scripts/devdb.sh createdb retrysafe && \
-	  export DATABASE_URL="$$base/retrysafe?sslmode=disable"; \
-	fi && ./bin/retrysafe migrate
+	@$(DEMO_DB) && ./bin/retrysafe migrate
 
 # Every test, on a real PostgreSQL: TEST_DATABASE_URL, or the `test` database (created by the tests when missing)
 # on the PostgreSQL that scripts/devdb.sh finds or starts. Fuzz targets run their seed corpus.

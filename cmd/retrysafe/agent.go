@@ -30,8 +30,10 @@ const (
 	exitUnknown    = 6
 )
 
-const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (default http://127.0.0.1:8081 :8082 :8083); with
-                            --tools FILE, the variables its services name (base_url_env)
+const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (default http://127.0.0.1: and RETRYSAFE_PORT_BASE
+                            plus 1, 2 and 3: 8081 8082 8083); with --tools FILE, the variables its services name
+                            (base_url_env)
+  RETRYSAFE_PORT_BASE       where the demo runs (default 8080), as for serve
   AGENT_API_KEY             the bearer key requests carry (never written to the journal); not needed when every
                             tool of --tools FILE is a command tool
   with --tools FILE, the variables its hosts and command tools name (address_env, identity_file_env, secrets);
@@ -43,6 +45,7 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (de
   AGENT_LOCK_WAIT           how long to wait for another agent holding the journal (default 30s; mcp 10s)
   AGENT_MAX_BODY_BYTES      largest arguments and request body the agent sends (default 1048576, the services'
                             BODY_LIMIT_BYTES); larger ones are refused before anything is journaled or sent
+  OTEL_TRACES_EXPORTER      otlp or console: each action is one trace, its traceparent journaled (default off)
   RETRYSAFE_AGENT_FAILPOINTS   crash points for tests: agent.before_journal|before_send|after_send|after_answer=pause|exit`
 
 // agentCommand is `retrysafe agent do|resume|show`: pkg/agent for shell-driven agents and scripts.
@@ -75,7 +78,8 @@ func mcpCommand() command {
 		synopsis: "mcp --journal PATH [--tools FILE] [--same-account]",
 		summary: fmt.Sprintf("serve the agent tools (those of --tools FILE, or the demo services'), get_operation and "+
 			"retry_action over the Model Context Protocol on stdin/stdout "+
-			"(a message over %d bytes or %d levels deep is refused alone; requests read before stdin ends are answered)",
+			"(a message over %d bytes or %d levels deep is refused alone; requests read before stdin ends are answered; "+
+			"requests run concurrently, so answers may come in another order: match them by id)",
 			agentmcp.MaxMessageBytes, agentmcp.MaxMessageDepth),
 		noConfig: true,
 		check: func(args []string) error {
@@ -123,9 +127,9 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 		fs.StringVar(&f.retry.By, "by", "", "who asks (default: the operating system user)")
 		fs.StringVar(&f.retry.Reason, "reason", "", "why it should go again now, journaled")
 	}
-	if name != "agent show" && name != "agent resolve" {
-		fs.StringVar(&f.tools, "tools", "", "a tools file (YAML or JSON) to read the tools from instead of the demo services'")
-	}
+	// Every subcommand takes --tools, so one command line serves them all; show and resolve send nothing and
+	// only check that the file can be read.
+	fs.StringVar(&f.tools, "tools", "", "a tools file (YAML or JSON) to read the tools from instead of the demo services'")
 	if name == "agent resolve" {
 		fs.StringVar(&f.decision.State, "state", "", "succeeded or failed: what you learned happened")
 		fs.StringVar(&f.decision.Evidence, "evidence", "", "what the decision rests on (the provider's dashboard, a call to the bank)")
@@ -206,12 +210,18 @@ func checkAgent(args []string) error {
 		if err := f.decision.Validate(); err != nil {
 			return agentUsage("agent resolve: %v", err)
 		}
+		if _, err := loadTools(f.tools); err != nil {
+			return err
+		}
 	case "show":
 		if err != nil {
 			return err
 		}
 		if len(f.rest) > 1 {
 			return agentUsage("agent show takes at most one OPERATION_ID or ACTION_ID")
+		}
+		if _, err := loadTools(f.tools); err != nil {
+			return err
 		}
 	default:
 		return agentUsage("unknown agent subcommand %q: want do, resume, retry, resolve or show", args[0])
@@ -230,7 +240,11 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 	if cfg.Tools, err = loadTools(f.tools); err != nil {
 		return nil, err
 	}
-	cfg.BaseURLs = cfg.Tools.BaseURLs(inv.getenv)
+	ports, err := readPorts(inv.getenv)
+	if err != nil {
+		return nil, agentUsage("%v", err)
+	}
+	cfg.BaseURLs = cfg.Tools.BaseURLs(withDemoURLs(inv.getenv, ports))
 	if cfg.APIKey == "" && cfg.Tools.HasRequests() {
 		return nil, agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
 	}

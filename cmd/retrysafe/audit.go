@@ -44,9 +44,24 @@ func auditCommand() command {
 
 // openAuditDB opens the database for a read of the whole record: one statement streams every chain, so
 // DB_STATEMENT_TIMEOUT, the bound of a request's statements, does not apply.
+// A database that cannot be reached is said at once, naming where it was looked for.
 func openAuditDB(cfg config) (*gorm.DB, error) {
 	cfg.DBStatementTimeout = 0
-	return openDB(cfg)
+	db, err := openDB(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.DBConnectTimeout)
+	defer cancel()
+	if err := sqlDB.PingContext(ctx); err != nil {
+		sqlDB.Close()
+		return nil, openDBError(cfg, err)
+	}
+	return db, nil
 }
 
 type verifyFlags struct {

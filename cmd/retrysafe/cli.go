@@ -48,6 +48,7 @@ type command struct {
 }
 
 const commonEnv = `  LOG_LEVEL                 debug, info (default), warn or error; JSON logs on stdout
+  OTEL_TRACES_EXPORTER      otlp (OTLP/HTTP, OTEL_EXPORTER_OTLP_*) or console: traces (default off; pkg/tracing)
   RETRYSAFE_FAILPOINTS      crash points for tests, name=pause|exit,...`
 
 const databaseEnv = `  DATABASE_URL              postgres:// URL (default postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable)
@@ -70,6 +71,8 @@ func init() {
                             (unset: the demo keys, development only, listening on 127.0.0.1 only)
   DEMO_LISTEN_ANY           true: demo mode listens where the addresses say (a container publishing on 127.0.0.1)
   API_KEY_ID_SECRET         random, 32 characters or more, required with API_KEYS: keys the hash that makes key ids
+  RETRYSAFE_PORT_BASE       the port every default address below is derived from (default 8080): tickets +1,
+                            payments +2, deploys +3, the provider +10; one setting moves the whole demo
   TICKETS_ADDR PAYMENTS_ADDR DEPLOYS_ADDR   listen addresses (default :8081 :8082 :8083; 127.0.0.1 in demo mode)
   BODY_LIMIT_BYTES          largest request body (default 1048576)
   RATE_LIMIT_WRITES_PER_SECOND RATE_LIMIT_WRITE_BURST   each account's writes: a token bucket (default 50/s,
@@ -91,7 +94,7 @@ func init() {
   PRUNE_INTERVAL            how often finished keys are pruned (default 10m)
   OPERATION_LEASE           how long an external effect may run before it is called unknown (default 30s)
   RECOVERY_INTERVAL         how often expired leases are looked for (default 5s)
-  PROVIDER_URL              the payment provider (default http://127.0.0.1:8090)
+  PROVIDER_URL              the payment provider (default http://127.0.0.1:8090, RETRYSAFE_PORT_BASE + 10)
   PROVIDER_SECRET           our merchant secret at the provider (masked in logs)
   PROVIDER_TIMEOUT          bound of one provider call, below OPERATION_LEASE (default 5s)
   PAYMENTS_APPROVAL_THRESHOLDS   CURRENCY:minor_units,... above which captures and refunds need approval
@@ -113,12 +116,13 @@ func init() {
 		{
 			name: "provider", synopsis: "provider", summary: "serve the payment provider sandbox that payments calls",
 			check: noArgs("provider"), run: func(ctx context.Context, inv invocation) error { return serveProvider(ctx, inv.cfg, inv.logger) },
-			env: `  PROVIDER_ADDR             listen address (default :8090; 127.0.0.1 only while API_KEYS is unset)
+			env: `  PROVIDER_ADDR             listen address (default :8090, RETRYSAFE_PORT_BASE + 10; 127.0.0.1 only while
+                            API_KEYS is unset)
   PROVIDER_FAULT_INJECTION  enable /admin/faults and /admin/reset (default false)
   HTTP_MAX_CONNS HTTP_MAX_CONNS_PER_CLIENT HTTP_IDLE_TIMEOUT HTTP_TRUSTED_PROXIES   as for serve
 ` + commonEnv,
 		},
-		conformanceCommand,
+		conformanceCommand, killHookCommand(),
 		{
 			name: "version", synopsis: "version", summary: "print the version", noConfig: true,
 			check: noArgs("version"),
@@ -128,7 +132,7 @@ func init() {
 			},
 		},
 		auditCommand(),
-		agentCommand(), mcpCommand(),
+		agentCommand(), mcpCommand(), envCommand(),
 		markerCommand(),
 		{name: "help", synopsis: "help [COMMAND]", summary: "describe the commands, or one command and the variables it reads", noConfig: true},
 	}

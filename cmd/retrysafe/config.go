@@ -22,9 +22,11 @@ import (
 // every variable before the program opens anything, so a bad value is one error naming it and nothing else
 // happens.
 type config struct {
-	DatabaseURL    string
-	MigrateOnStart bool
-	DBMaxConns     int
+	DatabaseURL string
+	// DatabaseDefaulted is DATABASE_URL unset: a failure to open it says how to find make run's database.
+	DatabaseDefaulted bool
+	MigrateOnStart    bool
+	DBMaxConns        int
 	// Bounds on the database waits (pkg/database): a frozen or restarting database is a prompt 503, not a hang.
 	DBConnectTimeout   time.Duration
 	DBAcquireTimeout   time.Duration
@@ -53,6 +55,8 @@ type config struct {
 	ConsoleSecureCookie      bool
 	ConsoleMaxSessionsPerKey int
 
+	// Ports is RETRYSAFE_PORT_BASE: every listen address and client URL below that is not set is derived from it.
+	Ports        demoPorts
 	TicketsAddr  string
 	PaymentsAddr string
 	DeploysAddr  string
@@ -91,6 +95,54 @@ type config struct {
 	AuditSigningKey   *auditchain.Signer // AUDIT_SIGNING_KEY parsed (nil: unsigned seals); never printed
 }
 
+// The demo's ports, as offsets from RETRYSAFE_PORT_BASE (default 8080): tickets 8081, payments 8082, deploys
+// 8083, the payment provider sandbox 8090, and a spare tickets for the kill hook of conformance case 7
+// (docs/conformance.md) 8091. One setting moves the whole demo, and every client default follows it: the
+// services' listen addresses, payments' PROVIDER_URL, the agent's TICKETS_URL, PAYMENTS_URL and DEPLOYS_URL, and
+// what `retrysafe env` prints for a shell.
+const (
+	defaultPortBase = 8080
+	ticketsPort     = 1
+	paymentsPort    = 2
+	deploysPort     = 3
+	providerPort    = 10
+	killHookPort    = 11
+	maxPortOffset   = killHookPort
+)
+
+// demoPorts places the demo's processes from one base port.
+type demoPorts struct{ base int }
+
+func (p demoPorts) port(offset int) int    { return p.base + offset }
+func (p demoPorts) addr(offset int) string { return ":" + strconv.Itoa(p.port(offset)) }
+func (p demoPorts) url(offset int) string  { return "http://127.0.0.1:" + strconv.Itoa(p.port(offset)) }
+
+// serviceURLs are the demo services' base URLs by the variable an agent reads each from (pkg/agent/demo-tools.yaml).
+func (p demoPorts) serviceURLs() map[string]string {
+	return map[string]string{
+		"TICKETS_URL": p.url(ticketsPort), "PAYMENTS_URL": p.url(paymentsPort), "DEPLOYS_URL": p.url(deploysPort),
+	}
+}
+
+// readPorts reads RETRYSAFE_PORT_BASE alone, for the commands that read no other configuration (agent, mcp).
+func readPorts(getenv func(string) string) (demoPorts, error) {
+	r := envReader{getenv: getenv}
+	p := r.portBase()
+	return p, r.err
+}
+
+// withDemoURLs answers the demo services' URL variables that are unset from the port base, so an agent finds
+// the demo wherever RETRYSAFE_PORT_BASE put it.
+func withDemoURLs(getenv func(string) string, p demoPorts) func(string) string {
+	urls := p.serviceURLs()
+	return func(name string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return urls[name]
+	}
+}
+
 // configError is a bad configuration value: the program stops before any effect, with exit code 2.
 type configError struct{ msg string }
 
@@ -124,11 +176,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ConsoleSecureCookie:      r.boolean("CONSOLE_SECURE_COOKIE", false),
 		ConsoleMaxSessionsPerKey: r.integer("CONSOLE_MAX_SESSIONS_PER_KEY", console.DefaultMaxSessionsPerKey, 1, 1000),
 
-		TicketsAddr:  r.addr("TICKETS_ADDR", ":8081"),
-		PaymentsAddr: r.addr("PAYMENTS_ADDR", ":8082"),
-		DeploysAddr:  r.addr("DEPLOYS_ADDR", ":8083"),
-		ProviderAddr: r.addr("PROVIDER_ADDR", ":8090"),
-		ProviderURL:  r.httpURL("PROVIDER_URL", "http://127.0.0.1:8090"),
+		Ports: r.portBase(),
 
 		IdempotencyRetention:   r.duration("IDEMPOTENCY_RETENTION", 72*time.Hour),
 		IdempotencyKeyLifetime: r.duration("IDEMPOTENCY_KEY_LIFETIME", 90*24*time.Hour),
@@ -154,6 +202,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DeployMaxRunningPerAccount: r.integer("DEPLOY_MAX_RUNNING_PER_ACCOUNT", deploys.DefaultMaxRunningPerAccount, 1, 64),
 		DeployQueueTimeout:         r.duration("DEPLOY_QUEUE_TIMEOUT", deploys.DefaultQueueTimeout),
 	}
+	cfg.TicketsAddr = r.addr("TICKETS_ADDR", cfg.Ports.addr(ticketsPort))
+	cfg.PaymentsAddr = r.addr("PAYMENTS_ADDR", cfg.Ports.addr(paymentsPort))
+	cfg.DeploysAddr = r.addr("DEPLOYS_ADDR", cfg.Ports.addr(deploysPort))
+	cfg.ProviderAddr = r.addr("PROVIDER_ADDR", cfg.Ports.addr(providerPort))
+	cfg.ProviderURL = r.httpURL("PROVIDER_URL", cfg.Ports.url(providerPort))
+	cfg.DatabaseDefaulted = getenv("DATABASE_URL") == ""
 	cfg.AuditSealInterval = r.duration("AUDIT_SEAL_INTERVAL", audit.DefaultSealInterval)
 	if v := getenv("AUDIT_SIGNING_KEY"); v != "" {
 		signer, err := auditchain.ParseSigningKey(v)
@@ -352,6 +406,11 @@ func (r *envReader) addr(name, def string) string {
 		return def
 	}
 	return v
+}
+
+// portBase reads RETRYSAFE_PORT_BASE: every demo port is an offset from it, so the highest must fit.
+func (r *envReader) portBase() demoPorts {
+	return demoPorts{base: r.integer("RETRYSAFE_PORT_BASE", defaultPortBase, 1, 65535-maxPortOffset)}
 }
 
 // prefixes reads a comma-separated list of IP addresses and CIDR prefixes, such as 10.0.0.0/8,192.0.2.7.

@@ -5,10 +5,12 @@
 //	retrysafe migrate
 //	retrysafe provider
 //	retrysafe conformance --target URL --request FILE   (the seeds' fault tests against any HTTP API)
-//	retrysafe audit verify|public-key|timeline
+//	retrysafe kill-after-claim [--start] --state DIR --health URL -- CMD   (conformance case 7's kill hook)
+//	retrysafe audit verify|export|public-key|timeline
 //	retrysafe agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...
 //	                                                    (pkg/agent: writes an agent can retry, from a shell)
 //	retrysafe mcp --journal PATH [--tools FILE]         (the same tools over MCP, on stdio)
+//	retrysafe env                                       (one shell line pointing a terminal at the demo)
 //	retrysafe help [COMMAND], retrysafe version
 //
 // Every command checks its arguments and the whole configuration before it opens anything.
@@ -84,6 +86,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return err
 		}
 	}
+	// Traces, when the OTEL_* variables ask for them (pkg/tracing); off otherwise. Spans not yet exported are
+	// flushed on the way out.
+	shutdown, err := setupTracing(ctx, getenv, "retrysafe-"+cmd.name)
+	if err != nil {
+		return configError{err.Error()}
+	}
+	defer func() { _ = shutdown(context.WithoutCancel(ctx)) }()
 	if cmd.noConfig {
 		return cmd.run(ctx, invocation{args: rest, getenv: getenv, stdout: stdout})
 	}
@@ -142,9 +151,18 @@ func openDB(cfg config) (*gorm.DB, error) {
 		StatementTimeout: cfg.DBStatementTimeout,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("open database %s: %w", maskURL(cfg.DatabaseURL), err)
+		return nil, openDBError(cfg, err)
 	}
 	return db, nil
+}
+
+// openDBError names the database that could not be opened; when DATABASE_URL was unset it also says how to
+// reach the one make run uses, which may be a project-local cluster on another port (scripts/devdb.sh).
+func openDBError(cfg config, err error) error {
+	if cfg.DatabaseDefaulted {
+		return fmt.Errorf("open database %s (DATABASE_URL is unset; eval \"$(make -s env)\" in the repository exports the one make run uses): %w", maskURL(cfg.DatabaseURL), err)
+	}
+	return fmt.Errorf("open database %s: %w", maskURL(cfg.DatabaseURL), err)
 }
 
 // migrate applies the migrations on a connection of its own, without the statement timeout of the services'
@@ -152,7 +170,7 @@ func openDB(cfg config) (*gorm.DB, error) {
 func migrate(ctx context.Context, cfg config, logger *slog.Logger) error {
 	db, err := database.Open(cfg.DatabaseURL, database.Options{MaxConns: 1, ConnectTimeout: cfg.DBConnectTimeout})
 	if err != nil {
-		return fmt.Errorf("open database %s: %w", maskURL(cfg.DatabaseURL), err)
+		return openDBError(cfg, err)
 	}
 	sqlDB, err := db.DB()
 	if err != nil {
@@ -231,6 +249,8 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 		}
 		svcs, addrs = append(svcs, s), append(addrs, b.addr(cfg))
 	}
+	// One console: every port serves the same console for all the services this process runs.
+	httpStack.ConsoleServices = svcs
 	// Before anything runs: a retry of an unknown operation settles it at once.
 	d.Idem.Reconcilers = service.Reconcilers(svcs...)
 	// A person's decision, sent to any service, releases what the operation held in the service that owns it.

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/retrysafe/retrysafe/pkg/money"
 	"github.com/retrysafe/retrysafe/pkg/service"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -44,7 +46,9 @@ func buildPayments(cfg config, d service.Deps) (service.Service, error) {
 	d.Log().Info("payments: captures and refunds in a currency not listed in PAYMENTS_APPROVAL_THRESHOLDS need approval above zero",
 		"listed", strings.Join(listed, ","))
 	return payments.New(d, payments.Config{
-		Provider: provider.NewClient(cfg.ProviderURL, cfg.ProviderSecret, cfg.ProviderTimeout).
+		// The provider's calls carry the request's trace (pkg/tracing; passed straight through when it is off).
+		Provider: provider.NewClientHTTP(cfg.ProviderURL, cfg.ProviderSecret,
+			&http.Client{Timeout: cfg.ProviderTimeout, Transport: tracing.Transport(nil)}).
 			WithObserver(d.Metrics.Downstream("provider")),
 		ApprovalThresholds: cfg.PaymentsApprovalThresholds,
 		ApprovalTTL:        cfg.ApprovalTTL,

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
@@ -17,5 +18,5 @@ func serveProvider(ctx context.Context, cfg config, logger *slog.Logger) error {
 		logger.Warn("provider fault injection is enabled: /admin/faults can make calls fail, drop or hang")
 	}
 	srv := provider.NewServer(provider.Config{FaultInjection: cfg.ProviderFaultInjection}, logger)
-	return httpserver.Serve(ctx, cfg.ProviderAddr, srv.Handler(), logger.With("service", "provider"), cfg.HTTP)
+	return httpserver.Serve(ctx, cfg.ProviderAddr, tracing.Handler(srv.Handler()), logger.With("service", "provider"), cfg.HTTP)
 }

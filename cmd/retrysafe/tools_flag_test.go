@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/retrysafe/retrysafe/internal/proctest"
+	"github.com/retrysafe/retrysafe/pkg/agent"
 )
 
 // TestToolsFlag: `retrysafe mcp --tools FILE` lists that file's tools (and the agent's own two), not the demo
@@ -68,6 +69,32 @@ tools: *i
 		output, err := cmd.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(output), "tool") {
 			t.Errorf("%v: %v %s; want exit 1 naming the tools", args, err, output)
+		}
+	}
+}
+
+// TestEveryAgentSubcommandTakesTools: do, resume, retry and mcp take --tools, so show and resolve take it too
+// (one command line for a journal serves them all); a tools file that cannot be read is refused by each.
+func TestEveryAgentSubcommandTakesTools(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Build(t)
+	journal := t.TempDir() + "/show.journal"
+	a, err := agent.Open(journal, agent.Config{APIKey: "k", Tools: agent.DemoTools()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	show := exec.Command(bin, "agent", "show", "--journal", journal, "--tools", "../../examples/tools/notes.yaml")
+	show.Env = []string{"AGENT_API_KEY=k"}
+	if out, err := show.CombinedOutput(); err != nil {
+		t.Errorf("agent show --tools: %v\n%s", err, out)
+	}
+	for _, sub := range [][]string{{"show"}, {"resolve", "--state", "failed", "--evidence", "e", "x"}} {
+		args := append([]string{"agent", sub[0], "--journal", journal, "--tools", "no-such-file.yaml"}, sub[1:]...)
+		cmd := exec.Command(bin, args...)
+		output, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(output), "--tools") {
+			t.Errorf("%v: %v %s; want exit 1 naming --tools", args, err, output)
 		}
 	}
 }

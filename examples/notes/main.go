@@ -8,8 +8,8 @@
 // POST /v1/notes {"author": "...", "text": "..."} with an Idempotency-Key creates a note once per key;
 // GET /v1/notes?author= lists an author's notes. It is its own module (go.mod, with a replace to this
 // repository); `make test` builds it and runs `retrysafe conformance` on it, every case including a worker killed
-// after its claim (scripts/example-conformance.sh). RETRYSAFE_FAILPOINTS (package failpoint) lets that test stop
-// it right after a claim.
+// after its claim (scripts/example-conformance.sh). RETRYSAFE_FAILPOINTS lets that test stop it right after a
+// claim; idem.New arms it, nothing here does.
 package main
 
 import (
@@ -30,7 +30,6 @@ import (
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/migrations"
-	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -125,9 +124,6 @@ func run() error {
 	}
 	if addr == "" {
 		addr = "127.0.0.1:8096"
-	}
-	if err := failpoint.Configure(os.Getenv("RETRYSAFE_FAILPOINTS")); err != nil {
-		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

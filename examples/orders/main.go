@@ -11,8 +11,8 @@
 // that timed out what happened to its write. Callers send Authorization: Bearer <secret of API_KEYS>, and see
 // only their account's orders and operations. It is its own module (go.mod, with a replace to this repository);
 // `make test` builds it and runs `retrysafe conformance` on it, every case including a worker killed after its
-// claim (scripts/example-conformance.sh). RETRYSAFE_FAILPOINTS (package failpoint) lets that test stop it
-// right after a claim.
+// claim (scripts/example-conformance.sh). RETRYSAFE_FAILPOINTS lets that test stop it right after a
+// claim; idem.New arms it, nothing here does.
 package main
 
 import (
@@ -32,7 +32,6 @@ import (
 
 	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/pkg/auth"
-	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -124,9 +123,6 @@ func run(logger *slog.Logger) error {
 	}
 	keys, err := auth.ParseKeys(os.Getenv("API_KEYS"), os.Getenv("API_KEY_ID_SECRET"))
 	if err != nil {
-		return err
-	}
-	if err := failpoint.Configure(os.Getenv("RETRYSAFE_FAILPOINTS")); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -16,10 +16,12 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Retry reasons the journal records: the fixed list the services accept in Retry-Reason (docs/contract.md),
@@ -104,7 +106,8 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 					"(retrysafe agent show, GET /v1/operations?idempotency_key=) before anything else is sent"
 				if neverSent(op) {
 					next = "the attempt budget is spent and no attempt left this machine (every one not_sent): nothing happened; " +
-						"when the service is reachable, a person may start the action again under a new action_id"
+						"when the service is reachable, a person sends it again with the same key: retrysafe agent retry ACTION_ID " +
+						"(retry_action over MCP); never a new action_id, which would be a second key for one intent"
 				}
 				if err := a.settle(op, step{state: StateNeedsHuman, why: "attempt budget spent", next: next}); err != nil {
 					return Result{}, err
@@ -605,6 +608,20 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 			at.RetryOfSent = "" // the service refused the last one's lineage: this one claims none
 		}
 	}
+	if tracing.Enabled() {
+		// One trace per action: the first attempt starts it, every later one is a child of the first.
+		sctx := ctx
+		for _, p := range op.Attempts {
+			if p.TraceParent != "" {
+				sctx = tracing.Parent(ctx, p.TraceParent)
+				break
+			}
+		}
+		sctx, span := tracing.Start(sctx, "agent.attempt "+op.Tool,
+			attribute.String("retrysafe.action_id", op.ActionID), attribute.Int("retrysafe.attempt", at.Number))
+		defer span.End()
+		at.TraceParent = tracing.TraceParent(sctx)
+	}
 	req, err := a.newRequest(op, at, approvalID)
 	if err != nil {
 		return err
@@ -705,6 +722,9 @@ func (a *Agent) newRequest(op *Operation, at *Attempt, approvalID string) (*http
 	}
 	if approvalID != "" {
 		h.Set("Approval-Id", approvalID)
+	}
+	if at.TraceParent != "" {
+		h.Set("Traceparent", at.TraceParent)
 	}
 	for name, values := range h {
 		for _, v := range values {

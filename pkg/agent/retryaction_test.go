@@ -2,7 +2,9 @@ package agent_test
 
 import (
 	"errors"
+	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,5 +72,46 @@ func TestRetryKeepsTheKey(t *testing.T) {
 	}
 	if rep, err := agent.VerifyJournal(b.journal); err != nil || !rep.Intact() {
 		t.Errorf("journal: %v %+v", err, rep)
+	}
+}
+
+// A budget spent without a single attempt leaving the machine (the service was unreachable) says the way out the
+// docs give: a person's retry of the same action, with the same key; never a new action id, which would be a
+// second key for one intent. That retry then makes the one ticket.
+func TestNeverSentBudgetPointsToRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close()
+	open := func(url string) *agent.Agent {
+		a, err := agent.Open(b.journal, agent.Config{TicketsURL: url, APIKey: servicetest.AgentSecret, Budget: 2,
+			BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a := open(closed)
+	res, err := a.Do(t.Context(), "down", "create_ticket", ticketArgs("never sent"), agent.DoOptions{})
+	a.Close()
+	if err != nil || res.State != agent.StateNeedsHuman {
+		t.Fatalf("Do = %+v, %v; want needs_human with the budget spent", res, err)
+	}
+	if !strings.Contains(res.NextStep, "retrysafe agent retry") || !strings.Contains(res.NextStep, "same key") ||
+		strings.Contains(res.NextStep, "again under a new action") {
+		t.Errorf("next step %q; want agent retry on the same key, not a new action id", res.NextStep)
+	}
+	a = open(b.env.URL)
+	defer a.Close()
+	got, err := a.Retry(t.Context(), "down", agent.RetryRequest{By: "os:alice", Reason: "the service is back"})
+	if err != nil || got.State != agent.StateSucceeded || got.IdempotencyKey != res.IdempotencyKey {
+		t.Fatalf("Retry = %+v, %v; want succeeded with the same key", got, err)
+	}
+	if n := b.tickets(t, "never sent"); n != 1 {
+		t.Errorf("%d tickets; want 1", n)
 	}
 }

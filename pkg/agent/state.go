@@ -90,6 +90,9 @@ type Attempt struct {
 	At              string `json:"at"`
 	// Command is where a command attempt connected, and the host key it checked.
 	Command *CommandAttempt `json:"command,omitempty"`
+	// TraceParent is the W3C traceparent the attempt sent, when tracing is on (pkg/tracing): its trace id is the
+	// action's trace, which every later attempt, in any process, joins.
+	TraceParent string `json:"traceparent,omitempty"`
 
 	Finished *AttemptResult `json:"-"`
 }

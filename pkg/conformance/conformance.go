@@ -262,7 +262,7 @@ func (r *runner) checkCounter() error {
 	if count.URL == "" {
 		return fmt.Errorf("request file: count is required: a url with length or field, or a command")
 	}
-	u, err := r.resolve(count.URL)
+	u, err := r.countURL()
 	if err != nil {
 		return fmt.Errorf("count url: %w", err)
 	}
@@ -386,6 +386,24 @@ func (r *runner) mask(s string) string {
 		return s
 	}
 	return r.secrets.ReplaceAllLiteralString(s, "***")
+}
+
+// countURL is the count's url with its ${NAME} references read from the environment (a provider's address that
+// moves with the demo, "${PROVIDER_URL}/admin/counters"), resolved against the target.
+func (r *runner) countURL() (*url.URL, error) {
+	var missing string
+	ref := envRef.ReplaceAllStringFunc(r.spec.Count.URL, func(m string) string {
+		name := envRef.FindStringSubmatch(m)[1]
+		v := r.opts.Getenv(name)
+		if v == "" && missing == "" {
+			missing = name
+		}
+		return v
+	})
+	if missing != "" {
+		return nil, fmt.Errorf("${%s} is unset", missing)
+	}
+	return r.resolve(ref)
 }
 
 func (r *runner) resolve(ref string) (*url.URL, error) {

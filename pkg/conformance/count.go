@@ -21,7 +21,7 @@ func (r *runner) count(ctx context.Context, c *caseRun) (int64, error) {
 	if r.spec.Count.Command != "" {
 		return r.countCommand(ctx, c)
 	}
-	u, err := r.resolve(r.spec.Count.URL)
+	u, err := r.countURL()
 	if err != nil {
 		return 0, err
 	}

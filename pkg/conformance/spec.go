@@ -19,7 +19,8 @@ import (
 // {{unique}} is a token of lowercase letters, digits and a dash, new for every case, so each case creates its own
 // resource (a new order id, a new environment); {{name}} is a value a setup step saved. Each is escaped for where
 // it lands (a path segment, a query value, a JSON string). Header values may name environment variables as
-// ${NAME}: that is the only way to pass a secret. An Authorization header written out in the file is refused.
+// ${NAME}: that is the only way to pass a secret. The count url may name them too, for an address that moves
+// ("${PROVIDER_URL}/admin/counters"). An Authorization header written out in the file is refused.
 //
 // The count command and the kill hook are never filled: a saved value comes from the target's answer, and no
 // quoting survives every shell and SQL context it could be spliced into. The count command reads the case's

@@ -46,9 +46,10 @@ const IdleTimeout = 12 * time.Hour
 type Options struct {
 	DB   *gorm.DB
 	Keys *auth.Keys
-	// Service names the service in page titles.
+	// Service names what the console covers in its header and page titles: a service, or every service one
+	// process serves ("tickets · payments · deploys"), each operation then labelled with its own.
 	Service string
-	// Pages are the service's own pages, listed in the navigation after the console's.
+	// Pages are the services' own pages, listed in the navigation after the console's.
 	Pages  []Page
 	Logger *slog.Logger
 	// IdleTimeout ends sessions idle longer (IdleTimeout when zero).
@@ -122,11 +123,12 @@ type Table struct {
 	Next string
 }
 
-// Cell is one table cell; Link, when set, makes it a link (a console path). Mono sets an identifier or a
-// digest in monospace, broken anywhere to fit.
+// Cell is one table cell; Link, when set, makes it a link (a console path). Mono sets a long value (a digest, an
+// artifact reference) in monospace, broken anywhere to fit; ID sets an identifier in monospace on one line, so a
+// column of ids reads down, one id a row.
 type Cell struct {
 	Text, Link string
-	Mono       bool
+	Mono, ID   bool
 }
 
 //go:embed templates/*.html

@@ -5,10 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"strings"
 	"time"
 )
 
 var funcs = template.FuncMap{
+	// service is the service an operation belongs to: the first word of its kind ("payments.capture").
+	"service": func(kind string) string {
+		name, _, _ := strings.Cut(kind, ".")
+		return name
+	},
 	"time": func(t time.Time) string {
 		if t.IsZero() {
 			return "—"

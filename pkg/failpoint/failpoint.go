@@ -38,6 +38,29 @@ func Parse(spec string) (map[string]string, error) {
 	return out, nil
 }
 
+// EnvVar is the environment variable a process's failpoints are read from.
+const EnvVar = "RETRYSAFE_FAILPOINTS"
+
+var (
+	fromEnvOnce sync.Once
+	fromEnvErr  error
+)
+
+// FromEnvironment configures the failpoints that RETRYSAFE_FAILPOINTS names, once per process; idem.New calls
+// it, so a service built on pkg/idem can be stopped at its claim (conformance case 7) without wiring anything
+// into its main. It is the one variable the library reads itself: unset, nothing is armed and Hit stays one
+// atomic load; a value that does not parse is an error each call returns.
+func FromEnvironment() error {
+	fromEnvOnce.Do(func() {
+		if spec := os.Getenv(EnvVar); spec != "" {
+			if err := Configure(spec); err != nil {
+				fromEnvErr = fmt.Errorf("%s: %w", EnvVar, err)
+			}
+		}
+	})
+	return fromEnvErr
+}
+
 // Configure sets the failpoints from a spec like "a=pause,b=exit"; cmd/retrysafe calls it once at start.
 func Configure(spec string) error {
 	parsed, err := Parse(spec)

@@ -69,7 +69,11 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	// the operation would be stranded, claimed but never run. It is bounded by the lease instead. Once it commits
 	// the operation is the server's to finish, whoever still listens.
 	ctx = context.WithoutCancel(ctx)
-	lease, err := h.claimExternal(ctx, a, req, steps.Prepare)
+	var lease time.Time
+	err := traced(ctx, "idem.claim", a, func(ctx context.Context) (err error) {
+		lease, err = h.claimExternal(ctx, a, req, steps.Prepare)
+		return err
+	})
 	if opstatus.KeyTaken(err) {
 		return h.taken(ctx, a, call.Header)
 	}
@@ -86,13 +90,22 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 		return h.releaseUnsent(ctx, a, left, undo)
 	}
 	failpoint.Hit(FailpointBeforeExternalCall, a.op)
-	outcome, callErr := steps.Call(ctx, a.op)
+	var outcome T
+	var callErr error
+	_ = traced(ctx, "idem.dispatch", a, func(ctx context.Context) error {
+		outcome, callErr = steps.Call(ctx, a.op)
+		return callErr
+	})
 	failpoint.Hit(FailpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
 		return h.markUnknown(ctx, a, callErr)
 	}
-	resp, err := h.settle(ctx, a, opstatus.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
-		return steps.Record(ctx, tx, a.op, outcome, callErr)
+	var resp response
+	err = traced(ctx, "idem.complete", a, func(ctx context.Context) (err error) {
+		resp, err = h.settle(ctx, a, opstatus.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
+			return steps.Record(ctx, tx, a.op, outcome, callErr)
+		})
+		return err
 	})
 	return h.recorded(ctx, a, resp, err, h.created(call))
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
@@ -22,6 +24,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Failpoints of idem (package failpoint), for crash tests. Those marked "op" are hit with the operation.
@@ -128,12 +131,19 @@ type Handler struct {
 	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
 	background       atomic.Bool
 	backgroundWarned sync.Once
+	// resourceWarned holds the kinds whose success stored no Resource and was told once (warnNoResource).
+	resourceWarned sync.Map
 }
 
 // New returns a Handler on db, or an error that says what to do when db is not a pool the library can use
-// (database.Check): another driver, or a transaction instead of the pool.
+// (database.Check): another driver, or a transaction instead of the pool; or when RETRYSAFE_FAILPOINTS, which
+// New reads for crash tests (failpoint.FromEnvironment), does not parse.
 func New(db *gorm.DB) (*Handler, error) {
 	if err := database.Check(db); err != nil {
+		return nil, fmt.Errorf("idem: %w", err)
+	}
+	// A crash test stops the service at its claim through the environment alone (failpoint.FromEnvironment).
+	if err := failpoint.FromEnvironment(); err != nil {
 		return nil, fmt.Errorf("idem: %w", err)
 	}
 	return &Handler{DB: db}, nil
@@ -342,12 +352,15 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 		return response{}, err
 	}
 	defer tx.Close()
-	if err := h.claim(ctx, tx, a, req); err != nil {
+	if err := traced(ctx, "idem.claim", a, func(ctx context.Context) error { return h.claim(ctx, tx, a, req) }); err != nil {
 		return response{}, err
 	}
 	failpoint.Hit(FailpointAfterClaim)
-	res, err := write(ctx, tx.Gorm(), a.op)
-	if err != nil {
+	var res Result
+	if err := traced(ctx, "idem.write", a, func(ctx context.Context) (err error) {
+		res, err = write(ctx, tx.Gorm(), a.op)
+		return err
+	}); err != nil {
 		return response{}, err
 	}
 	resp, b, err := h.completion(a, res, opstatus.EventCompleted)
@@ -355,12 +368,26 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 		return response{}, err
 	}
 	failpoint.Hit(FailpointBeforeCommit, a.op)
-	if err := tx.Commit(ctx, b); problem.IsStoreUnavailable(err) {
+	if err := traced(ctx, "idem.complete", a, func(ctx context.Context) error { return tx.Commit(ctx, b) }); problem.IsStoreUnavailable(err) {
 		return response{}, commitLost{err}
 	} else if err != nil {
 		return response{}, err
 	}
 	return resp, nil
+}
+
+// traced runs step in a span named name (pkg/tracing; nothing when tracing is off), marked with a's operation.
+func traced(ctx context.Context, name string, a *attempt, step func(context.Context) error) error {
+	if !tracing.Enabled() {
+		return step(ctx)
+	}
+	ctx, span := tracing.Start(ctx, name, attribute.String("retrysafe.operation_id", a.op.ID), attribute.String("retrysafe.kind", a.op.Kind))
+	defer span.End()
+	err := step(ctx)
+	if err != nil {
+		span.SetStatus(codes.Error, "failed")
+	}
+	return err
 }
 
 // claim takes a's key in tx, then checks the lineage headers and runs the Guard. An external claim inserts its
@@ -411,6 +438,9 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 	if a.op.State == "" {
 		a.op.State = opstatus.StateSucceeded
 	}
+	if res.Resource == nil && a.op.State == opstatus.StateSucceeded && resp.Status < 300 {
+		h.warnNoResource(a.op.Kind)
+	}
 	b := &pgx.Batch{}
 	c := opstatus.Completion{State: a.op.State, Resource: res.Resource,
 		Event:  opstatus.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
@@ -421,6 +451,16 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 		err = opstatus.QueueCreateCompleted(b, a.op, c)
 	}
 	return resp, b, err
+}
+
+// warnNoResource tells the operator, once per kind, that a write succeeded without naming what it made: once its
+// stored answer is pruned, a retry's 409 idempotency_response_expired points at the resource, and there is none.
+func (h *Handler) warnNoResource(kind string) {
+	if _, told := h.resourceWarned.LoadOrStore(kind, true); told {
+		return
+	}
+	h.log().Warn("idem: a write succeeded without Result.Resource: after its answer is pruned, a retry is told to read the "+
+		"result at its resource, and none is named; set Resource to what the write made or acted on", "kind", kind)
 }
 
 // errKeyTaken: a local claim found its key held once it had the key's lock (a copy committed first).

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +42,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/resolution"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
@@ -115,6 +117,10 @@ type HTTP struct {
 	AuthFailures *ratelimit.Failures
 	// TrustedProxies are the proxies whose X-Forwarded-For names the client (httpserver.Options).
 	TrustedProxies []netip.Prefix
+	// ConsoleServices are every service the process serves, in order (nil: the one being served). Each
+	// service's console is then the same console for all of them: it names them all, adds all their pages,
+	// and labels each operation with its service.
+	ConsoleServices []Service
 	// Console holds the console's settings from configuration (Secret, SecureCookie, MaxSessionsPerKey);
 	// Handler fills in the rest.
 	Console console.Options
@@ -128,7 +134,8 @@ type HTTP struct {
 // limit when h.WriteLimiter is set; and the browser console at /console (signed in by session cookie; the
 // service's ConsolePages among its pages).
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
-	middleware := h.Middleware
+	// A span per request, joined to the caller's traceparent, when tracing is on (pkg/tracing).
+	middleware := append([]gin.HandlerFunc{tracing.Middleware()}, h.Middleware...)
 	if d.Metrics != nil {
 		middleware = append([]gin.HandlerFunc{d.Metrics.Middleware(svc.Name())}, middleware...)
 	}
@@ -156,13 +163,17 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 			Services: append(slices.Clip(d.Services), svc.Name())}
 		decider.Routes(group)
 	}
-	var pages []console.Page
-	if cp, ok := svc.(ConsolePages); ok {
-		pages = cp.ConsolePages()
-	}
 	if d.DB != nil && h.Keys != nil {
+		covered := h.ConsoleServices
+		if len(covered) == 0 {
+			covered = []Service{svc}
+		}
+		names := make([]string, len(covered))
+		for i, s := range covered {
+			names[i] = s.Name()
+		}
 		o := h.Console
-		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.DB, h.Keys, svc.Name(), pages, d.Log()
+		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.DB, h.Keys, strings.Join(names, " · "), ConsolePagesOf(covered...), d.Log()
 		if decider != nil {
 			o.Resolve = decider.DecideForm
 		}
@@ -175,6 +186,25 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		}
 	}
 	return r
+}
+
+// ConsolePagesOf gathers the console pages of those of svcs that add some (ConsolePages), each path once.
+func ConsolePagesOf(svcs ...Service) []console.Page {
+	var pages []console.Page
+	seen := map[string]bool{}
+	for _, s := range svcs {
+		cp, ok := s.(ConsolePages)
+		if !ok {
+			continue
+		}
+		for _, p := range cp.ConsolePages() {
+			if !seen[p.Path] {
+				seen[p.Path] = true
+				pages = append(pages, p)
+			}
+		}
+	}
+	return pages
 }
 
 // Reconcilers merges the reconcilers of svcs. Give the result to the idem.Handler (so a retry of an unknown

@@ -44,7 +44,7 @@ func (s *Server) environmentsPage(r console.Request) (console.View, error) {
 		}
 		t.Rows = append(t.Rows, []console.Cell{
 			{Text: e.Name, Link: environmentLink(e.Name)}, {Text: strconv.FormatInt(e.Version, 10)},
-			optionalDeployCell(e.CurrentDeployID), {Text: running(e)}, holder, lease,
+			optionalDeployCell(e.CurrentDeployID), {Text: running(e), Mono: true}, holder, lease,
 		})
 	}
 	return console.View{Title: "Environments", Sections: []console.Section{
@@ -80,11 +80,11 @@ func (s *Server) environmentPage(r console.Request) (console.View, error) {
 	t := &console.Table{Columns: []string{"Deploy", "Kind", "Service", "Reference", "State", "Steps", "Planned on version", "Created", "Operation"}}
 	for _, d := range recent {
 		t.Rows = append(t.Rows, []console.Cell{
-			{Text: d.ID, Mono: true}, {Text: string(d.Kind)}, {Text: d.Service}, {Text: d.Reference().String(), Mono: true},
+			{Text: d.ID, ID: true}, {Text: string(d.Kind)}, {Text: d.Service}, {Text: d.Reference().String(), Mono: true},
 			{Text: string(d.State)},
 			{Text: fmt.Sprintf("%d/%d", d.StepsCompleted, d.StepsTotal)}, {Text: strconv.FormatInt(d.EnvironmentVersion, 10)},
 			{Text: d.CreatedAt.UTC().Format(time.DateTime + " UTC")},
-			{Text: d.OperationID, Link: console.Prefix + "/operations/" + url.PathEscape(d.OperationID), Mono: true},
+			{Text: d.OperationID, Link: console.Prefix + "/operations/" + url.PathEscape(d.OperationID), ID: true},
 		})
 	}
 	return console.View{Title: "Environment " + e.Name, Sections: []console.Section{
@@ -118,7 +118,7 @@ func environmentLink(name string) string {
 	return console.Prefix + "/environments/" + url.PathEscape(name)
 }
 
-func deployCell(id string) console.Cell { return console.Cell{Text: id, Mono: true} }
+func deployCell(id string) console.Cell { return console.Cell{Text: id, ID: true} }
 
 func optionalDeployCell(id *string) console.Cell {
 	if id == nil {
