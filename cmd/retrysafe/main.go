@@ -11,6 +11,7 @@
 //	                                                    (pkg/agent: writes an agent can retry, from a shell)
 //	retrysafe mcp --journal PATH [--tools FILE]         (the same tools over MCP, on stdio)
 //	retrysafe env                                       (one shell line pointing a terminal at the demo)
+//	retrysafe marker --dir DIR --id ID -- CMD ...       (on a host: runs a command once per operation id)
 //	retrysafe help [COMMAND], retrysafe version
 //
 // Every command checks its arguments and the whole configuration before it opens anything.
