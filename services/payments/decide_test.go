@@ -54,8 +54,10 @@ func holdProvider(t *testing.T, target, suffix string) *heldProvider {
 			return
 		}
 		defer close(h.done)
-		// The caller gave up long ago; the request still arrives.
-		proxy.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
+		// The caller gave up long ago; the request still arrives. ReverseProxy cancels the forwarded call when
+		// the client's connection closes (http.CloseNotifier) if the request's context cannot be cancelled, so
+		// it gets a writer without CloseNotify.
+		proxy.ServeHTTP(struct{ http.ResponseWriter }{w}, r.WithContext(context.WithoutCancel(r.Context())))
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(h.gone) })
