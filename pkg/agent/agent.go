@@ -257,6 +257,14 @@ type DoOptions struct {
 	// Remediates is the service's id of an operation settled duplicate_effect_confirmed that this new refund
 	// corrects (op_...): sent as Remediates-Operation-Id and journaled with the operation. refund_payment only.
 	Remediates string
+	// ParentOperation is, in a worker, the parent journal's operation id of the action it was handed (aop_...):
+	// journaled with the worker's operation, whose attempts then name the worker's process; an attempt that may
+	// have reached the service is not sent again by the worker (the parent owns retries, delegate.go). Not for
+	// read-only tools: gathering facts is an intent of its own.
+	ParentOperation string
+	// DelegateTo is the journal of the worker this action is handed to: the operation is journaled here and
+	// nothing is sent; the worker runs it, and Do again or Resume reads its state from that journal.
+	DelegateTo string
 }
 
 // Do makes the write an action stands for, once. The first call for actionID creates the operation, its id
@@ -282,6 +290,9 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	if len(args) > a.cfg.MaxBodyBytes {
 		return Result{}, fmt.Errorf("%w: the arguments are %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
 			ErrBadArguments, len(args), a.cfg.MaxBodyBytes)
+	}
+	if err := checkDelegation(tool, opts); err != nil {
+		return Result{}, err
 	}
 	req, err := tool.check(args)
 	if err != nil {
@@ -311,6 +322,9 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	op, err = a.createOperation(tool, actionID, req, opts)
 	if err != nil {
 		return Result{}, err
+	}
+	if op.Delegation != nil {
+		return a.delegated(op), nil
 	}
 	if held, err := a.holdForSuperseded(op, req.approvalID); held || err != nil {
 		return a.result(op), err
@@ -493,6 +507,10 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		Service: tool.Service, Method: tool.Method, RouteTemplate: tool.Route, Path: req.path, Args: req.args,
 		Fingerprint: req.fingerprint, RetryMode: tool.Mode, Budget: a.cfg.Budget, AuthorityRef: a.cfg.AuthorityRef,
 		Principal: &a.principal, RunID: a.runID, At: a.now(), ParentRunID: opts.ParentRun, RemediatesServerOpID: opts.Remediates,
+		ParentOperationID: opts.ParentOperation,
+	}
+	if opts.DelegateTo != "" {
+		op.Delegation = &Delegation{WorkerJournal: opts.DelegateTo}
 	}
 	if tool.Keyed {
 		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.Namespace, actionID), a.cfg.Namespace

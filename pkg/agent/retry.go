@@ -315,6 +315,9 @@ func approvedSince(op *Operation, at *Attempt) bool {
 
 // decide is the retry rule: from the last attempt and what was observed since, the next step.
 func (a *Agent) decide(op *Operation) step {
+	if op.Delegation != nil {
+		return a.decideDelegated(op)
+	}
 	if op.Command != nil {
 		return a.decideCommand(op)
 	}
@@ -517,6 +520,9 @@ func (a *Agent) accepted(op *Operation, res *AttemptResult, obs []*Observation, 
 // unknownFate is the rule after an attempt that may have reached the service: look up first when the
 // operation has a key, then send again with the same key.
 func (a *Agent) unknownFate(op *Operation, obs []*Observation, backoff time.Duration) step {
+	if op.ParentOperationID != "" && !personSaidGo(op) {
+		return parentOwnsRetry(op)
+	}
 	if op.IdempotencyKey == "" {
 		return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "declared_state_send_again", wait: backoff}
 	}
@@ -584,7 +590,7 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		return a.sendCommand(ctx, op, s)
 	}
 	at := &Attempt{Type: RecAttemptStarted, OperationID: op.OperationID, AttemptID: ids.New("att_"), Number: len(op.Attempts) + 1,
-		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, RunID: a.runID, At: a.now()}
+		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, RunID: a.runID, At: a.now(), Process: a.process(op)}
 	if prev := lastAttempt(op); prev != nil {
 		at.RetryOf, at.RetryReason = prev.AttemptID, s.reason
 		if at.RetryReason == "" {

@@ -159,6 +159,12 @@ func (op *Operation) writeProvenance(w io.Writer) {
 	if op.ParentRunID != "" {
 		printSafe(w, "  parent run  %s (the run that delegated this action)\n", op.ParentRunID)
 	}
+	if op.ParentOperationID != "" {
+		printSafe(w, "  parent op   %s (the parent's operation: it owns the retries)\n", op.ParentOperationID)
+	}
+	if op.Delegation != nil {
+		printSafe(w, "  worker      %s (handed to a worker journaling there; nothing is sent from this journal)\n", op.Delegation.WorkerJournal)
+	}
 	if op.Principal != nil {
 		printSafe(w, "  key id      %s (the agent's name for the API key it was made with)\n", op.Principal.KeyID)
 	} else {
@@ -216,6 +222,9 @@ func attemptText(at *Attempt) string {
 	}
 	t += fmt.Sprintf("  budget left %d  run %s", at.BudgetLeft, at.RunID)
 	t += at.Command.text()
+	if p := at.Process; p != nil {
+		t += fmt.Sprintf("  process %s pid %d", p.Host, p.PID)
+	}
 	if at.ApprovalID != "" {
 		t += "  approval " + at.ApprovalID
 	}
