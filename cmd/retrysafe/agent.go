@@ -40,6 +40,8 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (de
                             a secret reaches the host on the command's standard input, never the journal
   AGENT_NAMESPACE           what idempotency keys are derived from, with the action id (default: the key id of
                             AGENT_API_KEY); agents given one action in one namespace send one key, so it runs once
+  AGENT_NAMESPACE_SECRET    the secret keys are derived under (16 bytes or more; required with AGENT_NAMESPACE, given
+                            to every agent of the namespace; default: AGENT_API_KEY); never journaled
   AGENT_BUDGET              attempts per operation before a person decides (default 5)
   AGENT_MAX_WAIT            how long one call waits for a settled answer (default 2m)
   AGENT_LOCK_WAIT           how long to wait for another agent holding the journal (default 30s; mcp 10s)
@@ -268,10 +270,11 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 func agentConfig(getenv func(string) string, command string, lockWait time.Duration) (agent.Config, error) {
 	cfg := agent.Config{
 		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
-		Namespace: getenv("AGENT_NAMESPACE"),
-		Getenv:    getenv,
-		Hook:      func(point string) { failpoint.Hit("agent." + point) },
-		Warn:      func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
+		Namespace: getenv("AGENT_NAMESPACE"), NamespaceSecret: getenv("AGENT_NAMESPACE_SECRET"),
+		NamespaceSecretRef: "env:AGENT_NAMESPACE_SECRET",
+		Getenv:             getenv,
+		Hook:               func(point string) { failpoint.Hit("agent." + point) },
+		Warn:               func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
 	}
 	if v := getenv("AGENT_BUDGET"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -48,6 +48,12 @@ type Config struct {
 	// in one namespace send one key, and the service runs it once (1 to 200 printable ASCII characters; default:
 	// the key id of APIKey, see namespace.go for why not the account).
 	Namespace string
+	// NamespaceSecret is the secret the key is derived under (namespace.go): at least 16 bytes, never journaled.
+	// Required with Namespace; with the default namespace it is APIKey.
+	NamespaceSecret string
+	// NamespaceSecretRef says where NamespaceSecret came from ("env:AGENT_NAMESPACE_SECRET"); the journal
+	// records it with each derived key.
+	NamespaceSecretRef string
 	// Budget is the number of attempts per operation before it goes to a person (default 5).
 	Budget int
 	// AttemptTimeout bounds one HTTP attempt (default 30s); past it the attempt is sent_no_response.
@@ -159,6 +165,13 @@ func Open(path string, cfg Config) (*Agent, error) {
 		if err := checkNamespace(cfg.Namespace); err != nil {
 			return nil, err
 		}
+		if cfg.NamespaceSecret == "" {
+			return nil, errors.New("agent: a namespace needs its secret (AGENT_NAMESPACE_SECRET), given to every agent of " +
+				"the namespace: keys are derived under it, so no one without it can compute them")
+		}
+	}
+	if cfg.NamespaceSecret != "" && len(cfg.NamespaceSecret) < minNamespaceSecret {
+		return nil, fmt.Errorf("agent: the namespace secret is at least %d bytes", minNamespaceSecret)
 	}
 	j, err := openJournal(path, cfg.LockWait, time.Now, cfg.Warn)
 	if err != nil {
@@ -168,6 +181,16 @@ func Open(path string, cfg Config) (*Agent, error) {
 		principal: principalOf(cfg.APIKey)}
 	if a.cfg.Namespace == "" {
 		a.cfg.Namespace = a.principal.KeyID
+		if a.cfg.NamespaceSecret == "" {
+			a.cfg.NamespaceSecret, a.cfg.NamespaceSecretRef = a.cfg.APIKey, a.cfg.AuthorityRef
+		}
+	}
+	if a.cfg.NamespaceSecretRef == "" {
+		a.cfg.NamespaceSecretRef = "config:NamespaceSecret"
+	}
+	if a.cfg.NamespaceSecret == "" && a.cfg.Tools.hasKeyed() && !a.cfg.Tools.HasRequests() {
+		a.cfg.Warn("agent: no API key and no namespace secret: idempotency keys (and host markers named by them) are " +
+			"derived without a secret, so anyone who knows the namespace and an action id can compute them; set AGENT_NAMESPACE_SECRET")
 	}
 	for _, rec := range j.recs {
 		if err := a.v.apply(rec); err != nil {
@@ -513,7 +536,8 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		op.Delegation = &Delegation{WorkerJournal: opts.DelegateTo}
 	}
 	if tool.Keyed {
-		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.Namespace, actionID), a.cfg.Namespace
+		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.NamespaceSecret, a.cfg.Namespace, actionID), a.cfg.Namespace
+		op.KeySecretRef = a.cfg.NamespaceSecretRef
 	}
 	if tool.Command != nil {
 		a.commandOperation(op, tool, req)

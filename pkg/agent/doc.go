@@ -49,7 +49,9 @@
 //
 // # One key per action, wherever it runs
 //
-// The idempotency key is derived from a namespace and the action id (SHA-256, "idk_" and 32 hex digits), not
+// The idempotency key is derived from a namespace and the action id under the namespace's secret (HMAC-SHA256,
+// "idk_" and 32 hex digits; the secret is the API key by default, Config.NamespaceSecret with a namespace of your
+// own, so only those who hold it can compute a key), not
 // drawn at random, so two journals given one action (two agents, or a worker handed the action by the run that
 // planned it) send one key, and the service runs it once: it dedupes what the journals cannot see of each
 // other. The namespace (Config.Namespace, AGENT_NAMESPACE) should be the account, the scope of the services'

@@ -143,8 +143,12 @@ func (op *Operation) writeIntent(w io.Writer) {
 	printSafe(w, "  fingerprint sha256:%s\n", op.Fingerprint)
 	switch {
 	case op.IdempotencyKey != "" && op.KeyNamespace != "":
-		printSafe(w, "  key         %s (derived from namespace %s and the action id; journaled %s, before the first send)\n",
-			op.IdempotencyKey, strconv.Quote(op.KeyNamespace), op.At)
+		secret := ""
+		if op.KeySecretRef != "" {
+			secret = " under the namespace's secret (" + op.KeySecretRef + ")"
+		}
+		printSafe(w, "  key         %s (derived from namespace %s and the action id%s; journaled %s, before the first send)\n",
+			op.IdempotencyKey, strconv.Quote(op.KeyNamespace), secret, op.At)
 	case op.IdempotencyKey != "":
 		printSafe(w, "  key         %s (made and journaled %s, before the first send)\n", op.IdempotencyKey, op.At)
 	default:

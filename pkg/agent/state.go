@@ -50,6 +50,9 @@ type Operation struct {
 	// KeyNamespace is what IdempotencyKey was derived from, with the action id (absent when the key was made
 	// at random, in journals from before keys were derived).
 	KeyNamespace string `json:"key_namespace,omitempty"`
+	// KeySecretRef names the secret the key was derived under (never the secret; absent for keys derived
+	// without one, in journals from before keys had a secret).
+	KeySecretRef string `json:"key_secret_ref,omitempty"`
 	// ParentRunID is the agent run that delegated this action (agent do --parent-run).
 	ParentRunID string `json:"parent_run_id,omitempty"`
 	// ParentOperationID is, in a worker's journal, the parent's operation this one carries out (delegate.go).
