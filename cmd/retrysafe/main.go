@@ -339,6 +339,10 @@ func consoleSecret(cfg config) []byte {
 	return mac.Sum(nil)
 }
 
-func buildTickets(_ config, d service.Deps) (service.Service, error) {
-	return tickets.New(d, tickets.Config{})
+func buildTickets(cfg config, d service.Deps) (service.Service, error) {
+	policy := tickets.ApprovalPolicy{Projects: cfg.TicketsApprovalProjects}
+	for _, p := range cfg.TicketsApprovalPriorities {
+		policy.Priorities = append(policy.Priorities, tickets.Priority(p))
+	}
+	return tickets.New(d, tickets.Config{Approval: policy, ApprovalTTL: cfg.ApprovalTTL})
 }
