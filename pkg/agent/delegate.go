@@ -185,7 +185,7 @@ func (a *Agent) decideDelegated(op *Operation) step {
 	}
 	if wop := w.op; wop != nil && wop.Final() && (wop.Settled.State != StateNeedsHuman || wop.Settled.Code != CodeParentOwnsRetries) {
 		s := wop.Settled
-		return step{kind: "settle", state: s.State, code: s.Code, fromLookup: true,
+		return step{kind: "settle", state: s.State, code: s.Code, fromLookup: true, status: s.HTTPStatus, body: s.Body,
 			why: "the worker settled it: " + s.Reason, next: s.NextStep + " (in the worker's journal " + op.Delegation.WorkerJournal + ")"}
 	}
 	if w.running {

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -152,8 +154,9 @@ func TestMissingWorkerResultNeverSendsFromTheParent(t *testing.T) {
 	}
 	w.Close()
 	results, err := parent.Resume(t.Context())
-	if err != nil || results[0].State != agent.StateSucceeded {
-		t.Fatalf("parent resume: %+v, %v; want succeeded from the worker", results, err)
+	if err != nil || results[0].State != agent.StateSucceeded || results[0].HTTPStatus != http.StatusCreated ||
+		!strings.Contains(string(results[0].Body), `"title":"delegated never sent"`) {
+		t.Fatalf("parent resume: %+v, %v; want succeeded from the worker, with its answer", results, err)
 	}
 	if n := b.tickets(t, title); n != 1 || b.fault.writes.Load() != 0 {
 		t.Fatalf("%d tickets, %d writes from the parent; want 1 and 0", n, b.fault.writes.Load())

@@ -67,6 +67,10 @@ type step struct {
 	// fromLookup: the settlement rests on a lookup or poll, not on the last answer, whose status and body
 	// it does not carry.
 	fromLookup bool
+	// status and body are, for a settlement from evidence other than the last answer (a worker's), the answer
+	// it rests on.
+	status int
+	body   json.RawMessage
 }
 
 // drive runs the retry rule on op until it settles or the rule says to stop.
@@ -926,6 +930,9 @@ func (a *Agent) settle(op *Operation, s step) error {
 	if last := lastAttempt(op); last != nil && last.Finished != nil && !s.fromLookup {
 		st.HTTPStatus, st.Code, st.Body = last.Finished.Status, last.Finished.Code, last.Finished.Body
 		st.ApprovalID = last.ApprovalID
+	}
+	if s.body != nil {
+		st.HTTPStatus, st.Body = s.status, s.body
 	}
 	if a.isApprovalRequest(op) && s.state == StateSucceeded {
 		var ap struct {
