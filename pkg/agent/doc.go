@@ -60,6 +60,11 @@
 // keys converge when given one namespace; unrelated agents sharing a key and reusing action ids need their own.
 // Journals written before keys were derived keep, and resume with, the random keys they hold.
 //
+// A planner that hands an action to a worker (DoOptions.DelegateTo) keeps the operation and its retries: the
+// worker (DoOptions.ParentOperation) never sends a write again on its own after an attempt that may have reached
+// the service, and the planner never sends it at all; it reads the worker's journal, then the service's record
+// under the key (delegate.go).
+//
 // # The retry rule
 //
 // Each tool declares a RetryMode: read_only, converge (a declared final state), create, financial, destructive.
@@ -136,7 +141,9 @@
 // changed intent); needs_human (an approval, a spent budget, an expired key, a held replacement: next_step says
 // what a person does); unknown (the service itself does not know yet whether it happened and is reconciling it:
 // call again with the same action id, never a new one); in_progress (the service accepted the work and is still
-// doing it); open (created, not settled). Resume drives open, in_progress and unknown operations.
+// doing it); unresolved (a delegated operation whose worker died or stopped with an unknown outcome, and that
+// the service's record has not settled); open (created, not settled). Resume drives open, in_progress, unknown and
+// unresolved operations.
 //
 // # Commands
 //
