@@ -10,6 +10,7 @@
 //	retrysafe agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...
 //	                                                    (pkg/agent: writes an agent can retry, from a shell)
 //	retrysafe mcp --journal PATH [--tools FILE]         (the same tools over MCP, on stdio)
+//	retrysafe marker --dir DIR --id ID --operation OP -- CMD   (a host's operation marker, pkg/agent/opmarker)
 //	retrysafe env                                       (one shell line pointing a terminal at the demo)
 //	retrysafe help [COMMAND], retrysafe version
 //
