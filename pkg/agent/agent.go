@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -533,7 +534,12 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		ParentOperationID: opts.ParentOperation,
 	}
 	if opts.DelegateTo != "" {
-		op.Delegation = &Delegation{WorkerJournal: opts.DelegateTo}
+		// Absolute, so that a resume from another directory reads the same worker.
+		path, err := filepath.Abs(opts.DelegateTo)
+		if err != nil {
+			return nil, fmt.Errorf("%w: worker journal: %v", ErrBadArguments, err)
+		}
+		op.Delegation = &Delegation{WorkerJournal: path}
 	}
 	if tool.Keyed {
 		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.NamespaceSecret, a.cfg.Namespace, actionID), a.cfg.Namespace
