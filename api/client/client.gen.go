@@ -1293,6 +1293,9 @@ type CreateTicketParams struct {
 
 	// Prefer `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result.
 	Prefer *Prefer `json:"Prefer,omitempty"`
+
+	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
+	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
 }
 
 // ListTicketCommentsParams defines parameters for ListTicketComments.
@@ -1784,7 +1787,7 @@ type ClientInterface interface {
 
 	// RequestApprovalWithBody Ask a person to approve one exact write.
 	//
-	// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+	// Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
 	// and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 	// id as `Approval-Id` on the write; a changed body no longer matches.
 	//
@@ -1800,7 +1803,7 @@ type ClientInterface interface {
 
 	// RequestApproval Ask a person to approve one exact write.
 	//
-	// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+	// Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
 	// and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 	// id as `Approval-Id` on the write; a changed body no longer matches.
 	//
@@ -2414,6 +2417,9 @@ type ClientInterface interface {
 	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
 	// is 422 `idempotency_key_reused`. A new intended action needs a new key.
 	//
+	// A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+	// default) needs an approval: 428 `approval_required` without `Approval-Id`.
+	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
@@ -2429,6 +2435,9 @@ type ClientInterface interface {
 	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
 	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
 	// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
+	// A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+	// default) needs an approval: 428 `approval_required` without `Approval-Id`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2659,7 +2668,7 @@ func (c *Client) GetReadiness(ctx context.Context, reqEditors ...RequestEditorFn
 
 // RequestApprovalWithBody Ask a person to approve one exact write.
 //
-// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+// Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
 // and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 // id as `Approval-Id` on the write; a changed body no longer matches.
 //
@@ -2685,7 +2694,7 @@ func (c *Client) RequestApprovalWithBody(ctx context.Context, params *RequestApp
 
 // RequestApproval Ask a person to approve one exact write.
 //
-// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+// Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
 // and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 // id as `Approval-Id` on the write; a changed body no longer matches.
 //
@@ -3719,6 +3728,9 @@ func (c *Client) ListTickets(ctx context.Context, params *ListTicketsParams, req
 // `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
 // is 422 `idempotency_key_reused`. A new intended action needs a new key.
 //
+// A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+// default) needs an approval: 428 `approval_required` without `Approval-Id`.
+//
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
@@ -3744,6 +3756,9 @@ func (c *Client) CreateTicketWithBody(ctx context.Context, params *CreateTicketP
 // `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
 // `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
 // is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
+// A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+// default) needs an approval: 428 `approval_required` without `Approval-Id`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -5679,6 +5694,17 @@ func NewCreateTicketRequestWithBody(server string, params *CreateTicketParams, c
 			req.Header.Set("Prefer", headerParam1)
 		}
 
+		if params.ApprovalId != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Approval-Id", *params.ApprovalId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Approval-Id", headerParam2)
+		}
+
 	}
 
 	return req, nil
@@ -6112,7 +6138,7 @@ type ClientWithResponsesInterface interface {
 
 	// RequestApprovalWithBodyWithResponse Ask a person to approve one exact write.
 	//
-	// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+	// Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
 	// and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 	// id as `Approval-Id` on the write; a changed body no longer matches.
 	//
@@ -6128,7 +6154,7 @@ type ClientWithResponsesInterface interface {
 
 	// RequestApprovalWithResponse Ask a person to approve one exact write.
 	//
-	// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+	// Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
 	// and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 	// id as `Approval-Id` on the write; a changed body no longer matches.
 	//
@@ -6768,6 +6794,9 @@ type ClientWithResponsesInterface interface {
 	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
 	// is 422 `idempotency_key_reused`. A new intended action needs a new key.
 	//
+	// A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+	// default) needs an approval: 428 `approval_required` without `Approval-Id`.
+	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
@@ -6783,6 +6812,9 @@ type ClientWithResponsesInterface interface {
 	// `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
 	// `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
 	// is 422 `idempotency_key_reused`. A new intended action needs a new key.
+	//
+	// A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+	// default) needs an approval: 428 `approval_required` without `Approval-Id`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -10292,6 +10324,8 @@ type CreateTicketResponse struct {
 	ApplicationproblemJSON415 *BadRequest
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
+	ApplicationproblemJSON428 *PreconditionRequired
 	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -10351,6 +10385,11 @@ func (r CreateTicketResponse) GetApplicationproblemJSON415() *BadRequest {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r CreateTicketResponse) GetApplicationproblemJSON422() *ValidationFailed {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
+func (r CreateTicketResponse) GetApplicationproblemJSON428() *PreconditionRequired {
+	return r.ApplicationproblemJSON428
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
@@ -11031,7 +11070,7 @@ func (c *ClientWithResponses) GetReadinessWithResponse(ctx context.Context, reqE
 
 // RequestApprovalWithBodyWithResponse Ask a person to approve one exact write.
 //
-// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+// Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
 // and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 // id as `Approval-Id` on the write; a changed body no longer matches.
 //
@@ -11053,7 +11092,7 @@ func (c *ClientWithResponses) RequestApprovalWithBodyWithResponse(ctx context.Co
 
 // RequestApprovalWithResponse Ask a person to approve one exact write.
 //
-// Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+// Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
 // and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
 // id as `Approval-Id` on the write; a changed body no longer matches.
 //
@@ -11945,6 +11984,9 @@ func (c *ClientWithResponses) ListTicketsWithResponse(ctx context.Context, param
 // `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
 // is 422 `idempotency_key_reused`. A new intended action needs a new key.
 //
+// A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+// default) needs an approval: 428 `approval_required` without `Approval-Id`.
+//
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/tickets (the `CreateTicket` operationId).
@@ -11966,6 +12008,9 @@ func (c *ClientWithResponses) CreateTicketWithBodyWithResponse(ctx context.Conte
 // `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
 // `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
 // is 422 `idempotency_key_reused`. A new intended action needs a new key.
+//
+// A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+// default) needs an approval: 428 `approval_required` without `Approval-Id`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -15539,6 +15584,13 @@ func ParseCreateTicketResponse(rsp *http.Response) (*CreateTicketResponse, error
 			return nil, err
 		}
 		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 428:
+		var dest PreconditionRequired
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON428 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest RateLimited

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "dc40c79137eba31679afb6bfc793b0b4d78d851cf596387a9ce76111c105bf25"
+const SpecSHA256 = "aec87ea5e6e10ff7020c654e346d091fe3548268fd1ad574c74feeab371b359d"

@@ -40,6 +40,8 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (de
                             a secret reaches the host on the command's standard input, never the journal
   AGENT_NAMESPACE           what idempotency keys are derived from, with the action id (default: the key id of
                             AGENT_API_KEY); agents given one action in one namespace send one key, so it runs once
+  AGENT_NAMESPACE_SECRET    the secret keys are derived under (16 bytes or more; required with AGENT_NAMESPACE, given
+                            to every agent of the namespace; default: AGENT_API_KEY); never journaled
   AGENT_BUDGET              attempts per operation before a person decides (default 5)
   AGENT_MAX_WAIT            how long one call waits for a settled answer (default 2m)
   AGENT_LOCK_WAIT           how long to wait for another agent holding the journal (default 30s; mcp 10s)
@@ -54,7 +56,7 @@ func agentCommand() command {
 		name:     "agent",
 		synopsis: "agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...",
 		summary: "make writes an agent can retry without doubling them: do --action ACTION_ID [--supersedes ACTION_ID] " +
-			"[--parent-run RUN_ID] [--remediates OP_ID] TOOL 'JSON' (exit 0 succeeded, 3 needs_human or still in progress, 4 refused or changed " +
+			"[--parent-run RUN_ID] [--remediates OP_ID] [--worker-journal PATH | --parent-operation OPERATION_ID] TOOL 'JSON' (exit 0 succeeded, 3 needs_human or still in progress, 4 refused or changed " +
 			"intent, 5 failed, 6 unknown: the service does not know yet whether it happened, call again with the same " +
 			"action, 1 usage or internal error), resume (settle every unfinished operation; exit 3 while one waits for a " +
 			"person or the service, else 6 while one is unknown), retry [--budget N] [--by NAME] [--reason TEXT] ACTION_ID " +
@@ -102,6 +104,8 @@ type agentFlags struct {
 	supersedes  string
 	remediates  string
 	parentRun   string
+	parentOp    string
+	worker      string
 	sameAccount bool
 	tools       string
 	// decision is agent resolve's.
@@ -120,6 +124,9 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 		fs.StringVar(&f.action, "action", "", "ACTION_ID: your name for this intended action; the same name continues it")
 		fs.StringVar(&f.supersedes, "supersedes", "", "ACTION_ID whose intent this new action replaces (a changed intent)")
 		fs.StringVar(&f.parentRun, "parent-run", "", "RUN_ID of the agent run that delegated this action, journaled with it")
+		fs.StringVar(&f.parentOp, "parent-operation", "", "OPERATION_ID (aop_...) of the parent's operation this worker carries out: "+
+			"the parent owns its retries")
+		fs.StringVar(&f.worker, "worker-journal", "", "PATH: hand the action to a worker that journals it there; nothing is sent from here")
 		fs.StringVar(&f.remediates, "remediates", "", "OP_ID: the service's duplicate_effect_confirmed operation this refund_payment corrects (Remediates-Operation-Id)")
 	}
 	if name == "agent retry" {
@@ -263,10 +270,11 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 func agentConfig(getenv func(string) string, command string, lockWait time.Duration) (agent.Config, error) {
 	cfg := agent.Config{
 		APIKey: getenv("AGENT_API_KEY"), AuthorityRef: "env:AGENT_API_KEY", Command: command, LockWait: lockWait,
-		Namespace: getenv("AGENT_NAMESPACE"),
-		Getenv:    getenv,
-		Hook:      func(point string) { failpoint.Hit("agent." + point) },
-		Warn:      func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
+		Namespace: getenv("AGENT_NAMESPACE"), NamespaceSecret: getenv("AGENT_NAMESPACE_SECRET"),
+		NamespaceSecretRef: "env:AGENT_NAMESPACE_SECRET",
+		Getenv:             getenv,
+		Hook:               func(point string) { failpoint.Hit("agent." + point) },
+		Warn:               func(msg string) { fmt.Fprintln(os.Stderr, "retrysafe: warning:", agent.Printable(msg)) },
 	}
 	if v := getenv("AGENT_BUDGET"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -342,7 +350,7 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 		var waiting, unknown []string
 		for _, op := range a.Operations() {
 			switch st := op.State(); st {
-			case agent.StateNeedsHuman, agent.StateInProgress:
+			case agent.StateNeedsHuman, agent.StateInProgress, agent.StateUnresolved:
 				waiting = append(waiting, op.ActionID+" ("+st+")")
 			case agent.StateUnknown:
 				unknown = append(unknown, op.ActionID)
@@ -377,7 +385,8 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 		return endOf(enc, res, err)
 	}
 
-	res, err := a.Do(ctx, f.action, f.rest[0], json.RawMessage(f.rest[1]), agent.DoOptions{Supersedes: f.supersedes, ParentRun: f.parentRun, Remediates: f.remediates})
+	res, err := a.Do(ctx, f.action, f.rest[0], json.RawMessage(f.rest[1]), agent.DoOptions{Supersedes: f.supersedes, ParentRun: f.parentRun, Remediates: f.remediates,
+		ParentOperation: f.parentOp, DelegateTo: f.worker})
 	switch {
 	case errors.Is(err, agent.ErrChangedIntent):
 		_ = enc.Encode(agent.Result{OperationID: res.OperationID, ActionID: f.action, Tool: res.Tool, State: agent.StateRefused,

@@ -18,7 +18,8 @@ func TestAgentCommandUnknownExitCode(t *testing.T) {
 	t.Parallel()
 	url, _ := fakeServices(t, `{"operation_id":"op_u","state":"unknown"}`, http.StatusAccepted)
 	path := filepath.Join(t.TempDir(), "unknown.journal")
-	vars := env(map[string]string{"TICKETS_URL": url, "AGENT_API_KEY": "k", "AGENT_MAX_WAIT": "300ms", "AGENT_NAMESPACE": "team-a"})
+	vars := env(map[string]string{"TICKETS_URL": url, "AGENT_API_KEY": "k", "AGENT_MAX_WAIT": "300ms", "AGENT_NAMESPACE": "team-a",
+		"AGENT_NAMESPACE_SECRET": "team-a-secret-0123456789"})
 	var out bytes.Buffer
 	err := run(t.Context(), []string{"agent", "do", "--journal", path, "--action", "u", "--parent-run", "run_planner-1",
 		"create_ticket", `{"project":"ops","title":"unknown"}`}, vars, &out)
@@ -34,7 +35,7 @@ func TestAgentCommandUnknownExitCode(t *testing.T) {
 	out.Reset()
 	if err := run(t.Context(), []string{"agent", "show", "--journal", path, "u"}, vars, &out); err != nil ||
 		!strings.Contains(out.String(), "state unknown") || !strings.Contains(out.String(), "parent run  run_planner-1") ||
-		!strings.Contains(out.String(), `derived from namespace "team-a"`) {
+		!strings.Contains(out.String(), `derived from namespace "team-a" and the action id under the namespace's secret (env:AGENT_NAMESPACE_SECRET)`) {
 		t.Errorf("show: %v\n%s", err, out.String())
 	}
 }

@@ -99,6 +99,8 @@ func init() {
   PROVIDER_TIMEOUT          bound of one provider call, below OPERATION_LEASE (default 5s)
   PAYMENTS_APPROVAL_THRESHOLDS   CURRENCY:minor_units,... above which captures and refunds need approval
   APPROVAL_TTL              how long an approval can be used (default 1h)
+  TICKETS_APPROVAL_PRIORITIES TICKETS_APPROVAL_PROJECTS   new tickets of these priorities or in these projects
+                            need approval (comma-separated; default none)
   DEPLOY_STEPS DEPLOY_STEP_DURATION   simulated deploy steps (default 3 of 2s)
   DEPLOY_APPROVAL_ENVIRONMENTS        environments whose deploys need approval (default production)
   DEPLOY_LOCK_LEASE DEPLOY_HEARTBEAT_INTERVAL   release lock lease (30s) and heartbeat (5s, at most half of it)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -80,6 +81,8 @@ type config struct {
 	ProviderTimeout            time.Duration
 	PaymentsApprovalThresholds map[string]int64 // currency -> minor units above which capture/refund need approval
 	ApprovalTTL                time.Duration
+	TicketsApprovalPriorities  []string // new tickets of these priorities need approval
+	TicketsApprovalProjects    []string // new tickets in these projects need approval
 
 	DeploySteps                int
 	DeployStepDuration         time.Duration
@@ -217,6 +220,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 		cfg.AuditSigningKey = signer
 	}
 	cfg.PaymentsApprovalThresholds = r.thresholds("PAYMENTS_APPROVAL_THRESHOLDS", defaultApprovalThresholds)
+	cfg.TicketsApprovalProjects = splitList(r.str("TICKETS_APPROVAL_PROJECTS", ""))
+	cfg.TicketsApprovalPriorities = splitList(r.str("TICKETS_APPROVAL_PRIORITIES", ""))
+	for _, p := range cfg.TicketsApprovalPriorities {
+		if !slices.Contains([]string{"low", "normal", "high", "urgent"}, p) && r.err == nil {
+			r.err = configError{fmt.Sprintf("TICKETS_APPROVAL_PRIORITIES: %q is not a priority (low, normal, high, urgent)", p)}
+		}
+	}
 	if r.err != nil {
 		return config{}, r.err
 	}

@@ -10,8 +10,8 @@
 //	retrysafe agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...
 //	                                                    (pkg/agent: writes an agent can retry, from a shell)
 //	retrysafe mcp --journal PATH [--tools FILE]         (the same tools over MCP, on stdio)
+//	retrysafe marker --dir DIR --id ID --operation OP -- CMD   (a host's operation marker, pkg/agent/opmarker)
 //	retrysafe env                                       (one shell line pointing a terminal at the demo)
-//	retrysafe marker --dir DIR --id ID -- CMD ...       (on a host: runs a command once per operation id)
 //	retrysafe help [COMMAND], retrysafe version
 //
 // Every command checks its arguments and the whole configuration before it opens anything.
@@ -340,6 +340,10 @@ func consoleSecret(cfg config) []byte {
 	return mac.Sum(nil)
 }
 
-func buildTickets(_ config, d service.Deps) (service.Service, error) {
-	return tickets.New(d, tickets.Config{})
+func buildTickets(cfg config, d service.Deps) (service.Service, error) {
+	policy := tickets.ApprovalPolicy{Projects: cfg.TicketsApprovalProjects}
+	for _, p := range cfg.TicketsApprovalPriorities {
+		policy.Priorities = append(policy.Priorities, tickets.Priority(p))
+	}
+	return tickets.New(d, tickets.Config{Approval: policy, ApprovalTTL: cfg.ApprovalTTL})
 }

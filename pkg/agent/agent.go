@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -48,6 +49,12 @@ type Config struct {
 	// in one namespace send one key, and the service runs it once (1 to 200 printable ASCII characters; default:
 	// the key id of APIKey, see namespace.go for why not the account).
 	Namespace string
+	// NamespaceSecret is the secret the key is derived under (namespace.go): at least 16 bytes, never journaled.
+	// Required with Namespace; with the default namespace it is APIKey.
+	NamespaceSecret string
+	// NamespaceSecretRef says where NamespaceSecret came from ("env:AGENT_NAMESPACE_SECRET"); the journal
+	// records it with each derived key.
+	NamespaceSecretRef string
 	// Budget is the number of attempts per operation before it goes to a person (default 5).
 	Budget int
 	// AttemptTimeout bounds one HTTP attempt (default 30s); past it the attempt is sent_no_response.
@@ -159,6 +166,13 @@ func Open(path string, cfg Config) (*Agent, error) {
 		if err := checkNamespace(cfg.Namespace); err != nil {
 			return nil, err
 		}
+		if cfg.NamespaceSecret == "" {
+			return nil, errors.New("agent: a namespace needs its secret (AGENT_NAMESPACE_SECRET), given to every agent of " +
+				"the namespace: keys are derived under it, so no one without it can compute them")
+		}
+	}
+	if cfg.NamespaceSecret != "" && len(cfg.NamespaceSecret) < minNamespaceSecret {
+		return nil, fmt.Errorf("agent: the namespace secret is at least %d bytes", minNamespaceSecret)
 	}
 	j, err := openJournal(path, cfg.LockWait, time.Now, cfg.Warn)
 	if err != nil {
@@ -168,6 +182,16 @@ func Open(path string, cfg Config) (*Agent, error) {
 		principal: principalOf(cfg.APIKey)}
 	if a.cfg.Namespace == "" {
 		a.cfg.Namespace = a.principal.KeyID
+		if a.cfg.NamespaceSecret == "" {
+			a.cfg.NamespaceSecret, a.cfg.NamespaceSecretRef = a.cfg.APIKey, a.cfg.AuthorityRef
+		}
+	}
+	if a.cfg.NamespaceSecretRef == "" {
+		a.cfg.NamespaceSecretRef = "config:NamespaceSecret"
+	}
+	if a.cfg.NamespaceSecret == "" && a.cfg.Tools.hasKeyed() && !a.cfg.Tools.HasRequests() {
+		a.cfg.Warn("agent: no API key and no namespace secret: idempotency keys (and host markers named by them) are " +
+			"derived without a secret, so anyone who knows the namespace and an action id can compute them; set AGENT_NAMESPACE_SECRET")
 	}
 	for _, rec := range j.recs {
 		if err := a.v.apply(rec); err != nil {
@@ -257,6 +281,14 @@ type DoOptions struct {
 	// Remediates is the service's id of an operation settled duplicate_effect_confirmed that this new refund
 	// corrects (op_...): sent as Remediates-Operation-Id and journaled with the operation. refund_payment only.
 	Remediates string
+	// ParentOperation is, in a worker, the parent journal's operation id of the action it was handed (aop_...):
+	// journaled with the worker's operation, whose attempts then name the worker's process; an attempt that may
+	// have reached the service is not sent again by the worker (the parent owns retries, delegate.go). Not for
+	// read-only tools: gathering facts is an intent of its own.
+	ParentOperation string
+	// DelegateTo is the journal of the worker this action is handed to: the operation is journaled here and
+	// nothing is sent; the worker runs it, and Do again or Resume reads its state from that journal.
+	DelegateTo string
 }
 
 // Do makes the write an action stands for, once. The first call for actionID creates the operation, its id
@@ -282,6 +314,9 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	if len(args) > a.cfg.MaxBodyBytes {
 		return Result{}, fmt.Errorf("%w: the arguments are %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
 			ErrBadArguments, len(args), a.cfg.MaxBodyBytes)
+	}
+	if err := checkDelegation(tool, opts); err != nil {
+		return Result{}, err
 	}
 	req, err := tool.check(args)
 	if err != nil {
@@ -311,6 +346,9 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	op, err = a.createOperation(tool, actionID, req, opts)
 	if err != nil {
 		return Result{}, err
+	}
+	if op.Delegation != nil {
+		return a.delegated(op), nil
 	}
 	if held, err := a.holdForSuperseded(op, req.approvalID); held || err != nil {
 		return a.result(op), err
@@ -493,9 +531,19 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		Service: tool.Service, Method: tool.Method, RouteTemplate: tool.Route, Path: req.path, Args: req.args,
 		Fingerprint: req.fingerprint, RetryMode: tool.Mode, Budget: a.cfg.Budget, AuthorityRef: a.cfg.AuthorityRef,
 		Principal: &a.principal, RunID: a.runID, At: a.now(), ParentRunID: opts.ParentRun, RemediatesServerOpID: opts.Remediates,
+		ParentOperationID: opts.ParentOperation,
+	}
+	if opts.DelegateTo != "" {
+		// Absolute, so that a resume from another directory reads the same worker.
+		path, err := filepath.Abs(opts.DelegateTo)
+		if err != nil {
+			return nil, fmt.Errorf("%w: worker journal: %v", ErrBadArguments, err)
+		}
+		op.Delegation = &Delegation{WorkerJournal: path}
 	}
 	if tool.Keyed {
-		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.Namespace, actionID), a.cfg.Namespace
+		op.IdempotencyKey, op.KeyNamespace = derivedKey(a.cfg.NamespaceSecret, a.cfg.Namespace, actionID), a.cfg.Namespace
+		op.KeySecretRef = a.cfg.NamespaceSecretRef
 	}
 	if tool.Command != nil {
 		a.commandOperation(op, tool, req)

@@ -39,6 +39,9 @@ func (a *Agent) decideCommand(op *Operation) step {
 		return exitStep(last.Finished)
 	}
 	ci := op.Command
+	if op.ParentOperationID != "" && ci.Family != FamilyRead && !personSaidGo(op) {
+		return parentOwnsRetry(op)
+	}
 	switch ci.Family {
 	case FamilyRead:
 		return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "read_runs_again", wait: backoff}

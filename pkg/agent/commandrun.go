@@ -333,7 +333,7 @@ func (a *Agent) sendCommand(ctx context.Context, op *Operation, s step) error {
 		return err
 	}
 	at := &Attempt{Type: RecAttemptStarted, OperationID: op.OperationID, AttemptID: ids.New("att_"), Number: len(op.Attempts) + 1,
-		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, RunID: a.runID}
+		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, RunID: a.runID, Process: a.process(op)}
 	if prev := lastAttempt(op); prev != nil {
 		at.RetryOf, at.RetryReason = prev.AttemptID, s.reason
 		if at.RetryReason == "" {

@@ -49,7 +49,9 @@
 //
 // # One key per action, wherever it runs
 //
-// The idempotency key is derived from a namespace and the action id (SHA-256, "idk_" and 32 hex digits), not
+// The idempotency key is derived from a namespace and the action id under the namespace's secret (HMAC-SHA256,
+// "idk_" and 32 hex digits; the secret is the API key by default, Config.NamespaceSecret with a namespace of your
+// own, so only those who hold it can compute a key), not
 // drawn at random, so two journals given one action (two agents, or a worker handed the action by the run that
 // planned it) send one key, and the service runs it once: it dedupes what the journals cannot see of each
 // other. The namespace (Config.Namespace, AGENT_NAMESPACE) should be the account, the scope of the services'
@@ -57,6 +59,11 @@
 // is of one account, and agents sharing a key converge with no setting. Agents of one account with different
 // keys converge when given one namespace; unrelated agents sharing a key and reusing action ids need their own.
 // Journals written before keys were derived keep, and resume with, the random keys they hold.
+//
+// A planner that hands an action to a worker (DoOptions.DelegateTo) keeps the operation and its retries: the
+// worker (DoOptions.ParentOperation) never sends a write again on its own after an attempt that may have reached
+// the service, and the planner never sends it at all; it reads the worker's journal, then the service's record
+// under the key (delegate.go).
 //
 // # The retry rule
 //
@@ -134,7 +141,9 @@
 // changed intent); needs_human (an approval, a spent budget, an expired key, a held replacement: next_step says
 // what a person does); unknown (the service itself does not know yet whether it happened and is reconciling it:
 // call again with the same action id, never a new one); in_progress (the service accepted the work and is still
-// doing it); open (created, not settled). Resume drives open, in_progress and unknown operations.
+// doing it); unresolved (a delegated operation whose worker died or stopped with an unknown outcome, and that
+// the service's record has not settled); open (created, not settled). Resume drives open, in_progress, unknown and
+// unresolved operations.
 //
 // # Commands
 //

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -16,6 +17,14 @@ import (
 // API key converge with no setting. Agents of one account holding different keys (a worker given its own key, a
 // rotated key) converge only when told one namespace (Config.Namespace, AGENT_NAMESPACE); unrelated agents that
 // share a key and reuse action ids need namespaces of their own.
+//
+// The key is an HMAC under a secret of the namespace, not a plain hash: a namespace (a key id, shown by show) and
+// an action id (often a readable name a model chose) are no secret, and a key anyone could compute from them
+// could be claimed first, by a request or by a host's marker file named after it, to block or answer for the
+// action. With the secret, only those who hold it can compute the key. The default namespace's secret is the API
+// key itself, which every agent of that namespace holds; a namespace given explicitly (Config.Namespace) needs
+// its secret given too (Config.NamespaceSecret, AGENT_NAMESPACE_SECRET), which every agent of the namespace is
+// given: two journals of one namespace hold the same secret, so they still derive one key for one action.
 
 // maxNamespace bounds Config.Namespace; it is journaled with every operation and shown by show.
 const maxNamespace = 200
@@ -34,10 +43,24 @@ func checkNamespace(ns string) error {
 	return nil
 }
 
-// derivedKey is the idempotency key of actionID in namespace: "idk_" and 32 hex digits (128 bits) of SHA-256
-// over both, each prefixed with its length, so no namespace and action id can spell another pair's input.
-func derivedKey(namespace, actionID string) string {
-	sum := sha256.Sum256(fmt.Appendf(nil, "retrysafe agent idempotency key\n%d:%s%d:%s", len(namespace), namespace,
-		len(actionID), actionID))
-	return "idk_" + hex.EncodeToString(sum[:16])
+// minNamespaceSecret is the shortest Config.NamespaceSecret: 16 bytes, 128 bits if drawn at random.
+const minNamespaceSecret = 16
+
+// derivedKey is the idempotency key of actionID in namespace: "idk_" and 32 hex digits (128 bits) of
+// HMAC-SHA256 under the namespace's secret over both, each prefixed with its length, so no namespace and action
+// id can spell another pair's input.
+func derivedKey(secret, namespace, actionID string) string {
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write(fmt.Appendf(nil, "retrysafe agent idempotency key\n%d:%s%d:%s", len(namespace), namespace, len(actionID), actionID))
+	return "idk_" + hex.EncodeToString(mac.Sum(nil)[:16])
+}
+
+// hasKeyed reports whether any tool sends an idempotency key (or names a host's marker by one).
+func (c *Catalog) hasKeyed() bool {
+	for _, t := range c.tools {
+		if t.Keyed {
+			return true
+		}
+	}
+	return false
 }

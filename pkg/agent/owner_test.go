@@ -1,8 +1,11 @@
 package agent_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -66,37 +69,49 @@ func TestTwoJournalsOneActionOneEffect(t *testing.T) {
 	}
 }
 
-// The key is a function of the namespace and the action id alone: agents holding different keys of one account
-// converge when told one namespace; by default (the key id) they do not; another namespace is another key.
-// A namespace that is empty-but-set, too long or not printable ASCII is refused at Open.
+// The key is a function of the namespace, its secret and the action id: agents holding different keys of one
+// account converge when told one namespace and its secret; by default (the key id, under the API key) they do
+// not; another namespace, or another secret, is another key. Knowing the namespace and the action id is not
+// enough to compute it. A namespace without its secret, a short secret, or a namespace that is empty-but-set,
+// too long or not printable ASCII is refused at Open.
 func TestNamespaceDecidesTheKey(t *testing.T) {
 	t.Parallel()
 	s := newScripted(t, answerWith(http.StatusCreated, map[string]string{"Operation-Id": "op_1"}, `{"id":"tkt_1"}`), nil)
-	keyOf := func(apiKey, namespace string) string {
+	const secretA, secretB = "team-a-secret-0123456789", "team-b-secret-0123456789"
+	keyOf := func(apiKey, namespace, secret string) string {
 		cfg := s.config()
-		cfg.APIKey, cfg.Namespace = apiKey, namespace
+		cfg.APIKey, cfg.Namespace, cfg.NamespaceSecret = apiKey, namespace, secret
 		res, err := s.open(t, cfg).Do(t.Context(), "act", "create_ticket", ticketArgs("ns"), agent.DoOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return res.IdempotencyKey
 	}
-	shared := keyOf("key-one", "team-a")
-	if keyOf("key-two", "team-a") != shared {
+	shared := keyOf("key-one", "team-a", secretA)
+	if keyOf("key-two", "team-a", secretA) != shared {
 		t.Error("two keys in one namespace made two idempotency keys for one action")
 	}
-	if keyOf("key-one", "") == keyOf("key-two", "") {
+	if keyOf("key-one", "team-a", secretB) == shared {
+		t.Error("two secrets of one namespace made one idempotency key")
+	}
+	if keyOf("key-one", "", "") == keyOf("key-two", "", "") {
 		t.Error("the default namespaces of two keys made one idempotency key")
 	}
-	if keyOf("key-one", "team-b") == shared {
+	if keyOf("key-one", "team-b", secretA) == shared {
 		t.Error("two namespaces made one idempotency key")
 	}
-	for _, ns := range []string{strings.Repeat("n", 201), "team\na", "tëam"} {
+	// What anyone who knows the namespace and the action id could compute.
+	sum := sha256.Sum256(fmt.Appendf(nil, "retrysafe agent idempotency key\n%d:%s%d:%s", len("team-a"), "team-a", len("act"), "act"))
+	if shared == "idk_"+hex.EncodeToString(sum[:16]) {
+		t.Error("the key is a hash of the namespace and the action id alone: anyone can compute it")
+	}
+	for _, c := range []struct{ ns, secret string }{{strings.Repeat("n", 201), secretA}, {"team\na", secretA}, {"tëam", secretA},
+		{"team-a", ""}, {"team-a", "short"}} {
 		cfg := s.config()
-		cfg.Namespace = ns
+		cfg.Namespace, cfg.NamespaceSecret = c.ns, c.secret
 		if a, err := agent.Open(filepath.Join(t.TempDir(), "ns.journal"), cfg); err == nil {
 			a.Close()
-			t.Errorf("namespace %q accepted", ns)
+			t.Errorf("namespace %q with secret %q accepted", c.ns, c.secret)
 		}
 	}
 }

@@ -71,7 +71,7 @@ func (a *Agent) Resolve(id string, d Decision) (Result, error) {
 	}
 	unlock := a.lockAction(op.ActionID)
 	defer unlock()
-	if st := a.stateOf(op); st != StateNeedsHuman {
+	if st := a.stateOf(op); st != StateNeedsHuman && st != StateUnresolved {
 		return Result{}, fmt.Errorf("%w: action %q is %s", ErrNotNeedsHuman, op.ActionID, st)
 	}
 	server := a.serverOperationID(op)

@@ -67,6 +67,10 @@ type step struct {
 	// fromLookup: the settlement rests on a lookup or poll, not on the last answer, whose status and body
 	// it does not carry.
 	fromLookup bool
+	// status and body are, for a settlement from evidence other than the last answer (a worker's), the answer
+	// it rests on.
+	status int
+	body   json.RawMessage
 }
 
 // drive runs the retry rule on op until it settles or the rule says to stop.
@@ -315,6 +319,9 @@ func approvedSince(op *Operation, at *Attempt) bool {
 
 // decide is the retry rule: from the last attempt and what was observed since, the next step.
 func (a *Agent) decide(op *Operation) step {
+	if op.Delegation != nil {
+		return a.decideDelegated(op)
+	}
 	if op.Command != nil {
 		return a.decideCommand(op)
 	}
@@ -517,6 +524,9 @@ func (a *Agent) accepted(op *Operation, res *AttemptResult, obs []*Observation, 
 // unknownFate is the rule after an attempt that may have reached the service: look up first when the
 // operation has a key, then send again with the same key.
 func (a *Agent) unknownFate(op *Operation, obs []*Observation, backoff time.Duration) step {
+	if op.ParentOperationID != "" && !personSaidGo(op) {
+		return parentOwnsRetry(op)
+	}
 	if op.IdempotencyKey == "" {
 		return step{kind: "send", reason: ReasonResponseLostAfterDispatch, decision: "declared_state_send_again", wait: backoff}
 	}
@@ -584,7 +594,7 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		return a.sendCommand(ctx, op, s)
 	}
 	at := &Attempt{Type: RecAttemptStarted, OperationID: op.OperationID, AttemptID: ids.New("att_"), Number: len(op.Attempts) + 1,
-		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, RunID: a.runID, At: a.now()}
+		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, RunID: a.runID, At: a.now(), Process: a.process(op)}
 	if prev := lastAttempt(op); prev != nil {
 		at.RetryOf, at.RetryReason = prev.AttemptID, s.reason
 		if at.RetryReason == "" {
@@ -920,6 +930,9 @@ func (a *Agent) settle(op *Operation, s step) error {
 	if last := lastAttempt(op); last != nil && last.Finished != nil && !s.fromLookup {
 		st.HTTPStatus, st.Code, st.Body = last.Finished.Status, last.Finished.Code, last.Finished.Body
 		st.ApprovalID = last.ApprovalID
+	}
+	if s.body != nil {
+		st.HTTPStatus, st.Body = s.status, s.body
 	}
 	if a.isApprovalRequest(op) && s.state == StateSucceeded {
 		var ap struct {

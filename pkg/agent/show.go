@@ -143,8 +143,12 @@ func (op *Operation) writeIntent(w io.Writer) {
 	printSafe(w, "  fingerprint sha256:%s\n", op.Fingerprint)
 	switch {
 	case op.IdempotencyKey != "" && op.KeyNamespace != "":
-		printSafe(w, "  key         %s (derived from namespace %s and the action id; journaled %s, before the first send)\n",
-			op.IdempotencyKey, strconv.Quote(op.KeyNamespace), op.At)
+		secret := ""
+		if op.KeySecretRef != "" {
+			secret = " under the namespace's secret (" + op.KeySecretRef + ")"
+		}
+		printSafe(w, "  key         %s (derived from namespace %s and the action id%s; journaled %s, before the first send)\n",
+			op.IdempotencyKey, strconv.Quote(op.KeyNamespace), secret, op.At)
 	case op.IdempotencyKey != "":
 		printSafe(w, "  key         %s (made and journaled %s, before the first send)\n", op.IdempotencyKey, op.At)
 	default:
@@ -158,6 +162,12 @@ func (op *Operation) writeProvenance(w io.Writer) {
 	printSafe(w, "  authority   %s\n", op.AuthorityRef)
 	if op.ParentRunID != "" {
 		printSafe(w, "  parent run  %s (the run that delegated this action)\n", op.ParentRunID)
+	}
+	if op.ParentOperationID != "" {
+		printSafe(w, "  parent op   %s (the parent's operation: it owns the retries)\n", op.ParentOperationID)
+	}
+	if op.Delegation != nil {
+		printSafe(w, "  worker      %s (handed to a worker journaling there; nothing is sent from this journal)\n", op.Delegation.WorkerJournal)
 	}
 	if op.Principal != nil {
 		printSafe(w, "  key id      %s (the agent's name for the API key it was made with)\n", op.Principal.KeyID)
@@ -216,6 +226,9 @@ func attemptText(at *Attempt) string {
 	}
 	t += fmt.Sprintf("  budget left %d  run %s", at.BudgetLeft, at.RunID)
 	t += at.Command.text()
+	if p := at.Process; p != nil {
+		t += fmt.Sprintf("  process %s pid %d", p.Host, p.PID)
+	}
 	if at.ApprovalID != "" {
 		t += "  approval " + at.ApprovalID
 	}

@@ -21,10 +21,13 @@ import (
 )
 
 // TestMain lets the test binary stand in for `retrysafe marker` on the test host: a tools file's marker_helper
-// runs it with RETRYSAFE_TEST_MARKER=1.
+// runs it with RETRYSAFE_TEST_MARKER=1. With RETRYSAFE_TEST_WORKER=1 it is a delegated worker (delegate_test.go).
 func TestMain(m *testing.M) {
 	if os.Getenv("RETRYSAFE_TEST_MARKER") == "1" {
 		os.Exit(opmarker.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	if os.Getenv("RETRYSAFE_TEST_WORKER") == "1" {
+		os.Exit(runTestWorker())
 	}
 	os.Exit(m.Run())
 }

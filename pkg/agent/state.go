@@ -50,8 +50,15 @@ type Operation struct {
 	// KeyNamespace is what IdempotencyKey was derived from, with the action id (absent when the key was made
 	// at random, in journals from before keys were derived).
 	KeyNamespace string `json:"key_namespace,omitempty"`
+	// KeySecretRef names the secret the key was derived under (never the secret; absent for keys derived
+	// without one, in journals from before keys had a secret).
+	KeySecretRef string `json:"key_secret_ref,omitempty"`
 	// ParentRunID is the agent run that delegated this action (agent do --parent-run).
 	ParentRunID string `json:"parent_run_id,omitempty"`
+	// ParentOperationID is, in a worker's journal, the parent's operation this one carries out (delegate.go).
+	ParentOperationID string `json:"parent_operation_id,omitempty"`
+	// Delegation is, in a parent's journal, the worker the operation was handed to; the parent sends nothing.
+	Delegation *Delegation `json:"delegation,omitempty"`
 	// AuthorityRef names where the credential came from, never the credential.
 	AuthorityRef string `json:"authority_ref"`
 	// Principal is the key the operation was made with (absent in journals from before keys were recorded).
@@ -90,6 +97,8 @@ type Attempt struct {
 	At              string `json:"at"`
 	// Command is where a command attempt connected, and the host key it checked.
 	Command *CommandAttempt `json:"command,omitempty"`
+	// Process is the worker process that made the attempt, in a worker's journal.
+	Process *Process `json:"process,omitempty"`
 	// TraceParent is the W3C traceparent the attempt sent, when tracing is on (pkg/tracing): its trace id is the
 	// action's trace, which every later attempt, in any process, joins.
 	TraceParent string `json:"traceparent,omitempty"`
@@ -182,7 +191,7 @@ type Settlement struct {
 
 // Final reports whether the operation reached an end that resume leaves alone.
 func (o *Operation) Final() bool {
-	return o.Settled != nil && o.Settled.State != StateInProgress && o.Settled.State != StateUnknown
+	return o.Settled != nil && o.Settled.State != StateInProgress && o.Settled.State != StateUnknown && o.Settled.State != StateUnresolved
 }
 
 // ServerOperationID is the service's operation id, from the last answer or observation that named it.

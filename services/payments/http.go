@@ -183,8 +183,18 @@ func (s *Server) describeCapture(ctx context.Context, account string, params map
 	}
 	return cmd, map[string]any{
 		"action": "capture", "intent_id": in.ID, "order_id": in.OrderID, "currency": cmd.Currency,
-		"amount": format(cmd.Currency, cmd.AmountMinor), "amount_minor": cmd.AmountMinor,
+		"amount": format(cmd.Currency, cmd.AmountMinor), "amount_minor": cmd.AmountMinor, "description": in.Description,
+		// Who is paid, and from what: the approver decides on a movement of money, not on an id.
+		"paid_to": "account " + account, "paid_from": payerCard(in),
 	}, nil
+}
+
+// payerCard names, for an approval card, the card the intent's payer authorized at the provider.
+func payerCard(in Intent) string {
+	if in.ProviderAuthorizationID == nil {
+		return "the payer's card (not authorized at the provider)"
+	}
+	return "the payer's card, provider authorization " + *in.ProviderAuthorizationID
 }
 
 func (s *Server) capture(c *gin.Context) {
@@ -270,6 +280,8 @@ func (s *Server) describeRefund(ctx context.Context, account string, params map[
 	return cmd, map[string]any{
 		"action": "refund", "intent_id": in.ID, "order_id": in.OrderID, "currency": cmd.Currency,
 		"amount": format(cmd.Currency, cmd.AmountMinor), "amount_minor": cmd.AmountMinor, "reason": cmd.Reason,
+		"description": in.Description, "paid_to": "the payer of order " + in.OrderID + ": " + payerCard(in),
+		"paid_from": "account " + account,
 		// What the approver weighs: the refunds before this one, and the total with it.
 		"refunded_before": format(cmd.Currency, held), "refunded_total": format(cmd.Currency, held+cmd.AmountMinor),
 	}, nil

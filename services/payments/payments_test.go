@@ -1071,8 +1071,16 @@ func testApprovalsFailClosed(t *testing.T, h *harness) {
 	// The approver sees the running total.
 	req := `{"method":"POST","path":"` + refunds + `","idempotency_key":"rf-2","body":{"amount":"600.00"}}`
 	apv := b.agent.Post("/v1/approvals", req, apitest.Key("apv-rf-2")).Status(t, http.StatusCreated).JSON(t)
-	if summary := apv["summary"].(map[string]any); summary["refunded_before"] != "600.00" || summary["refunded_total"] != "1200.00" {
-		t.Errorf("refund approval summary: %v", summary)
+	if summary := apv["summary"].(map[string]any); summary["refunded_before"] != "600.00" || summary["refunded_total"] != "1200.00" ||
+		!strings.HasPrefix(fmt.Sprint(summary["paid_to"]), "the payer of order o-split: the payer's card, provider authorization ") ||
+		!strings.HasPrefix(fmt.Sprint(summary["paid_from"]), "account ") {
+		t.Errorf("refund approval summary: %v; want who is paid and from what", summary)
+	}
+	// A capture's card says who is paid (the account) and from what (the payer's authorized card).
+	req = `{"method":"POST","path":"/v1/payment_intents/` + sek.ID + `/capture","idempotency_key":"sek","body":{"amount_minor":1}}`
+	card := b.agent.Post("/v1/approvals", req, apitest.Key("apv-sek")).Status(t, http.StatusCreated).JSON(t)["summary"].(map[string]any)
+	if !strings.HasPrefix(fmt.Sprint(card["paid_to"]), "account ") || !strings.HasPrefix(fmt.Sprint(card["paid_from"]), "the payer's card, provider authorization ") {
+		t.Errorf("capture approval summary: %v; want who is paid and from what", card)
 	}
 	id := apv["id"].(string)
 	b.approver.Post("/v1/approvals/"+id+"/approve", nil).Status(t, http.StatusOK)

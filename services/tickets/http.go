@@ -8,6 +8,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
@@ -24,6 +25,9 @@ type Server struct {
 	Idem  *idem.Handler
 	// Bypass skips idempotency on POST /v1/tickets; only the benchmark sets it, to measure what idempotency costs.
 	Bypass bool
+	// Approvals checks the approvals of new tickets that Approval says need one.
+	Approvals *approval.Service
+	Approval  ApprovalPolicy
 }
 
 // CreateResult is the answer to POST /v1/tickets: the ticket, and whether it already existed for its
@@ -54,7 +58,8 @@ func (s *Server) createTicket(c *gin.Context) {
 	}
 	// A ticket with a source_event_id may be deduplicated, and a deduplicated answer links its operation to the
 	// one that created the ticket, so that operation must exist in the write's transaction.
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindCreate, Command: cmd},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindCreate, Command: cmd, Guard: s.Approvals.Guard(c, s.Approval.needs(cmd)),
+		SupersedeUnknown: s.Approvals.SupersedeUnknown(c), Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			return s.create(ctx, tx, account, actor, cmd, &op)
 		})

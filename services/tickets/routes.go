@@ -3,6 +3,7 @@ package tickets
 import (
 	"github.com/gin-gonic/gin"
 
+	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
@@ -18,4 +19,5 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.PUT("/v1/tickets/:id/status", ticket, s.setStatus)
 	r.GET("/v1/tickets/:id/status_changes", ticket, s.listStatusChanges)
 	opstatus.Routes(r, s.DB)
+	approval.Routes(r, s.Approvals)
 }

@@ -2,7 +2,10 @@ package tickets
 
 import (
 	"errors"
+	"net/http"
+	"time"
 
+	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/service"
 )
@@ -13,6 +16,10 @@ type Config struct {
 	Store Store
 	// Bypass skips idempotency on POST /v1/tickets; only the benchmark sets it, to measure what idempotency costs.
 	Bypass bool
+	// Approval says which new tickets need a person's approval (none by default); ApprovalTTL is how long an
+	// approval may wait to be used (default an hour).
+	Approval    ApprovalPolicy
+	ApprovalTTL time.Duration
 }
 
 // New returns the tickets service (the template to copy for a new service: see README, "Adding a service").
@@ -23,7 +30,13 @@ func New(d service.Deps, cfg Config) (*Server, error) {
 	if cfg.Store == nil {
 		cfg.Store = PostgresStore{}
 	}
-	return &Server{DB: d.DB, Store: cfg.Store, Idem: d.Idem, Bypass: cfg.Bypass}, nil
+	if cfg.ApprovalTTL <= 0 {
+		cfg.ApprovalTTL = time.Hour
+	}
+	s := &Server{DB: d.DB, Store: cfg.Store, Idem: d.Idem, Bypass: cfg.Bypass, Approval: cfg.Approval}
+	s.Approvals = approval.New(d.DB, d.Idem, cfg.ApprovalTTL,
+		approval.Route{Method: http.MethodPost, Path: "/v1/tickets", Describe: s.describeTicket})
+	return s, nil
 }
 
 var _ service.Service = (*Server)(nil)

@@ -198,6 +198,9 @@ export interface paths {
          *     `Idempotent-Replayed: true`, and no second ticket is made. While the first attempt still runs a retry gets 409
          *     `request_in_progress` with `Retry-After` (or waits with `Prefer: wait=N`); the same key with a different body
          *     is 422 `idempotency_key_reused`. A new intended action needs a new key.
+         *
+         *     A ticket of a priority in TICKETS_APPROVAL_PRIORITIES or a project in TICKETS_APPROVAL_PROJECTS (none by
+         *     default) needs an approval: 428 `approval_required` without `Approval-Id`.
          */
         post: operations["createTicket"];
         delete?: never;
@@ -307,7 +310,7 @@ export interface paths {
         put?: never;
         /**
          * Ask a person to approve one exact write.
-         * @description Served by payments and deploys, for their own routes. The approval binds the account, the idempotency key
+         * @description Served by payments, deploys and tickets, for their own routes. The approval binds the account, the idempotency key
          *     and the fingerprint of the proposed request; `summary` is what the approver must see. Send the approved
          *     id as `Approval-Id` on the write; a changed body no longer matches.
          *
@@ -1806,6 +1809,8 @@ export interface operations {
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
                 /** @description `wait=N` (N <= 30): when the first request with this key is still running, wait up to N s for its result. */
                 Prefer?: components["parameters"]["Prefer"];
+                /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
+                "Approval-Id"?: components["parameters"]["ApprovalId"];
             };
             path?: never;
             cookie?: never;
@@ -1847,6 +1852,7 @@ export interface operations {
             413: components["responses"]["BadRequest"];
             415: components["responses"]["BadRequest"];
             422: components["responses"]["ValidationFailed"];
+            428: components["responses"]["PreconditionRequired"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["StoreUnavailable"];
         };
