@@ -70,11 +70,11 @@ func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&cmd); err != nil {
-			problem.WriteHTTP(w, r, problem.New(problem.CodeInvalidRequest, "the body must be {\"author\": \"...\", \"text\": \"...\"}"))
+			problem.Write(w, r, problem.New("invalid_request", "the body must be {\"author\": \"...\", \"text\": \"...\"}"))
 			return
 		}
 		if err := cmd.validate(); err != nil {
-			problem.WriteHTTP(w, r, err) // before the claim: a refused request never burns its key
+			problem.Write(w, r, err) // before the claim: a refused request never burns its key
 			return
 		}
 		h.Handle(w, r, idem.Request{Kind: "notes.create", Command: cmd},
@@ -89,7 +89,7 @@ func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
 	mux.HandleFunc("GET /v1/notes", func(w http.ResponseWriter, r *http.Request) {
 		var notes []Note
 		if err := db.WithContext(r.Context()).Where("author = ?", r.URL.Query().Get("author")).Order("created_at").Limit(1000).Find(&notes).Error; err != nil {
-			problem.WriteHTTP(w, r, err)
+			problem.Write(w, r, err)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -103,7 +103,7 @@ func authenticate(token string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			problem.WriteHTTP(w, r, problem.New(problem.CodeUnauthorized, "send Authorization: Bearer <token>"))
+			problem.Write(w, r, problem.New("unauthorized", "send Authorization: Bearer <token>"))
 			return
 		}
 		ctx := idem.WithCaller(r.Context(), idem.Caller{AccountID: "acct_notes", Actor: "agent:notes"})

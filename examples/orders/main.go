@@ -78,7 +78,7 @@ func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 	api.POST("/v1/orders", func(c *gin.Context) {
 		var cmd createOrder
 		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		account := auth.From(c).AccountID
@@ -97,7 +97,7 @@ func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 		err := db.WithContext(c.Request.Context()).Where("account_id = ? AND customer = ?", auth.From(c).AccountID, c.Query("customer")).
 			Order("created_at").Limit(1000).Find(&orders).Error
 		if err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		httpserver.JSON(c, http.StatusOK, gin.H{"items": orders})

@@ -363,7 +363,7 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 		case id != "":
 			return s.use(ctx, tx, op, fingerprint, id, supersedes, false)
 		case need:
-			return problem.New(problem.CodeApprovalRequired,
+			return problem.New("approval_required",
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
 		}
 		return nil
@@ -392,7 +392,7 @@ func (s *Service) SupersedeUnknown(c *gin.Context) func(ctx context.Context, tx 
 func (s *Service) use(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, id, supersedes string, unknown bool) error {
 	if !ids.Valid(idPrefix, id) {
 		// Never looked up: a header value that no approval id can be (NUL, invalid UTF-8) must not reach SQL.
-		return problem.New(problem.CodeApprovalInvalid, "no such approval in this account")
+		return problem.New("approval_invalid", "no such approval in this account")
 	}
 	var a Approval
 	res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE account_id = ? AND id = ? FOR UPDATE`, op.AccountID, id).Scan(&a)
@@ -422,7 +422,7 @@ func (s *Service) use(ctx context.Context, tx *gorm.DB, op opstatus.Operation, f
 		reason = "the approval was already used by another operation"
 	}
 	if reason != "" {
-		return problem.New(problem.CodeApprovalInvalid, "%s", reason).With("approval_id", id)
+		return problem.New("approval_invalid", "%s", reason).With("approval_id", id)
 	}
 	if a.UsedByOperationID != nil {
 		return nil // this operation's other check used it already
@@ -530,13 +530,13 @@ func Routes(r gin.IRouter, s *Service) {
 func (s *Service) create(c *gin.Context) {
 	var req Request
 	if err := httpserver.DecodeCommand(c, &req); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	p := auth.From(c)
 	b, err := s.bind(c.Request.Context(), p.AccountID, req)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	idemgin.Do(s.idem, c, idem.Request{Kind: "approvals.request", Command: b},
@@ -563,7 +563,7 @@ RETURNING `+columns,
 func (s *Service) get(c *gin.Context) {
 	a, err := load(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), false)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, a.shown(s.now()))
@@ -588,12 +588,12 @@ func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Ap
 func (s *Service) decide(c *gin.Context, to State) {
 	var none struct{}
 	if err := httpserver.DecodeActionBody(c, &none); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	a, err := decide(c.Request.Context(), s.db, auth.From(c), c.Param("id"), to, s.now())
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, a)
@@ -612,7 +612,7 @@ func Decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 
 func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to State, now time.Time) (Approval, error) {
 	if p.Role != auth.RoleApprover {
-		return Approval{}, problem.New(problem.CodeForbidden, "only a key with role approver can decide approvals")
+		return Approval{}, problem.New("forbidden", "only a key with role approver can decide approvals")
 	}
 	from := StatePending
 	switch to {
@@ -633,7 +633,7 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 		}
 		switch {
 		case a.RequestedBy == p.Actor():
-			return problem.New(problem.CodeApprovalInvalid, "an approval must be decided by a key other than the requester's")
+			return problem.New("approval_invalid", "an approval must be decided by a key other than the requester's")
 		case a.State == to && a.DecidedBy != nil && *a.DecidedBy == p.Actor():
 			return nil // the same decision again
 		case a.State == StateExpired:
@@ -645,9 +645,9 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 			return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ? WHERE account_id = ? AND id = ? RETURNING `+columns,
 				StateExpired, a.AccountID, a.ID).Scan(&a).Error
 		case a.State != from:
-			return problem.New(problem.CodeInvalidState, "the approval is already %s", a.State)
+			return problem.New("invalid_state", "the approval is already %s", a.State)
 		case to == StateRevoked && a.UsedByOperationID != nil:
-			return problem.New(problem.CodeInvalidState, "the approval was already used by operation %s", *a.UsedByOperationID)
+			return problem.New("invalid_state", "the approval was already used by operation %s", *a.UsedByOperationID)
 		case !now.Before(a.ExpiresAt):
 			return expiredError(a)
 		}
@@ -662,7 +662,7 @@ WHERE account_id = ? AND id = ? RETURNING `+columns, to, p.Actor(), a.AccountID,
 }
 
 func expiredError(a Approval) error {
-	return problem.New(problem.CodeApprovalInvalid, "the approval expired at %s", a.ExpiresAt.UTC().Format(time.RFC3339)).
+	return problem.New("approval_invalid", "the approval expired at %s", a.ExpiresAt.UTC().Format(time.RFC3339)).
 		With("approval_id", a.ID)
 }
 

@@ -134,7 +134,7 @@ func (ks *Keys) Authenticate(secret string) (Principal, bool) {
 const principalKey = "retrysafe.principal"
 
 // Middleware rejects requests without a known bearer key (401) and stores the Principal for From. The 401 is
-// answered before the body is read, and closes the connection (problem.WriteAndClose): a client without a key
+// answered before the body is read, and closes the connection (problem.CloseUnread): a client without a key
 // cannot hold a connection by sending a body slowly.
 func Middleware(ks *Keys) gin.HandlerFunc {
 	return func(c *gin.Context) {
@@ -142,13 +142,13 @@ func Middleware(ks *Keys) gin.HandlerFunc {
 		secret, found := strings.CutPrefix(h, "Bearer ")
 		if !found || secret == "" {
 			c.Header("WWW-Authenticate", `Bearer realm="retrysafe"`)
-			problem.WriteAndClose(c, problem.New(problem.CodeUnauthorized, "send Authorization: Bearer <api key>"))
+			refuse(c, true, problem.New("unauthorized", "send Authorization: Bearer <api key>"))
 			return
 		}
 		p, ok := ks.Authenticate(secret)
 		if !ok {
 			c.Header("WWW-Authenticate", `Bearer realm="retrysafe", error="invalid_token"`)
-			problem.WriteAndClose(c, problem.New(problem.CodeUnauthorized, "unknown API key"))
+			refuse(c, true, problem.New("unauthorized", "unknown API key"))
 			return
 		}
 		c.Set(principalKey, p)
@@ -175,7 +175,7 @@ func AgentWrites(approverWrites ...string) gin.HandlerFunc {
 			return
 		}
 		if From(c).Role != RoleAgent && !allowed[c.FullPath()] {
-			problem.Write(c, problem.New(problem.CodeForbidden,
+			refuse(c, false, problem.New("forbidden",
 				"only an agent key can send writes; an approver key reads and decides approvals: nothing was done"))
 			return
 		}
@@ -221,4 +221,15 @@ func (ks *Keys) Without(drop func(Principal) bool) *Keys {
 		}
 	}
 	return out
+}
+
+// refuse answers err on c and ends its handler chain; unread leaves the request body unread and closes the
+// connection (problem.CloseUnread).
+func refuse(c *gin.Context, unread bool, err error) {
+	c.Abort()
+	c.Request.Pattern = c.FullPath()
+	if unread {
+		problem.CloseUnread(c.Writer, c.Request)
+	}
+	problem.Write(c.Writer, c.Request, err)
 }

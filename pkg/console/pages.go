@@ -267,7 +267,7 @@ var decisions = map[string]approval.State{
 func (c *console) decide(ctx *gin.Context) {
 	to, ok := decisions[ctx.Param("decision")]
 	if !ok {
-		c.fail(ctx, problem.New(problem.CodeNotFound, "no such decision"))
+		c.fail(ctx, problem.New("not_found", "no such decision"))
 		return
 	}
 	a, err := approval.Decide(ctx, c.o.DB, auth.From(ctx), ctx.Param("id"), to)

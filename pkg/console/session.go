@@ -108,7 +108,7 @@ func (c *console) signin(ctx *gin.Context) {
 	cookie, err := ctx.Cookie(signinCookie)
 	form := ctx.PostForm(csrfField)
 	if err != nil || subtle.ConstantTimeCompare([]byte(cookie), []byte(form)) != 1 || !c.validSigninToken(form, time.Now()) {
-		c.fail(ctx, problem.New(problem.CodeForbidden, "the sign-in form expired or did not come from this console; reload it"))
+		c.fail(ctx, problem.New("forbidden", "the sign-in form expired or did not come from this console; reload it"))
 		return
 	}
 	p, ok := c.o.Keys.Authenticate(ctx.PostForm("key"))
@@ -171,8 +171,8 @@ WHERE id_hash = ? AND last_seen_at >= ? RETURNING account_id, role, key_id, csrf
 	if !ok {
 		if ctx.Request.Method != http.MethodGet {
 			// Refused before the form is read, as the API refuses a request without a key.
-			problem.CloseUnread(ctx)
-			c.fail(ctx, problem.New(problem.CodeUnauthorized, "sign in first"))
+			problem.CloseUnread(ctx.Writer, ctx.Request)
+			c.fail(ctx, problem.New("unauthorized", "sign in first"))
 			return
 		}
 		ctx.Redirect(http.StatusSeeOther, Prefix+"/signin")
@@ -191,7 +191,7 @@ func sessionOf(ctx *gin.Context) Session { return ctx.MustGet(sessionKey).(Sessi
 // no session yet to bind a token to.
 func (c *console) checkOrigin(ctx *gin.Context) {
 	if err := c.origins.Check(ctx.Request); err != nil {
-		c.fail(ctx, problem.New(problem.CodeForbidden, "this form was sent from another site; open the console and send it from there"))
+		c.fail(ctx, problem.New("forbidden", "this form was sent from another site; open the console and send it from there"))
 		return
 	}
 	ctx.Next()
@@ -202,7 +202,7 @@ func (c *console) checkOrigin(ctx *gin.Context) {
 func (c *console) checkCSRF(ctx *gin.Context) {
 	want := sessionOf(ctx).CSRF
 	if subtle.ConstantTimeCompare([]byte(ctx.PostForm(csrfField)), []byte(want)) != 1 {
-		c.fail(ctx, problem.New(problem.CodeForbidden, "this form did not come from your console session (CSRF token missing or wrong); reload the page"))
+		c.fail(ctx, problem.New("forbidden", "this form did not come from your console session (CSRF token missing or wrong); reload the page"))
 		return
 	}
 	ctx.Next()

@@ -73,9 +73,9 @@ func NewRouter(o Options) *gin.Engine {
 	r.Use(noSniff, attempt, accessLog(o.Logger))
 	r.Use(o.Middleware...)
 	r.Use(recovery(o.Logger), bodyLimit(limit))
-	r.NoRoute(func(c *gin.Context) { problem.Write(c, problem.New(problem.CodeNotFound, "no such route")) })
+	r.NoRoute(func(c *gin.Context) { WriteProblem(c, problem.New("not_found", "no such route")) })
 	r.NoMethod(func(c *gin.Context) {
-		problem.Write(c, problem.New(problem.CodeMethodNotAllowed, "method not allowed on this route"))
+		WriteProblem(c, problem.New("method_not_allowed", "method not allowed on this route"))
 	})
 	r.GET("/healthz", func(c *gin.Context) { JSON(c, http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", func(c *gin.Context) {
@@ -183,7 +183,7 @@ func recovery(logger *slog.Logger) gin.HandlerFunc {
 					panic(v)
 				}
 				logger.ErrorContext(c.Request.Context(), "panic", "route", c.FullPath(), "panic", fmt.Sprint(v))
-				problem.Write(c, fmt.Errorf("panic: %v", v))
+				WriteProblem(c, fmt.Errorf("panic: %v", v))
 			}
 		}()
 		c.Next()
@@ -193,7 +193,7 @@ func recovery(logger *slog.Logger) gin.HandlerFunc {
 func bodyLimit(limit int64) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		if c.Request.ContentLength > limit {
-			problem.Write(c, problem.New(problem.CodeBodyTooLarge, "request body is larger than %d bytes", limit))
+			WriteProblem(c, problem.New("body_too_large", "request body is larger than %d bytes", limit))
 			return
 		}
 		c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, limit)
@@ -209,16 +209,16 @@ func DecodeJSON(c *gin.Context, v any) error {
 	if ct := c.GetHeader("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && mt != "application/problem+json") {
-			return problem.New(problem.CodeUnsupportedMediaType, "send Content-Type: application/json")
+			return problem.New("unsupported_media_type", "send Content-Type: application/json")
 		}
 	}
 	body, err := io.ReadAll(c.Request.Body)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return problem.New(problem.CodeBodyTooLarge, "request body is larger than %d bytes", tooLarge.Limit)
+			return problem.New("body_too_large", "request body is larger than %d bytes", tooLarge.Limit)
 		}
-		return problem.New(problem.CodeInvalidRequest, "could not read the request body")
+		return problem.New("invalid_request", "could not read the request body")
 	}
 	return DecodeJSONBytes(body, v)
 }
@@ -231,13 +231,13 @@ func DecodeJSON(c *gin.Context, v any) error {
 // deeper is refused before it is walked, after one pass over at most its bytes.
 func DecodeJSONBytes(body []byte, v any) error {
 	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' {
-		return problem.New(problem.CodeInvalidRequest, "the request body must be a JSON object")
+		return problem.New("invalid_request", "the request body must be a JSON object")
 	}
 	if err := jsondepth.Check(body); err != nil {
-		return problem.New(problem.CodeInvalidRequest, "malformed JSON: %v", err)
+		return problem.New("invalid_request", "malformed JSON: %v", err)
 	}
 	if !utf8.Valid(body) {
-		return problem.New(problem.CodeInvalidRequest, "malformed JSON: the body is not valid UTF-8")
+		return problem.New("invalid_request", "malformed JSON: the body is not valid UTF-8")
 	}
 	if err := checkMemberNames(body, reflect.TypeOf(v)); err != nil {
 		return err
@@ -245,10 +245,10 @@ func DecodeJSONBytes(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return problem.New(problem.CodeInvalidRequest, "malformed JSON: %s", describeJSONError(err))
+		return problem.New("invalid_request", "malformed JSON: %s", describeJSONError(err))
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return problem.New(problem.CodeInvalidRequest, "malformed JSON: data after the JSON object")
+		return problem.New("invalid_request", "malformed JSON: data after the JSON object")
 	}
 	return nil
 }

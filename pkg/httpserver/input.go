@@ -20,7 +20,7 @@ const (
 // it writes the problem URLError finds, so a URL that is not clean text never reaches a handler.
 func CheckURL(c *gin.Context) {
 	if err := URLError(c); err != nil {
-		problem.Write(c, err)
+		WriteProblem(c, err)
 		return
 	}
 	c.Next()
@@ -35,7 +35,7 @@ func CheckURL(c *gin.Context) {
 func URLError(c *gin.Context) error {
 	for _, p := range c.Params {
 		if len(p.Value) > MaxPathParamLength || problem.TextFault(p.Value, false) != "" {
-			return problem.New(problem.CodeNotFound, "nothing is found at this path: the %s is malformed", p.Key)
+			return problem.New("not_found", "nothing is found at this path: the %s is malformed", p.Key)
 		}
 	}
 	if c.Request.URL.RawQuery == "" {
@@ -43,18 +43,18 @@ func URLError(c *gin.Context) error {
 	}
 	query, err := url.ParseQuery(c.Request.URL.RawQuery)
 	if err != nil {
-		return problem.New(problem.CodeInvalidRequest, "the query string is malformed: send name=value pairs separated by & and percent-encoded")
+		return problem.New("invalid_request", "the query string is malformed: send name=value pairs separated by & and percent-encoded")
 	}
 	for name, values := range query {
 		if len(name) > MaxQueryValueLength || problem.TextFault(name, false) != "" {
-			return problem.New(problem.CodeInvalidRequest, "a query parameter name is not UTF-8 text without control characters")
+			return problem.New("invalid_request", "a query parameter name is not UTF-8 text without control characters")
 		}
 		for _, v := range values {
 			if len(v) > MaxQueryValueLength {
-				return problem.New(problem.CodeInvalidRequest, "query parameter %q is longer than %d bytes", name, MaxQueryValueLength)
+				return problem.New("invalid_request", "query parameter %q is longer than %d bytes", name, MaxQueryValueLength)
 			}
 			if fault := problem.TextFault(v, false); fault != "" {
-				return problem.New(problem.CodeInvalidRequest, "query parameter %q %s", name, fault)
+				return problem.New("invalid_request", "query parameter %q %s", name, fault)
 			}
 		}
 	}
@@ -74,7 +74,7 @@ func PathID(param, prefix, resource string) gin.HandlerFunc {
 func PathParam(param, resource string, valid func(string) bool) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		if !valid(c.Param(param)) {
-			problem.Write(c, problem.NotFound(resource))
+			WriteProblem(c, problem.NotFound(resource))
 			return
 		}
 		c.Next()

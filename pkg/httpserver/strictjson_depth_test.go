@@ -30,7 +30,7 @@ func allocated(f func()) uint64 {
 func wantInvalidRequest(t *testing.T, what string, err error) *problem.Error {
 	t.Helper()
 	var pe *problem.Error
-	if !errors.As(err, &pe) || pe.Code != problem.CodeInvalidRequest || pe.Code.Status() != 400 {
+	if !errors.As(err, &pe) || pe.Code != "invalid_request" || pe.Code.Status() != 400 {
 		t.Fatalf("%s: got %v, want 400 invalid_request", what, err)
 	}
 	return pe

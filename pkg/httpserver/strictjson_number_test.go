@@ -45,7 +45,7 @@ func TestDecodeJSONBytesExactNumbers(t *testing.T) {
 			continue
 		}
 		var pe *problem.Error
-		if !errors.As(err, &pe) || pe.Code != problem.CodeValidationFailed || pe.Code.Status() != 422 || len(pe.Fields) != 1 ||
+		if !errors.As(err, &pe) || pe.Code != "validation_failed" || pe.Code.Status() != 422 || len(pe.Fields) != 1 ||
 			pe.Fields[0].Field != tc.field {
 			t.Errorf("%s: got %v, want validation_failed naming %q", tc.body, err, tc.field)
 		}
@@ -53,7 +53,7 @@ func TestDecodeJSONBytesExactNumbers(t *testing.T) {
 	// A fraction is not an integer at all: the wrong type, 400 as a string for a number is.
 	var o order
 	if err := httpserver.DecodeJSONBytes([]byte(`{"lines":[{"count":12.5}]}`), &o); !errors.As(err, new(*problem.Error)) ||
-		err.(*problem.Error).Code != problem.CodeInvalidRequest {
+		err.(*problem.Error).Code != "invalid_request" {
 		t.Errorf("12.5 for an int: %v, want invalid_request", err)
 	}
 }

@@ -46,7 +46,7 @@ func ExampleHandler_Handle() {
 	mux.HandleFunc("POST /v1/notes", func(w http.ResponseWriter, r *http.Request) {
 		var cmd createNote
 		if err := json.NewDecoder(r.Body).Decode(&cmd); err != nil || cmd.Validate() != nil {
-			problem.WriteHTTP(w, r, problem.New(problem.CodeInvalidRequest, "send {\"text\": \"...\"}"))
+			problem.Write(w, r, problem.New("invalid_request", "send {\"text\": \"...\"}"))
 			return
 		}
 		h.Handle(w, r, idem.Request{Kind: "notes.create", Command: cmd},
@@ -77,7 +77,7 @@ func Example_gin() {
 	r.POST("/v1/notes", func(c *gin.Context) {
 		var cmd createNote
 		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		idemgin.Do(h, c, idem.Request{Kind: "notes.create", Command: cmd},
@@ -104,7 +104,7 @@ func ExampleRunExternal() {
 	r.POST("/v1/messages", func(c *gin.Context) {
 		var cmd createNote
 		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		// string is the type of the other side's answer: Call returns it and Record receives it.

@@ -69,13 +69,13 @@ func setupExternal(t *testing.T, lease time.Duration, opts ...servicetest.Option
 		requests.Store(c.GetHeader("Idempotency-Key"), c.Request.Context())
 		var cmd chargeCommand
 		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		idemgin.DoExternal(env.Idem, c, idem.Request{Kind: "test.charge", Command: cmd}, idem.ExternalSteps[string]{
 			Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 				if cmd.Amount == 13 {
-					return problem.New(problem.CodeInvalidState, "unlucky")
+					return problem.New("invalid_state", "unlucky")
 				}
 				if fx.prepare != nil {
 					return fx.prepare(ctx, tx)

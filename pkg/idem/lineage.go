@@ -37,7 +37,7 @@ const (
 // apply, 403 approval_invalid as the contract answers an unknown one; another is 400 invalid_request naming it.
 func checkTakes(h http.Header, takes []string) error {
 	if vs := h.Values(HeaderApprovalID); len(vs) > 0 && !slices.Contains(takes, HeaderApprovalID) {
-		err := problem.New(problem.CodeApprovalInvalid, "this write takes no approval: the %s header cannot apply to it", HeaderApprovalID)
+		err := problem.New("approval_invalid", "this write takes no approval: the %s header cannot apply to it", HeaderApprovalID)
 		if len(vs) == 1 && httpserver.ValidID(vs[0]) {
 			err = err.With("approval_id", vs[0])
 		}
@@ -80,7 +80,7 @@ type lineage struct {
 }
 
 func headerProblem(name, detail string) error {
-	return problem.New(problem.CodeInvalidRequest, "the %s header %s", name, detail).With("header", name)
+	return problem.New("invalid_request", "the %s header %s", name, detail).With("header", name)
 }
 
 // parseLineage validates the lineage headers; a malformed one is 400 invalid_request naming it. attemptID is the
@@ -188,7 +188,7 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 			}
 		}
 		if !approved {
-			return problem.New(problem.CodeSupersededOperationUnknown,
+			return problem.New("superseded_operation_unknown",
 				"the operation this one supersedes has an unknown outcome: settle it first (a retry with its key, or a person's "+
 					"resolution), or have a person approve this exact request naming it (Approval-Id)").
 				With("operation_id", a.lineage.supersedes).With("state", state)
@@ -196,7 +196,7 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 	}
 	err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
 		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})
-	if problem.IsUniqueViolation(err, "operation_events_successor") {
+	if database.UniqueViolation(err, "operation_events_successor") {
 		// Another operation superseded it after this one looked (operation_events_successor): it committed first.
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
 	}

@@ -63,7 +63,7 @@ func WriteAnswer(w http.ResponseWriter, r *http.Request, a Answer) {
 		w.Header()[name] = values
 	}
 	if a.Err != nil {
-		problem.WriteHTTP(w, r, a.Err)
+		problem.Write(w, r, a.Err)
 		return
 	}
 	w.WriteHeader(a.Status)

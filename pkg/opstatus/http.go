@@ -18,14 +18,14 @@ import (
 func Routes(r gin.IRouter, db *gorm.DB) {
 	r = r.Group("", func(c *gin.Context) {
 		if _, ok := auth.Lookup(c); !ok {
-			problem.Write(c, problem.New(problem.CodeInternal, "the server could not tell who sent this request"))
+			httpserver.WriteProblem(c, problem.New("internal", "the server could not tell who sent this request"))
 			c.Abort()
 		}
 	})
 	r.GET("/v1/operations/:id", httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
 		op, err := Get(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
 		if err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		httpserver.JSON(c, http.StatusOK, op)
@@ -33,7 +33,7 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 	r.GET("/v1/operations/:id/timeline", func(c *gin.Context) {
 		tl, err := GetTimeline(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
 		if err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		httpserver.JSON(c, http.StatusOK, tl)
@@ -41,17 +41,17 @@ func Routes(r gin.IRouter, db *gorm.DB) {
 	r.GET("/v1/operations", func(c *gin.Context) {
 		key := c.Query("idempotency_key")
 		if msg := checkKey(key); msg != "" {
-			problem.Write(c, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: msg}))
+			httpserver.WriteProblem(c, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: msg}))
 			return
 		}
 		p, err := page.FromQuery(c)
 		if err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		ops, err := FindByKeyPage(c.Request.Context(), db, auth.From(c).AccountID, key, p)
 		if err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		httpserver.JSON(c, http.StatusOK, page.Of(ops, p, func(op Operation) page.Cursor { return page.Cursor{At: op.CreatedAt, ID: op.ID} }))

@@ -59,7 +59,7 @@ func FromQuery(c *gin.Context) (Request, error) {
 	if v, ok := c.GetQuery("limit"); ok {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxLimit {
-			return Request{}, &problem.Error{Code: problem.CodeInvalidRequest,
+			return Request{}, &problem.Error{Code: "invalid_request",
 				Detail: "limit must be a whole number from 1 to " + strconv.Itoa(MaxLimit),
 				Fields: []problem.FieldError{{Field: "limit", Message: "must be a whole number from 1 to " + strconv.Itoa(MaxLimit)}}}
 		}
@@ -68,7 +68,7 @@ func FromQuery(c *gin.Context) (Request, error) {
 	if v, ok := c.GetQuery("cursor"); ok {
 		cur, err := Parse(v)
 		if err != nil {
-			return Request{}, &problem.Error{Code: problem.CodeInvalidRequest,
+			return Request{}, &problem.Error{Code: "invalid_request",
 				Detail: "cursor is not one this list gave: send next_cursor from the page before, unchanged",
 				Fields: []problem.FieldError{{Field: "cursor", Message: "is malformed"}}}
 		}

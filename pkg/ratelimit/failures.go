@@ -56,8 +56,8 @@ func (f *Failures) Middleware() gin.HandlerFunc {
 		}
 		client := httpserver.ClientPrefix(addr)
 		if wait := f.wait(client); wait > 0 {
-			problem.WriteAndClose(c, &problem.Error{
-				Code: problem.CodeRateLimited,
+			httpserver.RefuseUnread(c, &problem.Error{
+				Code: "rate_limited",
 				Detail: "too many requests from this address were refused for an unknown API key or a failed sign-in; " +
 					"nothing was done: send the request again after Retry-After seconds, with a valid key",
 				RetryAfter: max(int(math.Ceil(wait.Seconds())), 1),

@@ -45,12 +45,12 @@ type Decider struct {
 func (d *Decider) Routes(r gin.IRouter) {
 	r.POST(Path, httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
 		if err := mayDecide(c); err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		var dec opstatus.Decision
 		if err := httpserver.DecodeJSON(c, &dec); err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		idemgin.Write(c, d.decide(c, idemgin.Call(c), c.Param("id"), dec))
@@ -73,7 +73,7 @@ func (d *Decider) DecideForm(c *gin.Context, id, key string, dec opstatus.Decisi
 // mayDecide refuses any key but an approver's before anything is read or claimed.
 func mayDecide(c *gin.Context) error {
 	if auth.From(c).Role != auth.RoleApprover {
-		return problem.New(problem.CodeForbidden, "only a key with role approver can decide an operation's outcome: nothing was done")
+		return problem.New("forbidden", "only a key with role approver can decide an operation's outcome: nothing was done")
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ func accepted(d Deploy) idem.Result {
 func (s *Server) createDeploy(c *gin.Context) {
 	var cmd CreateDeploy
 	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	account := auth.From(c).AccountID
@@ -82,7 +82,7 @@ func (s *Server) createDeploy(c *gin.Context) {
 func (s *Server) rollbackDeploy(c *gin.Context) {
 	var cmd RollbackDeploy
 	if err := httpserver.DecodeActionCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	account, id := auth.From(c).AccountID, c.Param("id")
@@ -90,7 +90,7 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 	// rollback that already happened still reaches its stored answer.
 	of, err := s.Store.Deploy(c.Request.Context(), s.DB, account, id)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	guard := s.Approvals.Guard(c, s.needsApproval(of.Environment))
@@ -118,7 +118,7 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 func (s *Server) cancelDeploy(c *gin.Context) {
 	var none struct{}
 	if err := httpserver.DecodeActionBody(c, &none); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	p := auth.From(c)
@@ -133,7 +133,7 @@ func (s *Server) cancelDeploy(c *gin.Context) {
 		return err
 	})
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	if cancelled {
@@ -145,7 +145,7 @@ func (s *Server) cancelDeploy(c *gin.Context) {
 func (s *Server) getDeploy(c *gin.Context) {
 	d, err := s.Store.Deploy(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	s.writeStatus(c, d)
@@ -155,7 +155,7 @@ func (s *Server) getDeploy(c *gin.Context) {
 func (s *Server) writeStatus(c *gin.Context, d Deploy) {
 	op, err := opstatus.Get(c.Request.Context(), s.DB, auth.From(c).AccountID, d.OperationID)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, Status{Deploy: d, History: op.Events})
@@ -164,7 +164,7 @@ func (s *Server) writeStatus(c *gin.Context, d Deploy) {
 func (s *Server) getEnvironment(c *gin.Context) {
 	env, err := s.Store.Environment(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("name"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, env)

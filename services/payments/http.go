@@ -18,7 +18,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/page"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -132,12 +131,12 @@ func send[T any](ctx context.Context, s *Server, op opstatus.Operation, call fun
 func (s *Server) createIntent(c *gin.Context) {
 	var req CreateIntentRequest
 	if err := httpserver.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	cmd, err := req.Command()
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	account := auth.From(c).AccountID
@@ -190,13 +189,13 @@ func (s *Server) describeCapture(ctx context.Context, account string, params map
 func (s *Server) capture(c *gin.Context) {
 	var req CaptureRequest
 	if err := httpserver.DecodeActionBody(c, &req); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	account, intentID := auth.From(c).AccountID, c.Param("id")
 	cmd, _, err := s.captureCommand(c.Request.Context(), account, intentID, req)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	var reserved Intent
@@ -223,7 +222,7 @@ func (s *Server) capture(c *gin.Context) {
 func (s *Server) cancel(c *gin.Context) {
 	var req CancelRequest
 	if err := httpserver.DecodeActionBody(c, &req); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	account, intentID := auth.From(c).AccountID, c.Param("id")
@@ -278,18 +277,18 @@ func (s *Server) describeRefund(ctx context.Context, account string, params map[
 func (s *Server) createRefund(c *gin.Context) {
 	var req CreateRefundRequest
 	if err := httpserver.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	account, intentID := auth.From(c).AccountID, c.Param("id")
 	remediates, err := remediatesHeader(c.Request.Header)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	cmd, _, err := s.refundCommand(c.Request.Context(), account, intentID, req)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	// The threshold applies to the intent's running total of refunds, so splitting a large refund into small
@@ -334,7 +333,7 @@ func (s *Server) createRefund(c *gin.Context) {
 func (s *Server) getIntent(c *gin.Context) {
 	in, err := s.cfg.Store.Intent(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, in)
@@ -343,12 +342,12 @@ func (s *Server) getIntent(c *gin.Context) {
 func (s *Server) listRefunds(c *gin.Context) {
 	p, err := page.FromQuery(c)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), p)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, page.Of(rs, p, func(r Refund) page.Cursor { return page.Cursor{At: r.CreatedAt, ID: r.ID} }))
@@ -357,7 +356,7 @@ func (s *Server) listRefunds(c *gin.Context) {
 func (s *Server) getRefund(c *gin.Context) {
 	rf, err := s.cfg.Store.Refund(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, rf)

@@ -14,7 +14,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/page"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Server is the HTTP adapter of the tickets service.
@@ -39,14 +38,14 @@ type CreateResult struct {
 func (s *Server) createTicket(c *gin.Context) {
 	var cmd CreateTicket
 	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	account, actor := auth.From(c).AccountID, auth.From(c).Actor()
 	if s.Bypass {
 		res, err := s.create(c.Request.Context(), s.DB, account, actor, cmd, nil)
 		if err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		httpserver.JSON(c, res.Status, res.Body)
@@ -88,7 +87,7 @@ func (s *Server) create(ctx context.Context, tx *gorm.DB, account, actor string,
 func (s *Server) getTicket(c *gin.Context) {
 	t, err := s.Store.Ticket(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, t)
@@ -101,12 +100,12 @@ func (s *Server) listTickets(c *gin.Context) {
 	}
 	p, err := page.FromQuery(c)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	ts, err := s.Store.Tickets(c.Request.Context(), s.DB, auth.From(c).AccountID, sourceEventID, p)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, page.Of(ts, p, func(t Ticket) page.Cursor { return page.Cursor{At: t.CreatedAt, ID: t.ID} }))
@@ -115,7 +114,7 @@ func (s *Server) listTickets(c *gin.Context) {
 func (s *Server) addComment(c *gin.Context) {
 	var cmd AddComment
 	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	account, ticketID := auth.From(c).AccountID, c.Param("id")
@@ -132,12 +131,12 @@ func (s *Server) addComment(c *gin.Context) {
 func (s *Server) listComments(c *gin.Context) {
 	p, err := page.FromQuery(c)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	cs, err := s.Store.Comments(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"), p)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, page.Of(cs, p, func(cm Comment) page.Cursor { return page.Cursor{At: cm.CreatedAt, ID: cm.ID} }))
@@ -148,13 +147,13 @@ func (s *Server) listComments(c *gin.Context) {
 func (s *Server) setStatus(c *gin.Context) {
 	var cmd SetStatus
 	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	p := auth.From(c)
 	t, _, err := s.Store.SetStatus(c.Request.Context(), s.DB, p.AccountID, c.Param("id"), cmd.Status, p.Actor())
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, t)
@@ -163,12 +162,12 @@ func (s *Server) setStatus(c *gin.Context) {
 func (s *Server) listStatusChanges(c *gin.Context) {
 	p, err := page.FromQuery(c)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	changes, err := s.Store.StatusChanges(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"), p)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, page.Of(changes, p, func(sc StatusChange) page.Cursor {

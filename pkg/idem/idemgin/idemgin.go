@@ -15,7 +15,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Do is idem.Handler.Run for c.
@@ -49,7 +48,7 @@ func Write(c *gin.Context, a idem.Answer) {
 		c.Writer.Header()[name] = values
 	}
 	if a.Err != nil {
-		problem.Write(c, a.Err)
+		httpserver.WriteProblem(c, a.Err)
 		return
 	}
 	c.Data(a.Status, a.Header.Get("Content-Type"), a.Body)
