@@ -81,7 +81,7 @@ func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 			httpserver.WriteProblem(c, err)
 			return
 		}
-		account := auth.From(c).AccountID
+		account := auth.From(c.Request.Context()).AccountID
 		idemgin.Do(h, c, idem.Request{Kind: "orders.create", Command: cmd},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				o := Order{ID: "ord_" + strings.TrimPrefix(op.ID, "op_"), AccountID: account,
@@ -94,7 +94,7 @@ func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 	})
 	api.GET("/v1/orders", func(c *gin.Context) {
 		var orders []Order
-		err := db.WithContext(c.Request.Context()).Where("account_id = ? AND customer = ?", auth.From(c).AccountID, c.Query("customer")).
+		err := db.WithContext(c.Request.Context()).Where("account_id = ? AND customer = ?", auth.From(c.Request.Context()).AccountID, c.Query("customer")).
 			Order("created_at").Limit(1000).Find(&orders).Error
 		if err != nil {
 			httpserver.WriteProblem(c, err)
@@ -157,6 +157,6 @@ func run(logger *slog.Logger) error {
 	go h.RunBackground(ctx, idem.Background{})
 
 	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db}) // access log, /healthz, /readyz
-	routes(r.Group("", auth.Middleware(keys)), db, h)
+	routes(r.Group("", httpserver.Wrap(auth.Middleware(keys))), db, h)
 	return httpserver.Serve(ctx, addr, r, logger, httpserver.Limits{})
 }

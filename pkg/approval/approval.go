@@ -533,7 +533,7 @@ func (s *Service) create(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	p := auth.From(c)
+	p := auth.From(c.Request.Context())
 	b, err := s.bind(c.Request.Context(), p.AccountID, req)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
@@ -561,7 +561,7 @@ RETURNING `+columns,
 }
 
 func (s *Service) get(c *gin.Context) {
-	a, err := load(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), false)
+	a, err := load(c.Request.Context(), s.db, auth.From(c.Request.Context()).AccountID, c.Param("id"), false)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -591,7 +591,7 @@ func (s *Service) decide(c *gin.Context, to State) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	a, err := decide(c.Request.Context(), s.db, auth.From(c), c.Param("id"), to, s.now())
+	a, err := decide(c.Request.Context(), s.db, auth.From(c.Request.Context()), c.Param("id"), to, s.now())
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return

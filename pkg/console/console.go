@@ -257,7 +257,7 @@ func (c *console) fail(ctx *gin.Context, err error) {
 func (c *console) page(p Page) gin.HandlerFunc {
 	return func(ctx *gin.Context) {
 		v, err := p.Render(Request{
-			Context: ctx.Request.Context(), AccountID: auth.From(ctx).AccountID, Param: ctx.Param, Query: ctx.Query,
+			Context: ctx.Request.Context(), AccountID: auth.From(ctx.Request.Context()).AccountID, Param: ctx.Param, Query: ctx.Query,
 		})
 		if err != nil {
 			c.fail(ctx, err)

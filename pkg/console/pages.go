@@ -270,7 +270,7 @@ func (c *console) decide(ctx *gin.Context) {
 		c.fail(ctx, problem.New("not_found", "no such decision"))
 		return
 	}
-	a, err := approval.Decide(ctx, c.o.DB, auth.From(ctx), ctx.Param("id"), to)
+	a, err := approval.Decide(ctx, c.o.DB, auth.From(ctx.Request.Context()), ctx.Param("id"), to)
 	if err != nil {
 		c.fail(ctx, err)
 		return

@@ -179,7 +179,7 @@ WHERE id_hash = ? AND last_seen_at >= ? RETURNING account_id, role, key_id, csrf
 		ctx.Abort()
 		return
 	}
-	auth.With(ctx, p)
+	ctx.Request = ctx.Request.WithContext(auth.With(ctx.Request.Context(), p))
 	ctx.Set(sessionKey, Session{AccountID: p.AccountID, Role: p.Role, KeyID: p.KeyID, CSRF: rows[0].CSRFToken})
 	ctx.Next()
 }

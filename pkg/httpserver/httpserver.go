@@ -162,7 +162,7 @@ func accessLog(logger *slog.Logger) gin.HandlerFunc {
 			"method", c.Request.Method, "route", c.FullPath(), "status", c.Writer.Status(),
 			"duration_ms", time.Since(start).Milliseconds(), "attempt_id", AttemptID(c),
 		}
-		if p, ok := auth.Lookup(c); ok {
+		if p, ok := auth.Lookup(c.Request.Context()); ok {
 			attrs = append(attrs, "account_id", p.AccountID)
 		}
 		if op := c.Writer.Header().Get("Operation-Id"); op != "" {

@@ -1,6 +1,8 @@
 package httpserver
 
 import (
+	"net/http"
+
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -19,4 +21,22 @@ func WriteProblem(c *gin.Context, err error) {
 func RefuseUnread(c *gin.Context, err error) {
 	problem.CloseUnread(c.Writer, c.Request)
 	WriteProblem(c, err)
+}
+
+// Wrap mounts net/http middleware (auth.Middleware, auth.AgentWrites) in a gin chain. The request it sees
+// carries gin's route template as its Pattern; when mw calls its next handler, the chain goes on with the
+// request mw passed (its context holds what mw added); when mw answers instead, the chain stops.
+func Wrap(mw func(http.Handler) http.Handler) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		c.Request.Pattern = c.FullPath()
+		passed := false
+		mw(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			passed = true
+			c.Request = r
+			c.Next()
+		})).ServeHTTP(c.Writer, c.Request)
+		if !passed {
+			c.Abort()
+		}
+	}
 }

@@ -77,7 +77,7 @@ func (l *Limiter) Middleware() gin.HandlerFunc {
 			c.Next()
 			return
 		}
-		ok, wait := l.Allow(auth.From(c).AccountID)
+		ok, wait := l.Allow(auth.From(c.Request.Context()).AccountID)
 		if !ok {
 			seconds := int(math.Ceil(wait.Seconds()))
 			httpserver.WriteProblem(c, &problem.Error{

@@ -72,7 +72,7 @@ func (d *Decider) DecideForm(c *gin.Context, id, key string, dec opstatus.Decisi
 
 // mayDecide refuses any key but an approver's before anything is read or claimed.
 func mayDecide(c *gin.Context) error {
-	if auth.From(c).Role != auth.RoleApprover {
+	if auth.From(c.Request.Context()).Role != auth.RoleApprover {
 		return problem.New("forbidden", "only a key with role approver can decide an operation's outcome: nothing was done")
 	}
 	return nil
@@ -83,7 +83,7 @@ func (d *Decider) decide(c *gin.Context, call idem.Call, id string, dec opstatus
 	if err := dec.Validate(); err != nil {
 		return idem.Answer{Err: err}
 	}
-	p := auth.From(c)
+	p := auth.From(c.Request.Context())
 	return d.Idem.Run(c.Request.Context(), call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			op, err := opstatus.Resolve(ctx, tx, p.AccountID, id, p.Actor(), dec, d.Resolvers, d.Services)

@@ -143,8 +143,8 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if h.AuthFailures != nil {
 		api = append(api, h.AuthFailures.Middleware())
 	}
-	api = append(api, auth.Middleware(h.Keys), httpserver.CheckURL,
-		auth.AgentWrites(append(approval.WriteRoutes(), resolution.Path)...))
+	api = append(api, httpserver.Wrap(auth.Middleware(h.Keys)), httpserver.CheckURL,
+		httpserver.Wrap(auth.AgentWrites(append(approval.WriteRoutes(), resolution.Path)...)))
 	if h.WriteLimiter != nil {
 		api = append(api, h.WriteLimiter.Middleware())
 	}

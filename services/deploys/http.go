@@ -54,7 +54,7 @@ func (s *Server) createDeploy(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	account := auth.From(c).AccountID
+	account := auth.From(c.Request.Context()).AccountID
 	needsApproval, approvalID := s.needsApproval(cmd.Environment), c.GetHeader(approval.HeaderApprovalID)
 	guard := s.Approvals.Guard(c, needsApproval)
 	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c),
@@ -85,7 +85,7 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, id := auth.From(c).AccountID, c.Param("id")
+	account, id := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	// Only what never changes is read before the claim (a deploy's environment), so that a retry of a
 	// rollback that already happened still reaches its stored answer.
 	of, err := s.Store.Deploy(c.Request.Context(), s.DB, account, id)
@@ -121,7 +121,7 @@ func (s *Server) cancelDeploy(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	p := auth.From(c)
+	p := auth.From(c.Request.Context())
 	ctx := c.Request.Context()
 	var (
 		d         Deploy
@@ -143,7 +143,7 @@ func (s *Server) cancelDeploy(c *gin.Context) {
 }
 
 func (s *Server) getDeploy(c *gin.Context) {
-	d, err := s.Store.Deploy(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	d, err := s.Store.Deploy(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("id"))
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -153,7 +153,7 @@ func (s *Server) getDeploy(c *gin.Context) {
 
 // writeStatus answers a deploy with the history of its operation.
 func (s *Server) writeStatus(c *gin.Context, d Deploy) {
-	op, err := opstatus.Get(c.Request.Context(), s.DB, auth.From(c).AccountID, d.OperationID)
+	op, err := opstatus.Get(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, d.OperationID)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -162,7 +162,7 @@ func (s *Server) writeStatus(c *gin.Context, d Deploy) {
 }
 
 func (s *Server) getEnvironment(c *gin.Context) {
-	env, err := s.Store.Environment(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("name"))
+	env, err := s.Store.Environment(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("name"))
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return

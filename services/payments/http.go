@@ -139,7 +139,7 @@ func (s *Server) createIntent(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	account := auth.From(c).AccountID
+	account := auth.From(c.Request.Context()).AccountID
 	idemgin.DoExternal(s.idem, c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			_, err := s.cfg.Store.BeginIntent(ctx, tx, account, op.ID, cmd)
@@ -192,7 +192,7 @@ func (s *Server) capture(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, intentID := auth.From(c).AccountID, c.Param("id")
+	account, intentID := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	cmd, _, err := s.captureCommand(c.Request.Context(), account, intentID, req)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
@@ -225,7 +225,7 @@ func (s *Server) cancel(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, intentID := auth.From(c).AccountID, c.Param("id")
+	account, intentID := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
@@ -280,7 +280,7 @@ func (s *Server) createRefund(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, intentID := auth.From(c).AccountID, c.Param("id")
+	account, intentID := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	remediates, err := remediatesHeader(c.Request.Header)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
@@ -310,7 +310,7 @@ func (s *Server) createRefund(c *gin.Context) {
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			reserve := s.cfg.Store.ReserveRefund
 			if remediates != "" {
-				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor()); err != nil {
+				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c.Request.Context()).Actor()); err != nil {
 					return err
 				}
 				reserve = s.cfg.Store.ReserveDuplicateRefund
@@ -331,7 +331,7 @@ func (s *Server) createRefund(c *gin.Context) {
 // --- reads ---
 
 func (s *Server) getIntent(c *gin.Context) {
-	in, err := s.cfg.Store.Intent(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
+	in, err := s.cfg.Store.Intent(c.Request.Context(), s.db, auth.From(c.Request.Context()).AccountID, c.Param("id"))
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -345,7 +345,7 @@ func (s *Server) listRefunds(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), p)
+	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c.Request.Context()).AccountID, c.Param("id"), p)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -354,7 +354,7 @@ func (s *Server) listRefunds(c *gin.Context) {
 }
 
 func (s *Server) getRefund(c *gin.Context) {
-	rf, err := s.cfg.Store.Refund(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
+	rf, err := s.cfg.Store.Refund(c.Request.Context(), s.db, auth.From(c.Request.Context()).AccountID, c.Param("id"))
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return

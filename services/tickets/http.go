@@ -41,7 +41,7 @@ func (s *Server) createTicket(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, actor := auth.From(c).AccountID, auth.From(c).Actor()
+	account, actor := auth.From(c.Request.Context()).AccountID, auth.From(c.Request.Context()).Actor()
 	if s.Bypass {
 		res, err := s.create(c.Request.Context(), s.DB, account, actor, cmd, nil)
 		if err != nil {
@@ -85,7 +85,7 @@ func (s *Server) create(ctx context.Context, tx *gorm.DB, account, actor string,
 }
 
 func (s *Server) getTicket(c *gin.Context) {
-	t, err := s.Store.Ticket(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	t, err := s.Store.Ticket(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("id"))
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -103,7 +103,7 @@ func (s *Server) listTickets(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	ts, err := s.Store.Tickets(c.Request.Context(), s.DB, auth.From(c).AccountID, sourceEventID, p)
+	ts, err := s.Store.Tickets(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, sourceEventID, p)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -117,7 +117,7 @@ func (s *Server) addComment(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, ticketID := auth.From(c).AccountID, c.Param("id")
+	account, ticketID := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	idemgin.Do(s.Idem, c, idem.Request{Kind: "tickets.comment", Command: cmd},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			cm, err := s.Store.AddComment(ctx, tx, account, ticketID, cmd)
@@ -134,7 +134,7 @@ func (s *Server) listComments(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	cs, err := s.Store.Comments(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"), p)
+	cs, err := s.Store.Comments(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("id"), p)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -150,7 +150,7 @@ func (s *Server) setStatus(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	p := auth.From(c)
+	p := auth.From(c.Request.Context())
 	t, _, err := s.Store.SetStatus(c.Request.Context(), s.DB, p.AccountID, c.Param("id"), cmd.Status, p.Actor())
 	if err != nil {
 		httpserver.WriteProblem(c, err)
@@ -165,7 +165,7 @@ func (s *Server) listStatusChanges(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	changes, err := s.Store.StatusChanges(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"), p)
+	changes, err := s.Store.StatusChanges(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("id"), p)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return

@@ -35,7 +35,7 @@ func Call(c *gin.Context) idem.Call {
 		params[p.Key] = p.Value
 	}
 	caller, _ := idem.CallerFrom(c.Request.Context())
-	if p, ok := auth.Lookup(c); ok {
+	if p, ok := auth.Lookup(c.Request.Context()); ok {
 		caller = idem.Caller{AccountID: p.AccountID, Actor: p.Actor()}
 	}
 	return idem.Call{Method: c.Request.Method, Route: c.FullPath(), Params: params, Header: c.Request.Header,
