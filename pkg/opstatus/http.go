@@ -1,61 +1,76 @@
 package opstatus
 
 import (
+	"encoding/json"
 	"net/http"
 
-	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// Routes registers GET /v1/operations/{id}, GET /v1/operations/{id}/timeline and
-// GET /v1/operations?idempotency_key=K on r, which must be behind auth.Middleware: a caller only ever sees its
-// own account's operations. A request that reaches them with no caller is refused (500, logged), never served.
-func Routes(r gin.IRouter, db *gorm.DB) {
-	r = r.Group("", func(c *gin.Context) {
-		if _, ok := auth.Lookup(c); !ok {
-			httpserver.WriteProblem(c, problem.New("internal", "the server could not tell who sent this request"))
-			c.Abort()
-		}
-	})
-	r.GET("/v1/operations/:id", httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
-		op, err := Get(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
-		if err != nil {
-			httpserver.WriteProblem(c, err)
+// Handler serves GET /v1/operations/{id}, GET /v1/operations/{id}/timeline and
+// GET /v1/operations?idempotency_key=K. It must be behind auth.Middleware: a caller only ever sees its own
+// account's operations, and a request that reaches it with no caller is refused (500, logged), never served.
+// A gin router mounts it with opstatusgin.Routes.
+//
+//	mux.Handle("/v1/operations", auth.Middleware(keys)(opstatus.Handler(db)))
+//	mux.Handle("/v1/operations/", auth.Middleware(keys)(opstatus.Handler(db)))
+func Handler(db *gorm.DB) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/operations/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if !ids.Valid("op_", r.PathValue("id")) {
+			problem.Write(w, r, problem.NotFound("operation"))
 			return
 		}
-		httpserver.JSON(c, http.StatusOK, op)
+		op, err := Get(r.Context(), db, auth.From(r.Context()).AccountID, r.PathValue("id"))
+		writeJSON(w, r, op, err)
 	})
-	r.GET("/v1/operations/:id/timeline", func(c *gin.Context) {
-		tl, err := GetTimeline(c.Request.Context(), db, auth.From(c).AccountID, c.Param("id"))
-		if err != nil {
-			httpserver.WriteProblem(c, err)
-			return
-		}
-		httpserver.JSON(c, http.StatusOK, tl)
+	mux.HandleFunc("GET /v1/operations/{id}/timeline", func(w http.ResponseWriter, r *http.Request) {
+		tl, err := GetTimeline(r.Context(), db, auth.From(r.Context()).AccountID, r.PathValue("id"))
+		writeJSON(w, r, tl, err)
 	})
-	r.GET("/v1/operations", func(c *gin.Context) {
-		key := c.Query("idempotency_key")
+	mux.HandleFunc("GET /v1/operations", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		key := q.Get("idempotency_key")
 		if msg := checkKey(key); msg != "" {
-			httpserver.WriteProblem(c, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: msg}))
+			problem.Write(w, r, problem.Validation(problem.FieldError{Field: "idempotency_key", Message: msg}))
 			return
 		}
-		p, err := page.FromQuery(c)
+		p, err := page.FromQuery(q)
 		if err != nil {
-			httpserver.WriteProblem(c, err)
+			problem.Write(w, r, err)
 			return
 		}
-		ops, err := FindByKeyPage(c.Request.Context(), db, auth.From(c).AccountID, key, p)
-		if err != nil {
-			httpserver.WriteProblem(c, err)
-			return
-		}
-		httpserver.JSON(c, http.StatusOK, page.Of(ops, p, func(op Operation) page.Cursor { return page.Cursor{At: op.CreatedAt, ID: op.ID} }))
+		ops, err := FindByKeyPage(r.Context(), db, auth.From(r.Context()).AccountID, key, p)
+		writeJSON(w, r, page.Of(ops, p, func(op Operation) page.Cursor { return page.Cursor{At: op.CreatedAt, ID: op.ID} }), err)
 	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := auth.Lookup(r.Context()); !ok {
+			problem.Write(w, r, problem.New("internal", "the server could not tell who sent this request"))
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// writeJSON answers v as 200 application/json, or err as a problem.
+func writeJSON(w http.ResponseWriter, r *http.Request, v any, err error) {
+	if err != nil {
+		problem.Write(w, r, err)
+		return
+	}
+	body, err := json.Marshal(v)
+	if err != nil {
+		problem.Write(w, r, err)
+		return
+	}
+	w.Header()["Content-Type"] = []string{"application/json"}
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
 }
 
 // checkKey holds a looked-up key to the rules of the Idempotency-Key header (pkg/idem.ParseKey, which this

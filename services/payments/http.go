@@ -340,7 +340,7 @@ func (s *Server) getIntent(c *gin.Context) {
 }
 
 func (s *Server) listRefunds(c *gin.Context) {
-	p, err := page.FromQuery(c)
+	p, err := page.FromQuery(c.Request.URL.Query())
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return

@@ -98,7 +98,7 @@ func (s *Server) listTickets(c *gin.Context) {
 	if v, ok := c.GetQuery("source_event_id"); ok {
 		sourceEventID = &v
 	}
-	p, err := page.FromQuery(c)
+	p, err := page.FromQuery(c.Request.URL.Query())
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -129,7 +129,7 @@ func (s *Server) addComment(c *gin.Context) {
 }
 
 func (s *Server) listComments(c *gin.Context) {
-	p, err := page.FromQuery(c)
+	p, err := page.FromQuery(c.Request.URL.Query())
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
@@ -160,7 +160,7 @@ func (s *Server) setStatus(c *gin.Context) {
 }
 
 func (s *Server) listStatusChanges(c *gin.Context) {
-	p, err := page.FromQuery(c)
+	p, err := page.FromQuery(c.Request.URL.Query())
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return
