@@ -114,40 +114,13 @@ func noSniff(c *gin.Context) {
 	c.Next()
 }
 
-// HeaderAttemptID names one HTTP attempt. A caller may send its own (the agent's att_01, att_02 of one
-// operation); otherwise the server makes one. It is echoed on the response, written in the access log and in
-// the operation events the attempt causes, so an investigation can tell attempts of one action apart.
-const HeaderAttemptID = "Attempt-Id"
-
 const attemptKey = "retrysafe.attempt"
 
 func attempt(c *gin.Context) {
-	id := AttemptIDOf(c.Request.Header)
+	id := ids.AttemptIDOf(c.Request.Header)
 	c.Set(attemptKey, id)
-	c.Header(HeaderAttemptID, id)
+	c.Header(ids.HeaderAttemptID, id)
 	c.Next()
-}
-
-// AttemptIDOf is the attempt id of a request with header h: its Attempt-Id when valid, or a new one.
-func AttemptIDOf(h http.Header) string {
-	if id := h.Get(HeaderAttemptID); ValidID(id) {
-		return id
-	}
-	return ids.New("att_")
-}
-
-// ValidID reports whether id is 1 to 128 printable ASCII characters without spaces: the form of an Attempt-Id,
-// and of the other ids a caller sends in headers (package idem's lineage headers).
-func ValidID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if id[i] <= 0x20 || id[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // AttemptID is the attempt id of the request ("" outside NewRouter's middleware).

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retrysafe/retrysafe/pkg/database"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -38,7 +38,7 @@ const (
 func checkTakes(h http.Header, takes []string) error {
 	if vs := h.Values(HeaderApprovalID); len(vs) > 0 && !slices.Contains(takes, HeaderApprovalID) {
 		err := problem.New("approval_invalid", "this write takes no approval: the %s header cannot apply to it", HeaderApprovalID)
-		if len(vs) == 1 && httpserver.ValidID(vs[0]) {
+		if len(vs) == 1 && ids.ValidSent(vs[0]) {
 			err = err.With("approval_id", vs[0])
 		}
 		return err
@@ -87,21 +87,21 @@ func headerProblem(name, detail string) error {
 // adapter's (gin's middleware makes one); when empty it is the Attempt-Id header, or a new one.
 func parseLineage(h http.Header, attemptID string) (lineage, error) {
 	if attemptID == "" {
-		attemptID = httpserver.AttemptIDOf(h)
+		attemptID = ids.AttemptIDOf(h)
 	}
-	l := lineage{attempt: attemptID, attemptSent: len(h.Values(httpserver.HeaderAttemptID)) > 0, start: time.Now()}
+	l := lineage{attempt: attemptID, attemptSent: len(h.Values(ids.HeaderAttemptID)) > 0, start: time.Now()}
 	for _, f := range []struct {
 		name  string
 		dst   *string
 		check func(string) bool
 		want  string
 	}{
-		{httpserver.HeaderAttemptID, nil, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
-		{HeaderAgentRunID, &l.agentRun, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
-		{HeaderRetryOf, &l.retryOf, httpserver.ValidID, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
+		{ids.HeaderAttemptID, nil, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
+		{HeaderAgentRunID, &l.agentRun, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
+		{HeaderRetryOf, &l.retryOf, ids.ValidSent, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
 		{HeaderRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
 			"must be one of " + strings.Join(RetryReasons, ", ")},
-		{HeaderSupersedes, &l.supersedes, func(v string) bool { return httpserver.ValidID(v) && len(v) > 3 && v[:3] == "op_" },
+		{HeaderSupersedes, &l.supersedes, func(v string) bool { return ids.ValidSent(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
 	} {
 		vs := h.Values(f.name)
@@ -264,7 +264,7 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lin
 
 // attemptIDUsed is the refusal of an attempt whose Attempt-Id the operation already has.
 func attemptIDUsed() *lineageRefusal {
-	return &lineageRefusal{headerProblem(httpserver.HeaderAttemptID, "was already used by another attempt of this operation"), refusalAttemptIDUsed}
+	return &lineageRefusal{headerProblem(ids.HeaderAttemptID, "was already used by another attempt of this operation"), refusalAttemptIDUsed}
 }
 
 // claimDetail is the detail of the claimed event.

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -13,14 +13,14 @@ import (
 // headers, the caller WithCaller put in its context) and the answer is written on w.
 func (h *Handler) Handle(w http.ResponseWriter, r *http.Request, req Request, write WriteFunc) {
 	call := HTTPCall(r)
-	w.Header().Set(httpserver.HeaderAttemptID, call.AttemptID)
+	w.Header().Set(ids.HeaderAttemptID, call.AttemptID)
 	WriteAnswer(w, r, h.Run(r.Context(), call, req, write))
 }
 
 // HandleExternal is RunExternal for a net/http handler, as Handle.
 func HandleExternal[T any](h *Handler, w http.ResponseWriter, r *http.Request, req Request, steps ExternalSteps[T]) {
 	call := HTTPCall(r)
-	w.Header().Set(httpserver.HeaderAttemptID, call.AttemptID)
+	w.Header().Set(ids.HeaderAttemptID, call.AttemptID)
 	WriteAnswer(w, r, RunExternal(r.Context(), h, call, req, steps))
 }
 
@@ -54,7 +54,7 @@ func HTTPCall(r *http.Request) Call {
 		}
 	}
 	return Call{Method: r.Method, Route: route, Params: params, Header: r.Header, Caller: caller,
-		AttemptID: httpserver.AttemptIDOf(r.Header)}
+		AttemptID: ids.AttemptIDOf(r.Header)}
 }
 
 // WriteAnswer writes a on w; a problem goes through problem.WriteHTTP.

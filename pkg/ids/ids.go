@@ -5,7 +5,11 @@
 //	ok := ids.Valid("tkt_", value) // what a handler asks before a value from a path reaches SQL
 package ids
 
-import "github.com/google/uuid"
+import (
+	"net/http"
+
+	"github.com/google/uuid"
+)
 
 // New returns prefix followed by a new UUIDv7.
 func New(prefix string) string {
@@ -26,6 +30,33 @@ func Valid(prefix string, s string) bool {
 				return false
 			}
 		case (ch < '0' || ch > '9') && (ch < 'a' || ch > 'f'):
+			return false
+		}
+	}
+	return true
+}
+
+// HeaderAttemptID names one HTTP attempt. A caller may send its own (the agent's att_01, att_02 of one
+// operation); otherwise the server makes one. It is echoed on the response, written in the access log and in
+// the operation events the attempt causes, so an investigation can tell attempts of one action apart.
+const HeaderAttemptID = "Attempt-Id"
+
+// AttemptIDOf is the attempt id of a request with header h: its Attempt-Id when valid, or a new one.
+func AttemptIDOf(h http.Header) string {
+	if id := h.Get(HeaderAttemptID); ValidSent(id) {
+		return id
+	}
+	return New("att_")
+}
+
+// ValidSent reports whether id is 1 to 128 printable ASCII characters without spaces: the form of an
+// Attempt-Id, and of the other ids a caller sends in headers (package idem's lineage headers).
+func ValidSent(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= 0x20 || id[i] > 0x7e {
 			return false
 		}
 	}
