@@ -6,7 +6,8 @@
 //	DATABASE_URL=postgres://... NOTES_TOKEN=secret ADDR=127.0.0.1:8096 go run .
 //
 // POST /v1/notes {"author": "...", "text": "..."} with an Idempotency-Key creates a note once per key;
-// GET /v1/notes?author= lists an author's notes. It is its own module (go.mod, with a replace to this
+// GET /v1/notes?author= lists an author's notes; GET /v1/operations/{id}, .../timeline and
+// GET /v1/operations?idempotency_key=K (package opstatus) tell an agent what became of a write. It is its own module (go.mod, with a replace to this
 // repository); `make test` builds it and runs `retrysafe conformance` on it, every case including a worker killed
 // after its claim (scripts/example-conformance.sh). RETRYSAFE_FAILPOINTS (package failpoint) lets that test stop
 // it right after a claim.
@@ -30,6 +31,7 @@ import (
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/migrations"
+	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -95,19 +97,25 @@ func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"items": notes})
 	})
+	// The operations routes, so an agent can look an operation up before it retries (docs/agents.md).
+	operations := opstatus.Handler(db)
+	mux.Handle("GET /v1/operations", operations)
+	mux.Handle("GET /v1/operations/{id}", operations)
+	mux.Handle("GET /v1/operations/{id}/timeline", operations)
 	return authenticate(token, mux)
 }
 
-// authenticate admits requests bearing token and names their caller for idem (idem.WithCaller).
+// authenticate admits requests bearing token and names their caller, the notes account's one agent, as
+// auth.Middleware would (auth.With): idem and the operations routes read it from the request's context.
 func authenticate(token string, next http.Handler) http.Handler {
+	caller := auth.Principal{AccountID: "acct_notes", Role: auth.RoleAgent, KeyID: "notes"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			problem.Write(w, r, problem.New("unauthorized", "send Authorization: Bearer <token>"))
 			return
 		}
-		ctx := idem.WithCaller(r.Context(), idem.Caller{AccountID: "acct_notes", Actor: "agent:notes"})
-		next.ServeHTTP(w, r.WithContext(ctx))
+		next.ServeHTTP(w, r.WithContext(auth.With(r.Context(), caller)))
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -39,9 +40,14 @@ func CallerFrom(ctx context.Context) (Caller, bool) {
 }
 
 // HTTPCall is the Call of r, routed by a net/http ServeMux (Go 1.22 patterns): the route is r.Pattern without its
-// method, the parameters its wildcards' values, the attempt its valid Attempt-Id header or a new one.
+// method, the parameters its wildcards' values, the attempt its valid Attempt-Id header or a new one. The caller
+// is auth.Middleware's principal or, for a service with its own authentication, the one WithCaller put in the
+// request's context, as idemgin.Call has it.
 func HTTPCall(r *http.Request) Call {
 	caller, _ := CallerFrom(r.Context())
+	if p, ok := auth.Lookup(r.Context()); ok {
+		caller = Caller{AccountID: p.AccountID, Actor: p.Actor()}
+	}
 	route := r.Pattern
 	if _, path, ok := strings.Cut(route, " "); ok {
 		route = path
@@ -57,7 +63,7 @@ func HTTPCall(r *http.Request) Call {
 		AttemptID: ids.AttemptIDOf(r.Header)}
 }
 
-// WriteAnswer writes a on w; a problem goes through problem.WriteHTTP.
+// WriteAnswer writes a on w; a problem goes through problem.Write.
 func WriteAnswer(w http.ResponseWriter, r *http.Request, a Answer) {
 	for name, values := range a.Header {
 		w.Header()[name] = values
