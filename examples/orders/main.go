@@ -33,6 +33,7 @@ import (
 	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -60,7 +61,7 @@ type createOrder struct {
 	Quantity int    `json:"quantity"`
 }
 
-// Validate runs before the claim (httpserver.DecodeCommand): a refused request never burns its key.
+// Validate runs before the claim (httpjson.DecodeCommand): a refused request never burns its key.
 func (c *createOrder) Validate() error {
 	var fields []problem.FieldError
 	fields = problem.CheckText(fields, "customer", c.Customer, 100, true)
@@ -78,7 +79,7 @@ func (c *createOrder) Validate() error {
 func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 	api.POST("/v1/orders", func(c *gin.Context) {
 		var cmd createOrder
-		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
 			httpserver.WriteProblem(c, err)
 			return
 		}

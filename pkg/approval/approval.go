@@ -37,6 +37,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -529,7 +530,7 @@ func Routes(r gin.IRouter, s *Service) {
 
 func (s *Service) create(c *gin.Context) {
 	var req Request
-	if err := httpserver.DecodeCommand(c, &req); err != nil {
+	if err := httpjson.DecodeCommand(c.Request, &req); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -587,7 +588,7 @@ func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Ap
 
 func (s *Service) decide(c *gin.Context, to State) {
 	var none struct{}
-	if err := httpserver.DecodeActionBody(c, &none); err != nil {
+	if err := httpjson.DecodeAction(c.Request, &none); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}

@@ -10,27 +10,21 @@
 package httpserver
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
 	"net/netip"
-	"reflect"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/ids"
-	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -174,58 +168,6 @@ func bodyLimit(limit int64) gin.HandlerFunc {
 	}
 }
 
-// DecodeJSON reads the request body into v strictly (see DecodeJSONBytes): a JSON object, no unknown, duplicate
-// or case-folded member names, no trailing data, types as declared: 400 invalid_request otherwise; a number that
-// RFC 8785 would write as another (beyond what a double holds exactly) is 422 validation_failed naming it. Both
-// before anything is claimed or stored.
-func DecodeJSON(c *gin.Context, v any) error {
-	if ct := c.GetHeader("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && mt != "application/problem+json") {
-			return problem.New("unsupported_media_type", "send Content-Type: application/json")
-		}
-	}
-	body, err := io.ReadAll(c.Request.Body)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return problem.New("body_too_large", "request body is larger than %d bytes", tooLarge.Limit)
-		}
-		return problem.New("invalid_request", "could not read the request body")
-	}
-	return DecodeJSONBytes(body, v)
-}
-
-// DecodeJSONBytes is DecodeJSON for a body already read, such as the proposed body of an approval request, so
-// that it is held to exactly the rules its write will be. Strict means: nested at most jsondepth.Max levels,
-// UTF-8, one JSON value, no unknown member, no member twice in one object, no name that matches a field only
-// by case, no escape of half a surrogate pair, at any depth; so what is decoded is the only way to read the
-// body, and the fingerprint, an approver's summary and the write all see the same request. A body nested
-// deeper is refused before it is walked, after one pass over at most its bytes.
-func DecodeJSONBytes(body []byte, v any) error {
-	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' {
-		return problem.New("invalid_request", "the request body must be a JSON object")
-	}
-	if err := jsondepth.Check(body); err != nil {
-		return problem.New("invalid_request", "malformed JSON: %v", err)
-	}
-	if !utf8.Valid(body) {
-		return problem.New("invalid_request", "malformed JSON: the body is not valid UTF-8")
-	}
-	if err := checkMemberNames(body, reflect.TypeOf(v)); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return problem.New("invalid_request", "malformed JSON: %s", describeJSONError(err))
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return problem.New("invalid_request", "malformed JSON: data after the JSON object")
-	}
-	return nil
-}
-
 // JSON writes v as the JSON answer with status. Every JSON answer of retrysafe, stored, replayed or written
 // here, says Content-Type: application/json, without the charset parameter gin's c.JSON adds (JSON is UTF-8;
 // RFC 8259 defines no charset), so a client sees one media type for every answer.
@@ -247,64 +189,6 @@ func (r jsonRender) Render(w http.ResponseWriter) error {
 
 func (jsonRender) WriteContentType(w http.ResponseWriter) {
 	w.Header()["Content-Type"] = []string{"application/json"}
-}
-
-// DecodeActionBody is the one rule for the body of an action endpoint (cancel, capture, rollback, approve,
-// deny), whose fields are all optional: an empty body (no bytes, or only white space) means {}; any other body
-// is decoded strictly into v as DecodeJSON does, so `{"x":1}` is 400 invalid_request like an unknown field
-// anywhere. An action without fields decodes into a struct{}.
-func DecodeActionBody(c *gin.Context, v any) error {
-	if c.Request.Body == nil || c.Request.Body == http.NoBody {
-		return nil
-	}
-	body, err := io.ReadAll(c.Request.Body)
-	if err != nil {
-		return DecodeJSON(c, v) // reports the read error as DecodeJSON does
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return nil
-	}
-	c.Request.Body = io.NopCloser(bytes.NewReader(body))
-	return DecodeJSON(c, v)
-}
-
-// DecodeActionCommand is DecodeActionBody, then cmd.Validate (defaults apply to an empty body too).
-func DecodeActionCommand(c *gin.Context, cmd Command) error {
-	if err := DecodeActionBody(c, cmd); err != nil {
-		return err
-	}
-	return cmd.Validate()
-}
-
-// Command is a request body that can check itself and apply its defaults.
-type Command interface{ Validate() error }
-
-// DecodeCommand decodes the body strictly into cmd, then validates it: both before any idempotency claim, so
-// a refused request never burns its key.
-func DecodeCommand(c *gin.Context, cmd Command) error {
-	if err := DecodeJSON(c, cmd); err != nil {
-		return err
-	}
-	return cmd.Validate()
-}
-
-func describeJSONError(err error) string {
-	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
-		if typeErr.Field != "" {
-			return fmt.Sprintf("field %q must be %s", typeErr.Field, typeErr.Type.String())
-		}
-		return "the request body must be a JSON object"
-	}
-	var syntaxErr *json.SyntaxError
-	if errors.As(err, &syntaxErr) {
-		return fmt.Sprintf("syntax error at byte %d", syntaxErr.Offset)
-	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return "unexpected end of input"
-	}
-	// json reports unknown fields as `json: unknown field "x"`; that text names the field and nothing private.
-	return err.Error()
 }
 
 // Serve runs handler on addr, within limits, until ctx ends, then shuts down gracefully within 10 seconds.

@@ -9,6 +9,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -20,7 +21,7 @@ type createNote struct {
 	Text string `json:"text"`
 }
 
-// Validate is the command's own check (httpserver.DecodeCommand calls it): 422 before any key is claimed.
+// Validate is the command's own check (httpjson.DecodeCommand calls it): 422 before any key is claimed.
 func (c createNote) Validate() error {
 	if c.Text == "" {
 		return problem.Validation(problem.FieldError{Field: "text", Message: "is required"})
@@ -76,7 +77,7 @@ func Example_gin() {
 	r := gin.New()
 	r.POST("/v1/notes", func(c *gin.Context) {
 		var cmd createNote
-		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
 			httpserver.WriteProblem(c, err)
 			return
 		}
@@ -103,7 +104,7 @@ func ExampleRunExternal() {
 	r := gin.New()
 	r.POST("/v1/messages", func(c *gin.Context) {
 		var cmd createNote
-		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
 			httpserver.WriteProblem(c, err)
 			return
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -68,7 +69,7 @@ func setupExternal(t *testing.T, lease time.Duration, opts ...servicetest.Option
 	charges := func(c *gin.Context) {
 		requests.Store(c.GetHeader("Idempotency-Key"), c.Request.Context())
 		var cmd chargeCommand
-		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
 			httpserver.WriteProblem(c, err)
 			return
 		}

@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -49,7 +50,7 @@ func (d *Decider) Routes(r gin.IRouter) {
 			return
 		}
 		var dec opstatus.Decision
-		if err := httpserver.DecodeJSON(c, &dec); err != nil {
+		if err := httpjson.Decode(c.Request, &dec); err != nil {
 			httpserver.WriteProblem(c, err)
 			return
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -50,7 +51,7 @@ func accepted(d Deploy) idem.Result {
 
 func (s *Server) createDeploy(c *gin.Context) {
 	var cmd CreateDeploy
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+	if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -81,7 +82,7 @@ func (s *Server) createDeploy(c *gin.Context) {
 
 func (s *Server) rollbackDeploy(c *gin.Context) {
 	var cmd RollbackDeploy
-	if err := httpserver.DecodeActionCommand(c, &cmd); err != nil {
+	if err := httpjson.DecodeActionCommand(c.Request, &cmd); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -117,7 +118,7 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 // Idempotency-Key: cancelling a cancelled deploy answers it again and records nothing new.
 func (s *Server) cancelDeploy(c *gin.Context) {
 	var none struct{}
-	if err := httpserver.DecodeActionBody(c, &none); err != nil {
+	if err := httpjson.DecodeAction(c.Request, &none); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -200,7 +201,7 @@ func approvedVersion(ctx context.Context, tx *gorm.DB, op opstatus.Operation, ap
 // used.
 func (s *Server) describeDeploy(ctx context.Context, accountID string, _ map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var cmd CreateDeploy
-	if err := httpserver.DecodeJSONBytes(body, &cmd); err != nil {
+	if err := httpjson.DecodeBytes(body, &cmd); err != nil {
 		return nil, nil, err
 	}
 	if err := cmd.Validate(); err != nil {
@@ -231,7 +232,7 @@ func (s *Server) describeDeploy(ctx context.Context, accountID string, _ map[str
 // rollback target.
 func (s *Server) describeRollback(ctx context.Context, accountID string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var cmd RollbackDeploy
-	if err := httpserver.DecodeJSONBytes(body, &cmd); err != nil {
+	if err := httpjson.DecodeBytes(body, &cmd); err != nil {
 		return nil, nil, err
 	}
 	if err := cmd.Validate(); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -130,7 +131,7 @@ func send[T any](ctx context.Context, s *Server, op opstatus.Operation, call fun
 
 func (s *Server) createIntent(c *gin.Context) {
 	var req CreateIntentRequest
-	if err := httpserver.DecodeJSON(c, &req); err != nil {
+	if err := httpjson.Decode(c.Request, &req); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -173,7 +174,7 @@ func (s *Server) captureCommand(ctx context.Context, account, intentID string, r
 
 func (s *Server) describeCapture(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var req CaptureRequest
-	if err := httpserver.DecodeJSONBytes(body, &req); err != nil {
+	if err := httpjson.DecodeBytes(body, &req); err != nil {
 		return nil, nil, err
 	}
 	cmd, in, err := s.captureCommand(ctx, account, params["id"], req)
@@ -188,7 +189,7 @@ func (s *Server) describeCapture(ctx context.Context, account string, params map
 
 func (s *Server) capture(c *gin.Context) {
 	var req CaptureRequest
-	if err := httpserver.DecodeActionBody(c, &req); err != nil {
+	if err := httpjson.DecodeAction(c.Request, &req); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -221,7 +222,7 @@ func (s *Server) capture(c *gin.Context) {
 
 func (s *Server) cancel(c *gin.Context) {
 	var req CancelRequest
-	if err := httpserver.DecodeActionBody(c, &req); err != nil {
+	if err := httpjson.DecodeAction(c.Request, &req); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -255,7 +256,7 @@ func (s *Server) refundCommand(ctx context.Context, account, intentID string, re
 
 func (s *Server) describeRefund(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var req CreateRefundRequest
-	if err := httpserver.DecodeJSONBytes(body, &req); err != nil {
+	if err := httpjson.DecodeBytes(body, &req); err != nil {
 		return nil, nil, err
 	}
 	cmd, in, err := s.refundCommand(ctx, account, params["id"], req)
@@ -276,7 +277,7 @@ func (s *Server) describeRefund(ctx context.Context, account string, params map[
 
 func (s *Server) createRefund(c *gin.Context) {
 	var req CreateRefundRequest
-	if err := httpserver.DecodeJSON(c, &req); err != nil {
+	if err := httpjson.Decode(c.Request, &req); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -37,7 +38,7 @@ type CreateResult struct {
 
 func (s *Server) createTicket(c *gin.Context) {
 	var cmd CreateTicket
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+	if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -113,7 +114,7 @@ func (s *Server) listTickets(c *gin.Context) {
 
 func (s *Server) addComment(c *gin.Context) {
 	var cmd AddComment
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+	if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
@@ -146,7 +147,7 @@ func (s *Server) listComments(c *gin.Context) {
 // time and records no second change, so it needs no Idempotency-Key.
 func (s *Server) setStatus(c *gin.Context) {
 	var cmd SetStatus
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
+	if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
 		httpserver.WriteProblem(c, err)
 		return
 	}
