@@ -98,10 +98,9 @@ func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
 		_ = json.NewEncoder(w).Encode(map[string]any{"items": notes})
 	})
 	// The operations routes, so an agent can look an operation up before it retries (docs/agents.md).
-	operations := opstatus.Handler(db)
-	mux.Handle("GET /v1/operations", operations)
-	mux.Handle("GET /v1/operations/{id}", operations)
-	mux.Handle("GET /v1/operations/{id}/timeline", operations)
+	for pattern, h := range opstatus.Routes(db) {
+		mux.Handle(pattern, h)
+	}
 	return authenticate(token, mux)
 }
 

@@ -38,7 +38,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/pkg/opstatus/opstatusgin"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -104,7 +103,7 @@ func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 		}
 		httpserver.JSON(c, http.StatusOK, gin.H{"items": orders})
 	})
-	opstatusgin.Routes(api, db) // GET /v1/operations/{id}, .../timeline, ?idempotency_key=K
+	httpserver.Mount(api, opstatus.Routes(db)) // GET /v1/operations/{id}, .../timeline, ?idempotency_key=K
 }
 
 func main() {

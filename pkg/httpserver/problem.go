@@ -1,7 +1,10 @@
 package httpserver
 
 import (
+	"maps"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -39,4 +42,39 @@ func Wrap(mw func(http.Handler) http.Handler) gin.HandlerFunc {
 			c.Abort()
 		}
 	}
+}
+
+// Mount registers net/http handlers keyed by ServeMux pattern ("GET /v1/operations/{id}", as opstatus.Routes
+// and approval's Service.Routes give them) on r as gin routes ("/v1/operations/:id"). gin routes; the handler
+// gets the request as a ServeMux would pass it, its Pattern and path values set, and is not routed again.
+func Mount(r gin.IRouter, routes map[string]http.Handler) {
+	for _, pattern := range slices.Sorted(maps.Keys(routes)) {
+		method, path, _ := strings.Cut(pattern, " ")
+		h := routes[pattern]
+		r.Handle(method, ginPath(path), func(c *gin.Context) {
+			c.Request.Pattern = pattern
+			for _, p := range c.Params {
+				c.Request.SetPathValue(p.Key, p.Value)
+			}
+			h.ServeHTTP(c.Writer, c.Request)
+		})
+	}
+}
+
+// ginPath is the gin template of a ServeMux path: {name} is :name, {name...} is *name.
+func ginPath(path string) string {
+	segments := strings.Split(path, "/")
+	for i, s := range segments {
+		name, ok := strings.CutPrefix(s, "{")
+		if !ok {
+			continue
+		}
+		name = strings.TrimSuffix(name, "}")
+		if rest, ok := strings.CutSuffix(name, "..."); ok {
+			segments[i] = "*" + rest
+		} else {
+			segments[i] = ":" + name
+		}
+	}
+	return strings.Join(segments, "/")
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/opstatus/opstatusgin"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Routes of the writes that take approvals; ApprovalRoutes and Routes share them.
@@ -25,7 +25,7 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.POST("/v1/deploys/:id/cancel", deploy, s.cancelDeploy)
 	r.POST(pathRollback, deploy, s.rollbackDeploy)
 	r.GET("/v1/environments/:name", httpserver.PathParam("name", "environment", namePattern.MatchString), s.getEnvironment)
-	opstatusgin.Routes(r, s.DB)
+	httpserver.Mount(r, opstatus.Routes(s.DB))
 	approval.Routes(r, s.Approvals)
 }
 

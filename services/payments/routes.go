@@ -5,7 +5,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/opstatus/opstatusgin"
+	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Route templates that approvals bind to.
@@ -25,6 +25,6 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.POST(routeRefunds, intent, s.createRefund)
 	r.GET(routeRefunds, intent, s.listRefunds)
 	r.GET("/v1/refunds/:id", httpserver.PathID("id", "re_", "refund"), s.getRefund)
-	opstatusgin.Routes(r, s.db)
+	httpserver.Mount(r, opstatus.Routes(s.db))
 	approval.Routes(r, s.approvals)
 }
