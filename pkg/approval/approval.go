@@ -12,9 +12,9 @@
 //			return cmd, map[string]any{"environment": cmd.Environment, "artifact": cmd.Artifact}, err
 //		},
 //	})
-//	approval.Routes(api, approvals)
+//	httpserver.Mount(api, approvals.Routes()) // or, on a ServeMux, mux.Handle(pattern, h) for each
 //	// in the write's handler:
-//	h.Do(c, idem.Request{Kind: "deploys.create", Command: cmd, Guard: approvals.Guard(c, cmd.Environment == "production"),
+//	h.Handle(w, r, idem.Request{Kind: "deploys.create", Command: cmd, Guard: approvals.Guard(r.Header, cmd.Environment == "production"),
 //		Takes: []string{approval.HeaderApprovalID}}, write)
 //
 // The guard runs only after a new claim, so a replay of an approved request needs no new approval.
@@ -32,15 +32,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpjson"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
-	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -345,8 +342,8 @@ func (s *Service) bind(ctx context.Context, accountID string, req Request) (boun
 // Guard returns the idem.Request.Guard for a write, which requires an approval when required is true. It runs
 // in the claim transaction and marks the approval used by the operation, so one approval authorizes one
 // operation. The write's idem.Request takes HeaderApprovalID (Takes).
-func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
-	return s.GuardWhen(c, func(context.Context, *gorm.DB) (bool, error) { return required, nil })
+func (s *Service) Guard(h http.Header, required bool) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
+	return s.GuardWhen(h, func(context.Context, *gorm.DB) (bool, error) { return required, nil })
 }
 
 // GuardWhen is Guard for a write whose need of approval depends on what is stored (a running total of
@@ -354,8 +351,8 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 // the write see the same state. An Approval-Id sent is checked whether or not it is needed: one that cannot
 // apply to the request (unknown, of another request, of one that supersedes an operation this one does not)
 // is refused, never ignored.
-func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
-	id, supersedes := c.GetHeader(HeaderApprovalID), c.GetHeader(idem.HeaderSupersedes)
+func (s *Service) GuardWhen(h http.Header, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
+	id, supersedes := h.Get(HeaderApprovalID), h.Get(idem.HeaderSupersedes)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
 		need, err := needed(ctx, tx)
 		switch {
@@ -375,8 +372,8 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 // be approved, unexpired and unused, of this exact request, and name in supersedes_operation_id the operation
 // the write supersedes, so the person who approved it was shown that operation (its state, last dispatch and
 // reason: the summary's "supersedes"). Without one, the write is refused as idem refuses it.
-func (s *Service) SupersedeUnknown(c *gin.Context) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error) {
-	id := c.GetHeader(HeaderApprovalID)
+func (s *Service) SupersedeUnknown(h http.Header) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error) {
+	id := h.Get(HeaderApprovalID)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error) {
 		if id == "" {
 			return false, nil
@@ -505,42 +502,55 @@ func UsedBy(ctx context.Context, tx *gorm.DB, op opstatus.Operation, id string) 
 const columns = `id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by,
 decided_by, decided_at, expires_at, used_by_operation_id, created_at, body`
 
-// The routes of the approval endpoints (gin templates).
+// The routes of the approval endpoints (ServeMux paths).
 const (
 	pathRequest = "/v1/approvals"
-	pathGet     = "/v1/approvals/:id"
-	pathApprove = "/v1/approvals/:id/approve"
-	pathDeny    = "/v1/approvals/:id/deny"
-	pathRevoke  = "/v1/approvals/:id/revoke"
+	pathGet     = "/v1/approvals/{id}"
+	pathApprove = "/v1/approvals/{id}/approve"
+	pathDeny    = "/v1/approvals/{id}/deny"
+	pathRevoke  = "/v1/approvals/{id}/revoke"
 )
 
 // WriteRoutes are the write routes of Routes: asking for an approval and deciding one. They are the only
 // writes an approver key may send (auth.AgentWrites).
 func WriteRoutes() []string { return []string{pathRequest, pathApprove, pathDeny, pathRevoke} }
 
-// Routes registers the approval endpoints on r, which must be behind auth.Middleware.
-func Routes(r gin.IRouter, s *Service) {
-	r.POST(pathRequest, s.create)
-	approval := httpserver.PathID("id", idPrefix, "approval")
-	r.GET(pathGet, approval, s.get)
-	r.POST(pathApprove, approval, func(c *gin.Context) { s.decide(c, StateApproved) })
-	r.POST(pathDeny, approval, func(c *gin.Context) { s.decide(c, StateDenied) })
-	r.POST(pathRevoke, approval, func(c *gin.Context) { s.decide(c, StateRevoked) })
+// Routes are the approval endpoints, keyed by ServeMux pattern; they must be behind auth.Middleware. A gin
+// router mounts them with httpserver.Mount.
+func (s *Service) Routes() map[string]http.Handler {
+	return map[string]http.Handler{
+		"POST " + pathRequest: http.HandlerFunc(s.create),
+		"GET " + pathGet:      s.approval(s.get),
+		"POST " + pathApprove: s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateApproved) }),
+		"POST " + pathDeny:    s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateDenied) }),
+		"POST " + pathRevoke:  s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateRevoked) }),
+	}
 }
 
-func (s *Service) create(c *gin.Context) {
+// approval answers 404 for an {id} no approval can have, before h reads anything.
+func (s *Service) approval(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !ids.Valid(idPrefix, r.PathValue("id")) {
+			problem.Write(w, r, problem.NotFound("approval"))
+			return
+		}
+		h(w, r)
+	})
+}
+
+func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	var req Request
-	if err := httpjson.DecodeCommand(c.Request, &req); err != nil {
-		httpserver.WriteProblem(c, err)
+	if err := httpjson.DecodeCommand(r, &req); err != nil {
+		problem.Write(w, r, err)
 		return
 	}
-	p := auth.From(c.Request.Context())
-	b, err := s.bind(c.Request.Context(), p.AccountID, req)
+	p := auth.From(r.Context())
+	b, err := s.bind(r.Context(), p.AccountID, req)
 	if err != nil {
-		httpserver.WriteProblem(c, err)
+		problem.Write(w, r, err)
 		return
 	}
-	idemgin.Do(s.idem, c, idem.Request{Kind: "approvals.request", Command: b},
+	s.idem.Handle(w, r, idem.Request{Kind: "approvals.request", Command: b},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			summary, err := json.Marshal(b.Summary)
 			if err != nil {
@@ -561,13 +571,13 @@ RETURNING `+columns,
 		})
 }
 
-func (s *Service) get(c *gin.Context) {
-	a, err := load(c.Request.Context(), s.db, auth.From(c.Request.Context()).AccountID, c.Param("id"), false)
+func (s *Service) get(w http.ResponseWriter, r *http.Request) {
+	a, err := load(r.Context(), s.db, auth.From(r.Context()).AccountID, r.PathValue("id"), false)
 	if err != nil {
-		httpserver.WriteProblem(c, err)
+		problem.Write(w, r, err)
 		return
 	}
-	httpserver.JSON(c, http.StatusOK, a.shown(s.now()))
+	httpjson.Write(w, r, http.StatusOK, a.shown(s.now()))
 }
 
 func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {
@@ -586,18 +596,18 @@ func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Ap
 	return a, nil
 }
 
-func (s *Service) decide(c *gin.Context, to State) {
+func (s *Service) decide(w http.ResponseWriter, r *http.Request, to State) {
 	var none struct{}
-	if err := httpjson.DecodeAction(c.Request, &none); err != nil {
-		httpserver.WriteProblem(c, err)
+	if err := httpjson.DecodeAction(r, &none); err != nil {
+		problem.Write(w, r, err)
 		return
 	}
-	a, err := decide(c.Request.Context(), s.db, auth.From(c.Request.Context()), c.Param("id"), to, s.now())
+	a, err := decide(r.Context(), s.db, auth.From(r.Context()), r.PathValue("id"), to, s.now())
 	if err != nil {
-		httpserver.WriteProblem(c, err)
+		problem.Write(w, r, err)
 		return
 	}
-	httpserver.JSON(c, http.StatusOK, a)
+	httpjson.Write(w, r, http.StatusOK, a)
 }
 
 // Decide records p's decision on approval id of p's account: StateApproved or StateDenied for a pending

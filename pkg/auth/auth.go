@@ -160,8 +160,8 @@ func Middleware(ks *Keys) func(http.Handler) http.Handler {
 
 // AgentWrites keeps the roles apart: agent keys write, approver keys read and decide. A write (any method but
 // GET, HEAD and OPTIONS) by a key that is not an agent key is 403 forbidden, before anything is decoded or
-// stored, except on the routes listed in approverWrites (route templates, compared with the path of
-// r.Pattern): the approval endpoints and the resolution of an unknown operation. An approver key is a person's,
+// stored, except on the routes listed in approverWrites (route templates, in ServeMux or gin syntax, compared
+// with the path of r.Pattern): the approval endpoints and the resolution of an unknown operation. An approver key is a person's,
 // held to approve what agents ask; if it could also send the writes, one stolen approver key would be an agent
 // key that can approve others' requests too. It runs after Middleware, on the request its router matched: behind
 // a ServeMux, wrap each route's handler (the mux sets r.Pattern before it calls it); in gin, httpserver.Wrap
@@ -171,7 +171,7 @@ func Middleware(ks *Keys) func(http.Handler) http.Handler {
 func AgentWrites(approverWrites ...string) func(http.Handler) http.Handler {
 	allowed := make(map[string]bool, len(approverWrites))
 	for _, r := range approverWrites {
-		allowed[r] = true
+		allowed[template(r)] = true
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -179,6 +179,7 @@ func AgentWrites(approverWrites ...string) func(http.Handler) http.Handler {
 			if _, path, ok := strings.Cut(route, " "); ok {
 				route = path
 			}
+			route = template(route)
 			switch {
 			case r.Method == http.MethodGet, r.Method == http.MethodHead, r.Method == http.MethodOptions:
 			case From(r.Context()).Role != RoleAgent && !allowed[route]:
@@ -189,6 +190,17 @@ func AgentWrites(approverWrites ...string) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// template writes a route template one way, a ServeMux's: gin's :name segment is {name}.
+func template(route string) string {
+	segments := strings.Split(route, "/")
+	for i, s := range segments {
+		if name, ok := strings.CutPrefix(s, ":"); ok {
+			segments[i] = "{" + name + "}"
+		}
+	}
+	return strings.Join(segments, "/")
 }
 
 // Lookup returns the authenticated principal of a request's context, if it has one (the access log asks every

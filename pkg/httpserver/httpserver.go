@@ -1,11 +1,19 @@
-// Package httpserver is the HTTP plumbing every retrysafe service shares: a gin engine with JSON access logs,
-// panic recovery into problem+json, a request body limit, CheckURL for every path parameter and query value
-// before a handler sees it, health endpoints, strict JSON decoding, and a server that caps its connections
-// (Limits) and shuts down gracefully when its context ends.
+// Package httpserver is the gin side of retrysafe: the HTTP plumbing every gin service shares, and the adapters
+// that put the core's net/http pieces on a gin router.
+//
+// The core (problem, auth, idem, opstatus, approval, httpjson) speaks context, net/http and its own types and
+// imports no router. A gin service reaches it through this package and the adapters beside the core
+// packages they adapt (idem/idemgin): WriteProblem writes a problem on a *gin.Context, Wrap mounts net/http
+// middleware (auth.Middleware, auth.AgentWrites), Mount registers routes given by ServeMux pattern
+// (opstatus.Routes, approval's Service.Routes) as gin routes. The plumbing: a gin engine with JSON access
+// logs, panic recovery into problem+json, a request body limit, CheckURL for every path parameter and query
+// value before a handler sees it, health endpoints, and a server that caps its connections (Limits) and shuts
+// down gracefully when its context ends.
 //
 //	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20})
-//	api := r.Group("", auth.Middleware(keys))
+//	api := r.Group("", httpserver.Wrap(auth.Middleware(keys)))
 //	tickets.Routes(api, svc)
+//	httpserver.Mount(api, opstatus.Routes(db))
 //	err := httpserver.Serve(ctx, ":8081", r, logger, httpserver.Limits{})
 package httpserver
 
@@ -113,6 +121,7 @@ const attemptKey = "retrysafe.attempt"
 func attempt(c *gin.Context) {
 	id := ids.AttemptIDOf(c.Request.Header)
 	c.Set(attemptKey, id)
+	c.Request = c.Request.WithContext(ids.WithAttemptID(c.Request.Context(), id))
 	c.Header(ids.HeaderAttemptID, id)
 	c.Next()
 }

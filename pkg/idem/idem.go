@@ -199,7 +199,7 @@ type Call struct {
 	AttemptID string
 }
 
-// Answer is what to send back: a response, or Err, a problem to render (problem.WriteHTTP, problem.Write) with
+// Answer is what to send back: a response, or Err, a problem to render (problem.Write) with
 // Header's headers.
 type Answer struct {
 	Status int

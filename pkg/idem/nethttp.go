@@ -60,7 +60,7 @@ func HTTPCall(r *http.Request) Call {
 		}
 	}
 	return Call{Method: r.Method, Route: route, Params: params, Header: r.Header, Caller: caller,
-		AttemptID: ids.AttemptIDOf(r.Header)}
+		AttemptID: ids.AttemptID(r)}
 }
 
 // WriteAnswer writes a on w; a problem goes through problem.Write.

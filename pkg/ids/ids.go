@@ -6,6 +6,7 @@
 package ids
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/google/uuid"
@@ -61,4 +62,20 @@ func ValidSent(id string) bool {
 		}
 	}
 	return true
+}
+
+type attemptKey struct{}
+
+// WithAttemptID returns ctx carrying the attempt id a router gave its request (httpserver's middleware echoes
+// and logs it), so the handlers behind the router, and idem, name the attempt by that id, not another.
+func WithAttemptID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, attemptKey{}, id)
+}
+
+// AttemptID is the attempt id of r: the one WithAttemptID put in its context, else AttemptIDOf(r.Header).
+func AttemptID(r *http.Request) string {
+	if id, ok := r.Context().Value(attemptKey{}).(string); ok {
+		return id
+	}
+	return AttemptIDOf(r.Header)
 }

@@ -46,7 +46,7 @@ func NewFailures(l Limit) *Failures {
 }
 
 // Middleware refuses a client without a token left (429), and after the request counts an answer 401 against
-// it. The refusal does not read the request body and closes the connection (problem.WriteAndClose).
+// it. The refusal does not read the request body and closes the connection (httpserver.RefuseUnread).
 func (f *Failures) Middleware() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		addr, err := netip.ParseAddr(c.ClientIP())

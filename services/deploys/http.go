@@ -57,8 +57,8 @@ func (s *Server) createDeploy(c *gin.Context) {
 	}
 	account := auth.From(c.Request.Context()).AccountID
 	needsApproval, approvalID := s.needsApproval(cmd.Environment), c.GetHeader(approval.HeaderApprovalID)
-	guard := s.Approvals.Guard(c, needsApproval)
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c),
+	guard := s.Approvals.Guard(c.Request.Header, needsApproval)
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			version := cmd.ExpectedEnvironmentVersion
@@ -94,8 +94,8 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	guard := s.Approvals.Guard(c, s.needsApproval(of.Environment))
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c),
+	guard := s.Approvals.Guard(c.Request.Header, s.needsApproval(of.Environment))
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			plan, err := s.Store.RollbackPlan(ctx, tx, account, id)

@@ -26,7 +26,7 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.POST(pathRollback, deploy, s.rollbackDeploy)
 	r.GET("/v1/environments/:name", httpserver.PathParam("name", "environment", namePattern.MatchString), s.getEnvironment)
 	httpserver.Mount(r, opstatus.Routes(s.DB))
-	approval.Routes(r, s.Approvals)
+	httpserver.Mount(r, s.Approvals.Routes())
 }
 
 // ApprovalRoutes are the writes of the service that can need a person's approval, for approval.New.

@@ -201,8 +201,8 @@ func (s *Server) capture(c *gin.Context) {
 	}
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{
-		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
-		SupersedeUnknown: s.approvals.SupersedeUnknown(c), Takes: []string{approval.HeaderApprovalID},
+		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c.Request.Header, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
+		SupersedeUnknown: s.approvals.SupersedeUnknown(c.Request.Header), Takes: []string{approval.HeaderApprovalID},
 	}, idem.ExternalSteps[provider.Capture]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
@@ -305,7 +305,7 @@ func (s *Server) createRefund(c *gin.Context) {
 	}
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{
-		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed), SupersedeUnknown: s.approvals.SupersedeUnknown(c),
+		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c.Request.Header, needed), SupersedeUnknown: s.approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID, HeaderRemediates},
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
