@@ -45,7 +45,7 @@ type Decider struct {
 // Routes registers POST /v1/operations/{id}/resolution on r, which must be behind auth.Middleware.
 func (d *Decider) Routes(r gin.IRouter) {
 	r.POST(Path, httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
-		if err := mayDecide(c); err != nil {
+		if err := mayDecide(c.Request.Context()); err != nil {
 			httpserver.WriteProblem(c, err)
 			return
 		}
@@ -54,38 +54,38 @@ func (d *Decider) Routes(r gin.IRouter) {
 			httpserver.WriteProblem(c, err)
 			return
 		}
-		idemgin.Write(c, d.decide(c, idemgin.Call(c), c.Param("id"), dec))
+		idemgin.Write(c, d.decide(c.Request.Context(), idemgin.Call(c), c.Param("id"), dec))
 	})
 }
 
-// DecideForm records the decision of a form on c (the console's operation page, behind its session and CSRF
+// DecideForm records the decision of a form on r (the console's operation page, behind its session and CSRF
 // check) on operation id under Idempotency-Key key, exactly as the API would: the same key sent both ways is
 // one decision. It returns the problem that refused it, if any.
-func (d *Decider) DecideForm(c *gin.Context, id, key string, dec opstatus.Decision) error {
-	if err := mayDecide(c); err != nil {
+func (d *Decider) DecideForm(r *http.Request, id, key string, dec opstatus.Decision) error {
+	if err := mayDecide(r.Context()); err != nil {
 		return err
 	}
-	call := idemgin.Call(c)
+	call := idem.HTTPCall(r)
 	call.Method, call.Route, call.Params = http.MethodPost, Path, map[string]string{"id": id}
 	call.Header = http.Header{"Idempotency-Key": {key}}
-	return d.decide(c, call, id, dec).Err
+	return d.decide(r.Context(), call, id, dec).Err
 }
 
 // mayDecide refuses any key but an approver's before anything is read or claimed.
-func mayDecide(c *gin.Context) error {
-	if auth.From(c.Request.Context()).Role != auth.RoleApprover {
+func mayDecide(ctx context.Context) error {
+	if auth.From(ctx).Role != auth.RoleApprover {
 		return problem.New("forbidden", "only a key with role approver can decide an operation's outcome: nothing was done")
 	}
 	return nil
 }
 
-func (d *Decider) decide(c *gin.Context, call idem.Call, id string, dec opstatus.Decision) idem.Answer {
+func (d *Decider) decide(ctx context.Context, call idem.Call, id string, dec opstatus.Decision) idem.Answer {
 	// Validated first: a refused decision never burns its key.
 	if err := dec.Validate(); err != nil {
 		return idem.Answer{Err: err}
 	}
-	p := auth.From(c.Request.Context())
-	return d.Idem.Run(c.Request.Context(), call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}},
+	p := auth.From(ctx)
+	return d.Idem.Run(ctx, call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			op, err := opstatus.Resolve(ctx, tx, p.AccountID, id, p.Actor(), dec, d.Resolvers, d.Services)
 			if err != nil {

@@ -166,13 +166,17 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		if decider != nil {
 			o.Resolve = decider.DecideForm
 		}
-		if h.AuthFailures != nil {
-			o.Throttle = h.AuthFailures.Middleware()
-		}
-		err := console.Mount(r, o)
+		routes, err := console.Routes(o)
 		if err != nil {
 			panic(err) // the templates are embedded: a template that does not parse is a bug no request can cause
 		}
+		// The security headers go first, so a sign-in the throttle refuses (refused sign-ins count against the
+		// client as unknown API keys do) carries them too.
+		chain := []gin.HandlerFunc{httpserver.Wrap(console.SecurityHeaders)}
+		if h.AuthFailures != nil {
+			chain = append(chain, h.AuthFailures.Middleware())
+		}
+		httpserver.Mount(r.Group("", chain...), routes)
 	}
 	return r
 }
