@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the two adopter examples, each its own module with gorm opened with its default config, and runs
 # `retrysafe conformance` on each, every case, case 7 included:
-#   examples/notes   plain net/http, the operations routes; examples/conformance/notes.json
+#   examples/notes   plain net/http, pkg/auth, the operations routes, the console; examples/conformance/notes.json
 #   examples/orders  gin, idemgin, pkg/auth, the operations routes; examples/conformance/orders.json
 # For case 7 an example runs with RETRYSAFE_FAILPOINTS=idem.after_claim=pause, and the kill hook SIGKILLs it
 # once it holds a claim and starts it again on the same address. Each example gets a database of its own on the
@@ -109,6 +109,22 @@ notes_operations() {
     return 1
   fi
   echo "examples/notes: the operations routes find the write by its key"
+  notes_console "$id"
+}
+
+# notes_console OP: a person signs in to the console of examples/notes with its key, and its operation page
+# shows OP's timeline.
+notes_console() {
+  local jar="$work/notes-console.jar" csrf page
+  csrf=$(curl -s -c "$jar" "http://$ADDR/console/signin" | grep -o 'name="csrf_token" value="[^"]*"' | cut -d'"' -f4) || true
+  curl -s -o /dev/null -b "$jar" -c "$jar" "http://$ADDR/console/signin" \
+    --data-urlencode "csrf_token=$csrf" --data-urlencode "key=$NOTES_TOKEN" || true
+  page=$(curl -s -b "$jar" "http://$ADDR/console/operations/$1") || true
+  if [ -z "$csrf" ] || ! grep -qF "$1" <<< "$page" || ! grep -q 'notes.create' <<< "$page"; then
+    echo "examples/notes: the console does not show operation $1 after a sign-in: $page" >&2
+    return 1
+  fi
+  echo "examples/notes: the console shows the operation to a person signed in with the key"
 }
 
 notes() {

@@ -7,7 +7,9 @@
 //
 // POST /v1/notes {"author": "...", "text": "..."} with an Idempotency-Key creates a note once per key;
 // GET /v1/notes?author= lists an author's notes; GET /v1/operations/{id}, .../timeline and
-// GET /v1/operations?idempotency_key=K (package opstatus) tell an agent what became of a write. It is its own module (go.mod, with a replace to this
+// GET /v1/operations?idempotency_key=K (package opstatus) tell an agent what became of a write; /console
+// (package console) shows a person the account's operations. Requests carry NOTES_TOKEN as a bearer API key
+// (package auth; NOTES_KEY_ID_SECRET, optional, keys the ids that stand for it), the console's sign-in too. It is its own module (go.mod, with a replace to this
 // repository); `make test` builds it and runs `retrysafe conformance` on it, every case including a worker killed
 // after its claim (scripts/example-conformance.sh). RETRYSAFE_FAILPOINTS (package failpoint) lets that test stop
 // it right after a claim.
@@ -15,7 +17,8 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -32,6 +35,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -64,10 +68,12 @@ func (c createNote) validate() error {
 	return nil
 }
 
-// newServer serves the notes API with h; token is the one bearer secret it accepts.
-func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
+// newServer serves the notes API with h behind keys (auth.Middleware), and the console, where a person signs
+// in with a key of keys.
+func newServer(db *gorm.DB, h *idem.Handler, keys *auth.Keys) (http.Handler, error) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/notes", func(w http.ResponseWriter, r *http.Request) {
+	api := auth.Middleware(keys)
+	mux.Handle("POST /v1/notes", api(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var cmd createNote
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
 		dec.DisallowUnknownFields()
@@ -87,8 +93,8 @@ func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
 				}
 				return idem.Result{Status: http.StatusCreated, Body: n, Resource: &opstatus.Resource{Type: "note", ID: n.ID}}, nil
 			})
-	})
-	mux.HandleFunc("GET /v1/notes", func(w http.ResponseWriter, r *http.Request) {
+	})))
+	mux.Handle("GET /v1/notes", api(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var notes []Note
 		if err := db.WithContext(r.Context()).Where("author = ?", r.URL.Query().Get("author")).Order("created_at").Limit(1000).Find(&notes).Error; err != nil {
 			problem.Write(w, r, err)
@@ -96,26 +102,32 @@ func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"items": notes})
-	})
+	})))
 	// The operations routes, so an agent can look an operation up before it retries (docs/agents.md).
 	for pattern, h := range opstatus.Routes(db) {
+		mux.Handle(pattern, api(h))
+	}
+	// The console: the account's operations and their timelines, for a person who signs in with the key.
+	pages, err := console.Routes(console.Options{DB: db, Keys: keys, Service: "notes"})
+	if err != nil {
+		return nil, err
+	}
+	for pattern, h := range pages {
 		mux.Handle(pattern, h)
 	}
-	return authenticate(token, mux)
+	return mux, nil
 }
 
-// authenticate admits requests bearing token and names their caller, the notes account's one agent, as
-// auth.Middleware would (auth.With): idem and the operations routes read it from the request's context.
-func authenticate(token string, next http.Handler) http.Handler {
-	caller := auth.Principal{AccountID: "acct_notes", Role: auth.RoleAgent, KeyID: "notes"}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			problem.Write(w, r, problem.New("unauthorized", "send Authorization: Bearer <token>"))
-			return
-		}
-		next.ServeHTTP(w, r.WithContext(auth.With(r.Context(), caller)))
-	})
+// notesKeys are the API keys of notes: one agent key of the account acct_notes, whose secret is token. Key
+// ids (what operations and the console show instead of the secret) are keyed by idSecret; when it is empty, by
+// one drawn at start, so they change when notes restarts and a restart ends the console's sessions.
+func notesKeys(token, idSecret string) (*auth.Keys, error) {
+	if idSecret == "" {
+		b := make([]byte, 32)
+		_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+		idSecret = hex.EncodeToString(b)
+	}
+	return auth.ParseKeys("acct_notes:agent:"+token, idSecret)
 }
 
 func main() {
@@ -159,7 +171,15 @@ func run() error {
 	}
 	// Pruning (responses kept 72 h, keys 90 days), lease recovery and audit sealing, with their defaults.
 	go h.RunBackground(ctx, idem.Background{})
-	srv := &http.Server{Addr: addr, Handler: newServer(db, h, token), ReadHeaderTimeout: 5 * time.Second,
+	keys, err := notesKeys(token, os.Getenv("NOTES_KEY_ID_SECRET"))
+	if err != nil {
+		return err
+	}
+	handler, err := newServer(db, h, keys)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Addr: addr, Handler: handler, ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second}
 	go func() {
 		<-ctx.Done()
