@@ -9,19 +9,18 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpjson"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
-	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// Path is the route of a decision; approver keys may send it (auth.AgentWrites).
+// Path is the route of a decision as its operations record it (gin's template, which they have always named);
+// approver keys may send it (auth.AgentWrites).
 const Path = "/v1/operations/:id/resolution"
 
 // Kind is the operation kind of a decision.
@@ -42,20 +41,30 @@ type Decider struct {
 	Services  []string
 }
 
-// Routes registers POST /v1/operations/{id}/resolution on r, which must be behind auth.Middleware.
-func (d *Decider) Routes(r gin.IRouter) {
-	r.POST(Path, httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
-		if err := mayDecide(c.Request.Context()); err != nil {
-			httpserver.WriteProblem(c, err)
-			return
-		}
-		var dec opstatus.Decision
-		if err := httpjson.Decode(c.Request, &dec); err != nil {
-			httpserver.WriteProblem(c, err)
-			return
-		}
-		idemgin.Write(c, d.decide(c.Request.Context(), idemgin.Call(c), c.Param("id"), dec))
-	})
+// Routes is POST /v1/operations/{id}/resolution, keyed by its ServeMux pattern; it must be behind
+// auth.Middleware. A gin router mounts it with httpserver.Mount.
+func (d *Decider) Routes() map[string]http.Handler {
+	return map[string]http.Handler{"POST /v1/operations/{id}/resolution": http.HandlerFunc(d.serve)}
+}
+
+func (d *Decider) serve(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !ids.Valid("op_", id) {
+		problem.Write(w, r, problem.NotFound("operation"))
+		return
+	}
+	if err := mayDecide(r.Context()); err != nil {
+		problem.Write(w, r, err)
+		return
+	}
+	var dec opstatus.Decision
+	if err := httpjson.Decode(r, &dec); err != nil {
+		problem.Write(w, r, err)
+		return
+	}
+	call := idem.HTTPCall(r)
+	call.Route = Path // the route operations record, the form's decisions too (DecideForm)
+	idem.WriteAnswer(w, r, d.decide(r.Context(), call, id, dec))
 }
 
 // DecideForm records the decision of a form on r (the console's operation page, behind its session and CSRF

@@ -154,7 +154,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if d.Idem != nil {
 		decider = &resolution.Decider{Idem: d.Idem, Resolvers: mergeResolvers(d.Resolvers, Resolvers(svc)),
 			Services: append(slices.Clip(d.Services), svc.Name())}
-		decider.Routes(group)
+		httpserver.Mount(group, decider.Routes())
 	}
 	var pages []console.Page
 	if cp, ok := svc.(ConsolePages); ok {
