@@ -153,35 +153,9 @@ func Routes(o Options) (map[string]http.Handler, error) {
 	if o.DB == nil || o.Keys == nil {
 		return nil, errors.New("console: Options.DB and Options.Keys are required")
 	}
-	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = IdleTimeout
-	}
-	if o.PageSize <= 0 {
-		o.PageSize = 50
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	if o.MaxSessionsPerKey <= 0 {
-		o.MaxSessionsPerKey = DefaultMaxSessionsPerKey
-	}
-	if len(o.Secret) == 0 {
-		o.Secret = make([]byte, 32)
-		_, _ = rand.Read(o.Secret) // crypto/rand.Read never fails (Go 1.24+)
-	}
-	c := &console{o: o, pages: map[string]*template.Template{}, origins: http.NewCrossOriginProtection()}
-	for _, name := range []string{"signin", "approvals", "operations", "operation", "view", "error"} {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/"+name+".html")
-		if err != nil {
-			return nil, err
-		}
-		c.pages[name] = t
-	}
-	c.nav = []navItem{{"Approvals", Prefix + "/approvals"}, {"Operations", Prefix + "/operations"}}
-	for _, p := range o.Pages {
-		if p.Nav != "" {
-			c.nav = append(c.nav, navItem{p.Nav, Prefix + p.Path})
-		}
+	c, err := newConsole(o.withDefaults())
+	if err != nil {
+		return nil, err
 	}
 	static, err := fs.Sub(staticFiles, "static")
 	if err != nil {
@@ -212,6 +186,46 @@ func Routes(o Options) (map[string]http.Handler, error) {
 		routes[pattern] = SecurityHeaders(h)
 	}
 	return routes, nil
+}
+
+// withDefaults is o with its zero values given their defaults.
+func (o Options) withDefaults() Options {
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = IdleTimeout
+	}
+	if o.PageSize <= 0 {
+		o.PageSize = 50
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.MaxSessionsPerKey <= 0 {
+		o.MaxSessionsPerKey = DefaultMaxSessionsPerKey
+	}
+	if len(o.Secret) == 0 {
+		o.Secret = make([]byte, 32)
+		_, _ = rand.Read(o.Secret) // crypto/rand.Read never fails (Go 1.24+)
+	}
+	return o
+}
+
+// newConsole parses the pages' templates and lays out the navigation.
+func newConsole(o Options) (*console, error) {
+	c := &console{o: o, pages: map[string]*template.Template{}, origins: http.NewCrossOriginProtection()}
+	for _, name := range []string{"signin", "approvals", "operations", "operation", "view", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, err
+		}
+		c.pages[name] = t
+	}
+	c.nav = []navItem{{"Approvals", Prefix + "/approvals"}, {"Operations", Prefix + "/operations"}}
+	for _, p := range o.Pages {
+		if p.Nav != "" {
+			c.nav = append(c.nav, navItem{p.Nav, Prefix + p.Path})
+		}
+	}
+	return c, nil
 }
 
 // staticFile serves name of fsys, as http.FileServer serves it at its own path.
