@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the two adopter examples, each its own module with gorm opened with its default config, and runs
 # `retrysafe conformance` on each, every case, case 7 included:
-#   examples/notes   plain net/http, examples/conformance/notes.json
+#   examples/notes   plain net/http, pkg/auth, the operations routes, the console; examples/conformance/notes.json
 #   examples/orders  gin, idemgin, pkg/auth, the operations routes; examples/conformance/orders.json
 # For case 7 an example runs with RETRYSAFE_FAILPOINTS=idem.after_claim=pause, and the kill hook SIGKILLs it
 # once it holds a claim and starts it again on the same address. Each example gets a database of its own on the
@@ -94,11 +94,44 @@ no_demo_tables() {
   if [ -n "$demo" ]; then echo "the example's database has the demo services' tables: $demo" >&2; exit 1; fi
 }
 
+# notes_operations: the operations routes of examples/notes (net/http) find a write by its key, succeeded, with
+# its note, and show its timeline.
+notes_operations() {
+  local key="operations-check-$$" note op id timeline
+  note=$(curl -sf "http://$ADDR/v1/notes" -H "Authorization: Bearer $NOTES_TOKEN" -H "Idempotency-Key: $key" \
+    -H 'Content-Type: application/json' -d '{"author":"operations-check","text":"look me up"}' |
+    grep -o '"id":"note_[^"]*"') || true
+  op=$(curl -s "http://$ADDR/v1/operations?idempotency_key=$key" -H "Authorization: Bearer $NOTES_TOKEN") || true
+  id=$(grep -o '"id":"op_[^"]*"' <<< "$op" | head -1 | cut -d'"' -f4) || true
+  timeline=$(curl -s "http://$ADDR/v1/operations/$id/timeline" -H "Authorization: Bearer $NOTES_TOKEN") || true
+  if [ -z "$note" ] || ! grep -q '"state":"succeeded"' <<< "$op" || ! grep -qF "$note" <<< "$op" || ! grep -qF "\"$id\"" <<< "$timeline"; then
+    echo "examples/notes: GET /v1/operations?idempotency_key=$key does not show the note $note succeeded: $op; timeline: $timeline" >&2
+    return 1
+  fi
+  echo "examples/notes: the operations routes find the write by its key"
+  notes_console "$id"
+}
+
+# notes_console OP: a person signs in to the console of examples/notes with its key, and its operation page
+# shows OP's timeline.
+notes_console() {
+  local jar="$work/notes-console.jar" csrf page
+  csrf=$(curl -s -c "$jar" "http://$ADDR/console/signin" | grep -o 'name="csrf_token" value="[^"]*"' | cut -d'"' -f4) || true
+  curl -s -o /dev/null -b "$jar" -c "$jar" "http://$ADDR/console/signin" \
+    --data-urlencode "csrf_token=$csrf" --data-urlencode "key=$NOTES_TOKEN" || true
+  page=$(curl -s -b "$jar" "http://$ADDR/console/operations/$1") || true
+  if [ -z "$csrf" ] || ! grep -qF "$1" <<< "$page" || ! grep -q 'notes.create' <<< "$page"; then
+    echo "examples/notes: the console does not show operation $1 after a sign-in: $page" >&2
+    return 1
+  fi
+  echo "examples/notes: the console shows the operation to a person signed in with the key"
+}
+
 notes() {
   new_db notes
   export NOTES_TOKEN="notes-token-$$-never-printed"
   conform notes examples/conformance/notes.json \
-    'curl -s -o /dev/null -H "Authorization: Bearer $NOTES_TOKEN" "http://$ADDR/v1/notes?author=x"'
+    'curl -s -o /dev/null -H "Authorization: Bearer $NOTES_TOKEN" "http://$ADDR/v1/notes?author=x"' notes_operations
   no_duplicates example_notes author
   no_demo_tables
   echo "examples/notes: conformance passed, every case"

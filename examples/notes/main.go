@@ -6,7 +6,10 @@
 //	DATABASE_URL=postgres://... NOTES_TOKEN=secret ADDR=127.0.0.1:8096 go run .
 //
 // POST /v1/notes {"author": "...", "text": "..."} with an Idempotency-Key creates a note once per key;
-// GET /v1/notes?author= lists an author's notes. It is its own module (go.mod, with a replace to this
+// GET /v1/notes?author= lists an author's notes; GET /v1/operations/{id}, .../timeline and
+// GET /v1/operations?idempotency_key=K (package opstatus) tell an agent what became of a write; /console
+// (package console) shows a person the account's operations. Requests carry NOTES_TOKEN as a bearer API key
+// (package auth; NOTES_KEY_ID_SECRET, optional, keys the ids that stand for it), the console's sign-in too. It is its own module (go.mod, with a replace to this
 // repository); `make test` builds it and runs `retrysafe conformance` on it, every case including a worker killed
 // after its claim (scripts/example-conformance.sh). RETRYSAFE_FAILPOINTS lets that test stop it right after a
 // claim; idem.New arms it, nothing here does.
@@ -14,7 +17,8 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -30,6 +34,8 @@ import (
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/retrysafe/retrysafe/migrations"
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -61,19 +67,21 @@ func (c createNote) validate() error {
 	return nil
 }
 
-// newServer serves the notes API with h; token is the one bearer secret it accepts.
-func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
+// newServer serves the notes API with h behind keys (auth.Middleware), and the console, where a person signs
+// in with a key of keys.
+func newServer(db *gorm.DB, h *idem.Handler, keys *auth.Keys) (http.Handler, error) {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/notes", func(w http.ResponseWriter, r *http.Request) {
+	api := auth.Middleware(keys)
+	mux.Handle("POST /v1/notes", api(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var cmd createNote
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&cmd); err != nil {
-			problem.WriteHTTP(w, r, problem.New(problem.CodeInvalidRequest, "the body must be {\"author\": \"...\", \"text\": \"...\"}"))
+			problem.Write(w, r, problem.New("invalid_request", "the body must be {\"author\": \"...\", \"text\": \"...\"}"))
 			return
 		}
 		if err := cmd.validate(); err != nil {
-			problem.WriteHTTP(w, r, err) // before the claim: a refused request never burns its key
+			problem.Write(w, r, err) // before the claim: a refused request never burns its key
 			return
 		}
 		h.Handle(w, r, idem.Request{Kind: "notes.create", Command: cmd},
@@ -84,30 +92,41 @@ func newServer(db *gorm.DB, h *idem.Handler, token string) http.Handler {
 				}
 				return idem.Result{Status: http.StatusCreated, Body: n, Resource: &opstatus.Resource{Type: "note", ID: n.ID}}, nil
 			})
-	})
-	mux.HandleFunc("GET /v1/notes", func(w http.ResponseWriter, r *http.Request) {
+	})))
+	mux.Handle("GET /v1/notes", api(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var notes []Note
 		if err := db.WithContext(r.Context()).Where("author = ?", r.URL.Query().Get("author")).Order("created_at").Limit(1000).Find(&notes).Error; err != nil {
-			problem.WriteHTTP(w, r, err)
+			problem.Write(w, r, err)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"items": notes})
-	})
-	return authenticate(token, mux)
+	})))
+	// The operations routes, so an agent can look an operation up before it retries (docs/agents.md).
+	for pattern, h := range opstatus.Routes(db) {
+		mux.Handle(pattern, api(h))
+	}
+	// The console: the account's operations and their timelines, for a person who signs in with the key.
+	pages, err := console.Routes(console.Options{DB: db, Keys: keys, Service: "notes"})
+	if err != nil {
+		return nil, err
+	}
+	for pattern, h := range pages {
+		mux.Handle(pattern, h)
+	}
+	return mux, nil
 }
 
-// authenticate admits requests bearing token and names their caller for idem (idem.WithCaller).
-func authenticate(token string, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			problem.WriteHTTP(w, r, problem.New(problem.CodeUnauthorized, "send Authorization: Bearer <token>"))
-			return
-		}
-		ctx := idem.WithCaller(r.Context(), idem.Caller{AccountID: "acct_notes", Actor: "agent:notes"})
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
+// notesKeys are the API keys of notes: one agent key of the account acct_notes, whose secret is token. Key
+// ids (what operations and the console show instead of the secret) are keyed by idSecret; when it is empty, by
+// one drawn at start, so they change when notes restarts and a restart ends the console's sessions.
+func notesKeys(token, idSecret string) (*auth.Keys, error) {
+	if idSecret == "" {
+		b := make([]byte, 32)
+		_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+		idSecret = hex.EncodeToString(b)
+	}
+	return auth.ParseKeys("acct_notes:agent:"+token, idSecret)
 }
 
 func main() {
@@ -148,7 +167,15 @@ func run() error {
 	}
 	// Pruning (responses kept 72 h, keys 90 days), lease recovery and audit sealing, with their defaults.
 	go h.RunBackground(ctx, idem.Background{})
-	srv := &http.Server{Addr: addr, Handler: newServer(db, h, token), ReadHeaderTimeout: 5 * time.Second,
+	keys, err := notesKeys(token, os.Getenv("NOTES_KEY_ID_SECRET"))
+	if err != nil {
+		return err
+	}
+	handler, err := newServer(db, h, keys)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Addr: addr, Handler: handler, ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -32,6 +32,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/migrations"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -58,7 +59,7 @@ type createOrder struct {
 	Quantity int    `json:"quantity"`
 }
 
-// Validate runs before the claim (httpserver.DecodeCommand): a refused request never burns its key.
+// Validate runs before the claim (httpjson.DecodeCommand): a refused request never burns its key.
 func (c *createOrder) Validate() error {
 	var fields []problem.FieldError
 	fields = problem.CheckText(fields, "customer", c.Customer, 100, true)
@@ -76,11 +77,11 @@ func (c *createOrder) Validate() error {
 func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 	api.POST("/v1/orders", func(c *gin.Context) {
 		var cmd createOrder
-		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-			problem.Write(c, err)
+		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
+			httpserver.WriteProblem(c, err)
 			return
 		}
-		account := auth.From(c).AccountID
+		account := auth.From(c.Request.Context()).AccountID
 		idemgin.Do(h, c, idem.Request{Kind: "orders.create", Command: cmd},
 			func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 				o := Order{ID: "ord_" + strings.TrimPrefix(op.ID, "op_"), AccountID: account,
@@ -93,15 +94,15 @@ func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 	})
 	api.GET("/v1/orders", func(c *gin.Context) {
 		var orders []Order
-		err := db.WithContext(c.Request.Context()).Where("account_id = ? AND customer = ?", auth.From(c).AccountID, c.Query("customer")).
+		err := db.WithContext(c.Request.Context()).Where("account_id = ? AND customer = ?", auth.From(c.Request.Context()).AccountID, c.Query("customer")).
 			Order("created_at").Limit(1000).Find(&orders).Error
 		if err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		httpserver.JSON(c, http.StatusOK, gin.H{"items": orders})
 	})
-	opstatus.Routes(api, db) // GET /v1/operations/{id}, .../timeline, ?idempotency_key=K
+	httpserver.Mount(api, opstatus.Routes(db)) // GET /v1/operations/{id}, .../timeline, ?idempotency_key=K
 }
 
 func main() {
@@ -153,6 +154,6 @@ func run(logger *slog.Logger) error {
 	go h.RunBackground(ctx, idem.Background{})
 
 	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db}) // access log, /healthz, /readyz
-	routes(r.Group("", auth.Middleware(keys)), db, h)
+	routes(r.Group("", httpserver.Wrap(auth.Middleware(keys))), db, h)
 	return httpserver.Serve(ctx, addr, r, logger, httpserver.Limits{})
 }

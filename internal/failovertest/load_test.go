@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 )
 
 // kind is what a write does.
@@ -192,7 +192,7 @@ func (d *driver) send(w *write, path string) *apitest.Response {
 		w.mu.Lock()
 		a := attempt{id: w.key + "." + strconv.Itoa(len(w.attempts)+1), sent: time.Now()}
 		w.mu.Unlock()
-		res, err := client.Try(http.MethodPost, path, w.body, apitest.Key(w.key), apitest.Header(httpserver.HeaderAttemptID, a.id))
+		res, err := client.Try(http.MethodPost, path, w.body, apitest.Key(w.key), apitest.Header(ids.HeaderAttemptID, a.id))
 		a.answered = time.Now()
 		if err == nil {
 			a.status, a.code, a.replayed = res.Code, problemCode(res), res.Header.Get(idem.HeaderReplayed) == "true"

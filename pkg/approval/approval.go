@@ -12,9 +12,9 @@
 //			return cmd, map[string]any{"environment": cmd.Environment, "artifact": cmd.Artifact}, err
 //		},
 //	})
-//	approval.Routes(api, approvals)
+//	httpserver.Mount(api, approvals.Routes()) // or, on a ServeMux, mux.Handle(pattern, h) for each
 //	// in the write's handler:
-//	h.Do(c, idem.Request{Kind: "deploys.create", Command: cmd, Guard: approvals.Guard(c, cmd.Environment == "production"),
+//	h.Handle(w, r, idem.Request{Kind: "deploys.create", Command: cmd, Guard: approvals.Guard(r.Header, cmd.Environment == "production"),
 //		Takes: []string{approval.HeaderApprovalID}}, write)
 //
 // The guard runs only after a new claim, so a replay of an approved request needs no new approval.
@@ -32,14 +32,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/idem"
-	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -344,8 +342,8 @@ func (s *Service) bind(ctx context.Context, accountID string, req Request) (boun
 // Guard returns the idem.Request.Guard for a write, which requires an approval when required is true. It runs
 // in the claim transaction and marks the approval used by the operation, so one approval authorizes one
 // operation. The write's idem.Request takes HeaderApprovalID (Takes).
-func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
-	return s.GuardWhen(c, func(context.Context, *gorm.DB) (bool, error) { return required, nil })
+func (s *Service) Guard(h http.Header, required bool) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
+	return s.GuardWhen(h, func(context.Context, *gorm.DB) (bool, error) { return required, nil })
 }
 
 // GuardWhen is Guard for a write whose need of approval depends on what is stored (a running total of
@@ -353,8 +351,8 @@ func (s *Service) Guard(c *gin.Context, required bool) func(ctx context.Context,
 // the write see the same state. An Approval-Id sent is checked whether or not it is needed: one that cannot
 // apply to the request (unknown, of another request, of one that supersedes an operation this one does not)
 // is refused, never ignored.
-func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
-	id, supersedes := c.GetHeader(HeaderApprovalID), c.GetHeader(idem.HeaderSupersedes)
+func (s *Service) GuardWhen(h http.Header, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
+	id, supersedes := h.Get(HeaderApprovalID), h.Get(idem.HeaderSupersedes)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
 		need, err := needed(ctx, tx)
 		switch {
@@ -363,7 +361,7 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 		case id != "":
 			return s.use(ctx, tx, op, fingerprint, id, supersedes, false)
 		case need:
-			return problem.New(problem.CodeApprovalRequired,
+			return problem.New("approval_required",
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
 		}
 		return nil
@@ -374,8 +372,8 @@ func (s *Service) GuardWhen(c *gin.Context, needed func(ctx context.Context, tx 
 // be approved, unexpired and unused, of this exact request, and name in supersedes_operation_id the operation
 // the write supersedes, so the person who approved it was shown that operation (its state, last dispatch and
 // reason: the summary's "supersedes"). Without one, the write is refused as idem refuses it.
-func (s *Service) SupersedeUnknown(c *gin.Context) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error) {
-	id := c.GetHeader(HeaderApprovalID)
+func (s *Service) SupersedeUnknown(h http.Header) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error) {
+	id := h.Get(HeaderApprovalID)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, supersedes string) (bool, error) {
 		if id == "" {
 			return false, nil
@@ -392,7 +390,7 @@ func (s *Service) SupersedeUnknown(c *gin.Context) func(ctx context.Context, tx 
 func (s *Service) use(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, id, supersedes string, unknown bool) error {
 	if !ids.Valid(idPrefix, id) {
 		// Never looked up: a header value that no approval id can be (NUL, invalid UTF-8) must not reach SQL.
-		return problem.New(problem.CodeApprovalInvalid, "no such approval in this account")
+		return problem.New("approval_invalid", "no such approval in this account")
 	}
 	var a Approval
 	res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE account_id = ? AND id = ? FOR UPDATE`, op.AccountID, id).Scan(&a)
@@ -422,7 +420,7 @@ func (s *Service) use(ctx context.Context, tx *gorm.DB, op opstatus.Operation, f
 		reason = "the approval was already used by another operation"
 	}
 	if reason != "" {
-		return problem.New(problem.CodeApprovalInvalid, "%s", reason).With("approval_id", id)
+		return problem.New("approval_invalid", "%s", reason).With("approval_id", id)
 	}
 	if a.UsedByOperationID != nil {
 		return nil // this operation's other check used it already
@@ -504,42 +502,55 @@ func UsedBy(ctx context.Context, tx *gorm.DB, op opstatus.Operation, id string) 
 const columns = `id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by,
 decided_by, decided_at, expires_at, used_by_operation_id, created_at, body`
 
-// The routes of the approval endpoints (gin templates).
+// The routes of the approval endpoints (ServeMux paths).
 const (
 	pathRequest = "/v1/approvals"
-	pathGet     = "/v1/approvals/:id"
-	pathApprove = "/v1/approvals/:id/approve"
-	pathDeny    = "/v1/approvals/:id/deny"
-	pathRevoke  = "/v1/approvals/:id/revoke"
+	pathGet     = "/v1/approvals/{id}"
+	pathApprove = "/v1/approvals/{id}/approve"
+	pathDeny    = "/v1/approvals/{id}/deny"
+	pathRevoke  = "/v1/approvals/{id}/revoke"
 )
 
 // WriteRoutes are the write routes of Routes: asking for an approval and deciding one. They are the only
 // writes an approver key may send (auth.AgentWrites).
 func WriteRoutes() []string { return []string{pathRequest, pathApprove, pathDeny, pathRevoke} }
 
-// Routes registers the approval endpoints on r, which must be behind auth.Middleware.
-func Routes(r gin.IRouter, s *Service) {
-	r.POST(pathRequest, s.create)
-	approval := httpserver.PathID("id", idPrefix, "approval")
-	r.GET(pathGet, approval, s.get)
-	r.POST(pathApprove, approval, func(c *gin.Context) { s.decide(c, StateApproved) })
-	r.POST(pathDeny, approval, func(c *gin.Context) { s.decide(c, StateDenied) })
-	r.POST(pathRevoke, approval, func(c *gin.Context) { s.decide(c, StateRevoked) })
+// Routes are the approval endpoints, keyed by ServeMux pattern; they must be behind auth.Middleware. A gin
+// router mounts them with httpserver.Mount.
+func (s *Service) Routes() map[string]http.Handler {
+	return map[string]http.Handler{
+		"POST " + pathRequest: http.HandlerFunc(s.create),
+		"GET " + pathGet:      s.approval(s.get),
+		"POST " + pathApprove: s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateApproved) }),
+		"POST " + pathDeny:    s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateDenied) }),
+		"POST " + pathRevoke:  s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateRevoked) }),
+	}
 }
 
-func (s *Service) create(c *gin.Context) {
+// approval answers 404 for an {id} no approval can have, before h reads anything.
+func (s *Service) approval(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !ids.Valid(idPrefix, r.PathValue("id")) {
+			problem.Write(w, r, problem.NotFound("approval"))
+			return
+		}
+		h(w, r)
+	})
+}
+
+func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 	var req Request
-	if err := httpserver.DecodeCommand(c, &req); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeCommand(r, &req); err != nil {
+		problem.Write(w, r, err)
 		return
 	}
-	p := auth.From(c)
-	b, err := s.bind(c.Request.Context(), p.AccountID, req)
+	p := auth.From(r.Context())
+	b, err := s.bind(r.Context(), p.AccountID, req)
 	if err != nil {
-		problem.Write(c, err)
+		problem.Write(w, r, err)
 		return
 	}
-	idemgin.Do(s.idem, c, idem.Request{Kind: "approvals.request", Command: b},
+	s.idem.Handle(w, r, idem.Request{Kind: "approvals.request", Command: b},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			summary, err := json.Marshal(b.Summary)
 			if err != nil {
@@ -560,13 +571,13 @@ RETURNING `+columns,
 		})
 }
 
-func (s *Service) get(c *gin.Context) {
-	a, err := load(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), false)
+func (s *Service) get(w http.ResponseWriter, r *http.Request) {
+	a, err := load(r.Context(), s.db, auth.From(r.Context()).AccountID, r.PathValue("id"), false)
 	if err != nil {
-		problem.Write(c, err)
+		problem.Write(w, r, err)
 		return
 	}
-	httpserver.JSON(c, http.StatusOK, a.shown(s.now()))
+	httpjson.Write(w, r, http.StatusOK, a.shown(s.now()))
 }
 
 func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {
@@ -585,18 +596,18 @@ func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Ap
 	return a, nil
 }
 
-func (s *Service) decide(c *gin.Context, to State) {
+func (s *Service) decide(w http.ResponseWriter, r *http.Request, to State) {
 	var none struct{}
-	if err := httpserver.DecodeActionBody(c, &none); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeAction(r, &none); err != nil {
+		problem.Write(w, r, err)
 		return
 	}
-	a, err := decide(c.Request.Context(), s.db, auth.From(c), c.Param("id"), to, s.now())
+	a, err := decide(r.Context(), s.db, auth.From(r.Context()), r.PathValue("id"), to, s.now())
 	if err != nil {
-		problem.Write(c, err)
+		problem.Write(w, r, err)
 		return
 	}
-	httpserver.JSON(c, http.StatusOK, a)
+	httpjson.Write(w, r, http.StatusOK, a)
 }
 
 // Decide records p's decision on approval id of p's account: StateApproved or StateDenied for a pending
@@ -612,7 +623,7 @@ func Decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 
 func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to State, now time.Time) (Approval, error) {
 	if p.Role != auth.RoleApprover {
-		return Approval{}, problem.New(problem.CodeForbidden, "only a key with role approver can decide approvals")
+		return Approval{}, problem.New("forbidden", "only a key with role approver can decide approvals")
 	}
 	from := StatePending
 	switch to {
@@ -633,7 +644,7 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 		}
 		switch {
 		case a.RequestedBy == p.Actor():
-			return problem.New(problem.CodeApprovalInvalid, "an approval must be decided by a key other than the requester's")
+			return problem.New("approval_invalid", "an approval must be decided by a key other than the requester's")
 		case a.State == to && a.DecidedBy != nil && *a.DecidedBy == p.Actor():
 			return nil // the same decision again
 		case a.State == StateExpired:
@@ -645,9 +656,9 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 			return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ? WHERE account_id = ? AND id = ? RETURNING `+columns,
 				StateExpired, a.AccountID, a.ID).Scan(&a).Error
 		case a.State != from:
-			return problem.New(problem.CodeInvalidState, "the approval is already %s", a.State)
+			return problem.New("invalid_state", "the approval is already %s", a.State)
 		case to == StateRevoked && a.UsedByOperationID != nil:
-			return problem.New(problem.CodeInvalidState, "the approval was already used by operation %s", *a.UsedByOperationID)
+			return problem.New("invalid_state", "the approval was already used by operation %s", *a.UsedByOperationID)
 		case !now.Before(a.ExpiresAt):
 			return expiredError(a)
 		}
@@ -662,7 +673,7 @@ WHERE account_id = ? AND id = ? RETURNING `+columns, to, p.Actor(), a.AccountID,
 }
 
 func expiredError(a Approval) error {
-	return problem.New(problem.CodeApprovalInvalid, "the approval expired at %s", a.ExpiresAt.UTC().Format(time.RFC3339)).
+	return problem.New("approval_invalid", "the approval expired at %s", a.ExpiresAt.UTC().Format(time.RFC3339)).
 		With("approval_id", a.ID)
 }
 

@@ -7,11 +7,12 @@
 // reading who approved its request, cannot test guesses of a secret against them offline.
 //
 //	keys, _ := auth.ParseKeys(os.Getenv("API_KEYS"), os.Getenv("API_KEY_ID_SECRET"))
-//	r.Use(auth.Middleware(keys))
-//	p := auth.From(c) // p.AccountID scopes every query
+//	handler := auth.Middleware(keys)(mux) // gin: r.Use(httpserver.Wrap(auth.Middleware(keys)))
+//	p := auth.From(r.Context())          // p.AccountID scopes every query
 package auth
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -19,8 +20,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-
-	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -131,69 +130,94 @@ func (ks *Keys) Authenticate(secret string) (Principal, bool) {
 	return found, ok == 1
 }
 
-const principalKey = "retrysafe.principal"
+// principalKey is the request context key of the authenticated Principal.
+type principalKey struct{}
 
-// Middleware rejects requests without a known bearer key (401) and stores the Principal for From. The 401 is
-// answered before the body is read, and closes the connection (problem.WriteAndClose): a client without a key
-// cannot hold a connection by sending a body slowly.
-func Middleware(ks *Keys) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		h := c.GetHeader("Authorization")
-		secret, found := strings.CutPrefix(h, "Bearer ")
-		if !found || secret == "" {
-			c.Header("WWW-Authenticate", `Bearer realm="retrysafe"`)
-			problem.WriteAndClose(c, problem.New(problem.CodeUnauthorized, "send Authorization: Bearer <api key>"))
-			return
-		}
-		p, ok := ks.Authenticate(secret)
-		if !ok {
-			c.Header("WWW-Authenticate", `Bearer realm="retrysafe", error="invalid_token"`)
-			problem.WriteAndClose(c, problem.New(problem.CodeUnauthorized, "unknown API key"))
-			return
-		}
-		c.Set(principalKey, p)
-		c.Next()
+// Middleware rejects requests without a known bearer key (401) and puts the Principal in the request context
+// for From. The 401 is answered before the body is read, and closes the connection (problem.CloseUnread): a
+// client without a key cannot hold a connection by sending a body slowly.
+func Middleware(ks *Keys) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			secret, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !found || secret == "" {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="retrysafe"`)
+				problem.CloseUnread(w, r)
+				problem.Write(w, r, problem.New("unauthorized", "send Authorization: Bearer <api key>"))
+				return
+			}
+			p, ok := ks.Authenticate(secret)
+			if !ok {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="retrysafe", error="invalid_token"`)
+				problem.CloseUnread(w, r)
+				problem.Write(w, r, problem.New("unauthorized", "unknown API key"))
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(With(r.Context(), p)))
+		})
 	}
 }
 
 // AgentWrites keeps the roles apart: agent keys write, approver keys read and decide. A write (any method but
 // GET, HEAD and OPTIONS) by a key that is not an agent key is 403 forbidden, before anything is decoded or
-// stored, except on the routes (gin templates) listed in approverWrites: the approval endpoints and the resolution of an unknown operation. An approver
-// key is a person's, held to approve what agents ask; if it could also send the writes, one stolen approver key
-// would be an agent key that can approve others' requests too. It runs after Middleware.
+// stored, except on the routes listed in approverWrites (route templates, in ServeMux or gin syntax, compared
+// with the path of r.Pattern): the approval endpoints and the resolution of an unknown operation. An approver key is a person's,
+// held to approve what agents ask; if it could also send the writes, one stolen approver key would be an agent
+// key that can approve others' requests too. It runs after Middleware, on the request its router matched: behind
+// a ServeMux, wrap each route's handler (the mux sets r.Pattern before it calls it); in gin, httpserver.Wrap
+// sets it to gin's template.
 //
-//	api := r.Group("", auth.Middleware(keys), auth.AgentWrites(approval.WriteRoutes()...))
-func AgentWrites(approverWrites ...string) gin.HandlerFunc {
+//	api := r.Group("", httpserver.Wrap(auth.Middleware(keys)), httpserver.Wrap(auth.AgentWrites(approval.WriteRoutes()...)))
+func AgentWrites(approverWrites ...string) func(http.Handler) http.Handler {
 	allowed := make(map[string]bool, len(approverWrites))
 	for _, r := range approverWrites {
-		allowed[r] = true
+		allowed[template(r)] = true
 	}
-	return func(c *gin.Context) {
-		switch c.Request.Method {
-		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			c.Next()
-			return
-		}
-		if From(c).Role != RoleAgent && !allowed[c.FullPath()] {
-			problem.Write(c, problem.New(problem.CodeForbidden,
-				"only an agent key can send writes; an approver key reads and decides approvals: nothing was done"))
-			return
-		}
-		c.Next()
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			route := r.Pattern
+			if _, path, ok := strings.Cut(route, " "); ok {
+				route = path
+			}
+			route = template(route)
+			switch {
+			case r.Method == http.MethodGet, r.Method == http.MethodHead, r.Method == http.MethodOptions:
+			case From(r.Context()).Role != RoleAgent && !allowed[route]:
+				problem.Write(w, r, problem.New("forbidden",
+					"only an agent key can send writes; an approver key reads and decides approvals: nothing was done"))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
 	}
 }
 
-// Lookup returns the authenticated principal, if the request has one (the access log asks every request).
-func Lookup(c *gin.Context) (Principal, bool) {
-	v, ok := c.Get(principalKey)
-	p, _ := v.(Principal)
+// template writes a route template one way, a ServeMux's: gin's :name segment is {name}.
+func template(route string) string {
+	segments := strings.Split(route, "/")
+	for i, s := range segments {
+		if name, ok := strings.CutPrefix(s, ":"); ok {
+			segments[i] = "{" + name + "}"
+		}
+	}
+	return strings.Join(segments, "/")
+}
+
+// Lookup returns the authenticated principal of a request's context, if it has one (the access log asks every
+// request).
+func Lookup(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(Principal)
 	return p, ok
 }
 
-// From returns the authenticated principal; it panics on a route that is not behind Middleware, which is a
-// wiring bug, not a request error.
-func From(c *gin.Context) Principal {
-	return c.MustGet(principalKey).(Principal)
+// From returns the authenticated principal of a request's context; it panics on a route that is not behind
+// Middleware, which is a wiring bug, not a request error.
+func From(ctx context.Context) Principal {
+	p, ok := Lookup(ctx)
+	if !ok {
+		panic("auth: no principal in the request context: the route is not behind auth.Middleware")
+	}
+	return p
 }
 
 // ByKeyID returns the principal of the key with id keyID, if API_KEYS still has it: a console session names
@@ -207,9 +231,11 @@ func (ks *Keys) ByKeyID(keyID string) (Principal, bool) {
 	return Principal{}, false
 }
 
-// With stores p in c as Middleware does, so From works for routes that authenticate another way (the console's
-// session cookie).
-func With(c *gin.Context, p Principal) { c.Set(principalKey, p) }
+// With returns ctx carrying p as Middleware's does, so From works for routes that authenticate another way
+// (the console's session cookie).
+func With(ctx context.Context, p Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
 
 // Without returns a copy of ks without the keys of the principals drop reports true for: a key taken out of
 // API_KEYS, as a restart with the smaller list would do.

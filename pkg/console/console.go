@@ -9,11 +9,15 @@
 // Options.MaxSessionsPerKey. Every POST must come from the console's own origin and carry a CSRF token: the
 // session's, or for the sign-in a token the server signed. Every page is scoped to the session's account:
 // another account's approval or operation is a 404, as in the API, and a path or query value that is not
-// clean text is refused before any page reads it (httpserver.URLError).
+// clean text is refused before any page reads it (checkURL).
 //
-// pkg/service mounts it on every service:
+// Its pages are http.Handlers keyed by ServeMux pattern. pkg/service mounts them on every gin service
+// (httpserver.Mount); a net/http service registers them on its mux:
 //
-//	console.Mount(engine, console.Options{DB: db, Keys: keys, Service: "deploys", Pages: svc.ConsolePages()})
+//	routes, err := console.Routes(console.Options{DB: db, Keys: keys, Service: "notes"})
+//	for pattern, h := range routes {
+//		mux.Handle(pattern, h)
+//	}
 package console
 
 import (
@@ -25,15 +29,15 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/urlcheck"
 )
 
 // Prefix is where the console is served.
@@ -42,7 +46,7 @@ const Prefix = "/console"
 // IdleTimeout is how long a session lasts without a request.
 const IdleTimeout = 12 * time.Hour
 
-// Options configures Mount.
+// Options configures Routes.
 type Options struct {
 	DB   *gorm.DB
 	Keys *auth.Keys
@@ -57,7 +61,7 @@ type Options struct {
 	// PageSize is the length of list pages (50 when zero).
 	PageSize int
 	// Secret signs the sign-in form's CSRF token. Give every replica behind one address the same (cmd/retrysafe
-	// derives it from API_KEY_ID_SECRET); when empty, Mount draws one, good for this process only.
+	// derives it from API_KEY_ID_SECRET); when empty, Routes draws one, good for this process only.
 	Secret []byte
 	// SecureCookie marks the cookies Secure on every request, for a console served over HTTPS by a proxy in
 	// front (the request the server sees is then plain HTTP). Under TLS of its own they are Secure anyway.
@@ -68,16 +72,13 @@ type Options struct {
 	// Resolve, when set, records a person's decision on an unknown operation from its page, under
 	// Idempotency-Key key, as POST /v1/operations/{id}/resolution does (resolution.Decider.DecideForm); the
 	// page offers the form to approver keys only. It returns the problem that refused the decision.
-	Resolve func(ctx *gin.Context, id, key string, d opstatus.Decision) error
-	// Throttle, when set, runs before every console route: the process's ratelimit.Failures, so refused
-	// sign-ins count against the client as unknown API keys do.
-	Throttle gin.HandlerFunc
+	Resolve func(r *http.Request, id, key string, d opstatus.Decision) error
 }
 
 // DefaultMaxSessionsPerKey is Options.MaxSessionsPerKey when zero.
 const DefaultMaxSessionsPerKey = 10
 
-// Page is a page a service adds to its console, at Prefix+Path (a gin template, e.g. "/environments/:name").
+// Page is a page a service adds to its console, at Prefix+Path (a ServeMux path, e.g. "/environments/{name}").
 // Render builds it for the signed-in account; the console escapes everything in the View. Render returns
 // problem errors (problem.NotFound for another account's thing) like a handler.
 type Page struct {
@@ -146,11 +147,51 @@ type console struct {
 
 type navItem struct{ Label, Link string }
 
-// Mount serves the console under Prefix on r. The routes authenticate by session cookie, not by bearer key.
-func Mount(r gin.IRouter, o Options) error {
+// Routes are the console's pages under Prefix, keyed by ServeMux pattern. They authenticate by session
+// cookie, not by bearer key. Every answer carries SecurityHeaders; a router that throttles clients before them
+// (pkg/service: ratelimit.Failures, so refused sign-ins count as unknown API keys do) runs SecurityHeaders
+// first, so its refusals carry them too.
+func Routes(o Options) (map[string]http.Handler, error) {
 	if o.DB == nil || o.Keys == nil {
-		return errors.New("console: Options.DB and Options.Keys are required")
+		return nil, errors.New("console: Options.DB and Options.Keys are required")
 	}
+	c, err := newConsole(o.withDefaults())
+	if err != nil {
+		return nil, err
+	}
+	static, err := fs.Sub(staticFiles, "static")
+	if err != nil {
+		return nil, err
+	}
+	css := staticFile(http.FS(static), "console.css")
+	in := func(h http.HandlerFunc) http.Handler { return c.session(c.checkURL(h)) }
+	form := func(h http.HandlerFunc) http.Handler { return c.session(c.checkURL(c.checkOrigin(c.checkCSRF(h)))) }
+	routes := map[string]http.Handler{
+		"GET " + Prefix + "/static/console.css":  css,
+		"HEAD " + Prefix + "/static/console.css": css,
+		"GET " + Prefix + "/signin":              http.HandlerFunc(c.signinPage),
+		"POST " + Prefix + "/signin":             c.checkOrigin(c.signin),
+		"GET " + Prefix: in(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, Prefix+"/approvals", http.StatusSeeOther)
+		}),
+		"POST " + Prefix + "/signout":                    form(c.signout),
+		"GET " + Prefix + "/approvals":                   in(c.approvals),
+		"POST " + Prefix + "/approvals/{id}/{decision}":  form(c.decide),
+		"GET " + Prefix + "/operations":                  in(c.operations),
+		"GET " + Prefix + "/operations/{id}":             in(c.operation),
+		"POST " + Prefix + "/operations/{id}/resolution": form(c.resolve),
+	}
+	for _, p := range o.Pages {
+		routes["GET "+Prefix+p.Path] = in(c.page(p))
+	}
+	for pattern, h := range routes {
+		routes[pattern] = SecurityHeaders(h)
+	}
+	return routes, nil
+}
+
+// withDefaults is o with its zero values given their defaults.
+func (o Options) withDefaults() Options {
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = IdleTimeout
 	}
@@ -167,11 +208,16 @@ func Mount(r gin.IRouter, o Options) error {
 		o.Secret = make([]byte, 32)
 		_, _ = rand.Read(o.Secret) // crypto/rand.Read never fails (Go 1.24+)
 	}
+	return o
+}
+
+// newConsole parses the pages' templates and lays out the navigation.
+func newConsole(o Options) (*console, error) {
 	c := &console{o: o, pages: map[string]*template.Template{}, origins: http.NewCrossOriginProtection()}
 	for _, name := range []string{"signin", "approvals", "operations", "operation", "view", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		c.pages[name] = t
 	}
@@ -181,90 +227,81 @@ func Mount(r gin.IRouter, o Options) error {
 			c.nav = append(c.nav, navItem{p.Nav, Prefix + p.Path})
 		}
 	}
-	static, err := fs.Sub(staticFiles, "static")
-	if err != nil {
-		return err
-	}
-
-	g := r.Group(Prefix, securityHeaders)
-	if o.Throttle != nil {
-		g.Use(o.Throttle)
-	}
-	g.StaticFileFS("/static/console.css", "console.css", http.FS(static))
-	g.GET("/signin", c.signinPage)
-	g.POST("/signin", c.checkOrigin, c.signin)
-	in := g.Group("", c.session, c.checkURL)
-	in.GET("", func(ctx *gin.Context) { ctx.Redirect(http.StatusSeeOther, Prefix+"/approvals") })
-	in.POST("/signout", c.checkOrigin, c.checkCSRF, c.signout)
-	in.GET("/approvals", c.approvals)
-	in.POST("/approvals/:id/:decision", c.checkOrigin, c.checkCSRF, c.decide)
-	in.GET("/operations", c.operations)
-	in.GET("/operations/:id", c.operation)
-	in.POST("/operations/:id/resolution", c.checkOrigin, c.checkCSRF, c.resolve)
-	for _, p := range o.Pages {
-		in.GET(p.Path, c.page(p))
-	}
-	return nil
+	return c, nil
 }
 
-// securityHeaders keep the pages to themselves: no script at all, styles and forms only from this origin, no
+// staticFile serves name of fsys, as http.FileServer serves it at its own path.
+func staticFile(fsys http.FileSystem, name string) http.Handler {
+	files := http.FileServer(fsys)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func(path string) { r.URL.Path = path }(r.URL.Path)
+		r.URL.Path = name
+		files.ServeHTTP(w, r)
+	})
+}
+
+// SecurityHeaders keep the pages to themselves: no script at all, styles and forms only from this origin, no
 // framing, nothing cached, no referrer carrying an operation id elsewhere.
-func securityHeaders(c *gin.Context) {
-	h := c.Writer.Header()
-	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; "+
-		"form-action 'self'; frame-ancestors 'none'")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Cache-Control", "no-store")
-	c.Next()
+func SecurityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; "+
+			"form-action 'self'; frame-ancestors 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
 }
 
-// checkURL holds the console's pages to the API's rule (httpserver.URLError): a path parameter or query value
+// checkURL holds the console's pages to the API's rule (urlcheck.Request): a path parameter or query value
 // that is not clean text is refused before any page reads it, so none reaches SQL; a malformed path parameter
 // is the 404 page, a malformed query the 400 page.
-func (c *console) checkURL(ctx *gin.Context) {
-	if err := httpserver.URLError(ctx); err != nil {
-		c.fail(ctx, err)
-		return
+func (c *console) checkURL(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := urlcheck.Request(r); err != nil {
+			c.fail(w, r, err)
+			return
+		}
+		next(w, r)
 	}
-	ctx.Next()
 }
 
 // render writes page name with data, and the layout's common fields.
-func (c *console) render(ctx *gin.Context, status int, name string, data map[string]any) {
+func (c *console) render(w http.ResponseWriter, r *http.Request, status int, name string, data map[string]any) {
 	data["Service"] = c.o.Service
 	data["Nav"] = c.nav
-	if s, ok := ctx.Get(sessionKey); ok {
+	if s, ok := r.Context().Value(sessionKey{}).(Session); ok {
 		data["Session"] = s
 	}
-	ctx.Status(status)
-	ctx.Header("Content-Type", "text/html; charset=utf-8")
-	if err := c.pages[name].Execute(ctx.Writer, data); err != nil {
-		c.o.Logger.ErrorContext(ctx, "console page not rendered", "page", name, "error", err.Error())
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	if err := c.pages[name].Execute(w, data); err != nil {
+		c.o.Logger.ErrorContext(r.Context(), "console page not rendered", "page", name, "error", err.Error())
 	}
 }
 
 // fail renders err as an error page, with the status and code pkg/problem gives it (a 404 for another
 // account's thing, as the API answers).
-func (c *console) fail(ctx *gin.Context, err error) {
+func (c *console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, doc := problem.Render(err)
 	if status >= 500 {
-		c.o.Logger.ErrorContext(ctx, "console request failed", "path", ctx.FullPath(), "error", err.Error())
+		_, path, _ := strings.Cut(r.Pattern, " ")
+		c.o.Logger.ErrorContext(r.Context(), "console request failed", "path", path, "error", err.Error())
 	}
-	c.render(ctx, status, "error", map[string]any{"Title": doc["title"], "Problem": doc})
-	ctx.Abort()
+	c.render(w, r, status, "error", map[string]any{"Title": doc["title"], "Problem": doc})
 }
 
-func (c *console) page(p Page) gin.HandlerFunc {
-	return func(ctx *gin.Context) {
+func (c *console) page(p Page) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		v, err := p.Render(Request{
-			Context: ctx.Request.Context(), AccountID: auth.From(ctx).AccountID, Param: ctx.Param, Query: ctx.Query,
+			Context: r.Context(), AccountID: auth.From(r.Context()).AccountID, Param: r.PathValue, Query: r.URL.Query().Get,
 		})
 		if err != nil {
-			c.fail(ctx, err)
+			c.fail(w, r, err)
 			return
 		}
-		c.render(ctx, http.StatusOK, "view", map[string]any{"Title": v.Title, "View": v})
+		c.render(w, r, http.StatusOK, "view", map[string]any{"Title": v.Title, "View": v})
 	}
 }

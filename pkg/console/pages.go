@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gin-gonic/gin"
-
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -172,25 +170,26 @@ var groupPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // approvals is the inbox: the pending requests in groups of one key and route (approval.Inbox), then the
 // approved ones not used yet. With ?group= it is the page of one group, every request of it.
-func (c *console) approvals(ctx *gin.Context) {
-	s := sessionOf(ctx)
+func (c *console) approvals(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	s := sessionOf(r)
 	var before *approval.Cursor
-	if v := ctx.Query("before"); v != "" {
+	if v := r.URL.Query().Get("before"); v != "" {
 		var err error
 		if before, err = parseApprovalCursor(v); err != nil {
-			c.fail(ctx, err)
+			c.fail(w, r, err)
 			return
 		}
 	}
-	if group := ctx.Query("group"); group != "" {
-		c.inboxGroup(ctx, s, group, before)
+	if group := r.URL.Query().Get("group"); group != "" {
+		c.inboxGroup(w, r, s, group, before)
 		return
 	}
 	groups, err := approval.Inbox(ctx, c.o.DB, s.AccountID, approval.InboxFilter{
 		Before: before, Groups: c.o.PageSize + 1, PerGroup: groupShown,
 	})
 	if err != nil {
-		c.fail(ctx, err)
+		c.fail(w, r, err)
 		return
 	}
 	next := ""
@@ -203,24 +202,25 @@ func (c *console) approvals(ctx *gin.Context) {
 		State: approval.StateApproved, Unexpired: true, Unused: true, Limit: c.o.PageSize,
 	})
 	if err != nil {
-		c.fail(ctx, err)
+		c.fail(w, r, err)
 		return
 	}
-	c.render(ctx, http.StatusOK, "approvals", map[string]any{
+	c.render(w, r, http.StatusOK, "approvals", map[string]any{
 		"Title": "Approvals", "Groups": c.groups(s, groups), "Approved": c.items(s, unused), "Next": next,
-		"Done": doneNotice(ctx.Query("done")),
+		"Done": doneNotice(r.URL.Query().Get("done")),
 	})
 }
 
 // inboxGroup is the page of one group of the inbox: every pending request of it, a page at a time.
-func (c *console) inboxGroup(ctx *gin.Context, s Session, group string, before *approval.Cursor) {
+func (c *console) inboxGroup(w http.ResponseWriter, r *http.Request, s Session, group string, before *approval.Cursor) {
+	ctx := r.Context()
 	if !groupPattern.MatchString(group) {
-		c.fail(ctx, problem.Validation(problem.FieldError{Field: "group", Message: "is not a group of this inbox"}))
+		c.fail(w, r, problem.Validation(problem.FieldError{Field: "group", Message: "is not a group of this inbox"}))
 		return
 	}
 	pending, err := approval.InboxGroup(ctx, c.o.DB, s.AccountID, group, before, c.o.PageSize+1)
 	if err != nil {
-		c.fail(ctx, err)
+		c.fail(w, r, err)
 		return
 	}
 	next := ""
@@ -236,7 +236,7 @@ func (c *console) inboxGroup(ctx *gin.Context, s Session, group string, before *
 			Items: c.pendingItems(s, pending),
 		}}
 	}
-	c.render(ctx, http.StatusOK, "approvals", map[string]any{
+	c.render(w, r, http.StatusOK, "approvals", map[string]any{
 		"Title": "Approvals asked by one key", "Groups": groups, "Next": next, "OneGroup": true,
 	})
 }
@@ -264,18 +264,18 @@ var decisions = map[string]approval.State{
 
 // decide goes through pkg/approval like the API: an agent key, the requester's own key or another account's
 // approval are refused there, whatever the page showed.
-func (c *console) decide(ctx *gin.Context) {
-	to, ok := decisions[ctx.Param("decision")]
+func (c *console) decide(w http.ResponseWriter, r *http.Request) {
+	to, ok := decisions[r.PathValue("decision")]
 	if !ok {
-		c.fail(ctx, problem.New(problem.CodeNotFound, "no such decision"))
+		c.fail(w, r, problem.New("not_found", "no such decision"))
 		return
 	}
-	a, err := approval.Decide(ctx, c.o.DB, auth.From(ctx), ctx.Param("id"), to)
+	a, err := approval.Decide(r.Context(), c.o.DB, auth.From(r.Context()), r.PathValue("id"), to)
 	if err != nil {
-		c.fail(ctx, err)
+		c.fail(w, r, err)
 		return
 	}
-	ctx.Redirect(http.StatusSeeOther, Prefix+"/approvals?done="+url.QueryEscape(string(a.State)+" "+a.ID))
+	redirect(w, r, Prefix+"/approvals?done="+url.QueryEscape(string(a.State)+" "+a.ID))
 }
 
 var states = []opstatus.State{
@@ -283,11 +283,12 @@ var states = []opstatus.State{
 	opstatus.StateFailed, opstatus.StateCancelled,
 }
 
-func (c *console) operations(ctx *gin.Context) {
-	s := sessionOf(ctx)
-	state, kind, q := ctx.Query("state"), strings.TrimSpace(ctx.Query("kind")), strings.TrimSpace(ctx.Query("q"))
+func (c *console) operations(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	s := sessionOf(r)
+	state, kind, q := r.URL.Query().Get("state"), strings.TrimSpace(r.URL.Query().Get("kind")), strings.TrimSpace(r.URL.Query().Get("q"))
 	if state != "" && !validState(state) {
-		c.fail(ctx, problem.Validation(problem.FieldError{Field: "state", Message: "is not an operation state"}))
+		c.fail(w, r, problem.Validation(problem.FieldError{Field: "state", Message: "is not an operation state"}))
 		return
 	}
 	data := map[string]any{"Title": "Operations", "States": states, "State": state, "Kind": kind, "Q": q}
@@ -299,23 +300,23 @@ func (c *console) operations(ctx *gin.Context) {
 		case err == nil:
 			found = append(found, op)
 		case !errors.Is(err, problem.ErrNotFound):
-			c.fail(ctx, err)
+			c.fail(w, r, err)
 			return
 		}
 		byKey, err := opstatus.FindByKey(ctx, c.o.DB, s.AccountID, q)
 		if err != nil {
-			c.fail(ctx, err)
+			c.fail(w, r, err)
 			return
 		}
 		data["Operations"] = append(found, byKey...)
-		c.render(ctx, http.StatusOK, "operations", data)
+		c.render(w, r, http.StatusOK, "operations", data)
 		return
 	}
 	page, err := opstatus.List(ctx, c.o.DB, s.AccountID, opstatus.ListFilter{
-		State: opstatus.State(state), Kind: kind, After: ctx.Query("after"), Limit: c.o.PageSize,
+		State: opstatus.State(state), Kind: kind, After: r.URL.Query().Get("after"), Limit: c.o.PageSize,
 	})
 	if err != nil {
-		c.fail(ctx, err)
+		c.fail(w, r, err)
 		return
 	}
 	data["Operations"] = page.Operations
@@ -329,7 +330,7 @@ func (c *console) operations(ctx *gin.Context) {
 		}
 		data["Next"] = Prefix + "/operations?" + v.Encode()
 	}
-	c.render(ctx, http.StatusOK, "operations", data)
+	c.render(w, r, http.StatusOK, "operations", data)
 }
 
 func validState(s string) bool {
@@ -343,33 +344,38 @@ func validState(s string) bool {
 
 // operation is one operation's page: the audit timeline (opstatus.GetTimeline, the same the API and
 // `retrysafe audit timeline` show) with the check of its audit records.
-func (c *console) operation(ctx *gin.Context) {
-	tl, err := opstatus.GetTimeline(ctx, c.o.DB, sessionOf(ctx).AccountID, ctx.Param("id"))
+func (c *console) operation(w http.ResponseWriter, r *http.Request) {
+	tl, err := opstatus.GetTimeline(r.Context(), c.o.DB, sessionOf(r).AccountID, r.PathValue("id"))
 	if err != nil {
-		c.fail(ctx, err)
+		c.fail(w, r, err)
 		return
 	}
-	c.render(ctx, http.StatusOK, "operation", map[string]any{"Title": "Operation " + tl.OperationID, "T": tl,
+	c.render(w, r, http.StatusOK, "operation", map[string]any{"Title": "Operation " + tl.OperationID, "T": tl,
 		// Each rendering of the form carries its own key: the same form sent twice is one decision.
-		"CanResolve": c.o.Resolve != nil, "ResolveKey": randomToken(), "Done": ctx.Query("done") == "decided"})
+		"CanResolve": c.o.Resolve != nil, "ResolveKey": randomToken(), "Done": r.URL.Query().Get("done") == "decided"})
 }
 
 // resolve records the decision of the operation page's form; Options.Resolve checks the role, the input
 // rules and the operation's state, as the API does.
-func (c *console) resolve(ctx *gin.Context) {
+func (c *console) resolve(w http.ResponseWriter, r *http.Request) {
 	if c.o.Resolve == nil {
-		c.fail(ctx, problem.NotFound("page"))
+		c.fail(w, r, problem.NotFound("page"))
 		return
 	}
-	id := ctx.Param("id")
+	id := r.PathValue("id")
 	// Browsers send a textarea's line breaks as CRLF (HTML's form encoding); the decision keeps LF, which is
 	// what the API takes and what the text check allows.
-	evidence := strings.ReplaceAll(ctx.PostForm("evidence"), "\r\n", "\n")
-	d := opstatus.Decision{State: opstatus.State(ctx.PostForm("state")), Evidence: evidence,
-		RemoteRef: ctx.PostForm("remote_ref")}
-	if err := c.o.Resolve(ctx, id, ctx.PostForm("idempotency_key"), d); err != nil {
-		c.fail(ctx, err)
+	evidence := strings.ReplaceAll(r.PostFormValue("evidence"), "\r\n", "\n")
+	d := opstatus.Decision{State: opstatus.State(r.PostFormValue("state")), Evidence: evidence,
+		RemoteRef: r.PostFormValue("remote_ref")}
+	if err := c.o.Resolve(r, id, r.PostFormValue("idempotency_key"), d); err != nil {
+		c.fail(w, r, err)
 		return
 	}
-	ctx.Redirect(http.StatusSeeOther, Prefix+"/operations/"+url.PathEscape(id)+"?done=decided")
+	redirect(w, r, Prefix+"/operations/"+url.PathEscape(id)+"?done=decided")
+}
+
+// redirect sends the browser to to with 303 See Other, after a form or to a page.
+func redirect(w http.ResponseWriter, r *http.Request, to string) {
+	http.Redirect(w, r, to, http.StatusSeeOther)
 }

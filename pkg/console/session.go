@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -10,10 +11,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
@@ -26,8 +27,10 @@ const (
 	sessionCookie = "retrysafe_console"
 	signinCookie  = "retrysafe_console_signin"
 	csrfField     = "csrf_token"
-	sessionKey    = "retrysafe.console.session"
 )
+
+// sessionKey is the request context key of the Session.
+type sessionKey struct{}
 
 // Session is the signed-in person as the pages see it: never the key, only its id and role.
 type Session struct {
@@ -54,11 +57,21 @@ func hashID(id string) string {
 
 // setCookie sets a cookie of the console: HttpOnly, SameSite=Strict, and Secure under TLS or when
 // Options.SecureCookie says a TLS proxy is in front (the request the server sees is then plain HTTP).
-func (c *console) setCookie(ctx *gin.Context, name, value string, maxAge int) {
-	http.SetCookie(ctx.Writer, &http.Cookie{
+func (c *console) setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{
 		Name: name, Value: value, Path: Prefix, MaxAge: maxAge,
-		HttpOnly: true, Secure: c.o.SecureCookie || ctx.Request.TLS != nil, SameSite: http.SameSiteStrictMode,
+		HttpOnly: true, Secure: c.o.SecureCookie || r.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
+}
+
+// cookie is the value of the request's cookie name, query-unescaped ("" and an error when it has none).
+func cookie(r *http.Request, name string) (string, error) {
+	k, err := r.Cookie(name)
+	if err != nil {
+		return "", err
+	}
+	v, _ := url.QueryUnescape(k.Value)
+	return v, nil
 }
 
 // signinTTL is how long a sign-in form stays usable.
@@ -93,31 +106,33 @@ func (c *console) validSigninToken(token string, now time.Time) bool {
 	return !issued.After(now.Add(time.Minute)) && now.Sub(issued) < signinTTL
 }
 
-func (c *console) signinForm(ctx *gin.Context, status int, failed bool) {
+func (c *console) signinForm(w http.ResponseWriter, r *http.Request, status int, failed bool) {
 	token := c.signinToken(time.Now())
-	c.setCookie(ctx, signinCookie, token, int(signinTTL.Seconds()))
-	c.render(ctx, status, "signin", map[string]any{"Title": "Sign in", "CSRF": token, "Failed": failed})
+	c.setCookie(w, r, signinCookie, token, int(signinTTL.Seconds()))
+	c.render(w, r, status, "signin", map[string]any{"Title": "Sign in", "CSRF": token, "Failed": failed})
 }
 
-func (c *console) signinPage(ctx *gin.Context) { c.signinForm(ctx, http.StatusOK, false) }
+func (c *console) signinPage(w http.ResponseWriter, r *http.Request) {
+	c.signinForm(w, r, http.StatusOK, false)
+}
 
 // signin opens a session for the key typed in the form. The key travels only in the POST body and is never
 // stored: the session names the key by its id. The form must come from this console: a same-origin POST
 // (checkOrigin) whose token matches its cookie and was signed here.
-func (c *console) signin(ctx *gin.Context) {
-	cookie, err := ctx.Cookie(signinCookie)
-	form := ctx.PostForm(csrfField)
-	if err != nil || subtle.ConstantTimeCompare([]byte(cookie), []byte(form)) != 1 || !c.validSigninToken(form, time.Now()) {
-		c.fail(ctx, problem.New(problem.CodeForbidden, "the sign-in form expired or did not come from this console; reload it"))
+func (c *console) signin(w http.ResponseWriter, r *http.Request) {
+	token, err := cookie(r, signinCookie)
+	form := r.PostFormValue(csrfField)
+	if err != nil || subtle.ConstantTimeCompare([]byte(token), []byte(form)) != 1 || !c.validSigninToken(form, time.Now()) {
+		c.fail(w, r, problem.New("forbidden", "the sign-in form expired or did not come from this console; reload it"))
 		return
 	}
-	p, ok := c.o.Keys.Authenticate(ctx.PostForm("key"))
+	p, ok := c.o.Keys.Authenticate(r.PostFormValue("key"))
 	if !ok {
-		c.signinForm(ctx, http.StatusUnauthorized, true)
+		c.signinForm(w, r, http.StatusUnauthorized, true)
 		return
 	}
 	id := randomToken()
-	err = c.o.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = c.o.DB.WithContext(r.Context()).Transaction(func(tx *gorm.DB) error {
 		// Sweep sessions idle too long while here: they could no longer be used, only read.
 		if err := tx.Exec(`DELETE FROM console_sessions WHERE last_seen_at < ?`, time.Now().Add(-c.o.IdleTimeout)).Error; err != nil {
 			return err
@@ -130,12 +145,12 @@ func (c *console) signin(ctx *gin.Context) {
 		return tx.Exec(evictSessions, p.KeyID, hashID(id), p.KeyID, hashID(id), c.o.MaxSessionsPerKey-1).Error
 	})
 	if err != nil {
-		c.fail(ctx, fmt.Errorf("console: open session: %w", err))
+		c.fail(w, r, fmt.Errorf("console: open session: %w", err))
 		return
 	}
-	c.setCookie(ctx, signinCookie, "", -1)
-	c.setCookie(ctx, sessionCookie, id, 0)
-	ctx.Redirect(http.StatusSeeOther, Prefix+"/approvals")
+	c.setCookie(w, r, signinCookie, "", -1)
+	c.setCookie(w, r, sessionCookie, id, 0)
+	http.Redirect(w, r, Prefix+"/approvals", http.StatusSeeOther)
 }
 
 // evictSessions ends the sessions of a key (1st and 3rd arguments) but the new one (2nd and 4th) and the N
@@ -144,8 +159,29 @@ const evictSessions = `DELETE FROM console_sessions WHERE key_id = ? AND id_hash
     SELECT id_hash FROM console_sessions WHERE key_id = ? AND id_hash <> ? ORDER BY last_seen_at DESC, id_hash LIMIT ?)`
 
 // session loads the session of the cookie, touching it in the same statement, or sends the browser to sign in.
-func (c *console) session(ctx *gin.Context) {
-	id, err := ctx.Cookie(sessionCookie)
+func (c *console) session(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, s, err := c.signedIn(r)
+		switch {
+		case err != nil:
+			c.fail(w, r, err)
+		case s == nil && r.Method != http.MethodGet:
+			// Refused before the form is read, as the API refuses a request without a key.
+			problem.CloseUnread(w, r)
+			c.fail(w, r, problem.New("unauthorized", "sign in first"))
+		case s == nil:
+			http.Redirect(w, r, Prefix+"/signin", http.StatusSeeOther)
+		default:
+			ctx := context.WithValue(auth.With(r.Context(), p), sessionKey{}, *s)
+			next.ServeHTTP(w, r.WithContext(ctx))
+		}
+	})
+}
+
+// signedIn is the principal and the session of the request's cookie, touching the session in the same
+// statement; nil when the cookie names no live session of a key API_KEYS still has.
+func (c *console) signedIn(r *http.Request) (auth.Principal, *Session, error) {
+	id, err := cookie(r, sessionCookie)
 	var rows []struct {
 		AccountID string
 		Role      string
@@ -153,12 +189,11 @@ func (c *console) session(ctx *gin.Context) {
 		CSRFToken string `gorm:"column:csrf_token"`
 	}
 	if err == nil && id != "" {
-		err = c.o.DB.WithContext(ctx).Raw(`UPDATE console_sessions SET last_seen_at = now()
+		err = c.o.DB.WithContext(r.Context()).Raw(`UPDATE console_sessions SET last_seen_at = now()
 WHERE id_hash = ? AND last_seen_at >= ? RETURNING account_id, role, key_id, csrf_token`,
 			hashID(id), time.Now().Add(-c.o.IdleTimeout)).Scan(&rows).Error
 		if err != nil {
-			c.fail(ctx, fmt.Errorf("console: session: %w", err))
-			return
+			return auth.Principal{}, nil, fmt.Errorf("console: session: %w", err)
 		}
 	}
 	var p auth.Principal
@@ -169,51 +204,45 @@ WHERE id_hash = ? AND last_seen_at >= ? RETURNING account_id, role, key_id, csrf
 		ok = ok && p.AccountID == rows[0].AccountID && string(p.Role) == rows[0].Role
 	}
 	if !ok {
-		if ctx.Request.Method != http.MethodGet {
-			// Refused before the form is read, as the API refuses a request without a key.
-			problem.CloseUnread(ctx)
-			c.fail(ctx, problem.New(problem.CodeUnauthorized, "sign in first"))
-			return
-		}
-		ctx.Redirect(http.StatusSeeOther, Prefix+"/signin")
-		ctx.Abort()
-		return
+		return auth.Principal{}, nil, nil
 	}
-	auth.With(ctx, p)
-	ctx.Set(sessionKey, Session{AccountID: p.AccountID, Role: p.Role, KeyID: p.KeyID, CSRF: rows[0].CSRFToken})
-	ctx.Next()
+	return p, &Session{AccountID: p.AccountID, Role: p.Role, KeyID: p.KeyID, CSRF: rows[0].CSRFToken}, nil
 }
 
-func sessionOf(ctx *gin.Context) Session { return ctx.MustGet(sessionKey).(Session) }
+func sessionOf(r *http.Request) Session { return r.Context().Value(sessionKey{}).(Session) }
 
 // checkOrigin refuses a POST a browser says came from another origin (Sec-Fetch-Site, or Origin against Host:
 // net/http's CrossOriginProtection). It runs before every POST of the console, the sign-in included, which has
 // no session yet to bind a token to.
-func (c *console) checkOrigin(ctx *gin.Context) {
-	if err := c.origins.Check(ctx.Request); err != nil {
-		c.fail(ctx, problem.New(problem.CodeForbidden, "this form was sent from another site; open the console and send it from there"))
-		return
+func (c *console) checkOrigin(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := c.origins.Check(r); err != nil {
+			c.fail(w, r, problem.New("forbidden", "this form was sent from another site; open the console and send it from there"))
+			return
+		}
+		next(w, r)
 	}
-	ctx.Next()
 }
 
 // checkCSRF refuses a POST whose form does not carry the session's token: SameSite=Strict already keeps the
 // cookie off other sites' requests, the token keeps it so on browsers that ignore SameSite.
-func (c *console) checkCSRF(ctx *gin.Context) {
-	want := sessionOf(ctx).CSRF
-	if subtle.ConstantTimeCompare([]byte(ctx.PostForm(csrfField)), []byte(want)) != 1 {
-		c.fail(ctx, problem.New(problem.CodeForbidden, "this form did not come from your console session (CSRF token missing or wrong); reload the page"))
-		return
+func (c *console) checkCSRF(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		want := sessionOf(r).CSRF
+		if subtle.ConstantTimeCompare([]byte(r.PostFormValue(csrfField)), []byte(want)) != 1 {
+			c.fail(w, r, problem.New("forbidden", "this form did not come from your console session (CSRF token missing or wrong); reload the page"))
+			return
+		}
+		next(w, r)
 	}
-	ctx.Next()
 }
 
-func (c *console) signout(ctx *gin.Context) {
-	id, _ := ctx.Cookie(sessionCookie)
-	if err := c.o.DB.WithContext(ctx).Exec(`DELETE FROM console_sessions WHERE id_hash = ?`, hashID(id)).Error; err != nil {
-		c.fail(ctx, fmt.Errorf("console: sign out: %w", err))
+func (c *console) signout(w http.ResponseWriter, r *http.Request) {
+	id, _ := cookie(r, sessionCookie)
+	if err := c.o.DB.WithContext(r.Context()).Exec(`DELETE FROM console_sessions WHERE id_hash = ?`, hashID(id)).Error; err != nil {
+		c.fail(w, r, fmt.Errorf("console: sign out: %w", err))
 		return
 	}
-	c.setCookie(ctx, sessionCookie, "", -1)
-	ctx.Redirect(http.StatusSeeOther, Prefix+"/signin")
+	c.setCookie(w, r, sessionCookie, "", -1)
+	http.Redirect(w, r, Prefix+"/signin", http.StatusSeeOther)
 }

@@ -24,7 +24,7 @@ func TestAccessLogNamesTheRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := httpserver.NewRouter(httpserver.Options{Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
-	r.POST("/v1/things", auth.Middleware(keys), func(c *gin.Context) {
+	r.POST("/v1/things", httpserver.Wrap(auth.Middleware(keys)), func(c *gin.Context) {
 		c.Header("Operation-Id", "op_1")
 		c.JSON(http.StatusCreated, gin.H{})
 	})

@@ -1,36 +1,38 @@
-// Package httpserver is the HTTP plumbing every retrysafe service shares: a gin engine with JSON access logs,
-// panic recovery into problem+json, a request body limit, CheckURL for every path parameter and query value
-// before a handler sees it, health endpoints, strict JSON decoding, and a server that caps its connections
-// (Limits) and shuts down gracefully when its context ends.
+// Package httpserver is the gin side of retrysafe: the HTTP plumbing every gin service shares, and the adapters
+// that put the core's net/http pieces on a gin router.
+//
+// The core (problem, auth, idem, opstatus, approval, httpjson) speaks context, net/http and its own types and
+// imports no router. A gin service reaches it through this package and the adapters beside the core
+// packages they adapt (idem/idemgin): WriteProblem writes a problem on a *gin.Context, Wrap mounts net/http
+// middleware (auth.Middleware, auth.AgentWrites), Mount registers routes given by ServeMux pattern
+// (opstatus.Routes, approval's Service.Routes) as gin routes. The plumbing: a gin engine with JSON access
+// logs, panic recovery into problem+json, a request body limit, CheckURL for every path parameter and query
+// value before a handler sees it, health endpoints, and a server that caps its connections (Limits) and shuts
+// down gracefully when its context ends.
 //
 //	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20})
-//	api := r.Group("", auth.Middleware(keys))
+//	api := r.Group("", httpserver.Wrap(auth.Middleware(keys)))
 //	tickets.Routes(api, svc)
+//	httpserver.Mount(api, opstatus.Routes(db))
 //	err := httpserver.Serve(ctx, ":8081", r, logger, httpserver.Limits{})
 package httpserver
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
 	"net/netip"
-	"reflect"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/ids"
-	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -73,9 +75,9 @@ func NewRouter(o Options) *gin.Engine {
 	r.Use(noSniff, attempt, accessLog(o.Logger))
 	r.Use(o.Middleware...)
 	r.Use(recovery(o.Logger), bodyLimit(limit))
-	r.NoRoute(func(c *gin.Context) { problem.Write(c, problem.New(problem.CodeNotFound, "no such route")) })
+	r.NoRoute(func(c *gin.Context) { WriteProblem(c, problem.New("not_found", "no such route")) })
 	r.NoMethod(func(c *gin.Context) {
-		problem.Write(c, problem.New(problem.CodeMethodNotAllowed, "method not allowed on this route"))
+		WriteProblem(c, problem.New("method_not_allowed", "method not allowed on this route"))
 	})
 	r.GET("/healthz", func(c *gin.Context) { JSON(c, http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", func(c *gin.Context) {
@@ -114,40 +116,14 @@ func noSniff(c *gin.Context) {
 	c.Next()
 }
 
-// HeaderAttemptID names one HTTP attempt. A caller may send its own (the agent's att_01, att_02 of one
-// operation); otherwise the server makes one. It is echoed on the response, written in the access log and in
-// the operation events the attempt causes, so an investigation can tell attempts of one action apart.
-const HeaderAttemptID = "Attempt-Id"
-
 const attemptKey = "retrysafe.attempt"
 
 func attempt(c *gin.Context) {
-	id := AttemptIDOf(c.Request.Header)
+	id := ids.AttemptIDOf(c.Request.Header)
 	c.Set(attemptKey, id)
-	c.Header(HeaderAttemptID, id)
+	c.Request = c.Request.WithContext(ids.WithAttemptID(c.Request.Context(), id))
+	c.Header(ids.HeaderAttemptID, id)
 	c.Next()
-}
-
-// AttemptIDOf is the attempt id of a request with header h: its Attempt-Id when valid, or a new one.
-func AttemptIDOf(h http.Header) string {
-	if id := h.Get(HeaderAttemptID); ValidID(id) {
-		return id
-	}
-	return ids.New("att_")
-}
-
-// ValidID reports whether id is 1 to 128 printable ASCII characters without spaces: the form of an Attempt-Id,
-// and of the other ids a caller sends in headers (package idem's lineage headers).
-func ValidID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if id[i] <= 0x20 || id[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // AttemptID is the attempt id of the request ("" outside NewRouter's middleware).
@@ -162,7 +138,7 @@ func accessLog(logger *slog.Logger) gin.HandlerFunc {
 			"method", c.Request.Method, "route", c.FullPath(), "status", c.Writer.Status(),
 			"duration_ms", time.Since(start).Milliseconds(), "attempt_id", AttemptID(c),
 		}
-		if p, ok := auth.Lookup(c); ok {
+		if p, ok := auth.Lookup(c.Request.Context()); ok {
 			attrs = append(attrs, "account_id", p.AccountID)
 		}
 		if op := c.Writer.Header().Get("Operation-Id"); op != "" {
@@ -183,7 +159,7 @@ func recovery(logger *slog.Logger) gin.HandlerFunc {
 					panic(v)
 				}
 				logger.ErrorContext(c.Request.Context(), "panic", "route", c.FullPath(), "panic", fmt.Sprint(v))
-				problem.Write(c, fmt.Errorf("panic: %v", v))
+				WriteProblem(c, fmt.Errorf("panic: %v", v))
 			}
 		}()
 		c.Next()
@@ -193,64 +169,12 @@ func recovery(logger *slog.Logger) gin.HandlerFunc {
 func bodyLimit(limit int64) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		if c.Request.ContentLength > limit {
-			problem.Write(c, problem.New(problem.CodeBodyTooLarge, "request body is larger than %d bytes", limit))
+			WriteProblem(c, problem.New("body_too_large", "request body is larger than %d bytes", limit))
 			return
 		}
 		c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, limit)
 		c.Next()
 	}
-}
-
-// DecodeJSON reads the request body into v strictly (see DecodeJSONBytes): a JSON object, no unknown, duplicate
-// or case-folded member names, no trailing data, types as declared: 400 invalid_request otherwise; a number that
-// RFC 8785 would write as another (beyond what a double holds exactly) is 422 validation_failed naming it. Both
-// before anything is claimed or stored.
-func DecodeJSON(c *gin.Context, v any) error {
-	if ct := c.GetHeader("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && mt != "application/problem+json") {
-			return problem.New(problem.CodeUnsupportedMediaType, "send Content-Type: application/json")
-		}
-	}
-	body, err := io.ReadAll(c.Request.Body)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return problem.New(problem.CodeBodyTooLarge, "request body is larger than %d bytes", tooLarge.Limit)
-		}
-		return problem.New(problem.CodeInvalidRequest, "could not read the request body")
-	}
-	return DecodeJSONBytes(body, v)
-}
-
-// DecodeJSONBytes is DecodeJSON for a body already read, such as the proposed body of an approval request, so
-// that it is held to exactly the rules its write will be. Strict means: nested at most jsondepth.Max levels,
-// UTF-8, one JSON value, no unknown member, no member twice in one object, no name that matches a field only
-// by case, no escape of half a surrogate pair, at any depth; so what is decoded is the only way to read the
-// body, and the fingerprint, an approver's summary and the write all see the same request. A body nested
-// deeper is refused before it is walked, after one pass over at most its bytes.
-func DecodeJSONBytes(body []byte, v any) error {
-	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' {
-		return problem.New(problem.CodeInvalidRequest, "the request body must be a JSON object")
-	}
-	if err := jsondepth.Check(body); err != nil {
-		return problem.New(problem.CodeInvalidRequest, "malformed JSON: %v", err)
-	}
-	if !utf8.Valid(body) {
-		return problem.New(problem.CodeInvalidRequest, "malformed JSON: the body is not valid UTF-8")
-	}
-	if err := checkMemberNames(body, reflect.TypeOf(v)); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return problem.New(problem.CodeInvalidRequest, "malformed JSON: %s", describeJSONError(err))
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return problem.New(problem.CodeInvalidRequest, "malformed JSON: data after the JSON object")
-	}
-	return nil
 }
 
 // JSON writes v as the JSON answer with status. Every JSON answer of retrysafe, stored, replayed or written
@@ -274,64 +198,6 @@ func (r jsonRender) Render(w http.ResponseWriter) error {
 
 func (jsonRender) WriteContentType(w http.ResponseWriter) {
 	w.Header()["Content-Type"] = []string{"application/json"}
-}
-
-// DecodeActionBody is the one rule for the body of an action endpoint (cancel, capture, rollback, approve,
-// deny), whose fields are all optional: an empty body (no bytes, or only white space) means {}; any other body
-// is decoded strictly into v as DecodeJSON does, so `{"x":1}` is 400 invalid_request like an unknown field
-// anywhere. An action without fields decodes into a struct{}.
-func DecodeActionBody(c *gin.Context, v any) error {
-	if c.Request.Body == nil || c.Request.Body == http.NoBody {
-		return nil
-	}
-	body, err := io.ReadAll(c.Request.Body)
-	if err != nil {
-		return DecodeJSON(c, v) // reports the read error as DecodeJSON does
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return nil
-	}
-	c.Request.Body = io.NopCloser(bytes.NewReader(body))
-	return DecodeJSON(c, v)
-}
-
-// DecodeActionCommand is DecodeActionBody, then cmd.Validate (defaults apply to an empty body too).
-func DecodeActionCommand(c *gin.Context, cmd Command) error {
-	if err := DecodeActionBody(c, cmd); err != nil {
-		return err
-	}
-	return cmd.Validate()
-}
-
-// Command is a request body that can check itself and apply its defaults.
-type Command interface{ Validate() error }
-
-// DecodeCommand decodes the body strictly into cmd, then validates it: both before any idempotency claim, so
-// a refused request never burns its key.
-func DecodeCommand(c *gin.Context, cmd Command) error {
-	if err := DecodeJSON(c, cmd); err != nil {
-		return err
-	}
-	return cmd.Validate()
-}
-
-func describeJSONError(err error) string {
-	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
-		if typeErr.Field != "" {
-			return fmt.Sprintf("field %q must be %s", typeErr.Field, typeErr.Type.String())
-		}
-		return "the request body must be a JSON object"
-	}
-	var syntaxErr *json.SyntaxError
-	if errors.As(err, &syntaxErr) {
-		return fmt.Sprintf("syntax error at byte %d", syntaxErr.Offset)
-	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return "unexpected end of input"
-	}
-	// json reports unknown fields as `json: unknown field "x"`; that text names the field and nothing private.
-	return err.Error()
 }
 
 // Serve runs handler on addr, within limits, until ctx ends, then shuts down gracefully within 10 seconds.

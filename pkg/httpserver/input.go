@@ -1,26 +1,18 @@
 package httpserver
 
 import (
-	"net/url"
-
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
-)
-
-// Limits on what a URL may carry. Ids are 40-odd characters and names at most 63; nothing a route takes comes
-// near these, so only a hostile or broken caller meets them.
-const (
-	MaxPathParamLength  = 255
-	MaxQueryValueLength = 1024
+	"github.com/retrysafe/retrysafe/pkg/urlcheck"
 )
 
 // CheckURL is middleware for every API route, before its handlers (pkg/service puts it behind authentication):
 // it writes the problem URLError finds, so a URL that is not clean text never reaches a handler.
 func CheckURL(c *gin.Context) {
 	if err := URLError(c); err != nil {
-		problem.Write(c, err)
+		WriteProblem(c, err)
 		return
 	}
 	c.Next()
@@ -33,32 +25,11 @@ func CheckURL(c *gin.Context) {
 // naming the parameter. The problem never quotes the value, so neither an answer nor a log line carries it.
 // CheckURL writes it as problem+json; the console renders it as its error page.
 func URLError(c *gin.Context) error {
-	for _, p := range c.Params {
-		if len(p.Value) > MaxPathParamLength || problem.TextFault(p.Value, false) != "" {
-			return problem.New(problem.CodeNotFound, "nothing is found at this path: the %s is malformed", p.Key)
-		}
+	params := make([]urlcheck.Param, len(c.Params))
+	for i, p := range c.Params {
+		params[i] = urlcheck.Param{Name: p.Key, Value: p.Value}
 	}
-	if c.Request.URL.RawQuery == "" {
-		return nil
-	}
-	query, err := url.ParseQuery(c.Request.URL.RawQuery)
-	if err != nil {
-		return problem.New(problem.CodeInvalidRequest, "the query string is malformed: send name=value pairs separated by & and percent-encoded")
-	}
-	for name, values := range query {
-		if len(name) > MaxQueryValueLength || problem.TextFault(name, false) != "" {
-			return problem.New(problem.CodeInvalidRequest, "a query parameter name is not UTF-8 text without control characters")
-		}
-		for _, v := range values {
-			if len(v) > MaxQueryValueLength {
-				return problem.New(problem.CodeInvalidRequest, "query parameter %q is longer than %d bytes", name, MaxQueryValueLength)
-			}
-			if fault := problem.TextFault(v, false); fault != "" {
-				return problem.New(problem.CodeInvalidRequest, "query parameter %q %s", name, fault)
-			}
-		}
-	}
-	return nil
+	return urlcheck.Check(params, c.Request.URL.RawQuery)
 }
 
 // PathID is route middleware for a path parameter that holds an id made by ids.New(prefix): any other value
@@ -74,7 +45,7 @@ func PathID(param, prefix, resource string) gin.HandlerFunc {
 func PathParam(param, resource string, valid func(string) bool) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		if !valid(c.Param(param)) {
-			problem.Write(c, problem.NotFound(resource))
+			WriteProblem(c, problem.NotFound(resource))
 			return
 		}
 		c.Next()

@@ -26,7 +26,7 @@ func TestUnauthenticatedBodyIsNotRead(t *testing.T) {
 	t.Parallel()
 	r := httpserver.NewRouter(httpserver.Options{Logger: slog.New(slog.DiscardHandler)})
 	reached := make(chan struct{}, 1)
-	r.Group("", auth.Middleware(auth.Demo())).POST("/v1/things", func(c *gin.Context) { reached <- struct{}{} })
+	r.Group("", httpserver.Wrap(auth.Middleware(auth.Demo()))).POST("/v1/things", func(c *gin.Context) { reached <- struct{}{} })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

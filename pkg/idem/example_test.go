@@ -9,6 +9,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -20,7 +21,7 @@ type createNote struct {
 	Text string `json:"text"`
 }
 
-// Validate is the command's own check (httpserver.DecodeCommand calls it): 422 before any key is claimed.
+// Validate is the command's own check (httpjson.DecodeCommand calls it): 422 before any key is claimed.
 func (c createNote) Validate() error {
 	if c.Text == "" {
 		return problem.Validation(problem.FieldError{Field: "text", Message: "is required"})
@@ -46,7 +47,7 @@ func ExampleHandler_Handle() {
 	mux.HandleFunc("POST /v1/notes", func(w http.ResponseWriter, r *http.Request) {
 		var cmd createNote
 		if err := json.NewDecoder(r.Body).Decode(&cmd); err != nil || cmd.Validate() != nil {
-			problem.WriteHTTP(w, r, problem.New(problem.CodeInvalidRequest, "send {\"text\": \"...\"}"))
+			problem.Write(w, r, problem.New("invalid_request", "send {\"text\": \"...\"}"))
 			return
 		}
 		h.Handle(w, r, idem.Request{Kind: "notes.create", Command: cmd},
@@ -76,8 +77,8 @@ func Example_gin() {
 	r := gin.New()
 	r.POST("/v1/notes", func(c *gin.Context) {
 		var cmd createNote
-		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-			problem.Write(c, err)
+		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		idemgin.Do(h, c, idem.Request{Kind: "notes.create", Command: cmd},
@@ -103,8 +104,8 @@ func ExampleRunExternal() {
 	r := gin.New()
 	r.POST("/v1/messages", func(c *gin.Context) {
 		var cmd createNote
-		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-			problem.Write(c, err)
+		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		// string is the type of the other side's answer: Call returns it and Record receives it.

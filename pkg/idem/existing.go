@@ -68,21 +68,21 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 	switch v {
 	case verdictConflict:
 		extra = map[string]any{"prior_fingerprint": s.fingerprint}
-		ans.Err = problem.New(problem.CodeIdempotencyKeyReused,
+		ans.Err = problem.New("idempotency_key_reused",
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").
 			With("operation_id", opID).With("state", state)
 	case verdictReplay:
 		status = s.response.Status
 		ans = answer(opID, s.response, true)
 	case verdictExpired:
-		ans = Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
+		ans = Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New("idempotency_response_expired",
 			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
 			With("operation_id", opID).With("state", state).With("resource", s.resource).
 			With("operation_url", "/v1/operations/"+opID)}
 	case verdictInProgress:
 		extra = map[string]any{"state": state}
 		ans.Err = &problem.Error{
-			Code:       problem.CodeRequestInProgress,
+			Code:       "request_in_progress",
 			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
 			RetryAfter: max(h.RetryAfter, 1),
 			Extensions: map[string]any{"operation_id": opID, "state": state},

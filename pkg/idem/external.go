@@ -194,7 +194,7 @@ func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, left time.Durat
 	} else {
 		h.log().InfoContext(ctx, "effect not sent: too little lease left after the claim", "operation_id", a.op.ID, "lease_left_ms", left.Milliseconds())
 	}
-	return Answer{Err: &problem.Error{Code: problem.CodeStoreUnavailable, RetryAfter: 1,
+	return Answer{Err: &problem.Error{Code: "store_unavailable", RetryAfter: 1,
 		Detail: "the database was too slow to start this action safely; it was not sent; retry with the same Idempotency-Key"}}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -68,14 +69,14 @@ func setupExternal(t *testing.T, lease time.Duration, opts ...servicetest.Option
 	charges := func(c *gin.Context) {
 		requests.Store(c.GetHeader("Idempotency-Key"), c.Request.Context())
 		var cmd chargeCommand
-		if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-			problem.Write(c, err)
+		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		idemgin.DoExternal(env.Idem, c, idem.Request{Kind: "test.charge", Command: cmd}, idem.ExternalSteps[string]{
 			Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 				if cmd.Amount == 13 {
-					return problem.New(problem.CodeInvalidState, "unlucky")
+					return problem.New("invalid_state", "unlucky")
 				}
 				if fx.prepare != nil {
 					return fx.prepare(ctx, tx)

@@ -209,7 +209,7 @@ type Call struct {
 	AttemptID string
 }
 
-// Answer is what to send back: a response, or Err, a problem to render (problem.WriteHTTP, problem.Write) with
+// Answer is what to send back: a response, or Err, a problem to render (problem.Write) with
 // Header's headers.
 type Answer struct {
 	Status int
@@ -247,7 +247,7 @@ func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim fun
 	}
 	if call.Caller.AccountID == "" {
 		h.log().Error("idem: a write reached the handler with no caller: authenticate before it (Call.Caller, idemgin with auth, or WithCaller)", "kind", req.Kind)
-		return refuse(problem.New(problem.CodeInternal, "the server could not tell who sent this request"))
+		return refuse(problem.New("internal", "the server could not tell who sent this request"))
 	}
 	values := call.Header.Values(HeaderKey)
 	key, err := ParseKey(call.Header.Get(HeaderKey), len(values) > 0)
@@ -255,7 +255,7 @@ func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim fun
 		key, err = ids.New("unkeyed_"), nil
 	}
 	if err == nil && len(values) > 1 {
-		err = problem.New(problem.CodeIdempotencyKeyInvalid, "send exactly one Idempotency-Key header")
+		err = problem.New("idempotency_key_invalid", "send exactly one Idempotency-Key header")
 	}
 	if err != nil {
 		return refuse(err)

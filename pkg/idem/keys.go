@@ -29,15 +29,15 @@ const MaxKeyLength = 255
 // The key is opaque: it is never trimmed, folded or interpreted.
 func ParseKey(value string, present bool) (string, error) {
 	if !present {
-		return "", problem.New(problem.CodeIdempotencyKeyMissing,
+		return "", problem.New("idempotency_key_missing",
 			"this write needs an Idempotency-Key header: one random value (a UUID) per intended action, reused on every retry")
 	}
 	if value == "" || len(value) > MaxKeyLength {
-		return "", problem.New(problem.CodeIdempotencyKeyInvalid, "Idempotency-Key must be 1 to %d characters", MaxKeyLength)
+		return "", problem.New("idempotency_key_invalid", "Idempotency-Key must be 1 to %d characters", MaxKeyLength)
 	}
 	for i := 0; i < len(value); i++ {
 		if value[i] < 0x20 || value[i] > 0x7e {
-			return "", problem.New(problem.CodeIdempotencyKeyInvalid, "Idempotency-Key must be printable ASCII")
+			return "", problem.New("idempotency_key_invalid", "Idempotency-Key must be printable ASCII")
 		}
 	}
 	return value, nil

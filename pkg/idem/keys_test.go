@@ -364,7 +364,7 @@ func TestWaitersAreBounded(t *testing.T) {
 	eventually(t, "the retry waits", func() bool { return len(h.waiters) == 0 })
 	turnedAway := RunExternal(ctx, h, call(true), req, steps)
 	var p *problem.Error
-	if !errors.As(turnedAway.Err, &p) || p.Code != problem.CodeRequestInProgress {
+	if !errors.As(turnedAway.Err, &p) || p.Code != "request_in_progress" {
 		t.Fatalf("a second waiter: %+v; want 409 request_in_progress at once", turnedAway)
 	}
 	close(release)

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retrysafe/retrysafe/pkg/database"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -37,8 +37,8 @@ const (
 // apply, 403 approval_invalid as the contract answers an unknown one; another is 400 invalid_request naming it.
 func checkTakes(h http.Header, takes []string) error {
 	if vs := h.Values(HeaderApprovalID); len(vs) > 0 && !slices.Contains(takes, HeaderApprovalID) {
-		err := problem.New(problem.CodeApprovalInvalid, "this write takes no approval: the %s header cannot apply to it", HeaderApprovalID)
-		if len(vs) == 1 && httpserver.ValidID(vs[0]) {
+		err := problem.New("approval_invalid", "this write takes no approval: the %s header cannot apply to it", HeaderApprovalID)
+		if len(vs) == 1 && ids.ValidSent(vs[0]) {
 			err = err.With("approval_id", vs[0])
 		}
 		return err
@@ -80,28 +80,28 @@ type lineage struct {
 }
 
 func headerProblem(name, detail string) error {
-	return problem.New(problem.CodeInvalidRequest, "the %s header %s", name, detail).With("header", name)
+	return problem.New("invalid_request", "the %s header %s", name, detail).With("header", name)
 }
 
 // parseLineage validates the lineage headers; a malformed one is 400 invalid_request naming it. attemptID is the
 // adapter's (gin's middleware makes one); when empty it is the Attempt-Id header, or a new one.
 func parseLineage(h http.Header, attemptID string) (lineage, error) {
 	if attemptID == "" {
-		attemptID = httpserver.AttemptIDOf(h)
+		attemptID = ids.AttemptIDOf(h)
 	}
-	l := lineage{attempt: attemptID, attemptSent: len(h.Values(httpserver.HeaderAttemptID)) > 0, start: time.Now()}
+	l := lineage{attempt: attemptID, attemptSent: len(h.Values(ids.HeaderAttemptID)) > 0, start: time.Now()}
 	for _, f := range []struct {
 		name  string
 		dst   *string
 		check func(string) bool
 		want  string
 	}{
-		{httpserver.HeaderAttemptID, nil, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
-		{HeaderAgentRunID, &l.agentRun, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
-		{HeaderRetryOf, &l.retryOf, httpserver.ValidID, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
+		{ids.HeaderAttemptID, nil, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
+		{HeaderAgentRunID, &l.agentRun, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
+		{HeaderRetryOf, &l.retryOf, ids.ValidSent, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
 		{HeaderRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
 			"must be one of " + strings.Join(RetryReasons, ", ")},
-		{HeaderSupersedes, &l.supersedes, func(v string) bool { return httpserver.ValidID(v) && len(v) > 3 && v[:3] == "op_" },
+		{HeaderSupersedes, &l.supersedes, func(v string) bool { return ids.ValidSent(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
 	} {
 		vs := h.Values(f.name)
@@ -188,7 +188,7 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 			}
 		}
 		if !approved {
-			return problem.New(problem.CodeSupersededOperationUnknown,
+			return problem.New("superseded_operation_unknown",
 				"the operation this one supersedes has an unknown outcome: settle it first (a retry with its key, or a person's "+
 					"resolution), or have a person approve this exact request naming it (Approval-Id)").
 				With("operation_id", a.lineage.supersedes).With("state", state)
@@ -196,7 +196,7 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 	}
 	err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
 		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})
-	if problem.IsUniqueViolation(err, "operation_events_successor") {
+	if database.UniqueViolation(err, "operation_events_successor") {
 		// Another operation superseded it after this one looked (operation_events_successor): it committed first.
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
 	}
@@ -264,7 +264,7 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lin
 
 // attemptIDUsed is the refusal of an attempt whose Attempt-Id the operation already has.
 func attemptIDUsed() *lineageRefusal {
-	return &lineageRefusal{headerProblem(httpserver.HeaderAttemptID, "was already used by another attempt of this operation"), refusalAttemptIDUsed}
+	return &lineageRefusal{headerProblem(ids.HeaderAttemptID, "was already used by another attempt of this operation"), refusalAttemptIDUsed}
 }
 
 // claimDetail is the detail of the claimed event.

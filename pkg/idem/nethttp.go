@@ -5,7 +5,8 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -13,14 +14,14 @@ import (
 // headers, the caller WithCaller put in its context) and the answer is written on w.
 func (h *Handler) Handle(w http.ResponseWriter, r *http.Request, req Request, write WriteFunc) {
 	call := HTTPCall(r)
-	w.Header().Set(httpserver.HeaderAttemptID, call.AttemptID)
+	w.Header().Set(ids.HeaderAttemptID, call.AttemptID)
 	WriteAnswer(w, r, h.Run(r.Context(), call, req, write))
 }
 
 // HandleExternal is RunExternal for a net/http handler, as Handle.
 func HandleExternal[T any](h *Handler, w http.ResponseWriter, r *http.Request, req Request, steps ExternalSteps[T]) {
 	call := HTTPCall(r)
-	w.Header().Set(httpserver.HeaderAttemptID, call.AttemptID)
+	w.Header().Set(ids.HeaderAttemptID, call.AttemptID)
 	WriteAnswer(w, r, RunExternal(r.Context(), h, call, req, steps))
 }
 
@@ -39,9 +40,14 @@ func CallerFrom(ctx context.Context) (Caller, bool) {
 }
 
 // HTTPCall is the Call of r, routed by a net/http ServeMux (Go 1.22 patterns): the route is r.Pattern without its
-// method, the parameters its wildcards' values, the attempt its valid Attempt-Id header or a new one.
+// method, the parameters its wildcards' values, the attempt its valid Attempt-Id header or a new one. The caller
+// is auth.Middleware's principal or, for a service with its own authentication, the one WithCaller put in the
+// request's context, as idemgin.Call has it.
 func HTTPCall(r *http.Request) Call {
 	caller, _ := CallerFrom(r.Context())
+	if p, ok := auth.Lookup(r.Context()); ok {
+		caller = Caller{AccountID: p.AccountID, Actor: p.Actor()}
+	}
 	route := r.Pattern
 	if _, path, ok := strings.Cut(route, " "); ok {
 		route = path
@@ -54,16 +60,16 @@ func HTTPCall(r *http.Request) Call {
 		}
 	}
 	return Call{Method: r.Method, Route: route, Params: params, Header: r.Header, Caller: caller,
-		AttemptID: httpserver.AttemptIDOf(r.Header)}
+		AttemptID: ids.AttemptID(r)}
 }
 
-// WriteAnswer writes a on w; a problem goes through problem.WriteHTTP.
+// WriteAnswer writes a on w; a problem goes through problem.Write.
 func WriteAnswer(w http.ResponseWriter, r *http.Request, a Answer) {
 	for name, values := range a.Header {
 		w.Header()[name] = values
 	}
 	if a.Err != nil {
-		problem.WriteHTTP(w, r, a.Err)
+		problem.Write(w, r, a.Err)
 		return
 	}
 	w.WriteHeader(a.Status)

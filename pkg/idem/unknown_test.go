@@ -27,7 +27,7 @@ func TestUnknownSettledDuringARetryIsNotAnswered202(t *testing.T) {
 	e.env.Idem.Reconcilers = map[string]opstatus.Reconciler{
 		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 			err := e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
-				return idem.ProblemResult(problem.New(problem.CodeProviderDeclined, "declined"), opstatus.StateFailed), nil
+				return idem.ProblemResult(problem.New("provider_declined", "declined"), opstatus.StateFailed), nil
 			})
 			return errors.Join(err, errors.New("the answer of the other side was lost"))
 		}),

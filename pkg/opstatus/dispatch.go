@@ -56,7 +56,7 @@ func CallMayLand(ctx context.Context, db *gorm.DB, op Operation, now time.Time) 
 // CallMayLandProblem is the refusal of a decision on op while its call may still arrive (CallMayLand): 409
 // call_may_still_land, with Retry-After the seconds until the lease that bounds the call ends.
 func CallMayLandProblem(op Operation, until, now time.Time) *problem.Error {
-	p := problem.New(problem.CodeCallMayLand,
+	p := problem.New("call_may_still_land",
 		"operation %s may still have its call arrive at the other side until %s; nothing was decided: decide once it cannot, when the reconciler may well have settled it",
 		op.ID, until.UTC().Format(time.RFC3339)).
 		With("operation_id", op.ID).With("state", op.State).With("lease_expires_at", until.UTC())

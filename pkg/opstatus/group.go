@@ -9,7 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
-	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // GroupAppender appends events durably, and concurrent appends together (package batch): one INSERT and one
@@ -88,7 +88,7 @@ func (g *GroupAppender) insert(ctx context.Context, group []groupItem) ([]error,
 // AttemptUsed reports whether err is the refusal of an attempt record whose attempt id its operation already
 // has a record of (the unique index operation_events_attempt).
 func AttemptUsed(err error) bool {
-	return problem.IsUniqueViolation(err, "operation_events_attempt")
+	return database.UniqueViolation(err, "operation_events_attempt")
 }
 
 func (g *GroupAppender) insertRows(ctx context.Context, group []groupItem) error {

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
-	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // An operation started under an idempotency key holds that key (package idem): QueueCreate claims it,
@@ -26,7 +26,7 @@ var ErrAlreadySettled = errors.New("opstatus: operation already settled")
 
 // KeyTaken reports whether err is a claim's failure on a key another operation of the account holds.
 func KeyTaken(err error) bool {
-	return problem.IsUniqueViolation(err, "operations_key")
+	return database.UniqueViolation(err, "operations_key")
 }
 
 // Completion is the outcome an operation's key stores: the operation's new state and resource, the event that

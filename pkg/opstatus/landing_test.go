@@ -58,11 +58,11 @@ func TestResolveWaitsForTheCallAndItsService(t *testing.T) {
 
 	_, err := opstatus.Resolve(ctx, db.DB, "acct", op.ID, "approver:x", d, nil, []string{"tickets"})
 	var p *problem.Error
-	if !errors.As(err, &p) || p.Code != problem.CodeResolverElsewhere || p.Extensions["service"] != "payments" {
+	if !errors.As(err, &p) || p.Code != "resolver_elsewhere" || p.Extensions["service"] != "payments" {
 		t.Fatalf("decision in a tickets process: %v; want resolver_elsewhere naming payments", err)
 	}
 	_, err = opstatus.Resolve(ctx, db.DB, "acct", op.ID, "approver:x", d, resolvers, []string{"tickets"})
-	if !errors.As(err, &p) || p.Code != problem.CodeCallMayLand || p.RetryAfter < 1 || released != 0 {
+	if !errors.As(err, &p) || p.Code != "call_may_still_land" || p.RetryAfter < 1 || released != 0 {
 		t.Fatalf("decision while the lease runs: %v (released %d); want call_may_still_land with Retry-After", err, released)
 	}
 	if err := db.Exec(`UPDATE operations SET lease_expires_at = now() - interval '1 second' WHERE id = ?`, op.ID).Error; err != nil {

@@ -72,7 +72,7 @@ FROM generate_series(1, 20) AS i`).Error
 	}
 	for _, bad := range []string{"nope", "e30"} {
 		_, err := opstatus.List(ctx, db.DB, "acct", opstatus.ListFilter{After: bad})
-		if !errors.Is(err, &problem.Error{Code: problem.CodeValidationFailed}) {
+		if !errors.Is(err, &problem.Error{Code: "validation_failed"}) {
 			t.Fatalf("cursor %q: %v; want a validation problem", bad, err)
 		}
 	}

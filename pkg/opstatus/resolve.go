@@ -88,13 +88,13 @@ func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d De
 	}
 	op := rows[0].operation()
 	if op.State != StateUnknown {
-		return Operation{}, problem.New(problem.CodeInvalidState,
+		return Operation{}, problem.New("invalid_state",
 			"operation %s is %s; only an operation whose outcome is unknown takes a person's decision", id, op.State).
 			With("state", op.State).With("operation_id", id)
 	}
 	r, ok := resolvers[op.Kind]
 	if service, _, _ := strings.Cut(op.Kind, "."); !ok && !slices.Contains(services, service) {
-		return Operation{}, problem.New(problem.CodeResolverElsewhere,
+		return Operation{}, problem.New("resolver_elsewhere",
 			"operation %s is a %s operation, which this process does not run: send the decision to the %s service; nothing was decided",
 			id, op.Kind, service).With("operation_id", id).With("kind", op.Kind).With("service", service)
 	}

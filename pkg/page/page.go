@@ -4,7 +4,7 @@
 // names the last item of a page by its sort key (created_at, id), so a page never repeats or skips an item
 // because rows were added meanwhile.
 //
-//	r, err := page.FromQuery(c)                      // 400 invalid_request for a bad limit or cursor
+//	r, err := page.FromQuery(req.URL.Query())     // 400 invalid_request for a bad limit or cursor
 //	rows, err := store.Tickets(ctx, db, account, r)  // at most r.Limit+1 rows, after r.After
 //	httpserver.JSON(c, 200, page.Of(rows, r, func(t Ticket) page.Cursor { return page.Cursor{At: t.CreatedAt, ID: t.ID} }))
 package page
@@ -17,7 +17,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gin-gonic/gin"
+	"net/url"
 
 	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -54,21 +54,23 @@ func (r Request) Fetch() int { return r.Limit + 1 }
 
 // FromQuery reads `limit` and `cursor` from the query. A limit that is not a whole number from 1 to MaxLimit,
 // or a cursor this package did not make, is 400 invalid_request naming the parameter.
-func FromQuery(c *gin.Context) (Request, error) {
+func FromQuery(q url.Values) (Request, error) {
 	r := Request{Limit: DefaultLimit}
-	if v, ok := c.GetQuery("limit"); ok {
+	if vs, ok := q["limit"]; ok && len(vs) > 0 {
+		v := vs[0]
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxLimit {
-			return Request{}, &problem.Error{Code: problem.CodeInvalidRequest,
+			return Request{}, &problem.Error{Code: "invalid_request",
 				Detail: "limit must be a whole number from 1 to " + strconv.Itoa(MaxLimit),
 				Fields: []problem.FieldError{{Field: "limit", Message: "must be a whole number from 1 to " + strconv.Itoa(MaxLimit)}}}
 		}
 		r.Limit = n
 	}
-	if v, ok := c.GetQuery("cursor"); ok {
+	if vs, ok := q["cursor"]; ok && len(vs) > 0 {
+		v := vs[0]
 		cur, err := Parse(v)
 		if err != nil {
-			return Request{}, &problem.Error{Code: problem.CodeInvalidRequest,
+			return Request{}, &problem.Error{Code: "invalid_request",
 				Detail: "cursor is not one this list gave: send next_cursor from the page before, unchanged",
 				Fields: []problem.FieldError{{Field: "cursor", Message: "is malformed"}}}
 		}

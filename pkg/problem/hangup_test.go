@@ -26,7 +26,7 @@ func TestCallerHangUpIsNotAServerError(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	w := httptest.NewRecorder()
-	problem.WriteHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/deploys", nil).WithContext(ctx), err)
+	problem.Write(w, httptest.NewRequest(http.MethodPost, "/v1/deploys", nil).WithContext(ctx), err)
 	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), `"code":"store_unavailable"`) {
 		t.Fatalf("hung up: %d %s; want 503 store_unavailable", w.Code, w.Body)
 	}
@@ -36,7 +36,7 @@ func TestCallerHangUpIsNotAServerError(t *testing.T) {
 
 	logs.Reset()
 	w = httptest.NewRecorder()
-	problem.WriteHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/deploys", nil), err)
+	problem.Write(w, httptest.NewRequest(http.MethodPost, "/v1/deploys", nil), err)
 	if w.Code != http.StatusInternalServerError || !strings.Contains(logs.String(), "level=ERROR") {
 		t.Fatalf("still listening: %d, logs %q; want a 500 with an ERROR line", w.Code, logs.String())
 	}

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/puddle/v2"
 
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
@@ -34,10 +33,9 @@ func TestStoreUnavailableByType(t *testing.T) {
 		io.ErrUnexpectedEOF,
 		wrap(io.ErrUnexpectedEOF),
 		wrap(&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}),
-		wrap(&pgconn.ConnectError{}),
+		wrap(refusedConnect(t)),
 		wrap(driver.ErrBadConn),
 		wrap(sql.ErrConnDone),
-		wrap(puddle.ErrClosedPool),
 		wrap(context.DeadlineExceeded),
 		wrap(&pgconn.PgError{Code: "08006"}),
 		wrap(&pgconn.PgError{Code: "57P01"}),
@@ -183,9 +181,26 @@ func TestDroppedDatabaseIsUnavailable(t *testing.T) {
 	for i := range 3 {
 		err := db.Exec(`SELECT ?::int`, 1).Error
 		w := httptest.NewRecorder()
-		problem.WriteHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/things", nil), err)
+		problem.Write(w, httptest.NewRequest(http.MethodPost, "/v1/things", nil), err)
 		if err == nil || w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), `"store_unavailable"`) {
 			t.Fatalf("request %d after the drop: %v, answered %d %s; want 503 store_unavailable", i, err, w.Code, w.Body)
 		}
 	}
+}
+
+// refusedConnect is the driver's error for a server that refuses the connection.
+func refusedConnect(t *testing.T) error {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	_, err = pgconn.Connect(context.Background(), "postgres://x@"+addr+"/x?connect_timeout=5")
+	var connectErr *pgconn.ConnectError
+	if !errors.As(err, &connectErr) {
+		t.Fatalf("connect to a closed port: %v; want a ConnectError", err)
+	}
+	return err
 }

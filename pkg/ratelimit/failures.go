@@ -46,7 +46,7 @@ func NewFailures(l Limit) *Failures {
 }
 
 // Middleware refuses a client without a token left (429), and after the request counts an answer 401 against
-// it. The refusal does not read the request body and closes the connection (problem.WriteAndClose).
+// it. The refusal does not read the request body and closes the connection (httpserver.RefuseUnread).
 func (f *Failures) Middleware() gin.HandlerFunc {
 	return func(c *gin.Context) {
 		addr, err := netip.ParseAddr(c.ClientIP())
@@ -56,8 +56,8 @@ func (f *Failures) Middleware() gin.HandlerFunc {
 		}
 		client := httpserver.ClientPrefix(addr)
 		if wait := f.wait(client); wait > 0 {
-			problem.WriteAndClose(c, &problem.Error{
-				Code: problem.CodeRateLimited,
+			httpserver.RefuseUnread(c, &problem.Error{
+				Code: "rate_limited",
 				Detail: "too many requests from this address were refused for an unknown API key or a failed sign-in; " +
 					"nothing was done: send the request again after Retry-After seconds, with a valid key",
 				RetryAfter: max(int(math.Ceil(wait.Seconds())), 1),

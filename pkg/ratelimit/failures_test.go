@@ -20,7 +20,7 @@ import (
 func throttled(f *Failures, proxies ...netip.Prefix) (http.Handler, *int) {
 	r := httpserver.NewRouter(httpserver.Options{Logger: slog.New(slog.DiscardHandler), TrustedProxies: proxies})
 	reached := 0
-	r.Group("", f.Middleware(), auth.Middleware(auth.Demo())).GET("/v1/things", func(c *gin.Context) {
+	r.Group("", f.Middleware(), httpserver.Wrap(auth.Middleware(auth.Demo()))).GET("/v1/things", func(c *gin.Context) {
 		reached++
 		c.Status(http.StatusOK)
 	})

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -76,11 +77,11 @@ func (l *Limiter) Middleware() gin.HandlerFunc {
 			c.Next()
 			return
 		}
-		ok, wait := l.Allow(auth.From(c).AccountID)
+		ok, wait := l.Allow(auth.From(c.Request.Context()).AccountID)
 		if !ok {
 			seconds := int(math.Ceil(wait.Seconds()))
-			problem.Write(c, &problem.Error{
-				Code:       problem.CodeRateLimited,
+			httpserver.WriteProblem(c, &problem.Error{
+				Code:       "rate_limited",
 				Detail:     "this account sends writes faster than its limit; nothing was done: send the same request, with the same Idempotency-Key, after Retry-After seconds",
 				RetryAfter: max(seconds, 1),
 			})

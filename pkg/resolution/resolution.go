@@ -9,18 +9,18 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/idem"
-	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
+	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// Path is the route of a decision; approver keys may send it (auth.AgentWrites).
+// Path is the route of a decision as its operations record it (gin's template, which they have always named);
+// approver keys may send it (auth.AgentWrites).
 const Path = "/v1/operations/:id/resolution"
 
 // Kind is the operation kind of a decision.
@@ -41,50 +41,60 @@ type Decider struct {
 	Services  []string
 }
 
-// Routes registers POST /v1/operations/{id}/resolution on r, which must be behind auth.Middleware.
-func (d *Decider) Routes(r gin.IRouter) {
-	r.POST(Path, httpserver.PathID("id", "op_", "operation"), func(c *gin.Context) {
-		if err := mayDecide(c); err != nil {
-			problem.Write(c, err)
-			return
-		}
-		var dec opstatus.Decision
-		if err := httpserver.DecodeJSON(c, &dec); err != nil {
-			problem.Write(c, err)
-			return
-		}
-		idemgin.Write(c, d.decide(c, idemgin.Call(c), c.Param("id"), dec))
-	})
+// Routes is POST /v1/operations/{id}/resolution, keyed by its ServeMux pattern; it must be behind
+// auth.Middleware. A gin router mounts it with httpserver.Mount.
+func (d *Decider) Routes() map[string]http.Handler {
+	return map[string]http.Handler{"POST /v1/operations/{id}/resolution": http.HandlerFunc(d.serve)}
 }
 
-// DecideForm records the decision of a form on c (the console's operation page, behind its session and CSRF
+func (d *Decider) serve(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !ids.Valid("op_", id) {
+		problem.Write(w, r, problem.NotFound("operation"))
+		return
+	}
+	if err := mayDecide(r.Context()); err != nil {
+		problem.Write(w, r, err)
+		return
+	}
+	var dec opstatus.Decision
+	if err := httpjson.Decode(r, &dec); err != nil {
+		problem.Write(w, r, err)
+		return
+	}
+	call := idem.HTTPCall(r)
+	call.Route = Path // the route operations record, the form's decisions too (DecideForm)
+	idem.WriteAnswer(w, r, d.decide(r.Context(), call, id, dec))
+}
+
+// DecideForm records the decision of a form on r (the console's operation page, behind its session and CSRF
 // check) on operation id under Idempotency-Key key, exactly as the API would: the same key sent both ways is
 // one decision. It returns the problem that refused it, if any.
-func (d *Decider) DecideForm(c *gin.Context, id, key string, dec opstatus.Decision) error {
-	if err := mayDecide(c); err != nil {
+func (d *Decider) DecideForm(r *http.Request, id, key string, dec opstatus.Decision) error {
+	if err := mayDecide(r.Context()); err != nil {
 		return err
 	}
-	call := idemgin.Call(c)
+	call := idem.HTTPCall(r)
 	call.Method, call.Route, call.Params = http.MethodPost, Path, map[string]string{"id": id}
 	call.Header = http.Header{"Idempotency-Key": {key}}
-	return d.decide(c, call, id, dec).Err
+	return d.decide(r.Context(), call, id, dec).Err
 }
 
 // mayDecide refuses any key but an approver's before anything is read or claimed.
-func mayDecide(c *gin.Context) error {
-	if auth.From(c).Role != auth.RoleApprover {
-		return problem.New(problem.CodeForbidden, "only a key with role approver can decide an operation's outcome: nothing was done")
+func mayDecide(ctx context.Context) error {
+	if auth.From(ctx).Role != auth.RoleApprover {
+		return problem.New("forbidden", "only a key with role approver can decide an operation's outcome: nothing was done")
 	}
 	return nil
 }
 
-func (d *Decider) decide(c *gin.Context, call idem.Call, id string, dec opstatus.Decision) idem.Answer {
+func (d *Decider) decide(ctx context.Context, call idem.Call, id string, dec opstatus.Decision) idem.Answer {
 	// Validated first: a refused decision never burns its key.
 	if err := dec.Validate(); err != nil {
 		return idem.Answer{Err: err}
 	}
-	p := auth.From(c)
-	return d.Idem.Run(c.Request.Context(), call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}},
+	p := auth.From(ctx)
+	return d.Idem.Run(ctx, call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			op, err := opstatus.Resolve(ctx, tx, p.AccountID, id, p.Actor(), dec, d.Resolvers, d.Services)
 			if err != nil {

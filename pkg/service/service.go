@@ -150,8 +150,8 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if h.AuthFailures != nil {
 		api = append(api, h.AuthFailures.Middleware())
 	}
-	api = append(api, auth.Middleware(h.Keys), httpserver.CheckURL,
-		auth.AgentWrites(append(approval.WriteRoutes(), resolution.Path)...))
+	api = append(api, httpserver.Wrap(auth.Middleware(h.Keys)), httpserver.CheckURL,
+		httpserver.Wrap(auth.AgentWrites(append(approval.WriteRoutes(), resolution.Path)...)))
 	if h.WriteLimiter != nil {
 		api = append(api, h.WriteLimiter.Middleware())
 	}
@@ -161,7 +161,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	if d.Idem != nil {
 		decider = &resolution.Decider{Idem: d.Idem, Resolvers: mergeResolvers(d.Resolvers, Resolvers(svc)),
 			Services: append(slices.Clip(d.Services), svc.Name())}
-		decider.Routes(group)
+		httpserver.Mount(group, decider.Routes())
 	}
 	if d.DB != nil && h.Keys != nil {
 		covered := h.ConsoleServices
@@ -177,13 +177,17 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		if decider != nil {
 			o.Resolve = decider.DecideForm
 		}
-		if h.AuthFailures != nil {
-			o.Throttle = h.AuthFailures.Middleware()
-		}
-		err := console.Mount(r, o)
+		routes, err := console.Routes(o)
 		if err != nil {
 			panic(err) // the templates are embedded: a template that does not parse is a bug no request can cause
 		}
+		// The security headers go first, so a sign-in the throttle refuses (refused sign-ins count against the
+		// client as unknown API keys do) carries them too.
+		chain := []gin.HandlerFunc{httpserver.Wrap(console.SecurityHeaders)}
+		if h.AuthFailures != nil {
+			chain = append(chain, h.AuthFailures.Middleware())
+		}
+		httpserver.Mount(r.Group("", chain...), routes)
 	}
 	return r
 }

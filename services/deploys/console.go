@@ -22,7 +22,7 @@ const (
 func (s *Service) ConsolePages() []console.Page {
 	return []console.Page{
 		{Path: "/environments", Nav: "Environments", Render: s.environmentsPage},
-		{Path: "/environments/:name", Render: s.environmentPage},
+		{Path: "/environments/{name}", Render: s.environmentPage},
 	}
 }
 

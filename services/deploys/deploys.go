@@ -212,7 +212,7 @@ func ValidateReference(ref Reference) error {
 		return nil
 	}
 	return &problem.Error{
-		Code:   problem.CodeMutableReference,
+		Code:   "mutable_reference",
 		Detail: "deploys take immutable references only: an artifact pinned by digest or a full commit SHA",
 		Fields: errs,
 	}

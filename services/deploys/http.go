@@ -13,6 +13,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
@@ -50,14 +51,14 @@ func accepted(d Deploy) idem.Result {
 
 func (s *Server) createDeploy(c *gin.Context) {
 	var cmd CreateDeploy
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	account := auth.From(c).AccountID
+	account := auth.From(c.Request.Context()).AccountID
 	needsApproval, approvalID := s.needsApproval(cmd.Environment), c.GetHeader(approval.HeaderApprovalID)
-	guard := s.Approvals.Guard(c, needsApproval)
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c),
+	guard := s.Approvals.Guard(c.Request.Header, needsApproval)
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			version := cmd.ExpectedEnvironmentVersion
@@ -81,20 +82,20 @@ func (s *Server) createDeploy(c *gin.Context) {
 
 func (s *Server) rollbackDeploy(c *gin.Context) {
 	var cmd RollbackDeploy
-	if err := httpserver.DecodeActionCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeActionCommand(c.Request, &cmd); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, id := auth.From(c).AccountID, c.Param("id")
+	account, id := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	// Only what never changes is read before the claim (a deploy's environment), so that a retry of a
 	// rollback that already happened still reaches its stored answer.
 	of, err := s.Store.Deploy(c.Request.Context(), s.DB, account, id)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	guard := s.Approvals.Guard(c, s.needsApproval(of.Environment))
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c),
+	guard := s.Approvals.Guard(c.Request.Header, s.needsApproval(of.Environment))
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			plan, err := s.Store.RollbackPlan(ctx, tx, account, id)
@@ -117,11 +118,11 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 // Idempotency-Key: cancelling a cancelled deploy answers it again and records nothing new.
 func (s *Server) cancelDeploy(c *gin.Context) {
 	var none struct{}
-	if err := httpserver.DecodeActionBody(c, &none); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeAction(c.Request, &none); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	p := auth.From(c)
+	p := auth.From(c.Request.Context())
 	ctx := c.Request.Context()
 	var (
 		d         Deploy
@@ -133,7 +134,7 @@ func (s *Server) cancelDeploy(c *gin.Context) {
 		return err
 	})
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	if cancelled {
@@ -143,9 +144,9 @@ func (s *Server) cancelDeploy(c *gin.Context) {
 }
 
 func (s *Server) getDeploy(c *gin.Context) {
-	d, err := s.Store.Deploy(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	d, err := s.Store.Deploy(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("id"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	s.writeStatus(c, d)
@@ -153,18 +154,18 @@ func (s *Server) getDeploy(c *gin.Context) {
 
 // writeStatus answers a deploy with the history of its operation.
 func (s *Server) writeStatus(c *gin.Context, d Deploy) {
-	op, err := opstatus.Get(c.Request.Context(), s.DB, auth.From(c).AccountID, d.OperationID)
+	op, err := opstatus.Get(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, d.OperationID)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, Status{Deploy: d, History: op.Events})
 }
 
 func (s *Server) getEnvironment(c *gin.Context) {
-	env, err := s.Store.Environment(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("name"))
+	env, err := s.Store.Environment(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("name"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, env)
@@ -200,7 +201,7 @@ func approvedVersion(ctx context.Context, tx *gorm.DB, op opstatus.Operation, ap
 // used.
 func (s *Server) describeDeploy(ctx context.Context, accountID string, _ map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var cmd CreateDeploy
-	if err := httpserver.DecodeJSONBytes(body, &cmd); err != nil {
+	if err := httpjson.DecodeBytes(body, &cmd); err != nil {
 		return nil, nil, err
 	}
 	if err := cmd.Validate(); err != nil {
@@ -231,7 +232,7 @@ func (s *Server) describeDeploy(ctx context.Context, accountID string, _ map[str
 // rollback target.
 func (s *Server) describeRollback(ctx context.Context, accountID string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var cmd RollbackDeploy
-	if err := httpserver.DecodeJSONBytes(body, &cmd); err != nil {
+	if err := httpjson.DecodeBytes(body, &cmd); err != nil {
 		return nil, nil, err
 	}
 	if err := cmd.Validate(); err != nil {

@@ -25,8 +25,8 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.POST("/v1/deploys/:id/cancel", deploy, s.cancelDeploy)
 	r.POST(pathRollback, deploy, s.rollbackDeploy)
 	r.GET("/v1/environments/:name", httpserver.PathParam("name", "environment", namePattern.MatchString), s.getEnvironment)
-	opstatus.Routes(r, s.DB)
-	approval.Routes(r, s.Approvals)
+	httpserver.Mount(r, opstatus.Routes(s.DB))
+	httpserver.Mount(r, s.Approvals.Routes())
 }
 
 // ApprovalRoutes are the writes of the service that can need a person's approval, for approval.New.

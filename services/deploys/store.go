@@ -101,7 +101,7 @@ func lockEnvironment(db *gorm.DB, nd NewDeploy) (int64, error) {
 		return 0, versionMismatch(nd.Environment, version, *nd.ExpectedEnvironmentVersion)
 	}
 	if nd.RollsBackDeployID != nil && (env[0].CurrentDeployID == nil || *env[0].CurrentDeployID != *nd.RollsBackDeployID) {
-		return 0, problem.New(problem.CodeInvalidState,
+		return 0, problem.New("invalid_state",
 			"deploy %s is no longer the current deploy of environment %s", *nd.RollsBackDeployID, nd.Environment)
 	}
 	return version, nil
@@ -131,7 +131,7 @@ RETURNING fencing_token`, nd.AccountID, nd.Environment, id).Scan(&token).Error
 		return 0, fmt.Errorf("deploys: lock holder: %w", err)
 	}
 	e := &problem.Error{
-		Code: problem.CodeEnvironmentLocked,
+		Code: "environment_locked",
 		Detail: fmt.Sprintf("environment %s is locked by another deploy that is queued or running; wait for it (GET /v1/deploys/{holder_deploy_id}) or cancel it",
 			nd.Environment),
 		RetryAfter: lockRetryAfter,
@@ -145,7 +145,7 @@ RETURNING fencing_token`, nd.AccountID, nd.Environment, id).Scan(&token).Error
 
 // versionMismatch is 409 environment_version_mismatch: environment is at version, not at expected.
 func versionMismatch(environment string, version, expected int64) *problem.Error {
-	return problem.New(problem.CodeEnvironmentVersionMismatch,
+	return problem.New("environment_version_mismatch",
 		"environment %s is at version %d, not %d: something was deployed since you planned; look at GET /v1/environments/%s and plan again",
 		environment, version, expected, environment).
 		With("environment", environment).With("current_version", version)
@@ -181,7 +181,7 @@ func (PostgresStore) Environment(ctx context.Context, db *gorm.DB, accountID, na
 		return Environment{}, err
 	}
 	if len(envs) == 0 {
-		return Environment{}, problem.New(problem.CodeNotFound, "environment %s has never been deployed to in this account", name)
+		return Environment{}, problem.New("not_found", "environment %s has never been deployed to in this account", name)
 	}
 	return envs[0], nil
 }
@@ -258,12 +258,12 @@ func (s PostgresStore) RollbackPlan(ctx context.Context, db *gorm.DB, accountID,
 		return RollbackPlan{}, err
 	}
 	if env.CurrentDeployID == nil || *env.CurrentDeployID != of.ID {
-		return RollbackPlan{}, problem.New(problem.CodeInvalidState,
+		return RollbackPlan{}, problem.New("invalid_state",
 			"deploy %s is not the current deploy of environment %s; only the current deploy can be rolled back", of.ID, of.Environment).
 			With("state", of.State)
 	}
 	if env.PreviousDeployID == nil {
-		return RollbackPlan{}, problem.New(problem.CodeInvalidState,
+		return RollbackPlan{}, problem.New("invalid_state",
 			"environment %s had no successful deploy before %s: there is nothing to roll back to", of.Environment, of.ID).
 			With("state", of.State)
 	}
@@ -296,11 +296,11 @@ RETURNING id, account_id, operation_id, environment, state`, id, accountID).Scan
 		case cur.StoredState == StateCancelled:
 			return cur.Deploy, false, nil
 		case cur.StoredState == StateRunning:
-			return Deploy{}, false, problem.New(problem.CodeInvalidState,
+			return Deploy{}, false, problem.New("invalid_state",
 				"deploy %s is already activating on the target and can no longer be cancelled; when it finishes, roll it back", id).
 				With("state", cur.State)
 		default:
-			return Deploy{}, false, problem.New(problem.CodeInvalidState, "deploy %s is %s and can no longer be cancelled", id, cur.State).
+			return Deploy{}, false, problem.New("invalid_state", "deploy %s is %s and can no longer be cancelled", id, cur.State).
 				With("state", cur.State)
 		}
 	}

@@ -29,7 +29,7 @@ func FuzzIntentAmount(f *testing.F) {
 		cmd, err := req.Command()
 		if err != nil {
 			var pe *problem.Error
-			if !errors.As(err, &pe) || pe.Code != problem.CodeValidationFailed || len(pe.Fields) == 0 {
+			if !errors.As(err, &pe) || pe.Code != "validation_failed" || len(pe.Fields) == 0 {
 				t.Fatalf("Command(%q %q) error %v is not a validation failure", currency, amount, err)
 			}
 			return

@@ -13,12 +13,12 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/page"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -131,16 +131,16 @@ func send[T any](ctx context.Context, s *Server, op opstatus.Operation, call fun
 
 func (s *Server) createIntent(c *gin.Context) {
 	var req CreateIntentRequest
-	if err := httpserver.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.Decode(c.Request, &req); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	cmd, err := req.Command()
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	account := auth.From(c).AccountID
+	account := auth.From(c.Request.Context()).AccountID
 	idemgin.DoExternal(s.idem, c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			_, err := s.cfg.Store.BeginIntent(ctx, tx, account, op.ID, cmd)
@@ -174,7 +174,7 @@ func (s *Server) captureCommand(ctx context.Context, account, intentID string, r
 
 func (s *Server) describeCapture(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var req CaptureRequest
-	if err := httpserver.DecodeJSONBytes(body, &req); err != nil {
+	if err := httpjson.DecodeBytes(body, &req); err != nil {
 		return nil, nil, err
 	}
 	cmd, in, err := s.captureCommand(ctx, account, params["id"], req)
@@ -199,20 +199,20 @@ func payerCard(in Intent) string {
 
 func (s *Server) capture(c *gin.Context) {
 	var req CaptureRequest
-	if err := httpserver.DecodeActionBody(c, &req); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeAction(c.Request, &req); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, intentID := auth.From(c).AccountID, c.Param("id")
+	account, intentID := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	cmd, _, err := s.captureCommand(c.Request.Context(), account, intentID, req)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{
-		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
-		SupersedeUnknown: s.approvals.SupersedeUnknown(c), Takes: []string{approval.HeaderApprovalID},
+		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c.Request.Header, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
+		SupersedeUnknown: s.approvals.SupersedeUnknown(c.Request.Header), Takes: []string{approval.HeaderApprovalID},
 	}, idem.ExternalSteps[provider.Capture]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
@@ -232,11 +232,11 @@ func (s *Server) capture(c *gin.Context) {
 
 func (s *Server) cancel(c *gin.Context) {
 	var req CancelRequest
-	if err := httpserver.DecodeActionBody(c, &req); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeAction(c.Request, &req); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, intentID := auth.From(c).AccountID, c.Param("id")
+	account, intentID := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
@@ -266,7 +266,7 @@ func (s *Server) refundCommand(ctx context.Context, account, intentID string, re
 
 func (s *Server) describeRefund(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var req CreateRefundRequest
-	if err := httpserver.DecodeJSONBytes(body, &req); err != nil {
+	if err := httpjson.DecodeBytes(body, &req); err != nil {
 		return nil, nil, err
 	}
 	cmd, in, err := s.refundCommand(ctx, account, params["id"], req)
@@ -289,19 +289,19 @@ func (s *Server) describeRefund(ctx context.Context, account string, params map[
 
 func (s *Server) createRefund(c *gin.Context) {
 	var req CreateRefundRequest
-	if err := httpserver.DecodeJSON(c, &req); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.Decode(c.Request, &req); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, intentID := auth.From(c).AccountID, c.Param("id")
+	account, intentID := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	remediates, err := remediatesHeader(c.Request.Header)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	cmd, _, err := s.refundCommand(c.Request.Context(), account, intentID, req)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	// The threshold applies to the intent's running total of refunds, so splitting a large refund into small
@@ -317,13 +317,13 @@ func (s *Server) createRefund(c *gin.Context) {
 	}
 	var reserved Intent
 	idemgin.DoExternal(s.idem, c, idem.Request{
-		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c, needed), SupersedeUnknown: s.approvals.SupersedeUnknown(c),
+		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c.Request.Header, needed), SupersedeUnknown: s.approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID, HeaderRemediates},
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			reserve := s.cfg.Store.ReserveRefund
 			if remediates != "" {
-				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c).Actor()); err != nil {
+				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c.Request.Context()).Actor()); err != nil {
 					return err
 				}
 				reserve = s.cfg.Store.ReserveDuplicateRefund
@@ -344,32 +344,32 @@ func (s *Server) createRefund(c *gin.Context) {
 // --- reads ---
 
 func (s *Server) getIntent(c *gin.Context) {
-	in, err := s.cfg.Store.Intent(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
+	in, err := s.cfg.Store.Intent(c.Request.Context(), s.db, auth.From(c.Request.Context()).AccountID, c.Param("id"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, in)
 }
 
 func (s *Server) listRefunds(c *gin.Context) {
-	p, err := page.FromQuery(c)
+	p, err := page.FromQuery(c.Request.URL.Query())
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"), p)
+	rs, err := s.cfg.Store.Refunds(c.Request.Context(), s.db, auth.From(c.Request.Context()).AccountID, c.Param("id"), p)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, page.Of(rs, p, func(r Refund) page.Cursor { return page.Cursor{At: r.CreatedAt, ID: r.ID} }))
 }
 
 func (s *Server) getRefund(c *gin.Context) {
-	rf, err := s.cfg.Store.Refund(c.Request.Context(), s.db, auth.From(c).AccountID, c.Param("id"))
+	rf, err := s.cfg.Store.Refund(c.Request.Context(), s.db, auth.From(c.Request.Context()).AccountID, c.Param("id"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, rf)

@@ -231,7 +231,7 @@ func (r CaptureRequest) Command(in Intent) (Capture, error) {
 		return Capture{}, err
 	}
 	if a.Minor > in.AmountMinor {
-		return Capture{}, problem.New(problem.CodeAmountTooLarge, "a capture of %s %s exceeds the authorized %s %s",
+		return Capture{}, problem.New("amount_too_large", "a capture of %s %s exceeds the authorized %s %s",
 			a, a.Currency, format(in.Currency, in.AmountMinor), in.Currency).With("authorized_minor", in.AmountMinor)
 	}
 	return Capture{Currency: a.Currency, AmountMinor: a.Minor}, nil

@@ -87,7 +87,7 @@ func reconciler[T any](s *Server, record recordFunc[T], duplicated duplicatedFun
 			// A refund is booked as executed (each execution paid out); a capture's intent keeps its
 			// reservation for the correction that records it (remediate.go).
 			write = func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
-				p := problem.New(problem.CodeDuplicateEffect,
+				p := problem.New("duplicate_effect_confirmed",
 					"the payment provider executed this request %d times (%s); nothing will be retried: see docs/payments.md for its correction",
 					len(res.Effects), strings.Join(res.Effects, ", ")).With("remote_ids", res.Effects)
 				result := idem.ProblemResult(p, opstatus.StateDuplicateEffect)

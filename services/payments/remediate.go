@@ -62,7 +62,7 @@ func remediatesHeader(h http.Header) (string, error) {
 }
 
 func headerProblem(detail string) *problem.Error {
-	return problem.New(problem.CodeInvalidRequest, "the %s header %s", HeaderRemediates, detail).With("header", HeaderRemediates)
+	return problem.New("invalid_request", "the %s header %s", HeaderRemediates, detail).With("header", HeaderRemediates)
 }
 
 // remediatedSQL locks the corrected operation, so two corrections of it sent at once are decided one after the
@@ -115,10 +115,10 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 	case locked[0].Kind != KindCapture && locked[0].Kind != KindRefund:
 		return headerProblem("names a " + locked[0].Kind + " operation; only a capture can be corrected")
 	case locked[0].State != opstatus.StateDuplicateEffect:
-		return problem.New(problem.CodeInvalidState, "operation %s is %s; only a duplicate_effect_confirmed operation is corrected with %s",
+		return problem.New("invalid_state", "operation %s is %s; only a duplicate_effect_confirmed operation is corrected with %s",
 			dupID, locked[0].State, HeaderRemediates).With("operation_id", dupID).With("state", locked[0].State)
 	case locked[0].Kind == KindRefund:
-		return problem.New(problem.CodeDuplicateRefundNotRefundable,
+		return problem.New("duplicate_refund_not_refundable",
 			"operation %s is a refund the provider executed more than once, booked as such; another refund would pay the customer again: "+
 				"its money comes back through the provider or the customer (docs/payments.md), nothing was sent", dupID).
 			With("operation_id", dupID)
@@ -139,7 +139,7 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 	}
 	if len(dup) == 0 || dup[0].AmountMinor == nil || dup[0].Effects < 2 {
 		// Fail closed: without the evidence the duplicate amount is not known, and a person settles it.
-		return problem.New(problem.CodeInvalidState, "operation %s has no provider record of its duplicate to correct against", dupID).
+		return problem.New("invalid_state", "operation %s has no provider record of its duplicate to correct against", dupID).
 			With("operation_id", dupID).With("state", locked[0].State)
 	}
 	each := *dup[0].AmountMinor
@@ -155,7 +155,7 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 		if err := db.Raw(remediatedBySQL, accountID, dupID).Scan(&by).Error; err != nil {
 			return fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
 		}
-		p := problem.New(problem.CodeAlreadyRemediated,
+		p := problem.New("already_remediated",
 			"operation %s is already corrected: its corrections return all the duplicate took (%d minor units); another would refund it twice", dupID, extra).
 			With("operation_id", dupID)
 		if len(by) > 0 {
@@ -164,7 +164,7 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 		return p
 	}
 	if available := extra - returned; amountMinor > available {
-		return problem.New(problem.CodeAmountTooLarge,
+		return problem.New("amount_too_large",
 			"a correction refunds at most what the duplicate took and earlier corrections have not returned: %d minor units (%d executions of %d, %d returned)",
 			available, dup[0].Effects, each, returned).With("available_minor", available)
 	}

@@ -29,7 +29,7 @@ func (s *Server) Resolvers() map[string]opstatus.Resolver {
 func (s *Server) unlessRecorded(resolve opstatus.ResolverFunc) opstatus.ResolverFunc {
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, d opstatus.Decision) error {
 		if key, res, err := s.lookup(ctx, op); err == nil && res.Found {
-			return problem.New(problem.CodeInvalidState,
+			return problem.New("invalid_state",
 				"the payment provider has a record of operation %s's call (%s): its reconciler records what the provider did; nothing was decided",
 				op.ID, key).With("state", op.State).With("operation_id", op.ID).With("provider_record", true)
 		}
@@ -58,7 +58,7 @@ func (s *Server) resolveCapture(ctx context.Context, tx *gorm.DB, op opstatus.Op
 	}
 	// The amount captured is in the provider's answer, which the decision does not carry; a partial capture
 	// recorded as the full amount would let refunds exceed what was taken.
-	return problem.New(problem.CodeInvalidState,
+	return problem.New("invalid_state",
 		"a capture cannot be decided succeeded here: the amount captured is unknown; retry the capture with its Idempotency-Key once the provider answers lookups, or decide it failed").
 		With("state", op.State).With("operation_id", op.ID)
 }

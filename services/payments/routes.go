@@ -3,7 +3,6 @@ package payments
 import (
 	"github.com/gin-gonic/gin"
 
-	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
@@ -25,6 +24,6 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.POST(routeRefunds, intent, s.createRefund)
 	r.GET(routeRefunds, intent, s.listRefunds)
 	r.GET("/v1/refunds/:id", httpserver.PathID("id", "re_", "refund"), s.getRefund)
-	opstatus.Routes(r, s.db)
-	approval.Routes(r, s.approvals)
+	httpserver.Mount(r, opstatus.Routes(s.db))
+	httpserver.Mount(r, s.approvals.Routes())
 }

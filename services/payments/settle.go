@@ -116,7 +116,7 @@ func (s *Server) recordDuplicatedRefund(ctx context.Context, tx *gorm.DB, op ops
 // does not know is returned as is: the outcome stays unrecorded and the recovery worker settles it later.
 func refusal(callErr error, action string) (*problem.Error, error) {
 	if errors.Is(callErr, errNotExecuted) || errors.Is(callErr, idem.ErrNotSent) || errors.Is(callErr, provider.ErrNotSent) {
-		return problem.New(problem.CodeProviderUnavailable,
+		return problem.New("provider_unavailable",
 			"the %s never reached the payment provider and nothing happened; send it again with a new Idempotency-Key", action), nil
 	}
 	var pe *provider.Error
@@ -126,11 +126,11 @@ func refusal(callErr error, action string) (*problem.Error, error) {
 	var p *problem.Error
 	switch pe.Code {
 	case provider.CodeAmountTooLarge:
-		p = problem.New(problem.CodeAmountTooLarge, "the payment provider refused the %s: %s", action, pe.Detail)
+		p = problem.New("amount_too_large", "the payment provider refused the %s: %s", action, pe.Detail)
 	case provider.CodeAlreadyCaptured, provider.CodeInvalidState:
-		p = problem.New(problem.CodeInvalidState, "the payment provider refused the %s: %s", action, pe.Detail)
+		p = problem.New("invalid_state", "the payment provider refused the %s: %s", action, pe.Detail)
 	default:
-		p = problem.New(problem.CodeProviderDeclined, "the payment provider declined the %s: %s", action, pe.Detail)
+		p = problem.New("provider_declined", "the payment provider declined the %s: %s", action, pe.Detail)
 	}
 	return p.With("provider_code", pe.Code), nil
 }

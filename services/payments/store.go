@@ -49,9 +49,9 @@ WHERE account_id = ? AND order_id = ? AND status NOT IN ('failed', 'canceled')`,
 	}
 	if len(existing) == 0 {
 		// The winner failed or was canceled between the two statements; the caller may simply retry.
-		return Intent{}, problem.New(problem.CodeOrderHasActiveIntent, "order %q had an active payment intent a moment ago; retry", cmd.OrderID)
+		return Intent{}, problem.New("order_has_active_intent", "order %q had an active payment intent a moment ago; retry", cmd.OrderID)
 	}
-	return Intent{}, problem.New(problem.CodeOrderHasActiveIntent,
+	return Intent{}, problem.New("order_has_active_intent",
 		"order %q already has an active payment intent; capture or cancel it instead of creating another", cmd.OrderID).
 		With("existing_intent_id", existing[0].ID)
 }
@@ -105,7 +105,7 @@ func (s PostgresStore) reserve(ctx context.Context, tx *gorm.DB, accountID, inte
 	if gerr != nil {
 		return Intent{}, gerr
 	}
-	return Intent{}, problem.New(problem.CodeInvalidState, "payment intent %s is %s and cannot be %s", intentID, current.Status, verb).
+	return Intent{}, problem.New("invalid_state", "payment intent %s is %s and cannot be %s", intentID, current.Status, verb).
 		With("status", current.Status)
 }
 
@@ -171,7 +171,7 @@ func (s PostgresStore) reserveRefund(ctx context.Context, tx *gorm.DB, accountID
 	}
 	in := locked[0]
 	if in.Status != StatusSucceeded {
-		return Refund{}, Intent{}, problem.New(problem.CodeInvalidState, "payment intent %s is %s; only a captured intent can be refunded", in.ID, in.Status).
+		return Refund{}, Intent{}, problem.New("invalid_state", "payment intent %s is %s; only a captured intent can be refunded", in.ID, in.Status).
 			With("status", in.Status)
 	}
 	captured, what := in.CapturedMinor, "captured"
@@ -179,7 +179,7 @@ func (s PostgresStore) reserveRefund(ctx context.Context, tx *gorm.DB, accountID
 		captured, what = in.DuplicateCapturedMinor, "taken by the duplicated capture"
 	}
 	if available := captured - held; cmd.AmountMinor > available {
-		return Refund{}, Intent{}, problem.New(problem.CodeAmountTooLarge,
+		return Refund{}, Intent{}, problem.New("amount_too_large",
 			"a refund of %s %s exceeds the %s %s %s and not yet refunded or being refunded",
 			format(in.Currency, cmd.AmountMinor), in.Currency, format(in.Currency, max(available, 0)), in.Currency, what).
 			With("available_minor", max(available, 0))

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 )
 
 // ApprovalPolicy says which new tickets need a person's approval before they are created: those of a listed
@@ -25,7 +25,7 @@ func (p ApprovalPolicy) needs(cmd CreateTicket) bool {
 // why it needs an approval.
 func (s *Server) describeTicket(_ context.Context, _ string, _ map[string]string, body json.RawMessage) (any, map[string]any, error) {
 	var cmd CreateTicket
-	if err := httpserver.DecodeJSONBytes(body, &cmd); err != nil {
+	if err := httpjson.DecodeBytes(body, &cmd); err != nil {
 		return nil, nil, err
 	}
 	if err := cmd.Validate(); err != nil {

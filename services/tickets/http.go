@@ -10,12 +10,12 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/page"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Server is the HTTP adapter of the tickets service.
@@ -42,15 +42,15 @@ type CreateResult struct {
 
 func (s *Server) createTicket(c *gin.Context) {
 	var cmd CreateTicket
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, actor := auth.From(c).AccountID, auth.From(c).Actor()
+	account, actor := auth.From(c.Request.Context()).AccountID, auth.From(c.Request.Context()).Actor()
 	if s.Bypass {
 		res, err := s.create(c.Request.Context(), s.DB, account, actor, cmd, nil)
 		if err != nil {
-			problem.Write(c, err)
+			httpserver.WriteProblem(c, err)
 			return
 		}
 		httpserver.JSON(c, res.Status, res.Body)
@@ -58,8 +58,8 @@ func (s *Server) createTicket(c *gin.Context) {
 	}
 	// A ticket with a source_event_id may be deduplicated, and a deduplicated answer links its operation to the
 	// one that created the ticket, so that operation must exist in the write's transaction.
-	idemgin.Do(s.Idem, c, idem.Request{Kind: KindCreate, Command: cmd, Guard: s.Approvals.Guard(c, s.Approval.needs(cmd)),
-		SupersedeUnknown: s.Approvals.SupersedeUnknown(c), Takes: []string{approval.HeaderApprovalID}},
+	idemgin.Do(s.Idem, c, idem.Request{Kind: KindCreate, Command: cmd, Guard: s.Approvals.Guard(c.Request.Header, s.Approval.needs(cmd)),
+		SupersedeUnknown: s.Approvals.SupersedeUnknown(c.Request.Header), Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
 			return s.create(ctx, tx, account, actor, cmd, &op)
 		})
@@ -91,9 +91,9 @@ func (s *Server) create(ctx context.Context, tx *gorm.DB, account, actor string,
 }
 
 func (s *Server) getTicket(c *gin.Context) {
-	t, err := s.Store.Ticket(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"))
+	t, err := s.Store.Ticket(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("id"))
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, t)
@@ -104,14 +104,14 @@ func (s *Server) listTickets(c *gin.Context) {
 	if v, ok := c.GetQuery("source_event_id"); ok {
 		sourceEventID = &v
 	}
-	p, err := page.FromQuery(c)
+	p, err := page.FromQuery(c.Request.URL.Query())
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	ts, err := s.Store.Tickets(c.Request.Context(), s.DB, auth.From(c).AccountID, sourceEventID, p)
+	ts, err := s.Store.Tickets(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, sourceEventID, p)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, page.Of(ts, p, func(t Ticket) page.Cursor { return page.Cursor{At: t.CreatedAt, ID: t.ID} }))
@@ -119,11 +119,11 @@ func (s *Server) listTickets(c *gin.Context) {
 
 func (s *Server) addComment(c *gin.Context) {
 	var cmd AddComment
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	account, ticketID := auth.From(c).AccountID, c.Param("id")
+	account, ticketID := auth.From(c.Request.Context()).AccountID, c.Param("id")
 	idemgin.Do(s.Idem, c, idem.Request{Kind: "tickets.comment", Command: cmd},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
 			cm, err := s.Store.AddComment(ctx, tx, account, ticketID, cmd)
@@ -135,14 +135,14 @@ func (s *Server) addComment(c *gin.Context) {
 }
 
 func (s *Server) listComments(c *gin.Context) {
-	p, err := page.FromQuery(c)
+	p, err := page.FromQuery(c.Request.URL.Query())
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	cs, err := s.Store.Comments(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"), p)
+	cs, err := s.Store.Comments(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("id"), p)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, page.Of(cs, p, func(cm Comment) page.Cursor { return page.Cursor{At: cm.CreatedAt, ID: cm.ID} }))
@@ -152,28 +152,28 @@ func (s *Server) listComments(c *gin.Context) {
 // time and records no second change, so it needs no Idempotency-Key.
 func (s *Server) setStatus(c *gin.Context) {
 	var cmd SetStatus
-	if err := httpserver.DecodeCommand(c, &cmd); err != nil {
-		problem.Write(c, err)
+	if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	p := auth.From(c)
+	p := auth.From(c.Request.Context())
 	t, _, err := s.Store.SetStatus(c.Request.Context(), s.DB, p.AccountID, c.Param("id"), cmd.Status, p.Actor())
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, t)
 }
 
 func (s *Server) listStatusChanges(c *gin.Context) {
-	p, err := page.FromQuery(c)
+	p, err := page.FromQuery(c.Request.URL.Query())
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
-	changes, err := s.Store.StatusChanges(c.Request.Context(), s.DB, auth.From(c).AccountID, c.Param("id"), p)
+	changes, err := s.Store.StatusChanges(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, c.Param("id"), p)
 	if err != nil {
-		problem.Write(c, err)
+		httpserver.WriteProblem(c, err)
 		return
 	}
 	httpserver.JSON(c, http.StatusOK, page.Of(changes, p, func(sc StatusChange) page.Cursor {

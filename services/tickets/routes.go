@@ -3,7 +3,6 @@ package tickets
 import (
 	"github.com/gin-gonic/gin"
 
-	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
@@ -18,6 +17,6 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.GET("/v1/tickets/:id/comments", ticket, s.listComments)
 	r.PUT("/v1/tickets/:id/status", ticket, s.setStatus)
 	r.GET("/v1/tickets/:id/status_changes", ticket, s.listStatusChanges)
-	opstatus.Routes(r, s.DB)
-	approval.Routes(r, s.Approvals)
+	httpserver.Mount(r, opstatus.Routes(s.DB))
+	httpserver.Mount(r, s.Approvals.Routes())
 }

@@ -144,7 +144,7 @@ func (PostgresStore) StatusChanges(ctx context.Context, db *gorm.DB, accountID, 
 	if p.After != nil {
 		n, err := strconv.ParseInt(p.After.ID, 10, 64)
 		if err != nil {
-			return nil, problem.New(problem.CodeInvalidRequest, "cursor is not one this list gave")
+			return nil, problem.New("invalid_request", "cursor is not one this list gave")
 		}
 		after = n
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
-	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Do is idem.Handler.Run for c.
@@ -36,7 +35,7 @@ func Call(c *gin.Context) idem.Call {
 		params[p.Key] = p.Value
 	}
 	caller, _ := idem.CallerFrom(c.Request.Context())
-	if p, ok := auth.Lookup(c); ok {
+	if p, ok := auth.Lookup(c.Request.Context()); ok {
 		caller = idem.Caller{AccountID: p.AccountID, Actor: p.Actor()}
 	}
 	return idem.Call{Method: c.Request.Method, Route: c.FullPath(), Params: params, Header: c.Request.Header,
@@ -49,7 +48,7 @@ func Write(c *gin.Context, a idem.Answer) {
 		c.Writer.Header()[name] = values
 	}
 	if a.Err != nil {
-		problem.Write(c, a.Err)
+		httpserver.WriteProblem(c, a.Err)
 		return
 	}
 	c.Data(a.Status, a.Header.Get("Content-Type"), a.Body)

@@ -1,4 +1,4 @@
-package httpserver
+package httpjson
 
 import (
 	"bytes"
@@ -184,7 +184,7 @@ func (w *walker) syntaxError(err error) error {
 		// jsontext's messages quote at most a few bytes of the input, with control characters escaped.
 		detail = fmt.Sprintf("%v at byte %d", syntax.Err, syntax.ByteOffset)
 	}
-	pe := &problem.Error{Code: problem.CodeInvalidRequest, Detail: "malformed JSON: " + detail}
+	pe := &problem.Error{Code: "invalid_request", Detail: "malformed JSON: " + detail}
 	if at := w.at(); at != "" {
 		pe.Fields = []problem.FieldError{{Field: at, Message: "is not valid JSON: " + detail}}
 	}
@@ -194,7 +194,7 @@ func (w *walker) syntaxError(err error) error {
 func (w *walker) nameError(message string) *problem.Error {
 	member := w.at()
 	return &problem.Error{
-		Code:   problem.CodeInvalidRequest,
+		Code:   "invalid_request",
 		Detail: fmt.Sprintf("malformed JSON: member %q %s", member, message),
 		Fields: []problem.FieldError{{Field: member, Message: message}},
 	}

@@ -1,4 +1,4 @@
-package httpserver_test
+package httpjson_test
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -57,7 +57,7 @@ func TestDecodeJSONBytesStrictNames(t *testing.T) {
 		{"{\"lines\":[{\"s\u212au\":\"x\"}]}", "lines[0].sKu"},
 	} {
 		var o order
-		err := httpserver.DecodeJSONBytes([]byte(tc.body), &o)
+		err := httpjson.DecodeBytes([]byte(tc.body), &o)
 		if tc.field == "" {
 			if err != nil {
 				t.Errorf("%s: %v", tc.body, err)
@@ -65,12 +65,12 @@ func TestDecodeJSONBytesStrictNames(t *testing.T) {
 			continue
 		}
 		var pe *problem.Error
-		if !errors.As(err, &pe) || pe.Code != problem.CodeInvalidRequest || len(pe.Fields) != 1 || pe.Fields[0].Field != tc.field {
+		if !errors.As(err, &pe) || pe.Code != "invalid_request" || len(pe.Fields) != 1 || pe.Fields[0].Field != tc.field {
 			t.Errorf("%s: got %v, want invalid_request naming %q", tc.body, err, tc.field)
 		}
 	}
 	var o order
-	if err := httpserver.DecodeJSONBytes([]byte("{\"amount\":\"\xff\"}"), &o); err == nil {
+	if err := httpjson.DecodeBytes([]byte("{\"amount\":\"\xff\"}"), &o); err == nil {
 		t.Error("invalid UTF-8 accepted")
 	}
 }
@@ -95,7 +95,7 @@ func TestDecodeJSONBytesLoneSurrogates(t *testing.T) {
 		{`{"raw":{"deep":["\ud800"]}}`, "raw.deep[0]"},
 	} {
 		var o order
-		err := httpserver.DecodeJSONBytes([]byte(tc.body), &o)
+		err := httpjson.DecodeBytes([]byte(tc.body), &o)
 		if tc.field == "" {
 			if err != nil {
 				t.Errorf("%s: %v", tc.body, err)
@@ -103,7 +103,7 @@ func TestDecodeJSONBytesLoneSurrogates(t *testing.T) {
 			continue
 		}
 		var pe *problem.Error
-		if !errors.As(err, &pe) || pe.Code != problem.CodeInvalidRequest || len(pe.Fields) != 1 || pe.Fields[0].Field != tc.field {
+		if !errors.As(err, &pe) || pe.Code != "invalid_request" || len(pe.Fields) != 1 || pe.Fields[0].Field != tc.field {
 			t.Errorf("%s: got %v (%+v), want invalid_request naming %q", tc.body, err, pe, tc.field)
 		}
 	}
@@ -121,9 +121,9 @@ func FuzzDecodeJSONBytes(f *testing.F) {
 	fields := map[string]bool{"amount": true, "artifact": true, "lines": true, "shipping": true, "labels": true, "raw": true, "any": true}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var o order
-		if err := httpserver.DecodeJSONBytes(body, &o); err != nil {
+		if err := httpjson.DecodeBytes(body, &o); err != nil {
 			var pe *problem.Error
-			inexact := errors.As(err, &pe) && pe.Code == problem.CodeValidationFailed && len(pe.Fields) == 1
+			inexact := errors.As(err, &pe) && pe.Code == "validation_failed" && len(pe.Fields) == 1
 			if !errors.As(err, &pe) || (pe.Code.Status() != 400 && !inexact) {
 				t.Fatalf("refusal %v is neither a 400 problem nor a 422 naming an inexact number", err)
 			}

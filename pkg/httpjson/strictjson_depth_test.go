@@ -1,4 +1,4 @@
-package httpserver_test
+package httpjson_test
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -30,7 +30,7 @@ func allocated(f func()) uint64 {
 func wantInvalidRequest(t *testing.T, what string, err error) *problem.Error {
 	t.Helper()
 	var pe *problem.Error
-	if !errors.As(err, &pe) || pe.Code != problem.CodeInvalidRequest || pe.Code.Status() != 400 {
+	if !errors.As(err, &pe) || pe.Code != "invalid_request" || pe.Code.Status() != 400 {
 		t.Fatalf("%s: got %v, want 400 invalid_request", what, err)
 	}
 	return pe
@@ -42,24 +42,24 @@ func wantInvalidRequest(t *testing.T, what string, err error) *problem.Error {
 func TestDecodeJSONBytesRefusesDeepBodiesAtOnce(t *testing.T) {
 	deep := []byte(`{"amount":"1","any":` + nestedArrays(100_000) + `}`)
 	var o order
-	pe := wantInvalidRequest(t, "100,000 levels", httpserver.DecodeJSONBytes(deep, &o))
+	pe := wantInvalidRequest(t, "100,000 levels", httpjson.DecodeBytes(deep, &o))
 	if !strings.Contains(pe.Detail, "64 levels") {
 		t.Errorf("detail %q does not say the limit", pe.Detail)
 	}
-	if n := testing.AllocsPerRun(5, func() { _ = httpserver.DecodeJSONBytes(deep, &o) }); n > 20 {
+	if n := testing.AllocsPerRun(5, func() { _ = httpjson.DecodeBytes(deep, &o) }); n > 20 {
 		t.Errorf("refusing 100,000 levels took %v allocations, want at most 20", n)
 	}
-	if b := allocated(func() { _ = httpserver.DecodeJSONBytes(deep, &o) }); b > 16<<10 {
+	if b := allocated(func() { _ = httpjson.DecodeBytes(deep, &o) }); b > 16<<10 {
 		t.Errorf("refusing a %d-byte body allocated %d bytes", len(deep), b)
 	}
 
 	// The top-level object is the first level.
 	atLimit := `{"any":` + nestedArrays(jsondepth.Max-1) + `}`
-	if err := httpserver.DecodeJSONBytes([]byte(atLimit), &o); err != nil {
+	if err := httpjson.DecodeBytes([]byte(atLimit), &o); err != nil {
 		t.Errorf("%d levels: %v", jsondepth.Max, err)
 	}
-	wantInvalidRequest(t, "Max+1 levels", httpserver.DecodeJSONBytes([]byte(`{"any":`+nestedArrays(jsondepth.Max)+`}`), &o))
-	wantInvalidRequest(t, "Max+1 levels in a member name's object", httpserver.DecodeJSONBytes([]byte(`{"raw":{"a":{"b":`+nestedArrays(jsondepth.Max-2)+`}}}`), &o))
+	wantInvalidRequest(t, "Max+1 levels", httpjson.DecodeBytes([]byte(`{"any":`+nestedArrays(jsondepth.Max)+`}`), &o))
+	wantInvalidRequest(t, "Max+1 levels in a member name's object", httpjson.DecodeBytes([]byte(`{"raw":{"a":{"b":`+nestedArrays(jsondepth.Max-2)+`}}}`), &o))
 }
 
 // TestDecodeJSONBytesCostIsLinear: a body within the depth limit costs memory in proportion to its size,
@@ -76,10 +76,10 @@ func TestDecodeJSONBytesCostIsLinear(t *testing.T) {
 	b.WriteString(strings.Repeat("}", levels) + "}")
 	body := []byte(b.String())
 	var o order
-	if err := httpserver.DecodeJSONBytes(body, &o); err != nil {
+	if err := httpjson.DecodeBytes(body, &o); err != nil {
 		t.Fatal(err)
 	}
-	if got := allocated(func() { _ = httpserver.DecodeJSONBytes(body, &o) }); got > 16*uint64(len(body)) {
+	if got := allocated(func() { _ = httpjson.DecodeBytes(body, &o) }); got > 16*uint64(len(body)) {
 		t.Errorf("decoding a %d-byte body allocated %d bytes, more than 16 times its size", len(body), got)
 	}
 }

@@ -1,4 +1,4 @@
-package httpserver_test
+package httpjson_test
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
+	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -37,7 +37,7 @@ func TestDecodeJSONBytesExactNumbers(t *testing.T) {
 		{`{"any":1e23,"raw":[1e21],"shipping":{"count":-9007199254740992}}`, ""},
 	} {
 		var o order
-		err := httpserver.DecodeJSONBytes([]byte(tc.body), &o)
+		err := httpjson.DecodeBytes([]byte(tc.body), &o)
 		if tc.field == "" {
 			if err != nil {
 				t.Errorf("%s: %v", tc.body, err)
@@ -45,15 +45,15 @@ func TestDecodeJSONBytesExactNumbers(t *testing.T) {
 			continue
 		}
 		var pe *problem.Error
-		if !errors.As(err, &pe) || pe.Code != problem.CodeValidationFailed || pe.Code.Status() != 422 || len(pe.Fields) != 1 ||
+		if !errors.As(err, &pe) || pe.Code != "validation_failed" || pe.Code.Status() != 422 || len(pe.Fields) != 1 ||
 			pe.Fields[0].Field != tc.field {
 			t.Errorf("%s: got %v, want validation_failed naming %q", tc.body, err, tc.field)
 		}
 	}
 	// A fraction is not an integer at all: the wrong type, 400 as a string for a number is.
 	var o order
-	if err := httpserver.DecodeJSONBytes([]byte(`{"lines":[{"count":12.5}]}`), &o); !errors.As(err, new(*problem.Error)) ||
-		err.(*problem.Error).Code != problem.CodeInvalidRequest {
+	if err := httpjson.DecodeBytes([]byte(`{"lines":[{"count":12.5}]}`), &o); !errors.As(err, new(*problem.Error)) ||
+		err.(*problem.Error).Code != "invalid_request" {
 		t.Errorf("12.5 for an int: %v, want invalid_request", err)
 	}
 }
