@@ -109,6 +109,26 @@ CREATE FUNCTION is_attempt_record(detail jsonb) RETURNS boolean LANGUAGE sql IMM
     SELECT detail ? 'outcome' AND detail ? 'attempt_id'
 $$;
 
+-- operation_settled refuses, as an error of its own (SQLSTATE RS001), a completion or release that found its
+-- operation no longer running under its key (n = 0 rows moved): the statement fails, and with it the transaction
+-- and whatever was sent after it, COMMIT included. It returns n otherwise.
+-- +goose StatementBegin
+CREATE FUNCTION operation_settled(n bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF n = 0 THEN
+        RAISE EXCEPTION 'operation already settled' USING ERRCODE = 'RS001';
+    END IF;
+    RETURN n;
+END
+$$;
+-- +goose StatementEnd
+
+-- operation_state is an operation's state, for the queries of other tables that show it (a deploy shows unknown
+-- while its operation is), read by the operation's whole key.
+CREATE FUNCTION operation_state(account_id text, operation_id text) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT state FROM operations WHERE account_id = $1 AND id = $2
+$$;
+
 -- An operation's lineage is held here, not only checked before a write (package idem), so requests that race
 -- past the check cannot both write; the loser meets the index after waiting for the winner's transaction, and
 -- its write is rolled back:
@@ -275,6 +295,8 @@ DROP VIEW operation_events_numbered;
 DROP INDEX operation_events_attempt;
 DROP INDEX operation_events_successor;
 DROP FUNCTION is_attempt_record(jsonb);
+DROP FUNCTION operation_state(text, text);
+DROP FUNCTION operation_settled(bigint);
 DROP TABLE operation_events;
 DROP FUNCTION operation_events_append_only();
 DROP TABLE operations;

@@ -13,6 +13,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -197,7 +198,7 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 // unknown is the 202 for operation opID, whose outcome was not known when a's key was read: the caller must not
 // start a new action, but ask GET /v1/operations/{id} (or retry with the same key) until it settles. The attempt
 // is recorded and the operation read in one transaction that holds the operation against a settlement
-// (sql/share_operation.sql), so the operation in the answer is unknown and shows this attempt. settled reports
+// (opstore.QueueShareState), so the operation in the answer is unknown and shows this attempt. settled reports
 // an operation no longer unknown: nothing was recorded or answered.
 func (h *Handler) unknown(ctx context.Context, a *attempt, opID string) (ans Answer, settled bool) {
 	op, settled, err := h.recordUnknown(ctx, a, opID, a.record(verdictUnknown.record, verdictUnknown.status, nil))
@@ -243,13 +244,13 @@ func (h *Handler) recordUnknown(ctx context.Context, a *attempt, opID string, de
 		return op, false, err
 	}
 	defer tx.Close()
-	var state opstatus.State
+	var state string
 	b := &pgx.Batch{}
-	b.Queue(shareOperationSQL, a.op.AccountID, opID).QueryRow(func(row pgx.Row) error { return row.Scan(&state) })
+	opstore.QueueShareState(b, a.op.AccountID, opID, &state)
 	if err := tx.Send(ctx, b); err != nil {
 		return op, false, fmt.Errorf("idem: unknown: %w", err)
 	}
-	if state != opstatus.StateUnknown {
+	if opstatus.State(state) != opstatus.StateUnknown {
 		return op, true, nil
 	}
 	if err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, opID, verdictUnknown.event, a.caller.Actor, detail); err != nil {

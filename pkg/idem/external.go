@@ -13,6 +13,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -234,11 +235,9 @@ func (h *Handler) settle(ctx context.Context, a *attempt, event string, write fu
 	// it unknown), and learn whether the claiming attempt already has its attempt record: the recovery worker
 	// writes one, under the same row lock, when the lease runs out before the outcome is recorded.
 	lock := &pgx.Batch{}
-	lock.Queue(lockOperationSQL, a.op.AccountID, a.op.ID)
+	opstore.QueueLock(lock, a.op.AccountID, a.op.ID)
 	if a.lineage.attempt != "" {
-		lock.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&a.attemptRecorded)
-		})
+		opstore.QueueAttemptRecorded(lock, a.op.AccountID, a.op.ID, a.lineage.attempt, &a.attemptRecorded)
 	}
 	if err := tx.Send(ctx, lock); err != nil {
 		return response{}, fmt.Errorf("idem: lock %s: %w", a.op.ID, err)
@@ -339,7 +338,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 		IdempotencyKey: a.key, Fingerprint: s.fingerprint}
 	check := func(tx *database.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(lockOperationSQL, op.AccountID, op.ID)
+		opstore.QueueLock(b, op.AccountID, op.ID)
 		if err := tx.Send(ctx, b); err != nil {
 			return err
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -365,7 +366,7 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 
 // claim takes a's key in tx, then checks the lineage headers and runs the Guard. An external claim inserts its
 // operation running, with its claimed event, to commit before the effect. A local claim takes the key's lock
-// (sql/lock_key.sql) and reads the key again under it; its operation is inserted once, completed, with the
+// (opstore.QueueKeyFree) and reads the key again under it; its operation is inserted once, completed, with the
 // write's outcome (completion). A key another operation holds fails it (keyTaken).
 func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	b := &pgx.Batch{}
@@ -375,13 +376,7 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 			return err
 		}
 	} else {
-		b.Queue(lockKeySQL, a.op.AccountID, a.key)
-		b.Queue(lookupSQL, a.op.AccountID, a.key).Query(func(rows pgx.Rows) error {
-			if rows.Next() {
-				return errKeyTaken
-			}
-			return rows.Err()
-		})
+		opstore.QueueKeyFree(b, a.op.AccountID, a.key, errKeyTaken)
 	}
 	if err := tx.Send(ctx, b); err != nil {
 		return err

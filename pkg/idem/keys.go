@@ -3,9 +3,7 @@ package idem
 import (
 	"context"
 	"crypto/sha256"
-	_ "embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -70,27 +69,6 @@ func Fingerprint(method, route string, params map[string]string, accountID strin
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// The few reads of keys and operations the flow needs; the statements are in sql/. Keys are written by package
-// opstatus: a key is a column of the operation it started.
-var (
-	//go:embed sql/lookup.sql
-	lookupSQL string
-	//go:embed sql/attempt_known.sql
-	attemptKnownSQL string
-	//go:embed sql/attempt_recorded.sql
-	attemptRecordedSQL string
-	//go:embed sql/lock_key.sql
-	lockKeySQL string
-	//go:embed sql/lock_operation.sql
-	lockOperationSQL string
-	//go:embed sql/superseded.sql
-	supersededSQL string
-	//go:embed sql/claimed_supersedes.sql
-	claimedSupersedesSQL string
-	//go:embed sql/share_operation.sql
-	shareOperationSQL string
-)
-
 // stored is a claimed key as read back.
 type stored struct {
 	fingerprint string
@@ -125,6 +103,7 @@ type lookup struct {
 // lookupKeys reads keys in one round trip, one statement per distinct key (each keeps its generic plan).
 func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, error) {
 	out := make([]lookup, len(refs))
+	keys := make([]opstore.Key, len(refs))
 	read := map[keyRef]*lookup{}
 	b := &pgx.Batch{}
 	for i, ref := range refs {
@@ -133,28 +112,30 @@ func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, erro
 		}
 		l := &out[i]
 		read[ref] = l
-		b.Queue(lookupSQL, ref.account, ref.key).QueryRow(func(row pgx.Row) error {
-			var resType, resID *string
-			s := &l.stored
-			err := row.Scan(&s.fingerprint, &s.operationID, &s.state, &s.response.Status, &s.response.Header,
-				&s.response.Body, &s.opState, &resType, &resID)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			if resType != nil && resID != nil {
-				s.resource = &opstatus.Resource{Type: *resType, ID: *resID}
-			}
-			l.found = err == nil
-			return err
-		})
+		opstore.QueueLookupKey(b, ref.account, ref.key, &keys[i], &l.found)
 	}
 	if err := database.Send(ctx, db, b); err != nil {
 		return nil, fmt.Errorf("idem: lookup: %w", err)
+	}
+	for i, k := range keys {
+		if l := &out[i]; l.found {
+			l.stored = storedKey(k)
+		}
 	}
 	for i, ref := range refs {
 		out[i] = *read[ref] // a copy of a key asked twice shares its read
 	}
 	return out, nil
+}
+
+// storedKey is k as the flow reads it.
+func storedKey(k opstore.Key) stored {
+	s := stored{fingerprint: k.Fingerprint, operationID: k.OperationID, state: k.State,
+		response: response{Status: k.Status, Header: k.Header, Body: k.Body}, opState: opstatus.State(k.OperationState)}
+	if k.ResourceType != nil && k.ResourceID != nil {
+		s.resource = &opstatus.Resource{Type: *k.ResourceType, ID: *k.ResourceID}
+	}
+	return s
 }
 
 // Defaults of Handler.Retention and Handler.KeyLifetime.

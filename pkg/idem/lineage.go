@@ -14,6 +14,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -162,22 +163,19 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 	if a.lineage.supersedes == "" {
 		return nil
 	}
-	var kind, state string
-	var superseded bool
+	var prior opstore.Superseded
 	b := &pgx.Batch{}
-	b.Queue(supersededSQL, a.op.AccountID, a.lineage.supersedes).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&kind, &state, &superseded)
-	})
+	opstore.QueueSuperseded(b, a.op.AccountID, a.lineage.supersedes, &prior)
 	switch err := tx.Send(ctx, b); {
 	case errors.Is(err, pgx.ErrNoRows):
 		return headerProblem(HeaderSupersedes, "names no operation of this account")
 	case err != nil:
 		return fmt.Errorf("idem: supersedes: %w", err)
-	case kind != a.op.Kind:
-		return headerProblem(HeaderSupersedes, "names an operation of another kind ("+kind+"); only an operation of the same kind can be superseded")
-	case superseded:
+	case prior.Kind != a.op.Kind:
+		return headerProblem(HeaderSupersedes, "names an operation of another kind ("+prior.Kind+"); only an operation of the same kind can be superseded")
+	case prior.Superseded:
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
-	case state == string(opstatus.StateUnknown):
+	case prior.State == string(opstatus.StateUnknown):
 		// Its effect may still have happened: a new attempt at the same intent could double it, unless a person
 		// who was shown that decided so.
 		approved := false
@@ -191,12 +189,12 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 			return problem.New(problem.CodeSupersededOperationUnknown,
 				"the operation this one supersedes has an unknown outcome: settle it first (a retry with its key, or a person's "+
 					"resolution), or have a person approve this exact request naming it (Approval-Id)").
-				With("operation_id", a.lineage.supersedes).With("state", state)
+				With("operation_id", a.lineage.supersedes).With("state", prior.State)
 		}
 	}
 	err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
 		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})
-	if problem.IsUniqueViolation(err, "operation_events_successor") {
+	if opstore.SuccessorTaken(err) {
 		// Another operation superseded it after this one looked (operation_events_successor): it committed first.
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
 	}
@@ -230,7 +228,7 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lin
 	if a.lineage.supersedes != "" {
 		var claimed string
 		b := &pgx.Batch{}
-		b.Queue(claimedSupersedesSQL, a.op.AccountID, opID).QueryRow(func(row pgx.Row) error { return row.Scan(&claimed) })
+		opstore.QueueClaimedSupersedes(b, a.op.AccountID, opID, &claimed)
 		if err := database.Send(ctx, h.DB, b); err != nil {
 			return nil, fmt.Errorf("idem: supersedes: %w", err)
 		}
@@ -247,9 +245,7 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lin
 	}
 	var parentKnown, attemptUsed bool
 	b := &pgx.Batch{}
-	b.Queue(attemptKnownSQL, a.op.AccountID, opID, a.lineage.retryOf, a.lineage.attempt).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&parentKnown, &attemptUsed)
-	})
+	opstore.QueueAttemptKnown(b, a.op.AccountID, opID, a.lineage.retryOf, a.lineage.attempt, &parentKnown, &attemptUsed)
 	if err := database.Send(ctx, h.DB, b); err != nil {
 		return nil, fmt.Errorf("idem: retry-of: %w", err)
 	}

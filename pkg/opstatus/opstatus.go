@@ -18,13 +18,13 @@ package opstatus
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"math"
+	"errors"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -240,93 +240,28 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State
 	if len(from) == 0 {
 		from = []State{StateQueued, StateRunning, StateUnknown}
 	}
-	fromText := make([]string, len(from))
+	m := opstore.Move{From: make([]string, len(from)), To: string(to), ClearLease: t.clear, Lease: t.lease,
+		Event: opstore.NewEvent{Type: t.event, Actor: actor, Detail: t.detail}}
 	for i, s := range from {
-		fromText[i] = string(s)
+		m.From[i] = string(s)
 	}
-	detail := []byte("{}")
-	if t.detail != nil {
-		var err error
-		if detail, err = json.Marshal(t.detail); err != nil {
-			return false, fmt.Errorf("opstatus: transition %s: detail: %w", id, err)
-		}
-	}
-	resType, resID := t.resource.columns()
-	var n int64
-	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert takes KEY SHARE on the operation for its foreign key,
-	// which FOR UPDATE would make wait for this transaction.
-	err := tx.WithContext(ctx).Raw(`
-WITH prev AS (
-    SELECT account_id, id, state FROM operations WHERE account_id = ? AND id = ? FOR NO KEY UPDATE
-), op AS (
-    UPDATE operations o
-    SET state = ?, updated_at = now(),
-        resource_type = COALESCE(?, o.resource_type), resource_id = COALESCE(?, o.resource_id),
-        lease_expires_at = CASE WHEN ? THEN NULL ELSE COALESCE(?, o.lease_expires_at) END
-    FROM prev
-    WHERE o.account_id = prev.account_id AND o.id = prev.id AND prev.state IN ? AND prev.state <> ?
-    RETURNING o.id, o.account_id, prev.state AS from_state, o.state AS to_state
-), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-    SELECT id, account_id, ?, from_state, to_state, ?, ?::jsonb FROM op
-    RETURNING 1
-)
-SELECT count(*) FROM ev`,
-		accountID, id, to, resType, resID, t.clear, t.lease, fromText, to, t.event, actor, string(detail)).Scan(&n).Error
-	if err != nil {
-		return false, fmt.Errorf("opstatus: transition %s to %s: %w", id, to, err)
-	}
-	return n == 1, nil
+	m.ResourceType, m.ResourceID = t.resource.columns()
+	return opstore.Transition(ctx, tx, accountID, id, m)
 }
 
 // Append adds an event to operation id of account that does not change the state (replayed, conflict_rejected,
 // reconcile evidence, ...).
 func Append(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
-	raw := []byte("{}")
-	if detail != nil {
-		var err error
-		if raw, err = json.Marshal(detail); err != nil {
-			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
-		}
-	}
-	// The operation may not be inserted yet: a local write's is, completed, at the end of its transaction (package
-	// idem). The records' foreign key, checked at COMMIT, refuses a record of an operation that never is.
-	err := db.WithContext(ctx).Exec(`
-INSERT INTO operation_events (operation_id, account_id, type, actor, detail) VALUES (?, ?, ?, ?, ?::jsonb)`,
-		id, accountID, eventType, actor, string(raw)).Error
-	if err != nil {
-		return fmt.Errorf("opstatus: append to %s: %w", id, err)
-	}
-	return nil
+	return opstore.Append(ctx, db, accountID, id, opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail})
 }
 
-type operationRow struct {
-	ID                string
-	AccountID         string
-	Kind              string
-	State             State
-	IdempotencyKey    *string
-	Fingerprint       *string
-	ResourceType      *string
-	ResourceID        *string
-	LeaseExpiresAt    *time.Time
-	ResponseExpiresAt *time.Time
-	KeyExpiresAt      *time.Time
-	CreatedAt         time.Time
-	UpdatedAt         time.Time
-}
-
-func (r operationRow) operation() Operation {
+// operation is the store's row as an Operation, without its events.
+func operation(r opstore.Operation) Operation {
 	op := Operation{
-		ID: r.ID, AccountID: r.AccountID, Kind: r.Kind, State: r.State,
+		ID: r.ID, AccountID: r.AccountID, Kind: r.Kind, State: State(r.State),
+		IdempotencyKey: r.IdempotencyKey, Fingerprint: r.Fingerprint,
 		LeaseExpiresAt: r.LeaseExpiresAt, ResponseExpiresAt: r.ResponseExpiresAt, KeyExpiresAt: r.KeyExpiresAt,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Events: []Event{},
-	}
-	if r.IdempotencyKey != nil {
-		op.IdempotencyKey = *r.IdempotencyKey
-	}
-	if r.Fingerprint != nil {
-		op.Fingerprint = *r.Fingerprint
 	}
 	if r.ResourceType != nil && r.ResourceID != nil {
 		op.Resource = &Resource{Type: *r.ResourceType, ID: *r.ResourceID}
@@ -334,23 +269,17 @@ func (r operationRow) operation() Operation {
 	return op
 }
 
-// selectOperation reads operations with the expiries of their idempotency keys.
-const selectOperation = `SELECT id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
-       lease_expires_at, created_at, updated_at, response_expires_at, key_expires_at
-FROM operations `
-
 // Get returns operation id of account with its events. Returns an error matching problem.ErrNotFound if the
 // operation does not exist in that account.
 func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, error) {
-	var rows []operationRow
-	err := db.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND id = ?`, accountID, id).Scan(&rows).Error
-	if err != nil {
-		return Operation{}, fmt.Errorf("opstatus: get %s: %w", id, err)
-	}
-	if len(rows) == 0 {
+	r, err := opstore.Get(ctx, db, accountID, id)
+	if errors.Is(err, opstore.ErrNotFound) {
 		return Operation{}, problem.NotFound("operation")
 	}
-	op := rows[0].operation()
+	if err != nil {
+		return Operation{}, err
+	}
+	op := operation(r)
 	if op.Events, op.EventsOmitted, err = events(ctx, db, accountID, op.ID, MaxEvents); err != nil {
 		return Operation{}, err
 	}
@@ -365,21 +294,17 @@ func FindByKey(ctx context.Context, db *gorm.DB, accountID, key string) ([]Opera
 
 // FindByKeyPage is FindByKey for one page: at most p.Fetch() operations after p.After.
 func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p page.Request) ([]Operation, error) {
-	after := ""
-	args := []any{accountID, key}
+	var after *opstore.Cursor
 	if p.After != nil {
-		after = ` AND (created_at, id) < (?, ?)`
-		args = append(args, p.After.At, p.After.ID)
+		after = &opstore.Cursor{At: p.After.At, ID: p.After.ID}
 	}
-	var rows []operationRow
-	err := db.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND idempotency_key = ?`+after+
-		` ORDER BY created_at DESC, id DESC LIMIT ?`, append(args, p.Fetch())...).Scan(&rows).Error
+	rows, err := opstore.ByKey(ctx, db, accountID, key, after, p.Fetch())
 	if err != nil {
-		return nil, fmt.Errorf("opstatus: find by key: %w", err)
+		return nil, err
 	}
 	ops := make([]Operation, 0, len(rows))
 	for _, r := range rows {
-		op := r.operation()
+		op := operation(r)
 		if op.Events, op.EventsOmitted, err = events(ctx, db, accountID, op.ID, MaxEvents); err != nil {
 			return nil, err
 		}
@@ -391,49 +316,14 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 // events returns the newest limit events of operation opID (all when limit is 0), oldest first, and how many
 // older ones it left out.
 func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int) ([]Event, int64, error) {
-	var rows []struct {
-		ID        int64
-		Seq       int64
-		Attempt   *int64
-		Type      string
-		FromState *string
-		ToState   *string
-		Actor     string
-		Detail    string
-		CreatedAt time.Time
-	}
-	fetch := math.MaxInt32
-	if limit > 0 {
-		fetch = limit + 1 // one more tells whether any was left out
-	}
-	err := db.WithContext(ctx).Raw(`SELECT * FROM (
-    SELECT id, seq, attempt, type, from_state, to_state, actor, detail::text AS detail, created_at
-    FROM operation_events_numbered WHERE account_id = ? AND operation_id = ? ORDER BY id DESC LIMIT ?) newest ORDER BY id`,
-		accountID, opID, fetch).Scan(&rows).Error
+	rows, omitted, err := opstore.Events(ctx, db, accountID, opID, limit)
 	if err != nil {
-		return nil, 0, fmt.Errorf("opstatus: events of %s: %w", opID, err)
+		return nil, 0, err
 	}
-	var omitted int64
-	if limit > 0 && len(rows) > limit {
-		rows = rows[1:]
-		if err := db.WithContext(ctx).Raw(`SELECT count(*) - ? FROM operation_events WHERE account_id = ? AND operation_id = ?`,
-			limit, accountID, opID).Scan(&omitted).Error; err != nil {
-			return nil, 0, fmt.Errorf("opstatus: events of %s: %w", opID, err)
-		}
-	}
-	evs := make([]Event, 0, len(rows))
-	for _, r := range rows {
-		ev := Event{ID: r.ID, Seq: r.Seq, Attempt: r.Attempt, Type: r.Type, Actor: r.Actor, CreatedAt: r.CreatedAt}
-		if r.FromState != nil {
-			ev.FromState = State(*r.FromState)
-		}
-		if r.ToState != nil {
-			ev.ToState = State(*r.ToState)
-		}
-		if r.Detail != "" && r.Detail != "{}" {
-			ev.Detail = json.RawMessage(r.Detail)
-		}
-		evs = append(evs, ev)
+	evs := make([]Event, len(rows))
+	for i, r := range rows {
+		evs[i] = Event{ID: r.ID, Seq: r.Seq, Attempt: r.Attempt, Type: r.Type, FromState: State(r.FromState),
+			ToState: State(r.ToState), Actor: r.Actor, Detail: r.Detail, CreatedAt: r.CreatedAt}
 	}
 	return evs, omitted, nil
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Owner marks the external operations a process claims with an id whose PostgreSQL advisory lock the process
@@ -116,33 +118,12 @@ func (o *Owner) take(ctx context.Context) *pgx.Conn {
 	return nil
 }
 
-// ownerGoneSQL returns the owner marked on an operation's claim when no session holds that owner's lock and the
-// operation has no dispatch_started record; no row otherwise (no owner marked, owner alive, or a call started).
-const ownerGoneSQL = `SELECT c.owner FROM (
-    SELECT (detail->>'owner')::bigint AS owner FROM operation_events
-    WHERE account_id = ? AND operation_id = ? AND type = 'claimed' AND detail->>'owner' IS NOT NULL) c
-WHERE NOT EXISTS (
-        SELECT 1 FROM pg_locks l
-        WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.classid::bigint = ? AND l.objid::bigint = c.owner
-          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
-  AND NOT EXISTS (
-        SELECT 1 FROM operation_events d
-        WHERE d.account_id = ? AND d.operation_id = ? AND d.type = 'dispatch_started')`
-
 // OwnerGone reports whether operation id's claim is orphaned: the owner marked on its claimed event
 // (ClaimOwner) holds no lock any more, and no call of it was started, so nothing of it can have left a process.
 // Read it in a transaction that holds the operation's row lock before acting on it: StartDispatch waits for that
 // lock, so the answer cannot change before the transaction ends.
 func OwnerGone(ctx context.Context, db *gorm.DB, accountID, id string) (owner int64, gone bool, err error) {
-	var owners []int64
-	err = db.WithContext(ctx).Raw(ownerGoneSQL, accountID, id, ownerLockClass, accountID, id).Scan(&owners).Error
-	if err != nil {
-		return 0, false, fmt.Errorf("opstatus: owner of %s: %w", id, err)
-	}
-	if len(owners) == 0 {
-		return 0, false, nil
-	}
-	return owners[0], true, nil
+	return opstore.OwnerGone(ctx, db, accountID, id, ownerLockClass)
 }
 
 // ClaimOwner is the key of a claimed event's detail that names the Owner of the process that claimed it.

@@ -2,6 +2,7 @@ package opstatus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -76,17 +78,16 @@ func (f ResolverFunc) Resolve(ctx context.Context, tx *gorm.DB, op Operation, d 
 // runs its service; when it does not, the decision is refused (409 resolver_elsewhere naming the service): only
 // that service can release what the operation holds, and settling the operation without it would strand it.
 func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d Decision, resolvers map[string]Resolver, services []string) (Operation, error) {
-	var rows []operationRow
-	// FOR NO KEY UPDATE, as Transition takes it: the decision and a reconciler settling the same operation
-	// wait for each other, and the second finds it no longer unknown.
-	err := tx.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND id = ? FOR NO KEY UPDATE`, accountID, id).Scan(&rows).Error
-	if err != nil {
-		return Operation{}, fmt.Errorf("opstatus: resolve %s: %w", id, err)
-	}
-	if len(rows) == 0 {
+	// Locked as Transition locks it: the decision and a reconciler settling the same operation wait for each
+	// other, and the second finds it no longer unknown.
+	row, err := opstore.LockForDecision(ctx, tx, accountID, id)
+	if errors.Is(err, opstore.ErrNotFound) {
 		return Operation{}, problem.NotFound("operation")
 	}
-	op := rows[0].operation()
+	if err != nil {
+		return Operation{}, err
+	}
+	op := operation(row)
 	if op.State != StateUnknown {
 		return Operation{}, problem.New(problem.CodeInvalidState,
 			"operation %s is %s; only an operation whose outcome is unknown takes a person's decision", id, op.State).

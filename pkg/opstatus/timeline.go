@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Timeline is one operation's story for an investigator: every attempt, dispatch, observation and state change
@@ -271,13 +272,10 @@ func timelineApprovals(ctx context.Context, db *gorm.DB, op Operation) ([]Timeli
 		CreatedAt   time.Time
 		DecidedBy   *string
 		DecidedAt   *time.Time
-		Attempt     *string
+		UsedBy      *string
 	}
 	err := db.WithContext(ctx).Raw(`
-SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at,
-       (SELECT e.detail->>'attempt_id' FROM operation_events e
-        WHERE e.account_id = a.account_id AND e.operation_id = a.used_by_operation_id AND e.type = 'claimed'
-        LIMIT 1) AS attempt
+SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at, a.used_by_operation_id AS used_by
 FROM approvals a
 WHERE a.account_id = ? AND a.idempotency_key = ? AND (a.used_by_operation_id = ? OR a.fingerprint = ?)
 ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerprint).Scan(&rows).Error
@@ -289,8 +287,11 @@ ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerp
 	for _, r := range rows {
 		a := TimelineApproval{ApprovalID: r.ID, State: r.State, RequestedBy: r.RequestedBy, RequestedAt: r.CreatedAt,
 			DecidedBy: r.DecidedBy, DecidedAt: r.DecidedAt, Records: []TimelineApprovalRecord{}}
-		if r.Attempt != nil {
-			a.UsedByAttempt = *r.Attempt
+		if r.UsedBy != nil {
+			// The attempt whose claim used it: the approval names its operation, whose claim names the attempt.
+			if a.UsedByAttempt, err = opstore.ClaimAttempt(ctx, db, op.AccountID, *r.UsedBy); err != nil {
+				return nil, err
+			}
 		}
 		index[r.ID] = len(out)
 		out = append(out, a)

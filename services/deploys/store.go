@@ -33,11 +33,11 @@ type deployRow struct {
 	StoredState State
 }
 
-// The operation's state is a subquery on its whole key, not a join: with the account known, a join lets the
-// planner scan the account's operations and filter them by id (see idem's lookupSQL).
+// The operation's state is read by its whole key (operation_state, migrations/00001_baseline.sql), not a join:
+// with the account known, a join lets the planner scan the account's operations and filter them by id.
 const deployColumns = `d.id, d.account_id, d.operation_id, d.kind, d.service, d.environment, d.artifact,
 d.commit_sha, d.rolls_back_deploy_id,
-CASE WHEN (SELECT o.state FROM operations o WHERE o.account_id = d.account_id AND o.id = d.operation_id) = 'unknown'
+CASE WHEN operation_state(d.account_id, d.operation_id) = 'unknown'
      THEN 'unknown' ELSE d.state END AS state,
 d.state AS stored_state, d.environment_version, d.fencing_token, d.steps_total, d.steps_completed,
 d.activation_started_at AS activation_started, d.started_at, d.finished_at, d.created_at, d.updated_at`

@@ -1,0 +1,4 @@
+package opstore
+
+// LookupKeySQL is lookup_key.sql, whose plan a test checks.
+var LookupKeySQL = lookupKeySQL
