@@ -64,11 +64,11 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 		v, s = h.decide(ctx, a, latest, nil)
 	}
 	opID, state, status := s.operationID, s.opState, v.status
-	var extra map[string]any
+	var rec opstore.Attempt // what this verdict's record adds to the attempt's
 	var ans Answer
 	switch v {
 	case verdictConflict:
-		extra = map[string]any{"prior_fingerprint": s.fingerprint}
+		rec.PriorFingerprint = s.fingerprint
 		ans.Err = problem.New(problem.CodeIdempotencyKeyReused,
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").
 			With("operation_id", opID).With("state", state)
@@ -81,7 +81,7 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 			With("operation_id", opID).With("state", state).With("resource", s.resource).
 			With("operation_url", "/v1/operations/"+opID)}
 	case verdictInProgress:
-		extra = map[string]any{"state": state}
+		rec.State = string(state)
 		ans.Err = &problem.Error{
 			Code:       problem.CodeRequestInProgress,
 			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
@@ -90,13 +90,13 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 		}
 	}
 	h.init()
-	err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, extra))
+	err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, rec))
 	switch {
 	case opstatus.AttemptUsed(err) && opID == a.op.ID:
 		// The attempt that claimed the operation, answering with what another worker stored, has its record
 		// already (the recovery worker's, when its lease ran out): this answer is told without an outcome, so the
 		// attempt is not numbered twice.
-		err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.lineage.identity(map[string]any{"status": status}))
+		err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.lineage.told(status))
 	case opstatus.AttemptUsed(err):
 		// A copy of this attempt (same Attempt-Id) was recorded first, after this one's check.
 		return h.refuseLineage(ctx, a, opID, attemptIDUsed())
@@ -112,10 +112,9 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 // attempt record, but for an attempt whose Attempt-Id the operation already has: that id stays the other
 // attempt's (operation_events_attempt), and the refused one's is kept as repeated_attempt_id.
 func (h *Handler) refuseLineage(ctx context.Context, a *attempt, opID string, r *lineageRefusal) Answer {
-	detail := a.record(attemptRefused, verdictBadLineage.status, map[string]any{"refusal": r.reason})
+	detail := a.record(attemptRefused, verdictBadLineage.status, opstore.Attempt{Refusal: r.reason})
 	repeated := func() {
-		detail["repeated_attempt_id"] = detail["attempt_id"]
-		delete(detail, "attempt_id")
+		detail.RepeatedAttemptID, detail.AttemptID = detail.AttemptID, ""
 	}
 	if r.reason == refusalAttemptIDUsed {
 		repeated()
@@ -201,11 +200,11 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 // (opstore.QueueShareState), so the operation in the answer is unknown and shows this attempt. settled reports
 // an operation no longer unknown: nothing was recorded or answered.
 func (h *Handler) unknown(ctx context.Context, a *attempt, opID string) (ans Answer, settled bool) {
-	op, settled, err := h.recordUnknown(ctx, a, opID, a.record(verdictUnknown.record, verdictUnknown.status, nil))
+	op, settled, err := h.recordUnknown(ctx, a, opID, a.record(verdictUnknown.record, verdictUnknown.status, opstore.Attempt{}))
 	switch {
 	case opstatus.AttemptUsed(err) && opID == a.op.ID:
 		// The attempt that claimed it has its record already (the recovery worker's): told without an outcome.
-		op, settled, err = h.recordUnknown(ctx, a, opID, a.lineage.identity(map[string]any{"status": verdictUnknown.status}))
+		op, settled, err = h.recordUnknown(ctx, a, opID, a.lineage.told(verdictUnknown.status))
 	case opstatus.AttemptUsed(err):
 		return h.refuseLineage(ctx, a, opID, attemptIDUsed()), false
 	}
@@ -238,7 +237,7 @@ func unknownAnswer(op opstatus.Operation) Answer {
 
 // recordUnknown appends detail, a's record, to operation opID and reads the operation, in one transaction that
 // holds its row; unless the operation is no longer unknown (settled).
-func (h *Handler) recordUnknown(ctx context.Context, a *attempt, opID string, detail map[string]any) (op opstatus.Operation, settled bool, err error) {
+func (h *Handler) recordUnknown(ctx context.Context, a *attempt, opID string, detail opstore.Attempt) (op opstatus.Operation, settled bool, err error) {
 	tx, err := database.Begin(ctx, h.DB)
 	if err != nil {
 		return op, false, err

@@ -176,7 +176,9 @@ const EventNotSent = "not_sent"
 // the process, so the claim is released (release). If the release cannot be written the claim stays and the
 // recovery worker settles it when its lease ends; nothing was sent either way.
 func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, left time.Duration, undo undoFunc) Answer {
-	detail := a.lineage.identity(map[string]any{"reason": "lease_too_short", "lease_left_ms": left.Milliseconds()})
+	leftMS := left.Milliseconds()
+	detail := a.lineage.identity()
+	detail.Reason, detail.LeaseLeftMS = "lease_too_short", &leftMS
 	if err := h.release(ctx, a.op, a.caller.Actor, detail, nil, undo); err != nil {
 		h.log().WarnContext(ctx, "unsent operation not released; the recovery worker settles it", "operation_id", a.op.ID, "error", err.Error())
 	} else {
@@ -193,7 +195,7 @@ type undoFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) erro
 // release gives up op's claim before its effect was sent, in one transaction: check (when set) first, under the
 // operation's row lock, then the operation cancelled with a not_sent event (detail) and its key given up,
 // Prepare's reservation undone, so a retry with the same key claims again. ErrAlreadySettled: op is not running.
-func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor string, detail map[string]any,
+func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor string, detail opstore.Attempt,
 	check func(*database.Tx) error, undo undoFunc) error {
 	tx, err := database.Begin(ctx, h.DB)
 	if err != nil {
@@ -298,7 +300,7 @@ func (h *Handler) moveUnknown(ctx context.Context, a *attempt) (op opstatus.Oper
 	moved, err = opstatus.Transition(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
 		opstatus.From(opstatus.StateRunning),
 		opstatus.WithEvent(opstatus.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
-			map[string]any{"reason": opstatus.ReasonNoDefiniteAnswer})))
+			opstore.Attempt{Reason: opstatus.ReasonNoDefiniteAnswer})))
 	if err != nil || !moved {
 		return op, false, err
 	}
@@ -348,7 +350,8 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 		}
 		return nil
 	}
-	detail := a.lineage.identity(map[string]any{"reason": ReasonOwnerGone, opstatus.ClaimOwner: owner})
+	detail := a.lineage.identity()
+	detail.Reason, detail.Owner = ReasonOwnerGone, owner
 	if err := h.release(ctx, op, a.caller.Actor, detail, check, undo); err != nil {
 		h.log().InfoContext(ctx, "orphaned claim not released", "operation_id", op.ID, "error", err.Error())
 		return false

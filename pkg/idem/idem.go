@@ -400,7 +400,8 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 	}
 	detail := a.completionDetail(resp.Status, res.Reason)
 	if !a.external {
-		maps.Copy(detail, a.claimDetail())
+		// A local write's one event records its claim too.
+		detail.SupersedesOperationID, detail.Owner = a.lineage.supersedes, a.owner
 	}
 	a.op.State = res.State
 	if a.op.State == "" {

@@ -125,31 +125,32 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 }
 
 // identity is what every event an attempt causes says about it.
-func (l lineage) identity(detail map[string]any) map[string]any {
-	if detail == nil {
-		detail = map[string]any{}
-	}
-	if l.attempt != "" {
-		detail["attempt_id"] = l.attempt
-	}
-	if l.agentRun != "" {
-		detail["agent_run_id"] = l.agentRun
-	}
+func (l lineage) identity() opstore.Attempt {
+	d := opstore.Attempt{AttemptID: l.attempt, AgentRunID: l.agentRun, RetryOf: l.retryOf}
 	if l.retryOf != "" {
-		detail["retry_of"] = l.retryOf
-		detail["retry_reason"] = l.retryReason
+		reason := l.retryReason
+		d.RetryReason = &reason
 	}
-	return detail
+	return d
 }
 
-// record is an attempt record's detail: its identity, its outcome and answer, and how long it took so far.
-// Its number within the operation is its place among the operation's attempt records (operation_events_numbered).
-func (a *attempt) record(outcome string, status int, extra map[string]any) map[string]any {
-	d := a.lineage.identity(extra)
-	d["outcome"] = outcome
-	d["status"] = status
-	d["fingerprint"] = a.fingerprint
-	d["duration_ms"] = time.Since(a.lineage.start).Milliseconds()
+// told is the detail of an answer told to the attempt without an outcome (its record exists already): its
+// identity and the status it was answered.
+func (l lineage) told(status int) opstore.Attempt {
+	d := l.identity()
+	d.Status = &status
+	return d
+}
+
+// record is an attempt record's detail: its identity, its outcome and answer, how long it took so far, and what
+// extra adds (the verdict's own fields). Its number within the operation is its place among the operation's
+// attempt records (operation_events_numbered).
+func (a *attempt) record(outcome string, status int, extra opstore.Attempt) opstore.Attempt {
+	d := extra
+	id := a.lineage.identity()
+	d.AttemptID, d.AgentRunID, d.RetryOf, d.RetryReason = id.AttemptID, id.AgentRunID, id.RetryOf, id.RetryReason
+	ms := time.Since(a.lineage.start).Milliseconds()
+	d.Outcome, d.Status, d.Fingerprint, d.DurationMS = outcome, &status, a.fingerprint, &ms
 	return d
 }
 
@@ -193,7 +194,7 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 		}
 	}
 	err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
-		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})
+		opstore.Link{SupersededBy: a.op.ID, AttemptID: a.lineage.attempt})
 	if opstore.SuccessorTaken(err) {
 		// Another operation superseded it after this one looked (operation_events_successor): it committed first.
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
@@ -264,33 +265,26 @@ func attemptIDUsed() *lineageRefusal {
 }
 
 // claimDetail is the detail of the claimed event.
-func (a *attempt) claimDetail() map[string]any {
-	detail := a.lineage.identity(nil)
-	if a.lineage.supersedes != "" {
-		detail["supersedes_operation_id"] = a.lineage.supersedes
-	}
-	if a.owner != 0 {
-		detail[opstatus.ClaimOwner] = a.owner
-	}
+func (a *attempt) claimDetail() opstore.Attempt {
+	detail := a.lineage.identity()
+	detail.SupersedesOperationID, detail.Owner = a.lineage.supersedes, a.owner
 	return detail
 }
 
 // completionDetail is the detail of the event that records the result: the attempt record of the attempt that
-// claimed the key, or {"status": ...} for a worker's settlement; reason, when set, is the result's.
-func (a *attempt) completionDetail(status int, reason string) map[string]any {
-	var detail map[string]any
+// claimed the key, or its status alone for a worker's settlement; reason, when set, is the result's.
+func (a *attempt) completionDetail(status int, reason string) opstore.Attempt {
+	var detail opstore.Attempt
 	switch {
 	case a.lineage.attempt == "" || a.attemptRecorded:
 		// A worker's settlement has no attempt; an attempt whose record the recovery worker already wrote (outcome
 		// unknown, its lease ran out) has its result told without an outcome, so it is not numbered twice.
-		detail = a.lineage.identity(map[string]any{"status": status})
+		detail = a.lineage.told(status)
 	case status >= http.StatusBadRequest:
-		detail = a.record(attemptRefused, status, nil)
+		detail = a.record(attemptRefused, status, opstore.Attempt{})
 	default:
-		detail = a.record(attemptCreated, status, nil)
+		detail = a.record(attemptCreated, status, opstore.Attempt{})
 	}
-	if reason != "" {
-		detail["reason"] = reason
-	}
+	detail.Reason = reason
 	return detail
 }

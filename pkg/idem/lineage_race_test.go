@@ -148,7 +148,7 @@ func TestAttemptIDUsedOnceUnderConcurrency(t *testing.T) {
 		t.Errorf("a retry with its own id: %d %s; want the replay", a.status, a.body)
 	}
 	var records, refused int64
-	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE is_attempt_record(detail) AND detail->>'attempt_id' = 'att_same'`).Scan(&records)
+	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE outcome IS NOT NULL AND attempt_id = 'att_same'`).Scan(&records)
 	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ? AND detail->>'repeated_attempt_id' = 'att_same'
   AND detail->>'refusal' = 'attempt_id_used'`, opstatus.EventAttemptRefused).Scan(&refused)
 	if replayed != 1 || records != 1 || refused != 3 {

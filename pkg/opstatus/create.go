@@ -12,16 +12,12 @@ type NewEvent struct {
 	From  State // empty for the first event
 	To    State
 	Actor string
-	// Detail is marshalled to JSON; nil is {}.
-	Detail map[string]any
+	// Detail is marshalled to JSON (nil is {}): an opstore.Attempt for the events of an attempt.
+	Detail any
 }
 
 func (e NewEvent) store() opstore.NewEvent {
-	var detail any
-	if e.Detail != nil {
-		detail = e.Detail
-	}
-	return opstore.NewEvent{Type: e.Type, From: string(e.From), To: string(e.To), Actor: e.Actor, Detail: detail}
+	return opstore.NewEvent{Type: e.Type, From: string(e.From), To: string(e.To), Actor: e.Actor, Detail: e.Detail}
 }
 
 // QueueCreate queues on b the insert of op (its id, account, kind, state, key, fingerprint, resource and lease)

@@ -2,8 +2,6 @@ package opstatus
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"sync"
 
 	"gorm.io/gorm"
@@ -54,15 +52,8 @@ func (g *GroupAppender) Append(ctx context.Context, accountID, id, eventType, ac
 
 // newGroupItem marshals detail at once, so a detail that cannot be written fails its own Append, not its group.
 func newGroupItem(accountID, id, eventType, actor string, detail any) (groupItem, error) {
-	var raw any
-	if detail != nil {
-		b, err := json.Marshal(detail)
-		if err != nil {
-			return groupItem{}, fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
-		}
-		raw = json.RawMessage(b)
-	}
-	return groupItem{AccountID: accountID, ID: id, Event: opstore.NewEvent{Type: eventType, Actor: actor, Detail: raw}}, nil
+	e, err := opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail}.Marshalled(id)
+	return groupItem{AccountID: accountID, ID: id, Event: e}, err
 }
 
 // insert writes group in one statement and returns, per item, nil. When an attempt record repeats an attempt id

@@ -12,12 +12,14 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // attemptDetail is the detail of an attempt record (audit.IsAttempt), of an attempt id never used before (an
 // operation has one record per attempt id); evidence is one of an event that is not.
-func attemptDetail() map[string]any {
-	return map[string]any{"attempt_id": fmt.Sprintf("att_%d", attemptIDs.Add(1)), "outcome": "replayed", "status": 201}
+func attemptDetail() opstore.Attempt {
+	status := 201
+	return opstore.Attempt{AttemptID: fmt.Sprintf("att_%d", attemptIDs.Add(1)), Outcome: "replayed", Status: &status}
 }
 
 var attemptIDs atomic.Int64
@@ -36,7 +38,7 @@ func appendConcurrently(ctx context.Context, g *opstatus.GroupAppender, ops []op
 			go func() {
 				defer wg.Done()
 				<-start
-				var detail map[string]any
+				var detail any
 				if i%3 == 2 {
 					detail = evidence(i)
 				} else {
@@ -233,7 +235,7 @@ func TestGroupRefusesARepeatedAttemptAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstatus.EventReplayed, "agent:a", first); !opstatus.AttemptUsed(err) {
-		t.Fatalf("a second record of %v: %v; want AttemptUsed", first["attempt_id"], err)
+		t.Fatalf("a second record of %v: %v; want AttemptUsed", first.AttemptID, err)
 	}
 	again := attemptDetail()
 	g := &opstatus.GroupAppender{DB: db.DB}
@@ -242,7 +244,7 @@ func TestGroupRefusesARepeatedAttemptAlone(t *testing.T) {
 		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: again},
 		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: again},
 		{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: first}, // another operation
-		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventSuperseded, Actor: "agent:a", Detail: map[string]any{"attempt_id": first["attempt_id"]}},
+		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventSuperseded, Actor: "agent:a", Detail: opstore.Link{AttemptID: first.AttemptID}},
 	})
 	if err != nil {
 		t.Fatal(err)

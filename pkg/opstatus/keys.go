@@ -62,7 +62,7 @@ func QueueCreateCompleted(b *pgx.Batch, op Operation, c Completion) error {
 // QueueRelease queues on b the cancellation of op, running and holding its key, with an event of type
 // eventType (its detail, by actor), and the release of its key: a retry with the key claims it again. When op is
 // not running under its key the batch fails with ErrAlreadySettled.
-func QueueRelease(b *pgx.Batch, op Operation, eventType, actor string, detail map[string]any) error {
+func QueueRelease(b *pgx.Batch, op Operation, eventType, actor string, detail any) error {
 	return opstore.QueueRelease(b, op.AccountID, op.ID, NewEvent{Type: eventType, Actor: actor, Detail: detail}.store())
 }
 

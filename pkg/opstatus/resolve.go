@@ -110,12 +110,8 @@ func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d De
 			return Operation{}, err
 		}
 	}
-	detail := map[string]any{"state": d.State, "evidence": d.Evidence}
-	if d.RemoteRef != "" {
-		detail["remote_ref"] = d.RemoteRef
-	}
 	moved, err := Transition(ctx, tx, accountID, id, d.State, actor, From(StateUnknown), WithLease(time.Time{}),
-		WithEvent(EventOperatorDecision, detail))
+		WithEvent(EventOperatorDecision, d))
 	if err != nil {
 		return Operation{}, err
 	}

@@ -17,8 +17,30 @@ type NewEvent struct {
 	Detail any
 }
 
+// Marshalled is e with its detail marshalled now, so that a detail that cannot be written fails here, not in
+// the statement that writes it with others.
+func (e NewEvent) Marshalled(opID string) (NewEvent, error) {
+	raw, err := e.detailJSON(opID)
+	if err != nil {
+		return NewEvent{}, err
+	}
+	m := marshalled{raw: raw}
+	m.attemptID, m.outcome = attemptColumns(e.Detail)
+	e.Detail = m
+	return e, nil
+}
+
+// marshalled is a detail already marshalled, with its columns.
+type marshalled struct {
+	raw                string
+	attemptID, outcome *string
+}
+
 // detailJSON is e's detail as JSON text, {} for none.
 func (e NewEvent) detailJSON(opID string) (string, error) {
+	if m, ok := e.Detail.(marshalled); ok {
+		return m.raw, nil
+	}
 	if e.Detail == nil {
 		return "{}", nil
 	}
@@ -50,14 +72,16 @@ func Append(ctx context.Context, db *gorm.DB, accountID, id string, e NewEvent) 
 func AppendAll(ctx context.Context, db *gorm.DB, events []Appended) error {
 	n := len(events)
 	accounts, ids, types, actors, details := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	attempts, outcomes := make([]*string, n), make([]*string, n)
 	for i, a := range events {
 		raw, err := a.Event.detailJSON(a.ID)
 		if err != nil {
 			return err
 		}
 		accounts[i], ids[i], types[i], actors[i], details[i] = a.AccountID, a.ID, a.Event.Type, a.Event.Actor, raw
+		attempts[i], outcomes[i] = attemptColumns(a.Event.Detail)
 	}
-	if _, err := exec(ctx, db, appendEventsSQL, accounts, ids, types, actors, details); err != nil {
+	if _, err := exec(ctx, db, appendEventsSQL, accounts, ids, types, actors, details, attempts, outcomes); err != nil {
 		if n == 1 {
 			return fmt.Errorf("opstore: append to %s: %w", ids[0], err)
 		}

@@ -25,17 +25,19 @@ type New struct {
 func QueueCreate(b *pgx.Batch, op New, events []NewEvent) error {
 	n := len(events)
 	types, froms, tos, actors, details := make([]string, n), make([]*string, n), make([]*string, n), make([]string, n), make([]string, n)
+	attempts, outcomes := make([]*string, n), make([]*string, n)
 	for i, e := range events {
 		raw, err := e.detailJSON(op.ID)
 		if err != nil {
 			return err
 		}
 		types[i], froms[i], tos[i], actors[i], details[i] = e.Type, stateText(e.From), stateText(e.To), e.Actor, raw
+		attempts[i], outcomes[i] = attemptColumns(e.Detail)
 	}
 	b.Queue(insertOperationSQL, op.ID, op.AccountID, op.Kind, op.State, op.IdempotencyKey, op.Fingerprint,
 		op.ResourceType, op.ResourceID, op.LeaseExpiresAt)
 	if n > 0 {
-		b.Queue(insertEventsSQL, op.ID, op.AccountID, types, froms, tos, actors, details)
+		b.Queue(insertEventsSQL, op.ID, op.AccountID, types, froms, tos, actors, details, attempts, outcomes)
 	}
 	return nil
 }
@@ -62,8 +64,9 @@ func QueueComplete(b *pgx.Batch, accountID, id string, c Completion) error {
 	if err != nil {
 		return err
 	}
+	attempt, outcome := attemptColumns(c.Event.Detail)
 	b.Queue(completeSQL, accountID, id, c.State, c.ResourceType, c.ResourceID, c.Status, c.Header, c.Body,
-		seconds(c.Retention), seconds(c.Lifetime), c.Event.Type, c.Event.Actor, detail).QueryRow(settled)
+		seconds(c.Retention), seconds(c.Lifetime), c.Event.Type, c.Event.Actor, detail, attempt, outcome).QueryRow(settled)
 	return nil
 }
 
@@ -74,8 +77,10 @@ func QueueCreateCompleted(b *pgx.Batch, op New, c Completion) error {
 	if err != nil {
 		return err
 	}
+	attempt, outcome := attemptColumns(c.Event.Detail)
 	b.Queue(createCompletedSQL, op.AccountID, op.ID, op.Kind, c.State, op.IdempotencyKey, op.Fingerprint, c.ResourceType,
-		c.ResourceID, c.Status, c.Header, c.Body, seconds(c.Retention), seconds(c.Lifetime), c.Event.Type, c.Event.Actor, detail)
+		c.ResourceID, c.Status, c.Header, c.Body, seconds(c.Retention), seconds(c.Lifetime), c.Event.Type, c.Event.Actor, detail,
+		attempt, outcome)
 	return nil
 }
 
@@ -87,7 +92,8 @@ func QueueRelease(b *pgx.Batch, accountID, id string, e NewEvent) error {
 	if err != nil {
 		return err
 	}
-	b.Queue(releaseSQL, accountID, id, e.Type, e.Actor, detail).QueryRow(settled)
+	attempt, outcome := attemptColumns(e.Detail)
+	b.Queue(releaseSQL, accountID, id, e.Type, e.Actor, detail, attempt, outcome).QueryRow(settled)
 	return nil
 }
 

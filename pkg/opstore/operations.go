@@ -170,9 +170,10 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, m Move) 
 	if err != nil {
 		return false, err
 	}
+	attempt, outcome := attemptColumns(m.Event.Detail)
 	var n int64
 	if _, err := queryRow(ctx, tx, transitionSQL, []any{accountID, id, m.To, m.ResourceType, m.ResourceID, m.ClearLease,
-		m.Lease, m.Event.Type, m.Event.Actor, m.From, detail}, &n); err != nil {
+		m.Lease, m.Event.Type, m.Event.Actor, m.From, detail, attempt, outcome}, &n); err != nil {
 		return false, fmt.Errorf("opstore: transition %s to %s: %w", id, m.To, err)
 	}
 	return n == 1, nil

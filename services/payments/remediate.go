@@ -167,9 +167,9 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 		return err // ErrNotReserved: an earlier correction recorded it
 	}
 	if err := opstatus.Append(ctx, tx, accountID, dupID, EventRemediatedBy, actor,
-		map[string]any{"remediated_by": op.ID}); err != nil {
+		opstore.Link{RemediatedBy: op.ID}); err != nil {
 		return err
 	}
 	return opstatus.Append(ctx, tx, accountID, op.ID, EventRemediates, actor,
-		map[string]any{"remediates_operation_id": dupID})
+		opstore.Link{Remediates: dupID})
 }

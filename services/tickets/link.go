@@ -36,11 +36,11 @@ func (s *Server) link(ctx context.Context, tx *gorm.DB, account, actor, ticketID
 		return "", nil
 	}
 	if err := opstatus.Append(ctx, tx, account, opID, EventDeduplicatedAgainst, actor,
-		map[string]any{"deduplicated_against": creator, "ticket_id": ticketID}); err != nil {
+		opstore.Link{DeduplicatedAgainst: creator, TicketID: ticketID}); err != nil {
 		return "", err
 	}
 	if err := opstatus.Append(ctx, tx, account, creator, EventDeduplicatedBy, actor,
-		map[string]any{"deduplicated_by": opID, "ticket_id": ticketID}); err != nil {
+		opstore.Link{DeduplicatedBy: opID, TicketID: ticketID}); err != nil {
 		return "", err
 	}
 	return creator, nil

@@ -16,7 +16,7 @@ WITH prev AS (
     WHERE account_id = $1 AND id = $2 AND key_state = 'running' AND state IN ('running', 'unknown')
     RETURNING account_id, id, (SELECT state FROM prev) AS from_state
 ), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-    SELECT id, account_id, $11, from_state, $3, $12, $13::jsonb FROM op
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, attempt_id, outcome)
+    SELECT id, account_id, $11, from_state, $3, $12, $13::jsonb, $14, $15 FROM op
 )
 SELECT operation_settled(count(*)) FROM op

@@ -10,5 +10,5 @@ WITH op AS (
             now() + $12 * interval '1 second', now() + $13 * interval '1 second')
     RETURNING account_id, id
 )
-INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-SELECT id, account_id, $14, 'running', $4, $15, $16::jsonb FROM op
+INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, attempt_id, outcome)
+SELECT id, account_id, $14, 'running', $4, $15, $16::jsonb, $17, $18 FROM op

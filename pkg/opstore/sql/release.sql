@@ -6,7 +6,7 @@ WITH op AS (
     WHERE account_id = $1 AND id = $2 AND state = 'running' AND key_state = 'running'
     RETURNING account_id, id
 ), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-    SELECT id, account_id, $3, 'running', 'cancelled', $4, $5::jsonb FROM op
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, attempt_id, outcome)
+    SELECT id, account_id, $3, 'running', 'cancelled', $4, $5::jsonb, $6, $7 FROM op
 )
 SELECT operation_settled(count(*)) FROM op

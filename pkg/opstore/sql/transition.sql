@@ -13,8 +13,8 @@ WITH prev AS (
     WHERE o.account_id = prev.account_id AND o.id = prev.id AND prev.state = ANY($10::text[]) AND prev.state <> $3
     RETURNING o.id, o.account_id, prev.state AS from_state, o.state AS to_state
 ), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-    SELECT id, account_id, $8, from_state, to_state, $9, $11::jsonb FROM op
+    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail, attempt_id, outcome)
+    SELECT id, account_id, $8, from_state, to_state, $9, $11::jsonb, $12, $13 FROM op
     RETURNING 1
 )
 SELECT count(*) FROM ev
