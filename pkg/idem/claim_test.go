@@ -54,11 +54,11 @@ func TestLocalCopyWaitsForTheKeyAndReplays(t *testing.T) {
 	env.Serve(t, servicetest.Routes(func(api gin.IRouter) { api.POST("/notes", notes) }))
 
 	a, b := race(t, env.DB.DB, env.URL+"/notes", `{"n":1}`, &firstPID, hold)
-	if a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "" {
+	if a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("first copy: %d %v %s; want a fresh 201", a.status, a.header, a.body)
 	}
-	if b.status != http.StatusCreated || b.header.Get(idem.HeaderReplayed) != "true" || b.body != a.body ||
-		b.header.Get(idem.HeaderOperationID) != a.header.Get(idem.HeaderOperationID) {
+	if b.status != http.StatusCreated || b.header.Get("Idempotent-Replayed") != "true" || b.body != a.body ||
+		b.header.Get("Operation-Id") != a.header.Get("Operation-Id") {
 		t.Fatalf("second copy: %d %v %s; want the first's answer replayed: %s", b.status, b.header, b.body, a.body)
 	}
 	var notesStored, keys, ops, replays int64
@@ -143,14 +143,14 @@ RETURNING pg_backend_pid()`).Scan(&pid).Error; err != nil {
 		return nil
 	}
 	a, b := race(t, e.env.DB.DB, e.url+"/charges", `{"amount":5}`, &firstPID, hold)
-	if a.status != http.StatusOK || a.header.Get(idem.HeaderReplayed) != "" {
+	if a.status != http.StatusOK || a.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("first copy: %d %s; want a fresh 200", a.status, a.body)
 	}
 	// The second copy read the key while the first's effect was out (409 request_in_progress) or after it was
 	// recorded (the stored answer, replayed): both name the first's operation.
-	opID := a.header.Get(idem.HeaderOperationID)
+	opID := a.header.Get("Operation-Id")
 	switch {
-	case b.status == http.StatusOK && b.header.Get(idem.HeaderReplayed) == "true" && b.body == a.body:
+	case b.status == http.StatusOK && b.header.Get("Idempotent-Replayed") == "true" && b.body == a.body:
 	case b.status == http.StatusConflict && strings.Contains(b.body, `"request_in_progress"`) && strings.Contains(b.body, opID):
 	default:
 		t.Fatalf("second copy: %d %v %s; want the first's answer replayed, or request_in_progress naming %s", b.status, b.header, b.body, opID)

@@ -28,12 +28,12 @@ type verdict struct {
 }
 
 var (
-	verdictReplay     = verdict{OutcomeReplayed, opstatus.EventReplayed, attemptReplayed, 0}
-	verdictConflict   = verdict{OutcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity}
-	verdictInProgress = verdict{OutcomeInProgress, opstatus.EventRetried, attemptInProgress, http.StatusConflict}
-	verdictUnknown    = verdict{OutcomeUnknown, opstatus.EventRetried, attemptUnknown, http.StatusAccepted}
-	verdictBadLineage = verdict{OutcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest}
-	verdictExpired    = verdict{OutcomeExpired, opstatus.EventRetried, attemptResponseExpired, http.StatusConflict}
+	verdictReplay     = verdict{outcomeReplayed, opstatus.EventReplayed, attemptReplayed, 0}
+	verdictConflict   = verdict{outcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity}
+	verdictInProgress = verdict{outcomeInProgress, opstatus.EventRetried, attemptInProgress, http.StatusConflict}
+	verdictUnknown    = verdict{outcomeUnknown, opstatus.EventRetried, attemptUnknown, http.StatusAccepted}
+	verdictBadLineage = verdict{outcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest}
+	verdictExpired    = verdict{outcomeExpired, opstatus.EventRetried, attemptResponseExpired, http.StatusConflict}
 )
 
 // existing answers a request whose key was already claimed: a refusal of its lineage headers, or decide's
@@ -76,7 +76,7 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 		status = s.response.Status
 		ans = answer(opID, s.response, true)
 	case verdictExpired:
-		ans = Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
+		ans = Answer{Header: http.Header{headerOperationID: {opID}}, Err: problem.New(problem.CodeIdempotencyResponseExpired,
 			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
 			With("operation_id", opID).With("state", state).With("resource", s.resource).
 			With("operation_url", "/v1/operations/"+opID)}
@@ -211,7 +211,7 @@ func (h *Handler) unknown(ctx context.Context, a *attempt, opID string) (ans Ans
 	switch {
 	case err != nil:
 		// Still unknown, only not recorded now: the same answer without the operation's details.
-		h.observe(a.op.Kind, OutcomeUnknown)
+		h.observe(a.op.Kind, outcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(opID, err)}, false
 	case settled:
 		return Answer{}, true
@@ -230,7 +230,7 @@ func unknownAnswer(op opstatus.Operation) Answer {
 	if err != nil {
 		return Answer{Err: err}
 	}
-	header := http.Header{HeaderOperationID: {op.ID}, "Location": {"/v1/operations/" + op.ID}, "Retry-After": {"5"},
+	header := http.Header{headerOperationID: {op.ID}, "Location": {"/v1/operations/" + op.ID}, "Retry-After": {"5"},
 		"Content-Type": {"application/json"}}
 	return Answer{Status: http.StatusAccepted, Header: header, Body: body}
 }

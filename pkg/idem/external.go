@@ -83,12 +83,12 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	ctx, cancel := context.WithDeadline(ctx, lease.Add(h.lease()))
 	defer cancel()
 	if left := time.Until(lease); left < h.dispatchMargin() {
-		h.observe(req.Kind, OutcomeStoreUnavailable)
+		h.observe(req.Kind, outcomeStoreUnavailable)
 		return h.releaseUnsent(ctx, a, left, undo)
 	}
-	failpoint.Hit(FailpointBeforeExternalCall, a.op)
+	failpoint.Hit(failpointBeforeExternalCall, a.op)
 	outcome, callErr := steps.Call(ctx, a.op)
-	failpoint.Hit(FailpointAfterExternalCall)
+	failpoint.Hit(failpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
 		return h.markUnknown(ctx, a, callErr)
 	}
@@ -129,7 +129,7 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 				return err
 			}
 		}
-		failpoint.Hit(FailpointExternalClaimed, a.op)
+		failpoint.Hit(failpointExternalClaimed, a.op)
 		return tx.Commit(ctx, nil)
 	}()
 	if err != nil && ctx.Err() != nil && !opstatus.KeyTaken(err) && !problem.IsStoreUnavailable(err) {
@@ -145,7 +145,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 		// The recovery worker got there first; answer with what it stored.
 		s, found, lerr := h.readKey(ctx, a.op.AccountID, a.key)
 		if lerr != nil || !found {
-			h.observe(a.op.Kind, OutcomeUnknown)
+			h.observe(a.op.Kind, outcomeUnknown)
 			return Answer{Err: problem.OutcomeUnknown(a.op.ID, lerr)}
 		}
 		return h.existing(ctx, a, s, nil)
@@ -154,7 +154,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 		// the recovery worker will settle it. The caller must hear that it may have happened and retry with the
 		// same key only: "nothing was done" would invite a second effect under a new key.
 		h.log().ErrorContext(ctx, "external outcome not recorded", "operation_id", a.op.ID, "kind", a.op.Kind, "error", err.Error())
-		h.observe(a.op.Kind, OutcomeUnknown)
+		h.observe(a.op.Kind, outcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 	}
 	h.observe(a.op.Kind, created)
@@ -169,7 +169,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 var ErrNotSent = errors.New("idem: the effect was not sent")
 
 // EventNotSent is the operation event of a claim released before its effect was sent.
-const EventNotSent = "not_sent"
+const eventNotSent = "not_sent"
 
 // releaseUnsent gives up an effect before sending it, when the claim's commit took so long that the effect
 // could outlive the lease (and the recovery worker would then judge a call still in flight). Nothing has left
@@ -208,7 +208,7 @@ func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor stri
 		}
 	}
 	b := &pgx.Batch{}
-	if err := opstatus.QueueRelease(b, op, EventNotSent, actor, detail); err != nil {
+	if err := opstatus.QueueRelease(b, op, eventNotSent, actor, detail); err != nil {
 		return err
 	}
 	if err := tx.Send(ctx, b); err != nil {
@@ -276,17 +276,17 @@ func (h *Handler) markUnknown(ctx context.Context, a *attempt, cause error) Answ
 	case err != nil:
 		// The lease still runs out and the recovery worker marks it unknown then.
 		h.log().WarnContext(ctx, "operation not marked unknown", "operation_id", a.op.ID, "error", err.Error())
-		h.observe(a.op.Kind, OutcomeUnknown)
+		h.observe(a.op.Kind, outcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 	case !moved:
 		s, found, err := h.readKey(ctx, a.op.AccountID, a.key)
 		if err != nil || !found {
-			h.observe(a.op.Kind, OutcomeUnknown)
+			h.observe(a.op.Kind, outcomeUnknown)
 			return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 		}
 		return h.existing(ctx, a, s, nil)
 	}
-	h.observe(a.op.Kind, OutcomeUnknown)
+	h.observe(a.op.Kind, outcomeUnknown)
 	return unknownAnswer(op)
 }
 
@@ -311,7 +311,7 @@ func (h *Handler) moveUnknown(ctx context.Context, a *attempt) (op opstatus.Oper
 }
 
 // ReasonOwnerGone is the reason of the not_sent event of a claim released because its owner is gone.
-const ReasonOwnerGone = "owner_gone"
+const reasonOwnerGone = "owner_gone"
 
 var errOwnerAlive = errors.New("idem: the claim's owner holds its lock, or its call started")
 
@@ -351,7 +351,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 		return nil
 	}
 	detail := a.lineage.identity()
-	detail.Reason, detail.Owner = ReasonOwnerGone, owner
+	detail.Reason, detail.Owner = reasonOwnerGone, owner
 	if err := h.release(ctx, op, a.caller.Actor, detail, check, undo); err != nil {
 		h.log().InfoContext(ctx, "orphaned claim not released", "operation_id", op.ID, "error", err.Error())
 		return false

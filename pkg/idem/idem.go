@@ -27,19 +27,19 @@ import (
 
 // Failpoints of idem (package failpoint), for crash tests. Those marked "op" are hit with the operation.
 const (
-	FailpointAfterClaim         = "idem.after_claim"          // after a local claim, before the write
-	FailpointBeforeCommit       = "idem.before_commit"        // op; before a local write's commit
-	FailpointExternalClaimed    = "idem.external.claimed"     // op; before an external claim's commit, after Prepare
-	FailpointBeforeExternalCall = "idem.external.before_call" // op; just before an external call
-	FailpointAfterExternalCall  = "idem.external.after_call"  // just after an external call
+	failpointAfterClaim         = "idem.after_claim"          // after a local claim, before the write
+	failpointBeforeCommit       = "idem.before_commit"        // op; before a local write's commit
+	failpointExternalClaimed    = "idem.external.claimed"     // op; before an external claim's commit, after Prepare
+	failpointBeforeExternalCall = "idem.external.before_call" // op; just before an external call
+	failpointAfterExternalCall  = "idem.external.after_call"  // just after an external call
 )
 
 // Response headers of the contract. HeaderKeyAbsent says that a write ran without an Idempotency-Key
 // (Handler.KeyOptional): a retry of it may run it again.
 const (
-	HeaderReplayed    = "Idempotent-Replayed"
-	HeaderOperationID = "Operation-Id"
-	HeaderKeyAbsent   = "Idempotency-Key-Absent"
+	headerReplayed    = "Idempotent-Replayed"
+	headerOperationID = "Operation-Id"
+	headerKeyAbsent   = "Idempotency-Key-Absent"
 )
 
 // Request describes one idempotent write.
@@ -168,9 +168,9 @@ func (h *Handler) readKey(ctx context.Context, account, key string) (stored, boo
 func (h *Handler) log() *slog.Logger             { return cmp.Or(h.Logger, slog.Default()) }
 func (h *Handler) lease() time.Duration          { return positiveOr(h.Lease, 30*time.Second) }
 func (h *Handler) dispatchMargin() time.Duration { return positiveOr(h.DispatchMargin, h.lease()/4) }
-func (h *Handler) retention() time.Duration      { return positiveOr(h.Retention, DefaultRetention) }
+func (h *Handler) retention() time.Duration      { return positiveOr(h.Retention, defaultRetention) }
 func (h *Handler) keyLifetime() time.Duration {
-	return max(positiveOr(h.KeyLifetime, DefaultKeyLifetime), h.retention())
+	return max(positiveOr(h.KeyLifetime, defaultKeyLifetime), h.retention())
 }
 
 // positiveOr is v, or def for a setting left zero (or negative).
@@ -233,15 +233,15 @@ type attempt struct {
 func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim func(*attempt, stored) bool) (*attempt, *Answer) {
 	h.checkBackground()
 	refuse := func(err error) (*attempt, *Answer) {
-		h.observe(req.Kind, OutcomeRefused)
+		h.observe(req.Kind, outcomeRefused)
 		return nil, &Answer{Err: err}
 	}
 	if call.Caller.AccountID == "" {
 		h.log().Error("idem: a write reached the handler with no caller: authenticate before it (Call.Caller, idemgin with auth, or WithCaller)", "kind", req.Kind)
 		return refuse(problem.New(problem.CodeInternal, "the server could not tell who sent this request"))
 	}
-	values := call.Header.Values(HeaderKey)
-	key, err := ParseKey(call.Header.Get(HeaderKey), len(values) > 0)
+	values := call.Header.Values(headerKey)
+	key, err := ParseKey(call.Header.Get(headerKey), len(values) > 0)
 	if h.unkeyed(call) {
 		key, err = ids.New("unkeyed_"), nil
 	}
@@ -295,7 +295,7 @@ func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFu
 		return h.taken(ctx, a, call.Header)
 	case errors.As(err, &lost):
 		// The connection went away during COMMIT: the write may have committed. Only the same key can tell.
-		h.observe(req.Kind, OutcomeUnknown)
+		h.observe(req.Kind, outcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, lost.err)}
 	case err != nil:
 		return h.fail(req.Kind, err)
@@ -307,7 +307,7 @@ func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFu
 
 // unkeyed reports whether call runs without idempotency: it has no key and the handler lets it.
 func (h *Handler) unkeyed(call Call) bool {
-	return h.KeyOptional && len(call.Header.Values(HeaderKey)) == 0
+	return h.KeyOptional && len(call.Header.Values(headerKey)) == 0
 }
 
 // markUnkeyed adds HeaderKeyAbsent to the answer of a call that ran unkeyed.
@@ -316,7 +316,7 @@ func (h *Handler) markUnkeyed(call Call, ans Answer) Answer {
 		if ans.Header == nil {
 			ans.Header = http.Header{}
 		}
-		ans.Header.Set(HeaderKeyAbsent, "true")
+		ans.Header.Set(headerKeyAbsent, "true")
 	}
 	return ans
 }
@@ -324,9 +324,9 @@ func (h *Handler) markUnkeyed(call Call, ans Answer) Answer {
 // created is the outcome of a call that claimed its key and ran.
 func (h *Handler) created(call Call) Outcome {
 	if h.unkeyed(call) {
-		return OutcomeUnkeyed
+		return outcomeUnkeyed
 	}
-	return OutcomeCreated
+	return outcomeCreated
 }
 
 // commitLost is a COMMIT whose answer did not come back: the transaction may have committed.
@@ -346,7 +346,7 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	if err := h.claim(ctx, tx, a, req); err != nil {
 		return response{}, err
 	}
-	failpoint.Hit(FailpointAfterClaim)
+	failpoint.Hit(failpointAfterClaim)
 	res, err := write(ctx, tx.Gorm(), a.op)
 	if err != nil {
 		return response{}, err
@@ -355,7 +355,7 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	if err != nil {
 		return response{}, err
 	}
-	failpoint.Hit(FailpointBeforeCommit, a.op)
+	failpoint.Hit(failpointBeforeCommit, a.op)
 	if err := tx.Commit(ctx, b); problem.IsStoreUnavailable(err) {
 		return response{}, commitLost{err}
 	} else if err != nil {
@@ -471,14 +471,14 @@ func ProblemResult(err error, state opstatus.State) Result {
 func answer(opID string, resp response, replayed bool) Answer {
 	h := http.Header{}
 	maps.Copy(h, resp.Header)
-	h.Set(HeaderOperationID, opID)
+	h.Set(headerOperationID, opID)
 	h.Set("Content-Type", "application/json")
 	if resp.Status >= 400 {
 		h.Set("Content-Type", "application/problem+json")
 		h.Set("Cache-Control", "no-store")
 	}
 	if replayed {
-		h.Set(HeaderReplayed, "true")
+		h.Set(headerReplayed, "true")
 	}
 	return Answer{Status: resp.Status, Header: h, Body: resp.Body}
 }

@@ -19,10 +19,10 @@ import (
 )
 
 // HeaderKey is the request header that names one intended action.
-const HeaderKey = "Idempotency-Key"
+const headerKey = "Idempotency-Key"
 
 // MaxKeyLength is the longest key accepted.
-const MaxKeyLength = 255
+const maxKeyLength = 255
 
 // ParseKey validates an Idempotency-Key header value: present, 1 to 255 characters, printable ASCII only.
 // The key is opaque: it is never trimmed, folded or interpreted.
@@ -31,8 +31,8 @@ func ParseKey(value string, present bool) (string, error) {
 		return "", problem.New(problem.CodeIdempotencyKeyMissing,
 			"this write needs an Idempotency-Key header: one random value (a UUID) per intended action, reused on every retry")
 	}
-	if value == "" || len(value) > MaxKeyLength {
-		return "", problem.New(problem.CodeIdempotencyKeyInvalid, "Idempotency-Key must be 1 to %d characters", MaxKeyLength)
+	if value == "" || len(value) > maxKeyLength {
+		return "", problem.New(problem.CodeIdempotencyKeyInvalid, "Idempotency-Key must be 1 to %d characters", maxKeyLength)
 	}
 	for i := 0; i < len(value); i++ {
 		if value[i] < 0x20 || value[i] > 0x7e {
@@ -140,6 +140,6 @@ func storedKey(k opstore.Key) stored {
 
 // Defaults of Handler.Retention and Handler.KeyLifetime.
 const (
-	DefaultRetention   = 72 * time.Hour
-	DefaultKeyLifetime = 90 * 24 * time.Hour
+	defaultRetention   = 72 * time.Hour
+	defaultKeyLifetime = 90 * 24 * time.Hour
 )

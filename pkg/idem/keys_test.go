@@ -314,7 +314,7 @@ func TestWaitersAreBounded(t *testing.T) {
 		},
 	}
 	call := func(wait bool) Call {
-		header := http.Header{HeaderKey: {"k-wait"}}
+		header := http.Header{headerKey: {"k-wait"}}
 		if wait {
 			header.Set("Prefer", "wait=30")
 		}
@@ -342,7 +342,7 @@ func TestWaitersAreBounded(t *testing.T) {
 	if a := <-first; a.Status != 201 {
 		t.Fatalf("first: %+v", a)
 	}
-	if a := <-waiter; a.Status != 201 || a.Header.Get(HeaderReplayed) != "true" {
+	if a := <-waiter; a.Status != 201 || a.Header.Get(headerReplayed) != "true" {
 		t.Fatalf("the waiter: %+v; want the result it waited for", a)
 	}
 }

@@ -20,9 +20,9 @@ import (
 
 // Lineage headers a caller may send on any write (docs/contract.md, "Attempts, lineage and evidence").
 const (
-	HeaderAgentRunID  = "Agent-Run-Id"
-	HeaderRetryOf     = "Retry-Of"
-	HeaderRetryReason = "Retry-Reason"
+	headerAgentRunID  = "Agent-Run-Id"
+	headerRetryOf     = "Retry-Of"
+	headerRetryReason = "Retry-Reason"
 	HeaderSupersedes  = "Supersedes-Operation-Id"
 )
 
@@ -98,9 +98,9 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		want  string
 	}{
 		{httpserver.HeaderAttemptID, nil, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
-		{HeaderAgentRunID, &l.agentRun, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
-		{HeaderRetryOf, &l.retryOf, httpserver.ValidID, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
-		{HeaderRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
+		{headerAgentRunID, &l.agentRun, httpserver.ValidID, "must be 1 to 128 printable ASCII characters"},
+		{headerRetryOf, &l.retryOf, httpserver.ValidID, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
+		{headerRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
 			"must be one of " + strings.Join(RetryReasons, ", ")},
 		{HeaderSupersedes, &l.supersedes, func(v string) bool { return httpserver.ValidID(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
@@ -119,7 +119,7 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		}
 	}
 	if l.retryReason != "" && l.retryOf == "" {
-		return lineage{}, headerProblem(HeaderRetryReason, "needs Retry-Of: the attempt this one retries")
+		return lineage{}, headerProblem(headerRetryReason, "needs Retry-Of: the attempt this one retries")
 	}
 	return l, nil
 }
@@ -159,7 +159,7 @@ func (a *attempt) record(outcome string, status int, extra opstore.Attempt) opst
 // unknown unless req.SupersedeUnknown says a person approved this request, which learns of the link.
 func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	if a.lineage.retryOf != "" {
-		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
+		return headerProblem(headerRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
 	}
 	if a.lineage.supersedes == "" {
 		return nil
@@ -239,7 +239,7 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lin
 		}
 	}
 	if a.lineage.retryOf != "" && a.lineage.retryOf == a.lineage.attempt {
-		return &lineageRefusal{headerProblem(HeaderRetryOf, "names this attempt itself"), refusalUnknownRetryOf}, nil
+		return &lineageRefusal{headerProblem(headerRetryOf, "names this attempt itself"), refusalUnknownRetryOf}, nil
 	}
 	if a.lineage.retryOf == "" && !a.lineage.attemptSent {
 		return nil, nil
@@ -252,7 +252,7 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lin
 	}
 	switch {
 	case a.lineage.retryOf != "" && !parentKnown:
-		return &lineageRefusal{headerProblem(HeaderRetryOf, "names no earlier attempt of this operation"), refusalUnknownRetryOf}, nil
+		return &lineageRefusal{headerProblem(headerRetryOf, "names no earlier attempt of this operation"), refusalUnknownRetryOf}, nil
 	case attemptUsed:
 		return attemptIDUsed(), nil
 	}

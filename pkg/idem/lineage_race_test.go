@@ -86,7 +86,7 @@ func TestOneSuccessorUnderConcurrency(t *testing.T) {
 	if first.status != http.StatusCreated {
 		t.Fatalf("setup: %d %s", first.status, first.body)
 	}
-	old := first.header.Get(idem.HeaderOperationID)
+	old := first.header.Get("Operation-Id")
 
 	answers := sendTogether(t, url, `{"n":1}`, copies, func(i int) (string, map[string]string) {
 		return fmt.Sprintf("successor-%d", i), map[string]string{idem.HeaderSupersedes: old}
@@ -135,7 +135,7 @@ func TestAttemptIDUsedOnceUnderConcurrency(t *testing.T) {
 	replayed := 0
 	for i, a := range answers {
 		switch {
-		case a.status == http.StatusCreated && a.header.Get(idem.HeaderReplayed) == "true":
+		case a.status == http.StatusCreated && a.header.Get("Idempotent-Replayed") == "true":
 			replayed++
 		case a.status != http.StatusBadRequest || !strings.Contains(a.body, `"header":"Attempt-Id"`):
 			t.Errorf("retry %d: %d %s; want the replay or 400 naming Attempt-Id", i, a.status, a.body)
@@ -144,7 +144,7 @@ func TestAttemptIDUsedOnceUnderConcurrency(t *testing.T) {
 	if a := send(url, "k", `{}`, map[string]string{"Attempt-Id": "att_same"}); a.status != http.StatusBadRequest || !strings.Contains(a.body, `"header":"Attempt-Id"`) {
 		t.Errorf("a later retry with the used id: %d %s; want 400 naming Attempt-Id", a.status, a.body)
 	}
-	if a := send(url, "k", `{}`, map[string]string{"Attempt-Id": "att_own"}); a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "true" {
+	if a := send(url, "k", `{}`, map[string]string{"Attempt-Id": "att_own"}); a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("a retry with its own id: %d %s; want the replay", a.status, a.body)
 	}
 	var records, refused int64

@@ -36,7 +36,7 @@ func TestUnknownSettledDuringARetryIsNotAnswered202(t *testing.T) {
 		t.Fatalf("lost answer: %d %v", first.status, first.body)
 	}
 	retry := e.post(t, "lost", `{"amount":5}`, "Attempt-Id", "att_retry")
-	if retry.status == 202 || retry.body["code"] != "provider_declined" || retry.header.Get(idem.HeaderReplayed) != "true" {
+	if retry.status == 202 || retry.body["code"] != "provider_declined" || retry.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %d %v; want the settled failure replayed", retry.status, retry.body)
 	}
 	var records []struct{ Type, Outcome string }

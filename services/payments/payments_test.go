@@ -37,8 +37,8 @@ func TestPayments(t *testing.T) {
 		{"AnsweredFailureSettlesOnTheFirstRetry", testAnsweredFailureSettles},
 		{"ConcurrentCapturesOneKey", testConcurrentCapturesOneKey},
 		{"ConcurrentCapturesDifferentKeys", testConcurrentCapturesDifferentKeys},
-		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointBeforeExternalCall) }},
-		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointAfterExternalCall) }},
+		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, "idem.external.before_call") }},
+		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, "idem.external.after_call") }},
 		{"ClaimOfAKilledReplicaReleasedAtOnce", testOwnerGone},
 		{"OwnerThatLostItsLockSendsNothing", testOwnerLostItsLock},
 		{"AmountSpellingsAreOneRequest", testAmountSpellings},
@@ -293,7 +293,7 @@ func testOwnerGone(t *testing.T, h *harness) {
 	agent.Post("/v1/payment_intents", `{"order_id":"o-gone","amount":"30.00","currency":"USD"}`, apitest.Key("create")).
 		Status(t, http.StatusCreated).Decode(t, &in)
 
-	doomed := start(idem.FailpointBeforeExternalCall + "=pause")
+	doomed := start("idem.external.before_call" + "=pause")
 	// Until a process holds its owner lock its claims are not marked (opstatus.HoldOwner); under load that can
 	// outlast its start.
 	doomed.WaitFor(t, "owner lock held")
@@ -303,7 +303,7 @@ func testOwnerGone(t *testing.T, h *harness) {
 		_, err := apitest.New(t, doomed.URL, servicetest.AgentSecret).Try(http.MethodPost, path, `{}`, apitest.Key("cap"))
 		done <- err
 	}()
-	doomed.WaitFor(t, "failpoint "+idem.FailpointBeforeExternalCall+" reached")
+	doomed.WaitFor(t, "failpoint "+"idem.external.before_call"+" reached")
 	doomed.Kill(t)
 	if err := <-done; err == nil {
 		t.Fatal("the capture was answered although its process was killed first")
@@ -339,13 +339,13 @@ func testOwnerGone(t *testing.T, h *harness) {
 
 	var released opstatus.Operation
 	agent.Get("/v1/operations/"+old.ID).Status(t, http.StatusOK).Decode(t, &released)
-	ev, ok := hasEvent(released, idem.EventNotSent)
+	ev, ok := hasEvent(released, "not_sent")
 	var why struct {
 		Reason string `json:"reason"`
 		Owner  int64  `json:"owner"`
 	}
 	if !ok || json.Unmarshal(ev.Detail, &why) != nil || released.State != opstatus.StateCancelled ||
-		why.Reason != idem.ReasonOwnerGone || why.Owner != mark.Owner {
+		why.Reason != "owner_gone" || why.Owner != mark.Owner {
 		t.Fatalf("the killed replica's operation: %s with %+v; want cancelled, not_sent owner_gone naming owner %d", released.State, released.Events, mark.Owner)
 	}
 	if _, ok := hasEvent(released, opstatus.EventDispatchStarted); ok {
@@ -380,7 +380,7 @@ func testOwnerLostItsLock(t *testing.T, h *harness) {
 		retry *apitest.Response
 	)
 	// Hooks are process-wide: act only on this test's capture, and only on its first call.
-	unset := failpoint.Set(idem.FailpointBeforeExternalCall, func(d any) {
+	unset := failpoint.Set("idem.external.before_call", func(d any) {
 		op, _ := d.(opstatus.Operation)
 		if op.Kind != payments.KindCapture || op.IdempotencyKey != key || !fired.CompareAndSwap(false, true) {
 			return
@@ -430,7 +430,7 @@ func testOwnerLostItsLock(t *testing.T, h *harness) {
 		return d.Reason
 	}
 	_, started := hasEvent(released, opstatus.EventDispatchStarted)
-	if released.State != opstatus.StateCancelled || reason(idem.EventNotSent) != idem.ReasonOwnerGone || started ||
+	if released.State != opstatus.StateCancelled || reason("not_sent") != "owner_gone" || started ||
 		reason(opstatus.EventDispatchNotSent) != opstatus.ReasonEvidenceNotRecorded || list.Items[0].State != opstatus.StateSucceeded {
 		var types []string
 		for _, ev := range released.Events {
@@ -646,7 +646,7 @@ func testCrash(t *testing.T, h *harness, failpoint string) {
 		t.Fatal("the capture was answered although the process was killed before answering")
 	}
 	wantCaptures := int64(1)
-	if failpoint == idem.FailpointBeforeExternalCall {
+	if failpoint == "idem.external.before_call" {
 		wantCaptures = 0
 	}
 	if got := counters()["capture"]; got != wantCaptures {
