@@ -19,6 +19,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 func testSigner(t *testing.T) (*auditchain.Signer, ed25519.PublicKey) {
@@ -57,7 +58,7 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 			"text":   "quote \" backslash \\ tab \t nl \n ctl \u0001 del \u007f é 日本 😀 <&>",
 			"nested": map[string]any{"z": []any{true, false, nil, "x"}, "a": map[string]any{}, "é": 1, "e": 2, "": 0},
 		}
-		if err := opstatus.Append(ctx, db, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", detail); err != nil {
+		if err := opstatus.Append(ctx, db, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", detail); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := opstatus.Transition(ctx, db, op.AccountID, op.ID, opstatus.StateSucceeded, "agent:a"); err != nil {

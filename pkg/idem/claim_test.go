@@ -16,6 +16,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // TestLocalCopyWaitsForTheKeyAndReplays: two copies of one local write race. The first holds its claim (its key's
@@ -65,7 +66,7 @@ func TestLocalCopyWaitsForTheKeyAndReplays(t *testing.T) {
 	env.DB.Raw(`SELECT count(*) FROM notes`).Scan(&notesStored)
 	env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race' AND key_state IS NOT NULL`).Scan(&keys)
 	env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race'`).Scan(&ops)
-	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ?`, opstatus.EventReplayed).Scan(&replays)
+	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ?`, opstore.EventReplayed).Scan(&replays)
 	if n := notesWritten.Load(); n != 1 || notesStored != 1 || keys != 1 || ops != 1 || replays != 1 {
 		t.Fatalf("notes written %d, stored %d; keys %d, operations %d, replay records %d; want 1 of each", n, notesStored, keys, ops, replays)
 	}

@@ -28,12 +28,12 @@ type verdict struct {
 }
 
 var (
-	verdictReplay     = verdict{outcomeReplayed, opstatus.EventReplayed, attemptReplayed, 0}
-	verdictConflict   = verdict{outcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity}
-	verdictInProgress = verdict{outcomeInProgress, opstatus.EventRetried, attemptInProgress, http.StatusConflict}
-	verdictUnknown    = verdict{outcomeUnknown, opstatus.EventRetried, attemptUnknown, http.StatusAccepted}
-	verdictBadLineage = verdict{outcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest}
-	verdictExpired    = verdict{outcomeExpired, opstatus.EventRetried, attemptResponseExpired, http.StatusConflict}
+	verdictReplay     = verdict{outcomeReplayed, opstore.EventReplayed, attemptReplayed, 0}
+	verdictConflict   = verdict{outcomeConflict, opstore.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity}
+	verdictInProgress = verdict{outcomeInProgress, opstore.EventRetried, attemptInProgress, http.StatusConflict}
+	verdictUnknown    = verdict{outcomeUnknown, opstore.EventRetried, attemptUnknown, http.StatusAccepted}
+	verdictBadLineage = verdict{outcomeRefused, opstore.EventAttemptRefused, attemptRefused, http.StatusBadRequest}
+	verdictExpired    = verdict{outcomeExpired, opstore.EventRetried, attemptResponseExpired, http.StatusConflict}
 )
 
 // existing answers a request whose key was already claimed: a refusal of its lineage headers, or decide's
@@ -92,12 +92,12 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 	h.init()
 	err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, rec))
 	switch {
-	case opstatus.AttemptUsed(err) && opID == a.op.ID:
+	case opstore.AttemptUsed(err) && opID == a.op.ID:
 		// The attempt that claimed the operation, answering with what another worker stored, has its record
 		// already (the recovery worker's, when its lease ran out): this answer is told without an outcome, so the
 		// attempt is not numbered twice.
 		err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.lineage.told(status))
-	case opstatus.AttemptUsed(err):
+	case opstore.AttemptUsed(err):
 		// A copy of this attempt (same Attempt-Id) was recorded first, after this one's check.
 		return h.refuseLineage(ctx, a, opID, attemptIDUsed())
 	}
@@ -121,7 +121,7 @@ func (h *Handler) refuseLineage(ctx context.Context, a *attempt, opID string, r 
 	}
 	h.init()
 	err := h.attempts.Append(ctx, a.op.AccountID, opID, verdictBadLineage.event, a.caller.Actor, detail)
-	if opstatus.AttemptUsed(err) {
+	if opstore.AttemptUsed(err) {
 		// Refused for another header, with an Attempt-Id the operation has too.
 		repeated()
 		err = h.attempts.Append(ctx, a.op.AccountID, opID, verdictBadLineage.event, a.caller.Actor, detail)
@@ -178,7 +178,7 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 		return s
 	}
 	if err := rec.Reconcile(ctx, op); err != nil {
-		opstatus.ObserveReconciled(h.OperationObserver(), op.Kind, opstatus.ReconcileError)
+		observeReconciled(h.OperationObserver(), op.Kind, opstatus.ReconcileError)
 		h.log().InfoContext(ctx, "retry could not settle the operation yet", "operation_id", op.ID, "error", err.Error())
 		return s
 	}
@@ -190,7 +190,7 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 	if latest.opState == opstatus.StateUnknown {
 		result = opstatus.ReconcileStillUnknown
 	}
-	opstatus.ObserveReconciled(h.OperationObserver(), op.Kind, result)
+	observeReconciled(h.OperationObserver(), op.Kind, result)
 	return latest
 }
 
@@ -202,10 +202,10 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 func (h *Handler) unknown(ctx context.Context, a *attempt, opID string) (ans Answer, settled bool) {
 	op, settled, err := h.recordUnknown(ctx, a, opID, a.record(verdictUnknown.record, verdictUnknown.status, opstore.Attempt{}))
 	switch {
-	case opstatus.AttemptUsed(err) && opID == a.op.ID:
+	case opstore.AttemptUsed(err) && opID == a.op.ID:
 		// The attempt that claimed it has its record already (the recovery worker's): told without an outcome.
 		op, settled, err = h.recordUnknown(ctx, a, opID, a.lineage.told(verdictUnknown.status))
-	case opstatus.AttemptUsed(err):
+	case opstore.AttemptUsed(err):
 		return h.refuseLineage(ctx, a, opID, attemptIDUsed()), false
 	}
 	switch {

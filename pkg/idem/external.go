@@ -71,7 +71,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	// the operation is the server's to finish, whoever still listens.
 	ctx = context.WithoutCancel(ctx)
 	lease, err := h.claimExternal(ctx, a, req, steps.Prepare)
-	if opstatus.KeyTaken(err) {
+	if opstore.KeyTaken(err) {
 		return h.taken(ctx, a, call.Header)
 	}
 	if err != nil {
@@ -92,7 +92,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	if errors.Is(callErr, ErrOutcomeUnknown) {
 		return h.markUnknown(ctx, a, callErr)
 	}
-	resp, err := h.settle(ctx, a, opstatus.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
+	resp, err := h.settle(ctx, a, opstore.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
 		return steps.Record(ctx, tx, a.op, outcome, callErr)
 	})
 	return h.recorded(ctx, a, resp, err, h.created(call))
@@ -132,7 +132,7 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 		failpoint.Hit(failpointExternalClaimed, a.op)
 		return tx.Commit(ctx, nil)
 	}()
-	if err != nil && ctx.Err() != nil && !opstatus.KeyTaken(err) && !problem.IsStoreUnavailable(err) {
+	if err != nil && ctx.Err() != nil && !opstore.KeyTaken(err) && !problem.IsStoreUnavailable(err) {
 		err = fmt.Errorf("%w: the claim took its whole lease: %w", problem.ErrStoreUnavailable, err)
 	}
 	return lease, err
@@ -208,7 +208,7 @@ func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor stri
 		}
 	}
 	b := &pgx.Batch{}
-	if err := opstatus.QueueRelease(b, op, eventNotSent, actor, detail); err != nil {
+	if err := opstore.QueueRelease(b, op.AccountID, op.ID, opstore.NewEvent{Type: eventNotSent, Actor: actor, Detail: detail}); err != nil {
 		return err
 	}
 	if err := tx.Send(ctx, b); err != nil {
@@ -261,7 +261,7 @@ func (h *Handler) settle(ctx context.Context, a *attempt, event string, write fu
 func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor string, write func(ctx context.Context, tx *gorm.DB) (Result, error)) error {
 	a := &attempt{key: op.IdempotencyKey, fingerprint: op.Fingerprint, op: op, caller: Caller{AccountID: op.AccountID, Actor: actor},
 		external: true}
-	_, err := h.settle(ctx, a, opstatus.EventReconciled, write)
+	_, err := h.settle(ctx, a, opstore.EventReconciled, write)
 	return err
 }
 
@@ -299,8 +299,8 @@ func (h *Handler) moveUnknown(ctx context.Context, a *attempt) (op opstatus.Oper
 	defer tx.Close()
 	moved, err = opstatus.Transition(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
 		opstatus.From(opstatus.StateRunning),
-		opstatus.WithEvent(opstatus.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
-			opstore.Attempt{Reason: opstatus.ReasonNoDefiniteAnswer})))
+		opstatus.WithEvent(opstore.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
+			opstore.Attempt{Reason: opstore.ReasonNoDefiniteAnswer})))
 	if err != nil || !moved {
 		return op, false, err
 	}
@@ -329,7 +329,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 		return false
 	}
 	// Most retries of a running operation find its owner alive: one read, no lock.
-	owner, gone, err := opstatus.OwnerGone(ctx, h.DB, a.op.AccountID, s.operationID)
+	owner, gone, err := opstore.OwnerGone(ctx, h.DB, a.op.AccountID, s.operationID)
 	if err != nil || !gone {
 		return false
 	}
@@ -345,7 +345,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 			return err
 		}
 		// Read after the lock is held, so a dispatch_started committed before it is seen.
-		if _, gone, err := opstatus.OwnerGone(ctx, tx.Gorm(), op.AccountID, op.ID); err != nil || !gone {
+		if _, gone, err := opstore.OwnerGone(ctx, tx.Gorm(), op.AccountID, op.ID); err != nil || !gone {
 			return errors.Join(err, errOwnerAlive)
 		}
 		return nil

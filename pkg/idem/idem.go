@@ -123,7 +123,7 @@ type Handler struct {
 	// records, so concurrent retries' records share commits; the key reads, so concurrent requests' reads share
 	// a round trip; and the MaxWaiters places to wait.
 	once     sync.Once
-	attempts *opstatus.GroupAppender
+	attempts *opstore.GroupAppender
 	lookups  *batch.Batcher[keyRef, lookup]
 	waiters  chan struct{}
 	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
@@ -142,7 +142,7 @@ func New(db *gorm.DB) (*Handler, error) {
 
 func (h *Handler) init() {
 	h.once.Do(func() {
-		h.attempts = &opstatus.GroupAppender{DB: h.DB}
+		h.attempts = &opstore.GroupAppender{DB: h.DB}
 		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
 			return lookupKeys(ctx, h.DB, refs)
 		}}
@@ -219,7 +219,7 @@ type attempt struct {
 	// external: the claim commits before the effect (RunExternal), with a claimed event of its own; a local
 	// write's one event records its claim and its outcome together.
 	external bool
-	// attemptRecorded: the claiming attempt already has its attempt record (opstatus.ExpireLeases wrote it
+	// attemptRecorded: the claiming attempt already has its attempt record (the recovery worker wrote it
 	// when the lease ran out), so the completion does not number it again.
 	attemptRecorded bool
 	// owner: the Handler's Owner id when an external claim is made, marked on its claimed event (0: none).
@@ -351,7 +351,7 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	if err != nil {
 		return response{}, err
 	}
-	resp, b, err := h.completion(a, res, opstatus.EventCompleted)
+	resp, b, err := h.completion(a, res, opstore.EventCompleted)
 	if err != nil {
 		return response{}, err
 	}
@@ -371,8 +371,8 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	b := &pgx.Batch{}
 	if a.external {
-		events := []opstatus.NewEvent{{Type: opstatus.EventClaimed, To: opstatus.StateRunning, Actor: a.caller.Actor, Detail: a.claimDetail()}}
-		if err := opstatus.QueueCreate(b, a.op, events); err != nil {
+		events := []opstore.NewEvent{{Type: opstore.EventClaimed, To: string(opstatus.StateRunning), Actor: a.caller.Actor, Detail: a.claimDetail()}}
+		if err := opstore.QueueCreate(b, newOperation(a.op), events); err != nil {
 			return err
 		}
 	} else {
@@ -408,13 +408,16 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 		a.op.State = opstatus.StateSucceeded
 	}
 	b := &pgx.Batch{}
-	c := opstatus.Completion{State: a.op.State, Resource: res.Resource,
-		Event:  opstatus.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
+	c := opstore.Completion{State: string(a.op.State),
+		Event:  opstore.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
 		Status: resp.Status, Header: resp.Header, Body: resp.Body, Retention: h.retention(), Lifetime: h.keyLifetime()}
+	if r := res.Resource; r != nil {
+		c.ResourceType, c.ResourceID = &r.Type, &r.ID
+	}
 	if a.external {
-		err = opstatus.QueueComplete(b, a.op, c)
+		err = opstore.QueueComplete(b, a.op.AccountID, a.op.ID, c)
 	} else {
-		err = opstatus.QueueCreateCompleted(b, a.op, c)
+		err = opstore.QueueCreateCompleted(b, newOperation(a.op), c)
 	}
 	return resp, b, err
 }
@@ -423,9 +426,9 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 var errKeyTaken = errors.New("idem: the key is held by another operation")
 
 // keyTaken reports whether a claim failed on a key another operation holds: a local claim's read under the
-// key's lock, or the insert of an operation holding it (opstatus.KeyTaken).
+// key's lock, or the insert of an operation holding it (opstore.KeyTaken).
 func keyTaken(err error) bool {
-	return errors.Is(err, errKeyTaken) || opstatus.KeyTaken(err)
+	return errors.Is(err, errKeyTaken) || opstore.KeyTaken(err)
 }
 
 // taken answers a request whose claim found the key taken, from the key as committed now (read in one round
@@ -443,7 +446,7 @@ func (h *Handler) taken(ctx context.Context, a *attempt, header http.Header) Ans
 }
 
 // ErrAlreadySettled is returned by Settle when another worker recorded the operation's outcome first.
-var ErrAlreadySettled = opstatus.ErrAlreadySettled
+var ErrAlreadySettled = opstore.ErrAlreadySettled
 
 func render(res Result) (response, error) {
 	body, err := json.Marshal(res.Body)
@@ -481,4 +484,14 @@ func answer(opID string, resp response, replayed bool) Answer {
 		h.Set(headerReplayed, "true")
 	}
 	return Answer{Status: resp.Status, Header: h, Body: resp.Body}
+}
+
+// newOperation is op as the store inserts it.
+func newOperation(op opstatus.Operation) opstore.New {
+	n := opstore.New{ID: op.ID, AccountID: op.AccountID, Kind: op.Kind, State: string(op.State),
+		IdempotencyKey: op.IdempotencyKey, Fingerprint: op.Fingerprint, LeaseExpiresAt: op.LeaseExpiresAt}
+	if r := op.Resource; r != nil {
+		n.ResourceType, n.ResourceID = &r.Type, &r.ID
+	}
+	return n
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -53,7 +54,7 @@ func completed(t *testing.T, h *Handler, a *attempt, state opstatus.State) {
 		t.Fatal(err)
 	}
 	defer tx.Close()
-	_, b, err := h.completion(a, Result{Status: 200, Body: map[string]any{}, State: state}, opstatus.EventCompleted)
+	_, b, err := h.completion(a, Result{Status: 200, Body: map[string]any{}, State: state}, opstore.EventCompleted)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func TestCompletionFailsBeforeCommit(t *testing.T) {
 		if tc.other {
 			a.op.ID = opstatus.NewID()
 		}
-		_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstatus.EventCompleted)
+		_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstore.EventCompleted)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +160,7 @@ func TestLocalOperationIsWrittenOnce(t *testing.T) {
 		if tc.taken {
 			claimed(t, h, newAttempt("acct", key, "fp"))
 		}
-		_, b, err = h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstatus.EventCompleted)
+		_, b, err = h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstore.EventCompleted)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -226,7 +227,7 @@ func TestCompletionIsHeapOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{"id": "x"}, Resource: &opstatus.Resource{Type: "note", ID: "x"}},
-		opstatus.EventCompleted)
+		opstore.EventCompleted)
 	if err != nil {
 		t.Fatal(err)
 	}

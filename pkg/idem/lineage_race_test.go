@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // sendTogether sends n requests at once (released together) and returns their answers in order; request i
@@ -102,7 +103,7 @@ func TestOneSuccessorUnderConcurrency(t *testing.T) {
 		}
 	}
 	var superseded, ops int64
-	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = ?`, old, opstatus.EventSuperseded).Scan(&superseded)
+	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = ?`, old, opstore.EventSuperseded).Scan(&superseded)
 	env.DB.Raw(`SELECT count(*) FROM operations`).Scan(&ops)
 	if created != 1 || superseded != 1 || ops != 2 {
 		t.Fatalf("%d created, %d superseded events, %d operations; want 1, 1 and 2 (the old one and its one successor)", created, superseded, ops)
@@ -150,7 +151,7 @@ func TestAttemptIDUsedOnceUnderConcurrency(t *testing.T) {
 	var records, refused int64
 	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE outcome IS NOT NULL AND attempt_id = 'att_same'`).Scan(&records)
 	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ? AND detail->>'repeated_attempt_id' = 'att_same'
-  AND detail->>'refusal' = 'attempt_id_used'`, opstatus.EventAttemptRefused).Scan(&refused)
+  AND detail->>'refusal' = 'attempt_id_used'`, opstore.EventAttemptRefused).Scan(&refused)
 	if replayed != 1 || records != 1 || refused != 3 {
 		t.Fatalf("%d replayed, %d attempt records of att_same, %d refusals; want 1, 1 and 3", replayed, records, refused)
 	}

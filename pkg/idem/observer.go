@@ -56,3 +56,10 @@ func (h *Handler) fail(kind string, err error) Answer {
 	}
 	return Answer{Err: err}
 }
+
+// observeReconciled tells o, when o is not nil, what asking the reconciler of kind achieved.
+func observeReconciled(o opstatus.Observer, kind string, result opstatus.ReconcileResult) {
+	if o != nil {
+		o.Reconciled(kind, result)
+	}
+}

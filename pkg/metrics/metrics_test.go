@@ -85,7 +85,7 @@ func TestObserversCount(t *testing.T) {
 	observer.IdempotencyOutcome("things.create", idem.Outcome("store_unavailable"))
 	opstatus.ObserveFinished(m, "things.create", opstatus.StateFailed)
 	opstatus.ObserveFinished(m, "things.create", opstatus.StateQueued) // not final: not counted
-	opstatus.ObserveReconciled(m, "things.create", opstatus.ReconcileError)
+	m.Reconciled("things.create", opstatus.ReconcileError)
 	m.Downstream("target")("refused", 20*time.Millisecond)
 	s := metricstest.Scrape(t, c)
 	for _, tc := range []struct {

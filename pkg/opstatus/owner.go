@@ -10,14 +10,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Owner marks the external operations a process claims with an id whose PostgreSQL advisory lock the process
 // holds, session-level, on a connection of its own, for its lifetime. When the process dies its session ends and
-// the lock goes with it, so another replica can tell a claim whose owner is gone (OwnerGone) from a call that is
+// the lock goes with it, so another replica can tell a claim whose owner is gone (opstore.OwnerGone) from a call that is
 // merely slow, without waiting for the lease.
 //
 // An owner that is alive but lost its lock connection (a database failover, a cut network) may see its claims
@@ -32,10 +31,6 @@ type Owner struct {
 	stop context.CancelFunc
 	done chan struct{}
 }
-
-// ownerLockClass is the first key of every owner's advisory lock (pg_advisory_lock(int4, int4)), its id the
-// second: "rsow".
-const ownerLockClass = 0x72736f77
 
 // ownerCheckEvery is how often an owner checks that its lock connection is alive.
 const ownerCheckEvery = time.Second
@@ -105,7 +100,7 @@ func (o *Owner) take(ctx context.Context) *pgx.Conn {
 	for range 8 {
 		id := int64(rand.Int32N(math.MaxInt32-1)) + 1
 		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(ownerLockClass), int32(id)).Scan(&got); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(opstore.OwnerLockClass), int32(id)).Scan(&got); err != nil {
 			break
 		}
 		if got {
@@ -117,14 +112,3 @@ func (o *Owner) take(ctx context.Context) *pgx.Conn {
 	conn.Close(context.Background())
 	return nil
 }
-
-// OwnerGone reports whether operation id's claim is orphaned: the owner marked on its claimed event
-// (ClaimOwner) holds no lock any more, and no call of it was started, so nothing of it can have left a process.
-// Read it in a transaction that holds the operation's row lock before acting on it: StartDispatch waits for that
-// lock, so the answer cannot change before the transaction ends.
-func OwnerGone(ctx context.Context, db *gorm.DB, accountID, id string) (owner int64, gone bool, err error) {
-	return opstore.OwnerGone(ctx, db, accountID, id, ownerLockClass)
-}
-
-// ClaimOwner is the key of a claimed event's detail that names the Owner of the process that claimed it.
-const ClaimOwner = "owner"

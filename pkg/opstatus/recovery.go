@@ -113,7 +113,7 @@ func (w *RecoveryWorker) Run(ctx context.Context) {
 // returns how many operations it settled (left the unknown state).
 func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 	now := w.now()
-	if _, err := ExpireLeases(ctx, w.DB, now); err != nil {
+	if _, err := expireLeases(ctx, w.DB, now); err != nil {
 		return 0, err
 	}
 	rows, err := opstore.ListUnknown(ctx, w.DB, 100)
@@ -128,7 +128,7 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 			continue
 		}
 		if err := rec.Reconcile(ctx, op); err != nil {
-			ObserveReconciled(w.Observer, op.Kind, ReconcileError)
+			observeReconciled(w.Observer, op.Kind, ReconcileError)
 			n := w.failed(op.ID, now)
 			w.log().WarnContext(ctx, "reconcile failed", "operation_id", op.ID, "kind", op.Kind, "attempt", n, "error", err.Error())
 			continue
@@ -138,9 +138,9 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 			continue
 		}
 		if after.State == StateUnknown {
-			ObserveReconciled(w.Observer, op.Kind, ReconcileStillUnknown)
+			observeReconciled(w.Observer, op.Kind, ReconcileStillUnknown)
 		} else {
-			ObserveReconciled(w.Observer, op.Kind, ReconcileSettled)
+			observeReconciled(w.Observer, op.Kind, ReconcileSettled)
 			w.forget(op.ID)
 			settled++
 			w.log().InfoContext(ctx, "operation reconciled", "operation_id", op.ID, "kind", op.Kind, "state", after.State)
@@ -149,12 +149,12 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 	return settled, nil
 }
 
-// ExpireLeases moves every queued or running operation whose lease ended before now to unknown, with a
+// expireLeases moves every queued or running operation whose lease ended before now to unknown, with a
 // lease_expired event, and returns them. Nothing is deleted: the operation may well have happened. When the
 // attempt that claimed the operation has no attempt record yet (an external effect whose process died after the
 // claim), the lease_expired event is that record: its attempt_id, outcome unknown, reason lease_expired.
-func ExpireLeases(ctx context.Context, db *gorm.DB, now time.Time) ([]Operation, error) {
-	rows, err := opstore.ExpireLeases(ctx, db, now, EventLeaseExpired, recoveryActor, ReasonLeaseExpired)
+func expireLeases(ctx context.Context, db *gorm.DB, now time.Time) ([]Operation, error) {
+	rows, err := opstore.ExpireLeases(ctx, db, now, opstore.EventLeaseExpired, recoveryActor, opstore.ReasonLeaseExpired)
 	if err != nil {
 		return nil, err
 	}

@@ -14,15 +14,10 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// EventOperatorDecision records a person's decision on an operation whose outcome was unknown: who (its
-// actor), when (its time), the state decided and the evidence it rests on. It is also the operation's move to
-// that state.
-const EventOperatorDecision = "operator_decision"
-
-// MaxEvidence is the most characters a decision's evidence may hold; MaxRemoteRef those of its remote_ref.
+// maxEvidence is the most characters a decision's evidence may hold; maxRemoteRef those of its remote_ref.
 const (
-	MaxEvidence  = 2000
-	MaxRemoteRef = 255
+	maxEvidence  = 2000
+	maxRemoteRef = 255
 )
 
 // Decision is what a person decided about an unknown operation, from evidence outside retrysafe (the
@@ -42,8 +37,8 @@ func (d Decision) Validate() error {
 	if d.State != StateSucceeded && d.State != StateFailed {
 		errs = append(errs, problem.FieldError{Field: "state", Message: "must be succeeded or failed"})
 	}
-	errs = problem.CheckMultilineText(errs, "evidence", d.Evidence, MaxEvidence, true)
-	errs = problem.CheckText(errs, "remote_ref", d.RemoteRef, MaxRemoteRef, false)
+	errs = problem.CheckMultilineText(errs, "evidence", d.Evidence, maxEvidence, true)
+	errs = problem.CheckText(errs, "remote_ref", d.RemoteRef, maxRemoteRef, false)
 	if len(errs) > 0 {
 		return problem.Validation(errs...)
 	}
@@ -111,7 +106,7 @@ func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d De
 		}
 	}
 	moved, err := Transition(ctx, tx, accountID, id, d.State, actor, From(StateUnknown), WithLease(time.Time{}),
-		WithEvent(EventOperatorDecision, d))
+		WithEvent(opstore.EventOperatorDecision, d))
 	if err != nil {
 		return Operation{}, err
 	}

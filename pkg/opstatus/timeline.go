@@ -121,7 +121,7 @@ func category(ev Event) string {
 		return "observation"
 	case strings.HasPrefix(ev.Type, "approval_"):
 		return "approval"
-	case ev.Type == EventOperatorDecision:
+	case ev.Type == opstore.EventOperatorDecision:
 		return "decision"
 	}
 	return "state"

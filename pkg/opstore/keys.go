@@ -116,9 +116,15 @@ func Prune(ctx context.Context, db *gorm.DB, responsesBefore, keysBefore time.Ti
 	return responses, keys, nil
 }
 
-// KeyPredecessor is the newest operation of account started under key before operation id that completed and
-// gave the key up at the end of its lifetime, "" when none.
+// KeyPredecessor returns the newest operation of account started under key before operation id whose key
+// outlived its lifetime and was given up (Prune), or "" when there is none (or key is ""). The same key sent
+// after its lifetime names a new action, so anything derived from the key for another system (a downstream
+// Idempotency-Key) must then differ from what the predecessor sent; a retry within the lifetime, or a claim made
+// again after a failover lost the first one, finds the same predecessor and derives the same.
 func KeyPredecessor(ctx context.Context, db *gorm.DB, accountID, key, id string) (string, error) {
+	if key == "" {
+		return "", nil
+	}
 	var pred string
 	if _, err := queryRow(ctx, db, keyPredecessorSQL, []any{accountID, key, id}, &pred); err != nil {
 		return "", fmt.Errorf("opstore: predecessor of %s under its key: %w", id, err)

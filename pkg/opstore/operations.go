@@ -190,10 +190,16 @@ func ExpireLeases(ctx context.Context, db *gorm.DB, now time.Time, eventType, ac
 	return ops, nil
 }
 
-// OwnerGone returns the owner marked on operation id's claim when no session holds its advisory lock (class
-// lockClass) and no call of the operation was started; gone is false otherwise.
-func OwnerGone(ctx context.Context, db *gorm.DB, accountID, id string, lockClass int64) (owner int64, gone bool, err error) {
-	gone, err = queryRow(ctx, db, ownerGoneSQL, []any{accountID, id, lockClass}, &owner)
+// OwnerLockClass is the first key of every owner's advisory lock (pg_advisory_lock(int4, int4)), its id the
+// second: "rsow" (opstatus.Owner).
+const OwnerLockClass = 0x72736f77
+
+// OwnerGone returns the owner marked on operation id's claim when no session holds its advisory lock and no call
+// of the operation was started; gone is false otherwise (no owner marked, owner alive, or a call started). Read
+// it in a transaction that holds the operation's row lock before acting on it: StartDispatch waits for that lock,
+// so the answer cannot change before the transaction ends.
+func OwnerGone(ctx context.Context, db *gorm.DB, accountID, id string) (owner int64, gone bool, err error) {
+	gone, err = queryRow(ctx, db, ownerGoneSQL, []any{accountID, id, OwnerLockClass}, &owner)
 	if err != nil {
 		return 0, false, fmt.Errorf("opstore: owner of %s: %w", id, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Reconciler settles deploys whose operation became unknown (their controller died, its leases ran out) from
@@ -68,7 +69,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	lookup := map[string]any{"target": "deploy_target", "call": "activation", "deploy_id": d.ID}
 	if err != nil {
 		// A failed lookup is recorded too: when someone asked, and that they could not learn.
-		lookup["result"], lookup["reason"] = "failed", opstatus.ReasonTargetError
+		lookup["result"], lookup["reason"] = "failed", opstore.ReasonTargetError
 		if aerr := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
 			return errors.Join(err, aerr)
 		}
@@ -83,12 +84,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	}
 	evidence := map[string]any{"target_marker": nil, "fencing_token": claim.Token,
 		"activation_started": d.ActivationStarted != nil}
-	evidence["reason"] = opstatus.ReasonRemoteRecordAbsent
+	evidence["reason"] = opstore.ReasonRemoteRecordAbsent
 	if activated {
-		evidence["target_marker"], evidence["reason"] = marker, opstatus.ReasonRemoteRecordFound
+		evidence["target_marker"], evidence["reason"] = marker, opstore.ReasonRemoteRecordFound
 	}
 	if err := r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		return r.Store.Finish(ctx, tx, claim, activated, reconcilerActor, opstatus.EventReconciled, evidence)
+		return r.Store.Finish(ctx, tx, claim, activated, reconcilerActor, opstore.EventReconciled, evidence)
 	}); err != nil {
 		return err
 	}

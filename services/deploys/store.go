@@ -9,6 +9,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -294,7 +295,7 @@ RETURNING id, account_id, operation_id, environment, state`, id, accountID).Scan
 	if _, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.StateCancelled, actor,
 		opstatus.From(opstatus.StateQueued, opstatus.StateRunning, opstatus.StateUnknown),
 		opstatus.WithLease(time.Time{}),
-		opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"reason": "cancel requested"})); err != nil {
+		opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"reason": "cancel requested"})); err != nil {
 		return Deploy{}, false, err
 	}
 	out, err := s.Deploy(ctx, tx, accountID, id)
@@ -378,7 +379,7 @@ SELECT `+deployColumns+` FROM d`, account[0], account[0], maxRunning).Scan(&rows
 		}
 		moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateRunning, actor,
 			opstatus.From(opstatus.StateQueued), opstatus.WithLease(leaseUntil),
-			opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"fencing_token": c.Token, "steps": c.Deploy.StepsTotal}))
+			opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"fencing_token": c.Token, "steps": c.Deploy.StepsTotal}))
 		if err != nil {
 			return Claim{}, false, err
 		}
@@ -421,7 +422,7 @@ SELECT `+deployColumns+` FROM d ORDER BY d.queued_at, d.id`,
 		}
 		moved, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.StateFailed, actor,
 			opstatus.From(opstatus.StateQueued), opstatus.WithLease(time.Time{}),
-			opstatus.WithEvent(opstatus.EventFailed, detail))
+			opstatus.WithEvent(opstore.EventFailed, detail))
 		if err != nil {
 			return nil, err
 		}
@@ -530,7 +531,7 @@ WHERE account_id = ? AND environment = ? AND holder_deploy_id = ? AND fencing_to
 	}
 	moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
 		opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
-		opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"reason": "controller stopped before activation"}))
+		opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"reason": "controller stopped before activation"}))
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
@@ -111,7 +112,7 @@ func testKeyReusedAfterLifetime(t *testing.T, h *harness) {
 // downstreamKeyOf reads the provider key of the operation's first dispatch record.
 func downstreamKeyOf(t *testing.T, op opstatus.Operation) string {
 	t.Helper()
-	ev, ok := hasEvent(op, opstatus.EventDispatchStarted)
+	ev, ok := hasEvent(op, opstore.EventDispatchStarted)
 	if !ok {
 		t.Fatalf("operation %s has no dispatch record", op.ID)
 	}

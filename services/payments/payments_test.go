@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -247,7 +248,7 @@ func testLostCaptureAnswer(t *testing.T, h *harness) {
 	if !ok || !strings.Contains(string(ev.Detail), `"found": true`) && !strings.Contains(string(ev.Detail), `"found":true`) {
 		t.Fatalf("no provider_lookup evidence with found=true in %+v", got.Events)
 	}
-	if _, ok := hasEvent(got, opstatus.EventReconciled); !ok {
+	if _, ok := hasEvent(got, opstore.EventReconciled); !ok {
 		t.Fatalf("no reconciled event in %+v", got.Events)
 	}
 
@@ -309,7 +310,7 @@ func testOwnerGone(t *testing.T, h *harness) {
 		t.Fatal("the capture was answered although its process was killed first")
 	}
 	old := operation(t, agent, "cap")
-	claimed, _ := hasEvent(old, opstatus.EventClaimed)
+	claimed, _ := hasEvent(old, opstore.EventClaimed)
 	var mark struct {
 		Owner int64 `json:"owner"`
 	}
@@ -348,7 +349,7 @@ func testOwnerGone(t *testing.T, h *harness) {
 		why.Reason != "owner_gone" || why.Owner != mark.Owner {
 		t.Fatalf("the killed replica's operation: %s with %+v; want cancelled, not_sent owner_gone naming owner %d", released.State, released.Events, mark.Owner)
 	}
-	if _, ok := hasEvent(released, opstatus.EventDispatchStarted); ok {
+	if _, ok := hasEvent(released, opstore.EventDispatchStarted); ok {
 		t.Fatal("a released operation has a dispatch_started record")
 	}
 }
@@ -429,9 +430,9 @@ func testOwnerLostItsLock(t *testing.T, h *harness) {
 		_ = json.Unmarshal(ev.Detail, &d)
 		return d.Reason
 	}
-	_, started := hasEvent(released, opstatus.EventDispatchStarted)
+	_, started := hasEvent(released, opstore.EventDispatchStarted)
 	if released.State != opstatus.StateCancelled || reason("not_sent") != "owner_gone" || started ||
-		reason(opstatus.EventDispatchNotSent) != opstatus.ReasonEvidenceNotRecorded || list.Items[0].State != opstatus.StateSucceeded {
+		reason(opstore.EventDispatchNotSent) != opstore.ReasonEvidenceNotRecorded || list.Items[0].State != opstatus.StateSucceeded {
 		var types []string
 		for _, ev := range released.Events {
 			types = append(types, ev.Type+" "+string(ev.Detail))
@@ -487,7 +488,7 @@ func testAnsweredFailureSettles(t *testing.T, h *harness) {
 		LeaseRunning bool   `json:"lease_running"`
 	}
 	if err := json.Unmarshal(lookup.Detail, &evidence); err != nil || evidence.Found == nil || *evidence.Found ||
-		evidence.Conclusive != opstatus.EventDispatchResponseReceived || evidence.LeaseRunning {
+		evidence.Conclusive != opstore.EventDispatchResponseReceived || evidence.LeaseRunning {
 		t.Fatalf("provider_lookup evidence %s; want not found, conclusive because of dispatch_response_received", lookup.Detail)
 	}
 	if ev, _ := hasEvent(got, "reconciled"); !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
@@ -509,10 +510,10 @@ func testUnreachableProviderIsNotSent(t *testing.T, h *harness) {
 	if got.State != opstatus.StateFailed || !ok || !strings.Contains(string(ev.Detail), `"reason":"connection_refused"`) {
 		t.Fatalf("operation %s with events %+v", got.State, got.Events)
 	}
-	if _, ok := hasEvent(got, opstatus.EventOutcomeUnknown); ok {
+	if _, ok := hasEvent(got, opstore.EventOutcomeUnknown); ok {
 		t.Fatal("a call that never left was called unknown")
 	}
-	if ev, ok := hasEvent(got, opstatus.EventCompleted); !ok || !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
+	if ev, ok := hasEvent(got, opstore.EventCompleted); !ok || !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
 		t.Errorf("the failure's reason is not recorded: %+v", ev)
 	}
 }
@@ -688,7 +689,7 @@ func testCrash(t *testing.T, h *harness, failpoint string) {
 		}
 		return recs
 	}
-	want := "#1 lease_expired unknown " + opstatus.ReasonLeaseExpired
+	want := "#1 lease_expired unknown " + opstore.ReasonLeaseExpired
 	if recs := killedAttempt(op); len(recs) != 1 || recs[0] != want {
 		t.Fatalf("attempt records of the killed attempt %s: %v; want [%s]", claim.AttemptID, recs, want)
 	}
@@ -982,7 +983,7 @@ func testDuplicateEffect(t *testing.T, h *harness) {
 		t.Fatal(err)
 	}
 	b.assertCounters(t, map[string]int64{"authorize": 2})
-	ev, ok := hasEvent(got, opstatus.EventReconciled)
+	ev, ok := hasEvent(got, opstore.EventReconciled)
 	if !ok || !strings.Contains(string(ev.Detail), `"reason":"duplicate_effect_confirmed"`) {
 		t.Errorf("reconciled event %+v", ev)
 	}

@@ -1,4 +1,4 @@
-package opstatus
+package opstore
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
-	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // GroupAppender appends events durably, and concurrent appends together (package batch): one INSERT and one
@@ -30,7 +29,7 @@ type GroupAppender struct {
 	batcher *batch.Batcher[groupItem, error]
 }
 
-type groupItem = opstore.Appended
+type groupItem = Appended
 
 // Append adds an event to operation id of account, committed (with synchronous_commit on) when it returns nil.
 // The operation must exist: the foreign key refuses the whole group otherwise. An attempt record whose attempt id
@@ -52,7 +51,7 @@ func (g *GroupAppender) Append(ctx context.Context, accountID, id, eventType, ac
 
 // newGroupItem marshals detail at once, so a detail that cannot be written fails its own Append, not its group.
 func newGroupItem(accountID, id, eventType, actor string, detail any) (groupItem, error) {
-	e, err := opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail}.Marshalled(id)
+	e, err := NewEvent{Type: eventType, Actor: actor, Detail: detail}.Marshalled(id)
 	return groupItem{AccountID: accountID, ID: id, Event: e}, err
 }
 
@@ -75,12 +74,8 @@ func (g *GroupAppender) insert(ctx context.Context, group []groupItem) ([]error,
 	return refused, nil
 }
 
-// AttemptUsed reports whether err is the refusal of an attempt record whose attempt id its operation already
-// has a record of (the unique index operation_events_attempt).
-func AttemptUsed(err error) bool { return opstore.AttemptUsed(err) }
-
 // insertRows writes group in one statement, in arrival order, so the events' ids follow it. Plain inserts: the
 // audit record seals them later (package audit), and nothing here locks a row another writer waits for.
 func (g *GroupAppender) insertRows(ctx context.Context, group []groupItem) error {
-	return opstore.AppendAll(ctx, g.DB, group)
+	return AppendAll(ctx, g.DB, group)
 }
