@@ -1,18 +1,15 @@
-// Package opstatus records operations: one row per intended action, with a state and an append-only history of
+// Package opstatus shows operations: one row per intended action, with a state and an append-only history of
 // events, so a caller that timed out can ask what happened instead of guessing.
 //
-// This package is the only writer of the operations and operation_events tables. An operation is born with
-// QueueCreate, and its insert is the claim of its idempotency key (pkg/idem, external mode); QueueComplete stores
-// the key's response with the operation's outcome. An operation whose claim, effect and outcome commit together
-// (pkg/idem, local mode) is born completed, with QueueCreateCompleted (keys.go). Everything after goes through
-// Transition for a change of state (idem recording a result, a deploy controller moving queued to running, the
-// recovery worker marking an expired lease unknown) and Append for evidence that changes no state (a provider
-// lookup, an approval check). Reads (Get, FindByKey, GET /v1/operations) are here too.
+// Package idem decides and records through package opstore, which owns the tables. Here are what the rest of a
+// service uses: Transition for a change of state (a deploy controller moving queued to running), Append for
+// evidence that changes no state (a provider lookup, an approval check), the reads (Get, FindByKey, List,
+// GetTimeline), a person's decision (Resolve), Routes for GET /v1/operations/{id} and GET
+// /v1/operations?idempotency_key=K, and RecoveryWorker, which marks operations whose lease expired as unknown and
+// hands them to the Reconciler registered for their kind.
 //
 // Writes take the caller's transaction, so an operation changes state in the same commit as the business row it
-// describes (see the package example). Routes serves GET /v1/operations/{id} and GET
-// /v1/operations?idempotency_key=K; RecoveryWorker marks operations whose lease expired as unknown and hands them
-// to the Reconciler registered for their kind.
+// describes (see the package example).
 package opstatus
 
 import (

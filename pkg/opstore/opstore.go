@@ -2,6 +2,11 @@
 // run by a typed function here. Other packages (idem, opstatus, the services, the audit bundle, metrics) ask it;
 // none reads those tables with SQL of its own.
 //
+// Records are types: an event's detail has one Go type per kind (Attempt, Link; a service's evidence has its
+// own), written and read by the same types, and the columns the database reads of an attempt (attempt_id,
+// outcome) are filled here from its type. The records' vocabulary, the event types and reason lists, is here too.
+// Queries of other tables that show an operation's state read it with the SQL function operation_state.
+//
 // Functions take the handle their caller holds: a *gorm.DB (a pool, or a transaction: gorm's, or a database.Tx's
 // Gorm), whose statements run through pgx's database/sql driver with PostgreSQL's own placeholders, or a
 // pgx.Batch (Queue* functions), sent with others in one round trip by database.Tx. The schema is

@@ -86,6 +86,26 @@ type duplicateEvidence struct {
 	} `json:"body"`
 }
 
+// duplicateAmounts reads the evidence duplicate operation dupID was settled on: the amount of one execution and
+// how many executions the provider made (0 when the evidence is missing or unreadable).
+func duplicateAmounts(ctx context.Context, db *gorm.DB, accountID, dupID string) (each, effects int64, err error) {
+	raw, err := opstore.LastEventDetail(ctx, db, accountID, dupID, EventProviderLookup, "effects")
+	if err != nil {
+		return 0, 0, fmt.Errorf("payments: remediate %s: evidence: %w", dupID, err)
+	}
+	var dup duplicateEvidence
+	if raw == nil {
+		return 0, 0, nil
+	}
+	if json.Unmarshal(raw, &dup) != nil || dup.Body.AmountMinor == "" {
+		return 0, 0, nil
+	}
+	if each, err = dup.Body.AmountMinor.Int64(); err != nil {
+		return 0, 0, nil
+	}
+	return each, int64(len(dup.Effects)), nil
+}
+
 // remediate checks, in the claim transaction of refund operation op on intentID, that dupID names a
 // duplicate_effect_confirmed capture of the same intent, that the refund of amountMinor does not return more than
 // the duplicate took (the executions after the first) less its corrections so far that did not fail, and links
@@ -122,17 +142,11 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 	if len(intent) == 0 || intent[0] != intentID {
 		return headerProblem("names an operation of another payment intent; a correction refunds the intent the duplicate charged")
 	}
-	raw, err := opstore.LastEventDetail(ctx, db, accountID, dupID, EventProviderLookup, "effects")
+	each, effects, err := duplicateAmounts(ctx, db, accountID, dupID)
 	if err != nil {
-		return fmt.Errorf("payments: remediate %s: evidence: %w", dupID, err)
+		return err
 	}
-	var dup duplicateEvidence
-	var each int64
-	if raw != nil && json.Unmarshal(raw, &dup) == nil {
-		each, err = dup.Body.AmountMinor.Int64()
-	}
-	effects := int64(len(dup.Effects))
-	if raw == nil || err != nil || dup.Body.AmountMinor == "" || effects < 2 {
+	if effects < 2 {
 		// Fail closed: without the evidence the duplicate amount is not known, and a person settles it.
 		return problem.New(problem.CodeInvalidState, "operation %s has no provider record of its duplicate to correct against", dupID).
 			With("operation_id", dupID).With("state", state)
