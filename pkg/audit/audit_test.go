@@ -166,6 +166,9 @@ func TestVerifyFindsTampering(t *testing.T) {
 		{"one field of one event changed", func(t *testing.T, db *gorm.DB, ops []string) {
 			exec(t, db, `UPDATE operation_events SET actor = 'agent:mallory' WHERE `+nth, ops[1], 1)
 		}, auditchain.Changed, false},
+		{"a record made an attempt record by its columns, its detail untouched", func(t *testing.T, db *gorm.DB, ops []string) {
+			exec(t, db, `UPDATE operation_events SET attempt_id = 'att_mallory', outcome = 'created' WHERE `+nth, ops[1], 1)
+		}, auditchain.Changed, false},
 		{"a middle record deleted", func(t *testing.T, db *gorm.DB, ops []string) {
 			exec(t, db, `DELETE FROM operation_events WHERE `+nth, ops[1], 1)
 		}, auditchain.Missing, false},
