@@ -85,6 +85,11 @@ CREATE TABLE operation_events (
     to_state     text,
     actor        text        NOT NULL,
     detail       jsonb       NOT NULL DEFAULT '{}',
+    -- The attempt the event is about and, on an attempt record (one HTTP attempt at a write), the outcome it was
+    -- answered with: the detail's attempt_id and outcome, as columns (package opstore writes both from the
+    -- detail's type). An attempt record is an event with both.
+    attempt_id   text,
+    outcome      text,
     created_at   timestamptz NOT NULL DEFAULT now(),
     xid          xid8        NOT NULL DEFAULT pg_current_xact_id(),
     PRIMARY KEY (account_id, operation_id, id),
@@ -103,10 +108,24 @@ $$ LANGUAGE plpgsql;
 CREATE TRIGGER operation_events_append_only BEFORE UPDATE OR DELETE ON operation_events
     FOR EACH ROW EXECUTE FUNCTION operation_events_append_only();
 
--- is_attempt_record says whether an operation event with this detail is an attempt record: one HTTP attempt at
--- a write, whose detail has an attempt_id and an outcome.
-CREATE FUNCTION is_attempt_record(detail jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
-    SELECT detail ? 'outcome' AND detail ? 'attempt_id'
+-- operation_settled refuses, as an error of its own (SQLSTATE RS001), a completion or release that found its
+-- operation no longer running under its key (n = 0 rows moved): the statement fails, and with it the transaction
+-- and whatever was sent after it, COMMIT included. It returns n otherwise.
+-- +goose StatementBegin
+CREATE FUNCTION operation_settled(n bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF n = 0 THEN
+        RAISE EXCEPTION 'operation already settled' USING ERRCODE = 'RS001';
+    END IF;
+    RETURN n;
+END
+$$;
+-- +goose StatementEnd
+
+-- operation_state is an operation's state, for the queries of other tables that show it (a deploy shows unknown
+-- while its operation is), read by the operation's whole key.
+CREATE FUNCTION operation_state(account_id text, operation_id text) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT state FROM operations WHERE account_id = $1 AND id = $2
 $$;
 
 -- An operation's lineage is held here, not only checked before a write (package idem), so requests that race
@@ -116,15 +135,16 @@ $$;
 --   operation_events_attempt: an attempt id has at most one attempt record in an operation.
 CREATE UNIQUE INDEX operation_events_successor ON operation_events (account_id, operation_id)
     WHERE type = 'superseded';
-CREATE UNIQUE INDEX operation_events_attempt ON operation_events (account_id, operation_id, (detail->>'attempt_id'))
-    WHERE is_attempt_record(detail);
+CREATE UNIQUE INDEX operation_events_attempt ON operation_events (account_id, operation_id, attempt_id)
+    WHERE attempt_id IS NOT NULL AND outcome IS NOT NULL;
 
 -- An operation's events as its history shows them: seq is the event's place in the operation's history (id
 -- order) and attempt numbers its attempt records in the same order. Both are read, not stored, so a retry's
 -- record is one plain insert. A filter on the operation is applied before the numbering.
 CREATE VIEW operation_events_numbered AS
 SELECT e.*, row_number() OVER w AS seq,
-       CASE WHEN is_attempt_record(e.detail) THEN count(*) FILTER (WHERE is_attempt_record(e.detail)) OVER w END AS attempt
+       CASE WHEN e.attempt_id IS NOT NULL AND e.outcome IS NOT NULL
+            THEN count(*) FILTER (WHERE e.attempt_id IS NOT NULL AND e.outcome IS NOT NULL) OVER w END AS attempt
 FROM operation_events e
 WINDOW w AS (PARTITION BY e.account_id, e.operation_id ORDER BY e.id);
 
@@ -274,7 +294,8 @@ DROP TABLE approvals;
 DROP VIEW operation_events_numbered;
 DROP INDEX operation_events_attempt;
 DROP INDEX operation_events_successor;
-DROP FUNCTION is_attempt_record(jsonb);
+DROP FUNCTION operation_state(text, text);
+DROP FUNCTION operation_settled(bigint);
 DROP TABLE operation_events;
 DROP FUNCTION operation_events_append_only();
 DROP TABLE operations;

@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // auditCommand is `retrysafe audit verify|export|public-key|timeline`.
@@ -378,14 +379,14 @@ func runAuditTimeline(ctx context.Context, inv invocation, operationID string) e
 	}
 	// The one lookup by id alone (the operator knows the operation, not its account): a scan of every account,
 	// on a sharded database a query of every shard. All that follows is addressed by account and id.
-	var accounts []string
-	if err := db.WithContext(ctx).Raw(`SELECT account_id FROM operations WHERE id = ?`, operationID).Scan(&accounts).Error; err != nil {
+	account, err := opstore.AccountOf(ctx, db, operationID)
+	if err != nil {
 		return exitError{code: 2, err: fmt.Errorf("audit timeline: %w", err)}
 	}
-	if len(accounts) == 0 {
+	if account == "" {
 		return exitError{code: 1, err: fmt.Errorf("audit timeline: no operation %s", operationID)}
 	}
-	tl, err := opstatus.GetTimeline(ctx, db, accounts[0], operationID)
+	tl, err := opstatus.GetTimeline(ctx, db, account, operationID)
 	if err != nil {
 		return exitError{code: 2, err: fmt.Errorf("audit timeline: %w", err)}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // noDatabase is a DATABASE_URL nothing listens on: `audit verify --bundle` must not need one.
@@ -43,7 +44,7 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := opstatus.Append(ctx, db.DB, "acct_a", id, opstatus.EventReplayed, "agent:a", map[string]any{"status": 201}); err != nil {
+		if err := opstatus.Append(ctx, db.DB, "acct_a", id, opstore.EventReplayed, "agent:a", map[string]any{"status": 201}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := opstatus.Transition(ctx, db.DB, "acct_a", id, opstatus.StateSucceeded, "agent:a"); err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/payments"
 )
 
@@ -325,7 +326,7 @@ WHERE d.environment LIKE 'fo-' || $1 || '-%' AND d.state <> 'succeeded' GROUP BY
 	rows, err = db.Query(ctx, `SELECT o.idempotency_key, e.detail->>'attempt_id', o.created_at,
        EXISTS (SELECT 1 FROM operation_events x WHERE x.operation_id = o.id AND x.type = $2)
 FROM operations o JOIN operation_events e ON e.operation_id = o.id AND e.type = $3
-WHERE o.idempotency_key = ANY($1)`, keys, opstatus.EventDispatchStarted, opstatus.EventClaimed)
+WHERE o.idempotency_key = ANY($1)`, keys, opstore.EventDispatchStarted, opstore.EventClaimed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 )
 
@@ -195,7 +194,7 @@ func (d *driver) send(w *write, path string) *apitest.Response {
 		res, err := client.Try(http.MethodPost, path, w.body, apitest.Key(w.key), apitest.Header(ids.HeaderAttemptID, a.id))
 		a.answered = time.Now()
 		if err == nil {
-			a.status, a.code, a.replayed = res.Code, problemCode(res), res.Header.Get(idem.HeaderReplayed) == "true"
+			a.status, a.code, a.replayed = res.Code, problemCode(res), res.Header.Get("Idempotent-Replayed") == "true"
 		}
 		final := err == nil && definite(w.kind, res)
 		w.mu.Lock()
@@ -220,7 +219,7 @@ func (d *driver) send(w *write, path string) *apitest.Response {
 
 func definite(k kind, res *apitest.Response) bool {
 	switch {
-	case res.Header.Get(idem.HeaderReplayed) == "true", notSent(res):
+	case res.Header.Get("Idempotent-Replayed") == "true", notSent(res):
 		return true // a stored answer, whatever it is
 	case res.Code == http.StatusAccepted && k.external():
 		return false // the provider's answer is not known yet

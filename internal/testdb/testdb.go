@@ -39,6 +39,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/schema"
 )
 
@@ -403,12 +404,17 @@ func EmptySchema(t testing.TB) string {
 	return dsn
 }
 
-// CreateOperation inserts op with its claimed event by actor "test", as a claim does (opstatus.QueueCreate), on
+// CreateOperation inserts op with its claimed event by actor "test", as a claim does (opstore.QueueCreate), on
 // db: a pool, a lent schema or a test's transaction.
 func CreateOperation(t testing.TB, db *gorm.DB, op opstatus.Operation) {
 	t.Helper()
 	b := &pgx.Batch{}
-	err := opstatus.QueueCreate(b, op, []opstatus.NewEvent{{Type: opstatus.EventClaimed, To: op.State, Actor: "test"}})
+	n := opstore.New{ID: op.ID, AccountID: op.AccountID, Kind: op.Kind, State: string(op.State),
+		IdempotencyKey: op.IdempotencyKey, Fingerprint: op.Fingerprint, LeaseExpiresAt: op.LeaseExpiresAt}
+	if r := op.Resource; r != nil {
+		n.ResourceType, n.ResourceID = &r.Type, &r.ID
+	}
+	err := opstore.QueueCreate(b, n, []opstore.NewEvent{{Type: opstore.EventClaimed, To: string(op.State), Actor: "test"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -448,32 +449,17 @@ func (a Approval) Supersedes() string {
 	return id
 }
 
-// priorSQL reads what an approver must see of an operation a write would supersede: its kind and state, its
-// last dispatch (the newest dispatch_* event: dispatch_started alone means the call's end was never recorded)
-// and the newest reason any of its events gives.
-const priorSQL = `
-SELECT o.kind, o.state,
-       (SELECT e.type FROM operation_events e WHERE e.account_id = o.account_id AND e.operation_id = o.id
-          AND e.type LIKE 'dispatch\_%' ORDER BY e.id DESC LIMIT 1) AS dispatch,
-       (SELECT e.detail->>'reason' FROM operation_events e WHERE e.account_id = o.account_id AND e.operation_id = o.id
-          AND e.detail->>'reason' IS NOT NULL ORDER BY e.id DESC LIMIT 1) AS reason
-FROM operations o WHERE o.account_id = ? AND o.id = ?`
-
 // superseded is the summary's "supersedes": operation_id, kind, state, dispatch_state (not_sent,
 // sent_no_response, response_received, execution_error; started when only its start was recorded; none when it
 // made no call) and reason (or none).
 func (s *Service) superseded(ctx context.Context, accountID, opID string) (map[string]any, error) {
-	var rows []struct {
-		Kind, State      string
-		Dispatch, Reason *string
-	}
-	if err := s.db.WithContext(ctx).Raw(priorSQL, accountID, opID).Scan(&rows).Error; err != nil {
+	r, found, err := opstore.ReadPrior(ctx, s.db, accountID, opID)
+	if err != nil {
 		return nil, fmt.Errorf("approval: superseded operation %s: %w", opID, err)
 	}
-	if len(rows) == 0 {
+	if !found {
 		return nil, problem.Validation(problem.FieldError{Field: "supersedes_operation_id", Message: "names no operation of this account"})
 	}
-	r := rows[0]
 	dispatch, reason := "none", "none"
 	if r.Dispatch != nil {
 		dispatch = strings.TrimPrefix(*r.Dispatch, "dispatch_")

@@ -19,6 +19,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 func testSigner(t *testing.T) (*auditchain.Signer, ed25519.PublicKey) {
@@ -57,7 +58,7 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 			"text":   "quote \" backslash \\ tab \t nl \n ctl \u0001 del \u007f é 日本 😀 <&>",
 			"nested": map[string]any{"z": []any{true, false, nil, "x"}, "a": map[string]any{}, "é": 1, "e": 2, "": 0},
 		}
-		if err := opstatus.Append(ctx, db, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", detail); err != nil {
+		if err := opstatus.Append(ctx, db, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", detail); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := opstatus.Transition(ctx, db, op.AccountID, op.ID, opstatus.StateSucceeded, "agent:a"); err != nil {
@@ -164,6 +165,9 @@ func TestVerifyFindsTampering(t *testing.T) {
 	}{
 		{"one field of one event changed", func(t *testing.T, db *gorm.DB, ops []string) {
 			exec(t, db, `UPDATE operation_events SET actor = 'agent:mallory' WHERE `+nth, ops[1], 1)
+		}, auditchain.Changed, false},
+		{"a record made an attempt record by its columns, its detail untouched", func(t *testing.T, db *gorm.DB, ops []string) {
+			exec(t, db, `UPDATE operation_events SET attempt_id = 'att_mallory', outcome = 'created' WHERE `+nth, ops[1], 1)
 		}, auditchain.Changed, false},
 		{"a middle record deleted", func(t *testing.T, db *gorm.DB, ops []string) {
 			exec(t, db, `DELETE FROM operation_events WHERE `+nth, ops[1], 1)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/jsondepth"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // BundleFormat names the format of an exported bundle, its first member.
@@ -114,11 +115,11 @@ func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) er
 				return err
 			}
 			b.Scope.Subjects = ev.subjectList()
-			var found []int64
-			if err := tx.Raw(`SELECT 1 FROM operation_events WHERE operation_id = ? LIMIT 1`, opt.OperationID).Scan(&found).Error; err != nil {
+			found, err := opstore.HasEvents(ctx, tx, opt.OperationID)
+			if err != nil {
 				return err
 			}
-			if len(found) == 0 {
+			if !found {
 				return fmt.Errorf("%w: operation %s", ErrNoRecords, opt.OperationID)
 			}
 		}

@@ -31,19 +31,24 @@ type recordRow struct {
 	Detail    string
 	FromState *string
 	ToState   *string
+	AttemptID *string
+	Outcome   *string
 	CreatedAt time.Time
 }
 
 // operationRecord is the hashed content of an operation_events record. Its place in the operation's history and
 // its attempt number are not stored (operation_events_numbered reads them from the id order), and need not be:
-// the entries of the seals hold the records' ids, so a reordering shows.
+// the entries of the seals hold the records' ids, so a reordering shows. Its attempt id and outcome, the columns
+// that make it an attempt record, are hashed when it has them.
 type operationRecord struct {
 	AccountID   string          `json:"account_id"`
 	Actor       string          `json:"actor"`
+	AttemptID   *string         `json:"attempt_id,omitempty"`
 	CreatedAt   string          `json:"created_at"`
 	Detail      json.RawMessage `json:"detail"`
 	FromState   *string         `json:"from_state"`
 	OperationID string          `json:"operation_id"`
+	Outcome     *string         `json:"outcome,omitempty"`
 	ToState     *string         `json:"to_state"`
 	Type        string          `json:"type"`
 }
@@ -68,10 +73,11 @@ const (
 var sources = []source{
 	{
 		table: tableOperationEvents, subject: "operation_id",
-		columns: `id, xid::text AS xid_text, account_id, operation_id AS subject, type, actor, detail::text AS detail, from_state, to_state, created_at`,
+		columns: `id, xid::text AS xid_text, account_id, operation_id AS subject, type, actor, detail::text AS detail, from_state, to_state, attempt_id, outcome, created_at`,
 		body: func(r recordRow) any {
-			return operationRecord{AccountID: r.AccountID, Actor: r.Actor, CreatedAt: auditchain.FormatTime(r.CreatedAt),
-				Detail: json.RawMessage(r.Detail), FromState: r.FromState, OperationID: r.Subject, ToState: r.ToState, Type: r.Type}
+			return operationRecord{AccountID: r.AccountID, Actor: r.Actor, AttemptID: r.AttemptID, CreatedAt: auditchain.FormatTime(r.CreatedAt),
+				Detail: json.RawMessage(r.Detail), FromState: r.FromState, OperationID: r.Subject, Outcome: r.Outcome, ToState: r.ToState,
+				Type: r.Type}
 		},
 	},
 	{

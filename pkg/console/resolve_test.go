@@ -10,6 +10,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 var resolveKeyInput = regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`)
@@ -84,7 +85,7 @@ func mustGet(t *testing.T, p *person, path string) string {
 func decisions(t *testing.T, env *servicetest.Env, opID string) int64 {
 	t.Helper()
 	var n int64
-	if err := env.DB.Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = ?`, opID, opstatus.EventOperatorDecision).Scan(&n).Error; err != nil {
+	if err := env.DB.Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = ?`, opID, opstore.EventOperatorDecision).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -113,7 +114,7 @@ func TestDecisionFormTakesBrowserLineBreaks(t *testing.T) {
 	}
 	var evidence []string
 	if err := env.DB.Raw(`SELECT detail->>'evidence' FROM operation_events WHERE operation_id = ? AND type = ?`,
-		op.ID, opstatus.EventOperatorDecision).Scan(&evidence).Error; err != nil {
+		op.ID, opstore.EventOperatorDecision).Scan(&evidence).Error; err != nil {
 		t.Fatal(err)
 	}
 	if want := "Bank statement: nothing taken.\nChecked by phone.\n"; len(evidence) != 1 || evidence[0] != want {

@@ -119,9 +119,9 @@ func (p *acquireBound) conn(ctx context.Context) (*sql.Conn, error) {
 	defer cancel()
 	c, err := p.DB.Conn(actx)
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
-		return nil, fmt.Errorf("database: no free connection within %s: %w", p.timeout, err)
+		return nil, &UnavailableError{Cause: fmt.Errorf("no free connection within %s: %w", p.timeout, err)}
 	}
-	return c, err
+	return c, unavailable(err)
 }
 
 // runner is what a statement runs on: the pool, or a connection reserved from it.
@@ -173,11 +173,7 @@ func (p *acquireBound) QueryContext(ctx context.Context, query string, args ...a
 func (p *acquireBound) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	on, c, err := p.on(ctx)
 	if err != nil {
-		// A *sql.Row carries an error only from a query: this one fails at Scan on a context already over,
-		// which is a store failure as the acquire timeout is.
-		over, cancel := context.WithDeadline(ctx, time.Time{})
-		defer cancel()
-		return p.DB.QueryRowContext(over, query, args...)
+		return failedRow(ctx, err)
 	}
 	defer release(c)
 	return on.QueryRowContext(ctx, query, args...)

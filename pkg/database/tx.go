@@ -65,7 +65,7 @@ func (t *Tx) Send(ctx context.Context, b *pgx.Batch) error {
 }
 
 // Commit sends b (nil for none) and COMMIT in one round trip. When it returns nil the transaction committed. An
-// error that problem.IsStoreUnavailable recognises means the COMMIT may or may not have been applied.
+// error matching ErrUnavailable means the COMMIT may or may not have been applied.
 func (t *Tx) Commit(ctx context.Context, b *pgx.Batch) error {
 	if b == nil {
 		b = &pgx.Batch{}
@@ -107,7 +107,7 @@ func (t *Tx) send(ctx context.Context, b *pgx.Batch, after txState) error {
 	err := withPgx(t.conn, func(c *pgx.Conn) error { return c.SendBatch(ctx, b).Close() })
 	if err != nil {
 		t.state = txOpen // a statement failed, or the connection did: Close rolls back or discards it
-		return err
+		return unavailable(err)
 	}
 	t.state = after
 	return nil
@@ -129,7 +129,7 @@ func Send(ctx context.Context, db *gorm.DB, b *pgx.Batch) error {
 		return err
 	}
 	defer conn.Close()
-	return withPgx(conn, func(c *pgx.Conn) error {
+	return unavailable(withPgx(conn, func(c *pgx.Conn) error {
 		err := c.SendBatch(ctx, b).Close()
 		if c.IsClosed() || c.PgConn().TxStatus() != 'I' {
 			if err == nil {
@@ -138,7 +138,7 @@ func Send(ctx context.Context, db *gorm.DB, b *pgx.Batch) error {
 			return errors.Join(err, driver.ErrBadConn) // database/sql discards the connection
 		}
 		return err
-	})
+	}))
 }
 
 // poolConn reserves a connection of db's pool, within the pool's acquire bound.
@@ -150,7 +150,8 @@ func poolConn(ctx context.Context, db *gorm.DB) (*sql.Conn, error) {
 	if bound, ok := pool.(*acquireBound); ok {
 		return bound.conn(ctx)
 	}
-	return pool.(*sql.DB).Conn(ctx)
+	conn, err := pool.(*sql.DB).Conn(ctx)
+	return conn, unavailable(err)
 }
 
 // Check reports, without connecting, whether db is a pool that Tx and Send can use: a *gorm.DB opened by Open
@@ -209,10 +210,7 @@ func (p *txConn) QueryContext(ctx context.Context, query string, args ...any) (*
 
 func (p *txConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if err := p.t.begin(ctx); err != nil {
-		// A *sql.Row carries an error only from a query: this one fails at Scan on a context already over.
-		over, cancel := context.WithCancel(ctx)
-		cancel()
-		return p.t.conn.QueryRowContext(over, query, args...)
+		return failedRow(ctx, err)
 	}
 	return p.t.conn.QueryRowContext(ctx, query, args...)
 }

@@ -126,18 +126,18 @@ func TestKeyOptional(t *testing.T) {
 	}
 	opt, str := serve(optional), serve(strict)
 	for i := range 2 {
-		if a := send(opt, ""); a.status != http.StatusCreated || a.header.Get(idem.HeaderKeyAbsent) != "true" {
-			t.Fatalf("unkeyed send %d: %d %v %s; want 201 with %s", i, a.status, a.header, a.body, idem.HeaderKeyAbsent)
+		if a := send(opt, ""); a.status != http.StatusCreated || a.header.Get("Idempotency-Key-Absent") != "true" {
+			t.Fatalf("unkeyed send %d: %d %v %s; want 201 with %s", i, a.status, a.header, a.body, "Idempotency-Key-Absent")
 		}
 	}
 	first, again := send(opt, "k1"), send(opt, "k1")
-	if first.header.Get(idem.HeaderKeyAbsent) != "" || again.header.Get(idem.HeaderReplayed) != "true" || again.body != first.body {
-		t.Fatalf("keyed sends: %v %s, then %v %s; want a replay and no %s", first.header, first.body, again.header, again.body, idem.HeaderKeyAbsent)
+	if first.header.Get("Idempotency-Key-Absent") != "" || again.header.Get("Idempotent-Replayed") != "true" || again.body != first.body {
+		t.Fatalf("keyed sends: %v %s, then %v %s; want a replay and no %s", first.header, first.body, again.header, again.body, "Idempotency-Key-Absent")
 	}
 	if n := marks(); n != 3 {
 		t.Fatalf("%d rows; want 3 (two unkeyed sends, one keyed)", n)
 	}
-	if seen.n[idem.OutcomeUnkeyed] != 2 || seen.n[idem.OutcomeCreated] != 1 || seen.n[idem.OutcomeReplayed] != 1 {
+	if seen.n[idem.Outcome("unkeyed")] != 2 || seen.n[idem.Outcome("created")] != 1 || seen.n[idem.Outcome("replayed")] != 1 {
 		t.Fatalf("outcomes %v; want 2 unkeyed, 1 created, 1 replayed", seen.n)
 	}
 	if a := send(str, ""); a.status != http.StatusBadRequest || !strings.Contains(a.body, "idempotency_key_missing") || marks() != 3 {

@@ -9,6 +9,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Background configures RunBackground. A zero interval is the default; a negative one leaves that work out (a
@@ -72,7 +73,8 @@ func (h *Handler) checkBackground() {
 // operations. A key whose response is gone still never runs again: a retry is answered 409
 // idempotency_response_expired, naming the operation and its resource.
 func (h *Handler) Prune(ctx context.Context) (responses, keys int64, err error) {
-	return opstatus.PruneKeys(ctx, h.DB, h.retention(), h.keyLifetime())
+	now := time.Now()
+	return opstore.Prune(ctx, h.DB, now.Add(-h.retention()), now.Add(-h.keyLifetime()))
 }
 
 // runPruner prunes every interval until ctx ends (RunBackground).

@@ -16,6 +16,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // TestLocalCopyWaitsForTheKeyAndReplays: two copies of one local write race. The first holds its claim (its key's
@@ -54,18 +55,18 @@ func TestLocalCopyWaitsForTheKeyAndReplays(t *testing.T) {
 	env.Serve(t, servicetest.Routes(func(api gin.IRouter) { api.POST("/notes", notes) }))
 
 	a, b := race(t, env.DB.DB, env.URL+"/notes", `{"n":1}`, &firstPID, hold)
-	if a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "" {
+	if a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("first copy: %d %v %s; want a fresh 201", a.status, a.header, a.body)
 	}
-	if b.status != http.StatusCreated || b.header.Get(idem.HeaderReplayed) != "true" || b.body != a.body ||
-		b.header.Get(idem.HeaderOperationID) != a.header.Get(idem.HeaderOperationID) {
+	if b.status != http.StatusCreated || b.header.Get("Idempotent-Replayed") != "true" || b.body != a.body ||
+		b.header.Get("Operation-Id") != a.header.Get("Operation-Id") {
 		t.Fatalf("second copy: %d %v %s; want the first's answer replayed: %s", b.status, b.header, b.body, a.body)
 	}
 	var notesStored, keys, ops, replays int64
 	env.DB.Raw(`SELECT count(*) FROM notes`).Scan(&notesStored)
 	env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race' AND key_state IS NOT NULL`).Scan(&keys)
 	env.DB.Raw(`SELECT count(*) FROM operations WHERE idempotency_key = 'race'`).Scan(&ops)
-	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ?`, opstatus.EventReplayed).Scan(&replays)
+	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ?`, opstore.EventReplayed).Scan(&replays)
 	if n := notesWritten.Load(); n != 1 || notesStored != 1 || keys != 1 || ops != 1 || replays != 1 {
 		t.Fatalf("notes written %d, stored %d; keys %d, operations %d, replay records %d; want 1 of each", n, notesStored, keys, ops, replays)
 	}
@@ -143,14 +144,14 @@ RETURNING pg_backend_pid()`).Scan(&pid).Error; err != nil {
 		return nil
 	}
 	a, b := race(t, e.env.DB.DB, e.url+"/charges", `{"amount":5}`, &firstPID, hold)
-	if a.status != http.StatusOK || a.header.Get(idem.HeaderReplayed) != "" {
+	if a.status != http.StatusOK || a.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("first copy: %d %s; want a fresh 200", a.status, a.body)
 	}
 	// The second copy read the key while the first's effect was out (409 request_in_progress) or after it was
 	// recorded (the stored answer, replayed): both name the first's operation.
-	opID := a.header.Get(idem.HeaderOperationID)
+	opID := a.header.Get("Operation-Id")
 	switch {
-	case b.status == http.StatusOK && b.header.Get(idem.HeaderReplayed) == "true" && b.body == a.body:
+	case b.status == http.StatusOK && b.header.Get("Idempotent-Replayed") == "true" && b.body == a.body:
 	case b.status == http.StatusConflict && strings.Contains(b.body, `"request_in_progress"`) && strings.Contains(b.body, opID):
 	default:
 		t.Fatalf("second copy: %d %v %s; want the first's answer replayed, or request_in_progress naming %s", b.status, b.header, b.body, opID)

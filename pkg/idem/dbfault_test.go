@@ -168,7 +168,7 @@ func TestCallerHangsUpDuringClaim(t *testing.T) {
 	hungUp := make(chan struct{})
 	clientCtx, hangUp := context.WithCancel(context.Background())
 	defer hangUp()
-	unset := failpoint.Set(idem.FailpointExternalClaimed, func(detail any) {
+	unset := failpoint.Set("idem.external.claimed", func(detail any) {
 		if op, ok := detail.(opstatus.Operation); !ok || op.IdempotencyKey != "hangup" {
 			return
 		}
@@ -256,7 +256,7 @@ func TestUnsentWhenLeaseSpentAtCommit(t *testing.T) {
 	const lease = 4 * time.Second
 	e := setupExternal(t, lease, proxied)
 	var slowed atomic.Bool
-	unset := failpoint.Set(idem.FailpointExternalClaimed, func(detail any) {
+	unset := failpoint.Set("idem.external.claimed", func(detail any) {
 		if op, ok := detail.(opstatus.Operation); ok && op.IdempotencyKey == "slow-commit" && slowed.CompareAndSwap(false, true) {
 			// The first claim's commit is slow: less than the dispatch margin (a quarter of the lease) is left
 			// after it, yet enough for the COMMIT itself on a loaded machine.
@@ -346,7 +346,7 @@ func TestLocalCommitLostIsOutcomeUnknown(t *testing.T) {
 	}
 	env.Serve(t, servicetest.Routes(func(api gin.IRouter) { api.POST("/notes", notes) }))
 	var stalled atomic.Bool
-	unset := failpoint.Set(idem.FailpointBeforeCommit, func(detail any) {
+	unset := failpoint.Set("idem.before_commit", func(detail any) {
 		if op, ok := detail.(opstatus.Operation); ok && op.IdempotencyKey == "commit-lost" && stalled.CompareAndSwap(false, true) {
 			env.Proxy.Stall(true) // the COMMIT reaches the database only after the thaw; its answer never comes back
 		}

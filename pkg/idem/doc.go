@@ -17,7 +17,7 @@
 //	              external: Prepare(tx), COMMIT ─► Call ─► Record(tx): outcome + response on the operation ─► answer
 //	                                                  └─ lost ─► unknown, 202 (a Reconciler settles it)
 //
-// A key is a column of the operation it started (package opstatus writes it). Local mode (Handler.Run) is for
+// A key is a column of the operation it started (package opstore writes it). Local mode (Handler.Run) is for
 // effects in the same database: the claim, the write, the operation and its stored response commit together, so
 // a crash leaves nothing and the key free, and a local create writes its operation once, one record and its own
 // rows; a concurrent copy waits on the key's lock and then replays. A row the write inserts with a foreign key to
@@ -27,6 +27,6 @@
 //
 // The core speaks context.Context, http.Header and Answer; Handler.Handle adapts it to net/http and package
 // idemgin to gin. The write gets a *gorm.DB inside the claim's transaction (database.Tx), whatever the gorm
-// configuration of Handler.DB. The library's own statements are in sql/; the tables it needs come from
-// migrations/.
+// configuration of Handler.DB. The library's statements are package opstore's; the tables it needs come
+// from migrations/.
 package idem

@@ -13,6 +13,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -27,12 +28,12 @@ type verdict struct {
 }
 
 var (
-	verdictReplay     = verdict{OutcomeReplayed, opstatus.EventReplayed, attemptReplayed, 0}
-	verdictConflict   = verdict{OutcomeConflict, opstatus.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity}
-	verdictInProgress = verdict{OutcomeInProgress, opstatus.EventRetried, attemptInProgress, http.StatusConflict}
-	verdictUnknown    = verdict{OutcomeUnknown, opstatus.EventRetried, attemptUnknown, http.StatusAccepted}
-	verdictBadLineage = verdict{OutcomeRefused, opstatus.EventAttemptRefused, attemptRefused, http.StatusBadRequest}
-	verdictExpired    = verdict{OutcomeExpired, opstatus.EventRetried, attemptResponseExpired, http.StatusConflict}
+	verdictReplay     = verdict{outcomeReplayed, opstore.EventReplayed, attemptReplayed, 0}
+	verdictConflict   = verdict{outcomeConflict, opstore.EventConflictRejected, attemptConflictRejected, http.StatusUnprocessableEntity}
+	verdictInProgress = verdict{outcomeInProgress, opstore.EventRetried, attemptInProgress, http.StatusConflict}
+	verdictUnknown    = verdict{outcomeUnknown, opstore.EventRetried, attemptUnknown, http.StatusAccepted}
+	verdictBadLineage = verdict{outcomeRefused, opstore.EventAttemptRefused, attemptRefused, http.StatusBadRequest}
+	verdictExpired    = verdict{outcomeExpired, opstore.EventRetried, attemptResponseExpired, http.StatusConflict}
 )
 
 // existing answers a request whose key was already claimed: a refusal of its lineage headers, or decide's
@@ -63,11 +64,11 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 		v, s = h.decide(ctx, a, latest, nil)
 	}
 	opID, state, status := s.operationID, s.opState, v.status
-	var extra map[string]any
+	var rec opstore.Attempt // what this verdict's record adds to the attempt's
 	var ans Answer
 	switch v {
 	case verdictConflict:
-		extra = map[string]any{"prior_fingerprint": s.fingerprint}
+		rec.PriorFingerprint = s.fingerprint
 		ans.Err = problem.New("idempotency_key_reused",
 			"this Idempotency-Key was first used for a different request; use a new key for a new action").
 			With("operation_id", opID).With("state", state)
@@ -75,12 +76,12 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 		status = s.response.Status
 		ans = answer(opID, s.response, true)
 	case verdictExpired:
-		ans = Answer{Header: http.Header{HeaderOperationID: {opID}}, Err: problem.New("idempotency_response_expired",
+		ans = Answer{Header: http.Header{headerOperationID: {opID}}, Err: problem.New("idempotency_response_expired",
 			"this Idempotency-Key already ran and its response is not stored (expired, or the operation was settled by a person); it is not run again: read the result at the operation or its resource").
 			With("operation_id", opID).With("state", state).With("resource", s.resource).
 			With("operation_url", "/v1/operations/"+opID)}
 	case verdictInProgress:
-		extra = map[string]any{"state": state}
+		rec.State = string(state)
 		ans.Err = &problem.Error{
 			Code:       "request_in_progress",
 			Detail:     "the first request with this Idempotency-Key is still running; retry after Retry-After seconds or send Prefer: wait=N",
@@ -89,14 +90,14 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 		}
 	}
 	h.init()
-	err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, extra))
+	err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, rec))
 	switch {
-	case opstatus.AttemptUsed(err) && opID == a.op.ID:
+	case opstore.AttemptUsed(err) && opID == a.op.ID:
 		// The attempt that claimed the operation, answering with what another worker stored, has its record
 		// already (the recovery worker's, when its lease ran out): this answer is told without an outcome, so the
 		// attempt is not numbered twice.
-		err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.lineage.identity(map[string]any{"status": status}))
-	case opstatus.AttemptUsed(err):
+		err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.lineage.told(status))
+	case opstore.AttemptUsed(err):
 		// A copy of this attempt (same Attempt-Id) was recorded first, after this one's check.
 		return h.refuseLineage(ctx, a, opID, attemptIDUsed())
 	}
@@ -111,17 +112,16 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 // attempt record, but for an attempt whose Attempt-Id the operation already has: that id stays the other
 // attempt's (operation_events_attempt), and the refused one's is kept as repeated_attempt_id.
 func (h *Handler) refuseLineage(ctx context.Context, a *attempt, opID string, r *lineageRefusal) Answer {
-	detail := a.record(attemptRefused, verdictBadLineage.status, map[string]any{"refusal": r.reason})
+	detail := a.record(attemptRefused, verdictBadLineage.status, opstore.Attempt{Refusal: r.reason})
 	repeated := func() {
-		detail["repeated_attempt_id"] = detail["attempt_id"]
-		delete(detail, "attempt_id")
+		detail.RepeatedAttemptID, detail.AttemptID = detail.AttemptID, ""
 	}
 	if r.reason == refusalAttemptIDUsed {
 		repeated()
 	}
 	h.init()
 	err := h.attempts.Append(ctx, a.op.AccountID, opID, verdictBadLineage.event, a.caller.Actor, detail)
-	if opstatus.AttemptUsed(err) {
+	if opstore.AttemptUsed(err) {
 		// Refused for another header, with an Attempt-Id the operation has too.
 		repeated()
 		err = h.attempts.Append(ctx, a.op.AccountID, opID, verdictBadLineage.event, a.caller.Actor, detail)
@@ -178,7 +178,7 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 		return s
 	}
 	if err := rec.Reconcile(ctx, op); err != nil {
-		opstatus.ObserveReconciled(h.OperationObserver(), op.Kind, opstatus.ReconcileError)
+		observeReconciled(h.OperationObserver(), op.Kind, opstatus.ReconcileError)
 		h.log().InfoContext(ctx, "retry could not settle the operation yet", "operation_id", op.ID, "error", err.Error())
 		return s
 	}
@@ -190,28 +190,28 @@ func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored
 	if latest.opState == opstatus.StateUnknown {
 		result = opstatus.ReconcileStillUnknown
 	}
-	opstatus.ObserveReconciled(h.OperationObserver(), op.Kind, result)
+	observeReconciled(h.OperationObserver(), op.Kind, result)
 	return latest
 }
 
 // unknown is the 202 for operation opID, whose outcome was not known when a's key was read: the caller must not
 // start a new action, but ask GET /v1/operations/{id} (or retry with the same key) until it settles. The attempt
 // is recorded and the operation read in one transaction that holds the operation against a settlement
-// (sql/share_operation.sql), so the operation in the answer is unknown and shows this attempt. settled reports
+// (opstore.QueueShareState), so the operation in the answer is unknown and shows this attempt. settled reports
 // an operation no longer unknown: nothing was recorded or answered.
 func (h *Handler) unknown(ctx context.Context, a *attempt, opID string) (ans Answer, settled bool) {
-	op, settled, err := h.recordUnknown(ctx, a, opID, a.record(verdictUnknown.record, verdictUnknown.status, nil))
+	op, settled, err := h.recordUnknown(ctx, a, opID, a.record(verdictUnknown.record, verdictUnknown.status, opstore.Attempt{}))
 	switch {
-	case opstatus.AttemptUsed(err) && opID == a.op.ID:
+	case opstore.AttemptUsed(err) && opID == a.op.ID:
 		// The attempt that claimed it has its record already (the recovery worker's): told without an outcome.
-		op, settled, err = h.recordUnknown(ctx, a, opID, a.lineage.identity(map[string]any{"status": verdictUnknown.status}))
-	case opstatus.AttemptUsed(err):
+		op, settled, err = h.recordUnknown(ctx, a, opID, a.lineage.told(verdictUnknown.status))
+	case opstore.AttemptUsed(err):
 		return h.refuseLineage(ctx, a, opID, attemptIDUsed()), false
 	}
 	switch {
 	case err != nil:
 		// Still unknown, only not recorded now: the same answer without the operation's details.
-		h.observe(a.op.Kind, OutcomeUnknown)
+		h.observe(a.op.Kind, outcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(opID, err)}, false
 	case settled:
 		return Answer{}, true
@@ -230,26 +230,26 @@ func unknownAnswer(op opstatus.Operation) Answer {
 	if err != nil {
 		return Answer{Err: err}
 	}
-	header := http.Header{HeaderOperationID: {op.ID}, "Location": {"/v1/operations/" + op.ID}, "Retry-After": {"5"},
+	header := http.Header{headerOperationID: {op.ID}, "Location": {"/v1/operations/" + op.ID}, "Retry-After": {"5"},
 		"Content-Type": {"application/json"}}
 	return Answer{Status: http.StatusAccepted, Header: header, Body: body}
 }
 
 // recordUnknown appends detail, a's record, to operation opID and reads the operation, in one transaction that
 // holds its row; unless the operation is no longer unknown (settled).
-func (h *Handler) recordUnknown(ctx context.Context, a *attempt, opID string, detail map[string]any) (op opstatus.Operation, settled bool, err error) {
+func (h *Handler) recordUnknown(ctx context.Context, a *attempt, opID string, detail opstore.Attempt) (op opstatus.Operation, settled bool, err error) {
 	tx, err := database.Begin(ctx, h.DB)
 	if err != nil {
 		return op, false, err
 	}
 	defer tx.Close()
-	var state opstatus.State
+	var state string
 	b := &pgx.Batch{}
-	b.Queue(shareOperationSQL, a.op.AccountID, opID).QueryRow(func(row pgx.Row) error { return row.Scan(&state) })
+	opstore.QueueShareState(b, a.op.AccountID, opID, &state)
 	if err := tx.Send(ctx, b); err != nil {
 		return op, false, fmt.Errorf("idem: unknown: %w", err)
 	}
-	if state != opstatus.StateUnknown {
+	if opstatus.State(state) != opstatus.StateUnknown {
 		return op, true, nil
 	}
 	if err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, opID, verdictUnknown.event, a.caller.Actor, detail); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -74,7 +75,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 		lease, err = h.claimExternal(ctx, a, req, steps.Prepare)
 		return err
 	})
-	if opstatus.KeyTaken(err) {
+	if opstore.KeyTaken(err) {
 		return h.taken(ctx, a, call.Header)
 	}
 	if err != nil {
@@ -86,23 +87,23 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	ctx, cancel := context.WithDeadline(ctx, lease.Add(h.lease()))
 	defer cancel()
 	if left := time.Until(lease); left < h.dispatchMargin() {
-		h.observe(req.Kind, OutcomeStoreUnavailable)
+		h.observe(req.Kind, outcomeStoreUnavailable)
 		return h.releaseUnsent(ctx, a, left, undo)
 	}
-	failpoint.Hit(FailpointBeforeExternalCall, a.op)
+	failpoint.Hit(failpointBeforeExternalCall, a.op)
 	var outcome T
 	var callErr error
 	_ = traced(ctx, "idem.dispatch", a, func(ctx context.Context) error {
 		outcome, callErr = steps.Call(ctx, a.op)
 		return callErr
 	})
-	failpoint.Hit(FailpointAfterExternalCall)
+	failpoint.Hit(failpointAfterExternalCall)
 	if errors.Is(callErr, ErrOutcomeUnknown) {
 		return h.markUnknown(ctx, a, callErr)
 	}
 	var resp response
 	err = traced(ctx, "idem.complete", a, func(ctx context.Context) (err error) {
-		resp, err = h.settle(ctx, a, opstatus.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
+		resp, err = h.settle(ctx, a, opstore.EventCompleted, func(ctx context.Context, tx *gorm.DB) (Result, error) {
 			return steps.Record(ctx, tx, a.op, outcome, callErr)
 		})
 		return err
@@ -141,10 +142,10 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 				return err
 			}
 		}
-		failpoint.Hit(FailpointExternalClaimed, a.op)
+		failpoint.Hit(failpointExternalClaimed, a.op)
 		return tx.Commit(ctx, nil)
 	}()
-	if err != nil && ctx.Err() != nil && !opstatus.KeyTaken(err) && !problem.IsStoreUnavailable(err) {
+	if err != nil && ctx.Err() != nil && !opstore.KeyTaken(err) && !problem.IsStoreUnavailable(err) {
 		err = fmt.Errorf("%w: the claim took its whole lease: %w", problem.ErrStoreUnavailable, err)
 	}
 	return lease, err
@@ -157,7 +158,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 		// The recovery worker got there first; answer with what it stored.
 		s, found, lerr := h.readKey(ctx, a.op.AccountID, a.key)
 		if lerr != nil || !found {
-			h.observe(a.op.Kind, OutcomeUnknown)
+			h.observe(a.op.Kind, outcomeUnknown)
 			return Answer{Err: problem.OutcomeUnknown(a.op.ID, lerr)}
 		}
 		return h.existing(ctx, a, s, nil)
@@ -166,7 +167,7 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 		// the recovery worker will settle it. The caller must hear that it may have happened and retry with the
 		// same key only: "nothing was done" would invite a second effect under a new key.
 		h.log().ErrorContext(ctx, "external outcome not recorded", "operation_id", a.op.ID, "kind", a.op.Kind, "error", err.Error())
-		h.observe(a.op.Kind, OutcomeUnknown)
+		h.observe(a.op.Kind, outcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 	}
 	h.observe(a.op.Kind, created)
@@ -181,14 +182,16 @@ func (h *Handler) recorded(ctx context.Context, a *attempt, resp response, err e
 var ErrNotSent = errors.New("idem: the effect was not sent")
 
 // EventNotSent is the operation event of a claim released before its effect was sent.
-const EventNotSent = "not_sent"
+const eventNotSent = "not_sent"
 
 // releaseUnsent gives up an effect before sending it, when the claim's commit took so long that the effect
 // could outlive the lease (and the recovery worker would then judge a call still in flight). Nothing has left
 // the process, so the claim is released (release). If the release cannot be written the claim stays and the
 // recovery worker settles it when its lease ends; nothing was sent either way.
 func (h *Handler) releaseUnsent(ctx context.Context, a *attempt, left time.Duration, undo undoFunc) Answer {
-	detail := a.lineage.identity(map[string]any{"reason": "lease_too_short", "lease_left_ms": left.Milliseconds()})
+	leftMS := left.Milliseconds()
+	detail := a.lineage.identity()
+	detail.Reason, detail.LeaseLeftMS = "lease_too_short", &leftMS
 	if err := h.release(ctx, a.op, a.caller.Actor, detail, nil, undo); err != nil {
 		h.log().WarnContext(ctx, "unsent operation not released; the recovery worker settles it", "operation_id", a.op.ID, "error", err.Error())
 	} else {
@@ -205,7 +208,7 @@ type undoFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) erro
 // release gives up op's claim before its effect was sent, in one transaction: check (when set) first, under the
 // operation's row lock, then the operation cancelled with a not_sent event (detail) and its key given up,
 // Prepare's reservation undone, so a retry with the same key claims again. ErrAlreadySettled: op is not running.
-func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor string, detail map[string]any,
+func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor string, detail opstore.Attempt,
 	check func(*database.Tx) error, undo undoFunc) error {
 	tx, err := database.Begin(ctx, h.DB)
 	if err != nil {
@@ -218,7 +221,7 @@ func (h *Handler) release(ctx context.Context, op opstatus.Operation, actor stri
 		}
 	}
 	b := &pgx.Batch{}
-	if err := opstatus.QueueRelease(b, op, EventNotSent, actor, detail); err != nil {
+	if err := opstore.QueueRelease(b, op.AccountID, op.ID, opstore.NewEvent{Type: eventNotSent, Actor: actor, Detail: detail}); err != nil {
 		return err
 	}
 	if err := tx.Send(ctx, b); err != nil {
@@ -247,11 +250,9 @@ func (h *Handler) settle(ctx context.Context, a *attempt, event string, write fu
 	// it unknown), and learn whether the claiming attempt already has its attempt record: the recovery worker
 	// writes one, under the same row lock, when the lease runs out before the outcome is recorded.
 	lock := &pgx.Batch{}
-	lock.Queue(lockOperationSQL, a.op.AccountID, a.op.ID)
+	opstore.QueueLock(lock, a.op.AccountID, a.op.ID)
 	if a.lineage.attempt != "" {
-		lock.Queue(attemptRecordedSQL, a.op.AccountID, a.op.ID, a.lineage.attempt).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&a.attemptRecorded)
-		})
+		opstore.QueueAttemptRecorded(lock, a.op.AccountID, a.op.ID, a.lineage.attempt, &a.attemptRecorded)
 	}
 	if err := tx.Send(ctx, lock); err != nil {
 		return response{}, fmt.Errorf("idem: lock %s: %w", a.op.ID, err)
@@ -273,7 +274,7 @@ func (h *Handler) settle(ctx context.Context, a *attempt, event string, write fu
 func (h *Handler) Settle(ctx context.Context, op opstatus.Operation, actor string, write func(ctx context.Context, tx *gorm.DB) (Result, error)) error {
 	a := &attempt{key: op.IdempotencyKey, fingerprint: op.Fingerprint, op: op, caller: Caller{AccountID: op.AccountID, Actor: actor},
 		external: true}
-	_, err := h.settle(ctx, a, opstatus.EventReconciled, write)
+	_, err := h.settle(ctx, a, opstore.EventReconciled, write)
 	return err
 }
 
@@ -288,17 +289,17 @@ func (h *Handler) markUnknown(ctx context.Context, a *attempt, cause error) Answ
 	case err != nil:
 		// The lease still runs out and the recovery worker marks it unknown then.
 		h.log().WarnContext(ctx, "operation not marked unknown", "operation_id", a.op.ID, "error", err.Error())
-		h.observe(a.op.Kind, OutcomeUnknown)
+		h.observe(a.op.Kind, outcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 	case !moved:
 		s, found, err := h.readKey(ctx, a.op.AccountID, a.key)
 		if err != nil || !found {
-			h.observe(a.op.Kind, OutcomeUnknown)
+			h.observe(a.op.Kind, outcomeUnknown)
 			return Answer{Err: problem.OutcomeUnknown(a.op.ID, err)}
 		}
 		return h.existing(ctx, a, s, nil)
 	}
-	h.observe(a.op.Kind, OutcomeUnknown)
+	h.observe(a.op.Kind, outcomeUnknown)
 	return unknownAnswer(op)
 }
 
@@ -311,8 +312,8 @@ func (h *Handler) moveUnknown(ctx context.Context, a *attempt) (op opstatus.Oper
 	defer tx.Close()
 	moved, err = opstatus.Transition(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
 		opstatus.From(opstatus.StateRunning),
-		opstatus.WithEvent(opstatus.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
-			map[string]any{"reason": opstatus.ReasonNoDefiniteAnswer})))
+		opstatus.WithEvent(opstore.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
+			opstore.Attempt{Reason: opstore.ReasonNoDefiniteAnswer})))
 	if err != nil || !moved {
 		return op, false, err
 	}
@@ -323,7 +324,7 @@ func (h *Handler) moveUnknown(ctx context.Context, a *attempt) (op opstatus.Oper
 }
 
 // ReasonOwnerGone is the reason of the not_sent event of a claim released because its owner is gone.
-const ReasonOwnerGone = "owner_gone"
+const reasonOwnerGone = "owner_gone"
 
 var errOwnerAlive = errors.New("idem: the claim's owner holds its lock, or its call started")
 
@@ -341,7 +342,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 		return false
 	}
 	// Most retries of a running operation find its owner alive: one read, no lock.
-	owner, gone, err := opstatus.OwnerGone(ctx, h.DB, a.op.AccountID, s.operationID)
+	owner, gone, err := opstore.OwnerGone(ctx, h.DB, a.op.AccountID, s.operationID)
 	if err != nil || !gone {
 		return false
 	}
@@ -352,17 +353,18 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 		IdempotencyKey: a.key, Fingerprint: s.fingerprint}
 	check := func(tx *database.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(lockOperationSQL, op.AccountID, op.ID)
+		opstore.QueueLock(b, op.AccountID, op.ID)
 		if err := tx.Send(ctx, b); err != nil {
 			return err
 		}
 		// Read after the lock is held, so a dispatch_started committed before it is seen.
-		if _, gone, err := opstatus.OwnerGone(ctx, tx.Gorm(), op.AccountID, op.ID); err != nil || !gone {
+		if _, gone, err := opstore.OwnerGone(ctx, tx.Gorm(), op.AccountID, op.ID); err != nil || !gone {
 			return errors.Join(err, errOwnerAlive)
 		}
 		return nil
 	}
-	detail := a.lineage.identity(map[string]any{"reason": ReasonOwnerGone, opstatus.ClaimOwner: owner})
+	detail := a.lineage.identity()
+	detail.Reason, detail.Owner = reasonOwnerGone, owner
 	if err := h.release(ctx, op, a.caller.Actor, detail, check, undo); err != nil {
 		h.log().InfoContext(ctx, "orphaned claim not released", "operation_id", op.ID, "error", err.Error())
 		return false

@@ -107,7 +107,7 @@ func TestGormDefaultConfigFailedWriteKeepsNothing(t *testing.T) {
 	failing.Lock()
 	fail = false
 	failing.Unlock()
-	if a := post(env.URL+"/orders", "order-2", `{}`); a.err != nil || a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "" {
+	if a := post(env.URL+"/orders", "order-2", `{}`); a.err != nil || a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("retry answered %d %v %s (%v); want a fresh 201", a.status, a.header, a.body, a.err)
 	}
 	if n := count(t, env, `SELECT count(*) FROM orders`); n != 1 {

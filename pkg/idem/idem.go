@@ -23,25 +23,26 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Failpoints of idem (package failpoint), for crash tests. Those marked "op" are hit with the operation.
 const (
-	FailpointAfterClaim         = "idem.after_claim"          // after a local claim, before the write
-	FailpointBeforeCommit       = "idem.before_commit"        // op; before a local write's commit
-	FailpointExternalClaimed    = "idem.external.claimed"     // op; before an external claim's commit, after Prepare
-	FailpointBeforeExternalCall = "idem.external.before_call" // op; just before an external call
-	FailpointAfterExternalCall  = "idem.external.after_call"  // just after an external call
+	failpointAfterClaim         = "idem.after_claim"          // after a local claim, before the write
+	failpointBeforeCommit       = "idem.before_commit"        // op; before a local write's commit
+	failpointExternalClaimed    = "idem.external.claimed"     // op; before an external claim's commit, after Prepare
+	failpointBeforeExternalCall = "idem.external.before_call" // op; just before an external call
+	failpointAfterExternalCall  = "idem.external.after_call"  // just after an external call
 )
 
 // Response headers of the contract. HeaderKeyAbsent says that a write ran without an Idempotency-Key
 // (Handler.KeyOptional): a retry of it may run it again.
 const (
-	HeaderReplayed    = "Idempotent-Replayed"
-	HeaderOperationID = "Operation-Id"
-	HeaderKeyAbsent   = "Idempotency-Key-Absent"
+	headerReplayed    = "Idempotent-Replayed"
+	headerOperationID = "Operation-Id"
+	headerKeyAbsent   = "Idempotency-Key-Absent"
 )
 
 // Request describes one idempotent write.
@@ -125,7 +126,7 @@ type Handler struct {
 	// records, so concurrent retries' records share commits; the key reads, so concurrent requests' reads share
 	// a round trip; and the MaxWaiters places to wait.
 	once     sync.Once
-	attempts *opstatus.GroupAppender
+	attempts *opstore.GroupAppender
 	lookups  *batch.Batcher[keyRef, lookup]
 	waiters  chan struct{}
 	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
@@ -151,7 +152,7 @@ func New(db *gorm.DB) (*Handler, error) {
 
 func (h *Handler) init() {
 	h.once.Do(func() {
-		h.attempts = &opstatus.GroupAppender{DB: h.DB}
+		h.attempts = &opstore.GroupAppender{DB: h.DB}
 		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
 			return lookupKeys(ctx, h.DB, refs)
 		}}
@@ -177,9 +178,9 @@ func (h *Handler) readKey(ctx context.Context, account, key string) (stored, boo
 func (h *Handler) log() *slog.Logger             { return cmp.Or(h.Logger, slog.Default()) }
 func (h *Handler) lease() time.Duration          { return positiveOr(h.Lease, 30*time.Second) }
 func (h *Handler) dispatchMargin() time.Duration { return positiveOr(h.DispatchMargin, h.lease()/4) }
-func (h *Handler) retention() time.Duration      { return positiveOr(h.Retention, DefaultRetention) }
+func (h *Handler) retention() time.Duration      { return positiveOr(h.Retention, defaultRetention) }
 func (h *Handler) keyLifetime() time.Duration {
-	return max(positiveOr(h.KeyLifetime, DefaultKeyLifetime), h.retention())
+	return max(positiveOr(h.KeyLifetime, defaultKeyLifetime), h.retention())
 }
 
 // positiveOr is v, or def for a setting left zero (or negative).
@@ -228,7 +229,7 @@ type attempt struct {
 	// external: the claim commits before the effect (RunExternal), with a claimed event of its own; a local
 	// write's one event records its claim and its outcome together.
 	external bool
-	// attemptRecorded: the claiming attempt already has its attempt record (opstatus.ExpireLeases wrote it
+	// attemptRecorded: the claiming attempt already has its attempt record (the recovery worker wrote it
 	// when the lease ran out), so the completion does not number it again.
 	attemptRecorded bool
 	// owner: the Handler's Owner id when an external claim is made, marked on its claimed event (0: none).
@@ -242,15 +243,15 @@ type attempt struct {
 func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim func(*attempt, stored) bool) (*attempt, *Answer) {
 	h.checkBackground()
 	refuse := func(err error) (*attempt, *Answer) {
-		h.observe(req.Kind, OutcomeRefused)
+		h.observe(req.Kind, outcomeRefused)
 		return nil, &Answer{Err: err}
 	}
 	if call.Caller.AccountID == "" {
 		h.log().Error("idem: a write reached the handler with no caller: authenticate before it (Call.Caller, idemgin with auth, or WithCaller)", "kind", req.Kind)
 		return refuse(problem.New("internal", "the server could not tell who sent this request"))
 	}
-	values := call.Header.Values(HeaderKey)
-	key, err := ParseKey(call.Header.Get(HeaderKey), len(values) > 0)
+	values := call.Header.Values(headerKey)
+	key, err := ParseKey(call.Header.Get(headerKey), len(values) > 0)
 	if h.unkeyed(call) {
 		key, err = ids.New("unkeyed_"), nil
 	}
@@ -304,7 +305,7 @@ func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFu
 		return h.taken(ctx, a, call.Header)
 	case errors.As(err, &lost):
 		// The connection went away during COMMIT: the write may have committed. Only the same key can tell.
-		h.observe(req.Kind, OutcomeUnknown)
+		h.observe(req.Kind, outcomeUnknown)
 		return Answer{Err: problem.OutcomeUnknown(a.op.ID, lost.err)}
 	case err != nil:
 		return h.fail(req.Kind, err)
@@ -316,7 +317,7 @@ func (h *Handler) run(ctx context.Context, call Call, req Request, write WriteFu
 
 // unkeyed reports whether call runs without idempotency: it has no key and the handler lets it.
 func (h *Handler) unkeyed(call Call) bool {
-	return h.KeyOptional && len(call.Header.Values(HeaderKey)) == 0
+	return h.KeyOptional && len(call.Header.Values(headerKey)) == 0
 }
 
 // markUnkeyed adds HeaderKeyAbsent to the answer of a call that ran unkeyed.
@@ -325,7 +326,7 @@ func (h *Handler) markUnkeyed(call Call, ans Answer) Answer {
 		if ans.Header == nil {
 			ans.Header = http.Header{}
 		}
-		ans.Header.Set(HeaderKeyAbsent, "true")
+		ans.Header.Set(headerKeyAbsent, "true")
 	}
 	return ans
 }
@@ -333,9 +334,9 @@ func (h *Handler) markUnkeyed(call Call, ans Answer) Answer {
 // created is the outcome of a call that claimed its key and ran.
 func (h *Handler) created(call Call) Outcome {
 	if h.unkeyed(call) {
-		return OutcomeUnkeyed
+		return outcomeUnkeyed
 	}
-	return OutcomeCreated
+	return outcomeCreated
 }
 
 // commitLost is a COMMIT whose answer did not come back: the transaction may have committed.
@@ -355,7 +356,7 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	if err := traced(ctx, "idem.claim", a, func(ctx context.Context) error { return h.claim(ctx, tx, a, req) }); err != nil {
 		return response{}, err
 	}
-	failpoint.Hit(FailpointAfterClaim)
+	failpoint.Hit(failpointAfterClaim)
 	var res Result
 	if err := traced(ctx, "idem.write", a, func(ctx context.Context) (err error) {
 		res, err = write(ctx, tx.Gorm(), a.op)
@@ -363,11 +364,11 @@ func (h *Handler) runLocal(ctx context.Context, a *attempt, req Request, write W
 	}); err != nil {
 		return response{}, err
 	}
-	resp, b, err := h.completion(a, res, opstatus.EventCompleted)
+	resp, b, err := h.completion(a, res, opstore.EventCompleted)
 	if err != nil {
 		return response{}, err
 	}
-	failpoint.Hit(FailpointBeforeCommit, a.op)
+	failpoint.Hit(failpointBeforeCommit, a.op)
 	if err := traced(ctx, "idem.complete", a, func(ctx context.Context) error { return tx.Commit(ctx, b) }); problem.IsStoreUnavailable(err) {
 		return response{}, commitLost{err}
 	} else if err != nil {
@@ -392,23 +393,17 @@ func traced(ctx context.Context, name string, a *attempt, step func(context.Cont
 
 // claim takes a's key in tx, then checks the lineage headers and runs the Guard. An external claim inserts its
 // operation running, with its claimed event, to commit before the effect. A local claim takes the key's lock
-// (sql/lock_key.sql) and reads the key again under it; its operation is inserted once, completed, with the
+// (opstore.QueueKeyFree) and reads the key again under it; its operation is inserted once, completed, with the
 // write's outcome (completion). A key another operation holds fails it (keyTaken).
 func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	b := &pgx.Batch{}
 	if a.external {
-		events := []opstatus.NewEvent{{Type: opstatus.EventClaimed, To: opstatus.StateRunning, Actor: a.caller.Actor, Detail: a.claimDetail()}}
-		if err := opstatus.QueueCreate(b, a.op, events); err != nil {
+		events := []opstore.NewEvent{{Type: opstore.EventClaimed, To: string(opstatus.StateRunning), Actor: a.caller.Actor, Detail: a.claimDetail()}}
+		if err := opstore.QueueCreate(b, newOperation(a.op), events); err != nil {
 			return err
 		}
 	} else {
-		b.Queue(lockKeySQL, a.op.AccountID, a.key)
-		b.Queue(lookupSQL, a.op.AccountID, a.key).Query(func(rows pgx.Rows) error {
-			if rows.Next() {
-				return errKeyTaken
-			}
-			return rows.Err()
-		})
+		opstore.QueueKeyFree(b, a.op.AccountID, a.key, errKeyTaken)
 	}
 	if err := tx.Send(ctx, b); err != nil {
 		return err
@@ -432,7 +427,8 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 	}
 	detail := a.completionDetail(resp.Status, res.Reason)
 	if !a.external {
-		maps.Copy(detail, a.claimDetail())
+		// A local write's one event records its claim too.
+		detail.SupersedesOperationID, detail.Owner = a.lineage.supersedes, a.owner
 	}
 	a.op.State = res.State
 	if a.op.State == "" {
@@ -442,13 +438,16 @@ func (h *Handler) completion(a *attempt, res Result, event string) (response, *p
 		h.warnNoResource(a.op.Kind)
 	}
 	b := &pgx.Batch{}
-	c := opstatus.Completion{State: a.op.State, Resource: res.Resource,
-		Event:  opstatus.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
+	c := opstore.Completion{State: string(a.op.State),
+		Event:  opstore.NewEvent{Type: event, Actor: a.caller.Actor, Detail: detail},
 		Status: resp.Status, Header: resp.Header, Body: resp.Body, Retention: h.retention(), Lifetime: h.keyLifetime()}
+	if r := res.Resource; r != nil {
+		c.ResourceType, c.ResourceID = &r.Type, &r.ID
+	}
 	if a.external {
-		err = opstatus.QueueComplete(b, a.op, c)
+		err = opstore.QueueComplete(b, a.op.AccountID, a.op.ID, c)
 	} else {
-		err = opstatus.QueueCreateCompleted(b, a.op, c)
+		err = opstore.QueueCreateCompleted(b, newOperation(a.op), c)
 	}
 	return resp, b, err
 }
@@ -467,9 +466,9 @@ func (h *Handler) warnNoResource(kind string) {
 var errKeyTaken = errors.New("idem: the key is held by another operation")
 
 // keyTaken reports whether a claim failed on a key another operation holds: a local claim's read under the
-// key's lock, or the insert of an operation holding it (opstatus.KeyTaken).
+// key's lock, or the insert of an operation holding it (opstore.KeyTaken).
 func keyTaken(err error) bool {
-	return errors.Is(err, errKeyTaken) || opstatus.KeyTaken(err)
+	return errors.Is(err, errKeyTaken) || opstore.KeyTaken(err)
 }
 
 // taken answers a request whose claim found the key taken, from the key as committed now (read in one round
@@ -487,7 +486,7 @@ func (h *Handler) taken(ctx context.Context, a *attempt, header http.Header) Ans
 }
 
 // ErrAlreadySettled is returned by Settle when another worker recorded the operation's outcome first.
-var ErrAlreadySettled = opstatus.ErrAlreadySettled
+var ErrAlreadySettled = opstore.ErrAlreadySettled
 
 func render(res Result) (response, error) {
 	body, err := json.Marshal(res.Body)
@@ -515,14 +514,24 @@ func ProblemResult(err error, state opstatus.State) Result {
 func answer(opID string, resp response, replayed bool) Answer {
 	h := http.Header{}
 	maps.Copy(h, resp.Header)
-	h.Set(HeaderOperationID, opID)
+	h.Set(headerOperationID, opID)
 	h.Set("Content-Type", "application/json")
 	if resp.Status >= 400 {
 		h.Set("Content-Type", "application/problem+json")
 		h.Set("Cache-Control", "no-store")
 	}
 	if replayed {
-		h.Set(HeaderReplayed, "true")
+		h.Set(headerReplayed, "true")
 	}
 	return Answer{Status: resp.Status, Header: h, Body: resp.Body}
+}
+
+// newOperation is op as the store inserts it.
+func newOperation(op opstatus.Operation) opstore.New {
+	n := opstore.New{ID: op.ID, AccountID: op.AccountID, Kind: op.Kind, State: string(op.State),
+		IdempotencyKey: op.IdempotencyKey, Fingerprint: op.Fingerprint, LeaseExpiresAt: op.LeaseExpiresAt}
+	if r := op.Resource; r != nil {
+		n.ResourceType, n.ResourceID = &r.Type, &r.ID
+	}
+	return n
 }

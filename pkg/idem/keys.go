@@ -3,9 +3,7 @@ package idem
 import (
 	"context"
 	"crypto/sha256"
-	_ "embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -16,14 +14,15 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // HeaderKey is the request header that names one intended action.
-const HeaderKey = "Idempotency-Key"
+const headerKey = "Idempotency-Key"
 
 // MaxKeyLength is the longest key accepted.
-const MaxKeyLength = 255
+const maxKeyLength = 255
 
 // ParseKey validates an Idempotency-Key header value: present, 1 to 255 characters, printable ASCII only.
 // The key is opaque: it is never trimmed, folded or interpreted.
@@ -32,8 +31,8 @@ func ParseKey(value string, present bool) (string, error) {
 		return "", problem.New("idempotency_key_missing",
 			"this write needs an Idempotency-Key header: one random value (a UUID) per intended action, reused on every retry")
 	}
-	if value == "" || len(value) > MaxKeyLength {
-		return "", problem.New("idempotency_key_invalid", "Idempotency-Key must be 1 to %d characters", MaxKeyLength)
+	if value == "" || len(value) > maxKeyLength {
+		return "", problem.New("idempotency_key_invalid", "Idempotency-Key must be 1 to %d characters", maxKeyLength)
 	}
 	for i := 0; i < len(value); i++ {
 		if value[i] < 0x20 || value[i] > 0x7e {
@@ -70,27 +69,6 @@ func Fingerprint(method, route string, params map[string]string, accountID strin
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// The few reads of keys and operations the flow needs; the statements are in sql/. Keys are written by package
-// opstatus: a key is a column of the operation it started.
-var (
-	//go:embed sql/lookup.sql
-	lookupSQL string
-	//go:embed sql/attempt_known.sql
-	attemptKnownSQL string
-	//go:embed sql/attempt_recorded.sql
-	attemptRecordedSQL string
-	//go:embed sql/lock_key.sql
-	lockKeySQL string
-	//go:embed sql/lock_operation.sql
-	lockOperationSQL string
-	//go:embed sql/superseded.sql
-	supersededSQL string
-	//go:embed sql/claimed_supersedes.sql
-	claimedSupersedesSQL string
-	//go:embed sql/share_operation.sql
-	shareOperationSQL string
-)
-
 // stored is a claimed key as read back.
 type stored struct {
 	fingerprint string
@@ -125,6 +103,7 @@ type lookup struct {
 // lookupKeys reads keys in one round trip, one statement per distinct key (each keeps its generic plan).
 func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, error) {
 	out := make([]lookup, len(refs))
+	keys := make([]opstore.Key, len(refs))
 	read := map[keyRef]*lookup{}
 	b := &pgx.Batch{}
 	for i, ref := range refs {
@@ -133,23 +112,15 @@ func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, erro
 		}
 		l := &out[i]
 		read[ref] = l
-		b.Queue(lookupSQL, ref.account, ref.key).QueryRow(func(row pgx.Row) error {
-			var resType, resID *string
-			s := &l.stored
-			err := row.Scan(&s.fingerprint, &s.operationID, &s.state, &s.response.Status, &s.response.Header,
-				&s.response.Body, &s.opState, &resType, &resID)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			if resType != nil && resID != nil {
-				s.resource = &opstatus.Resource{Type: *resType, ID: *resID}
-			}
-			l.found = err == nil
-			return err
-		})
+		opstore.QueueLookupKey(b, ref.account, ref.key, &keys[i], &l.found)
 	}
 	if err := database.Send(ctx, db, b); err != nil {
 		return nil, fmt.Errorf("idem: lookup: %w", err)
+	}
+	for i, k := range keys {
+		if l := &out[i]; l.found {
+			l.stored = storedKey(k)
+		}
 	}
 	for i, ref := range refs {
 		out[i] = *read[ref] // a copy of a key asked twice shares its read
@@ -157,8 +128,18 @@ func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, erro
 	return out, nil
 }
 
+// storedKey is k as the flow reads it.
+func storedKey(k opstore.Key) stored {
+	s := stored{fingerprint: k.Fingerprint, operationID: k.OperationID, state: k.State,
+		response: response{Status: k.Status, Header: k.Header, Body: k.Body}, opState: opstatus.State(k.OperationState)}
+	if k.ResourceType != nil && k.ResourceID != nil {
+		s.resource = &opstatus.Resource{Type: *k.ResourceType, ID: *k.ResourceID}
+	}
+	return s
+}
+
 // Defaults of Handler.Retention and Handler.KeyLifetime.
 const (
-	DefaultRetention   = 72 * time.Hour
-	DefaultKeyLifetime = 90 * 24 * time.Hour
+	defaultRetention   = 72 * time.Hour
+	defaultKeyLifetime = 90 * 24 * time.Hour
 )

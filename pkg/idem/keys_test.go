@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -54,7 +54,7 @@ func completed(t *testing.T, h *Handler, a *attempt, state opstatus.State) {
 		t.Fatal(err)
 	}
 	defer tx.Close()
-	_, b, err := h.completion(a, Result{Status: 200, Body: map[string]any{}, State: state}, opstatus.EventCompleted)
+	_, b, err := h.completion(a, Result{Status: 200, Body: map[string]any{}, State: state}, opstore.EventCompleted)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestCompletionFailsBeforeCommit(t *testing.T) {
 		if tc.other {
 			a.op.ID = opstatus.NewID()
 		}
-		_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstatus.EventCompleted)
+		_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstore.EventCompleted)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +160,7 @@ func TestLocalOperationIsWrittenOnce(t *testing.T) {
 		if tc.taken {
 			claimed(t, h, newAttempt("acct", key, "fp"))
 		}
-		_, b, err = h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstatus.EventCompleted)
+		_, b, err = h.completion(a, Result{Status: 201, Body: map[string]any{}}, opstore.EventCompleted)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +227,7 @@ func TestCompletionIsHeapOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, b, err := h.completion(a, Result{Status: 201, Body: map[string]any{"id": "x"}, Resource: &opstatus.Resource{Type: "note", ID: "x"}},
-		opstatus.EventCompleted)
+		opstore.EventCompleted)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,34 +300,6 @@ func TestPruneKeepsWhatIsStillOwed(t *testing.T) {
 	}
 }
 
-// TestLookupPlanReadsOneOperation checks the plan PostgreSQL keeps for the key's read (the generic plan, made
-// once per connection, here while the tables are nearly empty, as after a deploy on a new database): it must
-// reach the key's operation through operations_key by account and key, never scan the account's operations and
-// filter them, which would make every retry read all of an account's operations.
-func TestLookupPlanReadsOneOperation(t *testing.T) {
-	t.Parallel()
-	db := testdb.Schema(t)
-	var plan []string
-	err := db.Connection(func(conn *gorm.DB) error {
-		if err := conn.Exec(`SET plan_cache_mode = force_generic_plan`).Error; err != nil {
-			return err
-		}
-		defer conn.Exec(`RESET plan_cache_mode`)
-		if err := conn.Exec(`PREPARE lookup_plan (text, text) AS ` + lookupSQL).Error; err != nil {
-			return err
-		}
-		defer conn.Exec(`DEALLOCATE lookup_plan`)
-		return conn.Raw(`EXPLAIN EXECUTE lookup_plan('acct_a', 'k')`).Scan(&plan).Error
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Join(plan, "\n")
-	if !regexp.MustCompile(`Index Scan using operations_key on operations [^\n]*\n\s*Index Cond: \(\(account_id = \$1\) AND \(idempotency_key = \$2\)\)`).MatchString(text) {
-		t.Fatalf("the key's read has a generic plan that does not read the key's operation by account and key:\n%s", text)
-	}
-}
-
 // TestWaitersAreBounded: with one place to wait (MaxWaiters 1), a retry that asks to wait (Prefer: wait) while
 // the first request still runs takes it and waits for the result; another that asks too is answered 409 at once
 // instead of polling the database beside it.
@@ -343,7 +315,7 @@ func TestWaitersAreBounded(t *testing.T) {
 		},
 	}
 	call := func(wait bool) Call {
-		header := http.Header{HeaderKey: {"k-wait"}}
+		header := http.Header{headerKey: {"k-wait"}}
 		if wait {
 			header.Set("Prefer", "wait=30")
 		}
@@ -371,7 +343,7 @@ func TestWaitersAreBounded(t *testing.T) {
 	if a := <-first; a.Status != 201 {
 		t.Fatalf("first: %+v", a)
 	}
-	if a := <-waiter; a.Status != 201 || a.Header.Get(HeaderReplayed) != "true" {
+	if a := <-waiter; a.Status != 201 || a.Header.Get(headerReplayed) != "true" {
 		t.Fatalf("the waiter: %+v; want the result it waited for", a)
 	}
 }

@@ -14,14 +14,15 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Lineage headers a caller may send on any write (docs/contract.md, "Attempts, lineage and evidence").
 const (
-	HeaderAgentRunID  = "Agent-Run-Id"
-	HeaderRetryOf     = "Retry-Of"
-	HeaderRetryReason = "Retry-Reason"
+	headerAgentRunID  = "Agent-Run-Id"
+	headerRetryOf     = "Retry-Of"
+	headerRetryReason = "Retry-Reason"
 	HeaderSupersedes  = "Supersedes-Operation-Id"
 )
 
@@ -97,9 +98,9 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		want  string
 	}{
 		{ids.HeaderAttemptID, nil, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
-		{HeaderAgentRunID, &l.agentRun, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
-		{HeaderRetryOf, &l.retryOf, ids.ValidSent, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
-		{HeaderRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
+		{headerAgentRunID, &l.agentRun, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
+		{headerRetryOf, &l.retryOf, ids.ValidSent, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
+		{headerRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
 			"must be one of " + strings.Join(RetryReasons, ", ")},
 		{HeaderSupersedes, &l.supersedes, func(v string) bool { return ids.ValidSent(v) && len(v) > 3 && v[:3] == "op_" },
 			"must be an operation id (op_...)"},
@@ -118,37 +119,38 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 		}
 	}
 	if l.retryReason != "" && l.retryOf == "" {
-		return lineage{}, headerProblem(HeaderRetryReason, "needs Retry-Of: the attempt this one retries")
+		return lineage{}, headerProblem(headerRetryReason, "needs Retry-Of: the attempt this one retries")
 	}
 	return l, nil
 }
 
 // identity is what every event an attempt causes says about it.
-func (l lineage) identity(detail map[string]any) map[string]any {
-	if detail == nil {
-		detail = map[string]any{}
-	}
-	if l.attempt != "" {
-		detail["attempt_id"] = l.attempt
-	}
-	if l.agentRun != "" {
-		detail["agent_run_id"] = l.agentRun
-	}
+func (l lineage) identity() opstore.Attempt {
+	d := opstore.Attempt{AttemptID: l.attempt, AgentRunID: l.agentRun, RetryOf: l.retryOf}
 	if l.retryOf != "" {
-		detail["retry_of"] = l.retryOf
-		detail["retry_reason"] = l.retryReason
+		reason := l.retryReason
+		d.RetryReason = &reason
 	}
-	return detail
+	return d
 }
 
-// record is an attempt record's detail: its identity, its outcome and answer, and how long it took so far.
-// Its number within the operation is its place among the operation's attempt records (operation_events_numbered).
-func (a *attempt) record(outcome string, status int, extra map[string]any) map[string]any {
-	d := a.lineage.identity(extra)
-	d["outcome"] = outcome
-	d["status"] = status
-	d["fingerprint"] = a.fingerprint
-	d["duration_ms"] = time.Since(a.lineage.start).Milliseconds()
+// told is the detail of an answer told to the attempt without an outcome (its record exists already): its
+// identity and the status it was answered.
+func (l lineage) told(status int) opstore.Attempt {
+	d := l.identity()
+	d.Status = &status
+	return d
+}
+
+// record is an attempt record's detail: its identity, its outcome and answer, how long it took so far, and what
+// extra adds (the verdict's own fields). Its number within the operation is its place among the operation's
+// attempt records (operation_events_numbered).
+func (a *attempt) record(outcome string, status int, extra opstore.Attempt) opstore.Attempt {
+	d := extra
+	id := a.lineage.identity()
+	d.AttemptID, d.AgentRunID, d.RetryOf, d.RetryReason = id.AttemptID, id.AgentRunID, id.RetryOf, id.RetryReason
+	ms := time.Since(a.lineage.start).Milliseconds()
+	d.Outcome, d.Status, d.Fingerprint, d.DurationMS = outcome, &status, a.fingerprint, &ms
 	return d
 }
 
@@ -157,27 +159,24 @@ func (a *attempt) record(outcome string, status int, extra map[string]any) map[s
 // unknown unless req.SupersedeUnknown says a person approved this request, which learns of the link.
 func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	if a.lineage.retryOf != "" {
-		return headerProblem(HeaderRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
+		return headerProblem(headerRetryOf, "names an attempt this operation never had: the Idempotency-Key is new")
 	}
 	if a.lineage.supersedes == "" {
 		return nil
 	}
-	var kind, state string
-	var superseded bool
+	var prior opstore.Superseded
 	b := &pgx.Batch{}
-	b.Queue(supersededSQL, a.op.AccountID, a.lineage.supersedes).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&kind, &state, &superseded)
-	})
+	opstore.QueueSuperseded(b, a.op.AccountID, a.lineage.supersedes, &prior)
 	switch err := tx.Send(ctx, b); {
 	case errors.Is(err, pgx.ErrNoRows):
 		return headerProblem(HeaderSupersedes, "names no operation of this account")
 	case err != nil:
 		return fmt.Errorf("idem: supersedes: %w", err)
-	case kind != a.op.Kind:
-		return headerProblem(HeaderSupersedes, "names an operation of another kind ("+kind+"); only an operation of the same kind can be superseded")
-	case superseded:
+	case prior.Kind != a.op.Kind:
+		return headerProblem(HeaderSupersedes, "names an operation of another kind ("+prior.Kind+"); only an operation of the same kind can be superseded")
+	case prior.Superseded:
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
-	case state == string(opstatus.StateUnknown):
+	case prior.State == string(opstatus.StateUnknown):
 		// Its effect may still have happened: a new attempt at the same intent could double it, unless a person
 		// who was shown that decided so.
 		approved := false
@@ -191,12 +190,12 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 			return problem.New("superseded_operation_unknown",
 				"the operation this one supersedes has an unknown outcome: settle it first (a retry with its key, or a person's "+
 					"resolution), or have a person approve this exact request naming it (Approval-Id)").
-				With("operation_id", a.lineage.supersedes).With("state", state)
+				With("operation_id", a.lineage.supersedes).With("state", prior.State)
 		}
 	}
-	err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstatus.EventSuperseded, a.caller.Actor,
-		map[string]any{"superseded_by": a.op.ID, "attempt_id": a.lineage.attempt})
-	if database.UniqueViolation(err, "operation_events_successor") {
+	err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstore.EventSuperseded, a.caller.Actor,
+		opstore.Link{SupersededBy: a.op.ID, AttemptID: a.lineage.attempt})
+	if opstore.SuccessorTaken(err) {
 		// Another operation superseded it after this one looked (operation_events_successor): it committed first.
 		return headerProblem(HeaderSupersedes, "names an operation already superseded by another")
 	}
@@ -230,7 +229,7 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lin
 	if a.lineage.supersedes != "" {
 		var claimed string
 		b := &pgx.Batch{}
-		b.Queue(claimedSupersedesSQL, a.op.AccountID, opID).QueryRow(func(row pgx.Row) error { return row.Scan(&claimed) })
+		opstore.QueueClaimedSupersedes(b, a.op.AccountID, opID, &claimed)
 		if err := database.Send(ctx, h.DB, b); err != nil {
 			return nil, fmt.Errorf("idem: supersedes: %w", err)
 		}
@@ -240,22 +239,20 @@ func (h *Handler) checkRetry(ctx context.Context, a *attempt, opID string) (*lin
 		}
 	}
 	if a.lineage.retryOf != "" && a.lineage.retryOf == a.lineage.attempt {
-		return &lineageRefusal{headerProblem(HeaderRetryOf, "names this attempt itself"), refusalUnknownRetryOf}, nil
+		return &lineageRefusal{headerProblem(headerRetryOf, "names this attempt itself"), refusalUnknownRetryOf}, nil
 	}
 	if a.lineage.retryOf == "" && !a.lineage.attemptSent {
 		return nil, nil
 	}
 	var parentKnown, attemptUsed bool
 	b := &pgx.Batch{}
-	b.Queue(attemptKnownSQL, a.op.AccountID, opID, a.lineage.retryOf, a.lineage.attempt).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&parentKnown, &attemptUsed)
-	})
+	opstore.QueueAttemptKnown(b, a.op.AccountID, opID, a.lineage.retryOf, a.lineage.attempt, &parentKnown, &attemptUsed)
 	if err := database.Send(ctx, h.DB, b); err != nil {
 		return nil, fmt.Errorf("idem: retry-of: %w", err)
 	}
 	switch {
 	case a.lineage.retryOf != "" && !parentKnown:
-		return &lineageRefusal{headerProblem(HeaderRetryOf, "names no earlier attempt of this operation"), refusalUnknownRetryOf}, nil
+		return &lineageRefusal{headerProblem(headerRetryOf, "names no earlier attempt of this operation"), refusalUnknownRetryOf}, nil
 	case attemptUsed:
 		return attemptIDUsed(), nil
 	}
@@ -268,33 +265,26 @@ func attemptIDUsed() *lineageRefusal {
 }
 
 // claimDetail is the detail of the claimed event.
-func (a *attempt) claimDetail() map[string]any {
-	detail := a.lineage.identity(nil)
-	if a.lineage.supersedes != "" {
-		detail["supersedes_operation_id"] = a.lineage.supersedes
-	}
-	if a.owner != 0 {
-		detail[opstatus.ClaimOwner] = a.owner
-	}
+func (a *attempt) claimDetail() opstore.Attempt {
+	detail := a.lineage.identity()
+	detail.SupersedesOperationID, detail.Owner = a.lineage.supersedes, a.owner
 	return detail
 }
 
 // completionDetail is the detail of the event that records the result: the attempt record of the attempt that
-// claimed the key, or {"status": ...} for a worker's settlement; reason, when set, is the result's.
-func (a *attempt) completionDetail(status int, reason string) map[string]any {
-	var detail map[string]any
+// claimed the key, or its status alone for a worker's settlement; reason, when set, is the result's.
+func (a *attempt) completionDetail(status int, reason string) opstore.Attempt {
+	var detail opstore.Attempt
 	switch {
 	case a.lineage.attempt == "" || a.attemptRecorded:
 		// A worker's settlement has no attempt; an attempt whose record the recovery worker already wrote (outcome
 		// unknown, its lease ran out) has its result told without an outcome, so it is not numbered twice.
-		detail = a.lineage.identity(map[string]any{"status": status})
+		detail = a.lineage.told(status)
 	case status >= http.StatusBadRequest:
-		detail = a.record(attemptRefused, status, nil)
+		detail = a.record(attemptRefused, status, opstore.Attempt{})
 	default:
-		detail = a.record(attemptCreated, status, nil)
+		detail = a.record(attemptCreated, status, opstore.Attempt{})
 	}
-	if reason != "" {
-		detail["reason"] = reason
-	}
+	detail.Reason = reason
 	return detail
 }

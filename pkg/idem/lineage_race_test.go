@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // sendTogether sends n requests at once (released together) and returns their answers in order; request i
@@ -86,7 +87,7 @@ func TestOneSuccessorUnderConcurrency(t *testing.T) {
 	if first.status != http.StatusCreated {
 		t.Fatalf("setup: %d %s", first.status, first.body)
 	}
-	old := first.header.Get(idem.HeaderOperationID)
+	old := first.header.Get("Operation-Id")
 
 	answers := sendTogether(t, url, `{"n":1}`, copies, func(i int) (string, map[string]string) {
 		return fmt.Sprintf("successor-%d", i), map[string]string{idem.HeaderSupersedes: old}
@@ -102,7 +103,7 @@ func TestOneSuccessorUnderConcurrency(t *testing.T) {
 		}
 	}
 	var superseded, ops int64
-	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = ?`, old, opstatus.EventSuperseded).Scan(&superseded)
+	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = ?`, old, opstore.EventSuperseded).Scan(&superseded)
 	env.DB.Raw(`SELECT count(*) FROM operations`).Scan(&ops)
 	if created != 1 || superseded != 1 || ops != 2 {
 		t.Fatalf("%d created, %d superseded events, %d operations; want 1, 1 and 2 (the old one and its one successor)", created, superseded, ops)
@@ -135,7 +136,7 @@ func TestAttemptIDUsedOnceUnderConcurrency(t *testing.T) {
 	replayed := 0
 	for i, a := range answers {
 		switch {
-		case a.status == http.StatusCreated && a.header.Get(idem.HeaderReplayed) == "true":
+		case a.status == http.StatusCreated && a.header.Get("Idempotent-Replayed") == "true":
 			replayed++
 		case a.status != http.StatusBadRequest || !strings.Contains(a.body, `"header":"Attempt-Id"`):
 			t.Errorf("retry %d: %d %s; want the replay or 400 naming Attempt-Id", i, a.status, a.body)
@@ -144,13 +145,13 @@ func TestAttemptIDUsedOnceUnderConcurrency(t *testing.T) {
 	if a := send(url, "k", `{}`, map[string]string{"Attempt-Id": "att_same"}); a.status != http.StatusBadRequest || !strings.Contains(a.body, `"header":"Attempt-Id"`) {
 		t.Errorf("a later retry with the used id: %d %s; want 400 naming Attempt-Id", a.status, a.body)
 	}
-	if a := send(url, "k", `{}`, map[string]string{"Attempt-Id": "att_own"}); a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "true" {
+	if a := send(url, "k", `{}`, map[string]string{"Attempt-Id": "att_own"}); a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("a retry with its own id: %d %s; want the replay", a.status, a.body)
 	}
 	var records, refused int64
-	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE is_attempt_record(detail) AND detail->>'attempt_id' = 'att_same'`).Scan(&records)
+	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE outcome IS NOT NULL AND attempt_id = 'att_same'`).Scan(&records)
 	env.DB.Raw(`SELECT count(*) FROM operation_events WHERE type = ? AND detail->>'repeated_attempt_id' = 'att_same'
-  AND detail->>'refusal' = 'attempt_id_used'`, opstatus.EventAttemptRefused).Scan(&refused)
+  AND detail->>'refusal' = 'attempt_id_used'`, opstore.EventAttemptRefused).Scan(&refused)
 	if replayed != 1 || records != 1 || refused != 3 {
 		t.Fatalf("%d replayed, %d attempt records of att_same, %d refusals; want 1, 1 and 3", replayed, records, refused)
 	}

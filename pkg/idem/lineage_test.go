@@ -68,18 +68,18 @@ func TestLineageCannotBeForged(t *testing.T) {
 	refused("parent of another operation", send(notes, "k1", `{"n":1}`, map[string]string{"Attempt-Id": "att_a4", "Retry-Of": "att_b1"}), "Retry-Of")
 	refused("parent is itself", send(notes, "k1", `{"n":1}`, map[string]string{"Attempt-Id": "att_a5", "Retry-Of": "att_a5"}), "Retry-Of")
 	refused("attempt id used twice", send(notes, "k1", `{"n":1}`, map[string]string{"Attempt-Id": "att_a1", "Retry-Of": "att_a1"}), "Retry-Of")
-	if a := send(notes, "k1", `{"n":1}`, map[string]string{"Attempt-Id": "att_a6", "Retry-Of": "att_a1", "Retry-Reason": "destination_5xx"}); a.status != http.StatusCreated || a.header.Get(idem.HeaderReplayed) != "true" {
+	if a := send(notes, "k1", `{"n":1}`, map[string]string{"Attempt-Id": "att_a6", "Retry-Of": "att_a1", "Retry-Reason": "destination_5xx"}); a.status != http.StatusCreated || a.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("a true retry: %d %s; want the replay", a.status, a.body)
 	}
 	refused("a used attempt id as a new attempt", send(notes, "k1", `{"n":1}`, map[string]string{"Attempt-Id": "att_a6", "Retry-Of": "att_a1"}), "Attempt-Id")
 
-	firstOp := first.header.Get(idem.HeaderOperationID)
+	firstOp := first.header.Get("Operation-Id")
 	refused("superseding another kind", send(tasks, "k3", `{"n":1}`, map[string]string{"Supersedes-Operation-Id": firstOp}), "Supersedes-Operation-Id")
 	if a := send(notes, "k4", `{"n":3}`, map[string]string{"Supersedes-Operation-Id": firstOp}); a.status != http.StatusCreated {
 		t.Fatalf("superseding: %d %s", a.status, a.body)
 	}
 	refused("superseding twice", send(notes, "k5", `{"n":4}`, map[string]string{"Supersedes-Operation-Id": firstOp}), "Supersedes-Operation-Id")
-	otherOp := other.header.Get(idem.HeaderOperationID)
+	otherOp := other.header.Get("Operation-Id")
 	refused("a replay naming what its claim did not supersede", send(notes, "k4", `{"n":3}`, map[string]string{"Supersedes-Operation-Id": otherOp}), "Supersedes-Operation-Id")
 	// An operation whose outcome is unknown cannot be superseded: its effect may still have happened.
 	if _, err := opstatus.Transition(t.Context(), env.DB.DB, servicetest.AccountDemo, otherOp, opstatus.StateUnknown, "test",

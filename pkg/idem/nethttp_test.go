@@ -65,14 +65,14 @@ func TestNetHTTPAdapter(t *testing.T) {
 	if first.status != http.StatusCreated || first.header.Get("Attempt-Id") != "att_http_k1ks_1" {
 		t.Fatalf("first: %d %v %s", first.status, first.header, first.body)
 	}
-	if again.status != http.StatusCreated || again.body != first.body || again.header.Get(idem.HeaderReplayed) != "true" {
+	if again.status != http.StatusCreated || again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %d %v %s; want the first answer replayed", again.status, again.header, again.body)
 	}
 	if other.status != http.StatusUnprocessableEntity || !strings.Contains(other.body, "idempotency_key_reused") {
 		t.Fatalf("same key on another thing: %d %s; want 422 idempotency_key_reused", other.status, other.body)
 	}
 	ext, extAgain := send(named.URL, "/v1/sends", "k2"), send(named.URL, "/v1/sends", "k2")
-	if ext.status != http.StatusCreated || extAgain.body != ext.body || extAgain.header.Get(idem.HeaderReplayed) != "true" {
+	if ext.status != http.StatusCreated || extAgain.body != ext.body || extAgain.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("external: %d %s, then %d %s", ext.status, ext.body, extAgain.status, extAgain.body)
 	}
 	anon := send(anonymous.URL, "/v1/things/a/marks", "k3")

@@ -20,15 +20,15 @@ type Observer interface {
 type Outcome string
 
 const (
-	OutcomeCreated          Outcome = "created"           // claimed and ran; its result is stored
-	OutcomeReplayed         Outcome = "replayed"          // the stored answer, sent again
-	OutcomeExpired          Outcome = "response_expired"  // the key lives, its stored answer was pruned: 409
-	OutcomeConflict         Outcome = "conflict"          // the key was first used for another request: 422
-	OutcomeInProgress       Outcome = "in_progress"       // the first request is still running: 409
-	OutcomeUnknown          Outcome = "unknown"           // the outcome is not known, or ran but was not recorded
-	OutcomeRefused          Outcome = "refused"           // refused before any effect, the key left free
-	OutcomeStoreUnavailable Outcome = "store_unavailable" // the database could not be reached: 503
-	OutcomeUnkeyed          Outcome = "unkeyed"           // ran without an Idempotency-Key (Handler.KeyOptional)
+	outcomeCreated          Outcome = "created"           // claimed and ran; its result is stored
+	outcomeReplayed         Outcome = "replayed"          // the stored answer, sent again
+	outcomeExpired          Outcome = "response_expired"  // the key lives, its stored answer was pruned: 409
+	outcomeConflict         Outcome = "conflict"          // the key was first used for another request: 422
+	outcomeInProgress       Outcome = "in_progress"       // the first request is still running: 409
+	outcomeUnknown          Outcome = "unknown"           // the outcome is not known, or ran but was not recorded
+	outcomeRefused          Outcome = "refused"           // refused before any effect, the key left free
+	outcomeStoreUnavailable Outcome = "store_unavailable" // the database could not be reached: 503
+	outcomeUnkeyed          Outcome = "unkeyed"           // ran without an Idempotency-Key (Handler.KeyOptional)
 )
 
 func (h *Handler) observe(kind string, o Outcome) {
@@ -50,9 +50,16 @@ func (h *Handler) OperationObserver() opstatus.Observer {
 // refusal.
 func (h *Handler) fail(kind string, err error) Answer {
 	if problem.IsStoreUnavailable(err) {
-		h.observe(kind, OutcomeStoreUnavailable)
+		h.observe(kind, outcomeStoreUnavailable)
 	} else {
-		h.observe(kind, OutcomeRefused)
+		h.observe(kind, outcomeRefused)
 	}
 	return Answer{Err: err}
+}
+
+// observeReconciled tells o, when o is not nil, what asking the reconciler of kind achieved.
+func observeReconciled(o opstatus.Observer, kind string, result opstatus.ReconcileResult) {
+	if o != nil {
+		o.Reconciled(kind, result)
+	}
 }

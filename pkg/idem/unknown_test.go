@@ -36,7 +36,7 @@ func TestUnknownSettledDuringARetryIsNotAnswered202(t *testing.T) {
 		t.Fatalf("lost answer: %d %v", first.status, first.body)
 	}
 	retry := e.post(t, "lost", `{"amount":5}`, "Attempt-Id", "att_retry")
-	if retry.status == 202 || retry.body["code"] != "provider_declined" || retry.header.Get(idem.HeaderReplayed) != "true" {
+	if retry.status == 202 || retry.body["code"] != "provider_declined" || retry.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %d %v; want the settled failure replayed", retry.status, retry.body)
 	}
 	var records []struct{ Type, Outcome string }
@@ -81,7 +81,7 @@ func TestLateClaimantWithItsOwnAttemptIDDefers(t *testing.T) {
 		t.Fatalf("late answer: %d %v; want what the worker stored", late.status, late.body)
 	}
 	var records int64
-	e.env.DB.Raw(`SELECT count(*) FROM operation_events WHERE is_attempt_record(detail) AND detail->>'attempt_id' = 'att_claimant'`).Scan(&records)
+	e.env.DB.Raw(`SELECT count(*) FROM operation_events WHERE outcome IS NOT NULL AND attempt_id = 'att_claimant'`).Scan(&records)
 	if records != 1 {
 		t.Fatalf("%d attempt records of the claimant; want 1", records)
 	}

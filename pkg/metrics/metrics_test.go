@@ -81,11 +81,11 @@ func TestObserversCount(t *testing.T) {
 	m := metrics.New()
 	c := serve(t, m, func(*gin.Engine) {})
 	var observer idem.Observer = m
-	observer.IdempotencyOutcome("things.create", idem.OutcomeInProgress)
-	observer.IdempotencyOutcome("things.create", idem.OutcomeStoreUnavailable)
+	observer.IdempotencyOutcome("things.create", idem.Outcome("in_progress"))
+	observer.IdempotencyOutcome("things.create", idem.Outcome("store_unavailable"))
 	opstatus.ObserveFinished(m, "things.create", opstatus.StateFailed)
 	opstatus.ObserveFinished(m, "things.create", opstatus.StateQueued) // not final: not counted
-	opstatus.ObserveReconciled(m, "things.create", opstatus.ReconcileError)
+	m.Reconciled("things.create", opstatus.ReconcileError)
 	m.Downstream("target")("refused", 20*time.Millisecond)
 	s := metricstest.Scrape(t, c)
 	for _, tc := range []struct {
@@ -189,7 +189,7 @@ func TestScrapeSurvivesAnUnreachableDatabase(t *testing.T) {
 	m := metrics.New()
 	m.WatchOperations(db, time.Second)
 	c := serve(t, m, func(*gin.Engine) {})
-	m.IdempotencyOutcome("things.create", idem.OutcomeCreated)
+	m.IdempotencyOutcome("things.create", idem.Outcome("created"))
 	s := metricstest.Scrape(t, c)
 	if s.Has("retrysafe_operations_unknown") {
 		t.Error("retrysafe_operations_unknown served without a database")

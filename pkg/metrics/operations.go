@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // WatchOperations registers the gauges of unknown operations, read from db's operations table at each scrape
@@ -15,15 +17,7 @@ import (
 func (m *Metrics) WatchOperations(db *gorm.DB, timeout time.Duration) {
 	m.reg.MustRegister(&countAndAge{count: unknownDesc, age: oldestUnknownDesc, what: "unknown operations", timeout: timeout,
 		read: func(ctx context.Context) (int64, float64, error) {
-			var row struct {
-				Count  int64
-				Oldest float64
-			}
-			// operations_unknown is a partial index WHERE unknown (state = 'unknown'): this reads only those rows.
-			err := db.WithContext(ctx).Raw(`
-SELECT count(*) AS count, COALESCE(EXTRACT(EPOCH FROM now() - min(updated_at)), 0)::float8 AS oldest
-FROM operations WHERE unknown`).Scan(&row).Error
-			return row.Count, row.Oldest, err
+			return opstore.UnknownCount(ctx, db)
 		}})
 }
 

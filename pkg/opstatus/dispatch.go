@@ -2,53 +2,47 @@ package opstatus
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// lastDispatchSQL reads the type of an operation's newest dispatch record: dispatch_started while its call is
-// out, the Dispatch* event of what the caller observed once it ended (index operation_events_operation).
-const lastDispatchSQL = `SELECT type FROM operation_events
-WHERE account_id = ? AND operation_id = ? AND type LIKE 'dispatch\_%'
-ORDER BY id DESC LIMIT 1`
-
-// CallOver reads the operation's own dispatch records and returns the record that shows its call to the other
+// callOver reads the operation's own dispatch records and returns the record that shows its call to the other
 // side is over, or "" when the call may still be in flight: dispatch_response_received (an answer came back,
 // whatever its status) or dispatch_not_sent (nothing left the process) as the newest dispatch record. A
 // dispatch_started with nothing after it, a dispatch_sent_no_response, or no record at all (the finish could
 // not be written) leave the call possibly in flight: only the lease bounds it then.
-func CallOver(ctx context.Context, db *gorm.DB, accountID, id string) (string, error) {
-	var types []string
-	if err := db.WithContext(ctx).Raw(lastDispatchSQL, accountID, id).Scan(&types).Error; err != nil {
-		return "", fmt.Errorf("opstatus: dispatch records of %s: %w", id, err)
+func callOver(ctx context.Context, db *gorm.DB, accountID, id string) (string, error) {
+	last, err := opstore.LastDispatch(ctx, db, accountID, id)
+	if err != nil {
+		return "", err
 	}
-	if len(types) == 1 && (types[0] == EventDispatchResponseReceived || types[0] == EventDispatchNotSent) {
-		return types[0], nil
+	if last == opstore.EventDispatchResponseReceived || last == opstore.EventDispatchNotSent {
+		return last, nil
 	}
 	return "", nil
 }
 
 // CallMayLand reports whether the call op sent to the other side may still arrive there at now, and so whether
 // its outcome may be concluded from the other side's silence or decided by a person yet. It cannot once its
-// dispatch records show it over (CallOver; reason is that record) or once the lease that bounds every call of
-// the operation has ended (reason ReasonLeaseExpired; an operation without a lease has no call that can still
+// dispatch records show it over (callOver; reason is that record) or once the lease that bounds every call of
+// the operation has ended (reason opstore.ReasonLeaseExpired; an operation without a lease has no call that can still
 // run). While it may, until is the end of the lease and reason is "". It is the one test of this in retrysafe:
 // reconcilers that read the other side's silence and every person's decision (Resolve) ask it.
 func CallMayLand(ctx context.Context, db *gorm.DB, op Operation, now time.Time) (until time.Time, reason string, err error) {
-	over, err := CallOver(ctx, db, op.AccountID, op.ID)
+	over, err := callOver(ctx, db, op.AccountID, op.ID)
 	switch {
 	case err != nil:
 		return time.Time{}, "", err
 	case over != "":
 		return time.Time{}, over, nil
 	case op.LeaseExpiresAt == nil || !now.Before(*op.LeaseExpiresAt):
-		return time.Time{}, ReasonLeaseExpired, nil
+		return time.Time{}, opstore.ReasonLeaseExpired, nil
 	}
 	return *op.LeaseExpiresAt, "", nil
 }
@@ -64,33 +58,20 @@ func CallMayLandProblem(op Operation, until, now time.Time) *problem.Error {
 	return p
 }
 
-// ErrNotRunning is StartDispatch's refusal: the operation is no longer running (settled, marked unknown, or its
+// errNotRunning is StartDispatch's refusal: the operation is no longer running (settled, marked unknown, or its
 // claim released because its owner is gone), so its call must not be sent.
-var ErrNotRunning = errors.New("opstatus: the operation is not running")
-
-// startDispatchSQL appends dispatch_started only while the operation is running. FOR SHARE makes it wait for a
-// transaction that holds the operation's row (a release under the row lock, OwnerGone) and then see the state
-// that one committed: a release and a dispatch never both go through.
-const startDispatchSQL = `WITH op AS (
-    SELECT id, account_id FROM operations WHERE account_id = ? AND id = ? AND state = 'running' FOR SHARE
-)
-INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-SELECT op.id, op.account_id, ?, ?, ?::jsonb FROM op`
+var errNotRunning = errors.New("opstatus: the operation is not running")
 
 // StartDispatch commits the dispatch_started record of a call that leaves the process, before the call is
-// written, or returns an error matching ErrNotRunning when the operation is no longer running: the caller must
+// written, or returns an error matching errNotRunning when the operation is no longer running: the caller must
 // then not send it (provider.DispatchObserver.Started's contract).
 func StartDispatch(ctx context.Context, db *gorm.DB, accountID, id, actor string, detail any) error {
-	raw, err := json.Marshal(detail)
+	started, err := opstore.StartDispatch(ctx, db, accountID, id, opstore.NewEvent{Type: opstore.EventDispatchStarted, Actor: actor, Detail: detail})
 	if err != nil {
-		return fmt.Errorf("opstatus: dispatch of %s: detail: %w", id, err)
+		return err
 	}
-	res := db.WithContext(ctx).Exec(startDispatchSQL, accountID, id, EventDispatchStarted, actor, string(raw))
-	if res.Error != nil {
-		return fmt.Errorf("opstatus: dispatch of %s: %w", id, res.Error)
-	}
-	if res.RowsAffected != 1 {
-		return fmt.Errorf("opstatus: dispatch of %s: %w", id, ErrNotRunning)
+	if !started {
+		return fmt.Errorf("opstatus: dispatch of %s: %w", id, errNotRunning)
 	}
 	return nil
 }

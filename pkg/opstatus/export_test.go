@@ -1,22 +1,7 @@
 package opstatus
 
-import "context"
-
-// GroupEvent is one Append of a group.
-type GroupEvent struct {
-	AccountID, ID, Type, Actor string
-	Detail                     any
-}
-
-// AppendGroup writes events as one group, as concurrent Appends that arrived together are written, and returns
-// what each Append would return besides the group's error (a repeated attempt id's refusal).
-func (g *GroupAppender) AppendGroup(ctx context.Context, events []GroupEvent) ([]error, error) {
-	group := make([]groupItem, len(events))
-	for i, e := range events {
-		var err error
-		if group[i], err = newGroupItem(e.AccountID, e.ID, e.Type, e.Actor, e.Detail); err != nil {
-			return nil, err
-		}
-	}
-	return g.insert(ctx, group)
-}
+// For the tests of package opstatus_test.
+var (
+	ErrNotRunning = errNotRunning
+	CallOver      = callOver
+)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -22,20 +23,20 @@ func TestCallMayLand(t *testing.T) {
 	now := time.Now()
 	lease := now.Add(time.Minute)
 	op := create(t, db, opstatus.StateUnknown, &lease)
-	if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventDispatchStarted, "test", map[string]any{}); err != nil {
+	if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventDispatchStarted, "test", map[string]any{}); err != nil {
 		t.Fatal(err)
 	}
 	until, reason, err := opstatus.CallMayLand(ctx, db.DB, op, now)
 	if err != nil || !until.Equal(lease) || reason != "" {
 		t.Fatalf("started, lease running: until %v reason %q err %v; want the lease's end", until, reason, err)
 	}
-	if until, reason, _ := opstatus.CallMayLand(ctx, db.DB, op, lease.Add(time.Second)); !until.IsZero() || reason != opstatus.ReasonLeaseExpired {
+	if until, reason, _ := opstatus.CallMayLand(ctx, db.DB, op, lease.Add(time.Second)); !until.IsZero() || reason != opstore.ReasonLeaseExpired {
 		t.Fatalf("after the lease: until %v reason %q; want lease_expired", until, reason)
 	}
-	if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventDispatchResponseReceived, "test", map[string]any{}); err != nil {
+	if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventDispatchResponseReceived, "test", map[string]any{}); err != nil {
 		t.Fatal(err)
 	}
-	if until, reason, _ := opstatus.CallMayLand(ctx, db.DB, op, now); !until.IsZero() || reason != opstatus.EventDispatchResponseReceived {
+	if until, reason, _ := opstatus.CallMayLand(ctx, db.DB, op, now); !until.IsZero() || reason != opstore.EventDispatchResponseReceived {
 		t.Fatalf("answered: until %v reason %q; want the call over", until, reason)
 	}
 }
@@ -102,7 +103,7 @@ func TestKeyPredecessor(t *testing.T) {
 		op   opstatus.Operation
 		want string
 	}{{first, ""}, {released, first.ID}, {again, first.ID}} {
-		if got, err := opstatus.KeyPredecessor(ctx, db.DB, tc.op); err != nil || got != tc.want {
+		if got, err := opstore.KeyPredecessor(ctx, db.DB, tc.op.AccountID, tc.op.IdempotencyKey, tc.op.ID); err != nil || got != tc.want {
 			t.Errorf("predecessor of %s = %q, %v; want %q", tc.op.ID, got, err, tc.want)
 		}
 	}

@@ -2,10 +2,11 @@ package opstatus
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // ExtendLease moves the lease of a queued or running operation id of account to until: a worker that is still alive calls it
@@ -13,10 +14,5 @@ import (
 // nothing, when the operation is in no such state: settled, or already unknown because the lease had run out,
 // in which case the worker must stop and leave the operation to its reconciler.
 func ExtendLease(ctx context.Context, tx *gorm.DB, accountID, id string, until time.Time) (bool, error) {
-	res := tx.WithContext(ctx).Exec(`UPDATE operations SET lease_expires_at = ?
-WHERE account_id = ? AND id = ? AND state IN ('queued', 'running')`, until, accountID, id)
-	if res.Error != nil {
-		return false, fmt.Errorf("opstatus: extend lease of %s: %w", id, res.Error)
-	}
-	return res.RowsAffected == 1, nil
+	return opstore.ExtendLease(ctx, tx, accountID, id, until)
 }

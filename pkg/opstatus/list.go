@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -45,16 +46,7 @@ func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) (Pag
 		limit = 50
 	}
 	limit = min(limit, 200)
-	q := selectOperation + `WHERE account_id = ?`
-	args := []any{accountID}
-	if f.State != "" {
-		q += ` AND state = ?`
-		args = append(args, f.State)
-	}
-	if f.Kind != "" {
-		q += ` AND kind = ?`
-		args = append(args, f.Kind)
-	}
+	var after *opstore.ListAfter
 	if f.After != "" {
 		var cur listCursor
 		raw, err := base64.RawURLEncoding.DecodeString(f.After)
@@ -64,14 +56,11 @@ func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) (Pag
 		if err != nil || cur.ID == "" {
 			return Page{}, problem.Validation(problem.FieldError{Field: "after", Message: "is not a cursor of this list"})
 		}
-		q += ` AND (unknown, created_at, id) < (?, ?, ?)`
-		args = append(args, cur.Unknown, cur.CreatedAt, cur.ID)
+		after = &opstore.ListAfter{Unknown: cur.Unknown, CreatedAt: cur.CreatedAt, ID: cur.ID}
 	}
-	q += ` ORDER BY unknown DESC, created_at DESC, id DESC LIMIT ?`
-	args = append(args, limit+1)
-	var rows []operationRow
-	if err := db.WithContext(ctx).Raw(q, args...).Scan(&rows).Error; err != nil {
-		return Page{}, fmt.Errorf("opstatus: list: %w", err)
+	rows, err := opstore.List(ctx, db, accountID, string(f.State), f.Kind, after, limit+1)
+	if err != nil {
+		return Page{}, err
 	}
 	var p Page
 	for i, r := range rows {
@@ -84,7 +73,7 @@ func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) (Pag
 			p.Next = base64.RawURLEncoding.EncodeToString(raw)
 			break
 		}
-		p.Operations = append(p.Operations, r.operation())
+		p.Operations = append(p.Operations, operation(r))
 	}
 	return p, nil
 }

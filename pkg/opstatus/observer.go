@@ -30,8 +30,8 @@ func ObserveFinished(o Observer, kind string, state State) {
 	}
 }
 
-// ObserveReconciled tells o, when o is not nil, what asking the reconciler of kind achieved.
-func ObserveReconciled(o Observer, kind string, result ReconcileResult) {
+// observeReconciled tells o, when o is not nil, what asking the reconciler of kind achieved.
+func observeReconciled(o Observer, kind string, result ReconcileResult) {
 	if o != nil {
 		o.Reconciled(kind, result)
 	}

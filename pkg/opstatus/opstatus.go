@@ -1,30 +1,27 @@
-// Package opstatus records operations: one row per intended action, with a state and an append-only history of
+// Package opstatus shows operations: one row per intended action, with a state and an append-only history of
 // events, so a caller that timed out can ask what happened instead of guessing.
 //
-// This package is the only writer of the operations and operation_events tables. An operation is born with
-// QueueCreate, and its insert is the claim of its idempotency key (pkg/idem, external mode); QueueComplete stores
-// the key's response with the operation's outcome. An operation whose claim, effect and outcome commit together
-// (pkg/idem, local mode) is born completed, with QueueCreateCompleted (keys.go). Everything after goes through
-// Transition for a change of state (idem recording a result, a deploy controller moving queued to running, the
-// recovery worker marking an expired lease unknown) and Append for evidence that changes no state (a provider
-// lookup, an approval check). Reads (Get, FindByKey, GET /v1/operations) are here too.
+// Package idem decides and records through package opstore, which owns the tables. Here are what the rest of a
+// service uses: Transition for a change of state (a deploy controller moving queued to running), Append for
+// evidence that changes no state (a provider lookup, an approval check), the reads (Get, FindByKey, List,
+// GetTimeline), a person's decision (Resolve), Routes for GET /v1/operations/{id} and GET
+// /v1/operations?idempotency_key=K, and RecoveryWorker, which marks operations whose lease expired as unknown and
+// hands them to the Reconciler registered for their kind.
 //
 // Writes take the caller's transaction, so an operation changes state in the same commit as the business row it
-// describes (see the package example). Routes serves GET /v1/operations/{id} and GET
-// /v1/operations?idempotency_key=K; RecoveryWorker marks operations whose lease expired as unknown and hands them
-// to the Reconciler registered for their kind.
+// describes (see the package example).
 package opstatus
 
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"math"
+	"errors"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -48,87 +45,6 @@ const (
 func (s State) Final() bool {
 	return s == StateSucceeded || s == StateFailed || s == StateCancelled || s == StateDuplicateEffect
 }
-
-// Event types written by retrysafe. Services may add their own.
-const (
-	EventClaimed          = "claimed"
-	EventCompleted        = "completed"
-	EventReplayed         = "replayed"
-	EventRetried          = "retried" // a retry answered from the operation's state: still running, or unknown
-	EventConflictRejected = "conflict_rejected"
-	EventFailed           = "failed"
-	EventStateChanged     = "state_changed"
-	EventLeaseExpired     = "lease_expired"
-	EventReconciled       = "reconciled"
-	EventOutcomeUnknown   = "outcome_unknown" // an effect's call ended without a definite answer
-	EventAttemptRefused   = "attempt_refused" // a retry refused after its key was found (an unknown Retry-Of)
-	EventSuperseded       = "superseded"      // a later operation of the account replaces this one's intent
-	// EventDispatchStarted is committed before a call that leaves the process is written; one of the
-	// Dispatch* events follows with what the caller observed.
-	EventDispatchStarted          = "dispatch_started"
-	EventDispatchNotSent          = "dispatch_not_sent"          // no connection: nothing reached the other side
-	EventDispatchResponseReceived = "dispatch_response_received" // an answer came back, whatever it said
-	EventDispatchSentNoResponse   = "dispatch_sent_no_response"  // sent, no usable answer: it may have happened
-	EventDispatchExecutionError   = "dispatch_execution_error"   // the call could not be carried out (see its reason)
-)
-
-// Dispatch reasons: the fixed list the reason of a dispatch_* record comes from, for every downstream (the
-// payment provider's client, the deploy controller's target calls). A call's error text goes to the log, never
-// to a record.
-const (
-	// not_sent: no connection was established, so nothing reached the other side (cancelled: the call was
-	// given up before; evidence_not_recorded: dispatch_started could not be written, so the call was not made).
-	ReasonConnectionRefused   = "connection_refused"
-	ReasonDNSFailure          = "dns_failure"
-	ReasonTLSFailure          = "tls_failure"
-	ReasonConnectTimeout      = "connect_timeout"
-	ReasonConnectFailed       = "connect_failed"
-	ReasonCancelled           = "cancelled"
-	ReasonEvidenceNotRecorded = "evidence_not_recorded"
-	// sent_no_response: the request went out and no usable answer came back (also cancelled, after the write).
-	ReasonTimeout          = "timeout"
-	ReasonConnectionReset  = "connection_reset"
-	ReasonConnectionClosed = "connection_closed"
-	ReasonNoResponse       = "no_response"
-	ReasonResponseCut      = "response_cut"
-	// ReasonTargetError: the deploy target's call failed in a way that does not say whether it activated.
-	ReasonTargetError = "target_error"
-	// execution_error: the call could not be carried out. ReasonRequestNotBuilt: this process could not build
-	// the request, nothing was sent; ReasonActivationFailed: the deploy target answered that it could not
-	// activate the deploy.
-	ReasonRequestNotBuilt  = "request_not_built"
-	ReasonActivationFailed = "activation_failed"
-	// response_received, with an answer this process could not use.
-	ReasonResponseNotUnderstood = "response_not_understood"
-)
-
-// Reasons an operation's outcome became unknown: the reason of its outcome_unknown event. Records carry only
-// these; the underlying error goes to the log.
-const (
-	// ReasonNoDefiniteAnswer: the effect's call ended without an answer that settles it (a timeout, a
-	// dropped connection): it may or may not have happened.
-	ReasonNoDefiniteAnswer = "no_definite_answer"
-	// ReasonLeaseExpired: the process that claimed it stopped before recording an outcome (it crashed, or
-	// outlived its lease); the recovery worker writes the claiming attempt's record with outcome unknown.
-	ReasonLeaseExpired = "lease_expired"
-)
-
-// Reasons a reconciler settled an operation (the reason of its reconciled event) besides the problem code of a
-// stored failure (provider_unavailable, provider_declined, duplicate_effect_confirmed, ...).
-const (
-	// ReasonRemoteRecordFound: the other side's record of the operation (a provider's stored answer, a deploy
-	// target's marker) shows the effect happened.
-	ReasonRemoteRecordFound = "remote_record_found"
-	// ReasonRemoteRecordAbsent: the other side has no record, and our call can no longer arrive.
-	ReasonRemoteRecordAbsent = "remote_record_absent"
-)
-
-// Reasons an operation failed before its effect was attempted (the reason of its failed event).
-const (
-	// ReasonQueueTimeout: the operation waited in its queue longer than the queue allows and was given up, its
-	// effect never started.
-	ReasonQueueTimeout = "queue_timeout"
-)
 
 // Resource names what an operation created or acted on.
 type Resource struct {
@@ -223,7 +139,7 @@ func WithLease(until time.Time) TransitionOption {
 	}
 }
 
-// WithEvent names the event type (EventStateChanged by default) and its detail, marshalled as JSON.
+// WithEvent names the event type (opstore.EventStateChanged by default) and its detail, marshalled as JSON.
 func WithEvent(eventType string, detail any) TransitionOption {
 	return func(t *transition) { t.event, t.detail = eventType, detail }
 }
@@ -232,7 +148,7 @@ func WithEvent(eventType string, detail any) TransitionOption {
 // changes nothing, when the operation is not in one of the From states, or is already in state to: repeating a
 // transition records no second event. A final state is never left unless From names it.
 func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State, actor string, opts ...TransitionOption) (bool, error) {
-	t := transition{event: EventStateChanged}
+	t := transition{event: opstore.EventStateChanged}
 	for _, o := range opts {
 		o(&t)
 	}
@@ -240,93 +156,28 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State
 	if len(from) == 0 {
 		from = []State{StateQueued, StateRunning, StateUnknown}
 	}
-	fromText := make([]string, len(from))
+	m := opstore.Move{From: make([]string, len(from)), To: string(to), ClearLease: t.clear, Lease: t.lease,
+		Event: opstore.NewEvent{Type: t.event, Actor: actor, Detail: t.detail}}
 	for i, s := range from {
-		fromText[i] = string(s)
+		m.From[i] = string(s)
 	}
-	detail := []byte("{}")
-	if t.detail != nil {
-		var err error
-		if detail, err = json.Marshal(t.detail); err != nil {
-			return false, fmt.Errorf("opstatus: transition %s: detail: %w", id, err)
-		}
-	}
-	resType, resID := t.resource.columns()
-	var n int64
-	// FOR NO KEY UPDATE, not FOR UPDATE: an event insert takes KEY SHARE on the operation for its foreign key,
-	// which FOR UPDATE would make wait for this transaction.
-	err := tx.WithContext(ctx).Raw(`
-WITH prev AS (
-    SELECT account_id, id, state FROM operations WHERE account_id = ? AND id = ? FOR NO KEY UPDATE
-), op AS (
-    UPDATE operations o
-    SET state = ?, updated_at = now(),
-        resource_type = COALESCE(?, o.resource_type), resource_id = COALESCE(?, o.resource_id),
-        lease_expires_at = CASE WHEN ? THEN NULL ELSE COALESCE(?, o.lease_expires_at) END
-    FROM prev
-    WHERE o.account_id = prev.account_id AND o.id = prev.id AND prev.state IN ? AND prev.state <> ?
-    RETURNING o.id, o.account_id, prev.state AS from_state, o.state AS to_state
-), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-    SELECT id, account_id, ?, from_state, to_state, ?, ?::jsonb FROM op
-    RETURNING 1
-)
-SELECT count(*) FROM ev`,
-		accountID, id, to, resType, resID, t.clear, t.lease, fromText, to, t.event, actor, string(detail)).Scan(&n).Error
-	if err != nil {
-		return false, fmt.Errorf("opstatus: transition %s to %s: %w", id, to, err)
-	}
-	return n == 1, nil
+	m.ResourceType, m.ResourceID = t.resource.columns()
+	return opstore.Transition(ctx, tx, accountID, id, m)
 }
 
 // Append adds an event to operation id of account that does not change the state (replayed, conflict_rejected,
 // reconcile evidence, ...).
 func Append(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
-	raw := []byte("{}")
-	if detail != nil {
-		var err error
-		if raw, err = json.Marshal(detail); err != nil {
-			return fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
-		}
-	}
-	// The operation may not be inserted yet: a local write's is, completed, at the end of its transaction (package
-	// idem). The records' foreign key, checked at COMMIT, refuses a record of an operation that never is.
-	err := db.WithContext(ctx).Exec(`
-INSERT INTO operation_events (operation_id, account_id, type, actor, detail) VALUES (?, ?, ?, ?, ?::jsonb)`,
-		id, accountID, eventType, actor, string(raw)).Error
-	if err != nil {
-		return fmt.Errorf("opstatus: append to %s: %w", id, err)
-	}
-	return nil
+	return opstore.Append(ctx, db, accountID, id, opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail})
 }
 
-type operationRow struct {
-	ID                string
-	AccountID         string
-	Kind              string
-	State             State
-	IdempotencyKey    *string
-	Fingerprint       *string
-	ResourceType      *string
-	ResourceID        *string
-	LeaseExpiresAt    *time.Time
-	ResponseExpiresAt *time.Time
-	KeyExpiresAt      *time.Time
-	CreatedAt         time.Time
-	UpdatedAt         time.Time
-}
-
-func (r operationRow) operation() Operation {
+// operation is the store's row as an Operation, without its events.
+func operation(r opstore.Operation) Operation {
 	op := Operation{
-		ID: r.ID, AccountID: r.AccountID, Kind: r.Kind, State: r.State,
+		ID: r.ID, AccountID: r.AccountID, Kind: r.Kind, State: State(r.State),
+		IdempotencyKey: r.IdempotencyKey, Fingerprint: r.Fingerprint,
 		LeaseExpiresAt: r.LeaseExpiresAt, ResponseExpiresAt: r.ResponseExpiresAt, KeyExpiresAt: r.KeyExpiresAt,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Events: []Event{},
-	}
-	if r.IdempotencyKey != nil {
-		op.IdempotencyKey = *r.IdempotencyKey
-	}
-	if r.Fingerprint != nil {
-		op.Fingerprint = *r.Fingerprint
 	}
 	if r.ResourceType != nil && r.ResourceID != nil {
 		op.Resource = &Resource{Type: *r.ResourceType, ID: *r.ResourceID}
@@ -334,23 +185,17 @@ func (r operationRow) operation() Operation {
 	return op
 }
 
-// selectOperation reads operations with the expiries of their idempotency keys.
-const selectOperation = `SELECT id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
-       lease_expires_at, created_at, updated_at, response_expires_at, key_expires_at
-FROM operations `
-
 // Get returns operation id of account with its events. Returns an error matching problem.ErrNotFound if the
 // operation does not exist in that account.
 func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, error) {
-	var rows []operationRow
-	err := db.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND id = ?`, accountID, id).Scan(&rows).Error
-	if err != nil {
-		return Operation{}, fmt.Errorf("opstatus: get %s: %w", id, err)
-	}
-	if len(rows) == 0 {
+	r, err := opstore.Get(ctx, db, accountID, id)
+	if errors.Is(err, opstore.ErrNotFound) {
 		return Operation{}, problem.NotFound("operation")
 	}
-	op := rows[0].operation()
+	if err != nil {
+		return Operation{}, err
+	}
+	op := operation(r)
 	if op.Events, op.EventsOmitted, err = events(ctx, db, accountID, op.ID, MaxEvents); err != nil {
 		return Operation{}, err
 	}
@@ -365,21 +210,17 @@ func FindByKey(ctx context.Context, db *gorm.DB, accountID, key string) ([]Opera
 
 // FindByKeyPage is FindByKey for one page: at most p.Fetch() operations after p.After.
 func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p page.Request) ([]Operation, error) {
-	after := ""
-	args := []any{accountID, key}
+	var after *opstore.Cursor
 	if p.After != nil {
-		after = ` AND (created_at, id) < (?, ?)`
-		args = append(args, p.After.At, p.After.ID)
+		after = &opstore.Cursor{At: p.After.At, ID: p.After.ID}
 	}
-	var rows []operationRow
-	err := db.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND idempotency_key = ?`+after+
-		` ORDER BY created_at DESC, id DESC LIMIT ?`, append(args, p.Fetch())...).Scan(&rows).Error
+	rows, err := opstore.ByKey(ctx, db, accountID, key, after, p.Fetch())
 	if err != nil {
-		return nil, fmt.Errorf("opstatus: find by key: %w", err)
+		return nil, err
 	}
 	ops := make([]Operation, 0, len(rows))
 	for _, r := range rows {
-		op := r.operation()
+		op := operation(r)
 		if op.Events, op.EventsOmitted, err = events(ctx, db, accountID, op.ID, MaxEvents); err != nil {
 			return nil, err
 		}
@@ -391,52 +232,14 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 // events returns the newest limit events of operation opID (all when limit is 0), oldest first, and how many
 // older ones it left out.
 func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int) ([]Event, int64, error) {
-	var rows []struct {
-		ID        int64
-		Seq       int64
-		Attempt   *int64
-		Type      string
-		FromState *string
-		ToState   *string
-		Actor     string
-		Detail    string
-		CreatedAt time.Time
-	}
-	fetch := math.MaxInt32
-	if limit > 0 {
-		fetch = limit + 1 // one more tells whether any was left out
-	}
-	err := db.WithContext(ctx).Raw(`SELECT * FROM (
-    SELECT id, seq, attempt, type, from_state, to_state, actor, detail::text AS detail, created_at
-    FROM operation_events_numbered WHERE account_id = ? AND operation_id = ? ORDER BY id DESC LIMIT ?) newest ORDER BY id`,
-		accountID, opID, fetch).Scan(&rows).Error
+	rows, omitted, err := opstore.Events(ctx, db, accountID, opID, limit)
 	if err != nil {
-		return nil, 0, fmt.Errorf("opstatus: events of %s: %w", opID, err)
+		return nil, 0, err
 	}
-	var omitted int64
-	if limit > 0 && len(rows) > limit {
-		rows = rows[1:]
-		if err := db.WithContext(ctx).Raw(`SELECT count(*) - ? FROM operation_events WHERE account_id = ? AND operation_id = ?`,
-			limit, accountID, opID).Scan(&omitted).Error; err != nil {
-			return nil, 0, fmt.Errorf("opstatus: events of %s: %w", opID, err)
-		}
-	}
-	evs := make([]Event, 0, len(rows))
-	for _, r := range rows {
-		ev := Event{ID: r.ID, Seq: r.Seq, Attempt: r.Attempt, Type: r.Type, Actor: r.Actor, CreatedAt: r.CreatedAt}
-		if r.FromState != nil {
-			ev.FromState = State(*r.FromState)
-		}
-		if r.ToState != nil {
-			ev.ToState = State(*r.ToState)
-		}
-		if r.Detail != "" && r.Detail != "{}" {
-			ev.Detail = json.RawMessage(r.Detail)
-		}
-		evs = append(evs, ev)
+	evs := make([]Event, len(rows))
+	for i, r := range rows {
+		evs[i] = Event{ID: r.ID, Seq: r.Seq, Attempt: r.Attempt, Type: r.Type, FromState: State(r.FromState),
+			ToState: State(r.ToState), Actor: r.Actor, Detail: r.Detail, CreatedAt: r.CreatedAt}
 	}
 	return evs, omitted, nil
 }
-
-// ErrNotFound matches a missing operation.
-var ErrNotFound = problem.ErrNotFound

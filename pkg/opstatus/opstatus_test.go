@@ -9,6 +9,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -113,7 +114,7 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 		t.Fatalf("first pass settled %d (%v)", n, err)
 	}
 	got, _ := opstatus.Get(ctx, db.DB, "acct", expired.ID)
-	if got.State != opstatus.StateUnknown || got.Events[len(got.Events)-1].Type != opstatus.EventLeaseExpired {
+	if got.State != opstatus.StateUnknown || got.Events[len(got.Events)-1].Type != opstore.EventLeaseExpired {
 		t.Fatalf("expired operation = %s %v", got.State, got.Events)
 	}
 	if got, _ := opstatus.Get(ctx, db.DB, "acct", alive.ID); got.State != opstatus.StateRunning {
@@ -145,7 +146,7 @@ func TestGetBoundsTheEventsItReads(t *testing.T) {
 	ctx := context.Background()
 	op := create(t, db, opstatus.StateRunning, nil)
 	for i := range opstatus.MaxEvents + 10 {
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "test", map[string]any{"n": i}); err != nil {
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventReplayed, "test", map[string]any{"n": i}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -153,7 +154,7 @@ func TestGetBoundsTheEventsItReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Events) != opstatus.MaxEvents || got.EventsOmitted != 11 || got.Events[len(got.Events)-1].Type != opstatus.EventReplayed {
+	if len(got.Events) != opstatus.MaxEvents || got.EventsOmitted != 11 || got.Events[len(got.Events)-1].Type != opstore.EventReplayed {
 		t.Fatalf("%d events, %d omitted; want the newest %d and 11 omitted", len(got.Events), got.EventsOmitted, opstatus.MaxEvents)
 	}
 	tl, err := opstatus.GetTimeline(ctx, db.DB, op.AccountID, op.ID)

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Owner marks the external operations a process claims with an id whose PostgreSQL advisory lock the process
 // holds, session-level, on a connection of its own, for its lifetime. When the process dies its session ends and
-// the lock goes with it, so another replica can tell a claim whose owner is gone (OwnerGone) from a call that is
+// the lock goes with it, so another replica can tell a claim whose owner is gone (opstore.OwnerGone) from a call that is
 // merely slow, without waiting for the lease.
 //
 // An owner that is alive but lost its lock connection (a database failover, a cut network) may see its claims
@@ -30,10 +31,6 @@ type Owner struct {
 	stop context.CancelFunc
 	done chan struct{}
 }
-
-// ownerLockClass is the first key of every owner's advisory lock (pg_advisory_lock(int4, int4)), its id the
-// second: "rsow".
-const ownerLockClass = 0x72736f77
 
 // ownerCheckEvery is how often an owner checks that its lock connection is alive.
 const ownerCheckEvery = time.Second
@@ -103,7 +100,7 @@ func (o *Owner) take(ctx context.Context) *pgx.Conn {
 	for range 8 {
 		id := int64(rand.Int32N(math.MaxInt32-1)) + 1
 		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(ownerLockClass), int32(id)).Scan(&got); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(opstore.OwnerLockClass), int32(id)).Scan(&got); err != nil {
 			break
 		}
 		if got {
@@ -115,35 +112,3 @@ func (o *Owner) take(ctx context.Context) *pgx.Conn {
 	conn.Close(context.Background())
 	return nil
 }
-
-// ownerGoneSQL returns the owner marked on an operation's claim when no session holds that owner's lock and the
-// operation has no dispatch_started record; no row otherwise (no owner marked, owner alive, or a call started).
-const ownerGoneSQL = `SELECT c.owner FROM (
-    SELECT (detail->>'owner')::bigint AS owner FROM operation_events
-    WHERE account_id = ? AND operation_id = ? AND type = 'claimed' AND detail->>'owner' IS NOT NULL) c
-WHERE NOT EXISTS (
-        SELECT 1 FROM pg_locks l
-        WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.classid::bigint = ? AND l.objid::bigint = c.owner
-          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
-  AND NOT EXISTS (
-        SELECT 1 FROM operation_events d
-        WHERE d.account_id = ? AND d.operation_id = ? AND d.type = 'dispatch_started')`
-
-// OwnerGone reports whether operation id's claim is orphaned: the owner marked on its claimed event
-// (ClaimOwner) holds no lock any more, and no call of it was started, so nothing of it can have left a process.
-// Read it in a transaction that holds the operation's row lock before acting on it: StartDispatch waits for that
-// lock, so the answer cannot change before the transaction ends.
-func OwnerGone(ctx context.Context, db *gorm.DB, accountID, id string) (owner int64, gone bool, err error) {
-	var owners []int64
-	err = db.WithContext(ctx).Raw(ownerGoneSQL, accountID, id, ownerLockClass, accountID, id).Scan(&owners).Error
-	if err != nil {
-		return 0, false, fmt.Errorf("opstatus: owner of %s: %w", id, err)
-	}
-	if len(owners) == 0 {
-		return 0, false, nil
-	}
-	return owners[0], true, nil
-}
-
-// ClaimOwner is the key of a claimed event's detail that names the Owner of the process that claimed it.
-const ClaimOwner = "owner"

@@ -8,6 +8,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // TestOwnerGoneOnlyWhenItsLockIsFreeAndNoCallStarted: a claim marked with a live owner is not orphaned; once the
@@ -24,13 +25,13 @@ func TestOwnerGoneOnlyWhenItsLockIsFreeAndNoCallStarted(t *testing.T) {
 	servicetest.Eventually(t, "the owner lock is held", func() bool { return owner.ID() != 0 })
 	claim := func() opstatus.Operation {
 		op := create(t, db, opstatus.StateRunning, nil)
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventClaimed, "test", map[string]any{opstatus.ClaimOwner: owner.ID()}); err != nil {
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventClaimed, "test", opstore.Attempt{Owner: owner.ID()}); err != nil {
 			t.Fatal(err)
 		}
 		return op
 	}
 	gone := func(op opstatus.Operation) bool {
-		_, gone, err := opstatus.OwnerGone(ctx, db.DB, op.AccountID, op.ID)
+		_, gone, err := opstore.OwnerGone(ctx, db.DB, op.AccountID, op.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,12 +67,12 @@ func TestCallOverReadsTheNewestDispatchRecord(t *testing.T) {
 	op := create(t, db, opstatus.StateUnknown, nil)
 	for _, step := range []struct{ append, want string }{
 		{"", ""},
-		{opstatus.EventDispatchStarted, ""},
-		{opstatus.EventDispatchSentNoResponse, ""},
-		{opstatus.EventDispatchStarted, ""},
-		{opstatus.EventDispatchResponseReceived, opstatus.EventDispatchResponseReceived},
-		{opstatus.EventDispatchStarted, ""},
-		{opstatus.EventDispatchNotSent, opstatus.EventDispatchNotSent},
+		{opstore.EventDispatchStarted, ""},
+		{opstore.EventDispatchSentNoResponse, ""},
+		{opstore.EventDispatchStarted, ""},
+		{opstore.EventDispatchResponseReceived, opstore.EventDispatchResponseReceived},
+		{opstore.EventDispatchStarted, ""},
+		{opstore.EventDispatchNotSent, opstore.EventDispatchNotSent},
 	} {
 		if step.append != "" {
 			if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, step.append, "test", nil); err != nil {

@@ -2,12 +2,13 @@ package opstatus
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Reconciler settles operations of one kind whose outcome is unknown, from evidence outside the process (the
@@ -112,23 +113,22 @@ func (w *RecoveryWorker) Run(ctx context.Context) {
 // returns how many operations it settled (left the unknown state).
 func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 	now := w.now()
-	if _, err := ExpireLeases(ctx, w.DB, now); err != nil {
+	if _, err := expireLeases(ctx, w.DB, now); err != nil {
 		return 0, err
 	}
-	var rows []operationRow
-	err := w.DB.WithContext(ctx).Raw(selectOperation + `WHERE unknown ORDER BY updated_at LIMIT 100`).Scan(&rows).Error
+	rows, err := opstore.ListUnknown(ctx, w.DB, 100)
 	if err != nil {
-		return 0, fmt.Errorf("opstatus: list unknown: %w", err)
+		return 0, err
 	}
 	settled := 0
 	for _, r := range rows {
-		op := r.operation()
+		op := operation(r)
 		rec, ok := w.Reconcilers[op.Kind]
 		if !ok || !w.due(op.ID, now) {
 			continue
 		}
 		if err := rec.Reconcile(ctx, op); err != nil {
-			ObserveReconciled(w.Observer, op.Kind, ReconcileError)
+			observeReconciled(w.Observer, op.Kind, ReconcileError)
 			n := w.failed(op.ID, now)
 			w.log().WarnContext(ctx, "reconcile failed", "operation_id", op.ID, "kind", op.Kind, "attempt", n, "error", err.Error())
 			continue
@@ -138,9 +138,9 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 			continue
 		}
 		if after.State == StateUnknown {
-			ObserveReconciled(w.Observer, op.Kind, ReconcileStillUnknown)
+			observeReconciled(w.Observer, op.Kind, ReconcileStillUnknown)
 		} else {
-			ObserveReconciled(w.Observer, op.Kind, ReconcileSettled)
+			observeReconciled(w.Observer, op.Kind, ReconcileSettled)
 			w.forget(op.ID)
 			settled++
 			w.log().InfoContext(ctx, "operation reconciled", "operation_id", op.ID, "kind", op.Kind, "state", after.State)
@@ -149,46 +149,18 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 	return settled, nil
 }
 
-// ExpireLeases moves every queued or running operation whose lease ended before now to unknown, with a
+// expireLeases moves every queued or running operation whose lease ended before now to unknown, with a
 // lease_expired event, and returns them. Nothing is deleted: the operation may well have happened. When the
 // attempt that claimed the operation has no attempt record yet (an external effect whose process died after the
 // claim), the lease_expired event is that record: its attempt_id, outcome unknown, reason lease_expired.
-func ExpireLeases(ctx context.Context, db *gorm.DB, now time.Time) ([]Operation, error) {
-	var rows []operationRow
-	err := db.WithContext(ctx).Raw(`
-WITH expired AS (
-    SELECT account_id, id, state FROM operations
-    WHERE state IN ('queued', 'running') AND lease_expires_at < ?
-    ORDER BY lease_expires_at
-    LIMIT 100
-    FOR NO KEY UPDATE SKIP LOCKED
-), op AS (
-    UPDATE operations o SET state = 'unknown', updated_at = now()
-    FROM expired WHERE o.account_id = expired.account_id AND o.id = expired.id
-    RETURNING o.id, o.account_id, o.kind, o.state, o.idempotency_key, o.fingerprint, o.resource_type,
-              o.resource_id, o.lease_expires_at, o.created_at, o.updated_at, expired.state AS from_state
-), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-    SELECT op.id, op.account_id, ?, op.from_state, op.state, ?, coalesce((
-        -- The attempt that claimed it and never got its attempt record (its process died between the claim
-        -- and the outcome): this event is that record, outcome unknown, so the attempt has its number.
-        SELECT (c.detail - 'supersedes_operation_id' - 'owner') || jsonb_build_object('outcome', 'unknown', 'reason', ?::text, 'fingerprint', op.fingerprint)
-        FROM operation_events c
-        WHERE c.account_id = op.account_id AND c.operation_id = op.id AND c.type = 'claimed' AND c.detail ? 'attempt_id'
-          AND NOT EXISTS (
-            SELECT 1 FROM operation_events a
-            WHERE a.account_id = op.account_id AND a.operation_id = op.id AND is_attempt_record(a.detail) AND a.detail->>'attempt_id' = c.detail->>'attempt_id')
-        LIMIT 1), '{}'::jsonb)
-    FROM op
-)
-SELECT id, account_id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, lease_expires_at,
-       created_at, updated_at FROM op`, now, EventLeaseExpired, recoveryActor, ReasonLeaseExpired).Scan(&rows).Error
+func expireLeases(ctx context.Context, db *gorm.DB, now time.Time) ([]Operation, error) {
+	rows, err := opstore.ExpireLeases(ctx, db, now, opstore.EventLeaseExpired, recoveryActor, opstore.ReasonLeaseExpired)
 	if err != nil {
-		return nil, fmt.Errorf("opstatus: expire leases: %w", err)
+		return nil, err
 	}
 	ops := make([]Operation, len(rows))
 	for i, r := range rows {
-		ops[i] = r.operation()
+		ops[i] = operation(r)
 	}
 	return ops, nil
 }

@@ -2,6 +2,7 @@ package opstatus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,18 +10,14 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
-// EventOperatorDecision records a person's decision on an operation whose outcome was unknown: who (its
-// actor), when (its time), the state decided and the evidence it rests on. It is also the operation's move to
-// that state.
-const EventOperatorDecision = "operator_decision"
-
-// MaxEvidence is the most characters a decision's evidence may hold; MaxRemoteRef those of its remote_ref.
+// maxEvidence is the most characters a decision's evidence may hold; maxRemoteRef those of its remote_ref.
 const (
-	MaxEvidence  = 2000
-	MaxRemoteRef = 255
+	maxEvidence  = 2000
+	maxRemoteRef = 255
 )
 
 // Decision is what a person decided about an unknown operation, from evidence outside retrysafe (the
@@ -40,8 +37,8 @@ func (d Decision) Validate() error {
 	if d.State != StateSucceeded && d.State != StateFailed {
 		errs = append(errs, problem.FieldError{Field: "state", Message: "must be succeeded or failed"})
 	}
-	errs = problem.CheckMultilineText(errs, "evidence", d.Evidence, MaxEvidence, true)
-	errs = problem.CheckText(errs, "remote_ref", d.RemoteRef, MaxRemoteRef, false)
+	errs = problem.CheckMultilineText(errs, "evidence", d.Evidence, maxEvidence, true)
+	errs = problem.CheckText(errs, "remote_ref", d.RemoteRef, maxRemoteRef, false)
 	if len(errs) > 0 {
 		return problem.Validation(errs...)
 	}
@@ -76,17 +73,16 @@ func (f ResolverFunc) Resolve(ctx context.Context, tx *gorm.DB, op Operation, d 
 // runs its service; when it does not, the decision is refused (409 resolver_elsewhere naming the service): only
 // that service can release what the operation holds, and settling the operation without it would strand it.
 func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d Decision, resolvers map[string]Resolver, services []string) (Operation, error) {
-	var rows []operationRow
-	// FOR NO KEY UPDATE, as Transition takes it: the decision and a reconciler settling the same operation
-	// wait for each other, and the second finds it no longer unknown.
-	err := tx.WithContext(ctx).Raw(selectOperation+`WHERE account_id = ? AND id = ? FOR NO KEY UPDATE`, accountID, id).Scan(&rows).Error
-	if err != nil {
-		return Operation{}, fmt.Errorf("opstatus: resolve %s: %w", id, err)
-	}
-	if len(rows) == 0 {
+	// Locked as Transition locks it: the decision and a reconciler settling the same operation wait for each
+	// other, and the second finds it no longer unknown.
+	row, err := opstore.LockForDecision(ctx, tx, accountID, id)
+	if errors.Is(err, opstore.ErrNotFound) {
 		return Operation{}, problem.NotFound("operation")
 	}
-	op := rows[0].operation()
+	if err != nil {
+		return Operation{}, err
+	}
+	op := operation(row)
 	if op.State != StateUnknown {
 		return Operation{}, problem.New("invalid_state",
 			"operation %s is %s; only an operation whose outcome is unknown takes a person's decision", id, op.State).
@@ -109,12 +105,8 @@ func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d De
 			return Operation{}, err
 		}
 	}
-	detail := map[string]any{"state": d.State, "evidence": d.Evidence}
-	if d.RemoteRef != "" {
-		detail["remote_ref"] = d.RemoteRef
-	}
 	moved, err := Transition(ctx, tx, accountID, id, d.State, actor, From(StateUnknown), WithLease(time.Time{}),
-		WithEvent(EventOperatorDecision, detail))
+		WithEvent(opstore.EventOperatorDecision, d))
 	if err != nil {
 		return Operation{}, err
 	}

@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Timeline is one operation's story for an investigator: every attempt, dispatch, observation and state change
@@ -120,7 +121,7 @@ func category(ev Event) string {
 		return "observation"
 	case strings.HasPrefix(ev.Type, "approval_"):
 		return "approval"
-	case ev.Type == EventOperatorDecision:
+	case ev.Type == opstore.EventOperatorDecision:
 		return "decision"
 	}
 	return "state"
@@ -170,39 +171,22 @@ func timelineStart(op Operation) time.Time {
 	return start
 }
 
-// timelineDetail is what the timeline reads of an event's detail; the members an event does not have stay
-// empty.
-type timelineDetail struct {
-	AttemptID             string `json:"attempt_id"`
-	AgentRunID            string `json:"agent_run_id"`
-	RetryOf               string `json:"retry_of"`
-	RetryReason           string `json:"retry_reason"`
-	Outcome               string `json:"outcome"`
-	Status                *int   `json:"status"`
-	DurationMS            *int64 `json:"duration_ms"`
-	Fingerprint           string `json:"fingerprint"`
-	Reason                string `json:"reason"`
-	SupersedesOperationID string `json:"supersedes_operation_id"`
-	SupersededBy          string `json:"superseded_by"`
-	Remediates            string `json:"remediates_operation_id"`
-	RemediatedBy          string `json:"remediated_by"`
-	DeduplicatedAgainst   string `json:"deduplicated_against"`
-	DeduplicatedBy        string `json:"deduplicated_by"`
-}
-
 // addEvents adds an entry per event, marks whether each attempt sent the first attempt's fingerprint, and
 // gathers the operation's links and settlement from the events.
 func (tl *Timeline) addEvents(events []Event) {
 	var firstFingerprint string
 	for _, ev := range events {
-		var d timelineDetail
+		// The detail is read by the types that wrote it; one of another shape still shows as detail.
+		var d opstore.Attempt
+		var link opstore.Link
 		if len(ev.Detail) > 0 {
-			_ = json.Unmarshal(ev.Detail, &d) // a detail of another shape still shows as detail
+			_ = json.Unmarshal(ev.Detail, &d)
+			_ = json.Unmarshal(ev.Detail, &link)
 		}
 		e := TimelineEntry{
 			Seq: ev.Seq, At: ev.CreatedAt, OffsetMS: ev.CreatedAt.Sub(tl.Start).Milliseconds(), Category: category(ev),
 			Type: ev.Type, Actor: ev.Actor, FromState: ev.FromState, ToState: ev.ToState, Attempt: ev.Attempt,
-			AttemptID: d.AttemptID, AgentRunID: d.AgentRunID, RetryOf: d.RetryOf, RetryReason: d.RetryReason,
+			AttemptID: d.AttemptID, AgentRunID: d.AgentRunID, RetryOf: d.RetryOf, RetryReason: deref(d.RetryReason),
 			Outcome: d.Outcome, Status: d.Status, DurationMS: d.DurationMS, Reason: d.Reason, Detail: ev.Detail,
 		}
 		if ev.Attempt != nil && d.Fingerprint != "" {
@@ -212,7 +196,7 @@ func (tl *Timeline) addEvents(events []Event) {
 			same := d.Fingerprint == firstFingerprint
 			e.SameFingerprint = &same
 		}
-		tl.addLinks(ev.Type, d)
+		tl.addLinks(ev.Type, d.SupersedesOperationID, link)
 		if ev.ToState.Final() {
 			actor, at := ev.Actor, ev.CreatedAt
 			tl.SettledBy, tl.SettledAt = &actor, &at
@@ -221,26 +205,34 @@ func (tl *Timeline) addEvents(events []Event) {
 	}
 }
 
-// addLinks records the operations an event of type evType links this one to.
-func (tl *Timeline) addLinks(evType string, d timelineDetail) {
-	if d.SupersedesOperationID != "" {
-		tl.Supersedes = &d.SupersedesOperationID
+// addLinks records the operations an event of type evType links this one to: supersedes, what its claim said it
+// supersedes, and link, its detail as a link.
+func (tl *Timeline) addLinks(evType, supersedes string, link opstore.Link) {
+	if supersedes != "" {
+		tl.Supersedes = &supersedes
 	}
-	if d.SupersededBy != "" {
-		tl.SupersededBy = append(tl.SupersededBy, d.SupersededBy)
+	if link.SupersededBy != "" {
+		tl.SupersededBy = append(tl.SupersededBy, link.SupersededBy)
 	}
 	// The link events are written by the services that make the links (payments, tickets), named by
 	// their detail member.
 	switch evType {
 	case "remediates":
-		tl.Remediates = nonEmpty(d.Remediates, tl.Remediates)
+		tl.Remediates = nonEmpty(link.Remediates, tl.Remediates)
 	case "remediated_by":
-		tl.RemediatedBy = appendNonEmpty(tl.RemediatedBy, d.RemediatedBy)
+		tl.RemediatedBy = appendNonEmpty(tl.RemediatedBy, link.RemediatedBy)
 	case "deduplicated_against":
-		tl.DeduplicatedAgainst = nonEmpty(d.DeduplicatedAgainst, tl.DeduplicatedAgainst)
+		tl.DeduplicatedAgainst = nonEmpty(link.DeduplicatedAgainst, tl.DeduplicatedAgainst)
 	case "deduplicated_by":
-		tl.DeduplicatedBy = appendNonEmpty(tl.DeduplicatedBy, d.DeduplicatedBy)
+		tl.DeduplicatedBy = appendNonEmpty(tl.DeduplicatedBy, link.DeduplicatedBy)
 	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // checkChain verifies the audit chain's records of operation id and of its approvals.
@@ -271,13 +263,10 @@ func timelineApprovals(ctx context.Context, db *gorm.DB, op Operation) ([]Timeli
 		CreatedAt   time.Time
 		DecidedBy   *string
 		DecidedAt   *time.Time
-		Attempt     *string
+		UsedBy      *string
 	}
 	err := db.WithContext(ctx).Raw(`
-SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at,
-       (SELECT e.detail->>'attempt_id' FROM operation_events e
-        WHERE e.account_id = a.account_id AND e.operation_id = a.used_by_operation_id AND e.type = 'claimed'
-        LIMIT 1) AS attempt
+SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at, a.used_by_operation_id AS used_by
 FROM approvals a
 WHERE a.account_id = ? AND a.idempotency_key = ? AND (a.used_by_operation_id = ? OR a.fingerprint = ?)
 ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerprint).Scan(&rows).Error
@@ -289,8 +278,11 @@ ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerp
 	for _, r := range rows {
 		a := TimelineApproval{ApprovalID: r.ID, State: r.State, RequestedBy: r.RequestedBy, RequestedAt: r.CreatedAt,
 			DecidedBy: r.DecidedBy, DecidedAt: r.DecidedAt, Records: []TimelineApprovalRecord{}}
-		if r.Attempt != nil {
-			a.UsedByAttempt = *r.Attempt
+		if r.UsedBy != nil {
+			// The attempt whose claim used it: the approval names its operation, whose claim names the attempt.
+			if a.UsedByAttempt, err = opstore.ClaimAttempt(ctx, db, op.AccountID, *r.UsedBy); err != nil {
+				return nil, err
+			}
 		}
 		index[r.ID] = len(out)
 		out = append(out, a)

@@ -1,7 +1,7 @@
 // Package resolution serves a person's decision on an operation whose outcome is unknown: POST
 // /v1/operations/{id}/resolution, on every service, and the same decision from the console's operation page
 // (package service wires both). The decision is an idempotent write (package idem): its Idempotency-Key makes
-// a repeated decision a replay, and its record (opstatus.EventOperatorDecision) and the release of what the
+// a repeated decision a replay, and its record (opstore.EventOperatorDecision) and the release of what the
 // operation held (the opstatus.Resolver of its kind) commit together.
 package resolution
 

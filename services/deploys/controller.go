@@ -12,6 +12,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -93,7 +94,7 @@ const expireBatch = 100
 // environment's lock; it returns how many it failed. Several replicas may run it at once: each deploy is
 // failed by exactly one of them (see Store.ExpireQueued).
 func (c *Controller) ExpireQueued(ctx context.Context) (int, error) {
-	detail := map[string]any{"reason": opstatus.ReasonQueueTimeout, "queue_timeout_seconds": c.QueueTimeout.Seconds()}
+	detail := map[string]any{"reason": opstore.ReasonQueueTimeout, "queue_timeout_seconds": c.QueueTimeout.Seconds()}
 	total := 0
 	for {
 		var expired []Deploy
@@ -107,7 +108,7 @@ func (c *Controller) ExpireQueued(ctx context.Context) (int, error) {
 		}
 		for _, d := range expired {
 			c.Logger.InfoContext(ctx, "deploy failed: queued too long", "deploy_id", d.ID, "operation_id", d.OperationID,
-				"environment", d.Environment, "reason", opstatus.ReasonQueueTimeout)
+				"environment", d.Environment, "reason", opstore.ReasonQueueTimeout)
 			opstatus.ObserveFinished(c.Observer, d.OperationKind(), StateFailed)
 		}
 		total += len(expired)
@@ -205,8 +206,8 @@ func (c *Controller) execute(ctx context.Context, r *run) error {
 		// The target answered: nothing is live. The deploy fails, its lock released, and says why.
 		if ferr := c.retry(ctx, r, "finish", func(ctx context.Context) error {
 			return c.tx(ctx, func(tx *gorm.DB) error {
-				return c.Store.Finish(ctx, tx, claim, false, controllerActor, opstatus.EventFailed,
-					map[string]any{"reason": opstatus.ReasonActivationFailed, "fencing_token": claim.Token})
+				return c.Store.Finish(ctx, tx, claim, false, controllerActor, opstore.EventFailed,
+					map[string]any{"reason": opstore.ReasonActivationFailed, "fencing_token": claim.Token})
 			})
 		}); ferr != nil {
 			return ferr
@@ -244,7 +245,7 @@ func (c *Controller) activate(ctx, stopping context.Context, r *run) (Activation
 		failpoint.Hit(FailpointBeforeActivate)
 		call := map[string]any{"target": "deploy_target", "call": "activate", "deploy_id": claim.Deploy.ID, "fencing_token": claim.Token}
 		if err := c.retry(ctx, r, "record dispatch", func(ctx context.Context) error {
-			return opstatus.Append(ctx, c.DB, claim.Deploy.AccountID, claim.Deploy.OperationID, opstatus.EventDispatchStarted, controllerActor, call)
+			return opstatus.Append(ctx, c.DB, claim.Deploy.AccountID, claim.Deploy.OperationID, opstore.EventDispatchStarted, controllerActor, call)
 		}); err != nil {
 			// Without the record of the dispatch the call is not made; the lease runs out and the reconciler,
 			// finding no marker, settles the deploy.
@@ -330,20 +331,20 @@ func (c *Controller) retry(ctx context.Context, r *run, what string, do func(ctx
 // activation or a fenced refusal, and sent_no_response for any other error (the simulated target answers
 // through the database, so a failed call may have committed there).
 func (c *Controller) recordDispatch(ctx context.Context, claim Claim, call map[string]any, marker Activation, err error) {
-	event := opstatus.EventDispatchResponseReceived
+	event := opstore.EventDispatchResponseReceived
 	var notReached *NotReachedError
 	switch {
 	case errors.Is(err, ErrFenced):
 		call["state"], call["result"] = "response_received", "fenced"
 	case errors.As(err, &notReached):
-		event = opstatus.EventDispatchNotSent
+		event = opstore.EventDispatchNotSent
 		call["state"], call["reason"] = "not_sent", notReached.Reason
 	case errors.Is(err, ErrActivationFailed):
-		event = opstatus.EventDispatchExecutionError
-		call["state"], call["reason"] = "execution_error", opstatus.ReasonActivationFailed
+		event = opstore.EventDispatchExecutionError
+		call["state"], call["reason"] = "execution_error", opstore.ReasonActivationFailed
 	case err != nil:
-		event = opstatus.EventDispatchSentNoResponse
-		call["state"], call["reason"] = "sent_no_response", opstatus.ReasonTargetError
+		event = opstore.EventDispatchSentNoResponse
+		call["state"], call["reason"] = "sent_no_response", opstore.ReasonTargetError
 	default:
 		call["state"], call["result"], call["remote_ref"] = "response_received", "activated", marker.DeployID
 		// The target counts calls per deploy: more than one means it answered from its earlier activation.

@@ -13,6 +13,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
 
@@ -70,7 +71,7 @@ WHERE account_id = ? AND to_state IS NOT NULL ORDER BY id`, account).Scan(&moves
 	running, most := 0, 0
 	for _, m := range moves {
 		switch {
-		case m.FromState == nil || m.Type == opstatus.EventCompleted:
+		case m.FromState == nil || m.Type == opstore.EventCompleted:
 			// The request's own claim (running) and its 202 (queued): no controller involved.
 		case *m.FromState == "queued" && m.ToState == "running":
 			running++
@@ -213,13 +214,13 @@ func TestQueueTimeoutFailsTheDeployAndFreesItsLock(t *testing.T) {
 	var op opstatus.Operation
 	b.agent.Get("/v1/operations/"+old.OperationID).Status(t, 200).Decode(t, &op)
 	last := op.Events[len(op.Events)-1]
-	if op.State != opstatus.StateFailed || last.Type != opstatus.EventFailed || last.FromState != opstatus.StateQueued ||
-		detailReason(t, last.Detail) != opstatus.ReasonQueueTimeout {
+	if op.State != opstatus.StateFailed || last.Type != opstore.EventFailed || last.FromState != opstatus.StateQueued ||
+		detailReason(t, last.Detail) != opstore.ReasonQueueTimeout {
 		t.Fatalf("operation %s, last event %s %s->%s %s", op.State, last.Type, last.FromState, last.ToState, last.Detail)
 	}
 	var tl opstatus.Timeline
 	b.agent.Get("/v1/operations/"+old.OperationID+"/timeline").Status(t, 200).Decode(t, &tl)
-	if e := tl.Entries[len(tl.Entries)-1]; e.Reason != opstatus.ReasonQueueTimeout || e.ToState != opstatus.StateFailed {
+	if e := tl.Entries[len(tl.Entries)-1]; e.Reason != opstore.ReasonQueueTimeout || e.ToState != opstatus.StateFailed {
 		t.Fatalf("timeline ends with %+v", e)
 	}
 	if finalEvents(t, b.db, old.OperationID) != 1 {
@@ -352,7 +353,7 @@ func TestControllerRunsTheQueueTimeout(t *testing.T) {
 	if s.State != deploys.StateFailed || s.StartedAt != nil {
 		t.Fatalf("the waiting deploy ended %s (started %v), want failed without starting", s.State, s.StartedAt)
 	}
-	if last := s.History[len(s.History)-1]; detailReason(t, last.Detail) != opstatus.ReasonQueueTimeout {
+	if last := s.History[len(s.History)-1]; detailReason(t, last.Detail) != opstore.ReasonQueueTimeout {
 		t.Fatalf("its last event: %s %s", last.Type, last.Detail)
 	}
 	if s := waitFinal(t, b.agent, first.ID); s.State != deploys.StateSucceeded {

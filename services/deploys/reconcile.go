@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Reconciler settles deploys whose operation became unknown (their controller died, its leases ran out) from
@@ -55,12 +56,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	}
 	evidence := map[string]any{"target_marker": nil, "fencing_token": claim.Token,
 		"activation_started": d.ActivationStarted != nil}
-	evidence["reason"] = opstatus.ReasonRemoteRecordAbsent
+	evidence["reason"] = opstore.ReasonRemoteRecordAbsent
 	if activated {
-		evidence["target_marker"], evidence["reason"] = marker, opstatus.ReasonRemoteRecordFound
+		evidence["target_marker"], evidence["reason"] = marker, opstore.ReasonRemoteRecordFound
 	}
 	if err := r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		return r.Store.Finish(ctx, tx, claim, activated, reconcilerActor, opstatus.EventReconciled, evidence)
+		return r.Store.Finish(ctx, tx, claim, activated, reconcilerActor, opstore.EventReconciled, evidence)
 	}); err != nil {
 		return err
 	}
@@ -101,7 +102,7 @@ func (r *Reconciler) lookUpActivation(ctx context.Context, op opstatus.Operation
 	marker, activated, err := r.Target.Activation(ctx, d.ID)
 	lookup := map[string]any{"target": "deploy_target", "call": "activation", "deploy_id": d.ID}
 	if err != nil {
-		lookup["result"], lookup["reason"] = "failed", opstatus.ReasonTargetError
+		lookup["result"], lookup["reason"] = "failed", opstore.ReasonTargetError
 		if aerr := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
 			return Activation{}, false, errors.Join(err, aerr)
 		}

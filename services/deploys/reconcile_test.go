@@ -13,6 +13,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
 
@@ -48,7 +49,7 @@ func (b *bundle) recover(t *testing.T) {
 func reconciledEvidence(t *testing.T, s deploys.Status) map[string]any {
 	t.Helper()
 	for _, ev := range s.History {
-		if ev.Type == opstatus.EventReconciled {
+		if ev.Type == opstore.EventReconciled {
 			var detail map[string]any
 			if err := json.Unmarshal(ev.Detail, &detail); err != nil {
 				t.Fatal(err)
@@ -126,7 +127,7 @@ func TestReconcilerSettlesAnActivatedDeployFromTheTargetMarker(t *testing.T) {
 	if s := decodeDeploy(t, b.agent.Get("/v1/deploys/"+d.ID).Status(t, 200)); s.State != deploys.StateRunning {
 		t.Fatalf("before recovery: %s", s.State)
 	}
-	if _, err := opstatus.ExpireLeases(t.Context(), b.db, time.Now()); err != nil {
+	if _, err := (&opstatus.RecoveryWorker{DB: b.db}).RunOnce(t.Context()); err != nil { // expires the lease; no reconciler
 		t.Fatal(err)
 	}
 	if s := decodeDeploy(t, b.agent.Get("/v1/deploys/"+d.ID).Status(t, 200)); s.State != deploys.StateUnknown {

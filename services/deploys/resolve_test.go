@@ -3,7 +3,6 @@ package deploys_test
 import (
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
@@ -17,7 +16,7 @@ func unknownDeploy(t *testing.T, b *bundle, key string, n int) deploys.Status {
 	t.Helper()
 	d := decodeDeploy(t, b.agent.Post("/v1/deploys", deployBody("api", "staging", artifact(n)), apitest.Key(key)).Status(t, http.StatusAccepted))
 	claimExpired(t, b)
-	if _, err := opstatus.ExpireLeases(t.Context(), b.db, time.Now()); err != nil {
+	if _, err := (&opstatus.RecoveryWorker{DB: b.db}).RunOnce(t.Context()); err != nil { // expires the lease; no reconciler
 		t.Fatal(err)
 	}
 	return d

@@ -9,6 +9,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -33,11 +34,11 @@ type deployRow struct {
 	StoredState State
 }
 
-// The operation's state is a subquery on its whole key, not a join: with the account known, a join lets the
-// planner scan the account's operations and filter them by id (see idem's lookupSQL).
+// The operation's state is read by its whole key (operation_state, migrations/00001_baseline.sql), not a join:
+// with the account known, a join lets the planner scan the account's operations and filter them by id.
 const deployColumns = `d.id, d.account_id, d.operation_id, d.kind, d.service, d.environment, d.artifact,
 d.commit_sha, d.rolls_back_deploy_id,
-CASE WHEN (SELECT o.state FROM operations o WHERE o.account_id = d.account_id AND o.id = d.operation_id) = 'unknown'
+CASE WHEN operation_state(d.account_id, d.operation_id) = 'unknown'
      THEN 'unknown' ELSE d.state END AS state,
 d.state AS stored_state, d.environment_version, d.fencing_token, d.steps_total, d.steps_completed,
 d.activation_started_at AS activation_started, d.started_at, d.finished_at, d.created_at, d.updated_at`
@@ -313,7 +314,7 @@ RETURNING id, account_id, operation_id, environment, state`, id, accountID).Scan
 	if _, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.StateCancelled, actor,
 		opstatus.From(opstatus.StateQueued, opstatus.StateRunning, opstatus.StateUnknown),
 		opstatus.WithLease(time.Time{}),
-		opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"reason": "cancel requested"})); err != nil {
+		opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"reason": "cancel requested"})); err != nil {
 		return Deploy{}, false, err
 	}
 	out, err := s.Deploy(ctx, tx, accountID, id)
@@ -397,7 +398,7 @@ SELECT `+deployColumns+` FROM d`, account[0], account[0], maxRunning).Scan(&rows
 		}
 		moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateRunning, actor,
 			opstatus.From(opstatus.StateQueued), opstatus.WithLease(leaseUntil),
-			opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"fencing_token": c.Token, "steps": c.Deploy.StepsTotal}))
+			opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"fencing_token": c.Token, "steps": c.Deploy.StepsTotal}))
 		if err != nil {
 			return Claim{}, false, err
 		}
@@ -440,7 +441,7 @@ SELECT `+deployColumns+` FROM d ORDER BY d.queued_at, d.id`,
 		}
 		moved, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.StateFailed, actor,
 			opstatus.From(opstatus.StateQueued), opstatus.WithLease(time.Time{}),
-			opstatus.WithEvent(opstatus.EventFailed, detail))
+			opstatus.WithEvent(opstore.EventFailed, detail))
 		if err != nil {
 			return nil, err
 		}
@@ -549,7 +550,7 @@ WHERE account_id = ? AND environment = ? AND holder_deploy_id = ? AND fencing_to
 	}
 	moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
 		opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
-		opstatus.WithEvent(opstatus.EventStateChanged, map[string]any{"reason": "controller stopped before activation"}))
+		opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"reason": "controller stopped before activation"}))
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // Target is where deploys take effect: a remote system, outside the deploys' transactions. It keeps, per
@@ -119,7 +119,7 @@ const activationColumns = `deploy_id, environment, service, artifact, commit_sha
 func (t SimulatedTarget) Activate(ctx context.Context, d Deploy, token int64) (Activation, error) {
 	switch t.Faults.take() {
 	case FaultUnreachable:
-		return Activation{}, &NotReachedError{Reason: opstatus.ReasonConnectionRefused}
+		return Activation{}, &NotReachedError{Reason: opstore.ReasonConnectionRefused}
 	case FaultActivationFails:
 		return Activation{}, ErrActivationFailed
 	}

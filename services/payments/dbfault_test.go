@@ -17,7 +17,6 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/payments"
@@ -138,7 +137,7 @@ func testCallerHangsUpDuringClaim(t *testing.T, h *harness) {
 	hungUp := make(chan struct{})
 	clientCtx, hangUp := context.WithCancel(t.Context())
 	defer hangUp()
-	unset := failpoint.Set(idem.FailpointExternalClaimed, func(detail any) {
+	unset := failpoint.Set("idem.external.claimed", func(detail any) {
 		if op, ok := detail.(opstatus.Operation); !ok || op.IdempotencyKey != key || op.Kind != payments.KindCreateIntent {
 			return
 		}
@@ -192,7 +191,7 @@ func testUnsentWhenLeaseSpentAtCommit(t *testing.T, h *harness) {
 	b := h.setupProxied(t, 4*time.Second)
 	const key = "create-slow-commit"
 	var slowed atomic.Bool
-	unset := failpoint.Set(idem.FailpointExternalClaimed, func(detail any) {
+	unset := failpoint.Set("idem.external.claimed", func(detail any) {
 		if op, ok := detail.(opstatus.Operation); ok && op.IdempotencyKey == key && slowed.CompareAndSwap(false, true) {
 			// Less than the dispatch margin (a quarter of the lease) is left after the commit, yet enough for the
 			// COMMIT itself on a loaded machine.

@@ -29,7 +29,7 @@ func (r dispatchRecorder) Started(ctx context.Context, d provider.Dispatch) erro
 func (r dispatchRecorder) Finished(ctx context.Context, d provider.Dispatch) {
 	// The call's own deadline may be what ended it; the record of how it ended must still be written.
 	ctx = context.WithoutCancel(ctx)
-	// opstatus.EventDispatch* are "dispatch_" and the state.
+	// opstore.EventDispatch* are "dispatch_" and the state.
 	if err := opstatus.Append(ctx, r.db, r.accountID, r.opID, "dispatch_"+string(d.State), r.actor, d); err != nil {
 		if l := r.s.idem.Logger; l != nil {
 			l.WarnContext(ctx, "dispatch outcome not recorded", "operation_id", r.opID,

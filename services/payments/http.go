@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/provider"
@@ -107,7 +108,7 @@ func (s *Server) callContext(ctx context.Context, op opstatus.Operation) (contex
 // its lifetime by an earlier operation, when the same key names a new action and so a new provider call (the
 // provider would replay the earlier call's answer, and the books would record an effect it never made).
 func (s *Server) downstreamKey(ctx context.Context, op opstatus.Operation) (string, error) {
-	predecessor, err := opstatus.KeyPredecessor(ctx, s.db, op)
+	predecessor, err := opstore.KeyPredecessor(ctx, s.db, op.AccountID, op.IdempotencyKey, op.ID)
 	if err != nil {
 		return "", err
 	}

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
@@ -83,7 +83,7 @@ func testKeyReusedAfterLifetime(t *testing.T, h *harness) {
 	b.idem.Retention, b.idem.KeyLifetime = 0, 0
 	again := b.agent.Post(refunds, `{"amount":"1.00"}`, apitest.Key("ref-k")).Status(t, http.StatusCreated)
 	again.Decode(t, &second)
-	if second.ID == first.ID || second.ProviderRefundID == first.ProviderRefundID || again.Header.Get(idem.HeaderReplayed) == "true" {
+	if second.ID == first.ID || second.ProviderRefundID == first.ProviderRefundID || again.Header.Get("Idempotent-Replayed") == "true" {
 		t.Errorf("the key sent after its lifetime: refund %+v after %+v; want a new refund with its own provider refund", second, first)
 	}
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 2})
@@ -91,7 +91,7 @@ func testKeyReusedAfterLifetime(t *testing.T, h *harness) {
 		t.Errorf("intent refunded %d; want 200, the two refunds the provider made", got.RefundedMinor)
 	}
 	var againOp opstatus.Operation
-	b.agent.Get("/v1/operations/"+again.Header.Get(idem.HeaderOperationID)).Status(t, http.StatusOK).Decode(t, &againOp)
+	b.agent.Get("/v1/operations/"+again.Header.Get("Operation-Id")).Status(t, http.StatusOK).Decode(t, &againOp)
 	if k1, k2 := downstreamKeyOf(t, firstOp), downstreamKeyOf(t, againOp); k1 == "" || k1 == k2 {
 		t.Errorf("provider keys %q and %q; want a new one for the new action", k1, k2)
 	}
@@ -112,7 +112,7 @@ func testKeyReusedAfterLifetime(t *testing.T, h *harness) {
 // downstreamKeyOf reads the provider key of the operation's first dispatch record.
 func downstreamKeyOf(t *testing.T, op opstatus.Operation) string {
 	t.Helper()
-	ev, ok := hasEvent(op, opstatus.EventDispatchStarted)
+	ev, ok := hasEvent(op, opstore.EventDispatchStarted)
 	if !ok {
 		t.Fatalf("operation %s has no dispatch record", op.ID)
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
-	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -44,7 +44,7 @@ func testRetryOfRunningCapture(t *testing.T, h *harness) {
 	}
 	var n int64
 	b.db.Raw(`SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = ? AND detail->>'attempt_id' = 'att_retry'
-  AND detail->>'retry_of' = 'att_running' AND detail->>'outcome' = 'in_progress'`, opID, opstatus.EventRetried).Scan(&n)
+  AND detail->>'retry_of' = 'att_running' AND detail->>'outcome' = 'in_progress'`, opID, opstore.EventRetried).Scan(&n)
 	if n != 1 {
 		t.Fatalf("%d records of the retry naming the running attempt; want 1", n)
 	}

@@ -51,7 +51,7 @@ func DownstreamKey(op opstatus.Operation) string {
 	return downstreamKeyAfter(op, "")
 }
 
-// downstreamKeyAfter is the provider key of op when predecessor (opstatus.KeyPredecessor) held its key before
+// downstreamKeyAfter is the provider key of op when predecessor (opstore.KeyPredecessor) held its key before
 // and gave it up at the end of its lifetime; DownstreamKey when none did.
 func downstreamKeyAfter(op opstatus.Operation, predecessor string) string {
 	in := op.AccountID + "\x00" + op.IdempotencyKey

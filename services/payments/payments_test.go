@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -37,8 +38,8 @@ func TestPayments(t *testing.T) {
 		{"AnsweredFailureSettlesOnTheFirstRetry", testAnsweredFailureSettles},
 		{"ConcurrentCapturesOneKey", testConcurrentCapturesOneKey},
 		{"ConcurrentCapturesDifferentKeys", testConcurrentCapturesDifferentKeys},
-		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointBeforeExternalCall) }},
-		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, idem.FailpointAfterExternalCall) }},
+		{"CrashBeforeProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, "idem.external.before_call") }},
+		{"CrashAfterProviderCall", func(t *testing.T, h *harness) { testCrash(t, h, "idem.external.after_call") }},
 		{"ClaimOfAKilledReplicaReleasedAtOnce", testOwnerGone},
 		{"OwnerThatLostItsLockSendsNothing", testOwnerLostItsLock},
 		{"AmountSpellingsAreOneRequest", testAmountSpellings},
@@ -247,7 +248,7 @@ func testLostCaptureAnswer(t *testing.T, h *harness) {
 	if !ok || !strings.Contains(string(ev.Detail), `"found": true`) && !strings.Contains(string(ev.Detail), `"found":true`) {
 		t.Fatalf("no provider_lookup evidence with found=true in %+v", got.Events)
 	}
-	if _, ok := hasEvent(got, opstatus.EventReconciled); !ok {
+	if _, ok := hasEvent(got, opstore.EventReconciled); !ok {
 		t.Fatalf("no reconciled event in %+v", got.Events)
 	}
 
@@ -293,7 +294,7 @@ func testOwnerGone(t *testing.T, h *harness) {
 	agent.Post("/v1/payment_intents", `{"order_id":"o-gone","amount":"30.00","currency":"USD"}`, apitest.Key("create")).
 		Status(t, http.StatusCreated).Decode(t, &in)
 
-	doomed := start(idem.FailpointBeforeExternalCall + "=pause")
+	doomed := start("idem.external.before_call" + "=pause")
 	// Until a process holds its owner lock its claims are not marked (opstatus.HoldOwner); under load that can
 	// outlast its start.
 	doomed.WaitFor(t, "owner lock held")
@@ -303,13 +304,13 @@ func testOwnerGone(t *testing.T, h *harness) {
 		_, err := apitest.New(t, doomed.URL, servicetest.AgentSecret).Try(http.MethodPost, path, `{}`, apitest.Key("cap"))
 		done <- err
 	}()
-	doomed.WaitFor(t, "failpoint "+idem.FailpointBeforeExternalCall+" reached")
+	doomed.WaitFor(t, "failpoint "+"idem.external.before_call"+" reached")
 	doomed.Kill(t)
 	if err := <-done; err == nil {
 		t.Fatal("the capture was answered although its process was killed first")
 	}
 	old := operation(t, agent, "cap")
-	claimed, _ := hasEvent(old, opstatus.EventClaimed)
+	claimed, _ := hasEvent(old, opstore.EventClaimed)
 	var mark struct {
 		Owner int64 `json:"owner"`
 	}
@@ -339,16 +340,16 @@ func testOwnerGone(t *testing.T, h *harness) {
 
 	var released opstatus.Operation
 	agent.Get("/v1/operations/"+old.ID).Status(t, http.StatusOK).Decode(t, &released)
-	ev, ok := hasEvent(released, idem.EventNotSent)
+	ev, ok := hasEvent(released, "not_sent")
 	var why struct {
 		Reason string `json:"reason"`
 		Owner  int64  `json:"owner"`
 	}
 	if !ok || json.Unmarshal(ev.Detail, &why) != nil || released.State != opstatus.StateCancelled ||
-		why.Reason != idem.ReasonOwnerGone || why.Owner != mark.Owner {
+		why.Reason != "owner_gone" || why.Owner != mark.Owner {
 		t.Fatalf("the killed replica's operation: %s with %+v; want cancelled, not_sent owner_gone naming owner %d", released.State, released.Events, mark.Owner)
 	}
-	if _, ok := hasEvent(released, opstatus.EventDispatchStarted); ok {
+	if _, ok := hasEvent(released, opstore.EventDispatchStarted); ok {
 		t.Fatal("a released operation has a dispatch_started record")
 	}
 }
@@ -380,7 +381,7 @@ func testOwnerLostItsLock(t *testing.T, h *harness) {
 		retry *apitest.Response
 	)
 	// Hooks are process-wide: act only on this test's capture, and only on its first call.
-	unset := failpoint.Set(idem.FailpointBeforeExternalCall, func(d any) {
+	unset := failpoint.Set("idem.external.before_call", func(d any) {
 		op, _ := d.(opstatus.Operation)
 		if op.Kind != payments.KindCapture || op.IdempotencyKey != key || !fired.CompareAndSwap(false, true) {
 			return
@@ -429,9 +430,9 @@ func testOwnerLostItsLock(t *testing.T, h *harness) {
 		_ = json.Unmarshal(ev.Detail, &d)
 		return d.Reason
 	}
-	_, started := hasEvent(released, opstatus.EventDispatchStarted)
-	if released.State != opstatus.StateCancelled || reason(idem.EventNotSent) != idem.ReasonOwnerGone || started ||
-		reason(opstatus.EventDispatchNotSent) != opstatus.ReasonEvidenceNotRecorded || list.Items[0].State != opstatus.StateSucceeded {
+	_, started := hasEvent(released, opstore.EventDispatchStarted)
+	if released.State != opstatus.StateCancelled || reason("not_sent") != "owner_gone" || started ||
+		reason(opstore.EventDispatchNotSent) != opstore.ReasonEvidenceNotRecorded || list.Items[0].State != opstatus.StateSucceeded {
 		var types []string
 		for _, ev := range released.Events {
 			types = append(types, ev.Type+" "+string(ev.Detail))
@@ -487,7 +488,7 @@ func testAnsweredFailureSettles(t *testing.T, h *harness) {
 		LeaseRunning bool   `json:"lease_running"`
 	}
 	if err := json.Unmarshal(lookup.Detail, &evidence); err != nil || evidence.Found == nil || *evidence.Found ||
-		evidence.Conclusive != opstatus.EventDispatchResponseReceived || evidence.LeaseRunning {
+		evidence.Conclusive != opstore.EventDispatchResponseReceived || evidence.LeaseRunning {
 		t.Fatalf("provider_lookup evidence %s; want not found, conclusive because of dispatch_response_received", lookup.Detail)
 	}
 	if ev, _ := hasEvent(got, "reconciled"); !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
@@ -509,10 +510,10 @@ func testUnreachableProviderIsNotSent(t *testing.T, h *harness) {
 	if got.State != opstatus.StateFailed || !ok || !strings.Contains(string(ev.Detail), `"reason":"connection_refused"`) {
 		t.Fatalf("operation %s with events %+v", got.State, got.Events)
 	}
-	if _, ok := hasEvent(got, opstatus.EventOutcomeUnknown); ok {
+	if _, ok := hasEvent(got, opstore.EventOutcomeUnknown); ok {
 		t.Fatal("a call that never left was called unknown")
 	}
-	if ev, ok := hasEvent(got, opstatus.EventCompleted); !ok || !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
+	if ev, ok := hasEvent(got, opstore.EventCompleted); !ok || !strings.Contains(string(ev.Detail), `"reason":"provider_unavailable"`) {
 		t.Errorf("the failure's reason is not recorded: %+v", ev)
 	}
 }
@@ -646,7 +647,7 @@ func testCrash(t *testing.T, h *harness, failpoint string) {
 		t.Fatal("the capture was answered although the process was killed before answering")
 	}
 	wantCaptures := int64(1)
-	if failpoint == idem.FailpointBeforeExternalCall {
+	if failpoint == "idem.external.before_call" {
 		wantCaptures = 0
 	}
 	if got := counters()["capture"]; got != wantCaptures {
@@ -688,7 +689,7 @@ func testCrash(t *testing.T, h *harness, failpoint string) {
 		}
 		return recs
 	}
-	want := "#1 lease_expired unknown " + opstatus.ReasonLeaseExpired
+	want := "#1 lease_expired unknown " + opstore.ReasonLeaseExpired
 	if recs := killedAttempt(op); len(recs) != 1 || recs[0] != want {
 		t.Fatalf("attempt records of the killed attempt %s: %v; want [%s]", claim.AttemptID, recs, want)
 	}
@@ -982,7 +983,7 @@ func testDuplicateEffect(t *testing.T, h *harness) {
 		t.Fatal(err)
 	}
 	b.assertCounters(t, map[string]int64{"authorize": 2})
-	ev, ok := hasEvent(got, opstatus.EventReconciled)
+	ev, ok := hasEvent(got, opstore.EventReconciled)
 	if !ok || !strings.Contains(string(ev.Detail), `"reason":"duplicate_effect_confirmed"`) {
 		t.Errorf("reconciled event %+v", ev)
 	}

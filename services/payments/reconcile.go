@@ -12,6 +12,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
@@ -78,7 +79,7 @@ func reconciler[T any](s *Server, record recordFunc[T], duplicated duplicatedFun
 		write := func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 			res, err := record(ctx, tx, op, outcome, callErr)
 			if res.Reason == "" {
-				res.Reason = opstatus.ReasonRemoteRecordFound
+				res.Reason = opstore.ReasonRemoteRecordFound
 			}
 			return res, err
 		}

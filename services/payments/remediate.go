@@ -18,6 +18,7 @@ package payments
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -65,33 +67,44 @@ func headerProblem(detail string) *problem.Error {
 	return problem.New("invalid_request", "the %s header %s", HeaderRemediates, detail).With("header", HeaderRemediates)
 }
 
-// remediatedSQL locks the corrected operation, so two corrections of it sent at once are decided one after the
-// other, and reads what the check needs: its kind and state, the intent it acted on, and its correction if it
-// has one. Each read below is a statement of its own after the lock (see ReserveRefund on READ COMMITTED).
-const (
-	lockOperationSQL = `SELECT kind, state FROM operations WHERE account_id = ? AND id = ? FOR UPDATE`
-	remediatedIntent = `
+// remediatedIntent reads the intent the corrected operation acted on. Each read below is a statement of its own
+// after the corrected operation's lock (see ReserveRefund on READ COMMITTED).
+const remediatedIntent = `
 SELECT intent_id FROM payment_refunds WHERE account_id = ? AND operation_id = ?
 UNION ALL
 SELECT id FROM payment_intents WHERE account_id = ? AND pending_operation_id = ?
 UNION ALL
 SELECT id FROM payment_intents WHERE account_id = ? AND duplicate_capture_operation_id = ?
 LIMIT 1`
-	// duplicateSQL reads the evidence the duplicate was settled on, the reconciler's last provider lookup that
-	// found the call: how many times it executed and the amount of one execution (the provider's answer).
-	duplicateSQL = `
-SELECT jsonb_array_length(detail->'effects') AS effects, (detail->'body'->>'amount_minor')::bigint AS amount_minor
-FROM operation_events
-WHERE account_id = ? AND operation_id = ? AND type = 'provider_lookup' AND jsonb_typeof(detail->'effects') = 'array'
-ORDER BY id DESC LIMIT 1`
-	// remediatedBySQL reads the first correction of an operation that did not fail (the provider refused a
-	// failed one, or it never reached the provider: it returned nothing).
-	remediatedBySQL = `
-SELECT e.detail->>'remediated_by' FROM operation_events e
-JOIN operations o ON o.account_id = e.account_id AND o.id = e.detail->>'remediated_by'
-WHERE e.account_id = ? AND e.operation_id = ? AND e.type = 'remediated_by' AND o.state <> 'failed'
-ORDER BY e.id LIMIT 1`
-)
+
+// duplicateEvidence is what a correction reads of the evidence the duplicate was settled on, the reconciler's
+// last provider lookup that found the call: how many times it executed and the amount of one execution.
+type duplicateEvidence struct {
+	Effects []json.RawMessage `json:"effects"`
+	Body    struct {
+		AmountMinor json.Number `json:"amount_minor"`
+	} `json:"body"`
+}
+
+// duplicateAmounts reads the evidence duplicate operation dupID was settled on: the amount of one execution and
+// how many executions the provider made (0 when the evidence is missing or unreadable).
+func duplicateAmounts(ctx context.Context, db *gorm.DB, accountID, dupID string) (each, effects int64, err error) {
+	raw, err := opstore.LastEventDetail(ctx, db, accountID, dupID, EventProviderLookup, "effects")
+	if err != nil {
+		return 0, 0, fmt.Errorf("payments: remediate %s: evidence: %w", dupID, err)
+	}
+	var dup duplicateEvidence
+	if raw == nil {
+		return 0, 0, nil
+	}
+	if json.Unmarshal(raw, &dup) != nil || dup.Body.AmountMinor == "" {
+		return 0, 0, nil
+	}
+	if each, err = dup.Body.AmountMinor.Int64(); err != nil {
+		return 0, 0, nil
+	}
+	return each, int64(len(dup.Effects)), nil
+}
 
 // remediate checks, in the claim transaction of refund operation op on intentID, that dupID names a
 // duplicate_effect_confirmed capture of the same intent, that the refund of amountMinor does not return more than
@@ -102,22 +115,21 @@ ORDER BY e.id LIMIT 1`
 // here (idem answers it from the stored response). A duplicated refund is 409 duplicate_refund_not_refundable.
 func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID, dupID string, amountMinor int64, op opstatus.Operation, actor string) error {
 	db := tx.WithContext(ctx)
-	var locked []struct {
-		Kind  string
-		State opstatus.State
+	// The corrected operation, locked, so two corrections of it sent at once are decided one after the other.
+	kind, lockedState, found, err := opstore.LockKindState(ctx, db, accountID, dupID)
+	if err != nil {
+		return fmt.Errorf("payments: remediate %s: %w", dupID, err)
 	}
-	if err := db.Raw(lockOperationSQL, accountID, dupID).Scan(&locked).Error; err != nil {
-		return fmt.Errorf("payments: remediate %s: lock: %w", dupID, err)
-	}
+	state := opstatus.State(lockedState)
 	switch {
-	case len(locked) == 0:
+	case !found:
 		return headerProblem("names no operation of this account")
-	case locked[0].Kind != KindCapture && locked[0].Kind != KindRefund:
-		return headerProblem("names a " + locked[0].Kind + " operation; only a capture can be corrected")
-	case locked[0].State != opstatus.StateDuplicateEffect:
+	case kind != KindCapture && kind != KindRefund:
+		return headerProblem("names a " + kind + " operation; only a capture can be corrected")
+	case state != opstatus.StateDuplicateEffect:
 		return problem.New("invalid_state", "operation %s is %s; only a duplicate_effect_confirmed operation is corrected with %s",
-			dupID, locked[0].State, HeaderRemediates).With("operation_id", dupID).With("state", locked[0].State)
-	case locked[0].Kind == KindRefund:
+			dupID, state, HeaderRemediates).With("operation_id", dupID).With("state", state)
+	case kind == KindRefund:
 		return problem.New("duplicate_refund_not_refundable",
 			"operation %s is a refund the provider executed more than once, booked as such; another refund would pay the customer again: "+
 				"its money comes back through the provider or the customer (docs/payments.md), nothing was sent", dupID).
@@ -130,20 +142,16 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 	if len(intent) == 0 || intent[0] != intentID {
 		return headerProblem("names an operation of another payment intent; a correction refunds the intent the duplicate charged")
 	}
-	var dup []struct {
-		Effects     int64
-		AmountMinor *int64
+	each, effects, err := duplicateAmounts(ctx, db, accountID, dupID)
+	if err != nil {
+		return err
 	}
-	if err := db.Raw(duplicateSQL, accountID, dupID).Scan(&dup).Error; err != nil {
-		return fmt.Errorf("payments: remediate %s: evidence: %w", dupID, err)
-	}
-	if len(dup) == 0 || dup[0].AmountMinor == nil || dup[0].Effects < 2 {
+	if effects < 2 {
 		// Fail closed: without the evidence the duplicate amount is not known, and a person settles it.
 		return problem.New("invalid_state", "operation %s has no provider record of its duplicate to correct against", dupID).
-			With("operation_id", dupID).With("state", locked[0].State)
+			With("operation_id", dupID).With("state", state)
 	}
-	each := *dup[0].AmountMinor
-	extra := each * (dup[0].Effects - 1)
+	extra := each * (effects - 1)
 	// What earlier corrections return, pending or done: read after the duplicate's lock, which every correction
 	// of it takes, so two corrections sent at once are counted one after the other.
 	var returned int64
@@ -151,30 +159,31 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 		return fmt.Errorf("payments: remediate %s: returned so far: %w", dupID, err)
 	}
 	if returned >= extra {
-		var by []string
-		if err := db.Raw(remediatedBySQL, accountID, dupID).Scan(&by).Error; err != nil {
+		// The first correction that did not fail (the provider refused a failed one, or it never reached it).
+		by, err := opstore.LinkedNotFailed(ctx, db, accountID, dupID, EventRemediatedBy, "remediated_by")
+		if err != nil {
 			return fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
 		}
 		p := problem.New("already_remediated",
 			"operation %s is already corrected: its corrections return all the duplicate took (%d minor units); another would refund it twice", dupID, extra).
 			With("operation_id", dupID)
-		if len(by) > 0 {
-			p = p.With("remediated_by", by[0])
+		if by != "" {
+			p = p.With("remediated_by", by)
 		}
 		return p
 	}
 	if available := extra - returned; amountMinor > available {
 		return problem.New("amount_too_large",
 			"a correction refunds at most what the duplicate took and earlier corrections have not returned: %d minor units (%d executions of %d, %d returned)",
-			available, dup[0].Effects, each, returned).With("available_minor", available)
+			available, effects, each, returned).With("available_minor", available)
 	}
 	if _, err := s.cfg.Store.DuplicateCaptured(ctx, tx, accountID, dupID, each, extra); err != nil && !errors.Is(err, ErrNotReserved) {
 		return err // ErrNotReserved: an earlier correction recorded it
 	}
 	if err := opstatus.Append(ctx, tx, accountID, dupID, EventRemediatedBy, actor,
-		map[string]any{"remediated_by": op.ID}); err != nil {
+		opstore.Link{RemediatedBy: op.ID}); err != nil {
 		return err
 	}
 	return opstatus.Append(ctx, tx, accountID, op.ID, EventRemediates, actor,
-		map[string]any{"remediates_operation_id": dupID})
+		opstore.Link{Remediates: dupID})
 }

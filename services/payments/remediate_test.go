@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"
@@ -78,7 +77,7 @@ func testRemediation(t *testing.T, h *harness) {
 	}
 
 	// Refusals before anything is sent.
-	captureOp := capture.Header.Get(idem.HeaderOperationID)
+	captureOp := capture.Header.Get("Operation-Id")
 	r = b.agent.Post(refunds, `{"amount":"1.00"}`, apitest.Header(payments.HeaderRemediates, captureOp), apitest.Key("not-dup")).Status(t, http.StatusConflict)
 	if code(t, r) != "invalid_state" || r.Str(t, "state") != "succeeded" {
 		t.Errorf("correction of a succeeded capture: %s", r.Body)
@@ -134,14 +133,14 @@ func testCaptureCorrectedUntilReturned(t *testing.T, h *harness) {
 	default:
 		t.Fatalf("two corrections of the rest: %d %s / %d %s; want one 201 and one 409", res[0].Code, res[0].Body, res[1].Code, res[1].Body)
 	}
-	if code(t, lost) != "already_remediated" || lost.Str(t, "remediated_by") != first.Header.Get(idem.HeaderOperationID) {
+	if code(t, lost) != "already_remediated" || lost.Str(t, "remediated_by") != first.Header.Get("Operation-Id") {
 		t.Errorf("the losing correction: %s; want already_remediated naming the first", lost.Body)
 	}
 	if r := b.agent.Post(refunds, `{"amount":"0.01"}`, fix, apitest.Key("fix-more")).Status(t, http.StatusConflict); code(t, r) != "already_remediated" {
 		t.Errorf("a correction after all is returned: %s", r.Body)
 	}
 	replay := b.agent.Post(refunds, `{"amount":"9.00"}`, fix, apitest.Key(wonKey)).Status(t, http.StatusCreated)
-	if replay.Header.Get(idem.HeaderReplayed) != "true" || replay.Header.Get(idem.HeaderOperationID) != won.Header.Get(idem.HeaderOperationID) {
+	if replay.Header.Get("Idempotent-Replayed") != "true" || replay.Header.Get("Operation-Id") != won.Header.Get("Operation-Id") {
 		t.Errorf("replay of the winning correction: %v %s", replay.Header, replay.Body)
 	}
 	other := b.createIntent(t, "o-other", `{"order_id":"o-other","amount":"10.00","currency":"USD"}`)
@@ -226,7 +225,7 @@ func testCaptureDuplicateCorrected(t *testing.T, h *harness) {
 		t.Errorf("intent after the correction %+v; want captured 10.00, duplicate 10.00 returned, nothing of the capture refunded", got)
 	}
 	r = b.agent.Post(refunds, `{"amount":"1.00"}`, fix, apitest.Key("fix-again")).Status(t, http.StatusConflict)
-	if code(t, r) != "already_remediated" || r.Str(t, "remediated_by") != done.Header.Get(idem.HeaderOperationID) {
+	if code(t, r) != "already_remediated" || r.Str(t, "remediated_by") != done.Header.Get("Operation-Id") {
 		t.Errorf("second correction: %s", r.Body)
 	}
 
@@ -244,7 +243,7 @@ func testCaptureDuplicateCorrected(t *testing.T, h *harness) {
 	}
 	var dupTL opstatus.Timeline
 	b.agent.Get("/v1/operations/"+dup.ID+"/timeline").Status(t, http.StatusOK).Decode(t, &dupTL)
-	if len(dupTL.RemediatedBy) != 1 || dupTL.RemediatedBy[0] != done.Header.Get(idem.HeaderOperationID) {
+	if len(dupTL.RemediatedBy) != 1 || dupTL.RemediatedBy[0] != done.Header.Get("Operation-Id") {
 		t.Errorf("the capture's timeline: remediated_by %v", dupTL.RemediatedBy)
 	}
 	b.assertBooks(t, in.ID)

@@ -8,6 +8,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // testResolveUnknownCapture: a capture whose call never reaches the provider (held on the way) stays unknown
@@ -59,7 +60,7 @@ func testResolveUnknownCapture(t *testing.T, h *harness) {
 	first := b.approver.Post(path, body, apitest.Key("dec-1")).Status(t, http.StatusOK)
 	var decided opstatus.Operation
 	first.Decode(t, &decided)
-	ev, ok := hasEvent(decided, opstatus.EventOperatorDecision)
+	ev, ok := hasEvent(decided, opstore.EventOperatorDecision)
 	if decided.State != opstatus.StateFailed || !ok || ev.FromState != opstatus.StateUnknown || ev.ToState != opstatus.StateFailed ||
 		!strings.HasPrefix(ev.Actor, "approver:") || !strings.Contains(string(ev.Detail), "Checked by \\u003cb\\u003eops") {
 		t.Fatalf("decided operation = %s, decision event %+v (detail %s)", decided.State, ev, ev.Detail)
@@ -89,7 +90,7 @@ func testResolveUnknownCapture(t *testing.T, h *harness) {
 	b.agent.Get("/v1/operations/"+op.ID+"/timeline").Status(t, http.StatusOK).Decode(t, &tl)
 	decisions := 0
 	for _, e := range tl.Entries {
-		if e.Type == opstatus.EventOperatorDecision && e.Category == "decision" {
+		if e.Type == opstore.EventOperatorDecision && e.Category == "decision" {
 			decisions++
 		}
 	}

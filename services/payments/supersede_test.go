@@ -75,7 +75,7 @@ func testSupersedeUnknownWithApproval(t *testing.T, h *harness) {
 		t.Fatalf("the approval was used by a request that supersedes nothing")
 	}
 	done := b.agent.Post(refunds, body, sup, apitest.Key("ref-new"), apitest.Header("Approval-Id", named)).Status(t, http.StatusCreated)
-	newOp := done.Header.Get(idem.HeaderOperationID)
+	newOp := done.Header.Get("Operation-Id")
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 2})
 	b.db.Raw(`SELECT count(*) FROM approvals WHERE id = ? AND used_by_operation_id = ?`, named, newOp).Scan(&n)
 	if n != 1 {

@@ -13,7 +13,7 @@ import (
 	"os"
 	"syscall"
 
-	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // DispatchState is what the caller observed of one call that leaves the process. It says what the caller saw,
@@ -37,20 +37,20 @@ const (
 // Dispatch reasons: the fixed list a Dispatch.Reason comes from (opstatus's, shared by every downstream). The
 // error text goes to logs, not records.
 const (
-	ReasonConnectionRefused     = opstatus.ReasonConnectionRefused
-	ReasonDNSFailure            = opstatus.ReasonDNSFailure
-	ReasonTLSFailure            = opstatus.ReasonTLSFailure
-	ReasonConnectTimeout        = opstatus.ReasonConnectTimeout
-	ReasonConnectFailed         = opstatus.ReasonConnectFailed
-	ReasonTimeout               = opstatus.ReasonTimeout
-	ReasonConnectionReset       = opstatus.ReasonConnectionReset
-	ReasonConnectionClosed      = opstatus.ReasonConnectionClosed
-	ReasonCancelled             = opstatus.ReasonCancelled
-	ReasonNoResponse            = opstatus.ReasonNoResponse
-	ReasonResponseCut           = opstatus.ReasonResponseCut
-	ReasonRequestNotBuilt       = opstatus.ReasonRequestNotBuilt
-	ReasonEvidenceNotRecorded   = opstatus.ReasonEvidenceNotRecorded
-	ReasonResponseNotUnderstood = opstatus.ReasonResponseNotUnderstood
+	ReasonConnectionRefused     = opstore.ReasonConnectionRefused
+	ReasonDNSFailure            = opstore.ReasonDNSFailure
+	ReasonTLSFailure            = opstore.ReasonTLSFailure
+	ReasonConnectTimeout        = opstore.ReasonConnectTimeout
+	ReasonConnectFailed         = opstore.ReasonConnectFailed
+	ReasonTimeout               = opstore.ReasonTimeout
+	ReasonConnectionReset       = opstore.ReasonConnectionReset
+	ReasonConnectionClosed      = opstore.ReasonConnectionClosed
+	ReasonCancelled             = opstore.ReasonCancelled
+	ReasonNoResponse            = opstore.ReasonNoResponse
+	ReasonResponseCut           = opstore.ReasonResponseCut
+	ReasonRequestNotBuilt       = opstore.ReasonRequestNotBuilt
+	ReasonEvidenceNotRecorded   = opstore.ReasonEvidenceNotRecorded
+	ReasonResponseNotUnderstood = opstore.ReasonResponseNotUnderstood
 )
 
 // Dispatch is the record of one call that carries an idempotency key.

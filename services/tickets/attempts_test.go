@@ -10,7 +10,6 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 )
 
 type attemptRecord struct {
@@ -45,7 +44,7 @@ func TestAttemptsAreRecordsWithLineage(t *testing.T) {
 	c, env := setup(t)
 	first := c.Post("/v1/tickets", ticketBody, apitest.Key("lineage-1"), apitest.Header("Attempt-Id", "att_01"),
 		apitest.Header("Agent-Run-Id", "run-7")).Status(t, http.StatusCreated)
-	opID := first.Header.Get(idem.HeaderOperationID)
+	opID := first.Header.Get("Operation-Id")
 	c.Post("/v1/tickets", ticketBody, apitest.Key("lineage-1"), apitest.Header("Attempt-Id", "att_02"),
 		apitest.Header("Agent-Run-Id", "run-8"), apitest.Header("Retry-Of", "att_01"),
 		apitest.Header("Retry-Reason", "response_lost_after_dispatch")).Status(t, http.StatusCreated)
@@ -133,12 +132,12 @@ func TestLineageHeadersAreValidatedBeforeAnything(t *testing.T) {
 func TestSupersedesLinksBothOperations(t *testing.T) {
 	t.Parallel()
 	c, env := setup(t)
-	old := c.Post("/v1/tickets", ticketBody, apitest.Key("intent-1")).Status(t, http.StatusCreated).Header.Get(idem.HeaderOperationID)
+	old := c.Post("/v1/tickets", ticketBody, apitest.Key("intent-1")).Status(t, http.StatusCreated).Header.Get("Operation-Id")
 	// Another account cannot name it.
 	c.As(servicetest.OtherAgentSecret).Post("/v1/tickets", ticketBody, apitest.Key("intent-x"),
 		apitest.Header("Supersedes-Operation-Id", old)).Status(t, http.StatusBadRequest)
 	next := c.Post("/v1/tickets", `{"project":"ops","title":"Rotate staging certificate today"}`, apitest.Key("intent-2"),
-		apitest.Header("Supersedes-Operation-Id", old)).Status(t, http.StatusCreated).Header.Get(idem.HeaderOperationID)
+		apitest.Header("Supersedes-Operation-Id", old)).Status(t, http.StatusCreated).Header.Get("Operation-Id")
 	if n := count(t, env, `SELECT count(*) FROM operation_events WHERE operation_id = ? AND type = 'superseded' AND detail->>'superseded_by' = ?`, old, next); n != 1 {
 		t.Errorf("the replaced operation does not name its successor")
 	}
@@ -190,7 +189,7 @@ func TestTimelineTellsTheStory(t *testing.T) {
 	t.Parallel()
 	c, env := setup(t)
 	opID := c.Post("/v1/tickets", ticketBody, apitest.Key("story-1"), apitest.Header("Attempt-Id", "att_01"),
-		apitest.Header("Agent-Run-Id", "run-1")).Status(t, http.StatusCreated).Header.Get(idem.HeaderOperationID)
+		apitest.Header("Agent-Run-Id", "run-1")).Status(t, http.StatusCreated).Header.Get("Operation-Id")
 	c.Post("/v1/tickets", ticketBody, apitest.Key("story-1"), apitest.Header("Attempt-Id", "att_02"),
 		apitest.Header("Agent-Run-Id", "run-2"), apitest.Header("Retry-Of", "att_01"),
 		apitest.Header("Retry-Reason", "response_lost_after_dispatch")).Status(t, http.StatusCreated)

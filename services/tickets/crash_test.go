@@ -8,7 +8,6 @@ import (
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 )
 
 // TestKilledAfterClaimLeavesNothing kills the real server process (SIGKILL) after it claimed the key and before
@@ -21,14 +20,14 @@ func TestKilledAfterClaimLeavesNothing(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": db.DSN}
 
 	crashing := proctest.Start(t, bin, []string{"serve", "tickets"},
-		map[string]string{"DATABASE_URL": db.DSN, "RETRYSAFE_FAILPOINTS": idem.FailpointAfterClaim + "=pause"}, "TICKETS_ADDR")
+		map[string]string{"DATABASE_URL": db.DSN, "RETRYSAFE_FAILPOINTS": "idem.after_claim" + "=pause"}, "TICKETS_ADDR")
 	c := apitest.New(t, crashing.URL, servicetest.AgentSecret)
 	sent := make(chan error, 1)
 	go func() {
 		_, err := c.Try(http.MethodPost, "/v1/tickets", ticketBody, apitest.Key("crash-1"))
 		sent <- err
 	}()
-	crashing.WaitFor(t, "failpoint "+idem.FailpointAfterClaim+" reached")
+	crashing.WaitFor(t, "failpoint "+"idem.after_claim"+" reached")
 	crashing.Kill(t)
 	if err := <-sent; err == nil {
 		t.Fatal("the caller got an answer from a killed server")
@@ -45,7 +44,7 @@ func TestKilledAfterClaimLeavesNothing(t *testing.T) {
 	restarted := proctest.Start(t, bin, []string{"serve", "tickets"}, env, "TICKETS_ADDR")
 	retry := apitest.New(t, restarted.URL, servicetest.AgentSecret).
 		Post("/v1/tickets", ticketBody, apitest.Key("crash-1")).Status(t, http.StatusCreated)
-	if retry.Header.Get(idem.HeaderReplayed) == "true" {
+	if retry.Header.Get("Idempotent-Replayed") == "true" {
 		t.Error("the retry after the crash was a replay of something that never committed")
 	}
 	db.Raw(`SELECT count(*) FROM tickets`).Scan(&tickets)

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
@@ -20,7 +19,7 @@ func TestDeduplicatedCreateLinksTheCreator(t *testing.T) {
 	c, env := setup(t)
 	body := `{"project":"ops","title":"Disk full on db-3","source_event_id":"alert-9"}`
 	first := c.Post("/v1/tickets", body, apitest.Key("alert-a")).Status(t, http.StatusCreated)
-	creator := first.Header.Get(idem.HeaderOperationID)
+	creator := first.Header.Get("Operation-Id")
 	var created tickets.CreateResult
 	first.Decode(t, &created)
 	if created.DeduplicatedAgainst != "" {
@@ -28,14 +27,14 @@ func TestDeduplicatedCreateLinksTheCreator(t *testing.T) {
 	}
 
 	second := c.Post("/v1/tickets", body, apitest.Key("alert-b")).Status(t, http.StatusOK)
-	dup := second.Header.Get(idem.HeaderOperationID)
+	dup := second.Header.Get("Operation-Id")
 	var got tickets.CreateResult
 	second.Decode(t, &got)
 	if !got.Deduplicated || got.ID != created.ID || got.DeduplicatedAgainst != creator || dup == creator {
 		t.Fatalf("deduplicated answer %s; want ticket %s against operation %s", second.Body, created.ID, creator)
 	}
 	replay := c.Post("/v1/tickets", body, apitest.Key("alert-b")).Status(t, http.StatusOK)
-	if replay.Header.Get(idem.HeaderReplayed) != "true" || replay.Str(t, "deduplicated_against") != creator {
+	if replay.Header.Get("Idempotent-Replayed") != "true" || replay.Str(t, "deduplicated_against") != creator {
 		t.Errorf("replay %s", replay.Body)
 	}
 
@@ -81,10 +80,10 @@ func TestConcurrentDeduplicatedCreatesAllLinkTheCreator(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			if res.Code == http.StatusCreated {
-				creator = res.Header.Get(idem.HeaderOperationID)
+				creator = res.Header.Get("Operation-Id")
 				return
 			}
-			against[res.Header.Get(idem.HeaderOperationID)] = got.DeduplicatedAgainst
+			against[res.Header.Get("Operation-Id")] = got.DeduplicatedAgainst
 		})
 	}
 	close(start)

@@ -16,7 +16,6 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
-	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
@@ -55,7 +54,7 @@ func TestCreateReturnsTicketAndOperation(t *testing.T) {
 	if res.Header.Get("Location") != "/v1/tickets/"+got.ID {
 		t.Errorf("Location = %q", res.Header.Get("Location"))
 	}
-	opID := res.Header.Get(idem.HeaderOperationID)
+	opID := res.Header.Get("Operation-Id")
 	op := c.Get("/v1/operations/"+opID).Status(t, http.StatusOK).JSON(t)
 	if op["state"] != "succeeded" || op["kind"] != "tickets.create" {
 		t.Errorf("operation = %v", op)
@@ -122,7 +121,7 @@ func TestResponseLostThenRetryReplays(t *testing.T) {
 	servicetest.Eventually(t, "the server finished the lost request", func() bool { return count(t, env, `SELECT count(*) FROM tickets`) == 1 })
 
 	res := c.Post("/v1/tickets", ticketBody, apitest.Key("lost-1")).Status(t, http.StatusCreated)
-	if res.Header.Get(idem.HeaderReplayed) != "true" {
+	if res.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("retry was not a replay")
 	}
 	if n := count(t, env, `SELECT count(*) FROM tickets`); n != 1 {
@@ -150,7 +149,7 @@ func TestConcurrentCopiesOfOneKeyCreateOneTicket(t *testing.T) {
 			defer mu.Unlock()
 			statuses[res.Code]++
 			bodies[string(res.Body)]++
-			if res.Header.Get(idem.HeaderReplayed) != "true" {
+			if res.Header.Get("Idempotent-Replayed") != "true" {
 				fresh++
 			}
 		})
@@ -187,7 +186,7 @@ func TestRestartedCallerReplays(t *testing.T) {
 	if string(again.Body) != string(first.Body) {
 		t.Errorf("replay body differs:\n%s\n%s", first.Body, again.Body)
 	}
-	if again.Header.Get(idem.HeaderReplayed) != "true" || again.Header.Get(idem.HeaderOperationID) != first.Header.Get(idem.HeaderOperationID) {
+	if again.Header.Get("Idempotent-Replayed") != "true" || again.Header.Get("Operation-Id") != first.Header.Get("Operation-Id") {
 		t.Errorf("replay headers = %v", again.Header)
 	}
 	if n := count(t, env, `SELECT count(*) FROM tickets`); n != 1 {
@@ -202,7 +201,7 @@ func TestChangedBodyIsRefusedEquivalentJSONReplays(t *testing.T) {
 
 	changed := c.Post("/v1/tickets", `{"project":"ops","title":"Rotate PRODUCTION certificate","priority":"high"}`, apitest.Key("k")).
 		Status(t, http.StatusUnprocessableEntity).JSON(t)
-	if changed["code"] != "idempotency_key_reused" || changed["operation_id"] != first.Header.Get(idem.HeaderOperationID) || changed["state"] != "succeeded" {
+	if changed["code"] != "idempotency_key_reused" || changed["operation_id"] != first.Header.Get("Operation-Id") || changed["state"] != "succeeded" {
 		t.Errorf("conflict = %v", changed)
 	}
 	if _, leaked := changed["project"]; leaked {
@@ -220,7 +219,7 @@ func TestChangedBodyIsRefusedEquivalentJSONReplays(t *testing.T) {
 		`{"project":"ops","title":"Rotate staging certificate","priority":"\u0068igh"}`,             // another escape
 	} {
 		res := c.Post("/v1/tickets", equivalent, apitest.Key("k")).Status(t, http.StatusCreated)
-		if res.Header.Get(idem.HeaderReplayed) != "true" || string(res.Body) != string(first.Body) {
+		if res.Header.Get("Idempotent-Replayed") != "true" || string(res.Body) != string(first.Body) {
 			t.Errorf("equivalent JSON %s was not replayed byte for byte", equivalent)
 		}
 	}
@@ -286,14 +285,14 @@ func TestAccountsAreIsolated(t *testing.T) {
 	other := c.As(servicetest.OtherAgentSecret)
 	mine := c.Post("/v1/tickets", ticketBody, apitest.Key("shared-key")).Status(t, http.StatusCreated)
 	theirs := other.Post("/v1/tickets", `{"project":"web","title":"Something else"}`, apitest.Key("shared-key")).Status(t, http.StatusCreated)
-	if theirs.Header.Get(idem.HeaderReplayed) == "true" || mine.Str(t, "id") == theirs.Str(t, "id") {
+	if theirs.Header.Get("Idempotent-Replayed") == "true" || mine.Str(t, "id") == theirs.Str(t, "id") {
 		t.Fatal("the same key in another account was not independent")
 	}
 	id := mine.Str(t, "id")
 	other.Get("/v1/tickets/"+id).Status(t, http.StatusNotFound)
 	other.Post("/v1/tickets/"+id+"/comments", `{"body":"hi"}`, apitest.Key("c1")).Status(t, http.StatusNotFound)
 	other.Put("/v1/tickets/"+id+"/status", `{"status":"closed"}`).Status(t, http.StatusNotFound)
-	other.Get("/v1/operations/"+mine.Header.Get(idem.HeaderOperationID)).Status(t, http.StatusNotFound)
+	other.Get("/v1/operations/"+mine.Header.Get("Operation-Id")).Status(t, http.StatusNotFound)
 	if items := other.Get("/v1/tickets").JSON(t)["items"].([]any); len(items) != 1 {
 		t.Errorf("other account lists %d tickets, want its own 1", len(items))
 	}
@@ -367,7 +366,7 @@ func TestCommentReplayAddsNoSecondComment(t *testing.T) {
 	id := c.Post("/v1/tickets", ticketBody, apitest.Key("t")).Status(t, 201).Str(t, "id")
 	first := c.Post("/v1/tickets/"+id+"/comments", `{"body":"Renewed, waiting for DNS"}`, apitest.Key("comment-1")).Status(t, 201)
 	again := c.Post("/v1/tickets/"+id+"/comments", `{"body":"Renewed, waiting for DNS"}`, apitest.Key("comment-1")).Status(t, 201)
-	if again.Header.Get(idem.HeaderReplayed) != "true" || string(again.Body) != string(first.Body) {
+	if again.Header.Get("Idempotent-Replayed") != "true" || string(again.Body) != string(first.Body) {
 		t.Error("comment retry was not a replay")
 	}
 	// The same key for the same text on another ticket is another request.
@@ -487,7 +486,7 @@ func TestAttemptsOfOneOperationAreToldApart(t *testing.T) {
 			Detail map[string]any `json:"detail"`
 		} `json:"events"`
 	}
-	c.Get("/v1/operations/"+first.Header.Get(idem.HeaderOperationID)).Status(t, 200).Decode(t, &op)
+	c.Get("/v1/operations/"+first.Header.Get("Operation-Id")).Status(t, 200).Decode(t, &op)
 	var got []string
 	for _, ev := range op.Events {
 		got = append(got, fmt.Sprintf("%s:%v", ev.Type, ev.Detail["attempt_id"]))

@@ -47,7 +47,7 @@ func TestCallerOfOwnAuthentication(t *testing.T) {
 		return w
 	}
 	first, again, anonymous := send("ann"), send("ann"), send("")
-	if first.Code != http.StatusCreated || again.Header().Get(idem.HeaderReplayed) != "true" || again.Body.String() != first.Body.String() {
+	if first.Code != http.StatusCreated || again.Header().Get("Idempotent-Replayed") != "true" || again.Body.String() != first.Body.String() {
 		t.Fatalf("first %d %s, again %d %v %s; want 201 then its replay", first.Code, first.Body, again.Code, again.Header(), again.Body)
 	}
 	if anonymous.Code != http.StatusInternalServerError || !strings.Contains(anonymous.Body.String(), `"code":"internal"`) {

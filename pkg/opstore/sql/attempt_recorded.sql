@@ -3,5 +3,5 @@
 -- statement's snapshot is taken once the lock is held, so it sees a record committed by the worker it waited for.
 SELECT EXISTS (
     SELECT 1 FROM operation_events
-    WHERE account_id = $1 AND operation_id = $2 AND is_attempt_record(detail) AND detail->>'attempt_id' = $3
+    WHERE account_id = $1 AND operation_id = $2 AND attempt_id = $3 AND outcome IS NOT NULL
 )

@@ -1,15 +1,12 @@
-package opstatus
+package opstore
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"sync"
 
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
-	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // GroupAppender appends events durably, and concurrent appends together (package batch): one INSERT and one
@@ -32,10 +29,7 @@ type GroupAppender struct {
 	batcher *batch.Batcher[groupItem, error]
 }
 
-type groupItem struct {
-	accountID, id, eventType, actor string
-	detail                          []byte
-}
+type groupItem = Appended
 
 // Append adds an event to operation id of account, committed (with synchronous_commit on) when it returns nil.
 // The operation must exist: the foreign key refuses the whole group otherwise. An attempt record whose attempt id
@@ -55,15 +49,10 @@ func (g *GroupAppender) Append(ctx context.Context, accountID, id, eventType, ac
 	return refused
 }
 
+// newGroupItem marshals detail at once, so a detail that cannot be written fails its own Append, not its group.
 func newGroupItem(accountID, id, eventType, actor string, detail any) (groupItem, error) {
-	raw := []byte("{}")
-	if detail != nil {
-		var err error
-		if raw, err = json.Marshal(detail); err != nil {
-			return groupItem{}, fmt.Errorf("opstatus: append to %s: detail: %w", id, err)
-		}
-	}
-	return groupItem{accountID: accountID, id: id, eventType: eventType, actor: actor, detail: raw}, nil
+	e, err := NewEvent{Type: eventType, Actor: actor, Detail: detail}.Marshalled(id)
+	return groupItem{AccountID: accountID, ID: id, Event: e}, err
 }
 
 // insert writes group in one statement and returns, per item, nil. When an attempt record repeats an attempt id
@@ -85,34 +74,8 @@ func (g *GroupAppender) insert(ctx context.Context, group []groupItem) ([]error,
 	return refused, nil
 }
 
-// AttemptUsed reports whether err is the refusal of an attempt record whose attempt id its operation already
-// has a record of (the unique index operation_events_attempt).
-func AttemptUsed(err error) bool {
-	return database.UniqueViolation(err, "operation_events_attempt")
-}
-
+// insertRows writes group in one statement, in arrival order, so the events' ids follow it. Plain inserts: the
+// audit record seals them later (package audit), and nothing here locks a row another writer waits for.
 func (g *GroupAppender) insertRows(ctx context.Context, group []groupItem) error {
-	accounts, ids, types, actors, details := make([]string, len(group)), make([]string, len(group)), make([]string, len(group)),
-		make([]string, len(group)), make([]string, len(group))
-	for i, it := range group {
-		accounts[i], ids[i], types[i], actors[i], details[i] = it.accountID, it.id, it.eventType, it.actor, string(it.detail)
-	}
-	// Rows go in by arrival, so their ids follow it. Plain inserts: the audit record seals them later (package
-	// audit), and nothing here locks a row another writer waits for. One statement text whatever the group's size (arrays, not
-	// a VALUES list per size), so the driver prepares it once and the server plans it once; through database/sql,
-	// not gorm, which renders every statement with its arguments for its logger. No join with operations: the
-	// foreign key checks that each operation exists, one primary-key probe per row, where a join's plan, cached
-	// while the table was empty, was a hash join over every operation, on every group from then on.
-	_, err := g.DB.Statement.ConnPool.ExecContext(ctx, `
-INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-SELECT v.id, v.account_id, v.type, v.actor, v.detail::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS v(account_id, id, type, actor, detail, ord)
-ORDER BY v.ord`, accounts, ids, types, actors, details)
-	if err != nil {
-		if len(group) == 1 {
-			return fmt.Errorf("opstatus: append to %s: %w", group[0].id, err)
-		}
-		return fmt.Errorf("opstatus: append %d events to %s and others: %w", len(group), group[0].id, err)
-	}
-	return nil
+	return AppendAll(ctx, g.DB, group)
 }

@@ -1,4 +1,4 @@
-package opstatus_test
+package opstore_test
 
 import (
 	"context"
@@ -12,12 +12,14 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // attemptDetail is the detail of an attempt record (audit.IsAttempt), of an attempt id never used before (an
 // operation has one record per attempt id); evidence is one of an event that is not.
-func attemptDetail() map[string]any {
-	return map[string]any{"attempt_id": fmt.Sprintf("att_%d", attemptIDs.Add(1)), "outcome": "replayed", "status": 201}
+func attemptDetail() opstore.Attempt {
+	status := 201
+	return opstore.Attempt{AttemptID: fmt.Sprintf("att_%d", attemptIDs.Add(1)), Outcome: "replayed", Status: &status}
 }
 
 var attemptIDs atomic.Int64
@@ -26,7 +28,7 @@ func evidence(n int) map[string]any { return map[string]any{"evidence": n} }
 
 // appendConcurrently appends n events to every operation of ops, each from a goroutine of its own, all started
 // at once: attempt records, but every third. It returns the first error.
-func appendConcurrently(ctx context.Context, g *opstatus.GroupAppender, ops []opstatus.Operation, n int) error {
+func appendConcurrently(ctx context.Context, g *opstore.GroupAppender, ops []opstatus.Operation, n int) error {
 	start := make(chan struct{})
 	errs := make(chan error, len(ops)*n)
 	var wg sync.WaitGroup
@@ -36,13 +38,13 @@ func appendConcurrently(ctx context.Context, g *opstatus.GroupAppender, ops []op
 			go func() {
 				defer wg.Done()
 				<-start
-				var detail map[string]any
+				var detail any
 				if i%3 == 2 {
 					detail = evidence(i)
 				} else {
 					detail = attemptDetail()
 				}
-				errs <- g.Append(ctx, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", detail)
+				errs <- g.Append(ctx, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", detail)
 			}()
 		}
 	}
@@ -100,17 +102,17 @@ func TestGroupAppenderConcurrentAppends(t *testing.T) {
 	for range 6 {
 		op := create(t, db, opstatus.StateSucceeded, nil)
 		// An attempt written alone: the group's numbering continues from it.
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", attemptDetail()); err != nil {
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", attemptDetail()); err != nil {
 			t.Fatal(err)
 		}
 		ops = append(ops, op)
 	}
-	g := &opstatus.GroupAppender{DB: db.DB, Lanes: 2}
+	g := &opstore.GroupAppender{DB: db.DB, Lanes: 2}
 	if err := appendConcurrently(ctx, g, ops, 20); err != nil {
 		t.Fatal(err)
 	}
 	for _, op := range ops {
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstatus.EventReplayed, "agent:a", attemptDetail()); err != nil {
+		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", attemptDetail()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -136,7 +138,7 @@ func TestTwoGroupAppendersShareOperations(t *testing.T) {
 		ops, accounts, ids = append(ops, op), append(accounts, op.AccountID), append(ids, op.ID)
 	}
 	// One lane each: every group holds records of several operations, and the two replicas' groups overlap.
-	replicas := []*opstatus.GroupAppender{{DB: db.DB, Lanes: 1, MaxGroup: 8}, {DB: db.DB, Lanes: 1, MaxGroup: 8}}
+	replicas := []*opstore.GroupAppender{{DB: db.DB, Lanes: 1, MaxGroup: 8}, {DB: db.DB, Lanes: 1, MaxGroup: 8}}
 	const singleStatements = 40
 	errs := make([]error, len(replicas)+1)
 	var wg sync.WaitGroup
@@ -190,15 +192,15 @@ func TestGroupWithUnknownOperationWritesNothing(t *testing.T) {
 		return s
 	}
 	before := state()
-	g := &opstatus.GroupAppender{DB: db.DB}
-	for _, ghost := range []opstatus.GroupEvent{
-		{AccountID: a.AccountID, ID: "op_missing", Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
-		{AccountID: "acct_other", ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
+	g := &opstore.GroupAppender{DB: db.DB}
+	for _, ghost := range []opstore.GroupEvent{
+		{AccountID: a.AccountID, ID: "op_missing", Type: opstore.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
+		{AccountID: "acct_other", ID: b.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
 	} {
-		_, err := g.AppendGroup(ctx, []opstatus.GroupEvent{
-			{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
+		_, err := g.AppendGroup(ctx, []opstore.GroupEvent{
+			{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
 			ghost,
-			{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: evidence(1)},
+			{AccountID: b.AccountID, ID: b.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: evidence(1)},
 		})
 		if err == nil {
 			t.Fatalf("a group with an event of %s/%s was written", ghost.AccountID, ghost.ID)
@@ -208,9 +210,9 @@ func TestGroupWithUnknownOperationWritesNothing(t *testing.T) {
 		}
 	}
 	// The same group without the ghost is written.
-	_, err := g.AppendGroup(ctx, []opstatus.GroupEvent{
-		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
-		{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: evidence(1)},
+	_, err := g.AppendGroup(ctx, []opstore.GroupEvent{
+		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
+		{AccountID: b.AccountID, ID: b.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: evidence(1)},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -229,29 +231,37 @@ func TestGroupRefusesARepeatedAttemptAlone(t *testing.T) {
 	ctx := context.Background()
 	a, b := create(t, db, opstatus.StateSucceeded, nil), create(t, db, opstatus.StateSucceeded, nil)
 	first := attemptDetail()
-	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstatus.EventReplayed, "agent:a", first); err != nil {
+	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstore.EventReplayed, "agent:a", first); err != nil {
 		t.Fatal(err)
 	}
-	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstatus.EventReplayed, "agent:a", first); !opstatus.AttemptUsed(err) {
-		t.Fatalf("a second record of %v: %v; want AttemptUsed", first["attempt_id"], err)
+	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstore.EventReplayed, "agent:a", first); !opstore.AttemptUsed(err) {
+		t.Fatalf("a second record of %v: %v; want AttemptUsed", first.AttemptID, err)
 	}
 	again := attemptDetail()
-	g := &opstatus.GroupAppender{DB: db.DB}
-	refused, err := g.AppendGroup(ctx, []opstatus.GroupEvent{
-		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: first},
-		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: again},
-		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: again},
-		{AccountID: b.AccountID, ID: b.ID, Type: opstatus.EventReplayed, Actor: "agent:a", Detail: first}, // another operation
-		{AccountID: a.AccountID, ID: a.ID, Type: opstatus.EventSuperseded, Actor: "agent:a", Detail: map[string]any{"attempt_id": first["attempt_id"]}},
+	g := &opstore.GroupAppender{DB: db.DB}
+	refused, err := g.AppendGroup(ctx, []opstore.GroupEvent{
+		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: first},
+		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: again},
+		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: again},
+		{AccountID: b.AccountID, ID: b.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: first}, // another operation
+		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventSuperseded, Actor: "agent:a", Detail: opstore.Link{AttemptID: first.AttemptID}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, want := range []bool{true, false, true, false, false} {
-		if opstatus.AttemptUsed(refused[i]) != want || (!want && refused[i] != nil) {
+		if opstore.AttemptUsed(refused[i]) != want || (!want && refused[i] != nil) {
 			t.Errorf("event %d: %v; want refused %v", i, refused[i], want)
 		}
 	}
 	checkHistory(t, db.DB, a, 1+1+1+1) // claimed, first, again, the superseded event
 	checkHistory(t, db.DB, b, 1+1)
+}
+
+func create(t *testing.T, db *testdb.DB, state opstatus.State, lease *time.Time) opstatus.Operation {
+	t.Helper()
+	op := opstatus.Operation{ID: opstatus.NewID(), AccountID: "acct", Kind: "test.kind", State: state,
+		IdempotencyKey: "k-" + opstatus.NewID(), Fingerprint: "fp", LeaseExpiresAt: lease}
+	testdb.CreateOperation(t, db.DB, op)
+	return op
 }

@@ -4,8 +4,8 @@
 -- operation, by a claim or a record (attempt ids are unique per operation).
 SELECT
     EXISTS (SELECT 1 FROM operation_events
-            WHERE account_id = $1 AND operation_id = $2 AND detail->>'attempt_id' = $3
-              AND (type = 'claimed' OR (is_attempt_record(detail) AND detail->>'outcome' NOT IN ('refused', 'conflict_rejected'))))
+            WHERE account_id = $1 AND operation_id = $2 AND attempt_id = $3
+              AND (type = 'claimed' OR outcome NOT IN ('refused', 'conflict_rejected')))
         AS parent_known,
     EXISTS (SELECT 1 FROM operation_events
-            WHERE account_id = $1 AND operation_id = $2 AND detail->>'attempt_id' = $4) AS attempt_used
+            WHERE account_id = $1 AND operation_id = $2 AND attempt_id = $4) AS attempt_used
