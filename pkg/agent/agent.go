@@ -413,6 +413,8 @@ func (a *Agent) startOperation(ctx context.Context, tool Tool, actionID string, 
 	return a.drive(ctx, op, req.approvalID)
 }
 
+// continueOperation is a call again for op's action: refused when the intent changed, else op goes on from where
+// it stands, with the call's approval or the last one given.
 func (a *Agent) continueOperation(ctx context.Context, op *Operation, tool Tool, req request, opts DoOptions) (Result, error) {
 	if err := a.checkSameIntent(op, tool, req, opts); err != nil {
 		return a.result(op), err

@@ -177,6 +177,7 @@ func (c *Catalog) addHosts(hosts map[string]*HostDef) error {
 	return nil
 }
 
+// check accepts a host's marker settings, and then a local host or an SSH one.
 func (h *HostDef) check() error {
 	if h.MarkerDir != "" && !path.IsAbs(h.MarkerDir) {
 		return errors.New("marker_dir is an absolute path on the host")
