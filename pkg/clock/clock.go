@@ -1,8 +1,8 @@
 // Package clock is the time that leases, expiries and pruning ask for: the real time in production, a time a test
 // moves forward instead of sleeping through a lease (river's baseservice.TimeGenerator and its test stub).
 //
-//	h := &idem.Handler{DB: db, Clock: &clock.Clock{}}
-//	h.Clock.Advance(idem.DefaultRetention + time.Minute) // a test: the responses are past their retention
+//	h := &idem.Handler{DB: db, Retention: time.Hour, Clock: &clock.Clock{}}
+//	h.Clock.Advance(time.Hour + time.Minute) // a test: the stored responses are past their retention
 //	h.Prune(ctx)
 package clock
 
