@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"gorm.io/gorm"
 
@@ -156,7 +155,7 @@ func (s *Server) lookup(ctx context.Context, op opstatus.Operation) (string, pro
 // arrive the negative lookup proves nothing: it is recorded, and errLeaseRunning leaves the operation unknown
 // for a later pass.
 func (s *Server) negativeLookup(ctx context.Context, op opstatus.Operation, evidence map[string]any) error {
-	until, reason, err := opstatus.CallMayLand(ctx, s.db, op, time.Now())
+	until, reason, err := opstatus.CallMayLand(ctx, s.db, op, s.idem.Clock.Now())
 	if err != nil {
 		return err
 	}
