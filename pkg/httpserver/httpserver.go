@@ -34,6 +34,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Options configures NewRouter.
@@ -124,6 +125,21 @@ func attempt(c *gin.Context) {
 	c.Request = c.Request.WithContext(ids.WithAttemptID(c.Request.Context(), id))
 	c.Header(ids.HeaderAttemptID, id)
 	c.Next()
+}
+
+// Tracing is tracing.Request on gin: a server span per request, a child of the caller's traceparent, named by
+// the method and gin's route template, with the status of the answer.
+func Tracing(c *gin.Context) {
+	if !tracing.Enabled() {
+		c.Next()
+		return
+	}
+	ctx, done := tracing.Request(c.Request, c.Request.Method+" "+c.FullPath())
+	status := 0 // stays 0 when a handler aborts the connection with a panic: the span then has no status
+	defer func() { done(status) }()
+	c.Request = c.Request.WithContext(ctx)
+	c.Next()
+	status = c.Writer.Status()
 }
 
 // AttemptID is the attempt id of the request ("" outside NewRouter's middleware).

@@ -42,7 +42,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/resolution"
-	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
@@ -135,7 +134,7 @@ type HTTP struct {
 // service's ConsolePages among its pages).
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	// A span per request, joined to the caller's traceparent, when tracing is on (pkg/tracing).
-	middleware := append([]gin.HandlerFunc{tracing.Middleware()}, h.Middleware...)
+	middleware := append([]gin.HandlerFunc{httpserver.Tracing}, h.Middleware...)
 	if d.Metrics != nil {
 		middleware = append([]gin.HandlerFunc{d.Metrics.Middleware(svc.Name())}, middleware...)
 	}
