@@ -3,12 +3,14 @@ package httpserver
 import (
 	"maps"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 )
 
 // WriteProblem renders err as problem+json on c and aborts the handler chain: problem.Write, with gin's route
@@ -26,7 +28,25 @@ func RefuseUnread(c *gin.Context, err error) {
 	WriteProblem(c, err)
 }
 
-// Wrap mounts net/http middleware (auth.Middleware, auth.AgentWrites) in a gin chain. The request it sees
+// Failures is ratelimit.Failures' Middleware on gin: it counts each client by gin's ClientIP, which believes
+// X-Forwarded-For only from Options.TrustedProxies, and refuses a throttled one with RefuseUnread.
+func Failures(f *ratelimit.Failures) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		client, err := netip.ParseAddr(c.ClientIP())
+		if err != nil {
+			c.Next() // not a TCP peer (a test's recorder): nothing to count by
+			return
+		}
+		if err := f.Refusal(client); err != nil {
+			RefuseUnread(c, err)
+			return
+		}
+		c.Next()
+		f.Answered(client, c.Writer.Status())
+	}
+}
+
+// Wrap mounts net/http middleware (auth.Middleware, auth.AgentWrites, ratelimit's Limiter) in a gin chain. The request it sees
 // carries gin's route template as its Pattern; when mw calls its next handler, the chain goes on with the
 // request mw passed (its context holds what mw added); when mw answers instead, the chain stops.
 func Wrap(mw func(http.Handler) http.Handler) gin.HandlerFunc {

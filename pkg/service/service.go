@@ -147,12 +147,12 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	}
 	var api []gin.HandlerFunc
 	if h.AuthFailures != nil {
-		api = append(api, h.AuthFailures.Middleware())
+		api = append(api, httpserver.Failures(h.AuthFailures))
 	}
 	api = append(api, httpserver.Wrap(auth.Middleware(h.Keys)), httpserver.CheckURL,
 		httpserver.Wrap(auth.AgentWrites(append(approval.WriteRoutes(), resolution.Path)...)))
 	if h.WriteLimiter != nil {
-		api = append(api, h.WriteLimiter.Middleware())
+		api = append(api, httpserver.Wrap(h.WriteLimiter.Middleware))
 	}
 	group := r.Group("", api...)
 	svc.Routes(group)
@@ -184,7 +184,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		// client as unknown API keys do) carries them too.
 		chain := []gin.HandlerFunc{httpserver.Wrap(console.SecurityHeaders)}
 		if h.AuthFailures != nil {
-			chain = append(chain, h.AuthFailures.Middleware())
+			chain = append(chain, httpserver.Failures(h.AuthFailures))
 		}
 		httpserver.Mount(r.Group("", chain...), routes)
 	}
