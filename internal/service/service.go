@@ -1,5 +1,5 @@
-// Package service is the contract every retrysafe service follows, and the one place that turns services into
-// running HTTP handlers and background work. cmd/retrysafe and the tests call the same functions, so a service
+// Package service is the contract every demo service of this module (services/) follows, and the one place that
+// turns services into running gin handlers and background work. cmd/retrysafe and the tests call the same functions, so a service
 // under test is wired exactly as `retrysafe serve` wires it.
 //
 // A service package has a Config (validated by its New), and New(deps, cfg) returns a value with:
