@@ -3,14 +3,12 @@ package httpserver
 import (
 	"maps"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strings"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/problem"
-	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 )
 
 // WriteProblem renders err as problem+json on c and aborts the handler chain: problem.Write, with gin's route
@@ -26,24 +24,6 @@ func WriteProblem(c *gin.Context, err error) {
 func RefuseUnread(c *gin.Context, err error) {
 	problem.CloseUnread(c.Writer, c.Request)
 	WriteProblem(c, err)
-}
-
-// Failures is ratelimit.Failures' Middleware on gin: it counts each client by gin's ClientIP, which believes
-// X-Forwarded-For only from Options.TrustedProxies, and refuses a throttled one with RefuseUnread.
-func Failures(f *ratelimit.Failures) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		client, err := netip.ParseAddr(c.ClientIP())
-		if err != nil {
-			c.Next() // not a TCP peer (a test's recorder): nothing to count by
-			return
-		}
-		if err := f.Refusal(client); err != nil {
-			RefuseUnread(c, err)
-			return
-		}
-		c.Next()
-		f.Answered(client, c.Writer.Status())
-	}
 }
 
 // Wrap mounts net/http middleware (auth.Middleware, auth.AgentWrites, ratelimit's Limiter) in a gin chain. The request it sees
