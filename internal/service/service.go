@@ -136,7 +136,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	// A span per request, joined to the caller's traceparent, when tracing is on (pkg/tracing).
 	middleware := append([]gin.HandlerFunc{httpserver.Tracing}, h.Middleware...)
 	if d.Metrics != nil {
-		middleware = append([]gin.HandlerFunc{httpserver.Metrics(d.Metrics, svc.Name())}, middleware...)
+		middleware = append([]gin.HandlerFunc{httpserver.Metrics(svc.Name(), d.Metrics.Request)}, middleware...)
 	}
 	r := httpserver.NewRouter(httpserver.Options{
 		Logger: d.Log(), DB: d.DB, BodyLimit: h.BodyLimit, Ready: h.Ready, Middleware: middleware,

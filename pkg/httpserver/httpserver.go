@@ -12,7 +12,7 @@
 // and shuts down gracefully when its context ends.
 //
 //	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20,
-//		Middleware: []gin.HandlerFunc{httpserver.Metrics(m, "tickets"), httpserver.Tracing}})
+//		Middleware: []gin.HandlerFunc{httpserver.Metrics("tickets", m.Request), httpserver.Tracing}})
 //	api := r.Group("", httpserver.Wrap(auth.Middleware(keys)))
 //	tickets.Routes(api, svc)
 //	httpserver.Mount(api, opstatus.Routes(db))

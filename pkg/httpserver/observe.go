@@ -6,7 +6,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
@@ -14,13 +13,15 @@ import (
 // The mechanisms that must see gin's route template or gin's client address, after the chain has answered:
 // each speaks net/http for an adopter without gin, and gin reaches it here.
 
-// Metrics is metrics.Middleware on gin: every request of service counted and timed, labelled by gin's route
-// template. Give it to Options.Middleware, so it sees the 500 a panic becomes.
-func Metrics(m *metrics.Metrics, service string) gin.HandlerFunc {
+// Metrics counts and times every request of service on gin, labelled by gin's route template: record is
+// metrics.Metrics' Request (httpserver.Metrics("tickets", m.Request)), the net/http Middleware's own counter.
+// It takes the function, not the Metrics, so that a gin service without Prometheus links none. Give it to
+// Options.Middleware, so it sees the 500 a panic becomes.
+func Metrics(service string, record func(service, route, method string, status int, took time.Duration)) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		start := time.Now()
 		c.Next()
-		m.Request(service, c.FullPath(), c.Request.Method, c.Writer.Status(), time.Since(start))
+		record(service, c.FullPath(), c.Request.Method, c.Writer.Status(), time.Since(start))
 	}
 }
 

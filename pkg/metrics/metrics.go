@@ -12,7 +12,7 @@
 //	client := provider.NewClient(url, secret, timeout).WithObserver(m.Downstream("provider"))
 //
 // On net/http: mux.Handle("GET /metrics", m.Handler()) and http.ListenAndServe(addr, m.Middleware("tickets")(mux)).
-// On gin: httpserver.Options{Middleware: []gin.HandlerFunc{httpserver.Metrics(m, "tickets")}} and
+// On gin: httpserver.Options{Middleware: []gin.HandlerFunc{httpserver.Metrics("tickets", m.Request)}} and
 // r.GET("/metrics", gin.WrapH(m.Handler())).
 //
 // Labels never carry an account, a key, an id or a raw path: only kinds, route templates, states and outcomes

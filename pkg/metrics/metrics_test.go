@@ -27,7 +27,7 @@ import (
 // serve puts m behind the shared router, with routes of its own, and returns a client of it.
 func serve(t *testing.T, m *metrics.Metrics, routes func(r *gin.Engine)) *apitest.Client {
 	t.Helper()
-	r := httpserver.NewRouter(httpserver.Options{Logger: servicetest.Logger(), Middleware: []gin.HandlerFunc{httpserver.Metrics(m, "things")}})
+	r := httpserver.NewRouter(httpserver.Options{Logger: servicetest.Logger(), Middleware: []gin.HandlerFunc{httpserver.Metrics("things", m.Request)}})
 	r.GET("/metrics", gin.WrapH(m.Handler()))
 	routes(r)
 	srv := httptest.NewServer(r)
