@@ -25,6 +25,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/felixge/httpsnoop"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -121,10 +123,8 @@ func (m *Metrics) Request(service, route, method string, status int, took time.D
 func (m *Metrics) Middleware(service string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			start := time.Now()
-			sw := &statusWriter{ResponseWriter: w}
-			next.ServeHTTP(sw, r)
-			m.Request(service, routeOf(r.Pattern), r.Method, sw.status(), time.Since(start))
+			got := httpsnoop.CaptureMetrics(next, w, r)
+			m.Request(service, routeOf(r.Pattern), r.Method, got.Code, got.Duration)
 		})
 	}
 }
@@ -136,37 +136,6 @@ func routeOf(pattern string) string {
 		return path
 	}
 	return pattern
-}
-
-// statusWriter remembers the status of the answer it passes on.
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 && code >= 200 { // an informational 1xx is not the answer
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection (flushes, deadlines).
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// status is the status written, 200 when the handler wrote nothing (net/http's answer then).
-func (w *statusWriter) status() int {
-	if w.code == 0 {
-		return http.StatusOK
-	}
-	return w.code
 }
 
 // methodLabel keeps the method label to the standard methods: a caller inventing methods cannot add series.

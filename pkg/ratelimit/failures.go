@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/felixge/httpsnoop"
+
 	"golang.org/x/time/rate"
 
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -60,9 +62,7 @@ func (f *Failures) Middleware(next http.Handler) http.Handler {
 			problem.Write(w, r, err)
 			return
 		}
-		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r)
-		f.Answered(client, sw.status())
+		f.Answered(client, httpsnoop.CaptureMetrics(next, w, r).Code)
 	})
 }
 
@@ -133,35 +133,4 @@ func (f *Failures) sweep(now time.Time) {
 		}
 		delete(f.buckets, client)
 	}
-}
-
-// statusWriter remembers the status of the answer it passes on.
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 && code >= 200 { // an informational 1xx is not the answer
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection (flushes, deadlines).
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// status is the status written, 200 when the handler wrote nothing (net/http's answer then).
-func (w *statusWriter) status() int {
-	if w.code == 0 {
-		return http.StatusOK
-	}
-	return w.code
 }
