@@ -213,8 +213,8 @@ func (a *Agent) remake(ctx context.Context, op *Operation) (Result, error) {
 	a.mu.Lock()
 	lost, path := op.ServerOperationID(), rebound(op.Path, a.movedIDs(op))
 	a.mu.Unlock()
-	detail := fmt.Sprintf("the service no longer has operation %s, which it acknowledged (its database went back): "+
-		"sent again under the same key and body, which it makes once", lost)
+	detail := fmt.Sprintf("the service answers 404 for operation %s, which it acknowledged: sent again under the same "+
+		"key and body, which it makes once", lost)
 	if path != op.Path {
 		detail += "; to " + path + ", where the resource its path named was made again"
 	}
@@ -251,11 +251,13 @@ func (a *Agent) remakeIfLost(ctx context.Context, m *Operation) (bool, error) {
 // resource made again. It reports whether op is to be sent again. The caller holds op's action lock.
 func (a *Agent) remakeDependencies(ctx context.Context, op *Operation) (bool, error) {
 	a.mu.Lock()
-	last := lastAttempt(op)
-	notFound := last != nil && last.Finished != nil && last.Finished.Status == http.StatusNotFound
-	makers, moved := a.makersOf(op), a.movedIDs(op)
+	var makers []maker
+	var moved map[string]string
+	if last := lastAttempt(op); last != nil && last.Finished != nil && last.Finished.Status == http.StatusNotFound && resendable(op) {
+		makers, moved = a.makersOf(op), a.movedIDs(op)
+	}
 	a.mu.Unlock()
-	if !notFound || !resendable(op) || len(makers) == 0 {
+	if len(makers) == 0 {
 		return false, nil
 	}
 	remade := false

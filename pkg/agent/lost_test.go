@@ -207,3 +207,29 @@ func TestCaptureOfLostIntentRemakesTheIntentFirst(t *testing.T) {
 	}
 	w.assertProvider(t, map[string]int64{"authorize": 1, "capture": 1})
 }
+
+// A capture settled refused 404 while its intent was gone but the intent's operation was still there (as in
+// journals written before the agent looked): once the service answers 404 for that operation too, Verify
+// makes the intent again under its key and sends the refused capture again under its own, to the intent made
+// again (dependency_lost). One authorization, one capture.
+func TestVerifyRemakesACaptureRefusedForALostIntent(t *testing.T) {
+	t.Parallel()
+	w := startPayWorld(t)
+	created, intentID := w.do(t, "intent", "create_payment_intent", `{"order_id":"o-refused","amount":"4.00","currency":"USD"}`)
+	w.lose(t, intentID) // the intent only: its operation still answers, so the 404 is taken as it is
+	res, err := w.a.Do(t.Context(), "capture", "capture_payment", json.RawMessage(`{"intent_id":"`+intentID+`"}`), agent.DoOptions{})
+	if err != nil || res.State != agent.StateRefused || res.HTTPStatus != http.StatusNotFound {
+		t.Fatalf("capture: %+v, %v; want refused 404 while the intent's operation is there", res, err)
+	}
+	w.lose(t, intentID, created.ServerOperationID)
+
+	checks, err := w.a.Verify(t.Context())
+	if err != nil || len(checks) != 2 || checks[0].Record != agent.RecordLost || checks[1].Record != agent.RecordDependencyLost ||
+		!checks[0].Remade || !checks[1].Remade {
+		t.Fatalf("checks %+v, %v; want the intent lost and made again, then the capture sent again", checks, err)
+	}
+	if got := w.intents(t, "o-refused"); len(got) != 1 || got[0] != "succeeded 400" {
+		t.Fatalf("intents %v; want one, captured 400", got)
+	}
+	w.assertProvider(t, map[string]int64{"authorize": 1, "capture": 1})
+}
