@@ -54,7 +54,7 @@ const agentEnv = `  TICKETS_URL PAYMENTS_URL DEPLOYS_URL   the demo services (de
 func agentCommand() command {
 	return command{
 		name:     "agent",
-		synopsis: "agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...",
+		synopsis: "agent do|resume|retry|resolve|verify|show --journal PATH [--tools FILE] ...",
 		summary: "make writes an agent can retry without doubling them: do --action ACTION_ID [--supersedes ACTION_ID] " +
 			"[--parent-run RUN_ID] [--remediates OP_ID] [--worker-journal PATH | --parent-operation OPERATION_ID] TOOL 'JSON' (exit 0 succeeded, 3 needs_human or still in progress, 4 refused or changed " +
 			"intent, 5 failed, 6 unknown: the service does not know yet whether it happened, call again with the same " +
@@ -62,6 +62,7 @@ func agentCommand() command {
 			"person or the service, else 6 while one is unknown), retry [--budget N] [--by NAME] [--reason TEXT] ACTION_ID " +
 			"(take a needs_human action out of needs_human with the same key, journaled with who asked; exit codes as do), resolve --state succeeded|failed --evidence TEXT " +
 			"[--remote-ref REF] [--by NAME] ACTION_ID (record a person's decision on a needs_human action in the journal), " +
+			"verify (ask the services for every operation they acknowledged and send again, under its key, each one they lost; exit 0 none lost, 7 lost and made again, 3 one not made again or not checked), " +
 			"show [OPERATION_ID|ACTION_ID]. --tools FILE reads the tools from a tools file (pkg/agent/demo-tools.yaml " +
 			"is the default, embedded). A journal acts for the API key " +
 			"its operations were made with; do and resume under another key are refused (exit 1) unless " +
@@ -165,15 +166,16 @@ var agentChecks = map[string]func(f agentFlags) error{
 	"retry":   checkAgentRetry,
 	"resolve": checkAgentResolve,
 	"show":    checkAgentShow,
+	"verify":  checkAgentResume,
 }
 
 func checkAgent(args []string) error {
 	if len(args) == 0 {
-		return agentUsage("agent needs a subcommand: do, resume, retry, resolve or show")
+		return agentUsage("agent needs a subcommand: do, resume, retry, resolve, verify or show")
 	}
 	check, ok := agentChecks[args[0]]
 	if !ok {
-		return agentUsage("unknown agent subcommand %q: want do, resume, retry, resolve or show", args[0])
+		return agentUsage("unknown agent subcommand %q: want do, resume, retry, resolve, verify or show", args[0])
 	}
 	f, err := parseAgentFlags("agent "+args[0], args[1:], io.Discard)
 	if err != nil {
@@ -205,7 +207,7 @@ func checkAgentDo(f agentFlags) error {
 
 func checkAgentResume(f agentFlags) error {
 	if len(f.rest) != 0 {
-		return agentUsage("agent resume takes no arguments")
+		return agentUsage("agent resume and verify take no arguments")
 	}
 	return toolsReadable(f.tools)
 }
@@ -338,6 +340,8 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 		return runAgentResume(ctx, a, enc)
 	case "retry":
 		return runAgentRetry(ctx, a, enc, f)
+	case "verify":
+		return runAgentVerify(ctx, a, enc)
 	}
 	return runAgentDo(ctx, a, enc, f)
 }

@@ -7,7 +7,7 @@
 //	retrysafe conformance --target URL --request FILE   (the seeds' fault tests against any HTTP API)
 //	retrysafe kill-after-claim [--start] --state DIR --health URL -- CMD   (conformance case 7's kill hook)
 //	retrysafe audit verify|export|public-key|timeline
-//	retrysafe agent do|resume|retry|resolve|show --journal PATH [--tools FILE] ...
+//	retrysafe agent do|resume|retry|resolve|verify|show --journal PATH [--tools FILE] ...
 //	                                                    (pkg/agent: writes an agent can retry, from a shell)
 //	retrysafe mcp --journal PATH [--tools FILE]         (the same tools over MCP, on stdio)
 //	retrysafe marker --dir DIR --id ID --operation OP -- CMD   (a host's operation marker, pkg/agent/opmarker)

@@ -98,6 +98,20 @@
 // Resume drives every operation the journal has not finished to one of those ends, from evidence: it looks up,
 // then retries with the same key, or hands over to a person. It never makes a new key for an operation.
 //
+// # What the service acknowledged and lost
+//
+// A database promoted from an asynchronous standby can lose writes it acknowledged: the journal says succeeded,
+// the service has no operation, no key and no resource, and a provider behind it keeps what it did. Such an
+// operation is sent again under its own key and body (journaled operation_lost, then its attempts): the service
+// makes it once more, and a provider keyed by the Idempotency-Key replays its call. A later action whose path
+// names what an earlier action of the journal made (a capture's intent id, the id the create's answer named)
+// depends on it: a 404 for it makes the agent ask for the earlier action's operation, and when the service
+// answers 404 for that too, the earlier action is made again first, and the later one goes again under its key
+// (dependency_remade) to the resource made again, instead of settling refused. Agent.Verify (`retrysafe agent
+// verify`) asks for every acknowledged operation of the journal and does the same, in journal order. Only keyed
+// requests the service acknowledged are sent so: never a command, an action handed to a worker or carried out
+// for a parent, or an approval request (lost.go).
+//
 // # The journal
 //
 // One file of JSON lines, each an auditchain record (the server's audit chain format and code: RFC 8785, SHA-256,
@@ -147,10 +161,11 @@
 //
 // # Commands
 //
-// cmd/retrysafe wraps this package as `retrysafe agent do|resume|retry|resolve|show` for shell-driven agents and as
+// cmd/retrysafe wraps this package as `retrysafe agent do|resume|retry|resolve|verify|show` for shell-driven agents and as
 // `retrysafe mcp` (package agentmcp) for MCP clients. `agent do` exits 0 succeeded, 3 needs_human or in_progress,
 // 4 refused, 5 failed, 6 unknown, 1 usage or internal error; `agent resume` exits 3 while any operation waits for
-// a person or the service, else 6 while any is unknown. Requests go through net/http rather than the generated
+// a person or the service, else 6 while any is unknown; `agent verify` exits 0 when the services have every
+// operation they acknowledged, 7 when some were lost and all of them made again, 3 when one was not. Requests go through net/http rather than the generated
 // api/client: the rule is the same for every route, and needs each answer's raw status, headers and body, and
 // the moment the request was written (httptrace), which a typed per-endpoint client hides.
 package agent

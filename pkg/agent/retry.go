@@ -40,7 +40,7 @@ const (
 // wireReasons maps a reason the services do not list to the nearest one they do, which is what Retry-Reason
 // carries (they refuse any other); the journal keeps the precise one. A reason leaves this map when the services
 // list it.
-var wireReasons = map[string]string{}
+var wireReasons = map[string]string{ReasonAcknowledgedLost: ReasonResponseLostAfterDispatch}
 
 // sentReason is the Retry-Reason the attempt carries.
 func (a *Attempt) sentReason() string {
@@ -86,6 +86,16 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 		}
 		if s.kind == "send" && op.budgetLeft() <= 0 {
 			s = budgetSpent(op)
+		}
+		if s.kind == "settle" && s.state == StateRefused {
+			// A 404 for a resource an earlier action made may mean the service lost that action (lost.go).
+			again, err := a.remakeDependencies(ctx, op)
+			if err != nil {
+				return a.result(op), err
+			}
+			if again {
+				continue
+			}
 		}
 		if s.kind == "settle" {
 			if err := a.settle(op, s); err != nil {
@@ -342,6 +352,9 @@ func (a *Agent) decide(op *Operation) step {
 	obs := observationsSince(op, last)
 	if approvedSince(op, last) {
 		return step{kind: "send", reason: ReasonOperatorRequested, decision: "approval_given_same_key"}
+	}
+	if s, ok := remakeStep(op, last); ok {
+		return s
 	}
 	backoff := a.backoff(len(op.Attempts) - op.budgetFrom + len(obs))
 
@@ -666,6 +679,9 @@ func retryLineage(op *Operation, at, prev *Attempt, reason string) {
 	}
 	if prev.Finished != nil && refusedLineage(prev.Finished) {
 		at.RetryOfSent = "" // the service refused the last one's lineage: this one claims none
+	}
+	if _, lost := remakeStep(op, prev); lost {
+		at.RetryOfSent = "" // the service lost the attempts it had seen (lost.go)
 	}
 }
 

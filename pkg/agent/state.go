@@ -153,8 +153,13 @@ type Observation struct {
 	RemoteRef  string `json:"remote_ref,omitempty"`
 	Detail     string `json:"detail,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`
-	RunID      string `json:"run_id"`
-	At         string `json:"at"`
+	// LostServerOpID is, for operation_lost, the service's operation it acknowledged and no longer has.
+	LostServerOpID string `json:"lost_server_operation_id,omitempty"`
+	// Path is, for operation_lost and dependency_remade, the path the operation is sent to from then on: its
+	// own, or with a resource it names replaced by the one made again in its place (lost.go).
+	Path  string `json:"path,omitempty"`
+	RunID string `json:"run_id"`
+	At    string `json:"at"`
 	// Command is a command_check's boundary and exit code.
 	Command *CommandResult `json:"command,omitempty"`
 }
@@ -339,6 +344,12 @@ func (o *Operation) reopenAfter(ob *Observation) {
 	case ObsRetryRequested:
 		// Someone asked for a retry with the same key: open again, with the budget they gave.
 		o.budgetFrom, o.Budget, o.Settled = len(o.Attempts), ob.Budget, nil
+	case ObsLost, ObsDependencyRemade:
+		// The service no longer has what it acknowledged: open again, to be sent again under the same key.
+		o.budgetFrom, o.Settled = len(o.Attempts), nil
+		if ob.Path != "" {
+			o.Path = ob.Path
+		}
 	case ObsSupersededSettled:
 		o.Settled = nil
 		if o.SupersedesServerOpID == "" {
