@@ -81,6 +81,8 @@ type config struct {
 	ProviderTimeout            time.Duration
 	PaymentsApprovalThresholds map[string]int64 // currency -> minor units above which capture/refund need approval
 	ApprovalTTL                time.Duration
+	PaymentsSweepInterval      time.Duration
+	PaymentsSweepCheck         time.Duration
 	TicketsApprovalPriorities  []string // new tickets of these priorities need approval
 	TicketsApprovalProjects    []string // new tickets in these projects need approval
 
@@ -194,6 +196,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ProviderSecret:  r.str("PROVIDER_SECRET", "retrysafe-payments-sandbox"),
 		ProviderTimeout: r.duration("PROVIDER_TIMEOUT", 5*time.Second),
 		ApprovalTTL:     r.duration("APPROVAL_TTL", time.Hour),
+
+		PaymentsSweepInterval: r.duration("PAYMENTS_SWEEP_INTERVAL", time.Minute),
+		PaymentsSweepCheck:    r.duration("PAYMENTS_SWEEP_CHECK", 5*time.Second),
 
 		DeploySteps:                r.integer("DEPLOY_STEPS", 3, 1, 100),
 		DeployStepDuration:         r.duration("DEPLOY_STEP_DURATION", 2*time.Second),

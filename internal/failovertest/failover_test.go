@@ -78,7 +78,14 @@ func testFailover(t *testing.T, mode string) {
 	}
 
 	primary, _ := c.connect("primary")
+	// The healing step, before anything is sent again: the books equal the provider's.
+	restored := healed(t, s, primary, c.nodes()["primary"].url())
 	f := check(t, s, d, primary, killed, mode == "async")
+	f.restored = restored
+	booksEqualProvider(t, s, primary) // and still, once every write was sent again under its key
+	if mode == "async" && restored == 0 {
+		t.Error("the sweep restored nothing after the asynchronous failover: the healing step proved nothing")
+	}
 	f.toPromoted, f.toFirstWrite, f.cut = promoted.Sub(killed), firstWrite.Sub(killed), d.answers(killed, firstWrite)
 	out, intact := s.auditVerify(t, c.nodes()["primary"].url())
 	f.audit = strings.TrimSpace(out)
@@ -112,7 +119,10 @@ type figures struct {
 	failedDeploys int
 	// notSent counts payment writes settled as "never reached the provider, nothing happened; send it again
 	// with a new key": a claim cut by the kill, its provider call never made. Their jobs went on with new keys.
-	notSent                  int
+	notSent int
+	// restored counts provider effects the sweep restored from the provider's record before anything was sent
+	// again (restore operations).
+	restored                 int
 	toPromoted, toFirstWrite time.Duration
 	cut                      map[string]int // answers to attempts in flight at the kill or sent until the first write
 	audit                    string
@@ -133,6 +143,7 @@ func (f figures) String(mode string) string {
 		fmt.Fprintf(&b, "; %s %d/%d/%d", k, f.acked[k], f.lost[k], f.doubled[k])
 	}
 	fmt.Fprintf(&b, "\n  payment writes lost after their provider call, claimed again and replayed by the provider: %d", f.reclaimed)
+	fmt.Fprintf(&b, "\n  provider effects restored by the sweep before anything was sent again: %d", f.restored)
 	fmt.Fprintf(&b, "\n  payment writes settled as never sent (nothing happened; the job went on under a new key): %d", f.notSent)
 	fmt.Fprintf(&b, "\n  deploys failed, not activated, their progress lost with the old primary: %d", f.failedDeploys)
 	fmt.Fprintf(&b, "\n  activations called again and answered from the target's marker: %d", f.repeatedActivations)
