@@ -79,8 +79,9 @@ func testFailover(t *testing.T, mode string) {
 
 	primary, _ := c.connect("primary")
 	// The healing step, before anything is sent again: the books equal the provider's.
+	f, lost := lostWrites(t, d, primary)
 	restored := healed(t, s, primary, c.nodes()["primary"].url())
-	f := check(t, s, d, primary, killed, mode == "async")
+	f = check(t, s, d, primary, killed, mode == "async", f, lost)
 	f.restored = restored
 	booksEqualProvider(t, s, primary) // and still, once every write was sent again under its key
 	if mode == "async" && restored == 0 {
@@ -157,12 +158,9 @@ func (f figures) String(mode string) string {
 	return b.String()
 }
 
-// check counts, on the new primary and at the provider, what became of every write: acknowledged writes lost
-// (before anything is sent again), then, once every write has been sent again under its key, the effects of
-// each key, and the answers that said "nothing was done" for a claim that committed.
-func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, mayLose bool) figures {
+// lostWrites counts the acknowledged writes the new primary does not have, before anything heals or is sent again.
+func lostWrites(t *testing.T, d *driver, db *pgx.Conn) (figures, map[*write]bool) {
 	t.Helper()
-	ctx := t.Context()
 	f := figures{acked: map[kind]int{}, lost: map[kind]int{}, doubled: map[kind]int{}}
 	lost := map[*write]bool{}
 	for _, w := range d.writes() {
@@ -174,6 +172,15 @@ func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, ma
 			}
 		}
 	}
+	return f, lost
+}
+
+// check counts, on the new primary and at the provider, what became of every write: acknowledged writes lost
+// (before anything is sent again), then, once every write has been sent again under its key, the effects of
+// each key, and the answers that said "nothing was done" for a claim that committed.
+func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, mayLose bool, f figures, lost map[*write]bool) figures {
+	t.Helper()
+	ctx := t.Context()
 
 	// Every job again, as an agent that never heard back (or doubts what it heard) would: the same keys, the same
 	// bodies. A write whose acknowledgement survived is answered with it again, byte for byte.
@@ -275,8 +282,8 @@ WHERE d.environment LIKE 'fo-' || $1 || '-%' AND d.state <> 'succeeded' GROUP BY
 		case kindDeploy:
 			// The deploy is one row; its effect, the activation at the target, happened once if it succeeded.
 			// A deploy whose progress (steps, activation: the simulated target shares the database) was lost
-			// with the old primary cannot go on under its fencing token: the reconciler fails it, with
-			// remote_record_absent, and never runs it again.
+			// with the old primary cannot go on under its fencing token: the reconciler finds no marker and
+			// queues it again under the same operation (deploys.MaxAttempts), so it fails only after that.
 			n = max(effects[w.key], effects["activation "+w.key])
 			history, failed := unsucceeded[w.key]
 			switch {
