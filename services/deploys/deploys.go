@@ -344,6 +344,10 @@ type Store interface {
 	// Requeue puts a running deploy that has not started activating back in the queue (graceful shutdown).
 	// Returns ErrLockLost.
 	Requeue(ctx context.Context, tx *gorm.DB, c Claim, actor string) error
+	// RequeueLost puts back in the queue, under the same operation (unknown, now queued, with event and
+	// detail), a deploy the reconciler took over (c, its new token) and found never activated, unless it has
+	// already run maxAttempts times: requeued false then, and nothing changed.
+	RequeueLost(ctx context.Context, tx *gorm.DB, c Claim, maxAttempts int, actor, event string, detail any) (requeued bool, err error)
 	// Finish records the deploy's outcome: succeeded (the environment moves to it) or failed, releases the lock
 	// and settles the operation with event and detail. Returns ErrLockLost.
 	Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool, actor, event string, detail any) error

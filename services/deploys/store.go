@@ -560,6 +560,31 @@ WHERE account_id = ? AND environment = ? AND holder_deploy_id = ? AND fencing_to
 	return nil
 }
 
+// RequeueLost implements Store. The deploy keeps its lock, now under the reconciler's token, which becomes the
+// deploy's own: the controller that claims it next activates under it, and the dead worker's older token stays
+// fenced out. It starts again from its first step.
+func (PostgresStore) RequeueLost(ctx context.Context, tx *gorm.DB, c Claim, maxAttempts int, actor, event string, detail any) (bool, error) {
+	res := tx.WithContext(ctx).Exec(`UPDATE deploys SET state = 'queued', fencing_token = ?, attempts = attempts + 1,
+    steps_completed = 0, activation_started_at = NULL, started_at = NULL, queued_at = now(), updated_at = now()
+WHERE account_id = ? AND id = ? AND state = 'running' AND attempts < ?`, c.Token, c.Deploy.AccountID, c.Deploy.ID, maxAttempts)
+	if res.Error != nil {
+		return false, fmt.Errorf("deploys: requeue lost %s: %w", c.Deploy.ID, res.Error)
+	}
+	if res.RowsAffected != 1 {
+		return false, nil
+	}
+	moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
+		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown), opstatus.WithLease(time.Time{}),
+		opstatus.WithEvent(event, detail))
+	if err != nil {
+		return false, err
+	}
+	if !moved {
+		return false, ErrLockLost
+	}
+	return true, nil
+}
+
 // Finish implements Store.
 func (s PostgresStore) Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool, actor, event string, detail any) error {
 	if err := s.Settle(ctx, tx, c, succeeded); err != nil {
