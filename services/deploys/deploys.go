@@ -355,6 +355,10 @@ type Store interface {
 	// the operation itself (opstatus.Resolve). Returns ErrLockLost.
 	Settle(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool) error
 
+	// CatchUp moves the environment forward to the version the target's marker a says it is at, when our row is
+	// behind it (a failover lost the commits that recorded it); caught false when it was not behind.
+	CatchUp(ctx context.Context, tx *gorm.DB, accountID, environment string, a Activation) (caught bool, err error)
+
 	// TakeOver gives the lock of an unknown deploy a new fencing token, so its old worker can no longer write,
 	// and returns the new claim. Returns ErrLeaseLive (a *LeaseLiveError) while the lease runs, ErrLockLost if the deploy does not
 	// hold the lock.
