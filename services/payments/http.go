@@ -356,6 +356,20 @@ func (s *Server) describeRefund(ctx context.Context, account string, params map[
 	}, nil
 }
 
+// refundNeedsApproval decides, in the claim's transaction, whether the refund cmd needs a person's approval. The
+// threshold applies to the intent's running total of refunds, so splitting a large refund into small ones does
+// not avoid approval. The total is read under the intent's row lock, which every refund reservation takes: two
+// small refunds sent at once cannot both see the total without the other.
+func (s *Server) refundNeedsApproval(account, intentID string, cmd CreateRefund) func(ctx context.Context, tx *gorm.DB) (bool, error) {
+	return func(ctx context.Context, tx *gorm.DB) (bool, error) {
+		held, err := s.cfg.Store.RefundsHeld(ctx, tx, account, intentID)
+		if err != nil {
+			return false, err
+		}
+		return s.needsApproval(cmd.Currency, held+cmd.AmountMinor), nil
+	}
+}
+
 func (s *Server) createRefund(c *gin.Context) {
 	var req CreateRefundRequest
 	if err := httpjson.Decode(c.Request, &req); err != nil {
@@ -373,17 +387,7 @@ func (s *Server) createRefund(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	// The threshold applies to the intent's running total of refunds, so splitting a large refund into small
-	// ones does not avoid approval. The total is read in the claim's transaction under the intent's row lock,
-	// which every refund reservation takes: two small refunds sent at once cannot both see the total without
-	// the other.
-	needed := func(ctx context.Context, tx *gorm.DB) (bool, error) {
-		held, err := s.cfg.Store.RefundsHeld(ctx, tx, account, intentID)
-		if err != nil {
-			return false, err
-		}
-		return s.needsApproval(cmd.Currency, held+cmd.AmountMinor), nil
-	}
+	needed := s.refundNeedsApproval(account, intentID, cmd)
 	var (
 		reserved Intent
 		adopted  bool
