@@ -29,6 +29,7 @@ var (
 	demoLocal = map[string]string{
 		schema.VersionTable:         "goose's record of the demo services' applied migrations",
 		"deploy_target_activations": "the simulated deploy target: stands for a remote system, not our data",
+		"payment_provider_sweep":    "one row for the whole database: the timeline it is on and how far the payments sweep matched",
 		"deploy_target_fences":      "the simulated deploy target: stands for a remote system, not our data",
 	}
 )

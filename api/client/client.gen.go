@@ -215,6 +215,30 @@ func (e ProviderAuthorizationStatus) Valid() bool {
 	}
 }
 
+// Defines values for ProviderEffectKind.
+const (
+	ProviderEffectKindAuthorize ProviderEffectKind = "authorize"
+	ProviderEffectKindCapture   ProviderEffectKind = "capture"
+	ProviderEffectKindRefund    ProviderEffectKind = "refund"
+	ProviderEffectKindVoid      ProviderEffectKind = "void"
+)
+
+// Valid indicates whether the value is a known member of the ProviderEffectKind enum.
+func (e ProviderEffectKind) Valid() bool {
+	switch e {
+	case ProviderEffectKindAuthorize:
+		return true
+	case ProviderEffectKindCapture:
+		return true
+	case ProviderEffectKindRefund:
+		return true
+	case ProviderEffectKindVoid:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ProviderFaultKind.
 const (
 	ProviderFaultKindAuthorize ProviderFaultKind = "authorize"
@@ -838,6 +862,7 @@ type ProviderAuthorization struct {
 	CapturedMinor int64                       `json:"captured_minor"`
 	Currency      string                      `json:"currency"`
 	Id            string                      `json:"id"`
+	Metadata      *map[string]string          `json:"metadata,omitempty"`
 	Reference     string                      `json:"reference"`
 	RefundedMinor int64                       `json:"refunded_minor"`
 	Status        ProviderAuthorizationStatus `json:"status"`
@@ -848,10 +873,28 @@ type ProviderAuthorizationStatus string
 
 // ProviderAuthorizeRequest defines model for ProviderAuthorizeRequest.
 type ProviderAuthorizeRequest struct {
-	AmountMinor int64   `json:"amount_minor"`
-	Currency    string  `json:"currency"`
-	Reference   *string `json:"reference,omitempty"`
+	AmountMinor int64  `json:"amount_minor"`
+	Currency    string `json:"currency"`
+
+	// Metadata The caller's labels (payments sends account_id), echoed back and listed with the effects.
+	Metadata  *map[string]string `json:"metadata,omitempty"`
+	Reference *string            `json:"reference,omitempty"`
 }
+
+// ProviderEffect defines model for ProviderEffect.
+type ProviderEffect struct {
+	Authorization   ProviderAuthorization  `json:"authorization"`
+	AuthorizationId string                 `json:"authorization_id"`
+	Body            map[string]interface{} `json:"body"`
+	Effects         []string               `json:"effects"`
+	ExecutedAt      time.Time              `json:"executed_at"`
+	Key             string                 `json:"key"`
+	Kind            ProviderEffectKind     `json:"kind"`
+	Status          int                    `json:"status"`
+}
+
+// ProviderEffectKind defines model for ProviderEffect.Kind.
+type ProviderEffectKind string
 
 // ProviderFault defines model for ProviderFault.
 type ProviderFault struct {
@@ -1201,6 +1244,11 @@ type RollbackDeployParams struct {
 
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+}
+
+// ListProviderEffectsParams defines parameters for ListProviderEffects.
+type ListProviderEffectsParams struct {
+	Since *time.Time `form:"since,omitempty" json:"since,omitempty"`
 }
 
 // ListOperationsParams defines parameters for ListOperations.
@@ -2099,6 +2147,16 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
 	RollbackDeploy(ctx context.Context, id string, params *RollbackDeployParams, body RollbackDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListProviderEffects Provider sandbox: the calls executed with a success since a time, oldest first.
+	//
+	// Each call executed under an idempotency key with a 2xx answer, with its stored answer, the ids of what it
+	// created or changed (one per execution) and its authorization as it stands now. Payments sweeps it after a
+	// database failover to restore what the provider did and the database lost (docs/failover.md). A read with no
+	// effect: retry it freely.
+	//
+	// Corresponds with GET /v1/effects (the `ListProviderEffects` operationId).
+	ListProviderEffects(ctx context.Context, params *ListProviderEffectsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetEnvironment An environment's version, what runs there, and who holds its release lock.
 	//
@@ -3211,6 +3269,26 @@ func (c *Client) RollbackDeployWithBody(ctx context.Context, id string, params *
 // Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
 func (c *Client) RollbackDeploy(ctx context.Context, id string, params *RollbackDeployParams, body RollbackDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRollbackDeployRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListProviderEffects Provider sandbox: the calls executed with a success since a time, oldest first.
+//
+// Each call executed under an idempotency key with a 2xx answer, with its stored answer, the ids of what it
+// created or changed (one per execution) and its authorization as it stands now. Payments sweeps it after a
+// database failover to restore what the provider did and the database lost (docs/failover.md). A read with no
+// effect: retry it freely.
+//
+// Corresponds with GET /v1/effects (the `ListProviderEffects` operationId).
+func (c *Client) ListProviderEffects(ctx context.Context, params *ListProviderEffectsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListProviderEffectsRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -4831,6 +4909,60 @@ func NewRollbackDeployRequestWithBody(server string, id string, params *Rollback
 			req.Header.Set("Approval-Id", headerParam2)
 		}
 
+	}
+
+	return req, nil
+}
+
+// NewListProviderEffectsRequest constructs an http.Request for the ListProviderEffects method
+func NewListProviderEffectsRequest(server string, params *ListProviderEffectsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/effects")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Since != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "since", *params.Since, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
 	}
 
 	return req, nil
@@ -6458,6 +6590,18 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/deploys/{id}/rollback (the `RollbackDeploy` operationId).
 	RollbackDeployWithResponse(ctx context.Context, id string, params *RollbackDeployParams, body RollbackDeployJSONRequestBody, reqEditors ...RequestEditorFn) (*RollbackDeployResponse, error)
+
+	// ListProviderEffectsWithResponse Provider sandbox: the calls executed with a success since a time, oldest first.
+	//
+	// Each call executed under an idempotency key with a 2xx answer, with its stored answer, the ids of what it
+	// created or changed (one per execution) and its authorization as it stands now. Payments sweeps it after a
+	// database failover to restore what the provider did and the database lost (docs/failover.md). A read with no
+	// effect: retry it freely.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/effects (the `ListProviderEffects` operationId).
+	ListProviderEffectsWithResponse(ctx context.Context, params *ListProviderEffectsParams, reqEditors ...RequestEditorFn) (*ListProviderEffectsResponse, error)
 
 	// GetEnvironmentWithResponse An environment's version, what runs there, and who holds its release lock.
 	//
@@ -8641,6 +8785,65 @@ func (r RollbackDeployResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r RollbackDeployResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ListProviderEffectsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *struct {
+		Effects []ProviderEffect `json:"effects"`
+	}
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *ValidationFailed
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListProviderEffectsResponse) GetJSON200() *struct {
+	Effects []ProviderEffect `json:"effects"`
+} {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListProviderEffectsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ListProviderEffectsResponse) GetApplicationproblemJSON422() *ValidationFailed {
+	return r.ApplicationproblemJSON422
+}
+
+// GetBody returns the raw response body bytes
+func (r ListProviderEffectsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListProviderEffectsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListProviderEffectsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListProviderEffectsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -11535,6 +11738,24 @@ func (c *ClientWithResponses) RollbackDeployWithResponse(ctx context.Context, id
 	return ParseRollbackDeployResponse(rsp)
 }
 
+// ListProviderEffectsWithResponse Provider sandbox: the calls executed with a success since a time, oldest first.
+//
+// Each call executed under an idempotency key with a 2xx answer, with its stored answer, the ids of what it
+// created or changed (one per execution) and its authorization as it stands now. Payments sweeps it after a
+// database failover to restore what the provider did and the database lost (docs/failover.md). A read with no
+// effect: retry it freely.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/effects (the `ListProviderEffects` operationId).
+func (c *ClientWithResponses) ListProviderEffectsWithResponse(ctx context.Context, params *ListProviderEffectsParams, reqEditors ...RequestEditorFn) (*ListProviderEffectsResponse, error) {
+	rsp, err := c.ListProviderEffects(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListProviderEffectsResponse(rsp)
+}
+
 // GetEnvironmentWithResponse An environment's version, what runs there, and who holds its release lock.
 //
 // 404 until the first deploy to the environment is accepted. Pass `version` as `expected_environment_version`.
@@ -13769,6 +13990,48 @@ func ParseRollbackDeployResponse(rsp *http.Response) (*RollbackDeployResponse, e
 			headers.RetryAfter = &value
 		}
 		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListProviderEffectsResponse parses an HTTP response from a ListProviderEffectsWithResponse call
+func ParseListProviderEffectsResponse(rsp *http.Response) (*ListProviderEffectsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListProviderEffectsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest struct {
+			Effects []ProviderEffect `json:"effects"`
+		}
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest ValidationFailed
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
 	}
 
 	return response, nil

@@ -92,6 +92,9 @@ const serveEnv = databaseEnv + `
   PROVIDER_TIMEOUT          bound of one provider call, below OPERATION_LEASE (default 5s)
   PAYMENTS_APPROVAL_THRESHOLDS   CURRENCY:minor_units,... above which captures and refunds need approval
   APPROVAL_TTL              how long an approval can be used (default 1h)
+  PAYMENTS_SWEEP_INTERVAL   how often payments compares the provider's effects with its rows and restores what a
+                            failover lost (default 1m); retrysafe payments-sweep runs it once
+  PAYMENTS_SWEEP_CHECK      how often the database's timeline is read, to sweep at once after a failover (default 5s)
   TICKETS_APPROVAL_PRIORITIES TICKETS_APPROVAL_PROJECTS   new tickets of these priorities or in these projects
                             need approval (comma-separated; default none)
   DEPLOY_STEPS DEPLOY_STEP_DURATION   simulated deploy steps (default 3 of 2s)
@@ -140,7 +143,7 @@ func init() {
 		},
 		auditCommand(),
 		agentCommand(), mcpCommand(), envCommand(),
-		markerCommand(),
+		markerCommand(), sweepCommand(),
 		{name: "help", synopsis: "help [COMMAND]", summary: "describe the commands, or one command and the variables it reads", noConfig: true},
 	}
 }

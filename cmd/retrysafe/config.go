@@ -81,6 +81,8 @@ type config struct {
 	ProviderTimeout            time.Duration
 	PaymentsApprovalThresholds map[string]int64 // currency -> minor units above which capture/refund need approval
 	ApprovalTTL                time.Duration
+	PaymentsSweepInterval      time.Duration
+	PaymentsSweepCheck         time.Duration
 	TicketsApprovalPriorities  []string // new tickets of these priorities need approval
 	TicketsApprovalProjects    []string // new tickets in these projects need approval
 
@@ -229,6 +231,8 @@ func (c *config) readProvider(r *envReader) {
 	c.ProviderSecret = r.str("PROVIDER_SECRET", "retrysafe-payments-sandbox")
 	c.ProviderTimeout = r.duration("PROVIDER_TIMEOUT", 5*time.Second)
 	c.ApprovalTTL = r.duration("APPROVAL_TTL", time.Hour)
+	c.PaymentsSweepInterval = r.duration("PAYMENTS_SWEEP_INTERVAL", time.Minute)
+	c.PaymentsSweepCheck = r.duration("PAYMENTS_SWEEP_CHECK", 5*time.Second)
 }
 
 // readDeploys reads the deploy controller's steps, approvals, locks and concurrency.

@@ -12,6 +12,7 @@
 //	retrysafe mcp --journal PATH [--tools FILE]         (the same tools over MCP, on stdio)
 //	retrysafe marker --dir DIR --id ID --operation OP -- CMD   (a host's operation marker, pkg/agent/opmarker)
 //	retrysafe env                                       (one shell line pointing a terminal at the demo)
+//	retrysafe payments-sweep                            (restore what a failover lost from the provider, once)
 //	retrysafe help [COMMAND], retrysafe version
 //
 // Every command checks its arguments and the whole configuration before it opens anything.

@@ -52,5 +52,7 @@ func buildPayments(cfg config, d service.Deps) (service.Service, error) {
 			WithObserver(d.Metrics.Downstream("provider")),
 		ApprovalThresholds: cfg.PaymentsApprovalThresholds,
 		ApprovalTTL:        cfg.ApprovalTTL,
+		SweepInterval:      cfg.PaymentsSweepInterval,
+		SweepCheck:         cfg.PaymentsSweepCheck,
 	})
 }

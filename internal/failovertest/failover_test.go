@@ -78,7 +78,15 @@ func testFailover(t *testing.T, mode string) {
 	}
 
 	primary, _ := c.connect("primary")
-	f := check(t, s, d, primary, killed, mode == "async")
+	// The healing step, before anything is sent again: the books equal the provider's.
+	f, lost := lostWrites(t, d, primary)
+	restored := healed(t, s, primary, c.nodes()["primary"].url())
+	f = check(t, s, d, primary, killed, mode == "async", f, lost)
+	f.restored = restored
+	booksEqualProvider(t, s, primary) // and still, once every write was sent again under its key
+	if mode == "async" && restored == 0 {
+		t.Error("the sweep restored nothing after the asynchronous failover: the healing step proved nothing")
+	}
 	f.toPromoted, f.toFirstWrite, f.cut = promoted.Sub(killed), firstWrite.Sub(killed), d.answers(killed, firstWrite)
 	out, intact := s.auditVerify(t, c.nodes()["primary"].url())
 	f.audit = strings.TrimSpace(out)
@@ -112,7 +120,10 @@ type figures struct {
 	failedDeploys int
 	// notSent counts payment writes settled as "never reached the provider, nothing happened; send it again
 	// with a new key": a claim cut by the kill, its provider call never made. Their jobs went on with new keys.
-	notSent                  int
+	notSent int
+	// restored counts provider effects the sweep restored from the provider's record before anything was sent
+	// again (restore operations).
+	restored                 int
 	toPromoted, toFirstWrite time.Duration
 	cut                      map[string]int // answers to attempts in flight at the kill or sent until the first write
 	audit                    string
@@ -133,6 +144,7 @@ func (f figures) String(mode string) string {
 		fmt.Fprintf(&b, "; %s %d/%d/%d", k, f.acked[k], f.lost[k], f.doubled[k])
 	}
 	fmt.Fprintf(&b, "\n  payment writes lost after their provider call, claimed again and replayed by the provider: %d", f.reclaimed)
+	fmt.Fprintf(&b, "\n  provider effects restored by the sweep before anything was sent again: %d", f.restored)
 	fmt.Fprintf(&b, "\n  payment writes settled as never sent (nothing happened; the job went on under a new key): %d", f.notSent)
 	fmt.Fprintf(&b, "\n  deploys failed, not activated, their progress lost with the old primary: %d", f.failedDeploys)
 	fmt.Fprintf(&b, "\n  activations called again and answered from the target's marker: %d", f.repeatedActivations)
@@ -146,12 +158,9 @@ func (f figures) String(mode string) string {
 	return b.String()
 }
 
-// check counts, on the new primary and at the provider, what became of every write: acknowledged writes lost
-// (before anything is sent again), then, once every write has been sent again under its key, the effects of
-// each key, and the answers that said "nothing was done" for a claim that committed.
-func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, mayLose bool) figures {
+// lostWrites counts the acknowledged writes the new primary does not have, before anything heals or is sent again.
+func lostWrites(t *testing.T, d *driver, db *pgx.Conn) (figures, map[*write]bool) {
 	t.Helper()
-	ctx := t.Context()
 	f := figures{acked: map[kind]int{}, lost: map[kind]int{}, doubled: map[kind]int{}}
 	lost := map[*write]bool{}
 	for _, w := range d.writes() {
@@ -163,6 +172,15 @@ func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, ma
 			}
 		}
 	}
+	return f, lost
+}
+
+// check counts, on the new primary and at the provider, what became of every write: acknowledged writes lost
+// (before anything is sent again), then, once every write has been sent again under its key, the effects of
+// each key, and the answers that said "nothing was done" for a claim that committed.
+func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, mayLose bool, f figures, lost map[*write]bool) figures {
+	t.Helper()
+	ctx := t.Context()
 
 	// Every job again, as an agent that never heard back (or doubts what it heard) would: the same keys, the same
 	// bodies. A write whose acknowledgement survived is answered with it again, byte for byte.
@@ -264,8 +282,8 @@ WHERE d.environment LIKE 'fo-' || $1 || '-%' AND d.state <> 'succeeded' GROUP BY
 		case kindDeploy:
 			// The deploy is one row; its effect, the activation at the target, happened once if it succeeded.
 			// A deploy whose progress (steps, activation: the simulated target shares the database) was lost
-			// with the old primary cannot go on under its fencing token: the reconciler fails it, with
-			// remote_record_absent, and never runs it again.
+			// with the old primary cannot go on under its fencing token: the reconciler finds no marker and
+			// queues it again under the same operation (deploys.MaxAttempts), so it fails only after that.
 			n = max(effects[w.key], effects["activation "+w.key])
 			history, failed := unsucceeded[w.key]
 			switch {

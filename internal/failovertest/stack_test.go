@@ -26,6 +26,8 @@ type stack struct {
 	payments *apitest.Client
 	deploys  *apitest.Client
 	provider *provider.Client
+	// providerURL is the provider sandbox, for `retrysafe payments-sweep`.
+	providerURL string
 }
 
 func startStack(t *testing.T, c *cluster) *stack {
@@ -49,6 +51,8 @@ func startStack(t *testing.T, c *cluster) *stack {
 		"DEPLOY_STEPS": "2", "DEPLOY_STEP_DURATION": "100ms", "DEPLOY_POLL_INTERVAL": "200ms",
 		"DEPLOY_HEARTBEAT_INTERVAL": "1s", "DEPLOY_LOCK_LEASE": "30s", "DEPLOY_WORKERS": "4",
 		"DEPLOY_MAX_RUNNING_PER_ACCOUNT": "8", "AUDIT_SEAL_INTERVAL": "200ms",
+		// The sweep reads the timeline every second: after the promotion it restores what the old primary took.
+		"PAYMENTS_SWEEP_INTERVAL": "1m", "PAYMENTS_SWEEP_CHECK": "1s",
 	}
 	client := func(args []string, addrVar string) *apitest.Client {
 		c := apitest.New(t, proctest.Start(t, bin, args, env, addrVar).URL, servicetest.AgentSecret)
@@ -56,11 +60,12 @@ func startStack(t *testing.T, c *cluster) *stack {
 		return c
 	}
 	return &stack{
-		bin:      bin,
-		tickets:  client([]string{"serve", "tickets"}, "TICKETS_ADDR"),
-		payments: client([]string{"serve", "payments"}, "PAYMENTS_ADDR"),
-		deploys:  client([]string{"serve", "deploys"}, "DEPLOYS_ADDR"),
-		provider: provider.NewClientHTTP(prov.URL, merchantSecret, apitest.HTTPClient(t, 5*time.Second)),
+		bin:         bin,
+		tickets:     client([]string{"serve", "tickets"}, "TICKETS_ADDR"),
+		payments:    client([]string{"serve", "payments"}, "PAYMENTS_ADDR"),
+		deploys:     client([]string{"serve", "deploys"}, "DEPLOYS_ADDR"),
+		provider:    provider.NewClientHTTP(prov.URL, merchantSecret, apitest.HTTPClient(t, 5*time.Second)),
+		providerURL: prov.URL,
 	}
 }
 

@@ -281,6 +281,16 @@ func Creator(ctx context.Context, db *gorm.DB, accountID, kind, resourceType, re
 	return id, nil
 }
 
+// ForResource is the first operation of account of kind that names the resource (resourceType, resourceID),
+// whatever its state; "" when none does.
+func ForResource(ctx context.Context, db *gorm.DB, accountID, kind, resourceType, resourceID string) (string, error) {
+	var id string
+	if _, err := queryRow(ctx, db, forResourceSQL, []any{accountID, kind, resourceType, resourceID}, &id); err != nil {
+		return "", fmt.Errorf("opstore: operation of %s: %w", resourceID, err)
+	}
+	return id, nil
+}
+
 // AccountOf is the account of operation id, known by its id alone, or "" when there is none. It reads every
 // account's operations: an operator's tool asks it, never a request.
 func AccountOf(ctx context.Context, db *gorm.DB, id string) (string, error) {

@@ -78,6 +78,7 @@ var (
 	lastEventDetailSQL   = statement("last_event_detail")
 	linkedNotFailedSQL   = statement("linked_not_failed")
 	creatorSQL           = statement("creator")
+	forResourceSQL       = statement("for_resource")
 	accountOfSQL         = statement("account_of")
 	unknownCountSQL      = statement("unknown_count")
 	hasEventsSQL         = statement("has_events")

@@ -344,12 +344,20 @@ type Store interface {
 	// Requeue puts a running deploy that has not started activating back in the queue (graceful shutdown).
 	// Returns ErrLockLost.
 	Requeue(ctx context.Context, tx *gorm.DB, c Claim, actor string) error
+	// RequeueLost puts back in the queue, under the same operation (unknown, now queued, with event and
+	// detail), a deploy the reconciler took over (c, its new token) and found never activated, unless it has
+	// already run maxAttempts times: requeued false then, and nothing changed.
+	RequeueLost(ctx context.Context, tx *gorm.DB, c Claim, maxAttempts int, actor, event string, detail any) (requeued bool, err error)
 	// Finish records the deploy's outcome: succeeded (the environment moves to it) or failed, releases the lock
 	// and settles the operation with event and detail. Returns ErrLockLost.
 	Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool, actor, event string, detail any) error
 	// Settle is Finish without the operation: the deploy's rows only, for a person's decision, which moves
 	// the operation itself (opstatus.Resolve). Returns ErrLockLost.
 	Settle(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool) error
+
+	// CatchUp moves the environment forward to the version the target's marker a says it is at, when our row is
+	// behind it (a failover lost the commits that recorded it); caught false when it was not behind.
+	CatchUp(ctx context.Context, tx *gorm.DB, accountID, environment string, a Activation) (caught bool, err error)
 
 	// TakeOver gives the lock of an unknown deploy a new fencing token, so its old worker can no longer write,
 	// and returns the new claim. Returns ErrLeaseLive (a *LeaseLiveError) while the lease runs, ErrLockLost if the deploy does not

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 
@@ -32,6 +33,10 @@ type Server struct {
 	ApprovalEnvironments []string
 	// Steps is how many simulated steps a new deploy runs.
 	Steps int
+	// Target, when set, is asked for its newest marker when a deploy expects an environment version newer than
+	// ours (catchup.go); Logger says when an environment caught up with it.
+	Target Target
+	Logger *slog.Logger
 }
 
 func (s *Server) needsApproval(environment string) bool {
@@ -68,7 +73,7 @@ func (s *Server) createDeploy(c *gin.Context) {
 					return idem.Result{}, err
 				}
 			}
-			d, err := s.Store.CreateDeploy(ctx, tx, NewDeploy{
+			d, err := s.createCaughtUp(ctx, tx, NewDeploy{
 				AccountID: account, OperationID: op.ID, Kind: DeployForward, Service: cmd.Service,
 				Environment: cmd.Environment, Reference: cmd.Reference,
 				ExpectedEnvironmentVersion: version, StepsTotal: s.Steps,
@@ -102,7 +107,7 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 			if err != nil {
 				return idem.Result{}, err
 			}
-			d, err := s.Store.CreateDeploy(ctx, tx, NewDeploy{
+			d, err := s.createCaughtUp(ctx, tx, NewDeploy{
 				AccountID: account, OperationID: op.ID, Kind: DeployRollback, Service: plan.Of.Service,
 				Environment: plan.Of.Environment, Reference: plan.To.Reference(), RollsBackDeployID: &plan.Of.ID,
 				ExpectedEnvironmentVersion: cmd.ExpectedEnvironmentVersion, StepsTotal: s.Steps,

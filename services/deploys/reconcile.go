@@ -13,9 +13,10 @@ import (
 )
 
 // Reconciler settles deploys whose operation became unknown (their controller died, its leases ran out) from
-// the target's marker, never by running them again: activated means succeeded (the environment moves to the
-// deploy), not activated means failed; either way the lock is released and the evidence is recorded as the
-// operation's reconciled event.
+// the target's marker: activated means succeeded (the environment moves to the deploy, the lock is released);
+// not activated means nothing happened there, so the deploy is queued again under the same operation, keeping
+// its lock, until it has run MaxAttempts times, and then fails. The evidence is the operation's reconciled (or
+// requeued) event.
 //
 // Before it reads the marker it takes the lock over with a new fencing token and shows that token to the
 // target, so the old worker, if it is only slow and not dead, can neither write nor activate any more: the
@@ -33,6 +34,15 @@ type Reconciler struct {
 var _ opstatus.Reconciler = (*Reconciler)(nil)
 
 const reconcilerActor = "system:deploys.reconciler"
+
+// MaxAttempts is how many times a deploy runs at most: one whose controller died before the target activated it
+// is queued again under the same operation (EventRequeued) until it has been claimed MaxAttempts times; the
+// reconciler fails it after that.
+const MaxAttempts = 3
+
+// EventRequeued records a deploy the reconciler put back in the queue: its worker's lease ran out and the
+// target's marker showed nothing activated (detail: the evidence, with max_attempts).
+const EventRequeued = "requeued"
 
 // EventTargetLookup records what the deploy target's marker said when the reconciler asked: an observation.
 const EventTargetLookup = "target_lookup"
@@ -60,9 +70,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, op opstatus.Operation) error
 	if activated {
 		evidence["target_marker"], evidence["reason"] = marker, opstore.ReasonRemoteRecordFound
 	}
+	requeued := false
 	if err := r.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if !activated {
+			// Nothing happened at the target, and the fence keeps the dead worker from doing anything there:
+			// the deploy is still intended, so it runs again, up to MaxAttempts times in all.
+			evidence["max_attempts"] = MaxAttempts
+			var err error
+			if requeued, err = r.Store.RequeueLost(ctx, tx, claim, MaxAttempts, reconcilerActor, EventRequeued, evidence); requeued || err != nil {
+				return err
+			}
+		}
 		return r.Store.Finish(ctx, tx, claim, activated, reconcilerActor, opstore.EventReconciled, evidence)
-	}); err != nil {
+	}); err != nil || requeued {
 		return err
 	}
 	state := StateFailed

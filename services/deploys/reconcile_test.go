@@ -61,18 +61,36 @@ func reconciledEvidence(t *testing.T, s deploys.Status) map[string]any {
 	return nil
 }
 
-func TestReconcilerFencesOutAStalledWorkerAndFailsANeverActivatedDeploy(t *testing.T) {
+// TestReconcilerFencesOutAStalledWorkerAndRequeuesANeverActivatedDeploy: a worker claims a deploy and stalls
+// until its leases run out. The reconciler fences it out and, the target's marker absent, queues the deploy
+// again under the same operation; so twice more, and the third time (deploys.MaxAttempts) it fails, with one
+// negative marker lookup per attempt and the environment untouched.
+func TestReconcilerFencesOutAStalledWorkerAndRequeuesANeverActivatedDeploy(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
 	d := decodeDeploy(t, b.agent.Post("/v1/deploys", deployBody("api", "staging", artifact(1)), apitest.Key("k")).Status(t, 202))
 	zombie := claimExpired(t, b)
-
-	b.recover(t)
-	s := decodeDeploy(t, b.agent.Get("/v1/deploys/"+d.ID).Status(t, 200))
-	if s.State != deploys.StateFailed {
-		t.Fatalf("state %s, want failed", s.State)
+	var s deploys.Status
+	for attempt := 1; attempt <= deploys.MaxAttempts; attempt++ {
+		if attempt > 1 {
+			claimExpired(t, b)
+		}
+		b.recover(t)
+		s = decodeDeploy(t, b.agent.Get("/v1/deploys/"+d.ID).Status(t, 200))
+		want, requeues := deploys.StateQueued, 0
+		if attempt == deploys.MaxAttempts {
+			want = deploys.StateFailed
+		}
+		for _, ev := range s.History {
+			if ev.Type == deploys.EventRequeued {
+				requeues++
+			}
+		}
+		if s.State != want || requeues != min(attempt, deploys.MaxAttempts-1) {
+			t.Fatalf("after attempt %d: %s with %d requeues; want %s, %d", attempt, s.State, requeues, want, min(attempt, deploys.MaxAttempts-1))
+		}
 	}
-	if ev := reconciledEvidence(t, s); ev["target_marker"] != nil || ev["fencing_token"] != float64(2) {
+	if ev := reconciledEvidence(t, s); ev["target_marker"] != nil || ev["fencing_token"] != float64(1+deploys.MaxAttempts) {
 		t.Fatalf("evidence: %v", ev)
 	}
 	var lookups int
@@ -81,8 +99,8 @@ func TestReconcilerFencesOutAStalledWorkerAndFailsANeverActivatedDeploy(t *testi
 			lookups++
 		}
 	}
-	if lookups != 1 {
-		t.Fatalf("the negative marker lookup is not recorded: %+v", s.History)
+	if lookups != deploys.MaxAttempts {
+		t.Fatalf("%d negative marker lookups recorded; want one per attempt: %+v", lookups, s.History)
 	}
 	if env := environment(t, b.agent, "staging"); env.Lock != nil || env.Version != 0 {
 		t.Fatalf("environment: %+v", env)

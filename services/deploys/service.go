@@ -89,7 +89,8 @@ func New(d service.Deps, cfg Config) (*Service, error) {
 	if cfg.Target == nil {
 		cfg.Target = SimulatedTarget{DB: d.DB}
 	}
-	s := &Server{DB: d.DB, Store: cfg.Store, Idem: d.Idem, ApprovalEnvironments: cfg.ApprovalEnvironments, Steps: cfg.Steps}
+	s := &Server{DB: d.DB, Store: cfg.Store, Idem: d.Idem, ApprovalEnvironments: cfg.ApprovalEnvironments, Steps: cfg.Steps,
+		Target: cfg.Target, Logger: d.Log().With("service", "deploys")}
 	s.Approvals = approval.New(d.DB, d.Idem, cfg.ApprovalTTL, s.ApprovalRoutes()...)
 	return &Service{
 		Server: s,

@@ -560,6 +560,31 @@ WHERE account_id = ? AND environment = ? AND holder_deploy_id = ? AND fencing_to
 	return nil
 }
 
+// RequeueLost implements Store. The deploy keeps its lock, now under the reconciler's token, which becomes the
+// deploy's own: the controller that claims it next activates under it, and the dead worker's older token stays
+// fenced out. It starts again from its first step.
+func (PostgresStore) RequeueLost(ctx context.Context, tx *gorm.DB, c Claim, maxAttempts int, actor, event string, detail any) (bool, error) {
+	res := tx.WithContext(ctx).Exec(`UPDATE deploys SET state = 'queued', fencing_token = ?, attempts = attempts + 1,
+    steps_completed = 0, activation_started_at = NULL, started_at = NULL, queued_at = now(), updated_at = now()
+WHERE account_id = ? AND id = ? AND state = 'running' AND attempts < ?`, c.Token, c.Deploy.AccountID, c.Deploy.ID, maxAttempts)
+	if res.Error != nil {
+		return false, fmt.Errorf("deploys: requeue lost %s: %w", c.Deploy.ID, res.Error)
+	}
+	if res.RowsAffected != 1 {
+		return false, nil
+	}
+	moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
+		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown), opstatus.WithLease(time.Time{}),
+		opstatus.WithEvent(event, detail))
+	if err != nil {
+		return false, err
+	}
+	if !moved {
+		return false, ErrLockLost
+	}
+	return true, nil
+}
+
 // Finish implements Store.
 func (s PostgresStore) Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool, actor, event string, detail any) error {
 	if err := s.Settle(ctx, tx, c, succeeded); err != nil {
@@ -606,16 +631,32 @@ WHERE account_id = ? AND id = ? AND state = 'running'`, state, d.AccountID, d.ID
 		return err
 	}
 	if succeeded {
+		// The version the deploy makes, not one more than the environment's: an environment caught up from the
+		// target's marker of this very deploy (CatchUp) is already there.
 		err := db.Exec(`
 UPDATE environments e
-SET version = e.version + 1, previous_deploy_id = e.current_deploy_id, current_deploy_id = d.id,
-    current_artifact = d.artifact, current_commit_sha = d.commit_sha, updated_at = now()
+SET version = d.environment_version + 1,
+    previous_deploy_id = CASE WHEN e.current_deploy_id = d.id THEN e.previous_deploy_id ELSE e.current_deploy_id END,
+    current_deploy_id = d.id, current_artifact = d.artifact, current_commit_sha = d.commit_sha, updated_at = now()
 FROM deploys d WHERE d.account_id = ? AND d.id = ? AND e.account_id = d.account_id AND e.name = d.environment`, d.AccountID, d.ID).Error
 		if err != nil {
 			return fmt.Errorf("deploys: finish %s: environment: %w", d.ID, err)
 		}
 	}
 	return nil
+}
+
+// CatchUp implements Store.
+func (PostgresStore) CatchUp(ctx context.Context, tx *gorm.DB, accountID, environment string, a Activation) (bool, error) {
+	res := tx.WithContext(ctx).Exec(`UPDATE environments
+SET version = ?, previous_deploy_id = current_deploy_id, current_deploy_id = ?, current_artifact = ?, current_commit_sha = ?,
+    updated_at = now()
+WHERE account_id = ? AND name = ? AND version < ?`,
+		a.EnvironmentVersion, a.DeployID, a.Artifact, a.CommitSHA, accountID, environment, a.EnvironmentVersion)
+	if res.Error != nil {
+		return false, fmt.Errorf("deploys: catch up %s: %w", environment, res.Error)
+	}
+	return res.RowsAffected == 1, nil
 }
 
 // TakeOver implements Store.

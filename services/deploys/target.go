@@ -25,6 +25,9 @@ type Target interface {
 	Fence(ctx context.Context, accountID, environment string, token int64) error
 	// Activation returns the marker of a deploy; found is false when the target never activated it.
 	Activation(ctx context.Context, deployID string) (a Activation, found bool, err error)
+	// Latest returns the marker of the environment's newest activation (highest EnvironmentVersion); found is
+	// false when the target activated nothing there.
+	Latest(ctx context.Context, accountID, environment string) (a Activation, found bool, err error)
 }
 
 // ErrFenced is the target's refusal of a stale fencing token.
@@ -91,14 +94,17 @@ func (f *TargetFaults) take() TargetFault {
 
 // Activation is the target's marker: what it activated for one deploy.
 type Activation struct {
-	DeployID     string    `json:"deploy_id"`
-	Environment  string    `json:"environment"`
-	Service      string    `json:"service"`
-	Artifact     *string   `json:"artifact,omitempty"`
-	CommitSHA    *string   `json:"commit_sha,omitempty" gorm:"column:commit_sha"`
-	FencingToken int64     `json:"fencing_token"`
-	Calls        int       `json:"calls"`
-	ActivatedAt  time.Time `json:"activated_at"`
+	DeployID     string  `json:"deploy_id"`
+	Environment  string  `json:"environment"`
+	Service      string  `json:"service"`
+	Artifact     *string `json:"artifact,omitempty"`
+	CommitSHA    *string `json:"commit_sha,omitempty" gorm:"column:commit_sha"`
+	FencingToken int64   `json:"fencing_token"`
+	// EnvironmentVersion is the version the activation made the environment (0 for markers written before it
+	// was kept).
+	EnvironmentVersion int64     `json:"environment_version" gorm:"column:environment_version"`
+	Calls              int       `json:"calls"`
+	ActivatedAt        time.Time `json:"activated_at"`
 }
 
 // SimulatedTarget is a Target kept in its own tables (deploy_target_activations, deploy_target_fences), each
@@ -111,7 +117,8 @@ type SimulatedTarget struct {
 
 var _ Target = SimulatedTarget{}
 
-const activationColumns = `deploy_id, environment, service, artifact, commit_sha, fencing_token, calls, activated_at`
+const activationColumns = `deploy_id, environment, service, artifact, commit_sha, fencing_token,
+COALESCE(environment_version, 0) AS environment_version, calls, activated_at`
 
 // Activate implements Target. One statement: raise the environment's fence to token unless a newer one is
 // there, and only then record the activation. A second call for the same deploy counts the call and changes
@@ -131,12 +138,13 @@ WITH fence AS (
     WHERE f.fencing_token <= EXCLUDED.fencing_token
     RETURNING 1
 )
-INSERT INTO deploy_target_activations AS a (deploy_id, account_id, environment, service, artifact, commit_sha, fencing_token)
-SELECT ?, ?, ?, ?, ?, ?, ? FROM fence
+INSERT INTO deploy_target_activations AS a (deploy_id, account_id, environment, service, artifact, commit_sha, fencing_token,
+                                            environment_version)
+SELECT ?, ?, ?, ?, ?, ?, ?, ? FROM fence
 ON CONFLICT (deploy_id) DO UPDATE SET calls = a.calls + 1
 RETURNING `+activationColumns,
 		d.AccountID, d.Environment, token,
-		d.ID, d.AccountID, d.Environment, d.Service, d.Artifact, d.CommitSHA, token).Scan(&rows).Error
+		d.ID, d.AccountID, d.Environment, d.Service, d.Artifact, d.CommitSHA, token, d.EnvironmentVersion+1).Scan(&rows).Error
 	if err != nil {
 		return Activation{}, fmt.Errorf("deploys: target: activate %s: %w", d.ID, err)
 	}
@@ -165,6 +173,21 @@ func (t SimulatedTarget) Activation(ctx context.Context, deployID string) (Activ
 		deployID).Scan(&rows).Error
 	if err != nil {
 		return Activation{}, false, fmt.Errorf("deploys: target: marker of %s: %w", deployID, err)
+	}
+	if len(rows) == 0 {
+		return Activation{}, false, nil
+	}
+	return rows[0], true, nil
+}
+
+// Latest implements Target.
+func (t SimulatedTarget) Latest(ctx context.Context, accountID, environment string) (Activation, bool, error) {
+	var rows []Activation
+	err := t.DB.WithContext(ctx).Raw(`SELECT `+activationColumns+` FROM deploy_target_activations
+WHERE account_id = ? AND environment = ? ORDER BY environment_version DESC NULLS LAST, activated_at DESC LIMIT 1`,
+		accountID, environment).Scan(&rows).Error
+	if err != nil {
+		return Activation{}, false, fmt.Errorf("deploys: target: newest marker of %s: %w", environment, err)
 	}
 	if len(rows) == 0 {
 		return Activation{}, false, nil
@@ -211,6 +234,13 @@ func (o observedTarget) Fence(ctx context.Context, accountID, environment string
 	err := o.t.Fence(ctx, accountID, environment, token)
 	o.report(start, err)
 	return err
+}
+
+func (o observedTarget) Latest(ctx context.Context, accountID, environment string) (Activation, bool, error) {
+	start := time.Now()
+	a, found, err := o.t.Latest(ctx, accountID, environment)
+	o.report(start, err)
+	return a, found, err
 }
 
 func (o observedTarget) Activation(ctx context.Context, deployID string) (Activation, bool, error) {

@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
@@ -21,6 +25,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/page"
+	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/services/provider"
 )
 
@@ -36,6 +41,9 @@ type Config struct {
 	ApprovalThresholds map[string]int64
 	// ApprovalTTL is how long an approval may be used after it is requested (required).
 	ApprovalTTL time.Duration
+	// SweepInterval is how often the provider sweep (heal.go) runs, SweepCheck how often the database's
+	// timeline is read to sweep at once after a failover. Zero leaves the sweep worker out.
+	SweepInterval, SweepCheck time.Duration
 }
 
 // Server is the payments service: its HTTP adapter, reconcilers and approvals.
@@ -44,6 +52,9 @@ type Server struct {
 	db        *gorm.DB
 	idem      *idem.Handler
 	approvals *approval.Service
+	logger    *slog.Logger
+	// unmatched is how many provider effects the last sweep of this process left unmatched.
+	unmatched atomic.Int64
 }
 
 // New returns the payments service after checking cfg.
@@ -59,7 +70,14 @@ func New(d service.Deps, cfg Config) (*Server, error) {
 	if cfg.Store == nil {
 		cfg.Store = PostgresStore{}
 	}
-	s := &Server{cfg: cfg, db: d.DB, idem: d.Idem}
+	s := &Server{cfg: cfg, db: d.DB, idem: d.Idem, logger: d.Log()}
+	if d.Metrics != nil {
+		// One payments service per process: a second one on the same registry (a test's replicas) is not reported.
+		_ = d.Metrics.Registry().Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "retrysafe_provider_unmatched_effects",
+			Help: "Provider effects the last payments sweep of this process found without their rows: left to a person, or in flight.",
+		}, func() float64 { return float64(s.unmatched.Load()) }))
+	}
 	s.approvals = approval.New(d.DB, d.Idem, cfg.ApprovalTTL,
 		approval.Route{Method: http.MethodPost, Path: routeCapture, Describe: s.describeCapture},
 		approval.Route{Method: http.MethodPost, Path: routeRefunds, Describe: s.describeRefund},
@@ -72,9 +90,19 @@ var _ service.Service = (*Server)(nil)
 // Name implements service.Service.
 func (s *Server) Name() string { return "payments" }
 
-// Workers implements service.Service: payments has no loop of its own (the recovery worker runs its
-// reconcilers).
-func (s *Server) Workers() []service.Worker { return nil }
+// Workers implements service.Service: the provider sweep (heal.go), when configured; the recovery worker runs
+// the reconcilers.
+func (s *Server) Workers() []service.Worker {
+	if s.cfg.SweepInterval <= 0 {
+		return nil
+	}
+	check := s.cfg.SweepCheck
+	if check <= 0 {
+		check = s.cfg.SweepInterval
+	}
+	w := &SweepWorker{Server: s, Interval: s.cfg.SweepInterval, Check: check, Logger: s.logger}
+	return []service.Worker{{Name: "payments-sweep", Run: w.Run}}
+}
 
 // needsApproval reports whether moving minor units of currency needs a person's approval. An unlisted
 // currency has the threshold zero.
@@ -109,7 +137,12 @@ func (s *Server) callContext(ctx context.Context, op opstatus.Operation) (contex
 // its lifetime by an earlier operation, when the same key names a new action and so a new provider call (the
 // provider would replay the earlier call's answer, and the books would record an effect it never made).
 func (s *Server) downstreamKey(ctx context.Context, op opstatus.Operation) (string, error) {
-	predecessor, err := opstore.KeyPredecessor(ctx, s.db, op.AccountID, op.IdempotencyKey, op.ID)
+	return downstreamKeyIn(ctx, s.db, op)
+}
+
+// downstreamKeyIn is downstreamKey read on db: a claim's transaction reads it on its own connection.
+func downstreamKeyIn(ctx context.Context, db *gorm.DB, op opstatus.Operation) (string, error) {
+	predecessor, err := opstore.KeyPredecessor(ctx, db, op.AccountID, op.IdempotencyKey, op.ID)
 	if err != nil {
 		return "", err
 	}
@@ -143,17 +176,34 @@ func (s *Server) createIntent(c *gin.Context) {
 		return
 	}
 	account := auth.From(c.Request.Context()).AccountID
+	var adopted bool
 	idemgin.DoExternal(s.idem, c, idem.Request{Kind: KindCreateIntent, Command: cmd}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
-			_, err := s.cfg.Store.BeginIntent(ctx, tx, account, op.ID, cmd)
+			var err error
+			if adopted, err = s.adoptRestored(ctx, tx, op); adopted || err != nil {
+				return err
+			}
+			_, err = s.cfg.Store.BeginIntent(ctx, tx, account, op.ID, cmd)
+			if pe, ok := errors.AsType[*problem.Error](err); ok && pe.Code == "order_has_active_intent" {
+				// A sweep that committed the restored intent while this insert waited on it: adopt it.
+				var aerr error
+				if adopted, aerr = s.adoptRestored(ctx, tx, op); adopted || aerr != nil {
+					return aerr
+				}
+			}
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Authorization, error) {
+			if adopted {
+				return provider.Authorization{}, nil
+			}
 			return send(ctx, s, op, func(ctx context.Context, key string) (provider.Authorization, error) {
 				// The reference is part of what the provider compares under one key, so it is the order, which a
 				// retry of the request repeats, and never the operation, which a retry may not share.
+				// The account goes with the authorization so that the sweep (heal.go) can rebuild a lost intent.
 				return s.cfg.Provider.Authorize(ctx, key, provider.AuthorizeRequest{
 					AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, Reference: cmd.OrderID,
+					Metadata: map[string]string{MetadataAccount: account},
 				})
 			})
 		},
@@ -211,17 +261,26 @@ func (s *Server) capture(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	var reserved Intent
+	var (
+		reserved Intent
+		adopted  bool
+	)
 	idemgin.DoExternal(s.idem, c, idem.Request{
 		Kind: KindCapture, Command: cmd, Guard: s.approvals.Guard(c.Request.Header, s.needsApproval(cmd.Currency, cmd.AmountMinor)),
 		SupersedeUnknown: s.approvals.SupersedeUnknown(c.Request.Header), Takes: []string{approval.HeaderApprovalID},
 	}, idem.ExternalSteps[provider.Capture]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
+			if adopted, err = s.adoptRestored(ctx, tx, op); adopted || err != nil {
+				return err
+			}
 			reserved, err = s.cfg.Store.BeginCapture(ctx, tx, account, intentID, op.ID)
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Capture, error) {
+			if adopted {
+				return provider.Capture{}, nil
+			}
 			return send(ctx, s, op, func(ctx context.Context, key string) (provider.Capture, error) {
 				return s.cfg.Provider.Capture(ctx, key, *reserved.ProviderAuthorizationID, cmd.AmountMinor)
 			})
@@ -239,14 +298,23 @@ func (s *Server) cancel(c *gin.Context) {
 		return
 	}
 	account, intentID := auth.From(c.Request.Context()).AccountID, c.Param("id")
-	var reserved Intent
+	var (
+		reserved Intent
+		adopted  bool
+	)
 	idemgin.DoExternal(s.idem, c, idem.Request{Kind: KindCancel, Command: Cancel{}}, idem.ExternalSteps[provider.Authorization]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
 			var err error
+			if adopted, err = s.adoptRestored(ctx, tx, op); adopted || err != nil {
+				return err
+			}
 			reserved, err = s.cfg.Store.BeginCancel(ctx, tx, account, intentID, op.ID)
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Authorization, error) {
+			if adopted {
+				return provider.Authorization{}, nil
+			}
 			return send(ctx, s, op, func(ctx context.Context, key string) (provider.Authorization, error) {
 				return s.cfg.Provider.Void(ctx, key, *reserved.ProviderAuthorizationID)
 			})
@@ -289,6 +357,20 @@ func (s *Server) describeRefund(ctx context.Context, account string, params map[
 	}, nil
 }
 
+// refundNeedsApproval decides, in the claim's transaction, whether the refund cmd needs a person's approval. The
+// threshold applies to the intent's running total of refunds, so splitting a large refund into small ones does
+// not avoid approval. The total is read under the intent's row lock, which every refund reservation takes: two
+// small refunds sent at once cannot both see the total without the other.
+func (s *Server) refundNeedsApproval(account, intentID string, cmd CreateRefund) func(ctx context.Context, tx *gorm.DB) (bool, error) {
+	return func(ctx context.Context, tx *gorm.DB) (bool, error) {
+		held, err := s.cfg.Store.RefundsHeld(ctx, tx, account, intentID)
+		if err != nil {
+			return false, err
+		}
+		return s.needsApproval(cmd.Currency, held+cmd.AmountMinor), nil
+	}
+}
+
 func (s *Server) createRefund(c *gin.Context) {
 	var req CreateRefundRequest
 	if err := httpjson.Decode(c.Request, &req); err != nil {
@@ -306,23 +388,20 @@ func (s *Server) createRefund(c *gin.Context) {
 		httpserver.WriteProblem(c, err)
 		return
 	}
-	// The threshold applies to the intent's running total of refunds, so splitting a large refund into small
-	// ones does not avoid approval. The total is read in the claim's transaction under the intent's row lock,
-	// which every refund reservation takes: two small refunds sent at once cannot both see the total without
-	// the other.
-	needed := func(ctx context.Context, tx *gorm.DB) (bool, error) {
-		held, err := s.cfg.Store.RefundsHeld(ctx, tx, account, intentID)
-		if err != nil {
-			return false, err
-		}
-		return s.needsApproval(cmd.Currency, held+cmd.AmountMinor), nil
-	}
-	var reserved Intent
+	needed := s.refundNeedsApproval(account, intentID, cmd)
+	var (
+		reserved Intent
+		adopted  bool
+	)
 	idemgin.DoExternal(s.idem, c, idem.Request{
 		Kind: KindRefund, Command: cmd, Guard: s.approvals.GuardWhen(c.Request.Header, needed), SupersedeUnknown: s.approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID, HeaderRemediates},
 	}, idem.ExternalSteps[provider.Refund]{
 		Prepare: func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) error {
+			var err error
+			if adopted, err = s.adoptRestored(ctx, tx, op); adopted || err != nil {
+				return err
+			}
 			reserve := s.cfg.Store.ReserveRefund
 			if remediates != "" {
 				if err := s.remediate(ctx, tx, account, intentID, remediates, cmd.AmountMinor, op, auth.From(c.Request.Context()).Actor()); err != nil {
@@ -330,11 +409,13 @@ func (s *Server) createRefund(c *gin.Context) {
 				}
 				reserve = s.cfg.Store.ReserveDuplicateRefund
 			}
-			var err error
 			_, reserved, err = reserve(ctx, tx, account, intentID, op.ID, cmd)
 			return err
 		},
 		Call: func(ctx context.Context, op opstatus.Operation) (provider.Refund, error) {
+			if adopted {
+				return provider.Refund{}, nil
+			}
 			return send(ctx, s, op, func(ctx context.Context, key string) (provider.Refund, error) {
 				return s.cfg.Provider.Refund(ctx, key, *reserved.ProviderAuthorizationID, cmd.AmountMinor)
 			})

@@ -373,6 +373,7 @@ type Provider interface {
 	Void(ctx context.Context, key, authID string) (provider.Authorization, error)
 	Refund(ctx context.Context, key, authID string, amountMinor int64) (provider.Refund, error)
 	Lookup(ctx context.Context, key string) (provider.LookupResult, error)
+	Effects(ctx context.Context, since time.Time) ([]provider.Effect, error)
 }
 
 var _ Provider = (*provider.Client)(nil)

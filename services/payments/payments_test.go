@@ -72,6 +72,9 @@ func TestPayments(t *testing.T) {
 		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
 		{"RetryOfRunningCapture", testRetryOfRunningCapture},
 		{"HeadersThatCannotApply", testHeadersThatCannotApply},
+		{"SweepRestoresLostRows", testSweepRestoresLostRows},
+		{"SweepLeavesATakenOrderToAPerson", testSweepLeavesATakenOrderToAPerson},
+		{"RetryAdoptsWhatTheSweepRestored", testRetryAdoptsWhatTheSweepRestored},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,6 +97,7 @@ type bundle struct {
 	recovery               *opstatus.RecoveryWorker
 	idem                   *idem.Handler
 	env                    *servicetest.Env
+	svc                    *payments.Server
 }
 
 func merchantSecret(t *testing.T) string { return "sk_test_" + strings.ReplaceAll(t.Name(), "/", "_") }
@@ -119,7 +123,7 @@ func (h *harness) setupWith(t *testing.T, url string) *bundle {
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
 		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
-		idem:     env.Idem, env: env,
+		idem:     env.Idem, env: env, svc: svc,
 	}
 }
 

@@ -24,6 +24,9 @@ var errNotExecuted = errors.New("payments: the provider never executed the call"
 
 // recordCreate records the authorization's outcome: the handler and the reconciler both go through it.
 func (s *Server) recordCreate(ctx context.Context, tx *gorm.DB, op opstatus.Operation, a provider.Authorization, callErr error) (idem.Result, error) {
+	if res, adopted, err := s.recordAdopted(ctx, tx, op); adopted || err != nil {
+		return res, err
+	}
 	if callErr != nil {
 		p, err := refusal(callErr, "authorization")
 		if err != nil {
@@ -45,6 +48,9 @@ func (s *Server) recordCreate(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 
 // recordCapture records a capture's outcome: a capture captures the intent, anything else releases it.
 func (s *Server) recordCapture(ctx context.Context, tx *gorm.DB, op opstatus.Operation, cp provider.Capture, callErr error) (idem.Result, error) {
+	if res, adopted, err := s.recordAdopted(ctx, tx, op); adopted || err != nil {
+		return res, err
+	}
 	if callErr != nil {
 		return s.release(ctx, tx, op, callErr, "capture")
 	}
@@ -70,6 +76,9 @@ func (s *Server) release(ctx context.Context, tx *gorm.DB, op opstatus.Operation
 
 // recordCancel records a void's outcome.
 func (s *Server) recordCancel(ctx context.Context, tx *gorm.DB, op opstatus.Operation, _ provider.Authorization, callErr error) (idem.Result, error) {
+	if res, adopted, err := s.recordAdopted(ctx, tx, op); adopted || err != nil {
+		return res, err
+	}
 	if callErr != nil {
 		return s.release(ctx, tx, op, callErr, "cancel")
 	}
@@ -83,6 +92,9 @@ func (s *Server) recordCancel(ctx context.Context, tx *gorm.DB, op opstatus.Oper
 // recordRefund records a refund's outcome: a refund adds to the intent's refunded total, anything else
 // releases the reserved amount.
 func (s *Server) recordRefund(ctx context.Context, tx *gorm.DB, op opstatus.Operation, prf provider.Refund, callErr error) (idem.Result, error) {
+	if res, adopted, err := s.recordAdopted(ctx, tx, op); adopted || err != nil {
+		return res, err
+	}
 	if callErr != nil {
 		p, err := refusal(callErr, "refund")
 		if err != nil {

@@ -137,6 +137,20 @@ func (r LookupResult) Answer(out any) error {
 	}
 }
 
+// Effects lists the calls executed with a success since the time given (all of them for the zero time), oldest
+// first, each with its authorization as it stands now.
+func (c *Client) Effects(ctx context.Context, since time.Time) ([]Effect, error) {
+	path := "/v1/effects"
+	if !since.IsZero() {
+		path += "?since=" + url.QueryEscape(since.UTC().Format(time.RFC3339Nano))
+	}
+	var out struct {
+		Effects []Effect `json:"effects"`
+	}
+	err := c.do(ctx, http.MethodGet, path, "", nil, &out)
+	return out.Effects, err
+}
+
 // Counters returns how many times each kind of call executed for this
 // merchant ("authorize", "capture", "void", "refund"); replays do not count.
 func (c *Client) Counters(ctx context.Context) (map[string]int64, error) {

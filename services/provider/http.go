@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 )
 
 const (
+	maxMetadata        = 20
+	maxMetadataText    = 255
 	maxBodyBytes       = 1 << 20
 	maxKeyLength       = 255
 	maxReferenceLength = 255
@@ -40,11 +43,24 @@ func (s *Server) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 	if len(req.Reference) > maxReferenceLength {
 		errs = append(errs, fieldError{Field: "reference", Message: fmt.Sprintf("must be at most %d bytes", maxReferenceLength)})
 	}
+	errs = append(errs, checkMetadata(req.Metadata)...)
 	if len(errs) > 0 {
 		writeValidation(w, errs...)
 		return
 	}
 	s.serveWrite(w, r, KindAuthorize, fingerprint(r, req), authorize(req))
+}
+
+func checkMetadata(md map[string]string) []fieldError {
+	if len(md) > maxMetadata {
+		return []fieldError{{Field: "metadata", Message: fmt.Sprintf("must have at most %d entries", maxMetadata)}}
+	}
+	for k, v := range md {
+		if k == "" || len(k) > maxMetadataText || len(v) > maxMetadataText {
+			return []fieldError{{Field: "metadata", Message: fmt.Sprintf("keys must be 1 to %d bytes, values at most %d", maxMetadataText, maxMetadataText)}}
+		}
+	}
+	return nil
 }
 
 // amountRequest is the body of capture and refund.
@@ -128,6 +144,41 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeJSON(w, http.StatusOK, res)
 	}
+}
+
+// handleEffects lists the calls executed with a success since the time in ?since= (RFC 3339; all when absent),
+// oldest first, each with its authorization as it stands now.
+func (s *Server) handleEffects(w http.ResponseWriter, r *http.Request) {
+	var since time.Time
+	if v := r.URL.Query().Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeValidation(w, fieldError{Field: "since", Message: "must be an RFC 3339 time"})
+			return
+		}
+		since = t
+	}
+	s.mu.Lock()
+	m := s.merchantLocked(merchantFrom(r.Context()))
+	effects := []Effect{}
+	for key, e := range m.keys {
+		if e.stored == nil || len(e.effects) == 0 || e.executedAt.Before(since) {
+			continue
+		}
+		authID := e.authID
+		if e.kind == KindAuthorize {
+			authID = e.effects[0]
+		}
+		var snapshot Authorization
+		if a, ok := m.authorizations[authID]; ok {
+			snapshot = *a
+		}
+		effects = append(effects, Effect{Key: key, Kind: e.kind, AuthorizationID: authID, Status: e.stored.status,
+			Body: e.stored.body, Effects: append([]string{}, e.effects...), ExecutedAt: e.executedAt, Authorization: snapshot})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(effects, func(a, b Effect) int { return a.ExecutedAt.Compare(b.ExecutedAt) })
+	writeJSON(w, http.StatusOK, map[string][]Effect{"effects": effects})
 }
 
 func (s *Server) handleCounters(w http.ResponseWriter, r *http.Request) {

@@ -18,6 +18,7 @@ func authorize(req AuthorizeRequest) execution {
 			AmountMinor: req.AmountMinor,
 			Currency:    req.Currency,
 			Reference:   req.Reference,
+			Metadata:    req.Metadata,
 		}
 		m.authorizations[a.ID] = a
 		m.counters[KindAuthorize]++

@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Kind names a kind of provider call, as counted by /admin/counters and
@@ -58,17 +59,21 @@ type AuthorizeRequest struct {
 	AmountMinor int64  `json:"amount_minor"`
 	Currency    string `json:"currency"`
 	Reference   string `json:"reference,omitempty"` // the caller's own id, echoed back
+	// Metadata are the caller's labels, echoed back and listed with the authorization's effects (GET
+	// /v1/effects): at most maxMetadata entries of short text.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // Authorization is a hold on a card for an amount, later captured or voided.
 type Authorization struct {
-	ID            string `json:"id"` // "auth_..."
-	Status        string `json:"status"`
-	AmountMinor   int64  `json:"amount_minor"`
-	Currency      string `json:"currency"`
-	CapturedMinor int64  `json:"captured_minor"`
-	RefundedMinor int64  `json:"refunded_minor"`
-	Reference     string `json:"reference"`
+	ID            string            `json:"id"` // "auth_..."
+	Status        string            `json:"status"`
+	AmountMinor   int64             `json:"amount_minor"`
+	Currency      string            `json:"currency"`
+	CapturedMinor int64             `json:"captured_minor"`
+	RefundedMinor int64             `json:"refunded_minor"`
+	Reference     string            `json:"reference"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
 }
 
 // Capture moves authorized money to the merchant.
@@ -100,6 +105,24 @@ type LookupResult struct {
 	// Effects are the ids of what the call created or changed, one per
 	// execution: more than one means the call executed more than once.
 	Effects []string `json:"effects"`
+}
+
+// Effect is one call the provider executed under an idempotency key with a success, as listed by GET
+// /v1/effects: what a caller that lost its own record of the call (its database went back in time) can rebuild
+// it from.
+type Effect struct {
+	Key  string `json:"key"`
+	Kind Kind   `json:"kind"`
+	// AuthorizationID is the authorization the call created (authorize) or acted on.
+	AuthorizationID string `json:"authorization_id"`
+	Status          int    `json:"status"`
+	// Body is the stored answer: the Authorization, Capture or Refund the call returned.
+	Body json.RawMessage `json:"body"`
+	// Effects are the ids of what the call created or changed, one per execution (LookupResult.Effects).
+	Effects    []string  `json:"effects"`
+	ExecutedAt time.Time `json:"executed_at"`
+	// Authorization is the authorization as it stands now, after every call on it.
+	Authorization Authorization `json:"authorization"`
 }
 
 // FaultMode is what an armed fault does to a call.

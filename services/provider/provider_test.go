@@ -3,9 +3,11 @@ package provider_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -129,7 +131,7 @@ func TestAuthorizeReplaysStoredAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := provider.Authorization{ID: a.ID, Status: "authorized", AmountMinor: 1230, Currency: "USD", Reference: "o-1"}
-	if !strings.HasPrefix(a.ID, "auth_") || a != want {
+	if !strings.HasPrefix(a.ID, "auth_") || !reflect.DeepEqual(a, want) {
 		t.Errorf("authorization = %+v; want %+v", a, want)
 	}
 	assertCounters(t, c, map[string]int64{"authorize": 1})
@@ -365,7 +367,7 @@ func TestLookup(t *testing.T) {
 	if err := json.Unmarshal(res.Body, &stored); err != nil {
 		t.Fatalf("stored body %s: %v", res.Body, err)
 	}
-	if !res.Found || res.Status != http.StatusCreated || res.Method != "POST" || res.Path != "/v1/authorizations" || res.Key != key || stored != a {
+	if !res.Found || res.Status != http.StatusCreated || res.Method != "POST" || res.Path != "/v1/authorizations" || res.Key != key || !reflect.DeepEqual(stored, a) {
 		t.Errorf("Lookup = %+v (body %+v); want the 201 authorization %+v", res, stored, a)
 	}
 
@@ -558,4 +560,49 @@ func TestDelayedAnswerIsReplayedAtOnce(t *testing.T) {
 		t.Fatalf("retry = %v", err)
 	}
 	assertCounters(t, c, map[string]int64{"authorize": 1, "capture": 1})
+}
+
+// TestEffectsListWhatExecuted: every call executed with a success is listed once, oldest first, with the
+// authorization as it stands after all of them and the caller's metadata; refusals and replays are not effects.
+func TestEffectsListWhatExecuted(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t, provider.Config{})
+	ctx := t.Context()
+	before := time.Now()
+	a, err := c.Authorize(ctx, "k-auth", provider.AuthorizeRequest{AmountMinor: 900, Currency: "USD", Reference: "order-9",
+		Metadata: map[string]string{"account_id": "acct_1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Authorize(ctx, "k-auth", provider.AuthorizeRequest{AmountMinor: 900, Currency: "USD", Reference: "order-9",
+		Metadata: map[string]string{"account_id": "acct_1"}}); err != nil {
+		t.Fatal(err) // a replay: no second effect
+	}
+	if _, err := c.Capture(ctx, "k-cap", a.ID, 800); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Capture(ctx, "k-cap-again", a.ID, 800); err == nil {
+		t.Fatal("second capture accepted")
+	}
+	if _, err := c.Refund(ctx, "k-ref", a.ID, 300); err != nil {
+		t.Fatal(err)
+	}
+	effects, err := c.Effects(ctx, before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []provider.Kind
+	for _, e := range effects {
+		kinds = append(kinds, e.Kind)
+		if e.AuthorizationID != a.ID || len(e.Effects) != 1 || e.Authorization.CapturedMinor != 800 ||
+			e.Authorization.RefundedMinor != 300 || e.Authorization.Metadata["account_id"] != "acct_1" {
+			t.Errorf("effect %+v; want on %s, one execution, 800 captured, 300 refunded, account acct_1", e, a.ID)
+		}
+	}
+	if got := fmt.Sprint(kinds); got != "[authorize capture refund]" {
+		t.Fatalf("effects = %s; want authorize, capture, refund", got)
+	}
+	if later, err := c.Effects(ctx, time.Now().Add(time.Minute)); err != nil || len(later) != 0 {
+		t.Fatalf("effects since a minute from now = %v, %v; want none", later, err)
+	}
 }

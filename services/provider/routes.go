@@ -12,6 +12,7 @@ import "net/http"
 //	POST   /v1/authorizations/{id}/void       void before capture (200)
 //	POST   /v1/authorizations/{id}/refunds    refund captured money (201)
 //	GET    /v1/idempotency/{key}              the stored answer of the call made with key
+//	GET    /v1/effects?since=                 the calls executed with a success since a time, oldest first
 //	GET    /admin/counters                    executions per kind
 //	POST   /admin/faults                      arm faults (FaultInjection only)
 //	DELETE /admin/faults                      clear armed faults (FaultInjection only)
@@ -24,6 +25,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/authorizations/{id}/void", s.handleVoid)
 	mux.HandleFunc("POST /v1/authorizations/{id}/refunds", s.handleRefund)
 	mux.HandleFunc("GET /v1/idempotency/{key}", s.handleLookup)
+	mux.HandleFunc("GET /v1/effects", s.handleEffects)
 	mux.HandleFunc("GET /admin/counters", s.handleCounters)
 	if s.cfg.FaultInjection {
 		mux.HandleFunc("POST /admin/faults", s.handleArmFault)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Config is the sandbox's configuration, read once by cmd/retrysafe.
@@ -90,6 +91,11 @@ type keyEntry struct {
 	stored       *answer
 	// effects are the ids of what each execution under the key created or changed.
 	effects []string
+	// kind, authID (the authorization the call acts on; empty for authorize) and executedAt say what ran, for
+	// GET /v1/effects.
+	kind       Kind
+	authID     string
+	executedAt time.Time
 }
 
 // claimResult is what claimKey found for a call.
@@ -187,6 +193,7 @@ func (s *Server) serveWrite(w http.ResponseWriter, r *http.Request, kind Kind, f
 	}
 	ans := exec(m)
 	e.stored = &ans
+	e.kind, e.authID, e.executedAt = kind, r.PathValue("id"), time.Now()
 	e.effects = appendEffect(e.effects, ans)
 	if fault.mode == FaultDuplicate {
 		m.duplicating = true

@@ -28,7 +28,7 @@ const VersionTable = "retrysafe_demo_version"
 // Tables are the demo services' tables, the ones this sequence creates.
 var Tables = []string{
 	"tickets", "ticket_comments", "ticket_status_changes",
-	"payment_intents", "payment_refunds",
+	"payment_intents", "payment_refunds", "payment_provider_sweep", "payment_restored_effects",
 	"environments", "deploys", "environment_locks", "deploy_accounts", "deploy_target_activations", "deploy_target_fences",
 }
 

@@ -717,6 +717,29 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/effects": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Provider sandbox: the calls executed with a success since a time, oldest first.
+         * @description Each call executed under an idempotency key with a 2xx answer, with its stored answer, the ids of what it
+         *     created or changed (one per execution) and its authorization as it stands now. Payments sweeps it after a
+         *     database failover to restore what the provider did and the database lost (docs/failover.md). A read with no
+         *     effect: retry it freely.
+         */
+        get: operations["listProviderEffects"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/admin/counters": {
         parameters: {
             query?: never;
@@ -1290,6 +1313,10 @@ export interface components {
             amount_minor: number;
             currency: string;
             reference?: string;
+            /** @description The caller's labels (payments sends account_id), echoed back and listed with the effects. */
+            metadata?: {
+                [key: string]: string;
+            };
         };
         ProviderAmountRequest: {
             /** Format: int64 */
@@ -1307,6 +1334,23 @@ export interface components {
             /** Format: int64 */
             refunded_minor: number;
             reference: string;
+            metadata?: {
+                [key: string]: string;
+            };
+        };
+        ProviderEffect: {
+            key: string;
+            /** @enum {string} */
+            kind: "authorize" | "capture" | "void" | "refund";
+            authorization_id: string;
+            status: number;
+            body: {
+                [key: string]: unknown;
+            };
+            effects: string[];
+            /** Format: date-time */
+            executed_at: string;
+            authorization: components["schemas"]["ProviderAuthorization"];
         };
         /** @description A capture (cap_...) or a refund (ref_...). */
         ProviderMovement: {
@@ -2742,6 +2786,32 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+        };
+    };
+    listProviderEffects: {
+        parameters: {
+            query?: {
+                since?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The effects. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        effects: components["schemas"]["ProviderEffect"][];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            422: components["responses"]["ValidationFailed"];
         };
     };
     getProviderCounters: {
