@@ -118,6 +118,32 @@ CREATE TABLE payment_refunds (
 );
 CREATE INDEX payment_refunds_intent ON payment_refunds (account_id, intent_id, created_at);
 
+-- What the payments sweep (services/payments/heal.go) last saw, one row: the database's timeline, so that a
+-- promoted standby (a new timeline) is noticed by every process even across restarts, and the provider time
+-- through which every provider effect was found with its rows. It lives in the database it describes: a failover
+-- that loses the newest commits loses the newest sweep with them, and the next sweep looks again from before them.
+CREATE TABLE payment_provider_sweep (
+    singleton     boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    timeline_id   bigint      NOT NULL,
+    matched_until timestamptz NOT NULL,
+    swept_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per provider effect the sweep restored, found by the provider key of the call: a retry of the lost
+-- request under its Idempotency-Key derives the same key and adopts what was restored (adopted_by, its operation)
+-- instead of reserving and booking it a second time.
+CREATE TABLE payment_restored_effects (
+    account_id    text        NOT NULL,
+    provider_key  text        NOT NULL,
+    operation_id  text        NOT NULL,
+    resource_type text        NOT NULL CHECK (resource_type IN ('payment_intent', 'refund')),
+    resource_id   text        NOT NULL,
+    adopted_by    text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT payment_restored_effects_pkey PRIMARY KEY (account_id, provider_key)
+);
+CREATE INDEX payment_restored_effects_adopted ON payment_restored_effects (account_id, adopted_by) WHERE adopted_by IS NOT NULL;
+
 -- The deploys service's tables (services/deploys) and its simulated deploy target.
 --
 -- Environments come into being with their first accepted deploy. version counts successful deploys; an agent
@@ -164,6 +190,10 @@ CREATE TABLE deploys (
     -- When the deploy last entered the queue (accepted, or put back at a controller's shutdown): a deploy queued
     -- longer than DEPLOY_QUEUE_TIMEOUT fails with reason queue_timeout and frees its environment's lock.
     queued_at            timestamptz NOT NULL DEFAULT now(),
+    -- How many times the deploy has been claimed to run: a deploy whose controller died before the target
+    -- activated it (the reconciler found no marker) is queued again under the same operation until it has run
+    -- deploys.MaxAttempts times, and only then fails.
+    attempts             integer     NOT NULL DEFAULT 1 CHECK (attempts >= 1),
     CHECK ((artifact IS NULL) <> (commit_sha IS NULL)),
     CONSTRAINT deploys_pkey PRIMARY KEY (account_id, id),
     CONSTRAINT deploys_operation_id_key UNIQUE (account_id, operation_id),
@@ -219,7 +249,10 @@ CREATE TABLE deploy_target_activations (
     fencing_token bigint      NOT NULL,
     -- How many times Activate was called for this deploy: tests assert it never exceeds one.
     calls         integer     NOT NULL DEFAULT 1,
-    activated_at  timestamptz NOT NULL DEFAULT now()
+    activated_at  timestamptz NOT NULL DEFAULT now(),
+    -- The environment version the activation made (the deploy's environment_version + 1): the target knows the
+    -- newest version of an environment even when a failover took it from our database (deploys.CatchUp).
+    environment_version bigint
 );
 CREATE TABLE deploy_target_fences (
     account_id    text   NOT NULL,
@@ -235,6 +268,8 @@ DROP TABLE deploy_accounts;
 DROP TABLE environment_locks;
 DROP TABLE deploys;
 DROP TABLE environments;
+DROP TABLE payment_restored_effects;
+DROP TABLE payment_provider_sweep;
 DROP TABLE payment_refunds;
 DROP TABLE payment_intents;
 DROP TABLE ticket_status_changes;
