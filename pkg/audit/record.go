@@ -13,7 +13,7 @@ import (
 // source is a table of records.
 type source struct {
 	table string
-	// subject is the column naming the record's subject (its operation or approval).
+	// subject is the column naming the record's subject (its operation, approval or grant).
 	subject string
 	// columns reads a recordRow.
 	columns string
@@ -63,9 +63,20 @@ type approvalRecord struct {
 	Type       string          `json:"type"`
 }
 
+// grantRecord is the hashed content of a grant_events record.
+type grantRecord struct {
+	AccountID string          `json:"account_id"`
+	Actor     string          `json:"actor"`
+	CreatedAt string          `json:"created_at"`
+	Detail    json.RawMessage `json:"detail"`
+	GrantID   string          `json:"grant_id"`
+	Type      string          `json:"type"`
+}
+
 const (
 	tableOperationEvents = "operation_events"
 	tableApprovalEvents  = "approval_events"
+	tableGrantEvents     = "grant_events"
 )
 
 // The transaction id is read as text under another name than xid: the statements order by xid, and an output
@@ -86,6 +97,14 @@ var sources = []source{
 		body: func(r recordRow) any {
 			return approvalRecord{AccountID: r.AccountID, Actor: r.Actor, ApprovalID: r.Subject,
 				CreatedAt: auditchain.FormatTime(r.CreatedAt), Detail: json.RawMessage(r.Detail), Type: r.Type}
+		},
+	},
+	{
+		table: tableGrantEvents, subject: "grant_id",
+		columns: `id, xid::text AS xid_text, account_id, grant_id AS subject, type, actor, detail::text AS detail, created_at`,
+		body: func(r recordRow) any {
+			return grantRecord{AccountID: r.AccountID, Actor: r.Actor, CreatedAt: auditchain.FormatTime(r.CreatedAt),
+				Detail: json.RawMessage(r.Detail), GrantID: r.Subject, Type: r.Type}
 		},
 	},
 }

@@ -72,6 +72,8 @@ func TestPayments(t *testing.T) {
 		{"SupersedeUnknownWithApproval", testSupersedeUnknownWithApproval},
 		{"RetryOfRunningCapture", testRetryOfRunningCapture},
 		{"HeadersThatCannotApply", testHeadersThatCannotApply},
+		{"GrantsForASession", testGrants},
+		{"GrantNeverApprovesARetryAfterUnknown", testGrantNeverApprovesARetryAfterUnknown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
