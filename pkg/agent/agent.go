@@ -85,6 +85,9 @@ type Config struct {
 	// Getenv reads what command tools take from the environment: their secrets, and a host's address_env and
 	// identity_file_env (default: nothing is set).
 	Getenv func(string) string
+	// GrantID is a grant (grt_...) a person gave this agent for a group of writes (grant.go): sent as Grant-Id
+	// with each attempt of a tool that takes approvals, unless an approval goes with it.
+	GrantID string
 	// Hook, when set, is called at the named crash points: "before_journal", "before_send", "after_send",
 	// "after_answer". Tests stop the process there (failpoint.Hit).
 	Hook func(point string)
@@ -170,6 +173,9 @@ func Open(path string, cfg Config) (*Agent, error) {
 			return nil, errors.New("agent: a namespace needs its secret (AGENT_NAMESPACE_SECRET), given to every agent of " +
 				"the namespace: keys are derived under it, so no one without it can compute them")
 		}
+	}
+	if cfg.GrantID != "" && !validGrantID(cfg.GrantID) {
+		return nil, errors.New("agent: a grant id is grt_ and a UUID, as POST /v1/grants answered it")
 	}
 	if cfg.NamespaceSecret != "" && len(cfg.NamespaceSecret) < minNamespaceSecret {
 		return nil, fmt.Errorf("agent: the namespace secret is at least %d bytes", minNamespaceSecret)
@@ -397,6 +403,12 @@ func (a *Agent) continueOperation(ctx context.Context, op *Operation, tool Tool,
 				return Result{}, err
 			}
 			return a.drive(ctx, op, req.approvalID)
+		}
+		if given, err := a.grantGiven(op); given || err != nil {
+			if err != nil {
+				return Result{}, err
+			}
+			return a.drive(ctx, op, "")
 		}
 		return a.result(op), nil
 	}
