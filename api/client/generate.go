@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "aec87ea5e6e10ff7020c654e346d091fe3548268fd1ad574c74feeab371b359d"
+const SpecSHA256 = "06411b42323c73ab4d9c81ffe2ffa5b6f17b0fd3a03180eeba4a5b73cc3f0039"
