@@ -163,82 +163,89 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 	return f, nil
 }
 
+// agentChecks check each agent subcommand's flags and arguments, and that its tools file can be read.
+var agentChecks = map[string]func(f agentFlags) error{
+	"do":      checkAgentDo,
+	"resume":  checkAgentResume,
+	"retry":   checkAgentRetry,
+	"resolve": checkAgentResolve,
+	"show":    checkAgentShow,
+}
+
 func checkAgent(args []string) error {
 	if len(args) == 0 {
 		return agentUsage("agent needs a subcommand: do, resume, retry, resolve or show")
 	}
-	f, err := parseAgentFlags("agent "+args[0], args[1:], io.Discard)
-	switch args[0] {
-	case "do":
-		if err != nil {
-			return err
-		}
-		if f.action == "" {
-			return agentUsage("agent do needs --action ACTION_ID")
-		}
-		if len(f.rest) != 2 {
-			return agentUsage("agent do takes TOOL 'JSON' after its flags, got %q", f.rest)
-		}
-		tools, err := loadTools(f.tools)
-		if err != nil {
-			return err
-		}
-		if _, ok := tools.Tool(f.rest[0]); !ok {
-			return agentUsage("unknown tool %q: one of %s", f.rest[0], strings.Join(tools.Names(), ", "))
-		}
-		if !json.Valid([]byte(f.rest[1])) {
-			return agentUsage("agent do: %q is not JSON", f.rest[1])
-		}
-	case "resume":
-		if err != nil {
-			return err
-		}
-		if len(f.rest) != 0 {
-			return agentUsage("agent resume takes no arguments")
-		}
-		if _, err := loadTools(f.tools); err != nil {
-			return err
-		}
-	case "retry":
-		if err != nil {
-			return err
-		}
-		if len(f.rest) != 1 {
-			return agentUsage("agent retry takes one ACTION_ID (or OPERATION_ID) after its flags, got %q", f.rest)
-		}
-		if f.retry.Budget < 0 || f.retry.Budget > 100 {
-			return agentUsage("agent retry: --budget is 1 to 100 attempts")
-		}
-		if _, err := loadTools(f.tools); err != nil {
-			return err
-		}
-	case "resolve":
-		if err != nil {
-			return err
-		}
-		if len(f.rest) != 1 {
-			return agentUsage("agent resolve takes one ACTION_ID (or OPERATION_ID) after its flags, got %q", f.rest)
-		}
-		if err := f.decision.Validate(); err != nil {
-			return agentUsage("agent resolve: %v", err)
-		}
-		if _, err := loadTools(f.tools); err != nil {
-			return err
-		}
-	case "show":
-		if err != nil {
-			return err
-		}
-		if len(f.rest) > 1 {
-			return agentUsage("agent show takes at most one OPERATION_ID or ACTION_ID")
-		}
-		if _, err := loadTools(f.tools); err != nil {
-			return err
-		}
-	default:
+	check, ok := agentChecks[args[0]]
+	if !ok {
 		return agentUsage("unknown agent subcommand %q: want do, resume, retry, resolve or show", args[0])
 	}
+	f, err := parseAgentFlags("agent "+args[0], args[1:], io.Discard)
+	if err != nil {
+		return err
+	}
+	return check(f)
+}
+
+// checkAgentDo wants an action, a tool of the tools file and JSON arguments.
+func checkAgentDo(f agentFlags) error {
+	if f.action == "" {
+		return agentUsage("agent do needs --action ACTION_ID")
+	}
+	if len(f.rest) != 2 {
+		return agentUsage("agent do takes TOOL 'JSON' after its flags, got %q", f.rest)
+	}
+	tools, err := loadTools(f.tools)
+	if err != nil {
+		return err
+	}
+	if _, ok := tools.Tool(f.rest[0]); !ok {
+		return agentUsage("unknown tool %q: one of %s", f.rest[0], strings.Join(tools.Names(), ", "))
+	}
+	if !json.Valid([]byte(f.rest[1])) {
+		return agentUsage("agent do: %q is not JSON", f.rest[1])
+	}
 	return nil
+}
+
+func checkAgentResume(f agentFlags) error {
+	if len(f.rest) != 0 {
+		return agentUsage("agent resume takes no arguments")
+	}
+	return toolsReadable(f.tools)
+}
+
+func checkAgentRetry(f agentFlags) error {
+	if len(f.rest) != 1 {
+		return agentUsage("agent retry takes one ACTION_ID (or OPERATION_ID) after its flags, got %q", f.rest)
+	}
+	if f.retry.Budget < 0 || f.retry.Budget > 100 {
+		return agentUsage("agent retry: --budget is 1 to 100 attempts")
+	}
+	return toolsReadable(f.tools)
+}
+
+func checkAgentResolve(f agentFlags) error {
+	if len(f.rest) != 1 {
+		return agentUsage("agent resolve takes one ACTION_ID (or OPERATION_ID) after its flags, got %q", f.rest)
+	}
+	if err := f.decision.Validate(); err != nil {
+		return agentUsage("agent resolve: %v", err)
+	}
+	return toolsReadable(f.tools)
+}
+
+func checkAgentShow(f agentFlags) error {
+	if len(f.rest) > 1 {
+		return agentUsage("agent show takes at most one OPERATION_ID or ACTION_ID")
+	}
+	return toolsReadable(f.tools)
+}
+
+// toolsReadable checks that the tools file (or the demo tools) can be read.
+func toolsReadable(path string) error {
+	_, err := loadTools(path)
+	return err
 }
 
 // openAgent reads the agent's configuration and opens its journal, for the commands that send (agent do and
@@ -329,67 +336,89 @@ func runAgent(ctx context.Context, inv invocation) (err error) {
 	}
 	defer a.Close()
 	enc := json.NewEncoder(printableJSON{inv.stdout})
-	if sub == "resolve" {
-		d := f.decision
-		if d.By == "" {
-			d.By = osUser()
-		}
-		r, err := a.Resolve(f.rest[0], d)
-		if err != nil {
-			return exitError{code: 1, err: err}
-		}
-		return enc.Encode(r)
+	switch sub {
+	case "resolve":
+		return runAgentResolve(a, enc, f)
+	case "resume":
+		return runAgentResume(ctx, a, enc)
+	case "retry":
+		return runAgentRetry(ctx, a, enc, f)
 	}
-	if sub == "resume" {
-		results, err := a.Resume(ctx)
-		for _, r := range results {
-			if encErr := enc.Encode(r); encErr != nil {
-				return encErr
-			}
-		}
-		if err != nil {
-			return exitError{code: 1, err: fmt.Errorf("agent resume: %w", err)}
-		}
-		// Exit 3 while any operation of the journal waits for a person or for work the service is doing, settled
-		// now or before; else 6 while the service holds any as unknown.
-		var waiting, unknown []string
-		for _, op := range a.Operations() {
-			switch st := op.State(); st {
-			case agent.StateNeedsHuman, agent.StateInProgress, agent.StateUnresolved:
-				waiting = append(waiting, op.ActionID+" ("+st+")")
-			case agent.StateUnknown:
-				unknown = append(unknown, op.ActionID)
-			}
-		}
-		if len(waiting) > 0 {
-			return exitError{code: exitNeedsHuman, err: fmt.Errorf("agent resume: waiting for a person or the service: %s; see agent show",
-				strings.Join(append(waiting, unknown...), ", "))}
-		}
-		if len(unknown) > 0 {
-			return exitError{code: exitUnknown, err: fmt.Errorf("agent resume: the service does not know yet whether these happened: %s; "+
-				"run resume again later, see agent show", strings.Join(unknown, ", "))}
-		}
-		return nil
-	}
+	return runAgentDo(ctx, a, enc, f)
+}
 
-	if sub == "retry" {
-		r := f.retry
-		if r.By == "" {
-			r.By = osUser()
-		}
-		res, err := a.Retry(ctx, f.rest[0], r)
-		switch {
-		case errors.Is(err, agent.ErrNotRetryable), errors.Is(err, agent.ErrNotNeedsHuman):
-			if res.OperationID != "" {
-				_ = enc.Encode(res)
-			}
-			return exitError{code: exitRefused, err: err}
-		case errors.Is(err, agent.ErrBadArguments), errors.Is(err, agent.ErrUnknownAction):
-			return agentUsage("%v", err)
-		}
-		return endOf(enc, res, err)
+// runAgentResolve records a person's decision on an action (by default, the operating system user's).
+func runAgentResolve(a *agent.Agent, enc *json.Encoder, f agentFlags) error {
+	d := f.decision
+	if d.By == "" {
+		d.By = osUser()
 	}
+	r, err := a.Resolve(f.rest[0], d)
+	if err != nil {
+		return exitError{code: 1, err: err}
+	}
+	return enc.Encode(r)
+}
 
+// runAgentResume settles every unfinished operation, prints each result, and exits by what still waits.
+func runAgentResume(ctx context.Context, a *agent.Agent, enc *json.Encoder) error {
+	results, err := a.Resume(ctx)
+	for _, r := range results {
+		if encErr := enc.Encode(r); encErr != nil {
+			return encErr
+		}
+	}
+	if err != nil {
+		return exitError{code: 1, err: fmt.Errorf("agent resume: %w", err)}
+	}
+	return resumeExit(a.Operations())
+}
+
+// resumeExit is exit 3 while any operation of the journal waits for a person or for work the service is doing,
+// settled now or before; else 6 while the service holds any as unknown.
+func resumeExit(ops []*agent.Operation) error {
+	var waiting, unknown []string
+	for _, op := range ops {
+		switch st := op.State(); st {
+		case agent.StateNeedsHuman, agent.StateInProgress, agent.StateUnresolved:
+			waiting = append(waiting, op.ActionID+" ("+st+")")
+		case agent.StateUnknown:
+			unknown = append(unknown, op.ActionID)
+		}
+	}
+	if len(waiting) > 0 {
+		return exitError{code: exitNeedsHuman, err: fmt.Errorf("agent resume: waiting for a person or the service: %s; see agent show",
+			strings.Join(append(waiting, unknown...), ", "))}
+	}
+	if len(unknown) > 0 {
+		return exitError{code: exitUnknown, err: fmt.Errorf("agent resume: the service does not know yet whether these happened: %s; "+
+			"run resume again later, see agent show", strings.Join(unknown, ", "))}
+	}
+	return nil
+}
+
+// runAgentRetry takes a needs_human action out of needs_human with the same key, asked by a person (by default,
+// the operating system user).
+func runAgentRetry(ctx context.Context, a *agent.Agent, enc *json.Encoder, f agentFlags) error {
+	r := f.retry
+	if r.By == "" {
+		r.By = osUser()
+	}
+	res, err := a.Retry(ctx, f.rest[0], r)
+	switch {
+	case errors.Is(err, agent.ErrNotRetryable), errors.Is(err, agent.ErrNotNeedsHuman):
+		if res.OperationID != "" {
+			_ = enc.Encode(res)
+		}
+		return exitError{code: exitRefused, err: err}
+	case errors.Is(err, agent.ErrBadArguments), errors.Is(err, agent.ErrUnknownAction):
+		return agentUsage("%v", err)
+	}
+	return endOf(enc, res, err)
+}
+
+// runAgentDo makes the action's write; a changed intent prints a refused result naming how to supersede it.
+func runAgentDo(ctx context.Context, a *agent.Agent, enc *json.Encoder, f agentFlags) error {
 	res, err := a.Do(ctx, f.action, f.rest[0], json.RawMessage(f.rest[1]), agent.DoOptions{Supersedes: f.supersedes, ParentRun: f.parentRun, Remediates: f.remediates,
 		ParentOperation: f.parentOp, DelegateTo: f.worker})
 	switch {

@@ -57,15 +57,8 @@ const databaseEnv = `  DATABASE_URL              postgres:// URL (default postgr
   DB_ACQUIRE_TIMEOUT        bound on waiting for a free pooled connection (default 3s)
   DB_STATEMENT_TIMEOUT      bound on each statement, client and server side (default 5s; not for migrations)`
 
-var commands []command
-
-func init() {
-	commands = []command{
-		{
-			name: "serve", synopsis: "serve [tickets|payments|deploys|all]",
-			summary: "serve the write APIs (default all), migrating the database first",
-			check:   checkServe, run: runServe,
-			env: databaseEnv + `
+// serveEnv is what serve reads.
+const serveEnv = databaseEnv + `
   MIGRATE_ON_START          apply migrations at start (default true)
   API_KEYS                  account_id:role:secret,... role agent or approver, secrets of 24 characters or more
                             (unset: the demo keys, development only, listening on 127.0.0.1 only)
@@ -109,7 +102,23 @@ func init() {
   DEPLOY_QUEUE_TIMEOUT      a deploy queued longer fails with reason queue_timeout, freeing its lock (default 10m)
   AUDIT_SEAL_INTERVAL       how often new audit records are sealed (default 1s): they are tamper-evident from then
   AUDIT_SIGNING_KEY         Ed25519 seed (32 bytes, base64) that signs seals (unset: unsigned; masked)
-` + commonEnv,
+` + commonEnv
+
+// providerEnv is what provider reads.
+const providerEnv = `  PROVIDER_ADDR             listen address (default :8090, RETRYSAFE_PORT_BASE + 10; 127.0.0.1 only while
+                            API_KEYS is unset)
+  PROVIDER_FAULT_INJECTION  enable /admin/faults and /admin/reset (default false)
+  HTTP_MAX_CONNS HTTP_MAX_CONNS_PER_CLIENT HTTP_IDLE_TIMEOUT HTTP_TRUSTED_PROXIES   as for serve
+` + commonEnv
+
+var commands []command
+
+func init() {
+	commands = []command{
+		{
+			name: "serve", synopsis: "serve [tickets|payments|deploys|all]",
+			summary: "serve the write APIs (default all), migrating the database first",
+			check:   checkServe, run: runServe, env: serveEnv,
 		},
 		{
 			name: "migrate", synopsis: "migrate", summary: "apply the database migrations and exit",
@@ -118,11 +127,7 @@ func init() {
 		{
 			name: "provider", synopsis: "provider", summary: "serve the payment provider sandbox that payments calls",
 			check: noArgs("provider"), run: func(ctx context.Context, inv invocation) error { return serveProvider(ctx, inv.cfg, inv.logger) },
-			env: `  PROVIDER_ADDR             listen address (default :8090, RETRYSAFE_PORT_BASE + 10; 127.0.0.1 only while
-                            API_KEYS is unset)
-  PROVIDER_FAULT_INJECTION  enable /admin/faults and /admin/reset (default false)
-  HTTP_MAX_CONNS HTTP_MAX_CONNS_PER_CLIENT HTTP_IDLE_TIMEOUT HTTP_TRUSTED_PROXIES   as for serve
-` + commonEnv,
+			env: providerEnv,
 		},
 		conformanceCommand, killHookCommand(),
 		{

@@ -153,80 +153,18 @@ func (e configError) Error() string { return "config: " + e.msg }
 
 func loadConfig(getenv func(string) string) (config, error) {
 	r := envReader{getenv: getenv}
-	cfg := config{
-		DatabaseURL:        r.postgresURL("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable"),
-		MigrateOnStart:     r.boolean("MIGRATE_ON_START", true),
-		DBMaxConns:         r.integer("DB_MAX_CONNS", 20, 1, 1000),
-		DBConnectTimeout:   r.duration("DB_CONNECT_TIMEOUT", 3*time.Second),
-		DBAcquireTimeout:   r.duration("DB_ACQUIRE_TIMEOUT", 3*time.Second),
-		DBStatementTimeout: r.duration("DB_STATEMENT_TIMEOUT", 5*time.Second),
-		APIKeys:            getenv("API_KEYS"),
-		APIKeyIDSecret:     getenv("API_KEY_ID_SECRET"),
-		LogLevel:           r.oneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error"),
-		BodyLimit:          int64(r.integer("BODY_LIMIT_BYTES", 1<<20, 1024, 1<<30)),
-
-		RateLimitWritesPerSecond: r.integer("RATE_LIMIT_WRITES_PER_SECOND", 50, 0, 1_000_000),
-		RateLimitWriteBurst:      r.integer("RATE_LIMIT_WRITE_BURST", 200, 1, 1_000_000),
-		AuthFailuresPerMinute:    r.integer("AUTH_FAILURES_PER_MINUTE", 30, 0, 1_000_000),
-		AuthFailureBurst:         r.integer("AUTH_FAILURE_BURST", 20, 1, 1_000_000),
-
-		HTTP: httpserver.Limits{
-			MaxConns:          r.integer("HTTP_MAX_CONNS", httpserver.DefaultMaxConns, 1, 1_000_000),
-			MaxConnsPerClient: r.integer("HTTP_MAX_CONNS_PER_CLIENT", httpserver.DefaultMaxConnsPerClient, 0, 1_000_000),
-			IdleTimeout:       r.duration("HTTP_IDLE_TIMEOUT", httpserver.DefaultIdleTimeout),
-			TrustedProxies:    r.prefixes("HTTP_TRUSTED_PROXIES"),
-		},
-		ConsoleSecureCookie:      r.boolean("CONSOLE_SECURE_COOKIE", false),
-		ConsoleMaxSessionsPerKey: r.integer("CONSOLE_MAX_SESSIONS_PER_KEY", console.DefaultMaxSessionsPerKey, 1, 1000),
-
-		Ports: r.portBase(),
-
-		IdempotencyRetention:   r.duration("IDEMPOTENCY_RETENTION", 72*time.Hour),
-		IdempotencyKeyLifetime: r.duration("IDEMPOTENCY_KEY_LIFETIME", 90*24*time.Hour),
-		IdempotencyKeyOptional: r.boolean("IDEMPOTENCY_KEY_OPTIONAL", false),
-		PruneInterval:          r.duration("PRUNE_INTERVAL", 10*time.Minute),
-		OperationLease:         r.duration("OPERATION_LEASE", 30*time.Second),
-		RecoveryInterval:       r.duration("RECOVERY_INTERVAL", 5*time.Second),
-		Failpoints:             getenv("RETRYSAFE_FAILPOINTS"),
-
-		ProviderFaultInjection: r.boolean("PROVIDER_FAULT_INJECTION", false),
-
-		ProviderSecret:  r.str("PROVIDER_SECRET", "retrysafe-payments-sandbox"),
-		ProviderTimeout: r.duration("PROVIDER_TIMEOUT", 5*time.Second),
-		ApprovalTTL:     r.duration("APPROVAL_TTL", time.Hour),
-
-		DeploySteps:                r.integer("DEPLOY_STEPS", 3, 1, 100),
-		DeployStepDuration:         r.duration("DEPLOY_STEP_DURATION", 2*time.Second),
-		DeployApprovalEnvironments: splitList(r.str("DEPLOY_APPROVAL_ENVIRONMENTS", "production")),
-		DeployLockLease:            r.duration("DEPLOY_LOCK_LEASE", 30*time.Second),
-		DeployHeartbeat:            r.duration("DEPLOY_HEARTBEAT_INTERVAL", 5*time.Second),
-		DeployPollInterval:         r.duration("DEPLOY_POLL_INTERVAL", time.Second),
-		DeployWorkers:              r.integer("DEPLOY_WORKERS", 2, 1, 64),
-		DeployMaxRunningPerAccount: r.integer("DEPLOY_MAX_RUNNING_PER_ACCOUNT", deploys.DefaultMaxRunningPerAccount, 1, 64),
-		DeployQueueTimeout:         r.duration("DEPLOY_QUEUE_TIMEOUT", deploys.DefaultQueueTimeout),
-	}
-	cfg.TicketsAddr = r.addr("TICKETS_ADDR", cfg.Ports.addr(ticketsPort))
-	cfg.PaymentsAddr = r.addr("PAYMENTS_ADDR", cfg.Ports.addr(paymentsPort))
-	cfg.DeploysAddr = r.addr("DEPLOYS_ADDR", cfg.Ports.addr(deploysPort))
-	cfg.ProviderAddr = r.addr("PROVIDER_ADDR", cfg.Ports.addr(providerPort))
-	cfg.ProviderURL = r.httpURL("PROVIDER_URL", cfg.Ports.url(providerPort))
-	cfg.DatabaseDefaulted = getenv("DATABASE_URL") == ""
-	cfg.AuditSealInterval = r.duration("AUDIT_SEAL_INTERVAL", audit.DefaultSealInterval)
-	if v := getenv("AUDIT_SIGNING_KEY"); v != "" {
-		signer, err := auditchain.ParseSigningKey(v)
-		if err != nil && r.err == nil {
-			r.err = configError{"AUDIT_SIGNING_KEY: " + strings.TrimPrefix(err.Error(), "auditchain: signing key: ")}
-		}
-		cfg.AuditSigningKey = signer
-	}
-	cfg.PaymentsApprovalThresholds = r.thresholds("PAYMENTS_APPROVAL_THRESHOLDS", defaultApprovalThresholds)
-	cfg.TicketsApprovalProjects = splitList(r.str("TICKETS_APPROVAL_PROJECTS", ""))
-	cfg.TicketsApprovalPriorities = splitList(r.str("TICKETS_APPROVAL_PRIORITIES", ""))
-	for _, p := range cfg.TicketsApprovalPriorities {
-		if !slices.Contains([]string{"low", "normal", "high", "urgent"}, p) && r.err == nil {
-			r.err = configError{fmt.Sprintf("TICKETS_APPROVAL_PRIORITIES: %q is not a priority (low, normal, high, urgent)", p)}
-		}
-	}
+	// Read in the order the variables are checked: the first bad one is the error.
+	cfg := config{APIKeys: getenv("API_KEYS"), APIKeyIDSecret: getenv("API_KEY_ID_SECRET"),
+		Failpoints: getenv("RETRYSAFE_FAILPOINTS"), DatabaseDefaulted: getenv("DATABASE_URL") == ""}
+	cfg.readDatabase(&r)
+	cfg.readHTTP(&r)
+	cfg.Ports = r.portBase()
+	cfg.readIdempotency(&r)
+	cfg.readProvider(&r)
+	cfg.readDeploys(&r)
+	cfg.readAddresses(&r)
+	cfg.readAudit(&r)
+	cfg.readApprovalRules(&r)
 	if r.err != nil {
 		return config{}, r.err
 	}
@@ -237,27 +175,127 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if r.err != nil {
 		return config{}, r.err
 	}
-	if cfg.APIKeys == "" {
-		cfg.Keys, cfg.DemoKeys = auth.Demo(), true
-		if !cfg.DemoListenAny {
-			if err := cfg.loopbackOnly(); err != nil {
-				return config{}, err
-			}
-		}
-	} else {
-		if len(cfg.APIKeyIDSecret) < auth.MinIDSecretLength {
-			return config{}, configError{fmt.Sprintf("API_KEY_ID_SECRET: set it to a random value of at least %d characters when API_KEYS is set (it keys the hash that makes key ids)", auth.MinIDSecretLength)}
-		}
-		keys, err := auth.ParseKeys(cfg.APIKeys, cfg.APIKeyIDSecret)
-		if err != nil {
-			return config{}, configError{"API_KEYS: " + err.Error()}
-		}
-		cfg.Keys = keys
+	if err := cfg.readKeys(); err != nil {
+		return config{}, err
 	}
 	if err := cfg.check(); err != nil {
 		return config{}, err
 	}
 	return cfg, nil
+}
+
+// readDatabase reads where the database is and the bounds of its pool and waits.
+func (c *config) readDatabase(r *envReader) {
+	c.DatabaseURL = r.postgresURL("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/retrysafe?sslmode=disable")
+	c.MigrateOnStart = r.boolean("MIGRATE_ON_START", true)
+	c.DBMaxConns = r.integer("DB_MAX_CONNS", 20, 1, 1000)
+	c.DBConnectTimeout = r.duration("DB_CONNECT_TIMEOUT", 3*time.Second)
+	c.DBAcquireTimeout = r.duration("DB_ACQUIRE_TIMEOUT", 3*time.Second)
+	c.DBStatementTimeout = r.duration("DB_STATEMENT_TIMEOUT", 5*time.Second)
+}
+
+// readHTTP reads the log level and what bounds the HTTP side: the body limit, the rate limits, the connection
+// limits and the console's sessions.
+func (c *config) readHTTP(r *envReader) {
+	c.LogLevel = r.oneOf("LOG_LEVEL", "info", "debug", "info", "warn", "error")
+	c.BodyLimit = int64(r.integer("BODY_LIMIT_BYTES", 1<<20, 1024, 1<<30))
+	c.RateLimitWritesPerSecond = r.integer("RATE_LIMIT_WRITES_PER_SECOND", 50, 0, 1_000_000)
+	c.RateLimitWriteBurst = r.integer("RATE_LIMIT_WRITE_BURST", 200, 1, 1_000_000)
+	c.AuthFailuresPerMinute = r.integer("AUTH_FAILURES_PER_MINUTE", 30, 0, 1_000_000)
+	c.AuthFailureBurst = r.integer("AUTH_FAILURE_BURST", 20, 1, 1_000_000)
+	c.HTTP = httpserver.Limits{
+		MaxConns:          r.integer("HTTP_MAX_CONNS", httpserver.DefaultMaxConns, 1, 1_000_000),
+		MaxConnsPerClient: r.integer("HTTP_MAX_CONNS_PER_CLIENT", httpserver.DefaultMaxConnsPerClient, 0, 1_000_000),
+		IdleTimeout:       r.duration("HTTP_IDLE_TIMEOUT", httpserver.DefaultIdleTimeout),
+		TrustedProxies:    r.prefixes("HTTP_TRUSTED_PROXIES"),
+	}
+	c.ConsoleSecureCookie = r.boolean("CONSOLE_SECURE_COOKIE", false)
+	c.ConsoleMaxSessionsPerKey = r.integer("CONSOLE_MAX_SESSIONS_PER_KEY", console.DefaultMaxSessionsPerKey, 1, 1000)
+}
+
+// readIdempotency reads how long keys and responses are kept and the leases of operations.
+func (c *config) readIdempotency(r *envReader) {
+	c.IdempotencyRetention = r.duration("IDEMPOTENCY_RETENTION", 72*time.Hour)
+	c.IdempotencyKeyLifetime = r.duration("IDEMPOTENCY_KEY_LIFETIME", 90*24*time.Hour)
+	c.IdempotencyKeyOptional = r.boolean("IDEMPOTENCY_KEY_OPTIONAL", false)
+	c.PruneInterval = r.duration("PRUNE_INTERVAL", 10*time.Minute)
+	c.OperationLease = r.duration("OPERATION_LEASE", 30*time.Second)
+	c.RecoveryInterval = r.duration("RECOVERY_INTERVAL", 5*time.Second)
+}
+
+// readProvider reads the payment provider's settings and how long an approval lasts.
+func (c *config) readProvider(r *envReader) {
+	c.ProviderFaultInjection = r.boolean("PROVIDER_FAULT_INJECTION", false)
+	c.ProviderSecret = r.str("PROVIDER_SECRET", "retrysafe-payments-sandbox")
+	c.ProviderTimeout = r.duration("PROVIDER_TIMEOUT", 5*time.Second)
+	c.ApprovalTTL = r.duration("APPROVAL_TTL", time.Hour)
+}
+
+// readDeploys reads the deploy controller's steps, approvals, locks and concurrency.
+func (c *config) readDeploys(r *envReader) {
+	c.DeploySteps = r.integer("DEPLOY_STEPS", 3, 1, 100)
+	c.DeployStepDuration = r.duration("DEPLOY_STEP_DURATION", 2*time.Second)
+	c.DeployApprovalEnvironments = splitList(r.str("DEPLOY_APPROVAL_ENVIRONMENTS", "production"))
+	c.DeployLockLease = r.duration("DEPLOY_LOCK_LEASE", 30*time.Second)
+	c.DeployHeartbeat = r.duration("DEPLOY_HEARTBEAT_INTERVAL", 5*time.Second)
+	c.DeployPollInterval = r.duration("DEPLOY_POLL_INTERVAL", time.Second)
+	c.DeployWorkers = r.integer("DEPLOY_WORKERS", 2, 1, 64)
+	c.DeployMaxRunningPerAccount = r.integer("DEPLOY_MAX_RUNNING_PER_ACCOUNT", deploys.DefaultMaxRunningPerAccount, 1, 64)
+	c.DeployQueueTimeout = r.duration("DEPLOY_QUEUE_TIMEOUT", deploys.DefaultQueueTimeout)
+}
+
+// readAddresses reads the listen addresses and the provider's URL, each by default from the port base.
+func (c *config) readAddresses(r *envReader) {
+	c.TicketsAddr = r.addr("TICKETS_ADDR", c.Ports.addr(ticketsPort))
+	c.PaymentsAddr = r.addr("PAYMENTS_ADDR", c.Ports.addr(paymentsPort))
+	c.DeploysAddr = r.addr("DEPLOYS_ADDR", c.Ports.addr(deploysPort))
+	c.ProviderAddr = r.addr("PROVIDER_ADDR", c.Ports.addr(providerPort))
+	c.ProviderURL = r.httpURL("PROVIDER_URL", c.Ports.url(providerPort))
+}
+
+// readAudit reads how often audit records are sealed and the key that signs the seals.
+func (c *config) readAudit(r *envReader) {
+	c.AuditSealInterval = r.duration("AUDIT_SEAL_INTERVAL", audit.DefaultSealInterval)
+	if v := r.getenv("AUDIT_SIGNING_KEY"); v != "" {
+		signer, err := auditchain.ParseSigningKey(v)
+		if err != nil && r.err == nil {
+			r.err = configError{"AUDIT_SIGNING_KEY: " + strings.TrimPrefix(err.Error(), "auditchain: signing key: ")}
+		}
+		c.AuditSigningKey = signer
+	}
+}
+
+// readApprovalRules reads which payments, tickets' projects and tickets' priorities need approval.
+func (c *config) readApprovalRules(r *envReader) {
+	c.PaymentsApprovalThresholds = r.thresholds("PAYMENTS_APPROVAL_THRESHOLDS", defaultApprovalThresholds)
+	c.TicketsApprovalProjects = splitList(r.str("TICKETS_APPROVAL_PROJECTS", ""))
+	c.TicketsApprovalPriorities = splitList(r.str("TICKETS_APPROVAL_PRIORITIES", ""))
+	for _, p := range c.TicketsApprovalPriorities {
+		if !slices.Contains([]string{"low", "normal", "high", "urgent"}, p) && r.err == nil {
+			r.err = configError{fmt.Sprintf("TICKETS_APPROVAL_PRIORITIES: %q is not a priority (low, normal, high, urgent)", p)}
+		}
+	}
+}
+
+// readKeys takes the demo keys when API_KEYS is unset (listening on loopback only unless DEMO_LISTEN_ANY), and
+// parses API_KEYS, keyed by API_KEY_ID_SECRET, otherwise.
+func (c *config) readKeys() error {
+	if c.APIKeys == "" {
+		c.Keys, c.DemoKeys = auth.Demo(), true
+		if c.DemoListenAny {
+			return nil
+		}
+		return c.loopbackOnly()
+	}
+	if len(c.APIKeyIDSecret) < auth.MinIDSecretLength {
+		return configError{fmt.Sprintf("API_KEY_ID_SECRET: set it to a random value of at least %d characters when API_KEYS is set (it keys the hash that makes key ids)", auth.MinIDSecretLength)}
+	}
+	keys, err := auth.ParseKeys(c.APIKeys, c.APIKeyIDSecret)
+	if err != nil {
+		return configError{"API_KEYS: " + err.Error()}
+	}
+	c.Keys = keys
+	return nil
 }
 
 // loopbackOnly makes demo mode listen on 127.0.0.1 only: its keys are published in the README, so a service

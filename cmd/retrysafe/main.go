@@ -206,29 +206,14 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 			return err
 		}
 	}
-	if cfg.DemoKeys && cfg.DemoListenAny {
-		logger.Warn("API_KEYS is unset: using the documented demo keys, listening where the addresses say because DEMO_LISTEN_ANY is set; publish the ports on 127.0.0.1 only, and never do this outside development",
-			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
-	} else if cfg.DemoKeys {
-		logger.Warn("API_KEYS is unset: using the documented demo keys and listening on 127.0.0.1 only; never do this outside development",
-			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
-	}
+	warnDemoKeys(cfg, logger)
 	logger.Info("starting", "config", cfg.String(), "services", which)
 	// One registry for the process: every service's port serves all of it on GET /metrics.
 	m := metrics.New()
 	m.WatchOperations(db, 2*time.Second)
 	m.WatchAudit(db, 2*time.Second)
-	h, err := idem.New(db)
+	h, err := newIdem(cfg, db, m, logger)
 	if err != nil {
-		return err
-	}
-	h.Logger, h.Lease, h.RetryAfter, h.Observer = logger, cfg.OperationLease, 1, m
-	h.Retention, h.KeyLifetime, h.KeyOptional = cfg.IdempotencyRetention, cfg.IdempotencyKeyLifetime, cfg.IdempotencyKeyOptional
-	// An effect is sent only with time for a whole provider call left in its lease.
-	h.DispatchMargin = cfg.ProviderTimeout
-	// The process's owner lock, on a connection of its own: a same-key retry on another replica releases a claim
-	// this process made and never started, once the process is gone, instead of waiting for the lease.
-	if h.Owner, err = opstatus.HoldOwner(cfg.DatabaseURL, logger); err != nil {
 		return err
 	}
 	defer h.Owner.Close()
@@ -237,18 +222,9 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	if err != nil {
 		return err
 	}
-
-	var svcs []service.Service
-	var addrs []string
-	for _, b := range builders {
-		if which != "all" && which != b.name {
-			continue
-		}
-		s, err := b.build(cfg, d)
-		if err != nil {
-			return fmt.Errorf("build %s: %w", b.name, err)
-		}
-		svcs, addrs = append(svcs, s), append(addrs, b.addr(cfg))
+	svcs, addrs, err := buildServices(cfg, d, which)
+	if err != nil {
+		return err
 	}
 	// One console: every port serves the same console for all the services this process runs.
 	httpStack.ConsoleServices = svcs
@@ -259,7 +235,63 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	for _, s := range svcs {
 		d.Services = append(d.Services, s.Name())
 	}
+	if err := runServices(ctx, cfg, d, httpStack, svcs, addrs); err != nil {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}
 
+// warnDemoKeys says, in demo mode, that the published demo keys are in use and where the services listen.
+func warnDemoKeys(cfg config, logger *slog.Logger) {
+	if cfg.DemoKeys && cfg.DemoListenAny {
+		logger.Warn("API_KEYS is unset: using the documented demo keys, listening where the addresses say because DEMO_LISTEN_ANY is set; publish the ports on 127.0.0.1 only, and never do this outside development",
+			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
+	} else if cfg.DemoKeys {
+		logger.Warn("API_KEYS is unset: using the documented demo keys and listening on 127.0.0.1 only; never do this outside development",
+			"tickets", cfg.TicketsAddr, "payments", cfg.PaymentsAddr, "deploys", cfg.DeploysAddr)
+	}
+}
+
+// newIdem is the process's idempotency handler, configured from cfg, holding the process's owner lock; the
+// caller closes h.Owner.
+func newIdem(cfg config, db *gorm.DB, m *metrics.Metrics, logger *slog.Logger) (*idem.Handler, error) {
+	h, err := idem.New(db)
+	if err != nil {
+		return nil, err
+	}
+	h.Logger, h.Lease, h.RetryAfter, h.Observer = logger, cfg.OperationLease, 1, m
+	h.Retention, h.KeyLifetime, h.KeyOptional = cfg.IdempotencyRetention, cfg.IdempotencyKeyLifetime, cfg.IdempotencyKeyOptional
+	// An effect is sent only with time for a whole provider call left in its lease.
+	h.DispatchMargin = cfg.ProviderTimeout
+	// The process's owner lock, on a connection of its own: a same-key retry on another replica releases a claim
+	// this process made and never started, once the process is gone, instead of waiting for the lease.
+	if h.Owner, err = opstatus.HoldOwner(cfg.DatabaseURL, logger); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// buildServices builds the services which names (all, or one), with the address each listens on.
+func buildServices(cfg config, d service.Deps, which string) ([]service.Service, []string, error) {
+	var svcs []service.Service
+	var addrs []string
+	for _, b := range builders {
+		if which != "all" && which != b.name {
+			continue
+		}
+		s, err := b.build(cfg, d)
+		if err != nil {
+			return nil, nil, fmt.Errorf("build %s: %w", b.name, err)
+		}
+		svcs, addrs = append(svcs, s), append(addrs, b.addr(cfg))
+	}
+	return svcs, addrs, nil
+}
+
+// runServices runs the background workers and serves each service on its address until ctx ends or one
+// listener fails, which stops them all; the error names every listener that failed.
+func runServices(ctx context.Context, cfg config, d service.Deps, httpStack service.HTTP, svcs []service.Service, addrs []string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	workers := service.Workers(d, service.Background{
@@ -272,7 +304,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	for i, s := range svcs {
 		handler := service.Handler(d, httpStack, s)
 		wg.Go(func() {
-			if err := httpserver.Serve(ctx, addrs[i], handler, logger.With("service", s.Name()), cfg.HTTP); err != nil {
+			if err := httpserver.Serve(ctx, addrs[i], handler, d.Logger.With("service", s.Name()), cfg.HTTP); err != nil {
 				errc <- fmt.Errorf("%s: %w", s.Name(), err)
 				cancel()
 			}
@@ -289,7 +321,6 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
-	logger.Info("stopped")
 	return nil
 }
 

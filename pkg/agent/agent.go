@@ -97,6 +97,13 @@ func (c *Config) defaults() {
 	if c.Tools == nil {
 		c.Tools = DemoTools()
 	}
+	c.BaseURLs = c.serviceURLs()
+	c.defaultLimits()
+	c.defaultDependencies()
+}
+
+// serviceURLs are the tools file's base URLs, overridden by the demo services' fields and then by BaseURLs.
+func (c *Config) serviceURLs() map[string]string {
 	urls := c.Tools.BaseURLs(func(string) string { return "" })
 	for name, u := range map[string]string{Tickets: c.TicketsURL, Payments: c.PaymentsURL, Deploys: c.DeploysURL} {
 		if u != "" {
@@ -106,7 +113,11 @@ func (c *Config) defaults() {
 	for name, u := range c.BaseURLs {
 		urls[name] = strings.TrimRight(u, "/")
 	}
-	c.BaseURLs = urls
+	return urls
+}
+
+// defaultLimits sets the budget, the timeouts, the backoff and the body limit left unset.
+func (c *Config) defaultLimits() {
 	if c.Budget <= 0 {
 		c.Budget = 5
 	}
@@ -122,6 +133,14 @@ func (c *Config) defaults() {
 	if c.BackoffMax <= 0 {
 		c.BackoffMax = 5 * time.Second
 	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+}
+
+// defaultDependencies sets the HTTP client, the authority reference, the environment, the hook and the warning
+// sink left unset.
+func (c *Config) defaultDependencies() {
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{Transport: newTransport()}
 	}
@@ -133,9 +152,6 @@ func (c *Config) defaults() {
 	}
 	if c.Hook == nil {
 		c.Hook = func(string) {}
-	}
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = 1 << 20
 	}
 	if c.Warn == nil {
 		c.Warn = func(msg string) { slog.Warn(msg) }
@@ -162,23 +178,8 @@ type Agent struct {
 // another API key, with ErrOtherPrincipal.
 func Open(path string, cfg Config) (*Agent, error) {
 	cfg.defaults()
-	if !httpguts.ValidHeaderFieldValue(cfg.APIKey) {
-		return nil, errors.New("agent: the API key holds a character an HTTP header cannot carry (a line break?)")
-	}
-	if cfg.Namespace != "" {
-		if err := checkNamespace(cfg.Namespace); err != nil {
-			return nil, err
-		}
-		if cfg.NamespaceSecret == "" {
-			return nil, errors.New("agent: a namespace needs its secret (AGENT_NAMESPACE_SECRET), given to every agent of " +
-				"the namespace: keys are derived under it, so no one without it can compute them")
-		}
-	}
-	if cfg.GrantID != "" && !validGrantID(cfg.GrantID) {
-		return nil, errors.New("agent: a grant id is grt_ and a UUID, as POST /v1/grants answered it")
-	}
-	if cfg.NamespaceSecret != "" && len(cfg.NamespaceSecret) < minNamespaceSecret {
-		return nil, fmt.Errorf("agent: the namespace secret is at least %d bytes", minNamespaceSecret)
+	if err := cfg.checkSecrets(); err != nil {
+		return nil, err
 	}
 	j, err := openJournal(path, cfg.LockWait, time.Now, cfg.Warn)
 	if err != nil {
@@ -186,6 +187,41 @@ func Open(path string, cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, j: j, v: newView(), actions: map[string]*sync.Mutex{}, runID: ids.New("run_"),
 		principal: principalOf(cfg.APIKey)}
+	a.defaultNamespace()
+	if err := a.startRun(); err != nil {
+		j.close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// checkSecrets refuses an API key a header cannot carry, and a namespace that is malformed or has no secret of
+// the length keys are derived under.
+func (c *Config) checkSecrets() error {
+	if !httpguts.ValidHeaderFieldValue(c.APIKey) {
+		return errors.New("agent: the API key holds a character an HTTP header cannot carry (a line break?)")
+	}
+	if c.Namespace != "" {
+		if err := checkNamespace(c.Namespace); err != nil {
+			return err
+		}
+		if c.NamespaceSecret == "" {
+			return errors.New("agent: a namespace needs its secret (AGENT_NAMESPACE_SECRET), given to every agent of " +
+				"the namespace: keys are derived under it, so no one without it can compute them")
+		}
+	}
+	if c.NamespaceSecret != "" && len(c.NamespaceSecret) < minNamespaceSecret {
+		return fmt.Errorf("agent: the namespace secret is at least %d bytes", minNamespaceSecret)
+	}
+	if c.GrantID != "" && !validGrantID(c.GrantID) {
+		return errors.New("agent: a grant id is grt_ and a UUID, as POST /v1/grants answered it")
+	}
+	return nil
+}
+
+// defaultNamespace makes the API key's key id the namespace when none is given, and the API key its secret, and
+// warns when keys would be derived without any secret.
+func (a *Agent) defaultNamespace() {
 	if a.cfg.Namespace == "" {
 		a.cfg.Namespace = a.principal.KeyID
 		if a.cfg.NamespaceSecret == "" {
@@ -199,30 +235,29 @@ func Open(path string, cfg Config) (*Agent, error) {
 		a.cfg.Warn("agent: no API key and no namespace secret: idempotency keys (and host markers named by them) are " +
 			"derived without a secret, so anyone who knows the namespace and an action id can compute them; set AGENT_NAMESPACE_SECRET")
 	}
-	for _, rec := range j.recs {
+}
+
+// startRun reads the journal into the view, checks that its operations are this API key's, and journals the
+// run's start (and the key's adoption, when SameAccount made one).
+func (a *Agent) startRun() error {
+	for _, rec := range a.j.recs {
 		if err := a.v.apply(rec); err != nil {
-			j.close()
-			return nil, err
+			return err
 		}
 	}
 	adopted, err := a.checkPrincipal()
 	if err != nil {
-		j.close()
-		return nil, err
+		return err
 	}
 	host, _ := os.Hostname()
 	if err := a.record(map[string]any{"type": RecRunStarted, "run_id": a.runID, "host": host, "pid": os.Getpid(),
-		"command": cfg.Command, "principal": a.principal, "started_at": a.now()}); err != nil {
-		j.close()
-		return nil, err
+		"command": a.cfg.Command, "principal": a.principal, "started_at": a.now()}); err != nil {
+		return err
 	}
 	if adopted != nil {
-		if err := a.record(adopted); err != nil {
-			j.close()
-			return nil, err
-		}
+		return a.record(adopted)
 	}
-	return a, nil
+	return nil
 }
 
 // Close ends the run and releases the journal.
@@ -306,39 +341,12 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	if !ok {
 		return Result{}, fmt.Errorf("%w: unknown tool %q (one of %v)", ErrBadArguments, toolName, a.cfg.Tools.Names())
 	}
-	if actionID == "" || len(actionID) > 200 {
-		return Result{}, fmt.Errorf("%w: an action id is 1 to 200 characters", ErrBadArguments)
-	}
-	if opts.ParentRun != "" && (len(opts.ParentRun) > 128 || !validID(opts.ParentRun)) {
-		return Result{}, fmt.Errorf("%w: a parent run is an agent run id: 1 to 128 printable ASCII characters, no spaces", ErrBadArguments)
-	}
-	if opts.Remediates != "" && (toolName != "refund_payment" || !validID(opts.Remediates) || !strings.HasPrefix(opts.Remediates, "op_")) {
-		return Result{}, fmt.Errorf("%w: remediates names the service's operation a refund corrects (op_...), and only refund_payment takes it",
-			ErrBadArguments)
-	}
-	// A body the service would not take is never sent: it would fail every attempt before an answer.
-	if len(args) > a.cfg.MaxBodyBytes {
-		return Result{}, fmt.Errorf("%w: the arguments are %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
-			ErrBadArguments, len(args), a.cfg.MaxBodyBytes)
-	}
-	if err := checkDelegation(tool, opts); err != nil {
+	if err := a.checkCall(tool, actionID, args, opts); err != nil {
 		return Result{}, err
 	}
-	req, err := tool.check(args)
+	req, err := a.prepareCall(tool, args)
 	if err != nil {
 		return Result{}, err
-	}
-	if tool.Command != nil {
-		if err := a.commandReady(tool); err != nil {
-			return Result{}, err
-		}
-	} else if !tool.ApprovalRequest && a.baseURL(tool.Service) == "" {
-		svc, _ := a.cfg.Tools.Service(tool.Service)
-		return Result{}, fmt.Errorf("%w: service %s has no base URL: set %s; nothing was sent", ErrBadArguments, tool.Service, svc.BaseURLEnv)
-	}
-	if len(req.body) > a.cfg.MaxBodyBytes {
-		return Result{}, fmt.Errorf("%w: the request body is %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
-			ErrBadArguments, len(req.body), a.cfg.MaxBodyBytes)
 	}
 	unlock := a.lockAction(actionID)
 	defer unlock()
@@ -349,7 +357,56 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	if op != nil {
 		return a.continueOperation(ctx, op, tool, req, opts)
 	}
-	op, err = a.createOperation(tool, actionID, req, opts)
+	return a.startOperation(ctx, tool, actionID, req, opts)
+}
+
+// checkCall refuses a call whose action id, parent run, remediated operation, argument size or delegation is
+// not one the agent can journal and send.
+func (a *Agent) checkCall(tool Tool, actionID string, args json.RawMessage, opts DoOptions) error {
+	if actionID == "" || len(actionID) > 200 {
+		return fmt.Errorf("%w: an action id is 1 to 200 characters", ErrBadArguments)
+	}
+	if opts.ParentRun != "" && (len(opts.ParentRun) > 128 || !validID(opts.ParentRun)) {
+		return fmt.Errorf("%w: a parent run is an agent run id: 1 to 128 printable ASCII characters, no spaces", ErrBadArguments)
+	}
+	if opts.Remediates != "" && (tool.Name != "refund_payment" || !validID(opts.Remediates) || !strings.HasPrefix(opts.Remediates, "op_")) {
+		return fmt.Errorf("%w: remediates names the service's operation a refund corrects (op_...), and only refund_payment takes it",
+			ErrBadArguments)
+	}
+	// A body the service would not take is never sent: it would fail every attempt before an answer.
+	if len(args) > a.cfg.MaxBodyBytes {
+		return fmt.Errorf("%w: the arguments are %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
+			ErrBadArguments, len(args), a.cfg.MaxBodyBytes)
+	}
+	return checkDelegation(tool, opts)
+}
+
+// prepareCall checks args against tool and makes the request, refusing one the agent has nowhere to send or
+// that is larger than the services take.
+func (a *Agent) prepareCall(tool Tool, args json.RawMessage) (request, error) {
+	req, err := tool.check(args)
+	if err != nil {
+		return request{}, err
+	}
+	if tool.Command != nil {
+		if err := a.commandReady(tool); err != nil {
+			return request{}, err
+		}
+	} else if !tool.ApprovalRequest && a.baseURL(tool.Service) == "" {
+		svc, _ := a.cfg.Tools.Service(tool.Service)
+		return request{}, fmt.Errorf("%w: service %s has no base URL: set %s; nothing was sent", ErrBadArguments, tool.Service, svc.BaseURLEnv)
+	}
+	if len(req.body) > a.cfg.MaxBodyBytes {
+		return request{}, fmt.Errorf("%w: the request body is %d bytes; the agent sends at most %d (Config.MaxBodyBytes); nothing was sent",
+			ErrBadArguments, len(req.body), a.cfg.MaxBodyBytes)
+	}
+	return req, nil
+}
+
+// startOperation journals a new action's operation and then hands it to a worker, holds it behind the
+// operation it supersedes, or sends it.
+func (a *Agent) startOperation(ctx context.Context, tool Tool, actionID string, req request, opts DoOptions) (Result, error) {
+	op, err := a.createOperation(tool, actionID, req, opts)
 	if err != nil {
 		return Result{}, err
 	}
@@ -362,61 +419,84 @@ func (a *Agent) Do(ctx context.Context, actionID, toolName string, args json.Raw
 	return a.drive(ctx, op, req.approvalID)
 }
 
+// continueOperation is a call again for op's action: refused when the intent changed, else op goes on from where
+// it stands, with the call's approval or the last one given.
 func (a *Agent) continueOperation(ctx context.Context, op *Operation, tool Tool, req request, opts DoOptions) (Result, error) {
-	if op.Tool != tool.Name || op.Fingerprint != req.fingerprint {
-		_ = a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsChanged, RunID: a.runID, At: a.now(),
-			Detail: fmt.Sprintf("called again as %s with arguments of fingerprint %s; nothing sent", tool.Name, req.fingerprint)})
-		return a.result(op), fmt.Errorf("%w: action %q is operation %s (%s) with other arguments; nothing was sent. "+
-			"To change the intent, use a new action id that supersedes %q", ErrChangedIntent, op.ActionID, op.OperationID, op.Tool, op.ActionID)
-	}
-	if opts.Supersedes != "" && opts.Supersedes != a.supersededAction(op) {
-		return a.result(op), fmt.Errorf("%w: action %q already exists; supersedes applies to a new action only", ErrBadArguments, op.ActionID)
-	}
-	if opts.Remediates != "" && opts.Remediates != op.RemediatesServerOpID {
-		return a.result(op), fmt.Errorf("%w: action %q already exists without remediating %s; remediates applies to a new action only",
-			ErrBadArguments, op.ActionID, opts.Remediates)
+	if err := a.checkSameIntent(op, tool, req, opts); err != nil {
+		return a.result(op), err
 	}
 	if op.Final() {
-		if heldBack(op) && req.approvalID == "" {
-			a.mu.Lock()
-			ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsSupersededSettled, RunID: a.runID}
-			old := a.v.ops[op.SupersedesOperationID]
-			unknown := old == nil || outcomeUnknown(old) != ""
-			if !unknown {
-				ob.SupersededServerOpID = old.ServerOperationID()
-				ob.Detail = fmt.Sprintf("action %s, which this one supersedes, is no longer of unknown outcome (%s); this one may be sent",
-					old.ActionID, old.State())
-			}
-			a.mu.Unlock()
-			if unknown {
-				return a.result(op), nil
-			}
-			ob.At = a.now()
-			if err := a.record(ob); err != nil {
-				return Result{}, err
-			}
-			return a.drive(ctx, op, "")
-		}
-		if op.Settled.State == StateNeedsHuman && req.approvalID != "" && req.approvalID != lastApproval(op) {
-			if err := a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsApproval, RunID: a.runID,
-				ApprovalID: req.approvalID, At: a.now(), Detail: "approval " + req.approvalID + " given; the budget starts again"}); err != nil {
-				return Result{}, err
-			}
-			return a.drive(ctx, op, req.approvalID)
-		}
-		if given, err := a.grantGiven(op); given || err != nil {
-			if err != nil {
-				return Result{}, err
-			}
-			return a.drive(ctx, op, "")
-		}
-		return a.result(op), nil
+		return a.continueSettled(ctx, op, req.approvalID)
 	}
 	approval := req.approvalID
 	if approval == "" {
 		approval = lastApproval(op)
 	}
 	return a.drive(ctx, op, approval)
+}
+
+// checkSameIntent refuses a call again for op's action with another tool or other arguments (journaling that
+// it was refused), or with a supersedes or remediates the operation was not made with.
+func (a *Agent) checkSameIntent(op *Operation, tool Tool, req request, opts DoOptions) error {
+	if op.Tool != tool.Name || op.Fingerprint != req.fingerprint {
+		_ = a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsChanged, RunID: a.runID, At: a.now(),
+			Detail: fmt.Sprintf("called again as %s with arguments of fingerprint %s; nothing sent", tool.Name, req.fingerprint)})
+		return fmt.Errorf("%w: action %q is operation %s (%s) with other arguments; nothing was sent. "+
+			"To change the intent, use a new action id that supersedes %q", ErrChangedIntent, op.ActionID, op.OperationID, op.Tool, op.ActionID)
+	}
+	if opts.Supersedes != "" && opts.Supersedes != a.supersededAction(op) {
+		return fmt.Errorf("%w: action %q already exists; supersedes applies to a new action only", ErrBadArguments, op.ActionID)
+	}
+	if opts.Remediates != "" && opts.Remediates != op.RemediatesServerOpID {
+		return fmt.Errorf("%w: action %q already exists without remediating %s; remediates applies to a new action only",
+			ErrBadArguments, op.ActionID, opts.Remediates)
+	}
+	return nil
+}
+
+// continueSettled returns how a settled op ended, unless a call may move it on: a replacement held back whose
+// superseded operation settled since, or a needs_human operation with a new approval.
+func (a *Agent) continueSettled(ctx context.Context, op *Operation, approvalID string) (Result, error) {
+	if heldBack(op) && approvalID == "" {
+		return a.releaseHeld(ctx, op)
+	}
+	if op.Settled.State == StateNeedsHuman && approvalID != "" && approvalID != lastApproval(op) {
+		if err := a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsApproval, RunID: a.runID,
+			ApprovalID: approvalID, At: a.now(), Detail: "approval " + approvalID + " given; the budget starts again"}); err != nil {
+			return Result{}, err
+		}
+		return a.drive(ctx, op, approvalID)
+	}
+	if given, err := a.grantGiven(op); given || err != nil {
+		if err != nil {
+			return Result{}, err
+		}
+		return a.drive(ctx, op, "")
+	}
+	return a.result(op), nil
+}
+
+// releaseHeld sends op, held back by holdForSuperseded, once the operation it supersedes is no longer of unknown
+// outcome (journaling so); otherwise it stays held.
+func (a *Agent) releaseHeld(ctx context.Context, op *Operation) (Result, error) {
+	a.mu.Lock()
+	ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsSupersededSettled, RunID: a.runID}
+	old := a.v.ops[op.SupersedesOperationID]
+	unknown := old == nil || outcomeUnknown(old) != ""
+	if !unknown {
+		ob.SupersededServerOpID = old.ServerOperationID()
+		ob.Detail = fmt.Sprintf("action %s, which this one supersedes, is no longer of unknown outcome (%s); this one may be sent",
+			old.ActionID, old.State())
+	}
+	a.mu.Unlock()
+	if unknown {
+		return a.result(op), nil
+	}
+	ob.At = a.now()
+	if err := a.record(ob); err != nil {
+		return Result{}, err
+	}
+	return a.drive(ctx, op, "")
 }
 
 // holdForSuperseded stops op, new and not yet sent, with needs_human when the operation it supersedes may or may
@@ -561,33 +641,13 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 		a.commandOperation(op, tool, req)
 	}
 	if tool.ApprovalRequest {
-		var f struct {
-			ForAction string `json:"for_action"`
+		if err := a.approvalTarget(op, req); err != nil {
+			return nil, err
 		}
-		_ = json.Unmarshal(req.args, &f)
-		a.mu.Lock()
-		target := a.v.byAction[f.ForAction]
-		a.mu.Unlock()
-		if target == nil {
-			return nil, fmt.Errorf("%w: for_action %q is not in the journal", ErrUnknownAction, f.ForAction)
-		}
-		if svc, _ := a.cfg.Tools.Service(target.Service); target.IdempotencyKey == "" || !svc.Approvals {
-			return nil, fmt.Errorf("%w: %s (%s) does not take approvals", ErrBadArguments, f.ForAction, target.Tool)
-		}
-		op.Service = target.Service
 	}
 	if opts.Supersedes != "" {
-		a.mu.Lock()
-		old := a.v.byAction[opts.Supersedes]
-		a.mu.Unlock()
-		if old == nil {
-			return nil, fmt.Errorf("%w: supersedes %q: no such action in the journal", ErrUnknownAction, opts.Supersedes)
-		}
-		op.SupersedesOperationID = old.OperationID
-		op.SupersedesServerOpID = old.ServerOperationID()
-		if !httpguts.ValidHeaderFieldValue(op.SupersedesServerOpID) {
-			return nil, fmt.Errorf("%w: supersedes %q: the service named that operation with characters a header cannot carry",
-				ErrBadArguments, opts.Supersedes)
+		if err := a.supersede(op, opts.Supersedes); err != nil {
+			return nil, err
 		}
 	}
 	a.cfg.Hook("before_journal")
@@ -597,6 +657,43 @@ func (a *Agent) createOperation(tool Tool, actionID string, req request, opts Do
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.v.ops[op.OperationID], nil
+}
+
+// approvalTarget sends a request_approval operation to the service of the action it asks about (for_action),
+// which must be a keyed action of a service that takes approvals.
+func (a *Agent) approvalTarget(op *Operation, req request) error {
+	var f struct {
+		ForAction string `json:"for_action"`
+	}
+	_ = json.Unmarshal(req.args, &f)
+	a.mu.Lock()
+	target := a.v.byAction[f.ForAction]
+	a.mu.Unlock()
+	if target == nil {
+		return fmt.Errorf("%w: for_action %q is not in the journal", ErrUnknownAction, f.ForAction)
+	}
+	if svc, _ := a.cfg.Tools.Service(target.Service); target.IdempotencyKey == "" || !svc.Approvals {
+		return fmt.Errorf("%w: %s (%s) does not take approvals", ErrBadArguments, f.ForAction, target.Tool)
+	}
+	op.Service = target.Service
+	return nil
+}
+
+// supersede names in op the operation of the action it replaces, and the service's id for it.
+func (a *Agent) supersede(op *Operation, actionID string) error {
+	a.mu.Lock()
+	old := a.v.byAction[actionID]
+	a.mu.Unlock()
+	if old == nil {
+		return fmt.Errorf("%w: supersedes %q: no such action in the journal", ErrUnknownAction, actionID)
+	}
+	op.SupersedesOperationID = old.OperationID
+	op.SupersedesServerOpID = old.ServerOperationID()
+	if !httpguts.ValidHeaderFieldValue(op.SupersedesServerOpID) {
+		return fmt.Errorf("%w: supersedes %q: the service named that operation with characters a header cannot carry",
+			ErrBadArguments, actionID)
+	}
+	return nil
 }
 
 // Resume drives every operation the journal has not finished to an end, from evidence: it looks each one up,

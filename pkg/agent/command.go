@@ -177,6 +177,7 @@ func (c *Catalog) addHosts(hosts map[string]*HostDef) error {
 	return nil
 }
 
+// check accepts a host's marker settings, and then a local host or an SSH one.
 func (h *HostDef) check() error {
 	if h.MarkerDir != "" && !path.IsAbs(h.MarkerDir) {
 		return errors.New("marker_dir is an absolute path on the host")
@@ -185,24 +186,28 @@ func (h *HostDef) check() error {
 		return errors.New("marker_helper needs marker_dir")
 	}
 	if h.Local {
-		if h.Address != "" || h.AddressEnv != "" || h.User != "" || h.HostKey != "" || h.KnownHosts != "" || h.IdentityFile != "" || h.IdentityFileEnv != "" {
-			return errors.New("a local host has no address, user, host key or identity: it runs as the agent's user")
-		}
-		return nil
+		return h.checkLocal()
 	}
-	switch {
-	case h.Address == "" && h.AddressEnv == "":
-		return errors.New("give address (host:port), address_env or both")
-	case h.User == "":
-		return errors.New("user (the remote account) is required")
-	case (h.HostKey == "") == (h.KnownHosts == ""):
-		return errors.New("give host_key (SHA256:... of the host's key) or known_hosts (a file), one of them: a host key is never taken on trust")
-	case h.HostKey != "" && !strings.HasPrefix(h.HostKey, "SHA256:"):
-		return errors.New("host_key is the key's SHA256 fingerprint, SHA256:... (ssh-keygen -lf)")
-	case h.IdentityFile == "" && h.IdentityFileEnv == "":
-		return errors.New("give identity_file, identity_file_env or both: the private key the agent logs in with")
+	return h.checkSSH()
+}
+
+// checkLocal refuses SSH fields on a local host: it runs as the agent's user.
+func (h *HostDef) checkLocal() error {
+	if h.Address != "" || h.AddressEnv != "" || h.User != "" || h.HostKey != "" || h.KnownHosts != "" || h.IdentityFile != "" || h.IdentityFileEnv != "" {
+		return errors.New("a local host has no address, user, host key or identity: it runs as the agent's user")
 	}
 	return nil
+}
+
+// checkSSH checks that an SSH host says where it is, who logs in, how its key is pinned and which key logs in.
+func (h *HostDef) checkSSH() error {
+	return firstViolation(
+		violation{h.Address == "" && h.AddressEnv == "", "give address (host:port), address_env or both"},
+		violation{h.User == "", "user (the remote account) is required"},
+		violation{(h.HostKey == "") == (h.KnownHosts == ""), "give host_key (SHA256:... of the host's key) or known_hosts (a file), one of them: a host key is never taken on trust"},
+		violation{h.HostKey != "" && !strings.HasPrefix(h.HostKey, "SHA256:"), "host_key is the key's SHA256 fingerprint, SHA256:... (ssh-keygen -lf)"},
+		violation{h.IdentityFile == "" && h.IdentityFileEnv == "", "give identity_file, identity_file_env or both: the private key the agent logs in with"},
+	)
 }
 
 // commandTool reads a tool of kind command.
@@ -217,39 +222,57 @@ func (c *Catalog) commandTool(d toolDef) (Tool, error) {
 	spec := &CommandSpec{Host: h.Name, Local: h.Local, Account: h.User, Workdir: d.Workdir, Family: d.Family,
 		Template: strings.TrimSpace(d.Command), Check: strings.TrimSpace(d.Check), Secrets: d.Secrets}
 	t := Tool{Name: d.Name, Summary: strings.TrimSpace(d.Summary), Command: spec}
-	switch d.Family {
-	case FamilyRead:
-		t.Mode = ReadOnly
-	case FamilyConverge:
-		t.Mode = Converge
-	case FamilyEffect:
-		t.Mode = Destructive
+	mode, err := familyMode(d.Family)
+	if err != nil {
+		return Tool{}, err
+	}
+	t.Mode = mode
+	if d.Family == FamilyEffect {
 		spec.Marker = h.MarkerDir != ""
 		t.Keyed = spec.Marker // the marker is named by the action's key: one per action, whichever agent sends it
-	default:
-		return Tool{}, fmt.Errorf("family %q: want read, converge or effect", d.Family)
 	}
-	switch {
-	case t.Summary == "":
-		return Tool{}, errors.New("summary is required: it is what a model reads to choose the tool")
-	case spec.Template == "" || len(spec.Template) > maxCommandBytes || strings.ContainsRune(spec.Template, 0):
-		return Tool{}, fmt.Errorf("command is a shell command line of 1 to %d bytes", maxCommandBytes)
-	case (spec.Check != "") != (d.Family == FamilyConverge):
-		return Tool{}, errors.New("a converge tool declares check (exit 0: the state is reached, 1: not yet); other families have none")
-	case len(spec.Check) > maxCommandBytes || strings.ContainsRune(spec.Check, 0):
-		return Tool{}, fmt.Errorf("check is a shell command line of at most %d bytes", maxCommandBytes)
-	case spec.Workdir != "" && (!path.IsAbs(spec.Workdir) || strings.ContainsAny(spec.Workdir, "\x00\n")):
-		return Tool{}, errors.New("workdir is an absolute path on the host")
-	}
-	for _, s := range spec.Secrets {
-		if !secretNameRE.MatchString(s) {
-			return Tool{}, fmt.Errorf("secret %q: a secret is the name of an environment variable (A-Z, 0-9, _), read as $%s by the command", s, s)
-		}
+	if err := spec.check(t.Summary); err != nil {
+		return Tool{}, err
 	}
 	if err := t.compile(d.InputSchema); err != nil {
 		return Tool{}, err
 	}
 	return t, nil
+}
+
+// familyMode is the retry mode a command family runs under.
+func familyMode(f Family) (RetryMode, error) {
+	switch f {
+	case FamilyRead:
+		return ReadOnly, nil
+	case FamilyConverge:
+		return Converge, nil
+	case FamilyEffect:
+		return Destructive, nil
+	}
+	return "", fmt.Errorf("family %q: want read, converge or effect", f)
+}
+
+// check accepts a command tool's summary, command line, check (a converge tool's only), workdir and secrets.
+func (s *CommandSpec) check(summary string) error {
+	err := firstViolation(
+		violation{summary == "", "summary is required: it is what a model reads to choose the tool"},
+		violation{s.Template == "" || len(s.Template) > maxCommandBytes || strings.ContainsRune(s.Template, 0),
+			fmt.Sprintf("command is a shell command line of 1 to %d bytes", maxCommandBytes)},
+		violation{(s.Check != "") != (s.Family == FamilyConverge), "a converge tool declares check (exit 0: the state is reached, 1: not yet); other families have none"},
+		violation{len(s.Check) > maxCommandBytes || strings.ContainsRune(s.Check, 0),
+			fmt.Sprintf("check is a shell command line of at most %d bytes", maxCommandBytes)},
+		violation{s.Workdir != "" && (!path.IsAbs(s.Workdir) || strings.ContainsAny(s.Workdir, "\x00\n")), "workdir is an absolute path on the host"},
+	)
+	if err != nil {
+		return err
+	}
+	for _, name := range s.Secrets {
+		if !secretNameRE.MatchString(name) {
+			return fmt.Errorf("secret %q: a secret is the name of an environment variable (A-Z, 0-9, _), read as $%s by the command", name, name)
+		}
+	}
+	return nil
 }
 
 // placeholders are the argument names the command and its check take.

@@ -22,17 +22,7 @@ func (a *Agent) decideCommand(op *Operation) step {
 	if approvedSince(op, last) || retryRequestedSince(op, last) {
 		return step{kind: "send", reason: ReasonOperatorRequested, decision: "person_decided_run_again"}
 	}
-	boundary := BoundaryStarted
-	if res := last.Finished; res == nil {
-		// The process that started this attempt died before it recorded the end: the command may have run.
-		if !slices.ContainsFunc(obs, func(o *Observation) bool { return o.Kind == ObsInterrupted && o.AttemptID == last.AttemptID }) {
-			_ = a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsInterrupted, AttemptID: last.AttemptID,
-				RunID: a.runID, At: a.now(), Detail: "the agent stopped during this attempt: the command may have run"})
-		}
-	} else if res.Command != nil {
-		boundary = res.Command.Boundary
-	}
-	switch boundary {
+	switch a.commandBoundary(op, last, obs) {
 	case BoundaryNotStarted:
 		return step{kind: "send", reason: ReasonConnectionNotEstablished, decision: "not_started_run_again", wait: backoff}
 	case BoundaryExitReceived:
@@ -59,6 +49,23 @@ func (a *Agent) decideCommand(op *Operation) step {
 			"(retrysafe agent resolve --state succeeded|failed --evidence ... %s), or has it run again "+
 			"(retrysafe agent retry %s). Give the host a marker_dir so its marker answers next time",
 			ci.Host, ci.Account, op.OperationID, op.ActionID, op.ActionID)}
+}
+
+// commandBoundary is how far the last attempt got. One whose process died before it recorded the end may have
+// run (started); the first run to see it journals so.
+func (a *Agent) commandBoundary(op *Operation, last *Attempt, obs []*Observation) string {
+	res := last.Finished
+	if res == nil {
+		if !slices.ContainsFunc(obs, func(o *Observation) bool { return o.Kind == ObsInterrupted && o.AttemptID == last.AttemptID }) {
+			_ = a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsInterrupted, AttemptID: last.AttemptID,
+				RunID: a.runID, At: a.now(), Detail: "the agent stopped during this attempt: the command may have run"})
+		}
+		return BoundaryStarted
+	}
+	if res.Command != nil {
+		return res.Command.Boundary
+	}
+	return BoundaryStarted
 }
 
 // exitStep settles an attempt whose exit code came back.

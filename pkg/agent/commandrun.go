@@ -134,63 +134,96 @@ func (a *Agent) connect(ctx context.Context, op *Operation) (hostConn, *CommandA
 	if h.Local {
 		return localConn{}, &CommandAttempt{Address: "local"}, nil
 	}
-	addr := h.Address
-	if h.AddressEnv != "" && a.cfg.Getenv(h.AddressEnv) != "" {
-		addr = a.cfg.Getenv(h.AddressEnv)
-	}
+	addr := a.fromEnv(h.AddressEnv, h.Address)
 	info := &CommandAttempt{Address: addr}
-	keyFile := h.IdentityFile
-	if h.IdentityFileEnv != "" && a.cfg.Getenv(h.IdentityFileEnv) != "" {
-		keyFile = a.cfg.Getenv(h.IdentityFileEnv)
-	}
-	pem, err := os.ReadFile(keyFile)
+	signer, err := a.identity(h)
 	if err != nil {
-		return nil, info, errors.New("identity_unreadable")
+		return nil, info, err
+	}
+	check, err := hostKeyCheck(h, info)
+	if err != nil {
+		return nil, info, err
+	}
+	conn, err := a.dialSSH(ctx, addr, &ssh.ClientConfig{User: h.User, Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		HostKeyCallback: check, Timeout: a.cfg.AttemptTimeout})
+	if err != nil {
+		if errors.Is(err, errHostKeyMismatch) {
+			info.HostKey = ""
+		}
+		return nil, info, err
+	}
+	return conn, info, nil
+}
+
+// errHostKeyMismatch: the host presented a key that is neither the pinned one nor in the known_hosts file.
+var errHostKeyMismatch = errors.New("host_key_mismatch")
+
+// fromEnv is the environment variable env as Config.Getenv reads it, or def when it is unset or empty.
+func (a *Agent) fromEnv(env, def string) string {
+	if env != "" && a.cfg.Getenv(env) != "" {
+		return a.cfg.Getenv(env)
+	}
+	return def
+}
+
+// identity reads the host's private key, from identity_file_env or identity_file.
+func (a *Agent) identity(h *HostDef) (ssh.Signer, error) {
+	pem, err := os.ReadFile(a.fromEnv(h.IdentityFileEnv, h.IdentityFile))
+	if err != nil {
+		return nil, errors.New("identity_unreadable")
 	}
 	signer, err := ssh.ParsePrivateKey(pem)
 	if err != nil {
-		return nil, info, errors.New("identity_unreadable")
+		return nil, errors.New("identity_unreadable")
 	}
+	return signer, nil
+}
+
+// hostKeyCheck accepts the host's key by its pinned fingerprint or its known_hosts file, and records the
+// fingerprint of the key it accepted in info.
+func hostKeyCheck(h *HostDef, info *CommandAttempt) (ssh.HostKeyCallback, error) {
 	var known ssh.HostKeyCallback
 	if h.KnownHosts != "" {
+		var err error
 		if known, err = knownhosts.New(h.KnownHosts); err != nil {
-			return nil, info, errors.New("known_hosts_unreadable")
+			return nil, errors.New("known_hosts_unreadable")
 		}
 	}
-	keyErr := errors.New("host_key_mismatch")
-	check := func(hostname string, remote net.Addr, key ssh.PublicKey) error {
+	return func(hostname string, remote net.Addr, key ssh.PublicKey) error {
 		fp := ssh.FingerprintSHA256(key)
 		if h.HostKey != "" {
 			if subtle.ConstantTimeCompare([]byte(fp), []byte(h.HostKey)) != 1 {
-				return keyErr
+				return errHostKeyMismatch
 			}
 		} else if err := known(hostname, remote, key); err != nil {
-			return keyErr
+			return errHostKeyMismatch
 		}
 		info.HostKey = fp
 		return nil
-	}
+	}, nil
+}
+
+// dialSSH dials addr and logs in within the attempt timeout; an error says, from a fixed list, which step failed.
+func (a *Agent) dialSSH(ctx context.Context, addr string, cfg *ssh.ClientConfig) (hostConn, error) {
 	d := net.Dialer{Timeout: a.cfg.AttemptTimeout}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, info, errors.New(dialError(err))
+		return nil, errors.New(dialError(err))
 	}
 	_ = nc.SetDeadline(time.Now().Add(a.cfg.AttemptTimeout))
-	cc, chans, reqs, err := ssh.NewClientConn(nc, addr, &ssh.ClientConfig{User: h.User, Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
-		HostKeyCallback: check, Timeout: a.cfg.AttemptTimeout})
+	cc, chans, reqs, err := ssh.NewClientConn(nc, addr, cfg)
 	if err != nil {
 		nc.Close()
 		switch {
-		case errors.Is(err, keyErr):
-			info.HostKey = ""
-			return nil, info, keyErr
+		case errors.Is(err, errHostKeyMismatch):
+			return nil, errHostKeyMismatch
 		case strings.Contains(err.Error(), "unable to authenticate"):
-			return nil, info, errors.New("login_refused")
+			return nil, errors.New("login_refused")
 		}
-		return nil, info, errors.New("handshake_failed")
+		return nil, errors.New("handshake_failed")
 	}
 	_ = nc.SetDeadline(time.Time{})
-	return sshConn{c: ssh.NewClient(cc, chans, reqs)}, info, nil
+	return sshConn{c: ssh.NewClient(cc, chans, reqs)}, nil
 }
 
 func dialError(err error) string {

@@ -165,24 +165,8 @@ func (a *Agent) decideDelegated(op *Operation) step {
 	if op.Settled != nil {
 		since = op.Settled.At
 	}
-	var seen, looked *Observation
-	for _, o := range op.Observations {
-		switch o.Kind {
-		case ObsWorkerState:
-			seen = o
-		case ObsLookup:
-			looked = o
-		}
-	}
-	if seen == nil || seen.Detail != w.detail || seen.At < since {
-		ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsWorkerState, Detail: w.detail,
-			RunID: a.runID, At: a.now()}
-		if w.op != nil {
-			ob.ServerOperationID = w.op.ServerOperationID()
-		}
-		_ = a.record(ob)
-		seen = &ob
-	}
+	seen, looked := workerObservations(op)
+	seen = a.noteWorker(op, w, seen, since)
 	if wop := w.op; wop != nil && wop.Final() && (wop.Settled.State != StateNeedsHuman || wop.Settled.Code != CodeParentOwnsRetries) {
 		s := wop.Settled
 		return step{kind: "settle", state: s.State, code: s.Code, fromLookup: true, status: s.HTTPStatus, body: s.Body,
@@ -196,6 +180,40 @@ func (a *Agent) decideDelegated(op *Operation) step {
 	if op.IdempotencyKey != "" && op.Command == nil && (looked == nil || looked.At < seen.At || looked.At < since) {
 		return step{kind: "lookup", decision: "worker_unresolved_look_up"}
 	}
+	return workerUnresolved(op, w, looked)
+}
+
+// workerObservations are op's newest observation of its worker's state and its newest lookup, nil when none.
+func workerObservations(op *Operation) (seen, looked *Observation) {
+	for _, o := range op.Observations {
+		switch o.Kind {
+		case ObsWorkerState:
+			seen = o
+		case ObsLookup:
+			looked = o
+		}
+	}
+	return seen, looked
+}
+
+// noteWorker journals what the worker's journal says when it is news: it differs from the last observation of
+// it, or none was made since op last settled. It returns the observation that stands.
+func (a *Agent) noteWorker(op *Operation, w workerReport, seen *Observation, since string) *Observation {
+	if seen != nil && seen.Detail == w.detail && seen.At >= since {
+		return seen
+	}
+	ob := Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsWorkerState, Detail: w.detail,
+		RunID: a.runID, At: a.now()}
+	if w.op != nil {
+		ob.ServerOperationID = w.op.ServerOperationID()
+	}
+	_ = a.record(ob)
+	return &ob
+}
+
+// workerUnresolved settles a delegated operation the worker did not settle: as the service's record says when
+// a lookup found it settled, otherwise unresolved, for the worker or a person.
+func workerUnresolved(op *Operation, w workerReport, looked *Observation) step {
 	if looked != nil && looked.Found != nil && *looked.Found {
 		switch looked.ServerState {
 		case "succeeded":

@@ -80,61 +80,71 @@ func (a *Agent) drive(ctx context.Context, op *Operation, approvalID string) (Re
 		if err := ctx.Err(); err != nil {
 			return a.result(op), err
 		}
-		s := a.decide(op)
-		if s.kind == "send" && op.IdempotencyKey != "" && keyExpired(op, time.Now()) {
-			s = a.expiredKey(op)
+		s, err := a.nextStep(ctx, op, deadline)
+		if err != nil {
+			return a.result(op), err
 		}
-		if s.kind != "settle" && s.wait > 0 {
-			if time.Now().Add(s.wait).After(deadline) {
-				s = a.outOfTime(op)
-			} else if err := sleep(ctx, s.wait); err != nil {
-				return a.result(op), err
-			}
+		if s.kind == "send" && op.budgetLeft() <= 0 {
+			s = budgetSpent(op)
 		}
-		switch s.kind {
-		case "settle":
+		if s.kind == "settle" {
 			if err := a.settle(op, s); err != nil {
 				return Result{}, err
 			}
 			return a.result(op), nil
-		case "send":
-			if op.budgetLeft() <= 0 {
-				if lastServerState(op) == "unknown" {
-					// The service has the operation and is reconciling it: that, not a spent budget, is where it stands.
-					if err := a.settle(op, unknownStep(op, "the service holds it as unknown; the attempt budget is spent")); err != nil {
-						return Result{}, err
-					}
-					return a.result(op), nil
-				}
-				next := "the attempt budget is spent and the outcome is not settled: a person must check the operation " +
-					"(retrysafe agent show, GET /v1/operations?idempotency_key=) before anything else is sent"
-				if neverSent(op) {
-					next = "the attempt budget is spent and no attempt left this machine (every one not_sent): nothing happened; " +
-						"when the service is reachable, a person sends it again with the same key: retrysafe agent retry ACTION_ID " +
-						"(retry_action over MCP); never a new action_id, which would be a second key for one intent"
-				}
-				if err := a.settle(op, step{state: StateNeedsHuman, why: "attempt budget spent", next: next}); err != nil {
-					return Result{}, err
-				}
-				return a.result(op), nil
-			}
-			if err := a.send(ctx, op, s, approvalID); err != nil {
-				return a.result(op), err
-			}
-		case "lookup":
-			if err := a.lookup(ctx, op); err != nil {
-				return a.result(op), err
-			}
-		case "poll":
-			if err := a.poll(ctx, op); err != nil {
-				return a.result(op), err
-			}
-		case "check":
-			if err := a.checkCommand(ctx, op); err != nil {
-				return a.result(op), err
-			}
+		}
+		if err := a.act(ctx, op, s, approvalID); err != nil {
+			return a.result(op), err
 		}
 	}
+}
+
+// nextStep is the rule's next step for op, a send its expired key cannot make replaced, after waiting what the
+// step asks; a wait past deadline ends the call instead (outOfTime).
+func (a *Agent) nextStep(ctx context.Context, op *Operation, deadline time.Time) (step, error) {
+	s := a.decide(op)
+	if s.kind == "send" && op.IdempotencyKey != "" && keyExpired(op, time.Now()) {
+		s = a.expiredKey(op)
+	}
+	if s.kind == "settle" || s.wait <= 0 {
+		return s, nil
+	}
+	if time.Now().Add(s.wait).After(deadline) {
+		return a.outOfTime(op), nil
+	}
+	return s, sleep(ctx, s.wait)
+}
+
+// budgetSpent settles an operation the rule would send again with no attempt left: unknown when the service
+// holds it so, otherwise a person's.
+func budgetSpent(op *Operation) step {
+	if lastServerState(op) == "unknown" {
+		// The service has the operation and is reconciling it: that, not a spent budget, is where it stands.
+		return unknownStep(op, "the service holds it as unknown; the attempt budget is spent")
+	}
+	next := "the attempt budget is spent and the outcome is not settled: a person must check the operation " +
+		"(retrysafe agent show, GET /v1/operations?idempotency_key=) before anything else is sent"
+	if neverSent(op) {
+		next = "the attempt budget is spent and no attempt left this machine (every one not_sent): nothing happened; " +
+			"when the service is reachable, a person sends it again with the same key: retrysafe agent retry ACTION_ID " +
+			"(retry_action over MCP); never a new action_id, which would be a second key for one intent"
+	}
+	return step{kind: "settle", state: StateNeedsHuman, why: "attempt budget spent", next: next}
+}
+
+// act takes a step that does not settle: a send, a lookup by key, a poll by id or a converge command's check.
+func (a *Agent) act(ctx context.Context, op *Operation, s step, approvalID string) error {
+	switch s.kind {
+	case "send":
+		return a.send(ctx, op, s, approvalID)
+	case "lookup":
+		return a.lookup(ctx, op)
+	case "poll":
+		return a.poll(ctx, op)
+	case "check":
+		return a.checkCommand(ctx, op)
+	}
+	return nil
 }
 
 // outOfTime is the end of a call that waited MaxWait: work the service acknowledged is in progress, an operation
@@ -337,12 +347,7 @@ func (a *Agent) decide(op *Operation) step {
 
 	res := last.Finished
 	if res == nil {
-		// The process that started this attempt died before it recorded the end: it may have been sent.
-		if !slices.ContainsFunc(obs, func(o *Observation) bool { return o.Kind == ObsInterrupted && o.AttemptID == last.AttemptID }) {
-			_ = a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsInterrupted, AttemptID: last.AttemptID,
-				RunID: a.runID, At: a.now(), Detail: "the agent stopped during this attempt: it may have been sent"})
-		}
-		return a.unknownFate(op, observationsSince(op, last), backoff)
+		return a.interrupted(op, last, obs, backoff)
 	}
 	switch res.DispatchState {
 	case NotSent:
@@ -350,44 +355,70 @@ func (a *Agent) decide(op *Operation) step {
 	case SentNoResponse, ExecutionError:
 		return a.unknownFate(op, obs, backoff)
 	}
+	if s, ok := a.answerStep(op, res, obs, backoff); ok {
+		return s
+	}
+	return finalAnswer(op, res)
+}
 
+// interrupted decides on an attempt whose process died before it recorded the end: it may have been sent. The
+// first run to see it journals so.
+func (a *Agent) interrupted(op *Operation, last *Attempt, obs []*Observation, backoff time.Duration) step {
+	if !slices.ContainsFunc(obs, func(o *Observation) bool { return o.Kind == ObsInterrupted && o.AttemptID == last.AttemptID }) {
+		_ = a.record(Observation{Type: RecObservation, OperationID: op.OperationID, Kind: ObsInterrupted, AttemptID: last.AttemptID,
+			RunID: a.runID, At: a.now(), Detail: "the agent stopped during this attempt: it may have been sent"})
+	}
+	return a.unknownFate(op, observationsSince(op, last), backoff)
+}
+
+// answerStep is the step an answer decides when it says the action happened, is under way, may be asked again,
+// or did not happen; ok is false for the answers finalAnswer settles.
+func (a *Agent) answerStep(op *Operation, res *AttemptResult, obs []*Observation, backoff time.Duration) (s step, ok bool) {
 	retryAfter := time.Duration(res.RetryAfterSeconds) * time.Second
 	wait := max(retryAfter, backoff)
 	switch {
 	case res.Status == http.StatusAccepted || res.Code == "outcome_unknown":
-		return a.accepted(op, res, obs, wait)
+		return a.accepted(op, res, obs, wait), true
 	case res.Status >= 200 && res.Status < 300:
-		return step{kind: "settle", state: StateSucceeded, why: replayedWord(res), next: "done: nothing more to do for this action"}
+		return step{kind: "settle", state: StateSucceeded, why: replayedWord(res), next: "done: nothing more to do for this action"}, true
 	case res.Code == "idempotency_response_expired":
-		return a.responseExpired(op, res, obs, wait)
+		return a.responseExpired(op, res, obs, wait), true
 	case res.Code == "request_in_progress":
-		return step{kind: "send", reason: ReasonRequestInProgress, decision: "in_progress_same_key_after_retry_after", wait: wait}
+		return step{kind: "send", reason: ReasonRequestInProgress, decision: "in_progress_same_key_after_retry_after", wait: wait}, true
 	case refusedLineage(res):
 		// The service refused how the attempt described itself, before deciding anything about the action, which
 		// may be done or under way under the key: never a settlement. The next attempt goes without Retry-Of.
-		return step{kind: "send", decision: "lineage_refused_same_key_without_retry_of", wait: backoff}
+		return step{kind: "send", decision: "lineage_refused_same_key_without_retry_of", wait: backoff}, true
 	case res.Code == CodeSupersededUnknown:
-		return a.supersededUnknownAnswer(op)
+		return a.supersededUnknownAnswer(op), true
 	case res.Status == http.StatusTooManyRequests:
-		return step{kind: "send", reason: ReasonRateLimited, decision: "rate_limited_after_retry_after", wait: wait}
+		return step{kind: "send", reason: ReasonRateLimited, decision: "rate_limited_after_retry_after", wait: wait}, true
 	case res.Code == "provider_unavailable" || res.Code == "provider_declined":
 		return step{kind: "settle", state: StateFailed, why: "the service says it did not happen (" + res.Code + ")",
-			next: "the service says it did not happen: to try again, call with a new action_id"}
+			next: "the service says it did not happen: to try again, call with a new action_id"}, true
 	case res.Status >= 500:
-		return step{kind: "send", reason: ReasonDestination5xx, decision: "5xx_same_key_after_backoff", wait: wait}
-	case res.Code == "duplicate_effect_confirmed":
+		return step{kind: "send", reason: ReasonDestination5xx, decision: "5xx_same_key_after_backoff", wait: wait}, true
+	}
+	return step{}, false
+}
+
+// finalAnswer settles an answer that is never sent again: a duplicate effect, a reused key or a missing approval
+// goes to a person or is refused, and any other refusal is final.
+func finalAnswer(op *Operation, res *AttemptResult) step {
+	switch res.Code {
+	case "duplicate_effect_confirmed":
 		return step{kind: "settle", state: StateNeedsHuman, why: "the service found the effect executed more than once",
 			next: remediationNext(op.Tool, serverOperationID(op, res)) + " (the body lists the remote ids)"}
-	case res.Code == "idempotency_key_reused":
+	case "idempotency_key_reused":
 		return step{kind: "settle", state: StateRefused, why: "the service holds other arguments under this key: a changed intent",
 			next: "never retried: a changed intent is a new action_id that supersedes this one"}
-	case res.Code == "approval_required":
+	case "approval_required":
 		return step{kind: "settle", state: StateNeedsHuman, why: "approval required",
 			next: fmt.Sprintf("approval required: call request_approval with {\"for_action\": %q}, have a person approve it, "+
 				"then call %s again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)}
-	case res.Code == CodeGrantInvalid:
+	case CodeGrantInvalid:
 		return grantRefused(op, res)
-	case res.Code == "approval_invalid":
+	case "approval_invalid":
 		return step{kind: "settle", state: StateNeedsHuman, why: "the approval does not match, expired or was not granted",
 			next: fmt.Sprintf("the approval was not accepted: request a new one (request_approval with {\"for_action\": %q}) and call again with its approval_id", op.ActionID)}
 	default:
@@ -599,42 +630,10 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, GrantID: a.grantFor(op, approvalID), RunID: a.runID,
 		At: a.now(), Process: a.process(op)}
 	if prev := lastAttempt(op); prev != nil {
-		at.RetryOf, at.RetryReason = prev.AttemptID, s.reason
-		if at.RetryReason == "" {
-			at.RetryReason = ReasonResponseLostAfterDispatch
-		}
-		if retryRequestedSince(op, prev) {
-			at.RetryReason = ReasonOperatorRequested // the decision keeps what the rule saw
-		}
-		at.RetryReasonSent = wireReasons[at.RetryReason]
-		if op.IdempotencyKey == "" {
-			at.RetryOfSent = prev.AttemptID
-		} else {
-			for _, p := range slices.Backward(op.Attempts) {
-				if knownToServer(op, p.AttemptID) {
-					at.RetryOfSent = p.AttemptID
-					break
-				}
-			}
-		}
-		if prev.Finished != nil && refusedLineage(prev.Finished) {
-			at.RetryOfSent = "" // the service refused the last one's lineage: this one claims none
-		}
+		retryLineage(op, at, prev, s.reason)
 	}
-	if tracing.Enabled() {
-		// One trace per action: the first attempt starts it, every later one is a child of the first.
-		sctx := ctx
-		for _, p := range op.Attempts {
-			if p.TraceParent != "" {
-				sctx = tracing.Parent(ctx, p.TraceParent)
-				break
-			}
-		}
-		sctx, span := tracing.Start(sctx, "agent.attempt "+op.Tool,
-			attribute.String("retrysafe.action_id", op.ActionID), attribute.Int("retrysafe.attempt", at.Number))
-		defer span.End()
-		at.TraceParent = tracing.TraceParent(sctx)
-	}
+	endSpan := traceAttempt(ctx, op, at)
+	defer endSpan()
 	req, err := a.newRequest(op, at, approvalID)
 	if err != nil {
 		return err
@@ -643,7 +642,59 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		return err
 	}
 	a.cfg.Hook("before_send")
+	start := time.Now()
+	return a.finish(op, at, a.exchange(ctx, req), start)
+}
 
+// retryLineage describes at as a retry of prev: the reason the rule gave (or an operator's request), and the
+// attempt it names in Retry-Of, the newest the service knows of, none after the service refused prev's lineage.
+func retryLineage(op *Operation, at, prev *Attempt, reason string) {
+	at.RetryOf, at.RetryReason = prev.AttemptID, reason
+	if at.RetryReason == "" {
+		at.RetryReason = ReasonResponseLostAfterDispatch
+	}
+	if retryRequestedSince(op, prev) {
+		at.RetryReason = ReasonOperatorRequested // the decision keeps what the rule saw
+	}
+	at.RetryReasonSent = wireReasons[at.RetryReason]
+	if op.IdempotencyKey == "" {
+		at.RetryOfSent = prev.AttemptID
+	} else {
+		for _, p := range slices.Backward(op.Attempts) {
+			if knownToServer(op, p.AttemptID) {
+				at.RetryOfSent = p.AttemptID
+				break
+			}
+		}
+	}
+	if prev.Finished != nil && refusedLineage(prev.Finished) {
+		at.RetryOfSent = "" // the service refused the last one's lineage: this one claims none
+	}
+}
+
+// traceAttempt starts the attempt's span, when tracing is on, and records its traceparent in at; the returned
+// function ends the span.
+func traceAttempt(ctx context.Context, op *Operation, at *Attempt) (end func()) {
+	if !tracing.Enabled() {
+		return func() {}
+	}
+	// One trace per action: the first attempt starts it, every later one is a child of the first.
+	sctx := ctx
+	for _, p := range op.Attempts {
+		if p.TraceParent != "" {
+			sctx = tracing.Parent(ctx, p.TraceParent)
+			break
+		}
+	}
+	sctx, span := tracing.Start(sctx, "agent.attempt "+op.Tool,
+		attribute.String("retrysafe.action_id", op.ActionID), attribute.Int("retrysafe.attempt", at.Number))
+	at.TraceParent = tracing.TraceParent(sctx)
+	return func() { span.End() }
+}
+
+// exchange sends req within the attempt timeout and says how far it got: not sent, sent with no answer, or the
+// answer.
+func (a *Agent) exchange(ctx context.Context, req *http.Request) *AttemptResult {
 	// The after_send hook runs once the request's bytes are on the socket (net/http reports WroteRequest while
 	// they may still sit in its buffer): from the connection's Write after WroteRequest, or, with a client whose
 	// connections this package does not see, once Do returns. A test that stops the process there stops it
@@ -656,7 +707,6 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 	}}
 	actx, cancel := context.WithTimeout(context.WithValue(ctx, dispatchKey{}, st), a.cfg.AttemptTimeout)
 	defer cancel()
-	start := time.Now()
 	resp, err := a.cfg.HTTPClient.Do(req.WithContext(httptrace.WithClientTrace(actx, trace)))
 	wrote := st.wrote.Load()
 	if wrote {
@@ -667,35 +717,42 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		if wrote {
 			r.DispatchState = SentNoResponse
 		}
-		return a.finish(op, at, r, start)
+		return r
 	}
+	return a.readAnswer(resp)
+}
+
+// readAnswer reads the service's answer: its status, the idempotency headers and, from a JSON body, the code,
+// the operation, its key's expiry and the state of work the service has not settled.
+func (a *Agent) readAnswer(resp *http.Response) *AttemptResult {
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	resp.Body.Close()
 	if err != nil {
 		// The status came, the body did not: what the service did is not known from here.
-		return a.finish(op, at, &AttemptResult{DispatchState: SentNoResponse, Status: resp.StatusCode, Error: "body_read_failed"}, start)
+		return &AttemptResult{DispatchState: SentNoResponse, Status: resp.StatusCode, Error: "body_read_failed"}
 	}
 	a.cfg.Hook("after_answer")
 	r := &AttemptResult{DispatchState: ResponseReceived, Status: resp.StatusCode, Replayed: resp.Header.Get("Idempotent-Replayed") == "true",
 		ServerOperationID: resp.Header.Get("Operation-Id"), RetryAfterSeconds: retryAfter(resp.Header.Get("Retry-After"))}
-	if json.Valid(raw) {
-		r.Body = raw
-		var b struct {
-			Code         string `json:"code"`
-			OperationID  string `json:"operation_id"`
-			State        string `json:"state"`
-			KeyExpiresAt string `json:"key_expires_at"`
-		}
-		_ = json.Unmarshal(raw, &b)
-		r.Code, r.KeyExpiresAt = b.Code, b.KeyExpiresAt
-		if r.ServerOperationID == "" {
-			r.ServerOperationID = b.OperationID
-		}
-		if resp.StatusCode == http.StatusAccepted || b.Code == "outcome_unknown" || b.Code == "idempotency_response_expired" {
-			r.ServerState = b.State
-		}
+	if !json.Valid(raw) {
+		return r
 	}
-	return a.finish(op, at, r, start)
+	r.Body = raw
+	var b struct {
+		Code         string `json:"code"`
+		OperationID  string `json:"operation_id"`
+		State        string `json:"state"`
+		KeyExpiresAt string `json:"key_expires_at"`
+	}
+	_ = json.Unmarshal(raw, &b)
+	r.Code, r.KeyExpiresAt = b.Code, b.KeyExpiresAt
+	if r.ServerOperationID == "" {
+		r.ServerOperationID = b.OperationID
+	}
+	if resp.StatusCode == http.StatusAccepted || b.Code == "outcome_unknown" || b.Code == "idempotency_response_expired" {
+		r.ServerState = b.State
+	}
+	return r
 }
 
 // newRequest builds the attempt's request, or refuses it before the attempt is journaled: a request that could

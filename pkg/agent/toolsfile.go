@@ -158,38 +158,62 @@ func ParseTools(raw []byte) (*Catalog, error) {
 		return nil, fmt.Errorf("%w: %v", ErrToolsFile, err)
 	}
 	c := &Catalog{services: map[string]*ServiceDef{}, tools: map[string]Tool{}}
-	for name, s := range f.Services {
-		if s == nil || !toolNameRE.MatchString(name) {
-			return nil, fmt.Errorf("%w: service %q: a service is named in lower case letters, digits and _ and has fields", ErrToolsFile, name)
-		}
-		if s.BaseURL == "" && s.BaseURLEnv == "" {
-			return nil, fmt.Errorf("%w: service %s: give base_url, base_url_env or both", ErrToolsFile, name)
-		}
-		if p := s.Operations; p != "" && (!strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?#{} ")) {
-			return nil, fmt.Errorf("%w: service %s: operations %q is a path (/v1/operations), without query or parameters", ErrToolsFile, name, p)
-		}
-		s.Name = name
-		c.services[name] = s
+	if err := c.addServices(f.Services); err != nil {
+		return nil, err
 	}
 	if err := c.addHosts(f.Hosts); err != nil {
 		return nil, err
 	}
-	if len(f.Tools) == 0 {
-		return nil, fmt.Errorf("%w: no tools", ErrToolsFile)
+	if err := c.addTools(f.Tools); err != nil {
+		return nil, err
 	}
-	for _, d := range f.Tools {
+	return c, nil
+}
+
+// addServices checks and adds a tools file's services.
+func (c *Catalog) addServices(services map[string]*ServiceDef) error {
+	for name, s := range services {
+		if err := checkService(name, s); err != nil {
+			return err
+		}
+		s.Name = name
+		c.services[name] = s
+	}
+	return nil
+}
+
+// checkService accepts a named service with a base URL and, if it serves operations, their path.
+func checkService(name string, s *ServiceDef) error {
+	if s == nil || !toolNameRE.MatchString(name) {
+		return fmt.Errorf("%w: service %q: a service is named in lower case letters, digits and _ and has fields", ErrToolsFile, name)
+	}
+	if s.BaseURL == "" && s.BaseURLEnv == "" {
+		return fmt.Errorf("%w: service %s: give base_url, base_url_env or both", ErrToolsFile, name)
+	}
+	if p := s.Operations; p != "" && (!strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?#{} ")) {
+		return fmt.Errorf("%w: service %s: operations %q is a path (/v1/operations), without query or parameters", ErrToolsFile, name, p)
+	}
+	return nil
+}
+
+// addTools checks and adds a tools file's tools, at least one, each named once.
+func (c *Catalog) addTools(defs []toolDef) error {
+	if len(defs) == 0 {
+		return fmt.Errorf("%w: no tools", ErrToolsFile)
+	}
+	for _, d := range defs {
 		t, err := c.tool(d)
 		if err != nil {
-			return nil, fmt.Errorf("%w: tool %q: %v", ErrToolsFile, d.Name, err)
+			return fmt.Errorf("%w: tool %q: %v", ErrToolsFile, d.Name, err)
 		}
 		if _, dup := c.tools[t.Name]; dup {
-			return nil, fmt.Errorf("%w: tool %q is declared twice", ErrToolsFile, t.Name)
+			return fmt.Errorf("%w: tool %q is declared twice", ErrToolsFile, t.Name)
 		}
 		c.tools[t.Name] = t
 		c.names = append(c.names, t.Name)
 	}
 	slices.Sort(c.names)
-	return c, nil
+	return nil
 }
 
 // readToolsFile reads a regular file of at most maxToolsFileBytes: not a device, a pipe or a directory, which
@@ -254,6 +278,23 @@ func toolsJSON(raw []byte) ([]byte, error) {
 	return js, nil
 }
 
+// violation is one check of a tools file's declaration: when it holds, msg says why the declaration is refused.
+type violation struct {
+	holds bool
+	msg   string
+}
+
+// firstViolation returns the message of the first violation that holds, in the order given, as an error; nil
+// when none holds.
+func firstViolation(vs ...violation) error {
+	for _, v := range vs {
+		if v.holds {
+			return errors.New(v.msg)
+		}
+	}
+	return nil
+}
+
 // jsonValue makes what the YAML decoder returns into what encoding/json writes as the file says it: a mapping's
 // keys as text, and a date or time as the text it was written as (RFC 3339).
 func jsonValue(v any) any {
@@ -290,9 +331,30 @@ func (c *Catalog) tool(d toolDef) (Tool, error) {
 	if d.Kind == "command" {
 		return c.commandTool(d)
 	}
-	if d.Host != "" || d.Family != "" || d.Command != "" || d.Check != "" || d.Workdir != "" || d.Secrets != nil {
+	if d.hasCommandFields() {
 		return Tool{}, errors.New("host, family, command, check, workdir and secrets belong to a tool of kind command")
 	}
+	t, err := requestTool(d)
+	if err != nil {
+		return Tool{}, err
+	}
+	if err := c.checkRequestKind(d, &t); err != nil {
+		return Tool{}, err
+	}
+	if err := t.compile(d.InputSchema); err != nil {
+		return Tool{}, err
+	}
+	return t, nil
+}
+
+// hasCommandFields says d sets a field only a tool of kind command has.
+func (d toolDef) hasCommandFields() bool {
+	return d.Host != "" || d.Family != "" || d.Command != "" || d.Check != "" || d.Workdir != "" || d.Secrets != nil
+}
+
+// requestTool reads what every HTTP tool has: a summary, a retry mode, whether it is keyed, a write method and a
+// route template.
+func requestTool(d toolDef) (Tool, error) {
 	t := Tool{Name: d.Name, Summary: strings.TrimSpace(d.Summary), Service: d.Service, Method: strings.ToUpper(d.Method),
 		Route: d.Path, Mode: d.RetryMode, Approval: d.Approval}
 	if t.Summary == "" {
@@ -301,51 +363,78 @@ func (c *Catalog) tool(d toolDef) (Tool, error) {
 	if t.Mode.Rule() == "" {
 		return Tool{}, fmt.Errorf("retry_mode %q: want read_only, converge, create, financial or destructive", d.RetryMode)
 	}
-	t.Keyed = t.Mode == Create || t.Mode == Financial || t.Mode == Destructive
-	if d.IdempotencyKey != nil {
-		if !*d.IdempotencyKey && t.Keyed {
-			return Tool{}, fmt.Errorf("retry_mode %s sends an Idempotency-Key: only a key makes its retry safe", t.Mode)
-		}
-		t.Keyed = *d.IdempotencyKey
+	keyed, err := toolKeyed(t.Mode, d.IdempotencyKey)
+	if err != nil {
+		return Tool{}, err
 	}
+	t.Keyed = keyed
 	if !slices.Contains([]string{"POST", "PUT", "PATCH", "DELETE"}, t.Method) {
 		return Tool{}, fmt.Errorf("method %q: want POST, PUT, PATCH or DELETE (the agent makes writes)", d.Method)
 	}
-	if !strings.HasPrefix(t.Route, "/") || strings.ContainsAny(t.Route, "?# ") {
-		return Tool{}, fmt.Errorf("path %q: want a route template such as /v1/notes/{id}, without query", d.Path)
-	}
-	for _, seg := range strings.Split(t.Route, "/") {
-		if strings.ContainsAny(seg, "{}") && (!strings.HasPrefix(seg, "{") || !strings.HasSuffix(seg, "}") || !pathParamRE.MatchString(seg[1:len(seg)-1])) {
-			return Tool{}, fmt.Errorf("path %q: a parameter is a whole segment, {name}, in lower case letters, digits and _", d.Path)
-		}
-	}
-	switch d.Kind {
-	case "", "request":
-		s := c.services[d.Service]
-		if s == nil {
-			return Tool{}, fmt.Errorf("service %q is not among the file's services", d.Service)
-		}
-		if s.Operations == "" && (t.Mode == Financial || t.Mode == Destructive) {
-			return Tool{}, fmt.Errorf("retry_mode %s looks an operation up before it sends again: service %s needs operations", t.Mode, s.Name)
-		}
-		if t.Approval && !s.Approvals {
-			return Tool{}, fmt.Errorf("approval tools need a service that takes approvals: service %s has approvals: false", s.Name)
-		}
-	case "request_approval":
-		if d.Service != "" || t.Approval {
-			return Tool{}, errors.New("a request_approval tool has no service and takes no approval: its path is a route of its target's service")
-		}
-		if t.Mode != Create || !t.Keyed {
-			return Tool{}, errors.New("a request_approval tool has retry_mode create")
-		}
-		t.ApprovalRequest = true
-	default:
-		return Tool{}, fmt.Errorf("kind %q: want request (the default), request_approval or command", d.Kind)
-	}
-	if err := t.compile(d.InputSchema); err != nil {
+	if err := checkRoute(d.Path); err != nil {
 		return Tool{}, err
 	}
 	return t, nil
+}
+
+// toolKeyed decides whether a tool sends an Idempotency-Key: create, financial and destructive tools do, and the
+// file may add a key to another mode but never take one away from those.
+func toolKeyed(mode RetryMode, declared *bool) (bool, error) {
+	keyed := mode == Create || mode == Financial || mode == Destructive
+	if declared == nil {
+		return keyed, nil
+	}
+	if !*declared && keyed {
+		return false, fmt.Errorf("retry_mode %s sends an Idempotency-Key: only a key makes its retry safe", mode)
+	}
+	return *declared, nil
+}
+
+// checkRoute accepts a route template without query whose parameters are whole segments, {name}.
+func checkRoute(route string) error {
+	if !strings.HasPrefix(route, "/") || strings.ContainsAny(route, "?# ") {
+		return fmt.Errorf("path %q: want a route template such as /v1/notes/{id}, without query", route)
+	}
+	for _, seg := range strings.Split(route, "/") {
+		if strings.ContainsAny(seg, "{}") && (!strings.HasPrefix(seg, "{") || !strings.HasSuffix(seg, "}") || !pathParamRE.MatchString(seg[1:len(seg)-1])) {
+			return fmt.Errorf("path %q: a parameter is a whole segment, {name}, in lower case letters, digits and _", route)
+		}
+	}
+	return nil
+}
+
+// checkRequestKind checks what a request tool and a request_approval tool each need, and marks the latter.
+func (c *Catalog) checkRequestKind(d toolDef, t *Tool) error {
+	switch d.Kind {
+	case "", "request":
+		return c.checkRequestService(d, *t)
+	case "request_approval":
+		if d.Service != "" || t.Approval {
+			return errors.New("a request_approval tool has no service and takes no approval: its path is a route of its target's service")
+		}
+		if t.Mode != Create || !t.Keyed {
+			return errors.New("a request_approval tool has retry_mode create")
+		}
+		t.ApprovalRequest = true
+		return nil
+	default:
+		return fmt.Errorf("kind %q: want request (the default), request_approval or command", d.Kind)
+	}
+}
+
+// checkRequestService checks that a request tool's service exists and serves what the tool's rule relies on.
+func (c *Catalog) checkRequestService(d toolDef, t Tool) error {
+	s := c.services[d.Service]
+	if s == nil {
+		return fmt.Errorf("service %q is not among the file's services", d.Service)
+	}
+	if s.Operations == "" && (t.Mode == Financial || t.Mode == Destructive) {
+		return fmt.Errorf("retry_mode %s looks an operation up before it sends again: service %s needs operations", t.Mode, s.Name)
+	}
+	if t.Approval && !s.Approvals {
+		return fmt.Errorf("approval tools need a service that takes approvals: service %s has approvals: false", s.Name)
+	}
+	return nil
 }
 
 // Tool returns the tool named name.

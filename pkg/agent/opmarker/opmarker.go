@@ -114,15 +114,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // Run runs argv once for id in dir: see the package doc. The Status it returns is what Main prints last.
 func Run(dir, id, operationID string, argv []string, stdin io.Reader, stdout, stderr io.Writer) Status {
 	st := Status{ID: id, OperationID: operationID, State: Refused, ExitCode: ExitRefused}
-	switch {
-	case !idRE.MatchString(id):
-		st.Detail = "the id is 1 to 128 letters, digits, _ and -"
-		return st
-	case dir == "" || !filepath.IsAbs(dir):
-		st.Detail = "--dir is an absolute path"
-		return st
-	case len(argv) == 0:
-		st.Detail = "no command after --"
+	if why := badCall(dir, id, argv); why != "" {
+		st.Detail = why
 		return st
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -144,9 +137,7 @@ func Run(dir, id, operationID string, argv []string, stdin io.Reader, stdout, st
 		st.Detail = "the marker cannot be created: " + errText(err)
 		return st
 	}
-	raw, _ := json.Marshal(m)
-	_, werr := f.Write(append(raw, '\n'))
-	if err := errors.Join(werr, f.Sync(), f.Close(), syncDir(dir)); err != nil {
+	if err := writeMarker(f, dir, m); err != nil {
 		// The marker exists, so no later run does the work: the result says why this one did not.
 		st.Detail = "the marker was created but not written: " + errText(err)
 		_ = writeResult(dir, resultPath, result{ID: id, OperationID: operationID, ExitCode: ExitRefused, StartedAt: m.StartedAt,
@@ -156,21 +147,7 @@ func Run(dir, id, operationID string, argv []string, stdin io.Reader, stdout, st
 	st.StartedAt = m.StartedAt
 
 	out := &capture{w: stdout, h: sha256.New()}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, out, stderr
-	code := 0
-	if err := cmd.Run(); err != nil {
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee) && ee.ExitCode() >= 0:
-			code = ee.ExitCode()
-		case errors.As(err, &ee):
-			code = 128 + 9 // killed by a signal: what a shell reports
-		default:
-			code = 127 // could not be started
-			fmt.Fprintf(stderr, "retrysafe marker: %s\n", errText(err))
-		}
-	}
+	code := runCommand(argv, stdin, out, stderr)
 	res := result{ID: id, OperationID: operationID, ExitCode: code, Stdout: out.buf.Bytes(), StdoutTruncated: out.truncated,
 		StdoutSHA256: hex.EncodeToString(out.h.Sum(nil)), StartedAt: m.StartedAt, FinishedAt: now()}
 	if err := writeResult(dir, resultPath, res); err != nil {
@@ -178,6 +155,47 @@ func Run(dir, id, operationID string, argv []string, stdin io.Reader, stdout, st
 	}
 	st.State, st.ExitCode, st.FinishedAt = Ran, code, res.FinishedAt
 	return st
+}
+
+// badCall says why Run refuses its arguments before touching the host, or "" when it takes them.
+func badCall(dir, id string, argv []string) string {
+	switch {
+	case !idRE.MatchString(id):
+		return "the id is 1 to 128 letters, digits, _ and -"
+	case dir == "" || !filepath.IsAbs(dir):
+		return "--dir is an absolute path"
+	case len(argv) == 0:
+		return "no command after --"
+	}
+	return ""
+}
+
+// writeMarker writes m into the marker file f, just created, and makes it and its directory entry durable.
+func writeMarker(f *os.File, dir string, m marker) error {
+	raw, _ := json.Marshal(m)
+	_, werr := f.Write(append(raw, '\n'))
+	return errors.Join(werr, f.Sync(), f.Close(), syncDir(dir))
+}
+
+// runCommand runs argv and returns its exit code as a shell reports it: 128+9 when a signal killed it, 127 when it
+// could not be started.
+func runCommand(argv []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	err := cmd.Run()
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee) && ee.ExitCode() >= 0:
+		return ee.ExitCode()
+	case errors.As(err, &ee):
+		return 128 + 9 // killed by a signal: what a shell reports
+	default:
+		fmt.Fprintf(stderr, "retrysafe marker: %s\n", errText(err))
+		return 127 // could not be started
+	}
 }
 
 // earlier reads what the run that created the marker recorded.
