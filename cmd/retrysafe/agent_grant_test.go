@@ -110,6 +110,7 @@ func TestAgentGrant(t *testing.T) {
 	if v.code != 0 || !strings.Contains(v.stdout, "4 attempts under 2 grants") || !strings.Contains(v.stdout, "GRANTS CONSISTENT") {
 		t.Fatalf("audit verify --journal: exit %d\n%s%s", v.code, v.stdout, v.stderr)
 	}
+	w.db.Tampered()
 	if err := w.db.DB.Exec(`ALTER TABLE grant_events DISABLE TRIGGER grant_events_append_only`).Error; err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -124,6 +126,21 @@ AND detail->>'attempt_id' = ? AND (detail->>'use')::int = ?`, g, op, "att-"+key,
 		t.Fatalf("grants count %d uses; want 3", n)
 	}
 	servicetest.AuditIntact(t, b.db.DB)
+
+	// Sealed, a grant's record cannot change unseen: a revocation rewritten as another approver's is caught.
+	testdb.SealAll(t, &audit.Sequencer{DB: b.db.DB})
+	b.db.Tampered()
+	if err := b.db.Exec(`ALTER TABLE grant_events DISABLE TRIGGER grant_events_append_only`).Error; err != nil {
+		t.Fatal(err)
+	}
+	tamper := b.db.Exec(`UPDATE grant_events SET actor = 'approver:mallory' WHERE grant_id = ? AND type = 'revoked'`, revoked).Error
+	if err := b.db.Exec(`ALTER TABLE grant_events ENABLE TRIGGER grant_events_append_only`).Error; err != nil || tamper != nil {
+		t.Fatal(err, tamper)
+	}
+	rep, err := audit.Verify(t.Context(), b.db.DB, audit.VerifyOptions{})
+	if err != nil || rep.Intact() || len(rep.Problems) != 1 || rep.Problems[0].Chain != revoked {
+		t.Fatalf("audit verify after a grant record was changed: %v %+v; want one problem, of grant %s", err, rep.Problems, revoked)
+	}
 }
 
 // testGrantNeverApprovesARetryAfterUnknown: a refund whose provider answer was lost is unknown. A grant of
