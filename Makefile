@@ -89,7 +89,7 @@ api/mcp-ts/node_modules/.package-lock.json: api/mcp-ts/package-lock.json
 # provider sandbox, each process on a fresh database of the PostgreSQL that DATABASE_URL names (its server) or
 # scripts/devdb.sh finds or starts; the databases are dropped at the end. Prints a table (stdout), progress
 # (stderr), and draws docs/bench.png. BENCH_PRELOAD=N also measures on tables holding N completed creates
-# (scripts/bench-preload.sql); BENCH_FLAGS passes more flags (bin/retrysafe-bench -h).
+# (pkg/opstore/sql/bench_preload.sql); BENCH_FLAGS passes more flags (bin/retrysafe-bench -h).
 BENCH_PRELOAD ?= 0
 BENCH_FLAGS ?=
 bench: build

@@ -23,12 +23,13 @@ dir=$(mktemp -d); trap 'rm -rf "$dir"; [ -n "${KEEP:-}" ] || psql -qc "DROP DATA
 psql -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 && psql -qc "CREATE DATABASE $db" >/dev/null
 DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/$db?sslmode=disable" go run ./cmd/retrysafe migrate >/dev/null
 K="'k_' || :client_id::text || '_' || :r::text"
-OP="'op_' || :client_id::text || '_' || :r::text"
 TKT="'tkt_' || :client_id::text || '_' || :r::text"
 ticket="INSERT INTO tickets (id, account_id, project, title, description, priority, status) VALUES ($TKT, 'acct_a', 'bench', md5(:r::text), '', 'normal', 'open') ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING RETURNING id, created_at;"
-detail='{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "duration_ms": 3}'
 r='\set r random(1, 9000000000000000)'
-read="SELECT coalesce(fingerprint, ''), id, key_state, coalesce(response_status, 0), coalesce(response_headers, '{}'), response_body, state, resource_type, resource_id FROM operations WHERE account_id = 'acct_a' AND idempotency_key = $K AND key_held;"
+# The store's statements are its own files (pkg/opstore/sql/pgbench), read here without their comments.
+steps="$(dirname "$0")/../pkg/opstore/sql/pgbench"
+stmt() { sed '/^--/d' "$steps/$1.sql"; }
+read=$(stmt read)
 lock="SELECT pg_advisory_xact_lock(hashtextextended('acct_a' || ':' || $K, 0));"
 # BEGIN with the claim in one round trip (database.Tx.Send), then the ticket in its own (through gorm).
 claim="\\startpipeline
@@ -44,8 +45,6 @@ $lock
 $read
 $ticket
 \\endpipeline"
-# The completion as opstatus.QueueCreateCompleted sends it: the operation inserted completed, its record beside it.
-insert="INSERT INTO operations (account_id, id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, key_state, response_status, response_headers, response_body, completed_at, response_expires_at, key_expires_at) VALUES ('acct_a', $OP, 'tickets.create', 'succeeded', $K, md5(:r::text), 'ticket', $TKT, 'completed', 201, '{}'::jsonb, '\x7b7d', now(), now() + interval '72 hours', now() + interval '90 days')"
 printf '%s\n%s\n' "$r" "${ticket/ ON CONFLICT*RETURNING id, created_at;/;}" >"$dir/bare.sql"
 
 cat >"$dir/key.sql" <<SQL
@@ -53,13 +52,13 @@ $r
 $read
 $claim
 \startpipeline
-$insert;
+$(stmt insert)
 COMMIT;
 \endpipeline
 SQL
 
 completion="\\startpipeline
-WITH op AS ($insert RETURNING account_id, id) INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail) SELECT id, account_id, 'completed', 'running', 'succeeded', 'agent_a', '$detail'::jsonb FROM op;
+$(stmt complete)
 COMMIT;
 \\endpipeline"
 printf '%s\n' "$r" "$read" "$claim" "$completion" >"$dir/create.sql"

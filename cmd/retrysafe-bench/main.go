@@ -117,7 +117,6 @@ func parseFlags(args []string, stderr io.Writer) (bench.Config, error) {
 	fs.BoolVar(&cfg.SchemaCeiling, "schema-ceiling", true, "measure the schema ceiling too: the ceiling writing retrysafe's rows into retrysafe's schema (internal/bench/schemaceiling.go)")
 	fs.BoolVar(&cfg.Payments, "payments", true, "measure payments' intent create and capture")
 	fs.Int64Var(&cfg.Preload, "preload", 0, "growth: also measure create and replay on tables holding this many completed creates")
-	fs.StringVar(&cfg.PreloadSQL, "preload-sql", "scripts/bench-preload.sql", "the loader of -preload")
 	fs.DurationVar(&cfg.PreloadFor, "preload-for", 0, "stop loading after this long and measure with what was loaded (0: load all of -preload)")
 	fs.Int64Var(&cfg.PreloadBatch, "preload-batch", 250_000, "creates loaded per transaction")
 	fs.StringVar(&cfg.Chart, "chart", "docs/bench.png", "PNG chart to write (empty: none)")

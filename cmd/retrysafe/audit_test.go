@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/poll"
 	"github.com/retrysafe/retrysafe/internal/proctest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
@@ -35,20 +35,13 @@ func TestAuditVerifyCommand(t *testing.T) {
 	c.Post("/v1/tickets", `{"project":"ops","title":"audited"}`, apitest.Key("a1")).Status(t, http.StatusCreated)
 	c.Post("/v1/tickets", `{"project":"ops","title":"other"}`, apitest.Key("a1")).Status(t, http.StatusUnprocessableEntity)
 	// The sequencer seals the records within a few intervals (other transactions on the server may hold it back).
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	poll.Until(t, "the sequencer seals the records", func() bool {
 		n, _, err := audit.Pending(context.Background(), db.DB)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the sequencer did not seal the records")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return n == 0
+	})
 	cancel()
 	<-done
 

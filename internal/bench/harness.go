@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // The API keys the services run with (acct_a's agent secret is what the load sends), as ../shared/bench/run.sh
@@ -57,10 +59,9 @@ type Config struct {
 	// retrysafe's schema.
 	SchemaCeiling bool
 	Payments      bool
-	// Preload, when > 0, adds the growth run: a database with Preload completed creates (PreloadSQL, in batches
-	// of PreloadBatch), measured with create and replay.
+	// Preload, when > 0, adds the growth run: a database with Preload completed creates (opstore.BenchPreload, in
+	// batches of PreloadBatch), measured with create and replay.
 	Preload      int64
-	PreloadSQL   string
 	PreloadBatch int64
 	// PreloadFor, when > 0, bounds the loading: the growth run measures with what was loaded by then.
 	PreloadFor time.Duration
@@ -558,24 +559,20 @@ func (m *measuring) storm(ctx context.Context, base string) {
 	m.record(ctx, "storm", samples, took, `SELECT count(*) FROM tickets WHERE title = $1`, "ticket "+key)
 }
 
-// preload loads n completed creates into db with PreloadSQL, in batches, showing how far it is.
+// preload loads n completed creates into db with opstore.BenchPreload, in batches, showing how far it is.
 func (h *harness) preload(ctx context.Context, db string, n int64) error {
-	sql, err := os.ReadFile(h.cfg.PreloadSQL)
-	if err != nil {
-		return fmt.Errorf("preload: %w", err)
-	}
 	c, err := pgx.Connect(ctx, h.cfg.Server.URL(db))
 	if err != nil {
 		return err
 	}
 	defer c.Close(ctx)
 	// Creates of the last hours (keys are kept 72 h: none is old enough to be pruned during the run).
-	t0 := time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339)
+	t0 := time.Now().Add(-2 * time.Hour)
 	batch := max(h.cfg.PreloadBatch, 1)
 	var done int64
 	start := time.Now()
 	var loadErr error
-	h.untimed(fmt.Sprintf("growth: loading %s completed creates (scripts/bench-preload.sql)", Count(n)),
+	h.untimed(fmt.Sprintf("growth: loading %s completed creates (opstore.BenchPreload)", Count(n)),
 		func(e time.Duration) string {
 			d := done
 			if d == 0 {
@@ -591,13 +588,8 @@ func (h *harness) preload(ctx context.Context, db string, n int64) error {
 					break
 				}
 				to := min(from+batch, n)
-				if _, err := c.Exec(ctx, `SELECT set_config('bench.from', $1, false), set_config('bench.to', $2, false), set_config('bench.t0', $3, false)`,
-					strconv.FormatInt(from, 10), strconv.FormatInt(to, 10), t0); err != nil {
+				if err := opstore.BenchPreload(ctx, c, from, to, t0); err != nil {
 					loadErr = err
-					break
-				}
-				if _, err := c.Exec(ctx, string(sql)); err != nil {
-					loadErr = fmt.Errorf("preload %d..%d: %w", from, to, err)
 					break
 				}
 				done = to
@@ -607,7 +599,10 @@ func (h *harness) preload(ctx context.Context, db string, n int64) error {
 		return loadErr
 	}
 	// What autovacuum would have done to tables this old: visibility map and statistics.
-	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) tickets, operations, operation_events`); err != nil {
+	if _, err := c.Exec(ctx, `VACUUM (ANALYZE) tickets`); err != nil {
+		return fmt.Errorf("preload: vacuum: %w", err)
+	}
+	if err := opstore.BenchVacuum(ctx, c); err != nil {
 		return fmt.Errorf("preload: vacuum: %w", err)
 	}
 	h.rep.Preloaded = done
@@ -633,11 +628,16 @@ func (h *harness) seal(ctx context.Context, db string) error {
 		func() {
 			for {
 				// Nothing else writes meanwhile: every record not counted by a seal is waiting for one.
-				if err := c.QueryRow(ctx, `SELECT (SELECT count(*) FROM operation_events) + (SELECT count(*) FROM approval_events)
-    - (SELECT coalesce(sum(record_count), 0) FROM audit_seals)`).Scan(&left); err != nil {
+				// The operations' records are constant meanwhile, so counting them apart from the rest is exact.
+				ops, err := opstore.BenchRecordCount(ctx, c)
+				if err == nil {
+					err = c.QueryRow(ctx, `SELECT (SELECT count(*) FROM approval_events) - (SELECT coalesce(sum(record_count), 0) FROM audit_seals)`).Scan(&left)
+				}
+				if err != nil {
 					sealErr = err
 					return
 				}
+				left += ops
 				if left == 0 {
 					return
 				}

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/ids"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/schema"
 )
 
@@ -91,29 +92,14 @@ func schemaCeilingCreate(c *gin.Context, db *gorm.DB) {
 	header, _ := json.Marshal(map[string][]string{"Location": {"/v1/tickets/" + t.ID}})
 	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att_"), "duration_ms": time.Since(start).Milliseconds(),
 		"fingerprint": r.fingerprint, "outcome": "created", "status": http.StatusCreated})
-	// The operation (holding the key, its response stored), its event and the ticket in one statement: the event
-	// and the ticket are inserted only if the operation was. A concurrent copy waits on operations_key until the
-	// first commits, then inserts nothing and reads the stored answer.
-	res := db.WithContext(c).Exec(`WITH op AS (
-    INSERT INTO operations (account_id, id, kind, state, idempotency_key, fingerprint, resource_type, resource_id,
-                            key_state, response_status, response_headers, response_body, completed_at,
-                            response_expires_at, key_expires_at)
-    VALUES (?, ?, 'tickets.create', 'succeeded', ?, ?, 'ticket', ?, 'completed', 201, ?::jsonb, ?, now(),
-            now() + interval '72 hours', now() + interval '90 days')
-    ON CONFLICT (account_id, idempotency_key) WHERE key_held DO NOTHING
-    RETURNING account_id, id
-), ev AS (
-    INSERT INTO operation_events (operation_id, account_id, type, from_state, to_state, actor, detail)
-    SELECT id, account_id, 'completed', 'running', 'succeeded', 'agent:bench', ?::jsonb FROM op
-)
-INSERT INTO tickets (id, account_id, project, title, description, priority, status, created_at, updated_at)
-SELECT ?, account_id, ?, ?, '', ?, 'open', ?, ? FROM op`,
-		r.account, ids.New("op_"), r.key, r.fingerprint, t.ID, string(header), body, string(detail),
-		t.ID, t.Project, t.Title, t.Priority, now, now)
+	// The operation (holding the key, its response stored), its event and the ticket in one statement
+	// (opstore.CeilingCreate).
+	created, err := opstore.CeilingCreate(c, db, r.account, ids.New("op_"), r.key, r.fingerprint, string(header), body, string(detail),
+		opstore.CeilingTicket{ID: t.ID, Project: t.Project, Title: t.Title, Priority: t.Priority, CreatedAt: now, UpdatedAt: now})
 	switch {
-	case res.Error != nil:
+	case err != nil:
 		c.JSON(http.StatusServiceUnavailable, gin.H{"error": "insert failed"})
-	case res.RowsAffected == 1:
+	case created:
 		c.Header("Location", "/v1/tickets/"+t.ID)
 		c.Data(http.StatusCreated, "application/json", body)
 	case !schemaCeilingAnswerStored(c, db, r.account, r.key, r.fingerprint):
@@ -124,25 +110,17 @@ SELECT ?, account_id, ?, ?, '', ?, 'open', ?, ? FROM op`,
 // schemaCeilingAnswerStored answers from the operation holding the key, if there is one, after recording the
 // attempt: its stored response, or 422 for another body.
 func schemaCeilingAnswerStored(c *gin.Context, db *gorm.DB, account, key, fingerprint string) bool {
-	var stored []struct {
-		ID             string
-		Fingerprint    string
-		ResponseStatus int
-		ResponseBody   []byte
-	}
-	if err := db.WithContext(c).Raw(`SELECT id, fingerprint, response_status, response_body FROM operations
-WHERE account_id = ? AND idempotency_key = ? AND key_held`, account, key).Scan(&stored).Error; err != nil || len(stored) == 0 {
+	op, found, err := opstore.CeilingLookup(c, db, account, key)
+	if err != nil || !found {
 		return false
 	}
-	op := stored[0]
 	event, status, outcome := "replayed", op.ResponseStatus, "replayed"
 	if op.Fingerprint != fingerprint {
 		event, status, outcome = "conflict_rejected", http.StatusUnprocessableEntity, "refused"
 	}
 	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att_"), "fingerprint": fingerprint,
 		"outcome": outcome, "status": status})
-	if err := db.WithContext(c).Exec(`INSERT INTO operation_events (operation_id, account_id, type, actor, detail)
-VALUES (?, ?, ?, 'agent:bench', ?::jsonb)`, op.ID, account, event, string(detail)).Error; err != nil {
+	if err := opstore.CeilingAttempt(c, db, op.ID, account, event, string(detail)); err != nil {
 		c.JSON(http.StatusServiceUnavailable, gin.H{"error": fmt.Sprintf("record the attempt: %v", err)})
 		return true
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
+	"github.com/retrysafe/retrysafe/internal/poll"
 )
 
 // echo serves a line-echo upstream for the proxy to forward to.
@@ -55,9 +56,7 @@ func TestForwardCutRefuseStall(t *testing.T) {
 	p.Stall(true)
 	c.SetDeadline(time.Now().Add(2 * time.Second))
 	c.Write([]byte("held\n"))
-	for p.Held() == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, "the proxy holds the bytes", func() bool { return p.Held() > 0 })
 	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 	if _, err := r.ReadString('\n'); err == nil {
 		t.Fatal("an answer came through a stalled proxy")

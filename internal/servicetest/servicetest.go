@@ -25,8 +25,10 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
+	"github.com/retrysafe/retrysafe/internal/poll"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/clock"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -59,6 +61,8 @@ type Env struct {
 	Logger    *slog.Logger
 	Keys      *auth.Keys
 	URL       string
+	// Clock is Idem's: a test moves it past a lease or a retention instead of sleeping (pkg/clock).
+	Clock *clock.Clock
 }
 
 // Option changes how New assembles the service's dependencies.
@@ -113,11 +117,11 @@ func New(t testing.TB, opts ...Option) *Env {
 	logger := Logger()
 	defaultLogger.Do(func() { slog.SetDefault(logger) })
 	keys := auth.Demo()
-	e := &Env{DB: db, ServiceDB: db.DB, Logger: logger, Keys: keys}
+	e := &Env{DB: db, ServiceDB: db.DB, Logger: logger, Keys: keys, Clock: &clock.Clock{}}
 	for _, opt := range opts {
 		opt(t, e)
 	}
-	e.Idem = &idem.Handler{DB: e.ServiceDB, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1}
+	e.Idem = &idem.Handler{DB: e.ServiceDB, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1, Clock: e.Clock}
 	e.Deps = service.Deps{DB: e.ServiceDB, Idem: e.Idem, Logger: logger}
 	return e
 }
@@ -171,17 +175,11 @@ func Logger() *slog.Logger {
 	return slog.New(slog.NewJSONHandler(io.Discard, nil))
 }
 
-// Eventually polls cond until it holds, failing the test after 30 s. It is a synchronisation point with another
-// goroutine or process (a worker, a restarted server), never a timing assertion.
+// Eventually polls cond until it holds (poll.Until). It is a synchronisation point with another goroutine or
+// process (a worker, a restarted server), never a timing assertion.
 func Eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within 30s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, what, cond)
 }
 
 // AuditIntact runs `retrysafe audit verify`'s check over db and fails the test unless every chain is intact.

@@ -19,7 +19,7 @@ import (
 func TestResumeAfterThePruneSettlesWithoutANewKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.env.Idem.Retention = time.Microsecond
+	b.env.Idem.Retention = time.Hour
 	stop := errors.New("died")
 	a, err := agent.Open(b.journal, agent.Config{TicketsURL: b.env.URL, APIKey: servicetest.AgentSecret,
 		Hook: func(p string) {
@@ -39,7 +39,7 @@ func TestResumeAfterThePruneSettlesWithoutANewKey(t *testing.T) {
 		_, _ = a.Do(context.Background(), "p", "create_ticket", ticketArgs("pruned while away"), agent.DoOptions{})
 	}()
 	a.Close()
-	time.Sleep(2 * time.Millisecond)
+	b.env.Clock.Advance(time.Hour + time.Minute) // the outage outlasts the retention
 	if responses, _, err := b.env.Idem.Prune(t.Context()); err != nil || responses != 1 {
 		t.Fatalf("prune: %d responses, %v; want the ticket's", responses, err)
 	}

@@ -402,27 +402,9 @@ func (s *Service) use(ctx context.Context, tx *gorm.DB, op opstatus.Operation, f
 	if res.Error != nil {
 		return fmt.Errorf("approval: load %s: %w", id, res.Error)
 	}
-	reason := ""
-	switch {
-	case res.RowsAffected == 0:
-		reason = "no such approval in this account"
-	case a.shown(s.now()).State == StateExpired:
-		reason = "the approval expired"
-	case a.State != StateApproved:
-		reason = "the approval is " + string(a.State)
-	case !s.now().Before(a.ExpiresAt):
-		reason = "the approval expired"
-	case a.IdempotencyKey != op.IdempotencyKey:
-		reason = "the approval is bound to another Idempotency-Key"
-	case a.Fingerprint != fingerprint:
-		reason = "the request differs from the one that was approved"
-	case a.Supersedes() != "" && a.Supersedes() != supersedes:
-		reason = "the approval is of a request that supersedes operation " + a.Supersedes() + ", sent with " + idem.HeaderSupersedes + ": " + a.Supersedes()
-	case unknown && a.Supersedes() != supersedes:
-		reason = "the approval does not name operation " + supersedes + ", whose outcome is unknown, as the one this request supersedes: " +
-			"ask for one with supersedes_operation_id, so the approver sees it"
-	case a.UsedByOperationID != nil && *a.UsedByOperationID != op.ID:
-		reason = "the approval was already used by another operation"
+	reason := s.unusable(a, res.RowsAffected > 0)
+	if reason == "" {
+		reason = mismatch(a, op, fingerprint, supersedes, unknown)
 	}
 	if reason != "" {
 		return problem.New("approval_invalid", "%s", reason).With("approval_id", id)
@@ -430,12 +412,52 @@ func (s *Service) use(ctx context.Context, tx *gorm.DB, op opstatus.Operation, f
 	if a.UsedByOperationID != nil {
 		return nil // this operation's other check used it already
 	}
-	err := tx.WithContext(ctx).Exec(`UPDATE approvals SET used_by_operation_id = ? WHERE account_id = ? AND id = ?`,
-		op.ID, op.AccountID, id).Error
-	if err != nil {
-		return fmt.Errorf("approval: use %s: %w", id, err)
+	return markUsed(ctx, tx, op, a, supersedes)
+}
+
+// unusable says why approval a (found false when there is none) authorizes no write now, or "" when it is
+// approved and unexpired.
+func (s *Service) unusable(a Approval, found bool) string {
+	switch {
+	case !found:
+		return "no such approval in this account"
+	case a.shown(s.now()).State == StateExpired:
+		return "the approval expired"
+	case a.State != StateApproved:
+		return "the approval is " + string(a.State)
+	case !s.now().Before(a.ExpiresAt):
+		return "the approval expired"
 	}
-	detail := map[string]any{"approval_id": id, "approved_by": a.DecidedBy}
+	return ""
+}
+
+// mismatch says why approval a does not authorize op's request (fingerprint, supersedes, and unknown as use
+// takes them), or "" when it does.
+func mismatch(a Approval, op opstatus.Operation, fingerprint, supersedes string, unknown bool) string {
+	switch {
+	case a.IdempotencyKey != op.IdempotencyKey:
+		return "the approval is bound to another Idempotency-Key"
+	case a.Fingerprint != fingerprint:
+		return "the request differs from the one that was approved"
+	case a.Supersedes() != "" && a.Supersedes() != supersedes:
+		return "the approval is of a request that supersedes operation " + a.Supersedes() + ", sent with " + idem.HeaderSupersedes + ": " + a.Supersedes()
+	case unknown && a.Supersedes() != supersedes:
+		return "the approval does not name operation " + supersedes + ", whose outcome is unknown, as the one this request supersedes: " +
+			"ask for one with supersedes_operation_id, so the approver sees it"
+	case a.UsedByOperationID != nil && *a.UsedByOperationID != op.ID:
+		return "the approval was already used by another operation"
+	}
+	return ""
+}
+
+// markUsed marks approval a used by op and records on op that it was checked.
+func markUsed(ctx context.Context, tx *gorm.DB, op opstatus.Operation, a Approval, supersedes string) error {
+	err := tx.WithContext(ctx).Exec(`UPDATE approvals SET used_by_operation_id = ? WHERE account_id = ? AND id = ?`,
+		op.ID, op.AccountID, a.ID).Error
+	if err != nil {
+		return fmt.Errorf("approval: use %s: %w", a.ID, err)
+	}
+	detail := map[string]any{"approval_id": a.ID, "approved_by": a.DecidedBy}
 	if supersedes != "" {
 		detail["supersedes_operation_id"] = supersedes
 	}
@@ -621,51 +643,68 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 	if p.Role != auth.RoleApprover {
 		return Approval{}, problem.New("forbidden", "only a key with role approver can decide approvals")
 	}
-	from := StatePending
-	switch to {
-	case StateApproved, StateDenied:
-	case StateRevoked:
-		from = StateApproved
-	default:
-		return Approval{}, fmt.Errorf("approval: decide: %q is not a decision", to)
+	from, err := decisionFrom(to)
+	if err != nil {
+		return Approval{}, err
 	}
 	var (
 		a    Approval
 		late error
 	)
-	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
-		if a, err = load(ctx, tx, p.AccountID, id, true); err != nil {
-			return err
-		}
-		switch {
-		case a.RequestedBy == p.Actor():
-			return problem.New("approval_invalid", "an approval must be decided by a key other than the requester's")
-		case a.State == to && a.DecidedBy != nil && *a.DecidedBy == p.Actor():
-			return nil // the same decision again
-		case a.State == StateExpired:
-			return expiredError(a)
-		case a.shown(now).State == StateExpired:
-			// It ran out before the expiry worker came by: record that now, in this transaction, and refuse
-			// after it commits. The row is locked, so the worker cannot record it too.
-			late = expiredError(a)
-			return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ? WHERE account_id = ? AND id = ? RETURNING `+columns,
-				StateExpired, a.AccountID, a.ID).Scan(&a).Error
-		case a.State != from:
-			return problem.New("invalid_state", "the approval is already %s", a.State)
-		case to == StateRevoked && a.UsedByOperationID != nil:
-			return problem.New("invalid_state", "the approval was already used by operation %s", *a.UsedByOperationID)
-		case !now.Before(a.ExpiresAt):
-			return expiredError(a)
-		}
-		// decided_by names the last decision (the revoker, for a revoke); approval_events keeps every one.
-		return tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ?, decided_by = ?, decided_at = now()
-WHERE account_id = ? AND id = ? RETURNING `+columns, to, p.Actor(), a.AccountID, a.ID).Scan(&a).Error
+		a, late, err = decideLocked(ctx, tx, p, id, from, to, now)
+		return err
 	})
 	if err == nil && late != nil {
 		return Approval{}, late
 	}
 	return a, err
+}
+
+// decisionFrom is the state an approval must be in for decision to: pending for approve and deny, approved for
+// revoke.
+func decisionFrom(to State) (State, error) {
+	switch to {
+	case StateApproved, StateDenied:
+		return StatePending, nil
+	case StateRevoked:
+		return StateApproved, nil
+	}
+	return "", fmt.Errorf("approval: decide: %q is not a decision", to)
+}
+
+// decideLocked is decide inside its transaction tx: it locks approval id and moves it from state from to to.
+// late, with no error, is the refusal of an approval that ran out before the expiry worker came by: its expiry
+// is recorded in tx, and decide refuses once tx commits.
+func decideLocked(ctx context.Context, tx *gorm.DB, p auth.Principal, id string, from, to State, now time.Time) (a Approval, late error, err error) {
+	if a, err = load(ctx, tx, p.AccountID, id, true); err != nil {
+		return a, nil, err
+	}
+	switch {
+	case a.RequestedBy == p.Actor():
+		return a, nil, problem.New("approval_invalid", "an approval must be decided by a key other than the requester's")
+	case a.State == to && a.DecidedBy != nil && *a.DecidedBy == p.Actor():
+		return a, nil, nil // the same decision again
+	case a.State == StateExpired:
+		return a, nil, expiredError(a)
+	case a.shown(now).State == StateExpired:
+		// The row is locked, so the worker cannot record the expiry too.
+		late = expiredError(a)
+		err = tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ? WHERE account_id = ? AND id = ? RETURNING `+columns,
+			StateExpired, a.AccountID, a.ID).Scan(&a).Error
+		return a, late, err
+	case a.State != from:
+		return a, nil, problem.New("invalid_state", "the approval is already %s", a.State)
+	case to == StateRevoked && a.UsedByOperationID != nil:
+		return a, nil, problem.New("invalid_state", "the approval was already used by operation %s", *a.UsedByOperationID)
+	case !now.Before(a.ExpiresAt):
+		return a, nil, expiredError(a)
+	}
+	// decided_by names the last decision (the revoker, for a revoke); approval_events keeps every one.
+	err = tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ?, decided_by = ?, decided_at = now()
+WHERE account_id = ? AND id = ? RETURNING `+columns, to, p.Actor(), a.AccountID, a.ID).Scan(&a).Error
+	return a, nil, err
 }
 
 func expiredError(a Approval) error {

@@ -19,7 +19,7 @@
 // its seal by the entry that names it, so no record is touched after its insert, and a seal is one insert.
 //
 // The order records are sealed in is each table's (xid, id), operation_events' first in a batch, and a batch
-// takes only records whose xid is below the xmin of the sequencer's snapshot (sealableSQL): see there why no
+// takes only records whose xid is below the xmin of the sequencer's snapshot (the sealable read): see there why no
 // record is ever skipped. An operation's history is shown in id order (operation_events_numbered), which the
 // entries bind too. Batches are
 // written by one sequencer at a time per schema (a session advisory lock; any replica may run one, and the
@@ -113,8 +113,11 @@ func (s *Sequencer) Run(ctx context.Context) {
 	}
 }
 
-// sealableSQL reads the next records of one table to seal: those after the table's last sealed position in
-// (xid, id) order whose transaction ended before this statement's snapshot was taken.
+// The sealable read (a source's sealable: opstore.RecordsAfter, sealableApprovalsSQL) takes the next records of
+// one table to seal: those after the table's last sealed position in (xid, id) order whose transaction ended
+// before the statement's snapshot was taken,
+//
+//	WHERE (xid, id) > (last sealed) AND xid < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY xid, id LIMIT n
 //
 // Why no record is ever skipped: pg_snapshot_xmin is the oldest transaction id still running when the snapshot
 // was taken, so every transaction with a lower id has ended, committed or not, and its records are visible now or
@@ -122,11 +125,6 @@ func (s *Sequencer) Run(ctx context.Context) {
 // with xid < xmin are sealed, no record at or before p can appear afterwards: each batch is a prefix of the
 // table's records in (xid, id) order, and the next one starts right after it. A record whose transaction
 // commits late (or runs long) holds back only the records at or after its own xid, until it ends.
-const sealableSQL = `
-SELECT %s FROM %s
-WHERE (xid, id) > (?::xid8, ?) AND xid < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY xid, id
-LIMIT ?`
 
 // RunOnce seals the records written since the last seal, at most MaxSealRecords, and returns the seal (nil when
 // there was nothing to seal). It waits for a sequencer of another replica to finish first.
@@ -199,9 +197,8 @@ func nextEntries(tx *gorm.DB, through map[string]auditchain.Position) ([]auditch
 	var entries []auditchain.Entry
 	for _, src := range sources {
 		from := sealedThrough(through, src.table)
-		var rows []recordRow
-		q := fmt.Sprintf(sealableSQL, src.columns, src.table)
-		if err := tx.Raw(q, from.XID, from.ID, MaxSealRecords-len(entries)).Scan(&rows).Error; err != nil {
+		rows, err := src.sealable(tx.Statement.Context, tx, from, MaxSealRecords-len(entries))
+		if err != nil {
 			return nil, err
 		}
 		for _, r := range rows {
@@ -239,18 +236,13 @@ func Pending(ctx context.Context, db *gorm.DB) (int64, time.Time, error) {
 		}
 		for _, src := range sources {
 			from := sealedThrough(through, src.table)
-			var row struct {
-				Count  int64
-				Oldest *time.Time
-			}
-			err := tx.Raw(`SELECT count(*) AS count, min(created_at) AS oldest FROM `+src.table+` WHERE (xid, id) > (?::xid8, ?)`,
-				from.XID, from.ID).Scan(&row).Error
+			count, first, err := src.pending(ctx, tx, from)
 			if err != nil {
 				return err
 			}
-			n += row.Count
-			if row.Oldest != nil && (oldest.IsZero() || row.Oldest.Before(oldest)) {
-				oldest = *row.Oldest
+			n += count
+			if first != nil && (oldest.IsZero() || first.Before(oldest)) {
+				oldest = *first
 			}
 		}
 		return nil

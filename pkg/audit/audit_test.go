@@ -14,6 +14,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/internal/poll"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
@@ -342,8 +343,7 @@ func TestBacklogIsSealedInBatches(t *testing.T) {
 	}
 	var sealed []row
 	total := int64(backlog + 3 + 3)
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	poll.Until(t, "every record sealed", func() bool {
 		sealed = nil
 		if err := db.Raw(`SELECT record_count, created_at FROM audit_seals ORDER BY seq`).Scan(&sealed).Error; err != nil {
 			t.Fatal(err)
@@ -352,11 +352,8 @@ func TestBacklogIsSealedInBatches(t *testing.T) {
 		for _, s := range sealed {
 			n += s.RecordCount
 		}
-		if n >= total {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return n >= total
+	})
 	cancel()
 	<-done
 	if len(sealed) < 2 || sealed[0].RecordCount != audit.MaxSealRecords {
@@ -395,8 +392,7 @@ func TestLateCommitIsSealedLater(t *testing.T) {
 	}
 	// Everything written before the open transaction is sealed, however long other transactions on the server
 	// hold sealing back.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	poll.Until(t, "the records written before the open transaction sealed", func() bool {
 		if _, err := s.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -405,14 +401,8 @@ func TestLateCommitIsSealedLater(t *testing.T) {
     SELECT 1 FROM audit_seals s WHERE s.records @> jsonb_build_array(jsonb_build_object('table', 'operation_events', 'id', e.id))))
   + (SELECT count(*) FROM approval_events e WHERE NOT EXISTS (
     SELECT 1 FROM audit_seals s WHERE s.records @> jsonb_build_array(jsonb_build_object('table', 'approval_events', 'id', e.id))))`).Scan(&unsealed)
-		if unsealed == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d records written before the open transaction still unsealed", unsealed)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return unsealed == 0
+	})
 	var early int64
 	db.Raw(`SELECT count(*) FROM operation_events e WHERE actor IN ('system:late', 'system:after') AND EXISTS (
     SELECT 1 FROM audit_seals s WHERE s.records @> jsonb_build_array(jsonb_build_object('table', 'operation_events', 'id', e.id)))`).Scan(&early)
@@ -509,20 +499,13 @@ func TestSequencerKilledMidBatch(t *testing.T) {
 		t.Helper()
 		unset := failpoint.Set(audit.FailpointBeforeSealCommit, kill)
 		defer unset()
-		deadline := time.Now().Add(60 * time.Second)
-		for {
+		poll.Until(t, "a run stopped before its commit", func() bool {
 			seal, err := s.RunOnce(ctx)
-			if err != nil {
-				break
-			}
 			if seal != nil {
 				t.Fatalf("a sequencer stopped before its commit wrote %+v", seal)
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("the records never became sealable")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err != nil
+		})
 		var n int64
 		if db.Raw(`SELECT count(*) FROM audit_seals`).Scan(&n); n != 0 {
 			t.Fatalf("%d seals after the stopped run; want none", n)
@@ -568,8 +551,7 @@ func TestSealOrderIsNumeric(t *testing.T) {
 	}
 	s := &audit.Sequencer{DB: db.DB}
 	// Other tests' transactions on the server may hold the sealing of the real records back for a while.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	poll.Until(t, "every record sealed", func() bool {
 		if _, err := s.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -577,12 +559,6 @@ func TestSealOrderIsNumeric(t *testing.T) {
 		if !rep.Intact() {
 			t.Fatalf("after sealing records of transactions 9, 10 and 100: %+v; want each sealed once", rep)
 		}
-		if rep.Unsealed == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("records still unsealed after 60 s: %+v", rep)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return rep.Unsealed == 0
+	})
 }

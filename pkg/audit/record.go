@@ -10,17 +10,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 )
 
-// source is a table of records.
-type source struct {
-	table string
-	// subject is the column naming the record's subject (its operation, approval or grant).
-	subject string
-	// columns reads a recordRow.
-	columns string
-	// body is the content a record's hash covers: its fields, in JSON.
-	body func(r recordRow) any
-}
-
+// recordRow is a record as the audit reads it from its table; Subject is its operation or approval.
 type recordRow struct {
 	ID        int64
 	XID       string `gorm:"column:xid_text"`
@@ -61,52 +51,6 @@ type approvalRecord struct {
 	CreatedAt  string          `json:"created_at"`
 	Detail     json.RawMessage `json:"detail"`
 	Type       string          `json:"type"`
-}
-
-// grantRecord is the hashed content of a grant_events record.
-type grantRecord struct {
-	AccountID string          `json:"account_id"`
-	Actor     string          `json:"actor"`
-	CreatedAt string          `json:"created_at"`
-	Detail    json.RawMessage `json:"detail"`
-	GrantID   string          `json:"grant_id"`
-	Type      string          `json:"type"`
-}
-
-const (
-	tableOperationEvents = "operation_events"
-	tableApprovalEvents  = "approval_events"
-	tableGrantEvents     = "grant_events"
-)
-
-// The transaction id is read as text under another name than xid: the statements order by xid, and an output
-// column named xid would make that the text's order ("1000" before "999"), not the ids'.
-var sources = []source{
-	{
-		table: tableOperationEvents, subject: "operation_id",
-		columns: `id, xid::text AS xid_text, account_id, operation_id AS subject, type, actor, detail::text AS detail, from_state, to_state, attempt_id, outcome, created_at`,
-		body: func(r recordRow) any {
-			return operationRecord{AccountID: r.AccountID, Actor: r.Actor, AttemptID: r.AttemptID, CreatedAt: auditchain.FormatTime(r.CreatedAt),
-				Detail: json.RawMessage(r.Detail), FromState: r.FromState, OperationID: r.Subject, Outcome: r.Outcome, ToState: r.ToState,
-				Type: r.Type}
-		},
-	},
-	{
-		table: tableApprovalEvents, subject: "approval_id",
-		columns: `id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at`,
-		body: func(r recordRow) any {
-			return approvalRecord{AccountID: r.AccountID, Actor: r.Actor, ApprovalID: r.Subject,
-				CreatedAt: auditchain.FormatTime(r.CreatedAt), Detail: json.RawMessage(r.Detail), Type: r.Type}
-		},
-	},
-	{
-		table: tableGrantEvents, subject: "grant_id",
-		columns: `id, xid::text AS xid_text, account_id, grant_id AS subject, type, actor, detail::text AS detail, created_at`,
-		body: func(r recordRow) any {
-			return grantRecord{AccountID: r.AccountID, Actor: r.Actor, CreatedAt: auditchain.FormatTime(r.CreatedAt),
-				Detail: json.RawMessage(r.Detail), GrantID: r.Subject, Type: r.Type}
-		},
-	},
 }
 
 // sealColumns reads a sealRow; sealHeaderColumns one without its entries (enough to link and extend the chain).

@@ -4,13 +4,11 @@ import (
 	"context"
 	"crypto/ed25519"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -488,13 +486,7 @@ func (e *dbEvidence) records(sealed map[recordKey]*expected, emit func(storedRec
 // when the account is known.
 func (e *dbEvidence) subjectRecords(emit func(storedRecord) error) error {
 	for _, src := range sources {
-		q := `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE ` + src.subject + ` IN ?`
-		args := []any{e.subjectList()}
-		if e.opt.AccountID != "" {
-			q = `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE account_id = ? AND ` + src.subject + ` IN ?`
-			args = append([]any{e.opt.AccountID}, args...)
-		}
-		if err := e.stream(src, q+` ORDER BY xid, id`, args, emit); err != nil {
+		if err := src.ofSubjects(e.ctx, e.tx, e.opt.AccountID, e.subjectList(), stored(src, emit)); err != nil {
 			return err
 		}
 	}
@@ -504,7 +496,7 @@ func (e *dbEvidence) subjectRecords(emit func(storedRecord) error) error {
 // allRecords reads every record of every table.
 func (e *dbEvidence) allRecords(emit func(storedRecord) error) error {
 	for _, src := range sources {
-		if err := e.stream(src, `SELECT `+src.columns+` FROM `+src.table+` ORDER BY xid, id`, nil, emit); err != nil {
+		if err := src.all(e.ctx, e.tx, stored(src, emit)); err != nil {
 			return err
 		}
 	}
@@ -518,81 +510,37 @@ func (e *dbEvidence) rangeRecords(sealed map[recordKey]*expected, emit func(stor
 		return err
 	}
 	for _, src := range sources {
-		var accounts, subjects []string
-		var ids []int64
+		var names recordNames
 		for k, exp := range sealed {
 			if k.table == src.table {
-				accounts, subjects, ids = append(accounts, exp.entry.AccountID), append(subjects, exp.entry.Subject), append(ids, k.id)
+				names.accounts, names.subjects, names.ids = append(names.accounts, exp.entry.AccountID),
+					append(names.subjects, exp.entry.Subject), append(names.ids, k.id)
 			}
 		}
-		q := `SELECT ` + src.columns + ` FROM ` + src.table + ` WHERE (account_id, ` + src.subject + `, id) IN (
-    SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]))`
-		args := []any{textArray(accounts), textArray(subjects), int8Array(ids)}
+		var after *auditchain.Position
 		if e.until.IsZero() {
 			// And the records not sealed yet.
 			from, ok := through[src.table]
 			if !ok {
 				from = auditchain.Position{XID: "0", ID: -1 << 63}
 			}
-			q += ` OR (xid, id) > (?::xid8, ?)`
-			args = append(args, from.XID, from.ID)
+			after = &from
 		}
-		if err := e.stream(src, q+` ORDER BY xid, id`, args, emit); err != nil {
+		if err := src.named(e.ctx, e.tx, names, after, stored(src, emit)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (e *dbEvidence) stream(src source, q string, args []any, emit func(storedRecord) error) error {
-	rows, err := e.tx.WithContext(e.ctx).Raw(q, args...).Rows()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var r recordRow
-		if err := e.tx.ScanRows(rows, &r); err != nil {
-			return err
-		}
+// stored passes each record of src to emit as a storedRecord, with the content its hash covers.
+func stored(src source, emit func(storedRecord) error) func(recordRow) error {
+	return func(r recordRow) error {
 		body, err := json.Marshal(src.body(r))
 		if err != nil {
 			return err
 		}
-		rec := storedRecord{Table: src.table, ID: r.ID, Pos: auditchain.Position{XID: r.XID, ID: r.ID}, AccountID: r.AccountID,
-			Subject: r.Subject, CreatedAt: r.CreatedAt, Body: body}
-		if err := emit(rec); err != nil {
-			return err
-		}
+		return emit(storedRecord{Table: src.table, ID: r.ID, Pos: auditchain.Position{XID: r.XID, ID: r.ID}, AccountID: r.AccountID,
+			Subject: r.Subject, CreatedAt: r.CreatedAt, Body: body})
 	}
-	return rows.Err()
-}
-
-// textArray and int8Array pass a list as one PostgreSQL array parameter (gorm would spread a slice into a list
-// of parameters).
-type textArray []string
-
-func (a textArray) Value() (driver.Value, error) {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range a {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		b.WriteString(strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s))
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String(), nil
-}
-
-type int8Array []int64
-
-func (a int8Array) Value() (driver.Value, error) {
-	parts := make([]string, len(a))
-	for i, n := range a {
-		parts[i] = strconv.FormatInt(n, 10)
-	}
-	return "{" + strings.Join(parts, ",") + "}", nil
 }

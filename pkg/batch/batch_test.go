@@ -6,7 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
+	"testing/synctest"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
 )
@@ -43,139 +43,126 @@ func newHeld(max int, fail error) *held {
 	return h
 }
 
-// waitQueued waits until n calls are blocked in Do (they are parked on a channel; there is no other signal).
-func waitQueued(t *testing.T, n int, queued *atomic.Int64) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for queued.Load() < int64(n) {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d calls started", queued.Load(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(20 * time.Millisecond) // from started to parked in Do
-}
-
 // TestCallsWaitingShareABatch: while one batch runs, 50 calls arrive; they run as one next batch (two with Max
 // 30), each gets the result of its own item, and the lone first call ran alone.
 func TestCallsWaitingShareABatch(t *testing.T) {
-	for _, tc := range []struct {
-		max  int
-		want []int // batch sizes
-	}{{0, []int{1, 50}}, {30, []int{1, 30, 20}}} {
-		h := newHeld(tc.max, nil)
-		ctx := context.Background()
-		firstDone := make(chan int)
-		go func() {
-			v, _ := h.b.Do(ctx, "k", 1000)
-			firstDone <- v
-		}()
-		<-h.started
-		var queued atomic.Int64
-		var wg sync.WaitGroup
-		got := make([]int, 50)
-		errs := make([]error, 50)
-		for i := range 50 {
-			wg.Go(func() {
-				queued.Add(1)
-				got[i], errs[i] = h.b.Do(ctx, "k", i)
-			})
-		}
-		waitQueued(t, 50, &queued)
-		close(h.release)
-		wg.Wait()
-		if v := <-firstDone; v != 10000 {
-			t.Fatalf("first call got %d", v)
-		}
-		for i := range 50 {
-			if errs[i] != nil || got[i] != i*10 {
-				t.Fatalf("call %d got %d, %v; want %d", i, got[i], errs[i], i*10)
+	synctest.Test(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			max  int
+			want []int // batch sizes
+		}{{0, []int{1, 50}}, {30, []int{1, 30, 20}}} {
+			h := newHeld(tc.max, nil)
+			ctx := context.Background()
+			firstDone := make(chan int)
+			go func() {
+				v, _ := h.b.Do(ctx, "k", 1000)
+				firstDone <- v
+			}()
+			<-h.started
+			var wg sync.WaitGroup
+			got := make([]int, 50)
+			errs := make([]error, 50)
+			for i := range 50 {
+				wg.Go(func() {
+					got[i], errs[i] = h.b.Do(ctx, "k", i)
+				})
 			}
-		}
-		var sizes []int
-		for _, b := range h.batches {
-			sizes = append(sizes, len(b))
-		}
-		if len(sizes) != len(tc.want) {
-			t.Fatalf("max %d: batches of %v; want %v", tc.max, sizes, tc.want)
-		}
-		for i := range sizes {
-			if sizes[i] != tc.want[i] {
+			synctest.Wait() // every call is parked in Do
+			close(h.release)
+			wg.Wait()
+			if v := <-firstDone; v != 10000 {
+				t.Fatalf("first call got %d", v)
+			}
+			for i := range 50 {
+				if errs[i] != nil || got[i] != i*10 {
+					t.Fatalf("call %d got %d, %v; want %d", i, got[i], errs[i], i*10)
+				}
+			}
+			var sizes []int
+			for _, b := range h.batches {
+				sizes = append(sizes, len(b))
+			}
+			if len(sizes) != len(tc.want) {
 				t.Fatalf("max %d: batches of %v; want %v", tc.max, sizes, tc.want)
 			}
+			for i := range sizes {
+				if sizes[i] != tc.want[i] {
+					t.Fatalf("max %d: batches of %v; want %v", tc.max, sizes, tc.want)
+				}
+			}
 		}
-	}
+	})
 }
 
 // TestBatchErrorReachesEveryCall: a batch that fails fails each of its calls with its error.
 func TestBatchErrorReachesEveryCall(t *testing.T) {
-	boom := errors.New("boom")
-	h := newHeld(0, boom)
-	ctx := context.Background()
-	go h.b.Do(ctx, "k", 1)
-	<-h.started
-	var queued atomic.Int64
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	for i := range 10 {
-		wg.Go(func() {
-			queued.Add(1)
-			if _, err := h.b.Do(ctx, "k", i); errors.Is(err, boom) {
-				failed.Add(1)
-			}
-		})
-	}
-	waitQueued(t, 10, &queued)
-	close(h.release)
-	wg.Wait()
-	if failed.Load() != 10 {
-		t.Fatalf("%d of 10 calls got the batch's error", failed.Load())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		boom := errors.New("boom")
+		h := newHeld(0, boom)
+		ctx := context.Background()
+		go h.b.Do(ctx, "k", 1)
+		<-h.started
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for i := range 10 {
+			wg.Go(func() {
+				if _, err := h.b.Do(ctx, "k", i); errors.Is(err, boom) {
+					failed.Add(1)
+				}
+			})
+		}
+		synctest.Wait() // every call is parked in Do
+		close(h.release)
+		wg.Wait()
+		if failed.Load() != 10 {
+			t.Fatalf("%d of 10 calls got the batch's error", failed.Load())
+		}
+	})
 }
 
 // TestPanicFailsTheBatchAndFreesTheLane: Run panics in the goroutine that runs the batch; the other calls of the
 // batch get an error instead of waiting forever, and the lane runs the next batch.
 func TestPanicFailsTheBatchAndFreesTheLane(t *testing.T) {
-	var calls atomic.Int64
-	release := make(chan struct{})
-	started := make(chan struct{})
-	b := &batch.Batcher[int, int]{Lanes: 1, Run: func(ctx context.Context, items []int) ([]int, error) {
-		switch calls.Add(1) {
-		case 1:
-			close(started)
-			<-release
-			return []int{0}, nil
-		case 2:
-			panic("run failed")
-		}
-		return make([]int, len(items)), nil
-	}}
-	ctx := context.Background()
-	go b.Do(ctx, "k", 0)
-	<-started
-	var queued atomic.Int64
-	var wg sync.WaitGroup
-	var errs, panics atomic.Int64
-	for i := range 5 {
-		wg.Go(func() {
-			defer func() {
-				if recover() != nil {
-					panics.Add(1)
-				}
-			}()
-			queued.Add(1)
-			if _, err := b.Do(ctx, "k", i); err != nil {
-				errs.Add(1)
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int64
+		release := make(chan struct{})
+		started := make(chan struct{})
+		b := &batch.Batcher[int, int]{Lanes: 1, Run: func(ctx context.Context, items []int) ([]int, error) {
+			switch calls.Add(1) {
+			case 1:
+				close(started)
+				<-release
+				return []int{0}, nil
+			case 2:
+				panic("run failed")
 			}
-		})
-	}
-	waitQueued(t, 5, &queued)
-	close(release)
-	wg.Wait()
-	if panics.Load() != 1 || errs.Load() != 4 {
-		t.Fatalf("%d panics, %d errors; want the runner to panic and the other 4 to fail", panics.Load(), errs.Load())
-	}
-	if _, err := b.Do(ctx, "k", 9); err != nil {
-		t.Fatalf("the lane after the panic: %v", err)
-	}
+			return make([]int, len(items)), nil
+		}}
+		ctx := context.Background()
+		go b.Do(ctx, "k", 0)
+		<-started
+		var wg sync.WaitGroup
+		var errs, panics atomic.Int64
+		for i := range 5 {
+			wg.Go(func() {
+				defer func() {
+					if recover() != nil {
+						panics.Add(1)
+					}
+				}()
+				if _, err := b.Do(ctx, "k", i); err != nil {
+					errs.Add(1)
+				}
+			})
+		}
+		synctest.Wait() // every call is parked in Do
+		close(release)
+		wg.Wait()
+		if panics.Load() != 1 || errs.Load() != 4 {
+			t.Fatalf("%d panics, %d errors; want the runner to panic and the other 4 to fail", panics.Load(), errs.Load())
+		}
+		if _, err := b.Do(ctx, "k", 9); err != nil {
+			t.Fatalf("the lane after the panic: %v", err)
+		}
+	})
 }

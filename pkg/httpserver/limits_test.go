@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/retrysafe/retrysafe/internal/poll"
 )
 
 // serveLimited serves h (nil: a handler that answers 200) on a loopback listener under l, every peer counted by
@@ -81,17 +83,10 @@ func TestConnectionsPerClientAreCapped(t *testing.T) {
 	}
 	first.Close()
 	// The server sees the close when it next reads that connection: poll until the place is free.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	poll.Until(t, "a connection accepted after one of the client's two closed", func() bool {
 		status, err := dial(t, addr).get()
-		if err == nil && status == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no connection accepted after one of the client's two closed")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && status == http.StatusOK
+	})
 	if status, err := second.get(); err != nil || status != http.StatusOK {
 		t.Fatalf("the client's open connection: %d %v", status, err)
 	}

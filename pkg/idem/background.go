@@ -38,7 +38,7 @@ func (h *Handler) RunBackground(ctx context.Context, b Background) {
 	}
 	if every := cmp.Or(b.RecoveryInterval, 5*time.Second); every > 0 {
 		w := &opstatus.RecoveryWorker{DB: h.DB, Reconcilers: h.Reconcilers, Interval: every, Logger: h.log(),
-			Observer: h.OperationObserver()}
+			Observer: h.OperationObserver(), Clock: h.Clock}
 		wg.Go(func() { w.Run(ctx) })
 	}
 	if every := cmp.Or(b.SealInterval, audit.DefaultSealInterval); every > 0 {
@@ -73,8 +73,8 @@ func (h *Handler) checkBackground() {
 // operations. A key whose response is gone still never runs again: a retry is answered 409
 // idempotency_response_expired, naming the operation and its resource.
 func (h *Handler) Prune(ctx context.Context) (responses, keys int64, err error) {
-	now := time.Now()
-	return opstore.Prune(ctx, h.DB, now.Add(-h.retention()), now.Add(-h.keyLifetime()))
+	now := h.Clock.Now()
+	return opstore.Prune(ctx, h.DB, now.Add(-h.retention()), now.Add(-h.keyLifetime()), h.Clock.NowOrNil())
 }
 
 // runPruner prunes every interval until ctx ends (RunBackground).

@@ -214,7 +214,7 @@ func TestCallerHangsUpDuringClaim(t *testing.T) {
 // claim's commit, and is sent once.
 func TestLeaseCountsFromClaimCommit(t *testing.T) {
 	t.Parallel()
-	const lease = 2 * time.Second
+	const lease = 30 * time.Second
 	e := setupExternal(t, lease)
 	lockID := time.Now().UnixNano()
 	e.effect.prepare = func(ctx context.Context, tx *gorm.DB) error {
@@ -222,7 +222,7 @@ func TestLeaseCountsFromClaimCommit(t *testing.T) {
 	}
 	var leftAtCall atomic.Int64
 	e.effect.call = func(ctx context.Context, op opstatus.Operation) (string, error) {
-		leftAtCall.Store(int64(time.Until(*op.LeaseExpiresAt)))
+		leftAtCall.Store(int64(op.LeaseExpiresAt.Sub(e.env.Clock.Now())))
 		return "charged", nil
 	}
 	holder := e.env.DB.Begin()
@@ -236,7 +236,7 @@ func TestLeaseCountsFromClaimCommit(t *testing.T) {
 		e.env.DB.Raw(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = (?::bigint & 4294967295)::oid`, lockID).Scan(&n)
 		return n == 1
 	})
-	time.Sleep(lease * 6 / 10) // most of the lease goes by while the claim waits
+	e.env.Clock.Advance(lease * 6 / 10) // most of the lease goes by while the claim waits
 	holder.Rollback()
 
 	r := <-answer
@@ -259,8 +259,8 @@ func TestUnsentWhenLeaseSpentAtCommit(t *testing.T) {
 	unset := failpoint.Set("idem.external.claimed", func(detail any) {
 		if op, ok := detail.(opstatus.Operation); ok && op.IdempotencyKey == "slow-commit" && slowed.CompareAndSwap(false, true) {
 			// The first claim's commit is slow: less than the dispatch margin (a quarter of the lease) is left
-			// after it, yet enough for the COMMIT itself on a loaded machine.
-			time.Sleep(lease * 8 / 10)
+			// after it.
+			e.env.Clock.Advance(lease * 8 / 10)
 		}
 	})
 	defer unset()
@@ -363,11 +363,11 @@ func TestLocalCommitLostIsOutcomeUnknown(t *testing.T) {
 	// The held COMMIT may still hold the key for a moment after the thaw: the retry's claim then waits out its
 	// statement timeout and is told 503 store_unavailable, "this attempt changed nothing; retry with the same
 	// key", which is what a client does.
-	again := postJSON(t, env.URL+"/notes", "commit-lost", `{}`)
-	for i := 0; again.status == 503 && i < 20; i++ {
-		time.Sleep(100 * time.Millisecond)
+	var again reply
+	servicetest.Eventually(t, "a same-key retry answered other than 503", func() bool {
 		again = postJSON(t, env.URL+"/notes", "commit-lost", `{}`)
-	}
+		return again.status != 503
+	})
 	var rows int64
 	env.DB.Raw(`SELECT count(*) FROM notes`).Scan(&rows)
 	replayed := again.header.Get("Idempotent-Replayed") == "true"

@@ -47,25 +47,44 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 	if refusal != nil {
 		return h.refuseLineage(ctx, a, s.operationID, refusal)
 	}
-	v, s := h.decide(ctx, a, s, header)
+	v, s, early, answered := h.settledVerdict(ctx, a, s, header)
+	if answered {
+		return early
+	}
+	rec, status, ans := h.verdictAnswer(v, s)
+	if refused, ok := h.recordVerdict(ctx, a, v, s.operationID, status, rec); !ok {
+		return refused
+	}
+	h.observe(a.op.Kind, v.outcome)
+	return ans
+}
+
+// settledVerdict is decide's verdict on a, whose key is stored as s, and the key it was made on. An unknown
+// verdict is answered here (answered, with early, the 202 or an error); unless the operation was settled since
+// its key was read: then it is decided again from the key as it is now, without waiting.
+func (h *Handler) settledVerdict(ctx context.Context, a *attempt, s stored, header http.Header) (v verdict, latest stored, early Answer, answered bool) {
+	v, latest = h.decide(ctx, a, s, header)
 	for v == verdictUnknown {
-		ans, settled := h.unknown(ctx, a, s.operationID)
+		ans, settled := h.unknown(ctx, a, latest.operationID)
 		if !settled {
-			return ans
+			return v, latest, ans, true
 		}
-		// Settled since its key was read: decided again from the key as it is now, without waiting.
-		latest, found, err := h.readKey(ctx, a.op.AccountID, a.key)
+		now, found, err := h.readKey(ctx, a.op.AccountID, a.key)
 		if err == nil && !found {
 			err = fmt.Errorf("%w: the key was settled and gone before it could be read", problem.ErrStoreUnavailable)
 		}
 		if err != nil {
-			return h.fail(a.op.Kind, err)
+			return v, latest, h.fail(a.op.Kind, err), true
 		}
-		v, s = h.decide(ctx, a, latest, nil)
+		v, latest = h.decide(ctx, a, now, nil)
 	}
+	return v, latest, Answer{}, false
+}
+
+// verdictAnswer is the answer to verdict v on the key stored as s, the status its attempt record shows, and what
+// that record adds to the attempt's.
+func (h *Handler) verdictAnswer(v verdict, s stored) (rec opstore.Attempt, status int, ans Answer) {
 	opID, state, status := s.operationID, s.opState, v.status
-	var rec opstore.Attempt // what this verdict's record adds to the attempt's
-	var ans Answer
 	switch v {
 	case verdictConflict:
 		rec.PriorFingerprint = s.fingerprint
@@ -89,8 +108,15 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 			Extensions: map[string]any{"operation_id": opID, "state": state},
 		}
 	}
+	return rec, status, ans
+}
+
+// recordVerdict records a's attempt, answered with verdict v and status, on operation opID (rec what the verdict
+// adds to the record), durably: a retry whose evidence cannot be written gets an error, never an answer the
+// record does not show. ok is false when the attempt gets refused instead, the answer it gets then.
+func (h *Handler) recordVerdict(ctx context.Context, a *attempt, v verdict, opID string, status int, rec opstore.Attempt) (refused Answer, ok bool) {
 	h.init()
-	err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, rec))
+	err := h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.record(v.record, status, rec))
 	switch {
 	case opstore.AttemptUsed(err) && opID == a.op.ID:
 		// The attempt that claimed the operation, answering with what another worker stored, has its record
@@ -99,13 +125,12 @@ func (h *Handler) existing(ctx context.Context, a *attempt, s stored, header htt
 		err = h.attempts.Append(ctx, a.op.AccountID, opID, v.event, a.caller.Actor, a.lineage.told(status))
 	case opstore.AttemptUsed(err):
 		// A copy of this attempt (same Attempt-Id) was recorded first, after this one's check.
-		return h.refuseLineage(ctx, a, opID, attemptIDUsed())
+		return h.refuseLineage(ctx, a, opID, attemptIDUsed()), false
 	}
 	if err != nil {
-		return Answer{Err: err}
+		return Answer{Err: err}, false
 	}
-	h.observe(a.op.Kind, v.outcome)
-	return ans
+	return Answer{}, true
 }
 
 // refuseLineage records and answers a retry of operation opID refused for its lineage headers. Its record is an

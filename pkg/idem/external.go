@@ -84,9 +84,10 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 	// From here on the claim is committed: whatever happens, the operation exists and nothing may run twice. Its
 	// steps are bounded by the lease and as long again to record the outcome (the recording refuses to settle
 	// twice, so a late one is harmless).
-	ctx, cancel := context.WithDeadline(ctx, lease.Add(h.lease()))
+	left := lease.Sub(h.Clock.Now())
+	ctx, cancel := context.WithTimeout(ctx, left+h.lease())
 	defer cancel()
-	if left := time.Until(lease); left < h.dispatchMargin() {
+	if left < h.dispatchMargin() {
 		h.observe(req.Kind, outcomeStoreUnavailable)
 		return h.releaseUnsent(ctx, a, left, undo)
 	}
@@ -117,7 +118,7 @@ func runExternal[T any](ctx context.Context, h *Handler, call Call, req Request,
 func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, prepare func(context.Context, *gorm.DB, opstatus.Operation) error) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.lease())
 	defer cancel()
-	start := time.Now()
+	start := h.Clock.Now()
 	lease := start.Add(h.lease())
 	a.op.LeaseExpiresAt = &lease
 	err := func() error {
@@ -136,8 +137,8 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 		}
 		// The lease is the effect's time, counted from the claim's commit: a claim that waited on a row lock
 		// (another request holding the same order) must not hand the effect a lease already spent.
-		if time.Since(start) > h.lease()/20 {
-			lease = time.Now().Add(h.lease())
+		if now := h.Clock.Now(); now.Sub(start) > h.lease()/20 {
+			lease = now.Add(h.lease())
 			if _, err := opstatus.ExtendLease(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, lease); err != nil {
 				return err
 			}

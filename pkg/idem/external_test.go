@@ -237,9 +237,9 @@ func TestExternalUnknownOutcomeIsReconciled(t *testing.T) {
 
 func TestExpiredLeaseBecomesUnknownAndLateAnswerDefers(t *testing.T) {
 	t.Parallel()
-	// The late answer must come after the lease (so the recovery worker may judge the operation) and before the
-	// handler's own recording deadline, one more lease later: a wide window, so a loaded machine stays inside it.
-	const lease = time.Second
+	// The late answer comes after the lease (the clock moved past it, so the recovery worker may judge the
+	// operation) and before the handler's own recording deadline, one more lease later in real time.
+	const lease = 30 * time.Second
 	e := setupExternal(t, lease)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
@@ -251,10 +251,10 @@ func TestExpiredLeaseBecomesUnknownAndLateAnswerDefers(t *testing.T) {
 	done := make(chan reply, 1)
 	go func() { done <- e.post(t, "hung", `{"amount":5}`) }()
 	<-entered
-	time.Sleep(lease + 100*time.Millisecond) // let the lease run out
+	e.env.Clock.Advance(lease + time.Second) // past the lease
 
 	settledBy := "reconciler"
-	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Reconcilers: map[string]opstatus.Reconciler{
+	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Clock: e.env.Clock, Reconcilers: map[string]opstatus.Reconciler{
 		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 			return e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 				return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": settledBy}}, nil
@@ -311,7 +311,7 @@ func TestRetryOfUnknownSettlesAtOnce(t *testing.T) {
 // was only slow and records its result afterwards, the result does not number the attempt a second time.
 func TestAttemptOutlivingItsLeaseIsNumberedOnce(t *testing.T) {
 	t.Parallel()
-	const lease = time.Second
+	const lease = 30 * time.Second
 	e := setupExternal(t, lease)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
@@ -323,8 +323,8 @@ func TestAttemptOutlivingItsLeaseIsNumberedOnce(t *testing.T) {
 	done := make(chan reply, 1)
 	go func() { done <- e.post(t, "slow", `{"amount":5}`, "Attempt-Id", "att-slow") }()
 	<-entered
-	time.Sleep(lease + 100*time.Millisecond)                                                             // let the lease run out
-	if _, err := (&opstatus.RecoveryWorker{DB: e.env.DB.DB}).RunOnce(context.Background()); err != nil { // expires the lease
+	e.env.Clock.Advance(lease + time.Second) // past the lease
+	if _, err := (&opstatus.RecoveryWorker{DB: e.env.DB.DB, Clock: e.env.Clock}).RunOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	var ops []opstatus.Operation

@@ -19,6 +19,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
+	"github.com/retrysafe/retrysafe/pkg/clock"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/ids"
@@ -121,6 +122,9 @@ type Handler struct {
 	// Owner, when set, marks this process's external claims (opstatus.HoldOwner), so a same-key retry releases
 	// a claim whose process is gone before its call started instead of waiting for its lease (releaseOrphan).
 	Owner *opstatus.Owner
+	// Clock is the time leases and pruning count by: the real time when nil. A test moves it instead of sleeping
+	// through a lease or a retention; RunBackground's recovery worker shares it.
+	Clock *clock.Clock
 
 	// What requests share, made by init on first use (a Handler may be a literal): the appender of attempt
 	// records, so concurrent retries' records share commits; the key reads, so concurrent requests' reads share

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/retrysafe/retrysafe/internal/poll"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -328,12 +329,12 @@ func TestWaitersAreBounded(t *testing.T) {
 	h.waiters <- struct{}{}
 	first, waiter := make(chan Answer, 1), make(chan Answer, 1)
 	go func() { first <- RunExternal(ctx, h, call(false), req, steps) }()
-	eventually(t, "the first request holds its claim", func() bool {
+	poll.Until(t, "the first request holds its claim", func() bool {
 		s, found, err := h.readKey(ctx, "acct", "k-wait")
 		return err == nil && found && s.opState == opstatus.StateRunning
 	})
 	go func() { waiter <- RunExternal(ctx, h, call(true), req, steps) }()
-	eventually(t, "the retry waits", func() bool { return len(h.waiters) == 0 })
+	poll.Until(t, "the retry waits", func() bool { return len(h.waiters) == 0 })
 	turnedAway := RunExternal(ctx, h, call(true), req, steps)
 	var p *problem.Error
 	if !errors.As(turnedAway.Err, &p) || p.Code != "request_in_progress" {
@@ -346,15 +347,4 @@ func TestWaitersAreBounded(t *testing.T) {
 	if a := <-waiter; a.Status != 201 || a.Header.Get(headerReplayed) != "true" {
 		t.Fatalf("the waiter: %+v; want the result it waited for", a)
 	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for range 400 {
-		if cond() {
-			return
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	t.Fatalf("never: %s", what)
 }

@@ -17,14 +17,14 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
-// TestKeyOutlivesItsResponse: once the stored responses are pruned (a retention of a microsecond, then Prune),
-// a retry with the same key and request runs nothing, in local and in external mode: 409
+// TestKeyOutlivesItsResponse: once the stored responses are pruned (the clock moved past their retention of an
+// hour, then Prune), a retry with the same key and request runs nothing, in local and in external mode: 409
 // idempotency_response_expired naming the operation, its state and its resource. The same key with another
 // request is still 422. The operation says when its response and its key expire.
 func TestKeyOutlivesItsResponse(t *testing.T) {
 	t.Parallel()
 	env := servicetest.New(t)
-	env.Idem.Retention = time.Microsecond
+	env.Idem.Retention = time.Hour
 	var writes, calls atomic.Int64
 	note := func(c *gin.Context) {
 		var body map[string]any
@@ -54,7 +54,7 @@ func TestKeyOutlivesItsResponse(t *testing.T) {
 			t.Fatalf("%s: first %d %s %v", path, a.status, a.body, a.err)
 		}
 	}
-	time.Sleep(2 * time.Millisecond)
+	env.Clock.Advance(time.Hour + time.Minute)
 	responses, keys, err := env.Idem.Prune(t.Context())
 	if err != nil || responses != 2 || keys != 0 {
 		t.Fatalf("prune: %d responses, %d keys, %v; want 2 responses, no key", responses, keys, err)

@@ -52,7 +52,7 @@ func TestUnknownSettledDuringARetryIsNotAnswered202(t *testing.T) {
 // attempt's, and the attempt is still recorded once.
 func TestLateClaimantWithItsOwnAttemptIDDefers(t *testing.T) {
 	t.Parallel()
-	const lease = time.Second
+	const lease = 30 * time.Second
 	e := setupExternal(t, lease)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
@@ -64,8 +64,8 @@ func TestLateClaimantWithItsOwnAttemptIDDefers(t *testing.T) {
 	done := make(chan reply, 1)
 	go func() { done <- e.post(t, "hung", `{"amount":5}`, "Attempt-Id", "att_claimant") }()
 	<-entered
-	time.Sleep(lease + 100*time.Millisecond) // let the lease run out
-	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Reconcilers: map[string]opstatus.Reconciler{
+	e.env.Clock.Advance(lease + time.Second) // past the lease
+	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Clock: e.env.Clock, Reconcilers: map[string]opstatus.Reconciler{
 		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 			return e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 				return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": "reconciled"}}, nil

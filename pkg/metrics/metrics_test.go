@@ -15,6 +15,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/metricstest"
+	"github.com/retrysafe/retrysafe/internal/poll"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
@@ -163,16 +164,12 @@ func TestUnsealedRecordGauges(t *testing.T) {
 		t.Errorf("retrysafe_audit_oldest_unsealed_seconds = %v; want present, >= 0", s.Value("retrysafe_audit_oldest_unsealed_seconds"))
 	}
 	seq := &audit.Sequencer{DB: db.DB}
-	deadline := time.Now().Add(60 * time.Second)
-	for metricstest.Scrape(t, c).Value("retrysafe_audit_unsealed_records") != 0 {
+	poll.Until(t, "retrysafe_audit_unsealed_records at 0", func() bool {
 		if _, err := seq.RunOnce(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("records still unsealed after a minute")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return metricstest.Scrape(t, c).Value("retrysafe_audit_unsealed_records") == 0
+	})
 	if got := metricstest.Scrape(t, c).Value("retrysafe_audit_oldest_unsealed_seconds"); got != 0 {
 		t.Errorf("retrysafe_audit_oldest_unsealed_seconds = %v once sealed; want 0", got)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/clock"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -98,8 +99,8 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 	alive := create(t, db, opstatus.StateRunning, &future)
 	fails := true
 	var asked []string
-	clock := time.Now()
-	w := &opstatus.RecoveryWorker{DB: db.DB, Logger: servicetest.Logger(), Interval: time.Second, Now: func() time.Time { return clock },
+	clk := &clock.Clock{}
+	w := &opstatus.RecoveryWorker{DB: db.DB, Logger: servicetest.Logger(), Interval: time.Second, Clock: clk,
 		Reconcilers: map[string]opstatus.Reconciler{
 			"test.kind": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 				asked = append(asked, op.ID)
@@ -125,7 +126,7 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 	if n, err := w.RunOnce(ctx); err != nil || n != 0 || len(asked) != 1 {
 		t.Fatalf("a pass within the backoff settled %d, asked %d times (%v)", n, len(asked), err)
 	}
-	clock = clock.Add(time.Second)
+	clk.Advance(time.Second)
 	if n, err := w.RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("pass after the backoff settled %d (%v)", n, err)
 	}

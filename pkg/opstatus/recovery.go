@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/clock"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -37,8 +38,8 @@ type RecoveryWorker struct {
 	// Observer, when set, is told what each reconcile achieved (metrics). Finished operations are reported by
 	// whoever records them (idem.Handler.Settle, a service's own store), not here, so none is counted twice.
 	Observer Observer
-	// Now is the clock (time.Now when nil); tests move it.
-	Now func() time.Time
+	// Clock is the time leases are judged by (the real time when nil); tests move it.
+	Clock *clock.Clock
 
 	mu      sync.Mutex
 	backoff map[string]retryAt
@@ -47,13 +48,6 @@ type RecoveryWorker struct {
 type retryAt struct {
 	failures int
 	at       time.Time
-}
-
-func (w *RecoveryWorker) now() time.Time {
-	if w.Now != nil {
-		return w.Now()
-	}
-	return time.Now()
 }
 
 func (w *RecoveryWorker) interval() time.Duration {
@@ -112,7 +106,7 @@ func (w *RecoveryWorker) Run(ctx context.Context) {
 // RunOnce expires leases, then offers every unknown operation that is not backing off to its reconciler. It
 // returns how many operations it settled (left the unknown state).
 func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
-	now := w.now()
+	now := w.Clock.Now()
 	if _, err := expireLeases(ctx, w.DB, now); err != nil {
 		return 0, err
 	}

@@ -104,13 +104,13 @@ func settled(row pgx.Row) error {
 }
 
 // Prune drops the stored responses of final operations created before responsesBefore whose own expiry has
-// passed (the key stays, expired), then gives up the keys of those created before keysBefore whose key expiry
-// has passed.
-func Prune(ctx context.Context, db *gorm.DB, responsesBefore, keysBefore time.Time) (responses, keys int64, err error) {
-	if responses, err = exec(ctx, db, pruneResponsesSQL, responsesBefore); err != nil {
+// passed at now (the key stays, expired), then gives up the keys of those created before keysBefore whose key
+// expiry has passed at now. A nil now is the database's: the expiries were set by its clock (complete.sql).
+func Prune(ctx context.Context, db *gorm.DB, responsesBefore, keysBefore time.Time, now *time.Time) (responses, keys int64, err error) {
+	if responses, err = exec(ctx, db, pruneResponsesSQL, responsesBefore, now); err != nil {
 		return 0, 0, fmt.Errorf("opstore: prune responses: %w", err)
 	}
-	if keys, err = exec(ctx, db, pruneKeysSQL, keysBefore); err != nil {
+	if keys, err = exec(ctx, db, pruneKeysSQL, keysBefore, now); err != nil {
 		return responses, 0, fmt.Errorf("opstore: prune keys: %w", err)
 	}
 	return responses, keys, nil

@@ -1,6 +1,6 @@
 // Package opstore owns the operations and operation_events tables: every statement on them is a file in sql/,
-// run by a typed function here. Other packages (idem, opstatus, the services, the audit bundle, metrics) ask it;
-// none reads those tables with SQL of its own.
+// run by a typed function here. Other packages (idem, opstatus, the services, the audit, metrics, the benchmark)
+// ask it; none reads those tables with SQL of its own.
 //
 // Records are types: an event's detail has one Go type per kind (Attempt, Link; a service's evidence has its
 // own), written and read by the same types, and the columns the database reads of an attempt (attempt_id,

@@ -62,23 +62,41 @@ func TextFault(s string, multiline bool) string {
 		return "must be valid UTF-8"
 	}
 	for _, r := range s {
-		switch {
-		case multiline && (r == '\n' || r == '\t'):
-		case r < 0x20 || (r >= 0x7f && r <= 0x9f) || r == 0x2028 || r == 0x2029:
-			if multiline {
-				return "must not contain control characters (line feed and tab are allowed)"
-			}
-			return "must not contain control characters"
-		case r < 0xa0:
-		case (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) || r == 0x200e || r == 0x200f || r == 0x061c:
-			return "must not contain bidirectional formatting characters (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C)"
-		case invisible(r):
-			return "must not contain invisible characters (zero-width and other format characters such as U+200B, U+00AD and the tags U+E0000–U+E007F, variation selectors, Hangul fillers)"
-		case unicode.Is(unicode.Noncharacter_Code_Point, r):
-			return "must not contain noncharacters (U+FFFE, U+FFFF, U+FDD0–U+FDEF and the last two code points of every plane)"
+		if fault := runeFault(r, multiline); fault != "" {
+			return fault
 		}
 	}
 	return ""
+}
+
+// runeFault is TextFault for one character.
+func runeFault(r rune, multiline bool) string {
+	switch {
+	case multiline && (r == '\n' || r == '\t'):
+	case control(r):
+		if multiline {
+			return "must not contain control characters (line feed and tab are allowed)"
+		}
+		return "must not contain control characters"
+	case r < 0xa0:
+	case bidirectional(r):
+		return "must not contain bidirectional formatting characters (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C)"
+	case invisible(r):
+		return "must not contain invisible characters (zero-width and other format characters such as U+200B, U+00AD and the tags U+E0000–U+E007F, variation selectors, Hangul fillers)"
+	case unicode.Is(unicode.Noncharacter_Code_Point, r):
+		return "must not contain noncharacters (U+FFFE, U+FFFF, U+FDD0–U+FDEF and the last two code points of every plane)"
+	}
+	return ""
+}
+
+// control reports whether r is a C0 or C1 control, DEL, or the line or paragraph separator.
+func control(r rune) bool {
+	return r < 0x20 || (r >= 0x7f && r <= 0x9f) || r == 0x2028 || r == 0x2029
+}
+
+// bidirectional reports whether r is a bidirectional embedding, override, isolate or mark.
+func bidirectional(r rune) bool {
+	return (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) || r == 0x200e || r == 0x200f || r == 0x061c
 }
 
 // invisible reports whether r is default-ignorable: Unicode's derivation of Default_Ignorable_Code_Point

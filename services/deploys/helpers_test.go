@@ -118,17 +118,12 @@ func decodeDeploy(t *testing.T, res *apitest.Response) deploys.Status {
 // waitFinal polls the deploy until it is final; it is a synchronisation point, not a timing assertion.
 func waitFinal(t *testing.T, c *apitest.Client, id string) deploys.Status {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		s := decodeDeploy(t, c.Get("/v1/deploys/"+id).Status(t, 200))
-		if s.State.Final() {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("deploy %s still %s after 20s", id, s.State)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var s deploys.Status
+	servicetest.Eventually(t, "deploy "+id+" final", func() bool {
+		s = decodeDeploy(t, c.Get("/v1/deploys/"+id).Status(t, 200))
+		return s.State.Final()
+	})
+	return s
 }
 
 func count(t *testing.T, db *gorm.DB, query string, args ...any) int {

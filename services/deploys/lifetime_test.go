@@ -10,20 +10,20 @@ import (
 )
 
 // TestPrunedDeployKeyNeverRunsTwice: a deploy runs to success and its stored response is pruned (what
-// IDEMPOTENCY_RETENTION does, here a microsecond); the same request with the same key is 409
+// IDEMPOTENCY_RETENTION does, once the clock moved past it); the same request with the same key is 409
 // idempotency_response_expired naming the deploy, and nothing runs again: one deploy row, one activation at the
 // target, the environment at version 1.
 func TestPrunedDeployKeyNeverRunsTwice(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
-	b.env.Idem.Retention = time.Microsecond
+	b.env.Idem.Retention = time.Hour
 	body := deployBody("api", "staging", artifact(7))
 	d := decodeDeploy(t, b.agent.Post("/v1/deploys", body, apitest.Key("deploy-pruned")).Status(t, http.StatusAccepted))
 	b.runOnce(t)
 	if final := waitFinal(t, b.agent, d.ID); final.State != deploys.StateSucceeded {
 		t.Fatalf("deploy %+v; want succeeded", final.Deploy)
 	}
-	time.Sleep(2 * time.Millisecond)
+	b.env.Clock.Advance(time.Hour + time.Minute)
 	if responses, _, err := b.env.Idem.Prune(t.Context()); err != nil || responses != 1 {
 		t.Fatalf("prune: %d responses, %v; want the deploy's", responses, err)
 	}

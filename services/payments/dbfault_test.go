@@ -61,7 +61,7 @@ func (h *harness) setupProxied(t *testing.T, lease time.Duration) *proxiedBundle
 	return &proxiedBundle{proxy: env.Proxy, env: env, requests: requests, bundle: &bundle{
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
-		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger},
+		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
 	}}
 }
 
@@ -193,9 +193,8 @@ func testUnsentWhenLeaseSpentAtCommit(t *testing.T, h *harness) {
 	var slowed atomic.Bool
 	unset := failpoint.Set("idem.external.claimed", func(detail any) {
 		if op, ok := detail.(opstatus.Operation); ok && op.IdempotencyKey == key && slowed.CompareAndSwap(false, true) {
-			// Less than the dispatch margin (a quarter of the lease) is left after the commit, yet enough for the
-			// COMMIT itself on a loaded machine.
-			time.Sleep(3200 * time.Millisecond)
+			// Less than the dispatch margin (a quarter of the lease) is left after the commit.
+			b.env.Clock.Advance(3200 * time.Millisecond)
 		}
 	})
 	defer unset()

@@ -93,15 +93,16 @@ func unknown(err error) error {
 	return err
 }
 
-// callContext bounds a provider call by the operation's lease: once the lease is over the reconciler may
-// conclude from an empty lookup that the call never executed, so the call must not start or run after it.
-// Every keyed call made with it is recorded in the operation's history (dispatchRecorder).
+// callContext bounds a provider call by the operation's lease, on the clock the lease counts by (the idem
+// handler's): once the lease is over the reconciler may conclude from an empty lookup that the call never
+// executed, so the call must not start or run after it. Every keyed call made with it is recorded in the
+// operation's history (dispatchRecorder).
 func (s *Server) callContext(ctx context.Context, op opstatus.Operation) (context.Context, context.CancelFunc) {
 	ctx = provider.WithDispatchObserver(ctx, dispatchRecorder{db: s.db, accountID: op.AccountID, opID: op.ID, actor: "system:payments", s: s})
 	if op.LeaseExpiresAt == nil {
 		return context.WithCancel(ctx)
 	}
-	return context.WithDeadline(ctx, *op.LeaseExpiresAt)
+	return context.WithTimeout(ctx, op.LeaseExpiresAt.Sub(s.idem.Clock.Now()))
 }
 
 // downstreamKey is op's provider Idempotency-Key: DownstreamKey, unless the caller's key was given up at the end of

@@ -13,12 +13,12 @@ import (
 )
 
 // testPrunedKeysNeverRunTwice: a capture and a refund whose stored responses are pruned (what
-// IDEMPOTENCY_RETENTION does, here a microsecond) are sent again with the same keys: 409
+// IDEMPOTENCY_RETENTION does, once the clock moved past it) are sent again with the same keys: 409
 // idempotency_response_expired naming each operation's resource, and nothing more reaches the provider or the
 // ledger: one capture, one refund, one refund row, the refunded total unchanged.
 func testPrunedKeysNeverRunTwice(t *testing.T, h *harness) {
 	b := h.setup(t)
-	b.idem.Retention = time.Microsecond
+	b.idem.Retention = time.Hour
 	in := b.createIntent(t, "o-pruned", `{"order_id":"o-pruned","amount":"20.00","currency":"USD"}`)
 	capture := "/v1/payment_intents/" + in.ID + "/capture"
 	refunds := "/v1/payment_intents/" + in.ID + "/refunds"
@@ -29,7 +29,7 @@ func testPrunedKeysNeverRunTwice(t *testing.T, h *harness) {
 	b.agent.Post(refunds, `{"amount":"4.00"}`, apitest.Key("ref-pruned")).Status(t, http.StatusCreated).Decode(t, &refund)
 	b.assertCounters(t, map[string]int64{"authorize": 1, "capture": 1, "refund": 1})
 
-	time.Sleep(2 * time.Millisecond)
+	b.env.Clock.Advance(time.Hour + time.Minute)
 	if responses, _, err := b.idem.Prune(t.Context()); err != nil || responses < 3 {
 		t.Fatalf("prune: %d responses, %v; want the create's, the capture's and the refund's", responses, err)
 	}
@@ -73,10 +73,10 @@ func testKeyReusedAfterLifetime(t *testing.T, h *harness) {
 		ProviderRefundID string `json:"provider_refund_id"`
 	}
 	var first, second refund
-	b.idem.Retention, b.idem.KeyLifetime = time.Microsecond, time.Microsecond
+	b.idem.Retention, b.idem.KeyLifetime = time.Hour, time.Hour
 	b.agent.Post(refunds, `{"amount":"1.00"}`, apitest.Key("ref-k")).Status(t, http.StatusCreated).Decode(t, &first)
 	firstOp := operation(t, b.agent, "ref-k")
-	time.Sleep(2 * time.Millisecond)
+	b.env.Clock.Advance(time.Hour + time.Minute)
 	if _, keys, err := b.idem.Prune(t.Context()); err != nil || keys < 1 {
 		t.Fatalf("prune: %d keys, %v; want the refund's key given up", keys, err)
 	}

@@ -120,7 +120,7 @@ func (h *harness) setupWith(t *testing.T, url string) *bundle {
 	return &bundle{
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
-		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger},
+		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
 		idem:     env.Idem, env: env,
 	}
 }
@@ -322,13 +322,10 @@ func testOwnerGone(t *testing.T, h *harness) {
 
 	// A client's retry: 409 request_in_progress only while the killed process's session has not ended yet.
 	var retry *apitest.Response
-	for range 20 {
+	servicetest.Eventually(t, "a retry answered other than 409", func() bool {
 		retry = agent.Post(path, `{}`, apitest.Key("cap"))
-		if retry.Code != http.StatusConflict {
-			break
-		}
-		time.Sleep(time.Second)
-	}
+		return retry.Code != http.StatusConflict
+	})
 	var captured intent
 	retry.Status(t, http.StatusOK).Decode(t, &captured)
 	if !time.Now().Before(*old.LeaseExpiresAt) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"gorm.io/gorm"
 
@@ -42,6 +41,9 @@ var errLeaseRunning = errors.New("payments: the operation's lease has not ended;
 // per execution) did; the resource it names goes on the operation.
 type duplicatedFunc func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, effects []string) (*opstatus.Resource, error)
 
+// settleWrite is the write a reconciler settles an operation with (idem's Settle).
+type settleWrite = func(ctx context.Context, tx *gorm.DB) (idem.Result, error)
+
 // reconciler settles an unknown operation from the provider's record of its downstream key. T is the type of
 // the provider's answer to the kind's call. It never calls the provider's write endpoints: a capture is sent by
 // the handler once, or never. duplicated, when set, books a call executed more than once.
@@ -50,57 +52,18 @@ func reconciler[T any](s *Server, record recordFunc[T], duplicated duplicatedFun
 		key, res, err := s.lookup(ctx, op)
 		evidence := map[string]any{"downstream_key": key, "endpoint": "GET /v1/idempotency/{key}"}
 		if err != nil {
-			// Unreachable provider, or the call is still running there: ask again on a later pass. The failed
-			// lookup is evidence too: it says when someone asked and could not learn.
-			evidence["result"], evidence["reason"] = "failed", lookupFailure(err)
-			if aerr := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); aerr != nil {
-				return aerr
-			}
-			return fmt.Errorf("payments: reconcile %s: lookup %s: %w", op.ID, key, err)
+			return s.failedLookup(ctx, op, key, evidence, err)
 		}
-		var (
-			outcome T
-			callErr error
-		)
-		evidence["found"], evidence["result"] = res.Found, "not_found"
-		if res.Found {
-			callErr = res.Answer(&outcome)
-			evidence["result"], evidence["status"], evidence["body"] = "found", res.Status, json.RawMessage(res.Body)
-			evidence["effects"] = res.Effects
-		} else {
-			if err := s.negativeLookup(ctx, op, evidence); err != nil {
-				return err
-			}
-			callErr = errNotExecuted
+		outcome, callErr, err := readLookup[T](ctx, s, op, res, evidence)
+		if err != nil {
+			return err
 		}
 		if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 			return err
 		}
-		write := func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
-			res, err := record(ctx, tx, op, outcome, callErr)
-			if res.Reason == "" {
-				res.Reason = opstore.ReasonRemoteRecordFound
-			}
-			return res, err
-		}
+		write := recordWrite(record, op, outcome, callErr)
 		if len(res.Effects) > 1 {
-			// The provider executed the call more than once: not a success, not a failure, and never retried.
-			// A refund is booked as executed (each execution paid out); a capture's intent keeps its
-			// reservation for the correction that records it (remediate.go).
-			write = func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
-				p := problem.New("duplicate_effect_confirmed",
-					"the payment provider executed this request %d times (%s); nothing will be retried: see docs/payments.md for its correction",
-					len(res.Effects), strings.Join(res.Effects, ", ")).With("remote_ids", res.Effects)
-				result := idem.ProblemResult(p, opstatus.StateDuplicateEffect)
-				if duplicated != nil {
-					resource, err := duplicated(ctx, tx, op, res.Effects)
-					if err != nil {
-						return idem.Result{}, recorded(err)
-					}
-					result.Resource = resource
-				}
-				return result, nil
-			}
+			write = duplicateWrite(op, res.Effects, duplicated)
 		}
 		err = s.idem.Settle(ctx, op, reconcilerActor, write)
 		if errors.Is(err, idem.ErrAlreadySettled) {
@@ -108,6 +71,65 @@ func reconciler[T any](s *Server, record recordFunc[T], duplicated duplicatedFun
 		}
 		return err
 	})
+}
+
+// failedLookup records a lookup that could not reach the provider, or found the call still running there, and
+// returns lookupErr so the operation is asked about again on a later pass. The failed lookup is evidence too: it
+// says when someone asked and could not learn.
+func (s *Server) failedLookup(ctx context.Context, op opstatus.Operation, key string, evidence map[string]any, lookupErr error) error {
+	evidence["result"], evidence["reason"] = "failed", lookupFailure(lookupErr)
+	if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+		return err
+	}
+	return fmt.Errorf("payments: reconcile %s: lookup %s: %w", op.ID, key, lookupErr)
+}
+
+// readLookup reads the provider's answer res into the kind's outcome and its call error, and adds to evidence
+// what the answer shows. When nothing was found, the call error is errNotExecuted once negativeLookup proves the
+// call can no longer arrive; its error otherwise.
+func readLookup[T any](ctx context.Context, s *Server, op opstatus.Operation, res provider.LookupResult, evidence map[string]any) (outcome T, callErr error, err error) {
+	evidence["found"], evidence["result"] = res.Found, "not_found"
+	if !res.Found {
+		if err := s.negativeLookup(ctx, op, evidence); err != nil {
+			return outcome, nil, err
+		}
+		return outcome, errNotExecuted, nil
+	}
+	callErr = res.Answer(&outcome)
+	evidence["result"], evidence["status"], evidence["body"] = "found", res.Status, json.RawMessage(res.Body)
+	evidence["effects"] = res.Effects
+	return outcome, callErr, nil
+}
+
+// recordWrite settles op with the kind's Record step, on the remote record found unless the step says why.
+func recordWrite[T any](record recordFunc[T], op opstatus.Operation, outcome T, callErr error) settleWrite {
+	return func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
+		res, err := record(ctx, tx, op, outcome, callErr)
+		if res.Reason == "" {
+			res.Reason = opstore.ReasonRemoteRecordFound
+		}
+		return res, err
+	}
+}
+
+// duplicateWrite settles op whose call the provider executed more than once (effects): not a success, not a
+// failure, and never retried. A refund is booked as executed (each execution paid out); a capture's intent keeps
+// its reservation for the correction that records it (remediate.go).
+func duplicateWrite(op opstatus.Operation, effects []string, duplicated duplicatedFunc) settleWrite {
+	return func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
+		p := problem.New("duplicate_effect_confirmed",
+			"the payment provider executed this request %d times (%s); nothing will be retried: see docs/payments.md for its correction",
+			len(effects), strings.Join(effects, ", ")).With("remote_ids", effects)
+		result := idem.ProblemResult(p, opstatus.StateDuplicateEffect)
+		if duplicated != nil {
+			resource, err := duplicated(ctx, tx, op, effects)
+			if err != nil {
+				return idem.Result{}, recorded(err)
+			}
+			result.Resource = resource
+		}
+		return result, nil
+	}
 }
 
 // lookup asks the provider what it answered under op's downstream key, and returns the key it asked about.
@@ -133,7 +155,7 @@ func (s *Server) lookup(ctx context.Context, op opstatus.Operation) (string, pro
 // arrive the negative lookup proves nothing: it is recorded, and errLeaseRunning leaves the operation unknown
 // for a later pass.
 func (s *Server) negativeLookup(ctx context.Context, op opstatus.Operation, evidence map[string]any) error {
-	until, reason, err := opstatus.CallMayLand(ctx, s.db, op, time.Now())
+	until, reason, err := opstatus.CallMayLand(ctx, s.db, op, s.idem.Clock.Now())
 	if err != nil {
 		return err
 	}

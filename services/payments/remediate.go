@@ -115,32 +115,12 @@ func duplicateAmounts(ctx context.Context, db *gorm.DB, accountID, dupID string)
 // here (idem answers it from the stored response). A duplicated refund is 409 duplicate_refund_not_refundable.
 func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID, dupID string, amountMinor int64, op opstatus.Operation, actor string) error {
 	db := tx.WithContext(ctx)
-	// The corrected operation, locked, so two corrections of it sent at once are decided one after the other.
-	kind, lockedState, found, err := opstore.LockKindState(ctx, db, accountID, dupID)
+	state, err := lockDuplicate(ctx, db, accountID, dupID)
 	if err != nil {
-		return fmt.Errorf("payments: remediate %s: %w", dupID, err)
+		return err
 	}
-	state := opstatus.State(lockedState)
-	switch {
-	case !found:
-		return headerProblem("names no operation of this account")
-	case kind != KindCapture && kind != KindRefund:
-		return headerProblem("names a " + kind + " operation; only a capture can be corrected")
-	case state != opstatus.StateDuplicateEffect:
-		return problem.New("invalid_state", "operation %s is %s; only a duplicate_effect_confirmed operation is corrected with %s",
-			dupID, state, HeaderRemediates).With("operation_id", dupID).With("state", state)
-	case kind == KindRefund:
-		return problem.New("duplicate_refund_not_refundable",
-			"operation %s is a refund the provider executed more than once, booked as such; another refund would pay the customer again: "+
-				"its money comes back through the provider or the customer (docs/payments.md), nothing was sent", dupID).
-			With("operation_id", dupID)
-	}
-	var intent []string
-	if err := db.Raw(remediatedIntent, accountID, dupID, accountID, dupID, accountID, dupID).Scan(&intent).Error; err != nil {
-		return fmt.Errorf("payments: remediate %s: intent: %w", dupID, err)
-	}
-	if len(intent) == 0 || intent[0] != intentID {
-		return headerProblem("names an operation of another payment intent; a correction refunds the intent the duplicate charged")
+	if err := checkSameIntent(db, accountID, intentID, dupID); err != nil {
+		return err
 	}
 	each, effects, err := duplicateAmounts(ctx, db, accountID, dupID)
 	if err != nil {
@@ -152,38 +132,96 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 			With("operation_id", dupID).With("state", state)
 	}
 	extra := each * (effects - 1)
-	// What earlier corrections return, pending or done: read after the duplicate's lock, which every correction
-	// of it takes, so two corrections sent at once are counted one after the other.
+	if err := checkUnreturned(ctx, db, accountID, intentID, dupID, amountMinor, each, effects); err != nil {
+		return err
+	}
+	if _, err := s.cfg.Store.DuplicateCaptured(ctx, tx, accountID, dupID, each, extra); err != nil && !errors.Is(err, ErrNotReserved) {
+		return err // ErrNotReserved: an earlier correction recorded it
+	}
+	return linkCorrection(ctx, tx, accountID, dupID, op.ID, actor)
+}
+
+// lockDuplicate locks the corrected operation dupID, so two corrections of it sent at once are decided one after
+// the other, and returns its state once it is a duplicate_effect_confirmed capture; otherwise the problem that
+// refuses the correction.
+func lockDuplicate(ctx context.Context, db *gorm.DB, accountID, dupID string) (opstatus.State, error) {
+	kind, lockedState, found, err := opstore.LockKindState(ctx, db, accountID, dupID)
+	if err != nil {
+		return "", fmt.Errorf("payments: remediate %s: %w", dupID, err)
+	}
+	state := opstatus.State(lockedState)
+	switch {
+	case !found:
+		return "", headerProblem("names no operation of this account")
+	case kind != KindCapture && kind != KindRefund:
+		return "", headerProblem("names a " + kind + " operation; only a capture can be corrected")
+	case state != opstatus.StateDuplicateEffect:
+		return "", problem.New("invalid_state", "operation %s is %s; only a duplicate_effect_confirmed operation is corrected with %s",
+			dupID, state, HeaderRemediates).With("operation_id", dupID).With("state", state)
+	case kind == KindRefund:
+		return "", problem.New("duplicate_refund_not_refundable",
+			"operation %s is a refund the provider executed more than once, booked as such; another refund would pay the customer again: "+
+				"its money comes back through the provider or the customer (docs/payments.md), nothing was sent", dupID).
+			With("operation_id", dupID)
+	}
+	return state, nil
+}
+
+// checkSameIntent refuses a correction of dupID unless the duplicate acted on intentID, the intent refunded.
+func checkSameIntent(db *gorm.DB, accountID, intentID, dupID string) error {
+	var intent []string
+	if err := db.Raw(remediatedIntent, accountID, dupID, accountID, dupID, accountID, dupID).Scan(&intent).Error; err != nil {
+		return fmt.Errorf("payments: remediate %s: intent: %w", dupID, err)
+	}
+	if len(intent) == 0 || intent[0] != intentID {
+		return headerProblem("names an operation of another payment intent; a correction refunds the intent the duplicate charged")
+	}
+	return nil
+}
+
+// checkUnreturned refuses a correction of amountMinor beyond what the duplicate took (effects-1 executions of
+// each) less what earlier corrections return, pending or done: 409 already_remediated once nothing is left, 422
+// amount_too_large when the refund asks more than is left. The sum is read after the duplicate's lock, which
+// every correction of it takes, so two corrections sent at once are counted one after the other.
+func checkUnreturned(ctx context.Context, db *gorm.DB, accountID, intentID, dupID string, amountMinor, each, effects int64) error {
+	extra := each * (effects - 1)
 	var returned int64
 	if err := db.Raw(heldSQL, accountID, intentID, true).Scan(&returned).Error; err != nil {
 		return fmt.Errorf("payments: remediate %s: returned so far: %w", dupID, err)
 	}
 	if returned >= extra {
-		// The first correction that did not fail (the provider refused a failed one, or it never reached it).
-		by, err := opstore.LinkedNotFailed(ctx, db, accountID, dupID, EventRemediatedBy, "remediated_by")
-		if err != nil {
-			return fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
-		}
-		p := problem.New("already_remediated",
-			"operation %s is already corrected: its corrections return all the duplicate took (%d minor units); another would refund it twice", dupID, extra).
-			With("operation_id", dupID)
-		if by != "" {
-			p = p.With("remediated_by", by)
-		}
-		return p
+		return alreadyRemediated(ctx, db, accountID, dupID, extra)
 	}
 	if available := extra - returned; amountMinor > available {
 		return problem.New("amount_too_large",
 			"a correction refunds at most what the duplicate took and earlier corrections have not returned: %d minor units (%d executions of %d, %d returned)",
 			available, effects, each, returned).With("available_minor", available)
 	}
-	if _, err := s.cfg.Store.DuplicateCaptured(ctx, tx, accountID, dupID, each, extra); err != nil && !errors.Is(err, ErrNotReserved) {
-		return err // ErrNotReserved: an earlier correction recorded it
+	return nil
+}
+
+// alreadyRemediated is the 409 for a duplicate whose corrections return all it took (extra), naming the first
+// correction that did not fail (the provider refused a failed one, or it never reached it).
+func alreadyRemediated(ctx context.Context, db *gorm.DB, accountID, dupID string, extra int64) error {
+	by, err := opstore.LinkedNotFailed(ctx, db, accountID, dupID, EventRemediatedBy, "remediated_by")
+	if err != nil {
+		return fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
 	}
+	p := problem.New("already_remediated",
+		"operation %s is already corrected: its corrections return all the duplicate took (%d minor units); another would refund it twice", dupID, extra).
+		With("operation_id", dupID)
+	if by != "" {
+		p = p.With("remediated_by", by)
+	}
+	return p
+}
+
+// linkCorrection writes the two events that link correction opID and the duplicate dupID it corrects.
+func linkCorrection(ctx context.Context, tx *gorm.DB, accountID, dupID, opID, actor string) error {
 	if err := opstatus.Append(ctx, tx, accountID, dupID, EventRemediatedBy, actor,
-		opstore.Link{RemediatedBy: op.ID}); err != nil {
+		opstore.Link{RemediatedBy: opID}); err != nil {
 		return err
 	}
-	return opstatus.Append(ctx, tx, accountID, op.ID, EventRemediates, actor,
+	return opstatus.Append(ctx, tx, accountID, opID, EventRemediates, actor,
 		opstore.Link{Remediates: dupID})
 }

@@ -10,17 +10,17 @@ import (
 )
 
 // TestPrunedTicketKeyNeverRunsTwice: a ticket without source_event_id (nothing else dedupes it) and a comment on
-// it; their responses are pruned (what IDEMPOTENCY_RETENTION does, here a microsecond); the same requests with
-// the same keys make no second ticket and no second comment, and answer 409 idempotency_response_expired naming
-// the resource; GET /v1/operations/{id} says when the key expires.
+// it; their responses are pruned (what IDEMPOTENCY_RETENTION does, once the clock moved past it); the same
+// requests with the same keys make no second ticket and no second comment, and answer 409
+// idempotency_response_expired naming the resource; GET /v1/operations/{id} says when the key expires.
 func TestPrunedTicketKeyNeverRunsTwice(t *testing.T) {
 	t.Parallel()
 	c, env := setup(t)
-	env.Idem.Retention = time.Microsecond
+	env.Idem.Retention = time.Hour
 	var created tickets.CreateResult
 	c.Post("/v1/tickets", ticketBody, apitest.Key("lifetime-ticket")).Status(t, http.StatusCreated).Decode(t, &created)
 	c.Post("/v1/tickets/"+created.ID+"/comments", `{"body":"on it"}`, apitest.Key("lifetime-comment")).Status(t, http.StatusCreated)
-	time.Sleep(2 * time.Millisecond)
+	env.Clock.Advance(time.Hour + time.Minute)
 	if _, _, err := env.Idem.Prune(t.Context()); err != nil {
 		t.Fatal(err)
 	}

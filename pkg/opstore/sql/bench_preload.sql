@@ -1,6 +1,6 @@
--- bench-preload.sql: loads completed ticket creates numbered [bench.from, bench.to) into a migrated retrysafe
+-- bench_preload.sql: loads completed ticket creates numbered [bench.from, bench.to) into a migrated retrysafe
 -- database, for the growth benchmark (`make bench-growth`, cmd/retrysafe-bench -preload N, which runs it in
--- batches). Each one leaves the rows a real `POST /v1/tickets` leaves once committed (services/tickets,
+-- batches through opstore.BenchPreload). Each one leaves the rows a real `POST /v1/tickets` leaves once committed (services/tickets,
 -- pkg/idem): the ticket, the operation (tickets.create, succeeded) holding its completed idempotency key with the
 -- stored 201 answer, and its one event (completed, attempt 1). The events are left unsealed,
 -- as after a burst of real creates: the service's audit sequencer seals them (the harness waits for it before it
@@ -14,7 +14,7 @@
 -- sending that request again with its key replays the stored 201.
 --
 -- By hand: PGOPTIONS='-c bench.from=0 -c bench.to=1000 -c bench.t0=2026-11-30T00:00:00Z' psql -v ON_ERROR_STOP=1 \
---   -d postgres://postgres@127.0.0.1:5432/DB -f scripts/bench-preload.sql
+--   -d postgres://postgres@127.0.0.1:5432/DB -f pkg/opstore/sql/bench_preload.sql
 SET session_replication_role = replica;
 SET synchronous_commit = off;
 

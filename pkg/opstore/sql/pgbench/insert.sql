@@ -1,0 +1,3 @@
+-- scripts/bench-db-steps.sh (pgbench): the operation inserted completed (key and stored response), without its
+-- record.
+INSERT INTO operations (account_id, id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, key_state, response_status, response_headers, response_body, completed_at, response_expires_at, key_expires_at) VALUES ('acct_a', 'op_' || :client_id::text || '_' || :r::text, 'tickets.create', 'succeeded', 'k_' || :client_id::text || '_' || :r::text, md5(:r::text), 'ticket', 'tkt_' || :client_id::text || '_' || :r::text, 'completed', 201, '{}'::jsonb, '\x7b7d', now(), now() + interval '72 hours', now() + interval '90 days');
