@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
-	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 // consoleQuery names every query parameter a console page reads (search, filters, cursors, the notice after a

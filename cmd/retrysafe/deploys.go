@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/retrysafe/retrysafe/pkg/service"
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
 

@@ -34,6 +34,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
@@ -42,7 +43,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
-	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/schema"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )
@@ -185,7 +185,7 @@ func migrate(ctx context.Context, cfg config, logger *slog.Logger) error {
 	return nil
 }
 
-// builders lists the services `serve` knows, in start order, each built through the contract of pkg/service.
+// builders lists the services `serve` knows, in start order, each built through the contract of internal/service.
 var builders = []struct {
 	name  string
 	addr  func(cfg config) string

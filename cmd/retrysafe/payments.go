@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/pkg/money"
-	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/pkg/tracing"
 	"github.com/retrysafe/retrysafe/services/payments"
 	"github.com/retrysafe/retrysafe/services/provider"

@@ -8,12 +8,12 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/retrysafe/retrysafe/api"
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/console"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
-	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 var ginParam = regexp.MustCompile(`:([A-Za-z_]+)`)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/consoletest"
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
-	"github.com/retrysafe/retrysafe/pkg/service"
 	"github.com/retrysafe/retrysafe/services/deploys"
 	"github.com/retrysafe/retrysafe/services/tickets"
 )

@@ -1,5 +1,5 @@
 // Package servicetest builds a service under test exactly as `retrysafe serve` does, through the contract of
-// pkg/service: the demo API keys, an idem.Handler on a lent test schema, service.Handler in front, the
+// internal/service: the demo API keys, an idem.Handler on a lent test schema, service.Handler in front, the
 // service's reconcilers given to idem, and an httptest server.
 //
 //	env := servicetest.New(t)
@@ -26,13 +26,13 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/faultproxy"
 	"github.com/retrysafe/retrysafe/internal/poll"
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/clock"
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 // The demo secrets of auth.DemoKeys.

@@ -11,7 +11,7 @@
 // another account's approval or operation is a 404, as in the API, and a path or query value that is not
 // clean text is refused before any page reads it (checkURL).
 //
-// Its pages are http.Handlers keyed by ServeMux pattern. pkg/service mounts them on every gin service
+// Its pages are http.Handlers keyed by ServeMux pattern. internal/service mounts them on every gin service
 // (httpserver.Mount); a net/http service registers them on its mux:
 //
 //	routes, err := console.Routes(console.Options{DB: db, Keys: keys, Service: "notes"})
@@ -149,7 +149,7 @@ type navItem struct{ Label, Link string }
 
 // Routes are the console's pages under Prefix, keyed by ServeMux pattern. They authenticate by session
 // cookie, not by bearer key. Every answer carries SecurityHeaders; a router that throttles clients before them
-// (pkg/service: ratelimit.Failures, so refused sign-ins count as unknown API keys do) runs SecurityHeaders
+// (internal/service: ratelimit.Failures, so refused sign-ins count as unknown API keys do) runs SecurityHeaders
 // first, so its refusals carry them too.
 func Routes(o Options) (map[string]http.Handler, error) {
 	if o.DB == nil || o.Keys == nil {

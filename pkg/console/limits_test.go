@@ -15,9 +15,9 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/console"
-	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 // serveConsole serves the console of a service of no routes with the console settings o.

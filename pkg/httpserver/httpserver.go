@@ -1,16 +1,18 @@
-// Package httpserver is the gin side of retrysafe: the HTTP plumbing every gin service shares, and the adapters
-// that put the core's net/http pieces on a gin router.
+// Package httpserver holds the gin adapters of retrysafe: the one package (with idem/idemgin beside the package it
+// adapts) that puts the net/http pieces on a gin router, and the HTTP plumbing every gin service shares.
 //
-// The core (problem, auth, idem, opstatus, approval, httpjson) speaks context, net/http and its own types and
-// imports no router. A gin service reaches it through this package and the adapters beside the core
-// packages they adapt (idem/idemgin): WriteProblem writes a problem on a *gin.Context, Wrap mounts net/http
-// middleware (auth.Middleware, auth.AgentWrites), Mount registers routes given by ServeMux pattern
-// (opstatus.Routes, approval's Service.Routes) as gin routes. The plumbing: a gin engine with JSON access
-// logs, panic recovery into problem+json, a request body limit, CheckURL for every path parameter and query
-// value before a handler sees it, health endpoints, and a server that caps its connections (Limits) and shuts
-// down gracefully when its context ends.
+// Every mechanism (problem, auth, idem, opstatus, approval, httpjson, metrics, ratelimit, tracing) speaks
+// context, net/http and its own types and imports no router, so an adopter on plain net/http uses it as it is.
+// A gin service reaches it here: WriteProblem writes a problem on a *gin.Context, Wrap mounts net/http
+// middleware (auth.Middleware, auth.AgentWrites, ratelimit's Limiter), Mount registers routes given by
+// ServeMux pattern (opstatus.Routes, approval's Service.Routes) as gin routes, and Metrics, Tracing and
+// Failures label by gin's route template or count by gin's client address. The plumbing: a gin engine with
+// JSON access logs, panic recovery into problem+json, a request body limit, CheckURL for every path parameter
+// and query value before a handler sees it, health endpoints, and a server that caps its connections (Limits)
+// and shuts down gracefully when its context ends.
 //
-//	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20})
+//	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db, BodyLimit: 1 << 20,
+//		Middleware: []gin.HandlerFunc{httpserver.Metrics("tickets", m.Request), httpserver.Tracing}})
 //	api := r.Group("", httpserver.Wrap(auth.Middleware(keys)))
 //	tickets.Routes(api, svc)
 //	httpserver.Mount(api, opstatus.Routes(db))

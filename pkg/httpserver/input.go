@@ -8,7 +8,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/urlcheck"
 )
 
-// CheckURL is middleware for every API route, before its handlers (pkg/service puts it behind authentication):
+// CheckURL is middleware for every API route, before its handlers (internal/service puts it behind authentication):
 // it writes the problem URLError finds, so a URL that is not clean text never reaches a handler.
 func CheckURL(c *gin.Context) {
 	if err := URLError(c); err != nil {

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 )
 
 // Defaults of Limits.
@@ -24,7 +26,7 @@ type Limits struct {
 	// closes the one idle longest between requests (a keep-alive that may never send again); with none idle it
 	// waits for one to close, and those after it wait, unaccepted, in the kernel's backlog.
 	MaxConns int
-	// MaxConnsPerClient caps the connections of one client address (ClientPrefix); a connection beyond it is
+	// MaxConnsPerClient caps the connections of one client address (ratelimit.ClientPrefix); a connection beyond it is
 	// closed as soon as it is accepted. Connections from loopback and from TrustedProxies are not counted:
 	// they carry many clients (a proxy in front, the load harness), whom a cap on the peer address would lock
 	// out together. Behind another proxy, list it in TrustedProxies.
@@ -43,18 +45,6 @@ func (l Limits) withDefaults() Limits {
 		l.IdleTimeout = DefaultIdleTimeout
 	}
 	return l
-}
-
-// ClientPrefix is the address limits count a client by: an IPv4 address, or the /64 of an IPv6 address, which
-// one host usually holds whole.
-func ClientPrefix(a netip.Addr) netip.Prefix {
-	a = a.Unmap()
-	bits := 32
-	if a.Is6() {
-		bits = 64
-	}
-	p, _ := a.Prefix(bits)
-	return p
 }
 
 // newServer is the http.Server of ServeListener. ReadHeaderTimeout bounds a client that never finishes its
@@ -215,7 +205,7 @@ func (l *perClientListener) Accept() (net.Conn, error) {
 		if err != nil || l.exempt(ap.Addr().Unmap()) {
 			return c, nil
 		}
-		client := ClientPrefix(ap.Addr())
+		client := ratelimit.ClientPrefix(ap.Addr())
 		l.mu.Lock()
 		full := l.open[client] >= l.max
 		if !full {

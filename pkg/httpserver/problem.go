@@ -26,7 +26,7 @@ func RefuseUnread(c *gin.Context, err error) {
 	WriteProblem(c, err)
 }
 
-// Wrap mounts net/http middleware (auth.Middleware, auth.AgentWrites) in a gin chain. The request it sees
+// Wrap mounts net/http middleware (auth.Middleware, auth.AgentWrites, ratelimit's Limiter) in a gin chain. The request it sees
 // carries gin's route template as its Pattern; when mw calls its next handler, the chain goes on with the
 // request mw passed (its context holds what mw added); when mw answers instead, the chain stops.
 func Wrap(mw func(http.Handler) http.Handler) gin.HandlerFunc {

@@ -2,8 +2,8 @@
 // template, idempotency decisions, finished and unknown operations, reconciles and downstream calls.
 //
 // One Metrics per process, on its own registry (never the global default one, so tests can build several in one
-// process). It implements idem.Observer and opstatus.Observer. cmd/retrysafe wires it through pkg/service, which
-// adds the middleware to each service's router and serves Handler on GET /metrics:
+// process). It implements idem.Observer and opstatus.Observer. cmd/retrysafe wires it through internal/service,
+// which counts every request of each service's router and serves Handler on GET /metrics:
 //
 //	m := metrics.New()
 //	m.WatchOperations(db, 2*time.Second) // the gauges of unknown operations
@@ -11,7 +11,8 @@
 //		Idem: &idem.Handler{DB: db, Observer: m}}
 //	client := provider.NewClient(url, secret, timeout).WithObserver(m.Downstream("provider"))
 //
-// Without pkg/service: httpserver.Options{Middleware: []gin.HandlerFunc{m.Middleware("tickets")}} and
+// On net/http: mux.Handle("GET /metrics", m.Handler()) and http.ListenAndServe(addr, m.Middleware("tickets")(mux)).
+// On gin: httpserver.Options{Middleware: []gin.HandlerFunc{httpserver.Metrics("tickets", m.Request)}} and
 // r.GET("/metrics", gin.WrapH(m.Handler())).
 //
 // Labels never carry an account, a key, an id or a raw path: only kinds, route templates, states and outcomes
@@ -21,9 +22,11 @@ package metrics
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
-	"github.com/gin-gonic/gin"
+	"github.com/felixge/httpsnoop"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -102,20 +105,37 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
-// Middleware counts and times every request of service. Add it before the routes are registered (gin applies
-// middleware to routes registered after it).
-func (m *Metrics) Middleware(service string) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		start := time.Now()
-		c.Next()
-		route := c.FullPath()
-		if route == "" {
-			route = UnmatchedRoute
-		}
-		method := methodLabel(c.Request.Method)
-		m.httpRequests.WithLabelValues(service, route, method, strconv.Itoa(c.Writer.Status())).Inc()
-		m.httpDuration.WithLabelValues(service, route, method).Observe(time.Since(start).Seconds())
+// Request counts and times one answered request of service: route is its route template ("" when it matched
+// no route: UnmatchedRoute), status the status of the answer. Middleware calls it on net/http, and
+// pkg/httpserver's Metrics on gin.
+func (m *Metrics) Request(service, route, method string, status int, took time.Duration) {
+	if route == "" {
+		route = UnmatchedRoute
 	}
+	method = methodLabel(method)
+	m.httpRequests.WithLabelValues(service, route, method, strconv.Itoa(status)).Inc()
+	m.httpDuration.WithLabelValues(service, route, method).Observe(took.Seconds())
+}
+
+// Middleware counts and times every request of service on net/http. The route is the path of the ServeMux
+// pattern that answered ("/v1/things/{id}"), which the mux sets on the request it is given: put Middleware
+// directly around the mux, with nothing between them that passes on a copy of the request.
+func (m *Metrics) Middleware(service string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got := httpsnoop.CaptureMetrics(next, w, r)
+			m.Request(service, routeOf(r.Pattern), r.Method, got.Code, got.Duration)
+		})
+	}
+}
+
+// routeOf is the path of a ServeMux pattern: "GET /v1/things/{id}" is /v1/things/{id}, as the method has a
+// label of its own.
+func routeOf(pattern string) string {
+	if _, path, ok := strings.Cut(pattern, " "); ok {
+		return path
+	}
+	return pattern
 }
 
 // methodLabel keeps the method label to the standard methods: a caller inventing methods cannot add series.

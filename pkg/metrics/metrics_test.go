@@ -28,7 +28,7 @@ import (
 // serve puts m behind the shared router, with routes of its own, and returns a client of it.
 func serve(t *testing.T, m *metrics.Metrics, routes func(r *gin.Engine)) *apitest.Client {
 	t.Helper()
-	r := httpserver.NewRouter(httpserver.Options{Logger: servicetest.Logger(), Middleware: []gin.HandlerFunc{m.Middleware("things")}})
+	r := httpserver.NewRouter(httpserver.Options{Logger: servicetest.Logger(), Middleware: []gin.HandlerFunc{httpserver.Metrics("things", m.Request)}})
 	r.GET("/metrics", gin.WrapH(m.Handler()))
 	routes(r)
 	srv := httptest.NewServer(r)
@@ -74,6 +74,46 @@ func TestMiddlewareLabelsByRouteTemplate(t *testing.T) {
 	}
 	if strings.Contains(s.Body, "thing_") || strings.Contains(s.Body, "BREW") {
 		t.Errorf("a raw path or method became a label:\n%s", s.Body)
+	}
+}
+
+// TestMiddlewareOnNetHTTP: around a ServeMux, requests are labelled by the path of the pattern that answered,
+// the status the handler wrote (200 when it wrote none), and unmatched ones as UnmatchedRoute.
+func TestMiddlewareOnNetHTTP(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	mux.HandleFunc("GET /v1/things/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") == "thing_2" {
+			w.WriteHeader(http.StatusNoContent)
+		}
+	})
+	srv := httptest.NewServer(m.Middleware("things")(mux))
+	t.Cleanup(srv.Close)
+	c := apitest.New(t, srv.URL, "")
+	for _, path := range []string{"/v1/things/thing_1", "/v1/things/thing_2", "/nowhere/thing_3"} {
+		res, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+	}
+	s := metricstest.Scrape(t, c)
+	for _, tc := range []struct {
+		labels []string
+		want   float64
+	}{
+		{[]string{"service", "things", "route", "/v1/things/{id}", "method", "GET", "code", "200"}, 1},
+		{[]string{"route", "/v1/things/{id}", "code", "204"}, 1},
+		{[]string{"route", metrics.UnmatchedRoute, "method", "GET", "code", "404"}, 1},
+	} {
+		if got := s.Value("retrysafe_http_requests_total", tc.labels...); got != tc.want {
+			t.Errorf("retrysafe_http_requests_total%v = %v; want %v", tc.labels, got, tc.want)
+		}
+	}
+	if strings.Contains(s.Body, "thing_") {
+		t.Errorf("a raw path became a label:\n%s", s.Body)
 	}
 }
 

@@ -7,22 +7,22 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gin-gonic/gin"
+	"github.com/felixge/httpsnoop"
+
 	"golang.org/x/time/rate"
 
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
 // Failures throttles guessing: each answer 401 (an unknown API key, a refused console sign-in) takes a token
-// from the bucket of the client's address (httpserver.ClientPrefix of gin's ClientIP, which believes
+// from the bucket of the client's address (ClientPrefix: on gin, of gin's ClientIP, which believes
 // X-Forwarded-For only from a trusted proxy). A client whose bucket is empty gets 429 rate_limited, with
 // Retry-After, on every request, before its key is looked at: a guess is refused whether or not it would have
 // been right, so refusals tell nothing. A client that never fails has no bucket and is never slowed; clients
 // behind one address (a NAT) share its budget of failures.
 //
 //	failures := ratelimit.NewFailures(ratelimit.Limit{PerSecond: 0.5, Burst: 20})
-//	api := r.Group("", failures.Middleware(), auth.Middleware(keys))
+//	api := failures.Middleware(auth.Middleware(keys)(mux))
 //
 // Share one Failures between the services of a process, and put its Middleware in front of every route that
 // authenticates (the API, the console's sign-in).
@@ -46,28 +46,45 @@ func NewFailures(l Limit) *Failures {
 }
 
 // Middleware refuses a client without a token left (429), and after the request counts an answer 401 against
-// it. The refusal does not read the request body and closes the connection (httpserver.RefuseUnread).
-func (f *Failures) Middleware() gin.HandlerFunc {
-	return func(c *gin.Context) {
-		addr, err := netip.ParseAddr(c.ClientIP())
+// it; the client is the connection's peer (r.RemoteAddr). The refusal does not read the request body and
+// closes the connection (problem.CloseUnread). Behind a proxy, count by the client it names instead:
+// httpserver.Failures does on gin, by gin's ClientIP.
+func (f *Failures) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peer, err := netip.ParseAddrPort(r.RemoteAddr)
 		if err != nil {
-			c.Next() // not a TCP peer (a test's recorder): nothing to count by
+			next.ServeHTTP(w, r) // not a TCP peer: nothing to count by
 			return
 		}
-		client := httpserver.ClientPrefix(addr)
-		if wait := f.wait(client); wait > 0 {
-			httpserver.RefuseUnread(c, &problem.Error{
-				Code: "rate_limited",
-				Detail: "too many requests from this address were refused for an unknown API key or a failed sign-in; " +
-					"nothing was done: send the request again after Retry-After seconds, with a valid key",
-				RetryAfter: max(int(math.Ceil(wait.Seconds())), 1),
-			})
+		client := peer.Addr()
+		if err := f.Refusal(client); err != nil {
+			problem.CloseUnread(w, r)
+			problem.Write(w, r, err)
 			return
 		}
-		c.Next()
-		if c.Writer.Status() == http.StatusUnauthorized {
-			f.fail(client)
-		}
+		f.Answered(client, httpsnoop.CaptureMetrics(next, w, r).Code)
+	})
+}
+
+// Refusal is the rate_limited problem (429, Retry-After) that answers client when it has no token left, before
+// its request is looked at; nil when it has one.
+func (f *Failures) Refusal(client netip.Addr) error {
+	wait := f.wait(ClientPrefix(client))
+	if wait <= 0 {
+		return nil
+	}
+	return &problem.Error{
+		Code: "rate_limited",
+		Detail: "too many requests from this address were refused for an unknown API key or a failed sign-in; " +
+			"nothing was done: send the request again after Retry-After seconds, with a valid key",
+		RetryAfter: max(int(math.Ceil(wait.Seconds())), 1),
+	}
+}
+
+// Answered counts the answer to a request of client: a 401 takes a token from its bucket.
+func (f *Failures) Answered(client netip.Addr, status int) {
+	if status == http.StatusUnauthorized {
+		f.fail(ClientPrefix(client))
 	}
 }
 

@@ -7,7 +7,10 @@
 // claimed or stored, so the caller retries the same request with the same Idempotency-Key later.
 //
 //	limiter := ratelimit.New(ratelimit.Limit{PerSecond: 50, Burst: 100})
-//	api := r.Group("", auth.Middleware(keys), limiter.Middleware())
+//	api := auth.Middleware(keys)(limiter.Middleware(mux))
+//
+// Both speak net/http; pkg/httpserver puts them on gin (httpserver.Wrap(limiter.Middleware),
+// httpserver.Failures).
 //
 // One Limiter serves every service of a process: an account's budget is per process, not per port.
 package ratelimit
@@ -15,14 +18,13 @@ package ratelimit
 import (
 	"math"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
-	"github.com/gin-gonic/gin"
 	"golang.org/x/time/rate"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -69,24 +71,36 @@ func (l *Limiter) Allow(account string) (ok bool, retryAfter time.Duration) {
 }
 
 // Middleware limits the writes (POST, PUT, PATCH, DELETE) of the authenticated account; it must run after
-// auth.Middleware.
-func (l *Limiter) Middleware() gin.HandlerFunc {
-	return func(c *gin.Context) {
-		switch c.Request.Method {
+// auth.Middleware. On gin: httpserver.Wrap(limiter.Middleware).
+func (l *Limiter) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
 		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			c.Next()
+			next.ServeHTTP(w, r)
 			return
 		}
-		ok, wait := l.Allow(auth.From(c.Request.Context()).AccountID)
+		ok, wait := l.Allow(auth.From(r.Context()).AccountID)
 		if !ok {
 			seconds := int(math.Ceil(wait.Seconds()))
-			httpserver.WriteProblem(c, &problem.Error{
+			problem.Write(w, r, &problem.Error{
 				Code:       "rate_limited",
 				Detail:     "this account sends writes faster than its limit; nothing was done: send the same request, with the same Idempotency-Key, after Retry-After seconds",
 				RetryAfter: max(seconds, 1),
 			})
 			return
 		}
-		c.Next()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// ClientPrefix is the address limits count a client by (Failures, and httpserver's connection caps): an IPv4
+// address, or the /64 of an IPv6 address, which one host usually holds whole.
+func ClientPrefix(a netip.Addr) netip.Prefix {
+	a = a.Unmap()
+	bits := 32
+	if a.Is6() {
+		bits = 64
 	}
+	p, _ := a.Prefix(bits)
+	return p
 }

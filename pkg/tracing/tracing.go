@@ -3,7 +3,7 @@
 // service's request, idem's claim, write, dispatch and completion, the provider's call).
 //
 // It is off by default and then costs one atomic load per would-be span: Start hands back the context as it
-// is, Middleware and Transport pass straight through. Use turns it on with a TracerProvider; the package needs
+// is, Request, Handler and Transport pass straight through. Use turns it on with a TracerProvider; the package needs
 // only the OpenTelemetry API, and the program picks the SDK and its exporter (cmd/retrysafe reads the standard
 // OTEL_* variables):
 //
@@ -17,7 +17,6 @@ import (
 	"net/http"
 	"sync/atomic"
 
-	"github.com/gin-gonic/gin"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -79,23 +78,28 @@ func TraceParent(ctx context.Context) string {
 	return h.Get("Traceparent")
 }
 
-// Middleware is gin's: a server span per request, a child of the caller's traceparent, named by the route.
-func Middleware() gin.HandlerFunc {
-	return func(c *gin.Context) {
-		if !on.Load() {
-			c.Next()
-			return
+// Request starts the server span of r, a child of the caller's traceparent, named name (method and route
+// template); done records the status of the answer, when it is known (not 0), and ends the span. A router's
+// adapter calls it once it knows the route (pkg/httpserver's Tracing for gin). With tracing off it returns r's
+// context and a done that does nothing.
+func Request(r *http.Request, name string) (ctx context.Context, done func(status int)) {
+	if !on.Load() {
+		return r.Context(), noDone
+	}
+	ctx, span := otel.Tracer(instrumentation).Start(Extract(r.Context(), r.Header), name,
+		trace.WithSpanKind(trace.SpanKindServer))
+	return ctx, func(status int) {
+		if status != 0 {
+			span.SetAttributes(attribute.Int("http.response.status_code", status))
 		}
-		ctx, span := otel.Tracer(instrumentation).Start(Extract(c.Request.Context(), c.Request.Header),
-			c.Request.Method+" "+c.FullPath(), trace.WithSpanKind(trace.SpanKindServer))
-		defer span.End()
-		c.Request = c.Request.WithContext(ctx)
-		c.Next()
-		span.SetAttributes(attribute.Int("http.response.status_code", c.Writer.Status()))
+		span.End()
 	}
 }
 
-// Handler is Middleware for net/http (the payment provider sandbox).
+func noDone(int) {}
+
+// Handler is a server span per request to next, named by method and path, for a net/http server without
+// route templates (the payment provider sandbox).
 func Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !on.Load() {

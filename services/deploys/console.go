@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/pkg/console"
-	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 var _ service.ConsolePages = (*Service)(nil)

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 // Config configures the deploys service; cmd/retrysafe fills it from the environment.

@@ -5,9 +5,9 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
-	"github.com/retrysafe/retrysafe/pkg/service"
 )
 
 // Config configures the tickets service. Its zero value is the production service.

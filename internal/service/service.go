@@ -1,5 +1,5 @@
-// Package service is the contract every retrysafe service follows, and the one place that turns services into
-// running HTTP handlers and background work. cmd/retrysafe and the tests call the same functions, so a service
+// Package service is the contract every demo service of this module (services/) follows, and the one place that
+// turns services into running gin handlers and background work. cmd/retrysafe and the tests call the same functions, so a service
 // under test is wired exactly as `retrysafe serve` wires it.
 //
 // A service package has a Config (validated by its New), and New(deps, cfg) returns a value with:
@@ -42,7 +42,6 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/ratelimit"
 	"github.com/retrysafe/retrysafe/pkg/resolution"
-	"github.com/retrysafe/retrysafe/pkg/tracing"
 )
 
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
@@ -135,9 +134,9 @@ type HTTP struct {
 // service's ConsolePages among its pages).
 func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	// A span per request, joined to the caller's traceparent, when tracing is on (pkg/tracing).
-	middleware := append([]gin.HandlerFunc{tracing.Middleware()}, h.Middleware...)
+	middleware := append([]gin.HandlerFunc{httpserver.Tracing}, h.Middleware...)
 	if d.Metrics != nil {
-		middleware = append([]gin.HandlerFunc{d.Metrics.Middleware(svc.Name())}, middleware...)
+		middleware = append([]gin.HandlerFunc{httpserver.Metrics(svc.Name(), d.Metrics.Request)}, middleware...)
 	}
 	r := httpserver.NewRouter(httpserver.Options{
 		Logger: d.Log(), DB: d.DB, BodyLimit: h.BodyLimit, Ready: h.Ready, Middleware: middleware,
@@ -148,12 +147,12 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	}
 	var api []gin.HandlerFunc
 	if h.AuthFailures != nil {
-		api = append(api, h.AuthFailures.Middleware())
+		api = append(api, httpserver.Failures(h.AuthFailures))
 	}
 	api = append(api, httpserver.Wrap(auth.Middleware(h.Keys)), httpserver.CheckURL,
 		httpserver.Wrap(auth.AgentWrites(append(approval.WriteRoutes(), resolution.Path)...)))
 	if h.WriteLimiter != nil {
-		api = append(api, h.WriteLimiter.Middleware())
+		api = append(api, httpserver.Wrap(h.WriteLimiter.Middleware))
 	}
 	group := r.Group("", api...)
 	svc.Routes(group)
@@ -185,7 +184,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		// client as unknown API keys do) carries them too.
 		chain := []gin.HandlerFunc{httpserver.Wrap(console.SecurityHeaders)}
 		if h.AuthFailures != nil {
-			chain = append(chain, h.AuthFailures.Middleware())
+			chain = append(chain, httpserver.Failures(h.AuthFailures))
 		}
 		httpserver.Mount(r.Group("", chain...), routes)
 	}
