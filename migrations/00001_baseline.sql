@@ -1,6 +1,6 @@
 -- +goose Up
 -- The library's tables: operations, which hold their idempotency keys, and their events; approvals and their
--- events; the audit records' seals; console sessions.
+-- events; grants and their events; the audit records' seals; console sessions.
 --
 -- Every table that holds one account's data is keyed by account_id first (docs/sharding.md): its primary key, its
 -- unique constraints and indexes and its foreign keys, so that a distributed PostgreSQL (Citus) can place all of
@@ -247,6 +247,74 @@ $$;
 -- +goose StatementEnd
 CREATE TRIGGER approvals_audit AFTER INSERT OR UPDATE ON approvals FOR EACH ROW EXECUTE FUNCTION approvals_audit();
 
+-- Grants: an approver's authority for a group of calls of one agent key (and, when agent_run_id is set, of one
+-- run of it): writes of the listed operation kinds that would need an approval, at most max_uses of them, until
+-- expires_at or until revoked. A write that sends the grant's id (Grant-Id) uses one in its claim transaction
+-- (uses, last_operation_id, last_attempt_id), so a write rolled back gives its use back. A grant never stands in
+-- for the approval of a write that supersedes an operation whose outcome is unknown: that one needs its own.
+-- The row is the current state; grant_events is its history, written by grants_audit.
+CREATE TABLE grants (
+    id                text        NOT NULL,
+    account_id        text        NOT NULL,
+    agent_key_id      text        NOT NULL,
+    agent_run_id      text,
+    kinds             jsonb       NOT NULL,
+    max_uses          integer     NOT NULL CHECK (max_uses > 0),
+    uses              integer     NOT NULL DEFAULT 0 CHECK (uses >= 0 AND uses <= max_uses),
+    expires_at        timestamptz NOT NULL,
+    granted_by        text        NOT NULL,
+    granted_at        timestamptz NOT NULL DEFAULT now(),
+    revoked_by        text,
+    revoked_at        timestamptz,
+    last_operation_id text,
+    last_attempt_id   text,
+    last_kind         text,
+    PRIMARY KEY (account_id, id)
+);
+CREATE INDEX grants_account_granted ON grants (account_id, granted_at DESC, id DESC);
+
+-- Grant records: granted, used (one per write that used it, naming its operation and attempt), revoked. Audit
+-- records like approval_events, written by a trigger on grants so no path that changes a grant can skip them.
+CREATE TABLE grant_events (
+    id          bigserial,
+    grant_id    text        NOT NULL,
+    account_id  text        NOT NULL,
+    type        text        NOT NULL,
+    actor       text        NOT NULL,
+    detail      jsonb       NOT NULL DEFAULT '{}',
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    xid         xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    PRIMARY KEY (account_id, grant_id, id)
+);
+CREATE INDEX grant_events_unsealed ON grant_events (xid, id);
+CREATE TRIGGER grant_events_append_only BEFORE UPDATE OR DELETE ON grant_events
+    FOR EACH ROW EXECUTE FUNCTION audit_append_only();
+
+-- +goose StatementBegin
+CREATE FUNCTION grants_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO grant_events (grant_id, account_id, type, actor, detail)
+        VALUES (NEW.id, NEW.account_id, 'granted', NEW.granted_by, jsonb_build_object(
+            'agent_key_id', NEW.agent_key_id, 'agent_run_id', NEW.agent_run_id, 'kinds', NEW.kinds,
+            'max_uses', NEW.max_uses, 'expires_at', audit_time(NEW.expires_at)));
+        RETURN NEW;
+    END IF;
+    IF NEW.uses IS DISTINCT FROM OLD.uses THEN
+        INSERT INTO grant_events (grant_id, account_id, type, actor, detail)
+        VALUES (NEW.id, NEW.account_id, 'used', 'system:grant', jsonb_build_object(
+            'operation_id', NEW.last_operation_id, 'attempt_id', NEW.last_attempt_id, 'kind', NEW.last_kind, 'use', NEW.uses));
+    END IF;
+    IF NEW.revoked_at IS DISTINCT FROM OLD.revoked_at THEN
+        INSERT INTO grant_events (grant_id, account_id, type, actor, detail)
+        VALUES (NEW.id, NEW.account_id, 'revoked', coalesce(NEW.revoked_by, 'unknown'), jsonb_build_object('uses', NEW.uses));
+    END IF;
+    RETURN NEW;
+END
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER grants_audit AFTER INSERT OR UPDATE ON grants FOR EACH ROW EXECUTE FUNCTION grants_audit();
+
 -- One seal per batch of records, a chain of them (auditchain.Seal): records holds the batch's entries (which
 -- record, of which subject, with which hash), in sealed order; records_hash, their hash; through, where the
 -- batch ends in each table's (xid, id) order. Written by one sequencer at a time, over every account.
@@ -285,6 +353,10 @@ CREATE INDEX console_sessions_idle ON console_sessions (last_seen_at);
 -- +goose Down
 DROP TABLE console_sessions;
 DROP TABLE audit_seals;
+DROP TRIGGER grants_audit ON grants;
+DROP FUNCTION grants_audit();
+DROP TABLE grant_events;
+DROP TABLE grants;
 DROP TRIGGER approvals_audit ON approvals;
 DROP FUNCTION approvals_audit();
 DROP FUNCTION audit_time(timestamptz);

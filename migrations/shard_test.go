@@ -36,7 +36,7 @@ var (
 
 // libraryTables is every table migrations.Up creates: an adopter's database gets these and nothing else.
 var libraryTables = []string{
-	"approval_events", "approvals", "audit_seals", "console_sessions", "goose_db_version",
+	"approval_events", "approvals", "audit_seals", "console_sessions", "goose_db_version", "grant_events", "grants",
 	"operation_events", "operations",
 }
 

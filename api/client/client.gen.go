@@ -110,6 +110,30 @@ func (e DeployStatusKind) Valid() bool {
 	}
 }
 
+// Defines values for GrantState.
+const (
+	GrantStateActive  GrantState = "active"
+	GrantStateExpired GrantState = "expired"
+	GrantStateRevoked GrantState = "revoked"
+	GrantStateUsedUp  GrantState = "used_up"
+)
+
+// Valid indicates whether the value is a known member of the GrantState enum.
+func (e GrantState) Valid() bool {
+	switch e {
+	case GrantStateActive:
+		return true
+	case GrantStateExpired:
+		return true
+	case GrantStateRevoked:
+		return true
+	case GrantStateUsedUp:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for OperationDecisionState.
 const (
 	OperationDecisionStateFailed    OperationDecisionState = "failed"
@@ -544,6 +568,12 @@ type ApprovalSupersedes struct {
 	Kind          string `json:"kind"`
 	OperationId   string `json:"operation_id"`
 
+	// OriginalIntent What it was meant to do (kind, idempotency_key, and resource when it acted on one).
+	OriginalIntent *map[string]interface{} `json:"original_intent,omitempty"`
+
+	// PlannedRecovery What the approved write does about it.
+	PlannedRecovery *string `json:"planned_recovery,omitempty"`
+
 	// Reason The newest reason its records give (a dispatch's, or why it is unknown); none when they give none.
 	Reason string `json:"reason"`
 
@@ -713,6 +743,49 @@ type Environment struct {
 	Version          int64     `json:"version"`
 }
 
+// Grant defines model for Grant.
+type Grant struct {
+	AgentKeyId    string    `json:"agent_key_id"`
+	AgentRunId    *string   `json:"agent_run_id"`
+	ExpiresAt     time.Time `json:"expires_at"`
+	GrantedAt     time.Time `json:"granted_at"`
+	GrantedBy     string    `json:"granted_by"`
+	Id            string    `json:"id"`
+	Kinds         []string  `json:"kinds"`
+	LastAttemptId *string   `json:"last_attempt_id"`
+
+	// LastOperationId The operation of the newest write that used it; grant_events lists every one.
+	LastOperationId *string    `json:"last_operation_id"`
+	MaxUses         int        `json:"max_uses"`
+	RevokedAt       *time.Time `json:"revoked_at"`
+	RevokedBy       *string    `json:"revoked_by"`
+
+	// State Read at the time of the answer, in this order.
+	State GrantState `json:"state"`
+
+	// Uses How many writes used it.
+	Uses int `json:"uses"`
+}
+
+// GrantState Read at the time of the answer, in this order.
+type GrantState string
+
+// GrantRequest defines model for GrantRequest.
+type GrantRequest struct {
+	// AgentKeyId The agent key's id (as in `agent:ID`).
+	AgentKeyId string `json:"agent_key_id"`
+
+	// AgentRunId Only this run of the agent (its Agent-Run-Id).
+	AgentRunId *string `json:"agent_run_id,omitempty"`
+
+	// ExpiresAt In the future, at most 7 days ahead.
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// Kinds Operation kinds the grant covers (payments.capture, payments.refund, deploys.create, deploys.rollback, tickets.create).
+	Kinds   []string `json:"kinds"`
+	MaxUses int      `json:"max_uses"`
+}
+
 // Health defines model for Health.
 type Health struct {
 	Detail *string `json:"detail,omitempty"`
@@ -833,7 +906,7 @@ type PaymentIntentStatus string
 
 // Problem RFC 9457 problem details with a machine-readable code.
 type Problem struct {
-	// Code invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, superseded_operation_unknown, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service.
+	// Code invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, superseded_operation_unknown, store_unavailable, outcome_unknown, approval_required, approval_invalid, grant_invalid (with `reason`: not_found, other_agent, other_run, other_kind, revoked, expired, used_up, with_approval), and the codes of each service.
 	Code   string `json:"code"`
 	Detail string `json:"detail"`
 	Errors *[]struct {
@@ -1110,6 +1183,9 @@ type ApprovalId = string
 // Cursor defines model for Cursor.
 type Cursor = string
 
+// GrantId defines model for GrantId.
+type GrantId = string
+
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
@@ -1229,6 +1305,9 @@ type CreateDeployParams struct {
 
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+
+	// GrantId A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one).
+	GrantId *GrantId `json:"Grant-Id,omitempty"`
 }
 
 // CancelDeployJSONBody defines parameters for CancelDeploy.
@@ -1244,12 +1323,24 @@ type RollbackDeployParams struct {
 
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+
+	// GrantId A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one).
+	GrantId *GrantId `json:"Grant-Id,omitempty"`
 }
 
 // ListProviderEffectsParams defines parameters for ListProviderEffects.
 type ListProviderEffectsParams struct {
 	Since *time.Time `form:"since,omitempty" json:"since,omitempty"`
 }
+
+// CreateGrantParams defines parameters for CreateGrant.
+type CreateGrantParams struct {
+	// IdempotencyKey One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md).
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
+// RevokeGrantJSONBody defines parameters for RevokeGrant.
+type RevokeGrantJSONBody = map[string]interface{}
 
 // ListOperationsParams defines parameters for ListOperations.
 type ListOperationsParams struct {
@@ -1298,6 +1389,9 @@ type CapturePaymentIntentParams struct {
 
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+
+	// GrantId A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one).
+	GrantId *GrantId `json:"Grant-Id,omitempty"`
 }
 
 // ListPaymentIntentRefundsParams defines parameters for ListPaymentIntentRefunds.
@@ -1319,6 +1413,9 @@ type CreateRefundParams struct {
 
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+
+	// GrantId A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one).
+	GrantId *GrantId `json:"Grant-Id,omitempty"`
 
 	// RemediatesOperationId The duplicate_effect_confirmed capture of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. All of the duplicate already returned: 409 already_remediated with remediated_by. Naming a duplicated refund: 409 duplicate_refund_not_refundable.
 	RemediatesOperationId *RemediatesOperationId `json:"Remediates-Operation-Id,omitempty"`
@@ -1344,6 +1441,9 @@ type CreateTicketParams struct {
 
 	// ApprovalId The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid.
 	ApprovalId *ApprovalId `json:"Approval-Id,omitempty"`
+
+	// GrantId A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one).
+	GrantId *GrantId `json:"Grant-Id,omitempty"`
 }
 
 // ListTicketCommentsParams defines parameters for ListTicketComments.
@@ -1416,6 +1516,12 @@ type CancelDeployJSONRequestBody = CancelDeployJSONBody
 
 // RollbackDeployJSONRequestBody defines body for RollbackDeploy for application/json ContentType.
 type RollbackDeployJSONRequestBody = RollbackDeploy
+
+// CreateGrantJSONRequestBody defines body for CreateGrant for application/json ContentType.
+type CreateGrantJSONRequestBody = GrantRequest
+
+// RevokeGrantJSONRequestBody defines body for RevokeGrant for application/json ContentType.
+type RevokeGrantJSONRequestBody = RevokeGrantJSONBody
 
 // ResolveOperationJSONRequestBody defines body for ResolveOperation for application/json ContentType.
 type ResolveOperationJSONRequestBody = OperationDecision
@@ -2166,6 +2272,63 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/environments/{name} (the `GetEnvironment` operationId).
 	GetEnvironment(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateGrantWithBody Grant an agent key (or one run of it) authority for a group of writes (role approver).
+	//
+	// Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+	// need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+	// `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+	// most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+	// `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+	// stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+	//
+	// Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/grants (the `CreateGrant` operationId).
+	CreateGrantWithBody(ctx context.Context, params *CreateGrantParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateGrant Grant an agent key (or one run of it) authority for a group of writes (role approver).
+	//
+	// Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+	// need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+	// `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+	// most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+	// `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+	// stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+	//
+	// Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/grants (the `CreateGrant` operationId).
+	CreateGrant(ctx context.Context, params *CreateGrantParams, body CreateGrantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetGrant One grant, with its uses and state.
+	//
+	// A read with no effect: retry it freely.
+	//
+	// Corresponds with GET /v1/grants/{id} (the `GetGrant` operationId).
+	GetGrant(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RevokeGrantWithBody Revoke a grant (role approver).
+	//
+	// The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/grants/{id}/revoke (the `RevokeGrant` operationId).
+	RevokeGrantWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RevokeGrant Revoke a grant (role approver).
+	//
+	// The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/grants/{id}/revoke (the `RevokeGrant` operationId).
+	RevokeGrant(ctx context.Context, id string, body RevokeGrantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetProviderIdempotencyRecord Provider sandbox: the stored answer of the call made with an idempotency key.
 	//
@@ -3308,6 +3471,113 @@ func (c *Client) ListProviderEffects(ctx context.Context, params *ListProviderEf
 // Corresponds with GET /v1/environments/{name} (the `GetEnvironment` operationId).
 func (c *Client) GetEnvironment(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetEnvironmentRequest(c.Server, name)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateGrantWithBody Grant an agent key (or one run of it) authority for a group of writes (role approver).
+//
+// Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+// need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+// `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+// most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+// `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+// stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+//
+// Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/grants (the `CreateGrant` operationId).
+func (c *Client) CreateGrantWithBody(ctx context.Context, params *CreateGrantParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateGrantRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateGrant Grant an agent key (or one run of it) authority for a group of writes (role approver).
+//
+// Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+// need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+// `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+// most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+// `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+// stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+//
+// Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/grants (the `CreateGrant` operationId).
+func (c *Client) CreateGrant(ctx context.Context, params *CreateGrantParams, body CreateGrantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateGrantRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetGrant One grant, with its uses and state.
+//
+// A read with no effect: retry it freely.
+//
+// Corresponds with GET /v1/grants/{id} (the `GetGrant` operationId).
+func (c *Client) GetGrant(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetGrantRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RevokeGrantWithBody Revoke a grant (role approver).
+//
+// The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/grants/{id}/revoke (the `RevokeGrant` operationId).
+func (c *Client) RevokeGrantWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeGrantRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RevokeGrant Revoke a grant (role approver).
+//
+// The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/grants/{id}/revoke (the `RevokeGrant` operationId).
+func (c *Client) RevokeGrant(ctx context.Context, id string, body RevokeGrantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeGrantRequest(c.Server, id, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4746,6 +5016,17 @@ func NewCreateDeployRequestWithBody(server string, params *CreateDeployParams, c
 			req.Header.Set("Approval-Id", headerParam2)
 		}
 
+		if params.GrantId != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Grant-Id", *params.GrantId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Grant-Id", headerParam3)
+		}
+
 	}
 
 	return req, nil
@@ -4909,6 +5190,17 @@ func NewRollbackDeployRequestWithBody(server string, id string, params *Rollback
 			req.Header.Set("Approval-Id", headerParam2)
 		}
 
+		if params.GrantId != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Grant-Id", *params.GrantId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Grant-Id", headerParam3)
+		}
+
 	}
 
 	return req, nil
@@ -4998,6 +5290,140 @@ func NewGetEnvironmentRequest(server string, name string) (*http.Request, error)
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewCreateGrantRequest calls the generic CreateGrant builder with application/json body
+func NewCreateGrantRequest(server string, params *CreateGrantParams, body CreateGrantJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateGrantRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateGrantRequestWithBody constructs an http.Request for the CreateGrant method, with any body, and a specified content type
+func NewCreateGrantRequestWithBody(server string, params *CreateGrantParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/grants")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
+	}
+
+	return req, nil
+}
+
+// NewGetGrantRequest constructs an http.Request for the GetGrant method
+func NewGetGrantRequest(server string, id string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/grants/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewRevokeGrantRequest calls the generic RevokeGrant builder with application/json body
+func NewRevokeGrantRequest(server string, id string, body RevokeGrantJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewRevokeGrantRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewRevokeGrantRequestWithBody constructs an http.Request for the RevokeGrant method, with any body, and a specified content type
+func NewRevokeGrantRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/grants/%s/revoke", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -5484,6 +5910,17 @@ func NewCapturePaymentIntentRequestWithBody(server string, id string, params *Ca
 			req.Header.Set("Approval-Id", headerParam2)
 		}
 
+		if params.GrantId != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Grant-Id", *params.GrantId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Grant-Id", headerParam3)
+		}
+
 	}
 
 	return req, nil
@@ -5639,15 +6076,26 @@ func NewCreateRefundRequestWithBody(server string, id string, params *CreateRefu
 			req.Header.Set("Approval-Id", headerParam2)
 		}
 
-		if params.RemediatesOperationId != nil {
+		if params.GrantId != nil {
 			var headerParam3 string
 
-			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Remediates-Operation-Id", *params.RemediatesOperationId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Grant-Id", *params.GrantId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Remediates-Operation-Id", headerParam3)
+			req.Header.Set("Grant-Id", headerParam3)
+		}
+
+		if params.RemediatesOperationId != nil {
+			var headerParam4 string
+
+			headerParam4, err = runtime.StyleParamWithOptions("simple", false, "Remediates-Operation-Id", *params.RemediatesOperationId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Remediates-Operation-Id", headerParam4)
 		}
 
 	}
@@ -5835,6 +6283,17 @@ func NewCreateTicketRequestWithBody(server string, params *CreateTicketParams, c
 			}
 
 			req.Header.Set("Approval-Id", headerParam2)
+		}
+
+		if params.GrantId != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Grant-Id", *params.GrantId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Grant-Id", headerParam3)
 		}
 
 	}
@@ -6613,6 +7072,65 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/environments/{name} (the `GetEnvironment` operationId).
 	GetEnvironmentWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*GetEnvironmentResponse, error)
+
+	// CreateGrantWithBodyWithResponse Grant an agent key (or one run of it) authority for a group of writes (role approver).
+	//
+	// Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+	// need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+	// `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+	// most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+	// `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+	// stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+	//
+	// Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/grants (the `CreateGrant` operationId).
+	CreateGrantWithBodyWithResponse(ctx context.Context, params *CreateGrantParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateGrantResponse, error)
+
+	// CreateGrantWithResponse Grant an agent key (or one run of it) authority for a group of writes (role approver).
+	//
+	// Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+	// need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+	// `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+	// most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+	// `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+	// stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+	//
+	// Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/grants (the `CreateGrant` operationId).
+	CreateGrantWithResponse(ctx context.Context, params *CreateGrantParams, body CreateGrantJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateGrantResponse, error)
+
+	// GetGrantWithResponse One grant, with its uses and state.
+	//
+	// A read with no effect: retry it freely.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/grants/{id} (the `GetGrant` operationId).
+	GetGrantWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetGrantResponse, error)
+
+	// RevokeGrantWithBodyWithResponse Revoke a grant (role approver).
+	//
+	// The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/grants/{id}/revoke (the `RevokeGrant` operationId).
+	RevokeGrantWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RevokeGrantResponse, error)
+
+	// RevokeGrantWithResponse Revoke a grant (role approver).
+	//
+	// The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/grants/{id}/revoke (the `RevokeGrant` operationId).
+	RevokeGrantWithResponse(ctx context.Context, id string, body RevokeGrantJSONRequestBody, reqEditors ...RequestEditorFn) (*RevokeGrantResponse, error)
 
 	// GetProviderIdempotencyRecordWithResponse Provider sandbox: the stored answer of the call made with an idempotency key.
 	//
@@ -8935,6 +9453,286 @@ func (r GetEnvironmentResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetEnvironmentResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateGrantResponse201Headers the declared response headers of an HTTP 201 response for CreateGrant
+type CreateGrantResponse201Headers struct {
+	IdempotentReplayed *string
+	Location           *string
+	OperationId        *string
+}
+
+// CreateGrantResponse409Headers the declared response headers of an HTTP 409 response for CreateGrant
+type CreateGrantResponse409Headers struct {
+	RetryAfter *int
+}
+
+// CreateGrantResponse429Headers the declared response headers of an HTTP 429 response for CreateGrant
+type CreateGrantResponse429Headers struct {
+	RetryAfter *int
+}
+
+// CreateGrantResponse503Headers the declared response headers of an HTTP 503 response for CreateGrant
+type CreateGrantResponse503Headers struct {
+	OperationId *string
+	RetryAfter  *int
+}
+
+type CreateGrantResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Grant
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *ValidationFailed
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateGrantResponse201Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateGrantResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateGrantResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateGrantResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateGrantResponse) GetJSON201() *Grant {
+	return r.JSON201
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreateGrantResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreateGrantResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CreateGrantResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreateGrantResponse) GetApplicationproblemJSON409() *Conflict {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreateGrantResponse) GetApplicationproblemJSON422() *ValidationFailed {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateGrantResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CreateGrantResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateGrantResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateGrantResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateGrantResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateGrantResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetGrantResponse429Headers the declared response headers of an HTTP 429 response for GetGrant
+type GetGrantResponse429Headers struct {
+	RetryAfter *int
+}
+
+type GetGrantResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Grant
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetGrantResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetGrantResponse) GetJSON200() *Grant {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetGrantResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetGrantResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetGrantResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetGrantResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r GetGrantResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetGrantResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetGrantResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetGrantResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// RevokeGrantResponse429Headers the declared response headers of an HTTP 429 response for RevokeGrant
+type RevokeGrantResponse429Headers struct {
+	RetryAfter *int
+}
+
+type RevokeGrantResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Grant
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RevokeGrantResponse429Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RevokeGrantResponse) GetJSON200() *Grant {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r RevokeGrantResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RevokeGrantResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RevokeGrantResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RevokeGrantResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r RevokeGrantResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetBody returns the raw response body bytes
+func (r RevokeGrantResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RevokeGrantResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RevokeGrantResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RevokeGrantResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -11773,6 +12571,95 @@ func (c *ClientWithResponses) GetEnvironmentWithResponse(ctx context.Context, na
 	return ParseGetEnvironmentResponse(rsp)
 }
 
+// CreateGrantWithBodyWithResponse Grant an agent key (or one run of it) authority for a group of writes (role approver).
+//
+// Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+// need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+// `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+// most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+// `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+// stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+//
+// Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/grants (the `CreateGrant` operationId).
+func (c *ClientWithResponses) CreateGrantWithBodyWithResponse(ctx context.Context, params *CreateGrantParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateGrantResponse, error) {
+	rsp, err := c.CreateGrantWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateGrantResponse(rsp)
+}
+
+// CreateGrantWithResponse Grant an agent key (or one run of it) authority for a group of writes (role approver).
+//
+// Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+// need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+// `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+// most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+// `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+// stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+//
+// Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/grants (the `CreateGrant` operationId).
+func (c *ClientWithResponses) CreateGrantWithResponse(ctx context.Context, params *CreateGrantParams, body CreateGrantJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateGrantResponse, error) {
+	rsp, err := c.CreateGrant(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateGrantResponse(rsp)
+}
+
+// GetGrantWithResponse One grant, with its uses and state.
+//
+// A read with no effect: retry it freely.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/grants/{id} (the `GetGrant` operationId).
+func (c *ClientWithResponses) GetGrantWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetGrantResponse, error) {
+	rsp, err := c.GetGrant(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetGrantResponse(rsp)
+}
+
+// RevokeGrantWithBodyWithResponse Revoke a grant (role approver).
+//
+// The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/grants/{id}/revoke (the `RevokeGrant` operationId).
+func (c *ClientWithResponses) RevokeGrantWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RevokeGrantResponse, error) {
+	rsp, err := c.RevokeGrantWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRevokeGrantResponse(rsp)
+}
+
+// RevokeGrantWithResponse Revoke a grant (role approver).
+//
+// The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/grants/{id}/revoke (the `RevokeGrant` operationId).
+func (c *ClientWithResponses) RevokeGrantWithResponse(ctx context.Context, id string, body RevokeGrantJSONRequestBody, reqEditors ...RequestEditorFn) (*RevokeGrantResponse, error) {
+	rsp, err := c.RevokeGrant(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRevokeGrantResponse(rsp)
+}
+
 // GetProviderIdempotencyRecordWithResponse Provider sandbox: the stored answer of the call made with an idempotency key.
 //
 // 404 when the provider never executed a call with the key; 409 request_in_progress while it runs.
@@ -14123,6 +15010,286 @@ func ParseGetEnvironmentResponse(rsp *http.Response) (*GetEnvironmentResponse, e
 			headers.RetryAfter = &value
 		}
 		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateGrantResponse parses an HTTP response from a CreateGrantWithResponse call
+func ParseCreateGrantResponse(rsp *http.Response) (*CreateGrantResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateGrantResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Grant
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest ValidationFailed
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest StoreUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateGrantResponse201Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = &value
+		}
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateGrantResponse409Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateGrantResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateGrantResponse503Headers
+		if values := rsp.Header.Values("Operation-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Operation-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.OperationId = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetGrantResponse parses an HTTP response from a GetGrantWithResponse call
+func ParseGetGrantResponse(rsp *http.Response) (*GetGrantResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetGrantResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Grant
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers GetGrantResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRevokeGrantResponse parses an HTTP response from a RevokeGrantWithResponse call
+func ParseRevokeGrantResponse(rsp *http.Response) (*RevokeGrantResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RevokeGrantResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Grant
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 429:
+		var headers RevokeGrantResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
 	}
 
 	return response, nil

@@ -10,4 +10,4 @@ package client
 //go:generate go run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2 -config oapi-codegen.yaml ../openapi.yaml
 
 // SpecSHA256 is the SHA-256 of the api/openapi.yaml this client was generated from.
-const SpecSHA256 = "f123a044451cee41883b97ab605a3f23e2ddeeef4e2c9fc38300c8259337f856"
+const SpecSHA256 = "404360b7e3cd4af26f87a456c52e7817d35345c10f2fec69e74caa5a17d0b931"

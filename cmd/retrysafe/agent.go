@@ -109,6 +109,7 @@ type agentFlags struct {
 	worker      string
 	sameAccount bool
 	tools       string
+	grant       string
 	// decision is agent resolve's.
 	decision agent.Decision
 	// retry is agent retry's.
@@ -143,6 +144,10 @@ func parseAgentFlags(name string, args []string, out io.Writer) (agentFlags, err
 		fs.StringVar(&f.decision.Evidence, "evidence", "", "what the decision rests on (the provider's dashboard, a call to the bank)")
 		fs.StringVar(&f.decision.RemoteRef, "remote-ref", "", "the other side's record of the effect, when there is one")
 		fs.StringVar(&f.decision.By, "by", "", "who decides (default: the operating system user)")
+	}
+	if name != "agent show" && name != "agent resolve" {
+		fs.StringVar(&f.grant, "grant", "", "GRANT_ID (grt_...): a person's grant for a group of writes, sent as Grant-Id "+
+			"with each write that takes approvals (docs/agents.md, Grants)")
 	}
 	if name != "agent show" {
 		fs.BoolVar(&f.sameAccount, "same-account", false, "AGENT_API_KEY belongs to the account the journal's operations "+
@@ -264,7 +269,7 @@ func openAgent(inv invocation, f agentFlags, command string, lockWait time.Durat
 	if cfg.APIKey == "" && cfg.Tools.HasRequests() {
 		return nil, agentUsage("AGENT_API_KEY is unset: the services need a bearer key")
 	}
-	cfg.SameAccount = f.sameAccount
+	cfg.SameAccount, cfg.GrantID = f.sameAccount, f.grant
 	a, err := agent.Open(f.journal, cfg)
 	switch {
 	case errors.Is(err, agent.ErrOtherPrincipal), errors.Is(err, agent.ErrNotJournal):

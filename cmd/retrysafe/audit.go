@@ -198,7 +198,7 @@ func runAuditVerify(ctx context.Context, inv invocation) error {
 		return err
 	}
 	if f.journal != "" {
-		return verifyJournal(inv.stdout, f.journal)
+		return verifyJournalAndGrants(ctx, inv, f.journal)
 	}
 	pub, keyNote := verifyKey(f.publicKey, inv.cfg)
 	var v verification

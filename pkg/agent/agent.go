@@ -85,6 +85,9 @@ type Config struct {
 	// Getenv reads what command tools take from the environment: their secrets, and a host's address_env and
 	// identity_file_env (default: nothing is set).
 	Getenv func(string) string
+	// GrantID is a grant (grt_...) a person gave this agent for a group of writes (grant.go): sent as Grant-Id
+	// with each attempt of a tool that takes approvals, unless an approval goes with it.
+	GrantID string
 	// Hook, when set, is called at the named crash points: "before_journal", "before_send", "after_send",
 	// "after_answer". Tests stop the process there (failpoint.Hit).
 	Hook func(point string)
@@ -209,6 +212,9 @@ func (c *Config) checkSecrets() error {
 	}
 	if c.NamespaceSecret != "" && len(c.NamespaceSecret) < minNamespaceSecret {
 		return fmt.Errorf("agent: the namespace secret is at least %d bytes", minNamespaceSecret)
+	}
+	if c.GrantID != "" && !validGrantID(c.GrantID) {
+		return errors.New("agent: a grant id is grt_ and a UUID, as POST /v1/grants answered it")
 	}
 	return nil
 }
@@ -460,6 +466,12 @@ func (a *Agent) continueSettled(ctx context.Context, op *Operation, approvalID s
 			return Result{}, err
 		}
 		return a.drive(ctx, op, approvalID)
+	}
+	if given, err := a.grantGiven(op); given || err != nil {
+		if err != nil {
+			return Result{}, err
+		}
+		return a.drive(ctx, op, "")
 	}
 	return a.result(op), nil
 }

@@ -317,7 +317,7 @@ func observationsSince(op *Operation, at *Attempt) []*Observation {
 	}
 	var out []*Observation
 	for _, o := range op.Observations {
-		if o.At >= since && o.Kind != ObsChanged && o.Kind != ObsApproval && o.Kind != ObsRetryRequested {
+		if o.At >= since && o.Kind != ObsChanged && o.Kind != ObsApproval && o.Kind != ObsGrant && o.Kind != ObsRetryRequested {
 			out = append(out, o)
 		}
 	}
@@ -330,7 +330,7 @@ func approvedSince(op *Operation, at *Attempt) bool {
 		return false
 	}
 	for _, o := range op.Observations {
-		if o.Kind == ObsApproval && o.At >= at.Finished.At {
+		if (o.Kind == ObsApproval || o.Kind == ObsGrant) && o.At >= at.Finished.At {
 			return true
 		}
 	}
@@ -429,6 +429,8 @@ func finalAnswer(op *Operation, res *AttemptResult) step {
 		return step{kind: "settle", state: StateNeedsHuman, why: "approval required",
 			next: fmt.Sprintf("approval required: call request_approval with {\"for_action\": %q}, have a person approve it, "+
 				"then call %s again with the same action_id and arguments plus approval_id", op.ActionID, op.Tool)}
+	case CodeGrantInvalid:
+		return grantRefused(op, res)
 	case "approval_invalid":
 		return step{kind: "settle", state: StateNeedsHuman, why: "the approval does not match, expired or was not granted",
 			next: fmt.Sprintf("the approval was not accepted: request a new one (request_approval with {\"for_action\": %q}) and call again with its approval_id", op.ActionID)}
@@ -638,7 +640,8 @@ func (a *Agent) send(ctx context.Context, op *Operation, s step, approvalID stri
 		return a.sendCommand(ctx, op, s)
 	}
 	at := &Attempt{Type: RecAttemptStarted, OperationID: op.OperationID, AttemptID: ids.New("att_"), Number: len(op.Attempts) + 1,
-		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, RunID: a.runID, At: a.now(), Process: a.process(op)}
+		Decision: s.decision, BudgetLeft: op.budgetLeft() - 1, ApprovalID: approvalID, GrantID: a.grantFor(op, approvalID), RunID: a.runID,
+		At: a.now(), Process: a.process(op)}
 	if prev := lastAttempt(op); prev != nil {
 		retryLineage(op, at, prev, s.reason)
 	}
@@ -805,6 +808,9 @@ func (a *Agent) newRequest(op *Operation, at *Attempt, approvalID string) (*http
 	}
 	if approvalID != "" {
 		h.Set("Approval-Id", approvalID)
+	}
+	if at.GrantID != "" {
+		h.Set("Grant-Id", at.GrantID)
 	}
 	if at.TraceParent != "" {
 		h.Set("Traceparent", at.TraceParent)

@@ -232,6 +232,9 @@ func attemptText(at *Attempt) string {
 	if at.ApprovalID != "" {
 		t += "  approval " + at.ApprovalID
 	}
+	if at.GrantID != "" {
+		t += "  grant " + at.GrantID
+	}
 	return t
 }
 

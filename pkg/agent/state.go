@@ -93,8 +93,10 @@ type Attempt struct {
 	Decision        string `json:"decision"`
 	BudgetLeft      int    `json:"budget_left"`
 	ApprovalID      string `json:"approval_id,omitempty"`
-	RunID           string `json:"run_id"`
-	At              string `json:"at"`
+	// GrantID is the grant the attempt was sent under (Grant-Id), journaled before it was sent.
+	GrantID string `json:"grant_id,omitempty"`
+	RunID   string `json:"run_id"`
+	At      string `json:"at"`
 	// Command is where a command attempt connected, and the host key it checked.
 	Command *CommandAttempt `json:"command,omitempty"`
 	// Process is the worker process that made the attempt, in a worker's journal.
@@ -337,7 +339,7 @@ func (v *view) observe(op *Operation, body json.RawMessage) error {
 // reopenAfter opens the operation again when the observation is someone's word that it may go on.
 func (o *Operation) reopenAfter(ob *Observation) {
 	switch ob.Kind {
-	case ObsApproval:
+	case ObsApproval, ObsGrant:
 		// A person decided: the operation is open again, with a fresh budget.
 		o.budgetFrom = len(o.Attempts)
 		o.Settled = nil

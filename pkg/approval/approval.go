@@ -353,14 +353,18 @@ func (s *Service) Guard(h http.Header, required bool) func(ctx context.Context, 
 // apply to the request (unknown, of another request, of one that supersedes an operation this one does not)
 // is refused, never ignored.
 func (s *Service) GuardWhen(h http.Header, needed func(ctx context.Context, tx *gorm.DB) (bool, error)) func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
-	id, supersedes := h.Get(HeaderApprovalID), h.Get(idem.HeaderSupersedes)
+	id, supersedes, grant := h.Get(HeaderApprovalID), h.Get(idem.HeaderSupersedes), grantUseOf(h)
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint string) error {
 		need, err := needed(ctx, tx)
 		switch {
 		case err != nil:
 			return err
+		case id != "" && grant.id != "":
+			return problem.New("grant_invalid", "send %s or %s, not both", HeaderApprovalID, HeaderGrantID).With("reason", "with_approval")
 		case id != "":
 			return s.use(ctx, tx, op, fingerprint, id, supersedes, false)
+		case grant.id != "":
+			return s.useGrant(ctx, tx, op, grant)
 		case need:
 			return problem.New("approval_required",
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
@@ -473,7 +477,7 @@ func (a Approval) Supersedes() string {
 
 // superseded is the summary's "supersedes": operation_id, kind, state, dispatch_state (not_sent,
 // sent_no_response, response_received, execution_error; started when only its start was recorded; none when it
-// made no call) and reason (or none).
+// made no call) and reason (or none), with its intent and the planned recovery (addRecoveryCard).
 func (s *Service) superseded(ctx context.Context, accountID, opID string) (map[string]any, error) {
 	r, found, err := opstore.ReadPrior(ctx, s.db, accountID, opID)
 	if err != nil {
@@ -489,7 +493,9 @@ func (s *Service) superseded(ctx context.Context, accountID, opID string) (map[s
 	if r.Reason != nil {
 		reason = *r.Reason
 	}
-	return map[string]any{"operation_id": opID, "kind": r.Kind, "state": r.State, "dispatch_state": dispatch, "reason": reason}, nil
+	card := map[string]any{"operation_id": opID, "kind": r.Kind, "state": r.State, "dispatch_state": dispatch, "reason": reason}
+	addRecoveryCard(card, opID, r)
+	return card, nil
 }
 
 // UsedBy returns approval id as op's guard accepted it in tx (it marks the approval used by op there); ok is
@@ -519,20 +525,24 @@ const (
 	pathRevoke  = "/v1/approvals/{id}/revoke"
 )
 
-// WriteRoutes are the write routes of Routes: asking for an approval and deciding one. They are the only
+// WriteRoutes are the write routes of Routes: asking for an approval, deciding one, granting and revoking. They are the only
 // writes an approver key may send (auth.AgentWrites).
-func WriteRoutes() []string { return []string{pathRequest, pathApprove, pathDeny, pathRevoke} }
+func WriteRoutes() []string {
+	return []string{pathRequest, pathApprove, pathDeny, pathRevoke, pathGrants, pathGrantRevoke}
+}
 
 // Routes are the approval endpoints, keyed by ServeMux pattern; they must be behind auth.Middleware. A gin
 // router mounts them with httpserver.Mount.
 func (s *Service) Routes() map[string]http.Handler {
-	return map[string]http.Handler{
+	m := map[string]http.Handler{
 		"POST " + pathRequest: http.HandlerFunc(s.create),
 		"GET " + pathGet:      s.approval(s.get),
 		"POST " + pathApprove: s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateApproved) }),
 		"POST " + pathDeny:    s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateDenied) }),
 		"POST " + pathRevoke:  s.approval(func(w http.ResponseWriter, r *http.Request) { s.decide(w, r, StateRevoked) }),
 	}
+	s.grantRoutes(m)
+	return m
 }
 
 // approval answers 404 for an {id} no approval can have, before h reads anything.

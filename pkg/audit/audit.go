@@ -1,8 +1,9 @@
 // Package audit seals retrysafe's audit records in PostgreSQL, in the format of package auditchain, and verifies
 // them.
 //
-// Records are the rows of operation_events (an operation's history) and approval_events (an approval's
-// decisions, written by a trigger on approvals). A request inserts them as plain rows with its effect, in the
+// Records are the rows of operation_events (an operation's history), approval_events (an approval's
+// decisions, written by a trigger on approvals) and grant_events (a grant's history: granted, used, revoked,
+// written by a trigger on grants). A request inserts them as plain rows with its effect, in the
 // same transaction: durable at once, never updated or deleted (triggers refuse it), and with nothing computed or
 // locked for the audit record. Each row carries the id of the transaction that wrote it (xid, a xid8).
 //

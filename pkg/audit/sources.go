@@ -64,6 +64,7 @@ var sources = []source{
 		sealable: sealableApprovalRecords, pending: pendingApprovalRecords, ofSubjects: approvalRecordsOf,
 		all: allApprovalRecords, named: namedApprovalRecords,
 	},
+	grantSource,
 }
 
 // Operation records are read through their store, opstore, which owns operation_events.

@@ -127,6 +127,7 @@ func details(s approval.Summary) []Field {
 		}
 		out = append(out, Field{Label: label, Value: fmt.Sprintf("%v (%v), %v; its last dispatch: %v; reason: %v",
 			prior["operation_id"], prior["kind"], prior["state"], prior["dispatch_state"], prior["reason"])})
+		out = append(out, recoveryFields(prior)...)
 	}
 	for _, k := range keys {
 		if k == "can_roll_back" || k == "supersedes" {

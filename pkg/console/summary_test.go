@@ -60,6 +60,20 @@ func TestDetailsSayWhatTheWriteReplaces(t *testing.T) {
 	}
 }
 
+// The card of a retry after an unknown outcome says what the replaced operation was meant to do and the planned
+// recovery, right after the operation itself.
+func TestDetailsSayTheOriginalIntentAndTheRecovery(t *testing.T) {
+	t.Parallel()
+	got := details(approval.Summary{"action": "refund", "supersedes": map[string]any{"operation_id": "op_1", "kind": "payments.refund",
+		"state": "unknown", "dispatch_state": "sent_no_response", "reason": "connection_reset",
+		"original_intent":  map[string]any{"kind": "payments.refund", "idempotency_key": "ref-1", "resource": "payment_intent pi_1"},
+		"planned_recovery": "send this request as a new operation that supersedes op_1"}})
+	if len(got) < 3 || got[1].Label != "Its original intent" || got[1].Value != "payments.refund under key ref-1, on payment_intent pi_1" ||
+		got[2].Label != "Planned recovery" || got[2].Value != "send this request as a new operation that supersedes op_1" {
+		t.Fatalf("the card: %+v", got)
+	}
+}
+
 func TestApprovalCursorRoundTrips(t *testing.T) {
 	t.Parallel()
 	a := approval.Approval{ID: "apv_x_y", CreatedAt: time.Date(2026, 11, 30, 1, 2, 3, 456789000, time.UTC)}

@@ -27,10 +27,11 @@ const (
 )
 
 // Headers that only some writes take, each where its Request says so (Request.Takes): Approval-Id on a write
-// that takes approvals (package approval), Remediates-Operation-Id on a payments refund. Sent to another write
-// they are refused before its key is read, never dropped (checkTakes).
+// that takes approvals (package approval), and Grant-Id on the same writes; Remediates-Operation-Id on a payments
+// refund. Sent to another write they are refused before its key is read, never dropped (checkTakes).
 const (
 	HeaderApprovalID = "Approval-Id"
+	HeaderGrantID    = "Grant-Id"
 	HeaderRemediates = "Remediates-Operation-Id"
 )
 
@@ -43,6 +44,9 @@ func checkTakes(h http.Header, takes []string) error {
 			err = err.With("approval_id", vs[0])
 		}
 		return err
+	}
+	if len(h.Values(HeaderGrantID)) > 0 && !slices.Contains(takes, HeaderApprovalID) {
+		return problem.New("grant_invalid", "this write takes no approval, so no grant: the %s header cannot apply to it", HeaderGrantID)
 	}
 	if len(h.Values(HeaderRemediates)) > 0 && !slices.Contains(takes, HeaderRemediates) {
 		return headerProblem(HeaderRemediates, "cannot apply to this write: only a payments refund corrects an operation")
@@ -74,6 +78,8 @@ type lineage struct {
 	attempt     string
 	attemptSent bool
 	agentRun    string
+	// grant is the Grant-Id the attempt was sent under; the Guard checks it and uses it (package approval).
+	grant       string
 	retryOf     string
 	retryReason string
 	supersedes  string
@@ -99,6 +105,7 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 	}{
 		{ids.HeaderAttemptID, nil, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
 		{headerAgentRunID, &l.agentRun, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
+		{HeaderGrantID, &l.grant, func(v string) bool { return ids.Valid("grt_", v) }, "must be a grant id (grt_...)"},
 		{headerRetryOf, &l.retryOf, ids.ValidSent, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
 		{headerRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
 			"must be one of " + strings.Join(RetryReasons, ", ")},
@@ -126,7 +133,7 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 
 // identity is what every event an attempt causes says about it.
 func (l lineage) identity() opstore.Attempt {
-	d := opstore.Attempt{AttemptID: l.attempt, AgentRunID: l.agentRun, RetryOf: l.retryOf}
+	d := opstore.Attempt{AttemptID: l.attempt, AgentRunID: l.agentRun, GrantID: l.grant, RetryOf: l.retryOf}
 	if l.retryOf != "" {
 		reason := l.retryReason
 		d.RetryReason = &reason
@@ -148,7 +155,7 @@ func (l lineage) told(status int) opstore.Attempt {
 func (a *attempt) record(outcome string, status int, extra opstore.Attempt) opstore.Attempt {
 	d := extra
 	id := a.lineage.identity()
-	d.AttemptID, d.AgentRunID, d.RetryOf, d.RetryReason = id.AttemptID, id.AgentRunID, id.RetryOf, id.RetryReason
+	d.AttemptID, d.AgentRunID, d.GrantID, d.RetryOf, d.RetryReason = id.AttemptID, id.AgentRunID, id.GrantID, id.RetryOf, id.RetryReason
 	ms := time.Since(a.lineage.start).Milliseconds()
 	d.Outcome, d.Status, d.Fingerprint, d.DurationMS = outcome, &status, a.fingerprint, &ms
 	return d

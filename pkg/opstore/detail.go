@@ -15,7 +15,9 @@ type Attempt struct {
 	// the other attempt's.
 	RepeatedAttemptID string `json:"repeated_attempt_id,omitempty"`
 	AgentRunID        string `json:"agent_run_id,omitempty"`
-	RetryOf           string `json:"retry_of,omitempty"`
+	// GrantID is the grant the attempt was sent under (Grant-Id), checked and used by its claim.
+	GrantID string `json:"grant_id,omitempty"`
+	RetryOf string `json:"retry_of,omitempty"`
 	// RetryReason is set, possibly empty, when RetryOf is.
 	RetryReason *string `json:"retry_reason,omitempty"`
 	// Outcome makes the event an attempt record: created, replayed, conflict_rejected, in_progress, unknown, ...

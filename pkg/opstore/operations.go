@@ -224,16 +224,18 @@ func ClaimAttempt(ctx context.Context, db *gorm.DB, accountID, id string) (strin
 	return attempt, nil
 }
 
-// Prior is what an approver is shown of an operation a write would supersede: its kind and state, the type of
-// its newest dispatch_* event and the newest reason any of its events gives (nil when none).
+// Prior is what an approver is shown of an operation a write would supersede: its intent (kind, idempotency key,
+// the resource it acted on: "" when none), its state, the type of its newest dispatch_* event and the newest
+// reason any of its events gives (nil when none).
 type Prior struct {
-	Kind, State      string
-	Dispatch, Reason *string
+	Kind, State                              string
+	IdempotencyKey, ResourceType, ResourceID string
+	Dispatch, Reason                         *string
 }
 
 // ReadPrior returns Prior of operation id of account; found is false when the account has no such operation.
 func ReadPrior(ctx context.Context, db *gorm.DB, accountID, id string) (p Prior, found bool, err error) {
-	found, err = queryRow(ctx, db, priorSQL, []any{accountID, id}, &p.Kind, &p.State, &p.Dispatch, &p.Reason)
+	found, err = queryRow(ctx, db, priorSQL, []any{accountID, id}, &p.Kind, &p.State, &p.IdempotencyKey, &p.ResourceType, &p.ResourceID, &p.Dispatch, &p.Reason)
 	if err != nil {
 		return Prior{}, false, fmt.Errorf("opstore: operation %s: %w", id, err)
 	}

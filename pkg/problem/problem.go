@@ -57,6 +57,9 @@ var codes = map[Code]codeInfo{
 
 	"approval_required": {http.StatusPreconditionRequired, "Approval required"},
 	"approval_invalid":  {http.StatusForbidden, "Approval invalid"},
+	// A Grant-Id that cannot authorize this write: unknown, of another agent or run, of other kinds, revoked,
+	// expired or used up (the problem's reason says which).
+	"grant_invalid": {http.StatusForbidden, "Grant invalid"},
 
 	// payments
 	"order_has_active_intent":    {http.StatusConflict, "Order already has an active payment intent"},

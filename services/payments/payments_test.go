@@ -75,6 +75,8 @@ func TestPayments(t *testing.T) {
 		{"SweepRestoresLostRows", testSweepRestoresLostRows},
 		{"SweepLeavesATakenOrderToAPerson", testSweepLeavesATakenOrderToAPerson},
 		{"RetryAdoptsWhatTheSweepRestored", testRetryAdoptsWhatTheSweepRestored},
+		{"GrantsForASession", testGrants},
+		{"GrantNeverApprovesARetryAfterUnknown", testGrantNeverApprovesARetryAfterUnknown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -410,6 +410,73 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/grants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Grant an agent key (or one run of it) authority for a group of writes (role approver).
+         * @description Served by payments, deploys and tickets. The grant covers writes of the listed operation kinds that would
+         *     need an approval, sent by the agent key `agent_key_id` (the id after `agent:` in an approval's
+         *     `requested_by` or a timeline's actor) and, with `agent_run_id`, only by that run (its `Agent-Run-Id`): at
+         *     most `max_uses` of them, until `expires_at` (at most 7 days ahead) or until revoked. Each write names it in
+         *     `Grant-Id`; its claim uses one use and records it (`grant_events`, sealed by the audit). A grant never
+         *     stands in for the approval of a write that supersedes an operation whose outcome is unknown.
+         *
+         *     Retrying with the same Idempotency-Key and body replays the stored 201; a new grant needs a new key.
+         */
+        post: operations["createGrant"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/grants/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * One grant, with its uses and state.
+         * @description A read with no effect: retry it freely.
+         */
+        get: operations["getGrant"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/grants/{id}/revoke": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Revoke a grant (role approver).
+         * @description The next write sent under it is refused (403 grant_invalid, reason revoked); writes it already authorized stand. A declared decision, safe to retry without an Idempotency-Key: revoking a revoked grant returns it unchanged.
+         */
+        post: operations["revokeGrant"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/payment_intents": {
         parameters: {
             query?: never;
@@ -964,7 +1031,7 @@ export interface components {
             title: string;
             status: number;
             detail: string;
-            /** @description invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, superseded_operation_unknown, store_unavailable, outcome_unknown, approval_required, approval_invalid, and the codes of each service. */
+            /** @description invalid_request, validation_failed, unauthorized, forbidden, not_found, idempotency_key_missing, idempotency_key_invalid, idempotency_key_reused, request_in_progress, idempotency_response_expired, superseded_operation_unknown, store_unavailable, outcome_unknown, approval_required, approval_invalid, grant_invalid (with `reason`: not_found, other_agent, other_run, other_kind, revoked, expired, used_up, with_approval), and the codes of each service. */
             code: string;
             errors?: {
                 field: string;
@@ -1196,6 +1263,12 @@ export interface components {
             dispatch_state: string;
             /** @description The newest reason its records give (a dispatch's, or why it is unknown); none when they give none. */
             reason: string;
+            /** @description What it was meant to do (kind, idempotency_key, and resource when it acted on one). */
+            original_intent?: {
+                [key: string]: unknown;
+            };
+            /** @description What the approved write does about it. */
+            planned_recovery?: string;
         };
         Approval: {
             id: string;
@@ -1223,6 +1296,45 @@ export interface components {
             used_by_operation_id?: string | null;
             /** Format: date-time */
             created_at: string;
+        };
+        GrantRequest: {
+            /** @description The agent key's id (as in `agent:ID`). */
+            agent_key_id: string;
+            /** @description Only this run of the agent (its Agent-Run-Id). */
+            agent_run_id?: string;
+            /** @description Operation kinds the grant covers (payments.capture, payments.refund, deploys.create, deploys.rollback, tickets.create). */
+            kinds: string[];
+            max_uses: number;
+            /**
+             * Format: date-time
+             * @description In the future, at most 7 days ahead.
+             */
+            expires_at: string;
+        };
+        Grant: {
+            id: string;
+            agent_key_id: string;
+            agent_run_id: string | null;
+            kinds: string[];
+            max_uses: number;
+            /** @description How many writes used it. */
+            uses: number;
+            /**
+             * @description Read at the time of the answer, in this order.
+             * @enum {string}
+             */
+            state: "active" | "revoked" | "expired" | "used_up";
+            /** Format: date-time */
+            expires_at: string;
+            granted_by: string;
+            /** Format: date-time */
+            granted_at: string;
+            revoked_by: string | null;
+            /** Format: date-time */
+            revoked_at: string | null;
+            /** @description The operation of the newest write that used it; grant_events lists every one. */
+            last_operation_id: string | null;
+            last_attempt_id: string | null;
         };
         /** @description A decimal string with at most the currency's ISO 4217 decimals ("12.30" USD, "1000" JPY, "1.500" KWD). */
         PaymentAmount: string;
@@ -1595,6 +1707,8 @@ export interface components {
         Prefer: string;
         /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
         ApprovalId: string;
+        /** @description A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one). */
+        GrantId: string;
         /** @description The duplicate_effect_confirmed capture of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. All of the duplicate already returned: 409 already_remediated with remediated_by. Naming a duplicated refund: 409 duplicate_refund_not_refundable. */
         RemediatesOperationId: string;
     };
@@ -1855,6 +1969,8 @@ export interface operations {
                 Prefer?: components["parameters"]["Prefer"];
                 /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
                 "Approval-Id"?: components["parameters"]["ApprovalId"];
+                /** @description A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one). */
+                "Grant-Id"?: components["parameters"]["GrantId"];
             };
             path?: never;
             cookie?: never;
@@ -2253,6 +2369,103 @@ export interface operations {
             429: components["responses"]["RateLimited"];
         };
     };
+    createGrant: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description One opaque value (a UUID) per intended action, reused on every retry; 1-255 printable ASCII. Required, except on a server run with `IDEMPOTENCY_KEY_OPTIONAL=true`, where a write without it runs unprotected and its answer carries `Idempotency-Key-Absent: true` (a migration path; docs/contract.md). */
+                "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["GrantRequest"];
+            };
+        };
+        responses: {
+            /** @description The grant, active. */
+            201: {
+                headers: {
+                    "Operation-Id": components["headers"]["OperationId"];
+                    "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    Location: components["headers"]["Location"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Grant"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["ValidationFailed"];
+            429: components["responses"]["RateLimited"];
+            503: components["responses"]["StoreUnavailable"];
+        };
+    };
+    getGrant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The resource id; a malformed one is 404, like a missing one. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The grant. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Grant"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
+        };
+    };
+    revokeGrant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The resource id; a malformed one is 404, like a missing one. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description Empty, or {}; anything else is 400 invalid_request. */
+        requestBody?: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description The grant, revoked. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Grant"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["RateLimited"];
+        };
+    };
     createPaymentIntent: {
         parameters: {
             query?: never;
@@ -2342,6 +2555,8 @@ export interface operations {
                 Prefer?: components["parameters"]["Prefer"];
                 /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
                 "Approval-Id"?: components["parameters"]["ApprovalId"];
+                /** @description A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one). */
+                "Grant-Id"?: components["parameters"]["GrantId"];
             };
             path: {
                 /** @description The resource id; a malformed one is 404, like a missing one. */
@@ -2489,6 +2704,8 @@ export interface operations {
                 Prefer?: components["parameters"]["Prefer"];
                 /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
                 "Approval-Id"?: components["parameters"]["ApprovalId"];
+                /** @description A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one). */
+                "Grant-Id"?: components["parameters"]["GrantId"];
                 /** @description The duplicate_effect_confirmed capture of this payment intent that this refund corrects (op_...). Malformed, naming no operation of the account, another kind or another intent: 400 invalid_request naming the header. Naming an operation in another state: 409 invalid_state. All of the duplicate already returned: 409 already_remediated with remediated_by. Naming a duplicated refund: 409 duplicate_refund_not_refundable. */
                 "Remediates-Operation-Id"?: components["parameters"]["RemediatesOperationId"];
             };
@@ -2916,6 +3133,8 @@ export interface operations {
                 Prefer?: components["parameters"]["Prefer"];
                 /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
                 "Approval-Id"?: components["parameters"]["ApprovalId"];
+                /** @description A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one). */
+                "Grant-Id"?: components["parameters"]["GrantId"];
             };
             path?: never;
             cookie?: never;
@@ -3023,6 +3242,8 @@ export interface operations {
                 Prefer?: components["parameters"]["Prefer"];
                 /** @description The approval granted for exactly this request (account, key, fingerprint). A value no approval id can be is 403 approval_invalid. */
                 "Approval-Id"?: components["parameters"]["ApprovalId"];
+                /** @description A grant (POST /v1/grants) to send this write under instead of an Approval-Id: it uses one of the grant's uses, and the attempt's records name it (grant_id). Not with Approval-Id. A grant that is revoked, expired, used up, of another agent key or run, or of other operation kinds is 403 grant_invalid with its `reason`; a write that supersedes an operation whose outcome is unknown still needs an approval of its own (409 superseded_operation_unknown without one). */
+                "Grant-Id"?: components["parameters"]["GrantId"];
             };
             path: {
                 /** @description The resource id; a malformed one is 404, like a missing one. */
