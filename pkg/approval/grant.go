@@ -34,7 +34,7 @@ import (
 // supersedes, its last dispatch state and the planned recovery.
 
 // HeaderGrantID is the request header that names the grant a write is sent under.
-const HeaderGrantID = idem.HeaderGrantID
+const HeaderGrantID = "Grant-Id"
 
 // grantPrefix starts every grant id (ids.New).
 const grantPrefix = "grt_"

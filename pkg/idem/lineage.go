@@ -31,7 +31,7 @@ const (
 // refund. Sent to another write they are refused before its key is read, never dropped (checkTakes).
 const (
 	HeaderApprovalID = "Approval-Id"
-	HeaderGrantID    = "Grant-Id"
+	headerGrantID    = "Grant-Id"
 	HeaderRemediates = "Remediates-Operation-Id"
 )
 
@@ -45,8 +45,8 @@ func checkTakes(h http.Header, takes []string) error {
 		}
 		return err
 	}
-	if len(h.Values(HeaderGrantID)) > 0 && !slices.Contains(takes, HeaderApprovalID) {
-		return problem.New("grant_invalid", "this write takes no approval, so no grant: the %s header cannot apply to it", HeaderGrantID)
+	if len(h.Values(headerGrantID)) > 0 && !slices.Contains(takes, HeaderApprovalID) {
+		return problem.New("grant_invalid", "this write takes no approval, so no grant: the %s header cannot apply to it", headerGrantID)
 	}
 	if len(h.Values(HeaderRemediates)) > 0 && !slices.Contains(takes, HeaderRemediates) {
 		return headerProblem(HeaderRemediates, "cannot apply to this write: only a payments refund corrects an operation")
@@ -105,7 +105,7 @@ func parseLineage(h http.Header, attemptID string) (lineage, error) {
 	}{
 		{ids.HeaderAttemptID, nil, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
 		{headerAgentRunID, &l.agentRun, ids.ValidSent, "must be 1 to 128 printable ASCII characters"},
-		{HeaderGrantID, &l.grant, func(v string) bool { return ids.Valid("grt_", v) }, "must be a grant id (grt_...)"},
+		{headerGrantID, &l.grant, func(v string) bool { return ids.Valid("grt_", v) }, "must be a grant id (grt_...)"},
 		{headerRetryOf, &l.retryOf, ids.ValidSent, "must be an earlier Attempt-Id: 1 to 128 printable ASCII characters"},
 		{headerRetryReason, &l.retryReason, func(v string) bool { return slices.Contains(RetryReasons, v) },
 			"must be one of " + strings.Join(RetryReasons, ", ")},

@@ -10,6 +10,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/idem"
@@ -56,7 +57,7 @@ func testGrants(t *testing.T, h *harness) {
 	b := h.setup(t)
 	capture := func(n int, key, grant string) *apitest.Response {
 		in := b.createIntent(t, fmt.Sprintf("o-g%d", n), fmt.Sprintf(`{"order_id":"o-g%d","amount":"2000.00","currency":"USD"}`, n))
-		return b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key(key), apitest.Header(idem.HeaderGrantID, grant),
+		return b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key(key), apitest.Header(approval.HeaderGrantID, grant),
 			apitest.Header("Attempt-Id", "att-"+key))
 	}
 	b.agent.Post("/v1/grants", `{}`, apitest.Key("agent-grants")).Status(t, http.StatusForbidden)
@@ -101,10 +102,10 @@ AND detail->>'attempt_id' = ? AND (detail->>'use')::int = ?`, g, op, "att-"+key,
 	in := b.createIntent(t, "o-g9", `{"order_id":"o-g9","amount":"2000.00","currency":"USD"}`)
 	other := b.grant(t, "grant-5", 5, "payments.capture")
 	grantRefused(t, b.agent.Post("/v1/payment_intents/"+in.ID+"/capture", `{}`, apitest.Key("cap-g9"),
-		apitest.Header(idem.HeaderGrantID, other), b.approval(t, "/v1/payment_intents/"+in.ID+"/capture", "cap-g9", `{}`)), "with_approval")
+		apitest.Header(approval.HeaderGrantID, other), b.approval(t, "/v1/payment_intents/"+in.ID+"/capture", "cap-g9", `{}`)), "with_approval")
 	// A write that takes no approval takes no grant.
 	b.agent.Post("/v1/payment_intents", `{"order_id":"o-g10","amount":"1.00","currency":"USD"}`, apitest.Key("create-g10"),
-		apitest.Header(idem.HeaderGrantID, other)).Status(t, http.StatusForbidden)
+		apitest.Header(approval.HeaderGrantID, other)).Status(t, http.StatusForbidden)
 
 	b.assertCounters(t, map[string]int64{"authorize": 9, "capture": 3})
 	if n := b.count(t, `SELECT count(*) FROM grant_events WHERE grant_id = ? AND type = 'revoked' AND actor LIKE 'approver:%'`, revoked); n != 1 {
@@ -154,7 +155,7 @@ func testGrantNeverApprovesARetryAfterUnknown(t *testing.T, h *harness) {
 	g := b.grant(t, "grant-u", 5, "payments.refund")
 	const body = `{"amount":"2.00"}`
 	sup := apitest.Header(idem.HeaderSupersedes, old.ID)
-	r := b.agent.Post(refunds, body, sup, apitest.Key("ref-new"), apitest.Header(idem.HeaderGrantID, g)).Status(t, http.StatusConflict)
+	r := b.agent.Post(refunds, body, sup, apitest.Key("ref-new"), apitest.Header(approval.HeaderGrantID, g)).Status(t, http.StatusConflict)
 	if code(t, r) != "superseded_operation_unknown" {
 		t.Fatalf("a replacement of an unknown refund under a grant: %s; want superseded_operation_unknown", r.Body)
 	}
