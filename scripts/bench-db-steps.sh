@@ -25,7 +25,7 @@ DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/$db?sslmode=disable" go run ./c
 K="'k_' || :client_id::text || '_' || :r::text"
 OP="'op_' || :client_id::text || '_' || :r::text"
 TKT="'tkt_' || :client_id::text || '_' || :r::text"
-ticket="INSERT INTO tickets (id, account_id, project, title, description, priority, status) VALUES ($TKT, 'acct_a', 'bench', md5(:r::text), '', 'normal', 'open') ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING RETURNING id, created_at;"
+ticket="INSERT INTO tickets (id, account_id, project, title, description, priority, status) VALUES ($TKT, 'acct_a', 'bench', md5(:r::text), '', 'normal', 'open') RETURNING id, created_at;"
 detail='{"attempt_id": "att_1", "outcome": "created", "status": 201, "fingerprint": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "duration_ms": 3}'
 r='\set r random(1, 9000000000000000)'
 read="SELECT coalesce(fingerprint, ''), id, key_state, coalesce(response_status, 0), coalesce(response_headers, '{}'), response_body, state, resource_type, resource_id FROM operations WHERE account_id = 'acct_a' AND idempotency_key = $K AND key_held;"
@@ -46,7 +46,7 @@ $ticket
 \\endpipeline"
 # The completion as opstatus.QueueCreateCompleted sends it: the operation inserted completed, its record beside it.
 insert="INSERT INTO operations (account_id, id, kind, state, idempotency_key, fingerprint, resource_type, resource_id, key_state, response_status, response_headers, response_body, completed_at, response_expires_at, key_expires_at) VALUES ('acct_a', $OP, 'tickets.create', 'succeeded', $K, md5(:r::text), 'ticket', $TKT, 'completed', 201, '{}'::jsonb, '\x7b7d', now(), now() + interval '72 hours', now() + interval '90 days')"
-printf '%s\n%s\n' "$r" "${ticket/ ON CONFLICT*RETURNING id, created_at;/;}" >"$dir/bare.sql"
+printf '%s\n%s\n' "$r" "${ticket/ RETURNING id, created_at;/;}" >"$dir/bare.sql"
 
 cat >"$dir/key.sql" <<SQL
 $r
