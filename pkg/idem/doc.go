@@ -7,7 +7,6 @@
 //	   │          └─ malformed ─► 400
 //	   ▼
 //	readKey ── found ─► decide: replay │ conflict 422 │ in progress 409 │ unknown 202 ─► record attempt ─► answer
-//	   │  └─ a retry with no lineage headers, its key's response stored: replay, its record written by the read
 //	   │ none                  ▲
 //	   ▼                       │ key taken (a copy committed first)
 //	BEGIN + claim ── one round trip

@@ -127,7 +127,7 @@ type Handler struct {
 	// a round trip; and the MaxWaiters places to wait.
 	once     sync.Once
 	attempts *opstore.GroupAppender
-	lookups  *batch.Batcher[keyRead, lookup]
+	lookups  *batch.Batcher[keyRef, lookup]
 	waiters  chan struct{}
 	// background is whether RunBackground runs; backgroundWarned, that its absence was told.
 	background       atomic.Bool
@@ -153,8 +153,8 @@ func New(db *gorm.DB) (*Handler, error) {
 func (h *Handler) init() {
 	h.once.Do(func() {
 		h.attempts = &opstore.GroupAppender{DB: h.DB}
-		h.lookups = &batch.Batcher[keyRead, lookup]{Run: func(ctx context.Context, reads []keyRead) ([]lookup, error) {
-			return lookupKeys(ctx, h.DB, reads)
+		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
+			return lookupKeys(ctx, h.DB, refs)
 		}}
 		n := positiveOr(h.MaxWaiters, 64)
 		h.waiters = make(chan struct{}, n)
@@ -168,14 +168,9 @@ func (h *Handler) init() {
 // requests go together in one round trip (package batch): copies of one request arriving together (a storm)
 // read their key once. docs/benchmarks.md has what it is worth.
 func (h *Handler) readKey(ctx context.Context, account, key string) (stored, bool, error) {
-	l, err := h.read(ctx, keyRead{keyRef: keyRef{account, key}})
-	return l.stored, l.found, err
-}
-
-// read reads r's key in the next round trip of the reads (readKey).
-func (h *Handler) read(ctx context.Context, r keyRead) (lookup, error) {
 	h.init()
-	return h.lookups.Do(ctx, r.account+"\x00"+r.key, r)
+	l, err := h.lookups.Do(ctx, account+"\x00"+key, keyRef{account, key})
+	return l.stored, l.found, err
 }
 
 // The settings with their defaults. A key outlives its response: its lifetime is never shorter than the
@@ -281,21 +276,8 @@ func (h *Handler) start(ctx context.Context, call Call, req Request, reclaim fun
 		ID: opstatus.NewID(), AccountID: call.Caller.AccountID, Kind: req.Kind, State: opstatus.StateRunning,
 		IdempotencyKey: key, Fingerprint: fp,
 	}}
-	r := keyRead{keyRef: keyRef{a.op.AccountID, key}}
-	if a.lineage.plain() {
-		// A retry with nothing in its lineage to check is answered by a replay whenever its key allows one: its
-		// record is written by its read (keyRead), so that the replay is one round trip and one commit.
-		r.fingerprint, r.replay = fp, &opstore.NewEvent{Type: verdictReplay.event, Actor: a.caller.Actor,
-			Detail: a.record(verdictReplay.record, 0, opstore.Attempt{})}
-	}
-	l, err := h.read(ctx, r)
-	switch {
-	case err == nil && l.replayed:
-		h.observe(req.Kind, verdictReplay.outcome)
-		ans := answer(l.operationID, l.response, true)
-		return nil, &ans
-	case err == nil && l.found && (reclaim == nil || !reclaim(a, l.stored)):
-		ans := h.existing(ctx, a, l.stored, call.Header)
+	if s, found, err := h.readKey(ctx, a.op.AccountID, key); err == nil && found && (reclaim == nil || !reclaim(a, s)) {
+		ans := h.existing(ctx, a, s, call.Header)
 		return nil, &ans
 	}
 	return a, nil

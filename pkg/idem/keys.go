@@ -95,43 +95,24 @@ type response struct {
 // keyRef names one key; lookup is what reading it found.
 type keyRef struct{ account, key string }
 
-// keyRead is one request's read of a key. replay, when set, is the request's attempt record as a replay, written
-// by the read itself when the key can only be answered by a replay (opstore.QueueLookupKeyReplayed: its
-// response stored, fingerprint the request's, operation not unknown; decide gives such a key verdictReplay).
-type keyRead struct {
-	keyRef
-	fingerprint string
-	replay      *opstore.NewEvent
-}
-
 type lookup struct {
 	stored
 	found bool
-	// replayed: the read wrote keyRead.replay.
-	replayed bool
 }
 
-// lookupKeys reads keys in one round trip, one statement per distinct key (each keeps its generic plan) and one
-// per read that may write its replay record. The statements run in one implicit transaction: the records commit
-// before any read returns.
-func lookupKeys(ctx context.Context, db *gorm.DB, reads []keyRead) ([]lookup, error) {
-	out := make([]lookup, len(reads))
-	keys := make([]opstore.Key, len(reads))
-	shared := map[keyRef]*lookup{}
+// lookupKeys reads keys in one round trip, one statement per distinct key (each keeps its generic plan).
+func lookupKeys(ctx context.Context, db *gorm.DB, refs []keyRef) ([]lookup, error) {
+	out := make([]lookup, len(refs))
+	keys := make([]opstore.Key, len(refs))
+	read := map[keyRef]*lookup{}
 	b := &pgx.Batch{}
-	for i, r := range reads {
+	for i, ref := range refs {
+		if _, ok := read[ref]; ok {
+			continue
+		}
 		l := &out[i]
-		if r.replay != nil {
-			if err := opstore.QueueLookupKeyReplayed(b, r.account, r.key, r.fingerprint, *r.replay, &keys[i], &l.found, &l.replayed); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if _, ok := shared[r.keyRef]; ok {
-			continue
-		}
-		shared[r.keyRef] = l
-		opstore.QueueLookupKey(b, r.account, r.key, &keys[i], &l.found)
+		read[ref] = l
+		opstore.QueueLookupKey(b, ref.account, ref.key, &keys[i], &l.found)
 	}
 	if err := database.Send(ctx, db, b); err != nil {
 		return nil, fmt.Errorf("idem: lookup: %w", err)
@@ -141,10 +122,8 @@ func lookupKeys(ctx context.Context, db *gorm.DB, reads []keyRead) ([]lookup, er
 			l.stored = storedKey(k)
 		}
 	}
-	for i, r := range reads {
-		if r.replay == nil {
-			out[i] = *shared[r.keyRef] // a copy of a key asked twice shares its read
-		}
+	for i, ref := range refs {
+		out[i] = *read[ref] // a copy of a key asked twice shares its read
 	}
 	return out, nil
 }

@@ -71,7 +71,7 @@ func TestKeysAreScopedToAccounts(t *testing.T) {
 	a, b := newAttempt("acct-a", "shared", "fp-a"), newAttempt("acct-b", "shared", "fp-b")
 	claimed(t, h, a)
 	claimed(t, h, b)
-	got, err := lookupKeys(context.Background(), h.DB, []keyRead{{keyRef: keyRef{"acct-b", "shared"}}, {keyRef: keyRef{"acct-a", "shared"}}, {keyRef: keyRef{"acct-c", "shared"}}})
+	got, err := lookupKeys(context.Background(), h.DB, []keyRef{{"acct-b", "shared"}, {"acct-a", "shared"}, {"acct-c", "shared"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,12 +134,6 @@ func (l lineage) identity() opstore.Attempt {
 	return d
 }
 
-// plain reports whether the attempt's lineage needs no check against an existing operation (checkRetry): no
-// Attempt-Id, Retry-Of or Supersedes-Operation-Id sent.
-func (l lineage) plain() bool {
-	return !l.attemptSent && l.retryOf == "" && l.supersedes == ""
-}
-
 // told is the detail of an answer told to the attempt without an outcome (its record exists already): its
 // identity and the status it was answered.
 func (l lineage) told(status int) opstore.Attempt {

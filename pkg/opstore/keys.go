@@ -159,28 +159,6 @@ func QueueLookupKey(b *pgx.Batch, accountID, key string, k *Key, found *bool) {
 	})
 }
 
-// QueueLookupKeyReplayed queues on b the read of key of account into k, as QueueLookupKey does, and in the same
-// statement the insert of e, a retry's attempt record as a replay, on the key's operation when the key's response
-// is stored, fingerprint is the key's and the operation is not unknown: then replayed is set. e's detail gets the
-// stored response's status as its "status". b must commit before the retry is answered (database.Send).
-func QueueLookupKeyReplayed(b *pgx.Batch, accountID, key, fingerprint string, e NewEvent, k *Key, found, replayed *bool) error {
-	detail, err := e.detailJSON(key)
-	if err != nil {
-		return err
-	}
-	attempt, outcome := attemptColumns(e.Detail)
-	b.Queue(lookupReplayedSQL, accountID, key, fingerprint, e.Type, e.Actor, detail, attempt, outcome).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&k.Fingerprint, &k.OperationID, &k.State, &k.Status, &k.Header, &k.Body, &k.OperationState,
-			&k.ResourceType, &k.ResourceID, replayed)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		*found = err == nil
-		return err
-	})
-	return nil
-}
-
 // QueueKeyFree queues on b a local claim: the key's advisory lock, held until the transaction ends, then the key
 // read again under it. The batch fails with taken when an operation holds the key.
 func QueueKeyFree(b *pgx.Batch, accountID, key string, taken error) {

@@ -42,7 +42,6 @@ func statement(name string) string {
 
 var (
 	lookupKeySQL         = statement("lookup_key")
-	lookupReplayedSQL    = statement("lookup_key_replayed")
 	attemptKnownSQL      = statement("attempt_known")
 	attemptRecordedSQL   = statement("attempt_recorded")
 	claimedSupersedesSQL = statement("claimed_supersedes")
