@@ -17,8 +17,9 @@
 -- (the response is stored), expired (the response was pruned; the key still never runs again), or NULL: the
 -- operation holds no key (it has none, its claim was released before its effect was sent, or its key outlived
 -- its lifetime and was pruned). Of one account's operations with one key, at most one holds it (key_held): the
--- unique index operations_key. Every operation started under a key, holding it or not, is found by
--- operations_account_key.
+-- unique index operations_key. The others, which gave their key up, are in operations_released_key, so a create
+-- adds one entry by its key, not two; an operation moves from the one to the other when its key is released or
+-- pruned, a write that changes key_held anyway.
 --
 -- A key outlives its stored response. Pruning after the retention removes the response (key_state 'expired'),
 -- not the key: with its fingerprint and operation it is kept until key_expires_at, so it never runs twice while
@@ -54,8 +55,9 @@ CREATE TABLE operations (
     key_held            boolean GENERATED ALWAYS AS (key_state IS NOT NULL) STORED,
     PRIMARY KEY (account_id, id)
 );
-CREATE INDEX operations_account_key ON operations (account_id, idempotency_key);
 CREATE UNIQUE INDEX operations_key ON operations (account_id, idempotency_key) WHERE key_held;
+CREATE INDEX operations_released_key ON operations (account_id, idempotency_key)
+    WHERE NOT key_held AND idempotency_key IS NOT NULL;
 CREATE INDEX operations_created ON operations USING brin (created_at);
 -- The operations list: an account's operations, unknown first, then newest first, one page at a time (keyset).
 CREATE INDEX operations_account_listing ON operations (account_id, unknown, created_at, id);

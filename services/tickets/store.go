@@ -19,15 +19,31 @@ var _ Store = PostgresStore{}
 
 const ticketColumns = `id, account_id, project, title, description, priority, status, source_event_id, created_at, updated_at`
 
-// CreateTicket implements Store. The partial unique index tickets_source_event decides between concurrent
-// creates: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads the winner.
-func (PostgresStore) CreateTicket(ctx context.Context, tx *gorm.DB, accountID string, cmd CreateTicket) (Ticket, bool, error) {
-	var rows []Ticket
-	err := tx.WithContext(ctx).Raw(`
+// The insert of a ticket. A ticket with a source event is inserted ON CONFLICT DO NOTHING on the partial unique
+// index tickets_source_event; one without cannot conflict there, and is a plain insert (no speculative insertion
+// and its confirmation to write).
+const (
+	insertTicketSQL = `
+INSERT INTO tickets (id, account_id, project, title, description, priority, status, source_event_id)
+VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
+RETURNING ` + ticketColumns
+	insertSourcedTicketSQL = `
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, source_event_id)
 VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
 ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING
-RETURNING `+ticketColumns,
+RETURNING ` + ticketColumns
+)
+
+// CreateTicket implements Store. The partial unique index tickets_source_event decides between concurrent
+// creates of one source event: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after
+// it reads the winner.
+func (PostgresStore) CreateTicket(ctx context.Context, tx *gorm.DB, accountID string, cmd CreateTicket) (Ticket, bool, error) {
+	query := insertTicketSQL
+	if cmd.SourceEventID != nil {
+		query = insertSourcedTicketSQL
+	}
+	var rows []Ticket
+	err := tx.WithContext(ctx).Raw(query,
 		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID).Scan(&rows).Error
 	if err != nil {
 		return Ticket{}, false, fmt.Errorf("tickets: create: %w", err)
