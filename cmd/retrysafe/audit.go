@@ -17,6 +17,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/agent"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -379,7 +380,7 @@ func runAuditTimeline(ctx context.Context, inv invocation, operationID string) e
 	}
 	// The one lookup by id alone (the operator knows the operation, not its account): a scan of every account,
 	// on a sharded database a query of every shard. All that follows is addressed by account and id.
-	account, err := opstore.AccountOf(ctx, db, operationID)
+	account, err := opstore.AccountOf(ctx, database.SQL(db), operationID)
 	if err != nil {
 		return exitError{code: 2, err: fmt.Errorf("audit timeline: %w", err)}
 	}

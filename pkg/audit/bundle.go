@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -115,7 +116,7 @@ func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) er
 				return err
 			}
 			b.Scope.Subjects = ev.subjectList()
-			found, err := opstore.HasEvents(ctx, tx, opt.OperationID)
+			found, err := opstore.HasEvents(ctx, database.SQL(tx), opt.OperationID)
 			if err != nil {
 				return err
 			}

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -80,7 +81,7 @@ func operationRows(emit func(recordRow) error) func(opstore.Record) error {
 }
 
 func sealableOperationRecords(ctx context.Context, tx *gorm.DB, from auditchain.Position, limit int) ([]recordRow, error) {
-	recs, err := opstore.RecordsAfter(ctx, tx, from.XID, from.ID, limit)
+	recs, err := opstore.RecordsAfter(ctx, database.SQL(tx), from.XID, from.ID, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -92,23 +93,23 @@ func sealableOperationRecords(ctx context.Context, tx *gorm.DB, from auditchain.
 }
 
 func pendingOperationRecords(ctx context.Context, tx *gorm.DB, from auditchain.Position) (int64, *time.Time, error) {
-	return opstore.CountAfter(ctx, tx, from.XID, from.ID)
+	return opstore.CountAfter(ctx, database.SQL(tx), from.XID, from.ID)
 }
 
 func operationRecordsOf(ctx context.Context, tx *gorm.DB, accountID string, subjects []string, emit func(recordRow) error) error {
-	return opstore.RecordsOf(ctx, tx, accountID, subjects, operationRows(emit))
+	return opstore.RecordsOf(ctx, database.SQL(tx), accountID, subjects, operationRows(emit))
 }
 
 func allOperationRecords(ctx context.Context, tx *gorm.DB, emit func(recordRow) error) error {
-	return opstore.AllRecords(ctx, tx, operationRows(emit))
+	return opstore.AllRecords(ctx, database.SQL(tx), operationRows(emit))
 }
 
 func namedOperationRecords(ctx context.Context, tx *gorm.DB, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
 	n := opstore.RecordNames{AccountIDs: names.accounts, OperationIDs: names.subjects, IDs: names.ids}
 	if after == nil {
-		return opstore.NamedRecords(ctx, tx, n, operationRows(emit))
+		return opstore.NamedRecords(ctx, database.SQL(tx), n, operationRows(emit))
 	}
-	return opstore.NamedRecordsOrAfter(ctx, tx, n, after.XID, after.ID, operationRows(emit))
+	return opstore.NamedRecordsOrAfter(ctx, database.SQL(tx), n, after.XID, after.ID, operationRows(emit))
 }
 
 // Approval records are the audit's own table's. The transaction id is read as text under another name than xid:

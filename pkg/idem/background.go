@@ -8,6 +8,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -74,7 +75,7 @@ func (h *Handler) checkBackground() {
 // idempotency_response_expired, naming the operation and its resource.
 func (h *Handler) Prune(ctx context.Context) (responses, keys int64, err error) {
 	now := h.Clock.Now()
-	return opstore.Prune(ctx, h.DB, now.Add(-h.retention()), now.Add(-h.keyLifetime()), h.Clock.NowOrNil())
+	return opstore.Prune(ctx, database.SQL(h.DB), now.Add(-h.retention()), now.Add(-h.keyLifetime()), h.Clock.NowOrNil())
 }
 
 // runPruner prunes every interval until ctx ends (RunBackground).

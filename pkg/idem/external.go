@@ -343,7 +343,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 		return false
 	}
 	// Most retries of a running operation find its owner alive: one read, no lock.
-	owner, gone, err := opstore.OwnerGone(ctx, h.DB, a.op.AccountID, s.operationID)
+	owner, gone, err := opstore.OwnerGone(ctx, database.SQL(h.DB), a.op.AccountID, s.operationID)
 	if err != nil || !gone {
 		return false
 	}
@@ -359,7 +359,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 			return err
 		}
 		// Read after the lock is held, so a dispatch_started committed before it is seen.
-		if _, gone, err := opstore.OwnerGone(ctx, tx.Gorm(), op.AccountID, op.ID); err != nil || !gone {
+		if _, gone, err := opstore.OwnerGone(ctx, tx.SQL(), op.AccountID, op.ID); err != nil || !gone {
 			return errors.Join(err, errOwnerAlive)
 		}
 		return nil

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -17,7 +18,7 @@ import (
 func (m *Metrics) WatchOperations(db *gorm.DB, timeout time.Duration) {
 	m.reg.MustRegister(&countAndAge{count: unknownDesc, age: oldestUnknownDesc, what: "unknown operations", timeout: timeout,
 		read: func(ctx context.Context) (int64, float64, error) {
-			return opstore.UnknownCount(ctx, db)
+			return opstore.UnknownCount(ctx, database.SQL(db))
 		}})
 }
 

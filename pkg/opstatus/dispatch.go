@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -18,7 +19,7 @@ import (
 // dispatch_started with nothing after it, a dispatch_sent_no_response, or no record at all (the finish could
 // not be written) leave the call possibly in flight: only the lease bounds it then.
 func callOver(ctx context.Context, db *gorm.DB, accountID, id string) (string, error) {
-	last, err := opstore.LastDispatch(ctx, db, accountID, id)
+	last, err := opstore.LastDispatch(ctx, database.SQL(db), accountID, id)
 	if err != nil {
 		return "", err
 	}
@@ -66,7 +67,7 @@ var errNotRunning = errors.New("opstatus: the operation is not running")
 // written, or returns an error matching errNotRunning when the operation is no longer running: the caller must
 // then not send it (provider.DispatchObserver.Started's contract).
 func StartDispatch(ctx context.Context, db *gorm.DB, accountID, id, actor string, detail any) error {
-	started, err := opstore.StartDispatch(ctx, db, accountID, id, opstore.NewEvent{Type: opstore.EventDispatchStarted, Actor: actor, Detail: detail})
+	started, err := opstore.StartDispatch(ctx, database.SQL(db), accountID, id, opstore.NewEvent{Type: opstore.EventDispatchStarted, Actor: actor, Detail: detail})
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -103,7 +104,7 @@ func TestKeyPredecessor(t *testing.T) {
 		op   opstatus.Operation
 		want string
 	}{{first, ""}, {released, first.ID}, {again, first.ID}} {
-		if got, err := opstore.KeyPredecessor(ctx, db.DB, tc.op.AccountID, tc.op.IdempotencyKey, tc.op.ID); err != nil || got != tc.want {
+		if got, err := opstore.KeyPredecessor(ctx, database.SQL(db.DB), tc.op.AccountID, tc.op.IdempotencyKey, tc.op.ID); err != nil || got != tc.want {
 			t.Errorf("predecessor of %s = %q, %v; want %q", tc.op.ID, got, err, tc.want)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -14,5 +15,5 @@ import (
 // nothing, when the operation is in no such state: settled, or already unknown because the lease had run out,
 // in which case the worker must stop and leave the operation to its reconciler.
 func ExtendLease(ctx context.Context, tx *gorm.DB, accountID, id string, until time.Time) (bool, error) {
-	return opstore.ExtendLease(ctx, tx, accountID, id, until)
+	return opstore.ExtendLease(ctx, database.SQL(tx), accountID, id, until)
 }

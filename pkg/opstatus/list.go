@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -58,7 +59,7 @@ func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) (Pag
 		}
 		after = &opstore.ListAfter{Unknown: cur.Unknown, CreatedAt: cur.CreatedAt, ID: cur.ID}
 	}
-	rows, err := opstore.List(ctx, db, accountID, string(f.State), f.Kind, after, limit+1)
+	rows, err := opstore.List(ctx, database.SQL(db), accountID, string(f.State), f.Kind, after, limit+1)
 	if err != nil {
 		return Page{}, err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/page"
@@ -162,13 +163,13 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State
 		m.From[i] = string(s)
 	}
 	m.ResourceType, m.ResourceID = t.resource.columns()
-	return opstore.Transition(ctx, tx, accountID, id, m)
+	return opstore.Transition(ctx, database.SQL(tx), accountID, id, m)
 }
 
 // Append adds an event to operation id of account that does not change the state (replayed, conflict_rejected,
 // reconcile evidence, ...).
 func Append(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
-	return opstore.Append(ctx, db, accountID, id, opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail})
+	return opstore.Append(ctx, database.SQL(db), accountID, id, opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail})
 }
 
 // operation is the store's row as an Operation, without its events.
@@ -188,7 +189,7 @@ func operation(r opstore.Operation) Operation {
 // Get returns operation id of account with its events. Returns an error matching problem.ErrNotFound if the
 // operation does not exist in that account.
 func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, error) {
-	r, err := opstore.Get(ctx, db, accountID, id)
+	r, err := opstore.Get(ctx, database.SQL(db), accountID, id)
 	if errors.Is(err, opstore.ErrNotFound) {
 		return Operation{}, problem.NotFound("operation")
 	}
@@ -214,7 +215,7 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 	if p.After != nil {
 		after = &opstore.Cursor{At: p.After.At, ID: p.After.ID}
 	}
-	rows, err := opstore.ByKey(ctx, db, accountID, key, after, p.Fetch())
+	rows, err := opstore.ByKey(ctx, database.SQL(db), accountID, key, after, p.Fetch())
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +233,7 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 // events returns the newest limit events of operation opID (all when limit is 0), oldest first, and how many
 // older ones it left out.
 func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int) ([]Event, int64, error) {
-	rows, omitted, err := opstore.Events(ctx, db, accountID, opID, limit)
+	rows, omitted, err := opstore.Events(ctx, database.SQL(db), accountID, opID, limit)
 	if err != nil {
 		return nil, 0, err
 	}

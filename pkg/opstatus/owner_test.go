@@ -7,6 +7,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -31,7 +32,7 @@ func TestOwnerGoneOnlyWhenItsLockIsFreeAndNoCallStarted(t *testing.T) {
 		return op
 	}
 	gone := func(op opstatus.Operation) bool {
-		_, gone, err := opstore.OwnerGone(ctx, db.DB, op.AccountID, op.ID)
+		_, gone, err := opstore.OwnerGone(ctx, database.SQL(db.DB), op.AccountID, op.ID)
 		if err != nil {
 			t.Fatal(err)
 		}

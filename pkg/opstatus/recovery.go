@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/clock"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -110,7 +111,7 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 	if _, err := expireLeases(ctx, w.DB, now); err != nil {
 		return 0, err
 	}
-	rows, err := opstore.ListUnknown(ctx, w.DB, 100)
+	rows, err := opstore.ListUnknown(ctx, database.SQL(w.DB), 100)
 	if err != nil {
 		return 0, err
 	}
@@ -148,7 +149,7 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 // attempt that claimed the operation has no attempt record yet (an external effect whose process died after the
 // claim), the lease_expired event is that record: its attempt_id, outcome unknown, reason lease_expired.
 func expireLeases(ctx context.Context, db *gorm.DB, now time.Time) ([]Operation, error) {
-	rows, err := opstore.ExpireLeases(ctx, db, now, opstore.EventLeaseExpired, recoveryActor, opstore.ReasonLeaseExpired)
+	rows, err := opstore.ExpireLeases(ctx, database.SQL(db), now, opstore.EventLeaseExpired, recoveryActor, opstore.ReasonLeaseExpired)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -75,7 +76,7 @@ func (f ResolverFunc) Resolve(ctx context.Context, tx *gorm.DB, op Operation, d 
 func Resolve(ctx context.Context, tx *gorm.DB, accountID, id, actor string, d Decision, resolvers map[string]Resolver, services []string) (Operation, error) {
 	// Locked as Transition locks it: the decision and a reconciler settling the same operation wait for each
 	// other, and the second finds it no longer unknown.
-	row, err := opstore.LockForDecision(ctx, tx, accountID, id)
+	row, err := opstore.LockForDecision(ctx, database.SQL(tx), accountID, id)
 	if errors.Is(err, opstore.ErrNotFound) {
 		return Operation{}, problem.NotFound("operation")
 	}

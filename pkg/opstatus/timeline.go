@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -280,7 +281,7 @@ ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerp
 			DecidedBy: r.DecidedBy, DecidedAt: r.DecidedAt, Records: []TimelineApprovalRecord{}}
 		if r.UsedBy != nil {
 			// The attempt whose claim used it: the approval names its operation, whose claim names the attempt.
-			if a.UsedByAttempt, err = opstore.ClaimAttempt(ctx, db, op.AccountID, *r.UsedBy); err != nil {
+			if a.UsedByAttempt, err = opstore.ClaimAttempt(ctx, database.SQL(db), op.AccountID, *r.UsedBy); err != nil {
 				return nil, err
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/internal/testdb"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -107,7 +108,7 @@ func TestGroupAppenderConcurrentAppends(t *testing.T) {
 		}
 		ops = append(ops, op)
 	}
-	g := &opstore.GroupAppender{DB: db.DB, Lanes: 2}
+	g := &opstore.GroupAppender{DB: database.SQL(db.DB), Lanes: 2}
 	if err := appendConcurrently(ctx, g, ops, 20); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestTwoGroupAppendersShareOperations(t *testing.T) {
 		ops, accounts, ids = append(ops, op), append(accounts, op.AccountID), append(ids, op.ID)
 	}
 	// One lane each: every group holds records of several operations, and the two replicas' groups overlap.
-	replicas := []*opstore.GroupAppender{{DB: db.DB, Lanes: 1, MaxGroup: 8}, {DB: db.DB, Lanes: 1, MaxGroup: 8}}
+	replicas := []*opstore.GroupAppender{{DB: database.SQL(db.DB), Lanes: 1, MaxGroup: 8}, {DB: database.SQL(db.DB), Lanes: 1, MaxGroup: 8}}
 	const singleStatements = 40
 	errs := make([]error, len(replicas)+1)
 	var wg sync.WaitGroup
@@ -192,7 +193,7 @@ func TestGroupWithUnknownOperationWritesNothing(t *testing.T) {
 		return s
 	}
 	before := state()
-	g := &opstore.GroupAppender{DB: db.DB}
+	g := &opstore.GroupAppender{DB: database.SQL(db.DB)}
 	for _, ghost := range []opstore.GroupEvent{
 		{AccountID: a.AccountID, ID: "op_missing", Type: opstore.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
 		{AccountID: "acct_other", ID: b.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
@@ -238,7 +239,7 @@ func TestGroupRefusesARepeatedAttemptAlone(t *testing.T) {
 		t.Fatalf("a second record of %v: %v; want AttemptUsed", first.AttemptID, err)
 	}
 	again := attemptDetail()
-	g := &opstore.GroupAppender{DB: db.DB}
+	g := &opstore.GroupAppender{DB: database.SQL(db.DB)}
 	refused, err := g.AppendGroup(ctx, []opstore.GroupEvent{
 		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: first},
 		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: again},
