@@ -153,7 +153,7 @@ func run(logger *slog.Logger) error {
 	// Pruning, recovery of operations whose lease ran out, and sealing of the audit record, with their defaults.
 	go h.RunBackground(ctx, idem.Background{})
 
-	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db}) // access log, /healthz, /readyz
+	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: sqlDB}) // access log, /healthz, /readyz
 	routes(r.Group("", httpserver.Wrap(auth.Middleware(keys))), db, h)
 	return httpserver.Serve(ctx, addr, r, logger, httpserver.Limits{})
 }

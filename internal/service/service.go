@@ -36,6 +36,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/console"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
@@ -47,7 +48,9 @@ import (
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
 // the logger and the process's metrics.
 type Deps struct {
-	DB     *gorm.DB
+	DB *gorm.DB
+	// Pool is DB as the library's packages take it (database.PoolOf(DB)).
+	Pool   database.Pool
 	Idem   *idem.Handler
 	Logger *slog.Logger
 	// Metrics, when set, counts every request (Handler serves it on GET /metrics) and downstream call; give it
@@ -139,7 +142,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		middleware = append([]gin.HandlerFunc{httpserver.Metrics(svc.Name(), d.Metrics.Request)}, middleware...)
 	}
 	r := httpserver.NewRouter(httpserver.Options{
-		Logger: d.Log(), DB: d.DB, BodyLimit: h.BodyLimit, Ready: h.Ready, Middleware: middleware,
+		Logger: d.Log(), DB: d.Pool, BodyLimit: h.BodyLimit, Ready: h.Ready, Middleware: middleware,
 		TrustedProxies: h.TrustedProxies,
 	})
 	if d.Metrics != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
@@ -152,7 +153,7 @@ func TestUnknownOperationGauges(t *testing.T) {
 	tx := testdb.Tx(t)
 	ctx := t.Context()
 	m := metrics.New()
-	m.WatchOperations(tx, 2*time.Second)
+	m.WatchOperations(database.SQL(tx), 2*time.Second)
 	c := serve(t, m, func(*gin.Engine) {})
 	if s := metricstest.Scrape(t, c); s.Value("retrysafe_operations_unknown") != 0 || !s.Has("retrysafe_operation_oldest_unknown_seconds") {
 		t.Fatalf("with no operations: unknown %v, oldest present %v; want 0 and present",
@@ -224,7 +225,7 @@ func TestScrapeSurvivesAnUnreachableDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New()
-	m.WatchOperations(db, time.Second)
+	m.WatchOperations(database.SQL(db), time.Second)
 	c := serve(t, m, func(*gin.Engine) {})
 	m.IdempotencyOutcome("things.create", idem.Outcome("created"))
 	s := metricstest.Scrape(t, c)
