@@ -66,6 +66,15 @@ func openAuditDB(cfg config) (*gorm.DB, error) {
 	return db, nil
 }
 
+// openAuditPool is openAuditDB's pool as the library's packages take it.
+func openAuditPool(cfg config) (database.Pool, error) {
+	db, err := openAuditDB(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return database.PoolOf(db)
+}
+
 type verifyFlags struct {
 	since     time.Time
 	operation string
@@ -241,7 +250,7 @@ func verifyKey(flagKey ed25519.PublicKey, cfg config) (ed25519.PublicKey, string
 // verifyDatabase checks the audit record in the database.
 func verifyDatabase(ctx context.Context, cfg config, f verifyFlags, pub ed25519.PublicKey, keyNote string) (verification, error) {
 	readAt := time.Now()
-	db, err := openAuditDB(cfg)
+	db, err := openAuditPool(cfg)
 	if err != nil {
 		return verification{}, err
 	}
@@ -341,7 +350,7 @@ func runAuditExport(ctx context.Context, inv invocation) error {
 	if inv.cfg.AuditSigningKey != nil {
 		opt.PublicKey = inv.cfg.AuditSigningKey.PublicKey()
 	}
-	db, err := openAuditDB(inv.cfg)
+	db, err := openAuditPool(inv.cfg)
 	if err != nil {
 		return exitError{code: 2, err: err}
 	}
@@ -374,13 +383,13 @@ func verifyJournal(w io.Writer, path string) error {
 // runAuditTimeline prints an operation's timeline for a person: aligned columns, times relative to the first
 // attempt. It reads any account's operation: it is an operator's tool, run with database access.
 func runAuditTimeline(ctx context.Context, inv invocation, operationID string) error {
-	db, err := openAuditDB(inv.cfg)
+	db, err := openAuditPool(inv.cfg)
 	if err != nil {
 		return exitError{code: 2, err: err}
 	}
 	// The one lookup by id alone (the operator knows the operation, not its account): a scan of every account,
 	// on a sharded database a query of every shard. All that follows is addressed by account and id.
-	account, err := opstore.AccountOf(ctx, database.SQL(db), operationID)
+	account, err := opstore.AccountOf(ctx, db, operationID)
 	if err != nil {
 		return exitError{code: 2, err: fmt.Errorf("audit timeline: %w", err)}
 	}

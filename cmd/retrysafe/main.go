@@ -216,7 +216,7 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	// One registry for the process: every service's port serves all of it on GET /metrics.
 	m := metrics.New()
 	m.WatchOperations(pool, 2*time.Second)
-	m.WatchAudit(db, 2*time.Second)
+	m.WatchAudit(pool, 2*time.Second)
 	h, err := newIdem(cfg, db, m, logger)
 	if err != nil {
 		return err

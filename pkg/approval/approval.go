@@ -462,7 +462,7 @@ func markUsed(ctx context.Context, tx *gorm.DB, op opstatus.Operation, a Approva
 	if supersedes != "" {
 		detail["supersedes_operation_id"] = supersedes
 	}
-	return opstatus.Append(ctx, tx, op.AccountID, op.ID, "approval_checked", "system:approval", detail)
+	return opstatus.Append(ctx, database.SQL(tx), op.AccountID, op.ID, "approval_checked", "system:approval", detail)
 }
 
 // summarySupersedes is the summary's key for what is known of the operation an approved write supersedes.

@@ -16,12 +16,32 @@ type DBTX interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// Pool is a DBTX that begins transactions of its own and can be pinged: the pool (PoolOf the *gorm.DB Open
-// returns, which keeps Options' acquire bound), a *sql.DB or a *sql.Conn.
+// Pool is a DBTX that begins transactions, lends a connection of its own and can be pinged: the pool (PoolOf
+// the *gorm.DB Open returns, which keeps Options' acquire bound on statements and transactions) or a *sql.DB.
 type Pool interface {
 	DBTX
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+	Beginner
+	Conn(ctx context.Context) (*sql.Conn, error)
 	PingContext(ctx context.Context) error
+}
+
+// Beginner begins transactions: a Pool, or a *sql.Conn of one.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// InTx runs fn in a transaction of db begun with opts (nil for the defaults): it commits when fn returns nil
+// and rolls back when fn fails or panics.
+func InTx(ctx context.Context, db Beginner, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() // after Commit, a no-op
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // SQL is what db's statements run on, as the library's packages take it: the pool under a *gorm.DB pool, or the
@@ -39,9 +59,9 @@ func PoolOf(db *gorm.DB) (Pool, error) {
 }
 
 var (
-	_ Pool = (*sql.DB)(nil)
-	_ Pool = (*sql.Conn)(nil)
-	_ Pool = (*acquireBound)(nil)
-	_ DBTX = (*sql.Tx)(nil)
-	_ DBTX = (*txConn)(nil)
+	_ Pool     = (*sql.DB)(nil)
+	_ Beginner = (*sql.Conn)(nil)
+	_ Pool     = (*acquireBound)(nil)
+	_ DBTX     = (*sql.Tx)(nil)
+	_ DBTX     = (*txConn)(nil)
 )

@@ -15,7 +15,7 @@
 //		Middleware: []gin.HandlerFunc{httpserver.Metrics("tickets", m.Request), httpserver.Tracing}})
 //	api := r.Group("", httpserver.Wrap(auth.Middleware(keys)))
 //	tickets.Routes(api, svc)
-//	httpserver.Mount(api, opstatus.Routes(db))
+//	httpserver.Mount(api, opstatus.Routes(sqlDB))
 //	err := httpserver.Serve(ctx, ":8081", r, logger, httpserver.Limits{})
 package httpserver
 

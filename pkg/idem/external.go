@@ -139,7 +139,7 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 		// (another request holding the same order) must not hand the effect a lease already spent.
 		if now := h.Clock.Now(); now.Sub(start) > h.lease()/20 {
 			lease = now.Add(h.lease())
-			if _, err := opstatus.ExtendLease(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, lease); err != nil {
+			if _, err := opstatus.ExtendLease(ctx, tx.SQL(), a.op.AccountID, a.op.ID, lease); err != nil {
 				return err
 			}
 		}
@@ -311,14 +311,14 @@ func (h *Handler) moveUnknown(ctx context.Context, a *attempt) (op opstatus.Oper
 		return op, false, err
 	}
 	defer tx.Close()
-	moved, err = opstatus.Transition(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
+	moved, err = opstatus.Transition(ctx, tx.SQL(), a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
 		opstatus.From(opstatus.StateRunning),
 		opstatus.WithEvent(opstore.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
 			opstore.Attempt{Reason: opstore.ReasonNoDefiniteAnswer})))
 	if err != nil || !moved {
 		return op, false, err
 	}
-	if op, err = opstatus.Get(ctx, tx.Gorm(), a.op.AccountID, a.op.ID); err != nil {
+	if op, err = opstatus.Get(ctx, tx.SQL(), a.op.AccountID, a.op.ID); err != nil {
 		return op, false, err
 	}
 	return op, true, tx.Commit(ctx, nil)

@@ -4,12 +4,14 @@
 // Package idem decides and records through package opstore, which owns the tables. Here are what the rest of a
 // service uses: Transition for a change of state (a deploy controller moving queued to running), Append for
 // evidence that changes no state (a provider lookup, an approval check), the reads (Get, FindByKey, List,
-// GetTimeline), a person's decision (Resolve), Routes for GET /v1/operations/{id} and GET
-// /v1/operations?idempotency_key=K, and RecoveryWorker, which marks operations whose lease expired as unknown and
-// hands them to the Reconciler registered for their kind.
+// GetTimeline), the lock a person's decision takes (LockForDecision; package resolution records it), Routes for
+// GET /v1/operations/{id} and GET /v1/operations?idempotency_key=K, and RecoveryWorker, which marks operations
+// whose lease expired as unknown and hands them to the Reconciler registered for their kind.
 //
-// Writes take the caller's transaction, so an operation changes state in the same commit as the business row it
-// describes (see the package example).
+// Writes take the caller's transaction as a database.DBTX (database.SQL of a gorm transaction, or a database.Tx's
+// SQL), so an operation changes state in the same commit as the business row it describes (see the package
+// example); GetTimeline and Routes take the pool, since the timeline checks the audit chain in a snapshot of its
+// own.
 package opstatus
 
 import (
@@ -17,8 +19,6 @@ import (
 	"encoding/json"
 	"errors"
 	"time"
-
-	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
@@ -148,7 +148,7 @@ func WithEvent(eventType string, detail any) TransitionOption {
 // Transition moves operation id of account to state to and appends an event, in one statement. It returns false, and
 // changes nothing, when the operation is not in one of the From states, or is already in state to: repeating a
 // transition records no second event. A final state is never left unless From names it.
-func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State, actor string, opts ...TransitionOption) (bool, error) {
+func Transition(ctx context.Context, tx database.DBTX, accountID, id string, to State, actor string, opts ...TransitionOption) (bool, error) {
 	t := transition{event: opstore.EventStateChanged}
 	for _, o := range opts {
 		o(&t)
@@ -163,13 +163,13 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State
 		m.From[i] = string(s)
 	}
 	m.ResourceType, m.ResourceID = t.resource.columns()
-	return opstore.Transition(ctx, database.SQL(tx), accountID, id, m)
+	return opstore.Transition(ctx, tx, accountID, id, m)
 }
 
 // Append adds an event to operation id of account that does not change the state (replayed, conflict_rejected,
 // reconcile evidence, ...).
-func Append(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
-	return opstore.Append(ctx, database.SQL(db), accountID, id, opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail})
+func Append(ctx context.Context, db database.DBTX, accountID, id, eventType, actor string, detail any) error {
+	return opstore.Append(ctx, db, accountID, id, opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail})
 }
 
 // operation is the store's row as an Operation, without its events.
@@ -188,8 +188,8 @@ func operation(r opstore.Operation) Operation {
 
 // Get returns operation id of account with its events. Returns an error matching problem.ErrNotFound if the
 // operation does not exist in that account.
-func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, error) {
-	r, err := opstore.Get(ctx, database.SQL(db), accountID, id)
+func Get(ctx context.Context, db database.DBTX, accountID, id string) (Operation, error) {
+	r, err := opstore.Get(ctx, db, accountID, id)
 	if errors.Is(err, opstore.ErrNotFound) {
 		return Operation{}, problem.NotFound("operation")
 	}
@@ -205,17 +205,17 @@ func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, err
 
 // FindByKey returns the operations of account that were started under an idempotency key, newest first (at
 // most 20).
-func FindByKey(ctx context.Context, db *gorm.DB, accountID, key string) ([]Operation, error) {
+func FindByKey(ctx context.Context, db database.DBTX, accountID, key string) ([]Operation, error) {
 	return FindByKeyPage(ctx, db, accountID, key, page.Request{Limit: 19})
 }
 
 // FindByKeyPage is FindByKey for one page: at most p.Fetch() operations after p.After.
-func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p page.Request) ([]Operation, error) {
+func FindByKeyPage(ctx context.Context, db database.DBTX, accountID, key string, p page.Request) ([]Operation, error) {
 	var after *opstore.Cursor
 	if p.After != nil {
 		after = &opstore.Cursor{At: p.After.At, ID: p.After.ID}
 	}
-	rows, err := opstore.ByKey(ctx, database.SQL(db), accountID, key, after, p.Fetch())
+	rows, err := opstore.ByKey(ctx, db, accountID, key, after, p.Fetch())
 	if err != nil {
 		return nil, err
 	}
@@ -232,8 +232,8 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 
 // events returns the newest limit events of operation opID (all when limit is 0), oldest first, and how many
 // older ones it left out.
-func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int) ([]Event, int64, error) {
-	rows, omitted, err := opstore.Events(ctx, database.SQL(db), accountID, opID, limit)
+func events(ctx context.Context, db database.DBTX, accountID, opID string, limit int) ([]Event, int64, error) {
+	rows, omitted, err := opstore.Events(ctx, db, accountID, opID, limit)
 	if err != nil {
 		return nil, 0, err
 	}

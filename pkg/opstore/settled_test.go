@@ -46,7 +46,7 @@ func TestCompletionOfASettledOperationCommitsNothing(t *testing.T) {
 	if err := complete(500, "second"); !errors.Is(err, opstore.ErrAlreadySettled) {
 		t.Fatalf("a second completion: %v; want ErrAlreadySettled", err)
 	}
-	evs, _, err := opstore.Events(ctx, database.SQL(db.DB), op.AccountID, op.ID, 0)
+	evs, _, err := opstore.Events(ctx, db.Pool, op.AccountID, op.ID, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

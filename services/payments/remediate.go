@@ -219,10 +219,10 @@ func alreadyRemediated(ctx context.Context, db *gorm.DB, accountID, dupID string
 
 // linkCorrection writes the two events that link correction opID and the duplicate dupID it corrects.
 func linkCorrection(ctx context.Context, tx *gorm.DB, accountID, dupID, opID, actor string) error {
-	if err := opstatus.Append(ctx, tx, accountID, dupID, EventRemediatedBy, actor,
+	if err := opstatus.Append(ctx, database.SQL(tx), accountID, dupID, EventRemediatedBy, actor,
 		opstore.Link{RemediatedBy: opID}); err != nil {
 		return err
 	}
-	return opstatus.Append(ctx, tx, accountID, opID, EventRemediates, actor,
+	return opstatus.Append(ctx, database.SQL(tx), accountID, opID, EventRemediates, actor,
 		opstore.Link{Remediates: dupID})
 }

@@ -36,11 +36,11 @@ func (s *Server) link(ctx context.Context, tx *gorm.DB, account, actor, ticketID
 	if creator == "" {
 		return "", nil
 	}
-	if err := opstatus.Append(ctx, tx, account, opID, EventDeduplicatedAgainst, actor,
+	if err := opstatus.Append(ctx, database.SQL(tx), account, opID, EventDeduplicatedAgainst, actor,
 		opstore.Link{DeduplicatedAgainst: creator, TicketID: ticketID}); err != nil {
 		return "", err
 	}
-	if err := opstatus.Append(ctx, tx, account, creator, EventDeduplicatedBy, actor,
+	if err := opstatus.Append(ctx, database.SQL(tx), account, creator, EventDeduplicatedBy, actor,
 		opstore.Link{DeduplicatedBy: opID, TicketID: ticketID}); err != nil {
 		return "", err
 	}
