@@ -17,6 +17,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/agent"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -63,6 +64,15 @@ func openAuditDB(cfg config) (*gorm.DB, error) {
 		return nil, openDBError(cfg, err)
 	}
 	return db, nil
+}
+
+// openAuditPool is openAuditDB's pool as the library's packages take it.
+func openAuditPool(cfg config) (database.Pool, error) {
+	db, err := openAuditDB(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return database.PoolOf(db)
 }
 
 type verifyFlags struct {
@@ -240,7 +250,7 @@ func verifyKey(flagKey ed25519.PublicKey, cfg config) (ed25519.PublicKey, string
 // verifyDatabase checks the audit record in the database.
 func verifyDatabase(ctx context.Context, cfg config, f verifyFlags, pub ed25519.PublicKey, keyNote string) (verification, error) {
 	readAt := time.Now()
-	db, err := openAuditDB(cfg)
+	db, err := openAuditPool(cfg)
 	if err != nil {
 		return verification{}, err
 	}
@@ -340,7 +350,7 @@ func runAuditExport(ctx context.Context, inv invocation) error {
 	if inv.cfg.AuditSigningKey != nil {
 		opt.PublicKey = inv.cfg.AuditSigningKey.PublicKey()
 	}
-	db, err := openAuditDB(inv.cfg)
+	db, err := openAuditPool(inv.cfg)
 	if err != nil {
 		return exitError{code: 2, err: err}
 	}
@@ -373,7 +383,7 @@ func verifyJournal(w io.Writer, path string) error {
 // runAuditTimeline prints an operation's timeline for a person: aligned columns, times relative to the first
 // attempt. It reads any account's operation: it is an operator's tool, run with database access.
 func runAuditTimeline(ctx context.Context, inv invocation, operationID string) error {
-	db, err := openAuditDB(inv.cfg)
+	db, err := openAuditPool(inv.cfg)
 	if err != nil {
 		return exitError{code: 2, err: err}
 	}

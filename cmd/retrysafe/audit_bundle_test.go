@@ -44,17 +44,17 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := opstatus.Append(ctx, db.DB, "acct_a", id, opstore.EventReplayed, "agent:a", map[string]any{"status": 201}); err != nil {
+		if err := opstatus.Append(ctx, db.Pool, "acct_a", id, opstore.EventReplayed, "agent:a", map[string]any{"status": 201}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := opstatus.Transition(ctx, db.DB, "acct_a", id, opstatus.StateSucceeded, "agent:a"); err != nil {
+		if _, err := opstatus.Transition(ctx, db.Pool, "acct_a", id, opstatus.StateSucceeded, "agent:a"); err != nil {
 			t.Fatal(err)
 		}
 		ops = append(ops, id)
 	}
-	w := &audit.Sequencer{DB: db.DB, Signer: signer}
+	w := &audit.Sequencer{DB: db.Pool, Signer: signer}
 	first := testdb.SealAll(t, w)
-	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
+	if err := opstatus.Append(ctx, db.Pool, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
 	last := testdb.SealAll(t, w)[0]
@@ -300,7 +300,7 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 	}
 
 	// Sealing stalled is judged at the export's time, not the auditor's.
-	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[2], "observed", "system:test", nil); err != nil {
+	if err := opstatus.Append(ctx, db.Pool, "acct_a", ops[2], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
 	code, fresh := run2(t, db.DSN, "audit", "export")

@@ -36,7 +36,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 	c.Post("/v1/tickets", `{"project":"ops","title":"other"}`, apitest.Key("a1")).Status(t, http.StatusUnprocessableEntity)
 	// The sequencer seals the records within a few intervals (other transactions on the server may hold it back).
 	poll.Until(t, "the sequencer seals the records", func() bool {
-		n, _, err := audit.Pending(context.Background(), db.DB)
+		n, _, err := audit.Pending(context.Background(), db.Pool)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +100,7 @@ SELECT id, account_id, 'observed', 'system:test', now() - interval '1 hour' FROM
 	if code != 1 || !strings.Contains(text, "BROKEN changed: op_") {
 		t.Fatalf("after an edit: exit %d\n%s", code, text)
 	}
-	rep, err := audit.Verify(context.Background(), db.DB, audit.VerifyOptions{})
+	rep, err := audit.Verify(context.Background(), db.Pool, audit.VerifyOptions{})
 	if err != nil || rep.Intact() {
 		t.Fatalf("%v %v", rep, err)
 	}

@@ -202,6 +202,10 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	if err != nil {
 		return err
 	}
+	pool, err := database.PoolOf(db)
+	if err != nil {
+		return err
+	}
 	if cfg.MigrateOnStart {
 		if err := migrate(ctx, cfg, logger); err != nil {
 			return err
@@ -211,14 +215,14 @@ func serve(ctx context.Context, cfg config, which string, logger *slog.Logger) e
 	logger.Info("starting", "config", cfg.String(), "services", which)
 	// One registry for the process: every service's port serves all of it on GET /metrics.
 	m := metrics.New()
-	m.WatchOperations(db, 2*time.Second)
-	m.WatchAudit(db, 2*time.Second)
+	m.WatchOperations(pool, 2*time.Second)
+	m.WatchAudit(pool, 2*time.Second)
 	h, err := newIdem(cfg, db, m, logger)
 	if err != nil {
 		return err
 	}
 	defer h.Owner.Close()
-	d := service.Deps{DB: db, Logger: logger, Metrics: m, Idem: h}
+	d := service.Deps{DB: db, Pool: pool, Logger: logger, Metrics: m, Idem: h}
 	httpStack, err := httpStack(cfg, db)
 	if err != nil {
 		return err

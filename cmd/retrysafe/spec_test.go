@@ -12,6 +12,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/console"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
 )
@@ -35,7 +36,11 @@ func TestEveryRouteIsInTheSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := service.Deps{DB: db.DB, Logger: servicetest.Logger(), Metrics: metrics.New(),
+	pool, err := database.PoolOf(db.DB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := service.Deps{DB: db.DB, Pool: pool, Logger: servicetest.Logger(), Metrics: metrics.New(),
 		Idem: &idem.Handler{DB: db.DB, Logger: servicetest.Logger()}}
 	stack, err := httpStack(cfg, db.DB)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/retrysafe/retrysafe/internal/service"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
 	"github.com/retrysafe/retrysafe/services/payments"
@@ -33,9 +34,13 @@ func runSweep(ctx context.Context, inv invocation) error {
 	if err != nil {
 		return err
 	}
+	pool, err := database.PoolOf(db)
+	if err != nil {
+		return err
+	}
 	cfg := inv.cfg
 	cfg.PaymentsSweepInterval = 0 // this command sweeps once, itself
-	svc, err := buildPayments(cfg, service.Deps{DB: db, Logger: inv.logger, Metrics: metrics.New(), Idem: h})
+	svc, err := buildPayments(cfg, service.Deps{DB: db, Pool: pool, Logger: inv.logger, Metrics: metrics.New(), Idem: h})
 	if err != nil {
 		return err
 	}

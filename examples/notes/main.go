@@ -103,7 +103,11 @@ func newServer(db *gorm.DB, h *idem.Handler, keys *auth.Keys) (http.Handler, err
 		_ = json.NewEncoder(w).Encode(map[string]any{"items": notes})
 	})))
 	// The operations routes, so an agent can look an operation up before it retries (docs/agents.md).
-	for pattern, h := range opstatus.Routes(db) {
+	pool, err := db.DB() // the pool under gorm's handle, as the library's reads take it
+	if err != nil {
+		return nil, err
+	}
+	for pattern, h := range opstatus.Routes(pool) {
 		mux.Handle(pattern, api(h))
 	}
 	// The console: the account's operations and their timelines, for a person who signs in with the key.

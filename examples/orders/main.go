@@ -17,6 +17,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -73,8 +74,9 @@ func (c *createOrder) Validate() error {
 	return nil
 }
 
-// routes mounts the orders API and the operations routes on api, which is behind auth.Middleware.
-func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
+// routes mounts the orders API and the operations routes on api, which is behind auth.Middleware; pool is the
+// *sql.DB under db, as the operations routes take it.
+func routes(api gin.IRouter, db *gorm.DB, pool *sql.DB, h *idem.Handler) {
 	api.POST("/v1/orders", func(c *gin.Context) {
 		var cmd createOrder
 		if err := httpjson.DecodeCommand(c.Request, &cmd); err != nil {
@@ -102,7 +104,7 @@ func routes(api gin.IRouter, db *gorm.DB, h *idem.Handler) {
 		}
 		httpserver.JSON(c, http.StatusOK, gin.H{"items": orders})
 	})
-	httpserver.Mount(api, opstatus.Routes(db)) // GET /v1/operations/{id}, .../timeline, ?idempotency_key=K
+	httpserver.Mount(api, opstatus.Routes(pool)) // GET /v1/operations/{id}, .../timeline, ?idempotency_key=K
 }
 
 func main() {
@@ -153,7 +155,7 @@ func run(logger *slog.Logger) error {
 	// Pruning, recovery of operations whose lease ran out, and sealing of the audit record, with their defaults.
 	go h.RunBackground(ctx, idem.Background{})
 
-	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: db}) // access log, /healthz, /readyz
-	routes(r.Group("", httpserver.Wrap(auth.Middleware(keys))), db, h)
+	r := httpserver.NewRouter(httpserver.Options{Logger: logger, DB: sqlDB}) // access log, /healthz, /readyz
+	routes(r.Group("", httpserver.Wrap(auth.Middleware(keys))), db, sqlDB, h)
 	return httpserver.Serve(ctx, addr, r, logger, httpserver.Limits{})
 }

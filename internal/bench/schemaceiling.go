@@ -10,6 +10,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/schema"
@@ -94,7 +95,7 @@ func schemaCeilingCreate(c *gin.Context, db *gorm.DB) {
 		"fingerprint": r.fingerprint, "outcome": "created", "status": http.StatusCreated})
 	// The operation (holding the key, its response stored), its event and the ticket in one statement
 	// (opstore.CeilingCreate).
-	created, err := opstore.CeilingCreate(c, db, r.account, ids.New("op_"), r.key, r.fingerprint, string(header), body, string(detail),
+	created, err := opstore.CeilingCreate(c, database.SQL(db), r.account, ids.New("op_"), r.key, r.fingerprint, string(header), body, string(detail),
 		opstore.CeilingTicket{ID: t.ID, Project: t.Project, Title: t.Title, Priority: t.Priority, CreatedAt: now, UpdatedAt: now})
 	switch {
 	case err != nil:
@@ -110,7 +111,7 @@ func schemaCeilingCreate(c *gin.Context, db *gorm.DB) {
 // schemaCeilingAnswerStored answers from the operation holding the key, if there is one, after recording the
 // attempt: its stored response, or 422 for another body.
 func schemaCeilingAnswerStored(c *gin.Context, db *gorm.DB, account, key, fingerprint string) bool {
-	op, found, err := opstore.CeilingLookup(c, db, account, key)
+	op, found, err := opstore.CeilingLookup(c, database.SQL(db), account, key)
 	if err != nil || !found {
 		return false
 	}
@@ -120,7 +121,7 @@ func schemaCeilingAnswerStored(c *gin.Context, db *gorm.DB, account, key, finger
 	}
 	detail, _ := json.Marshal(map[string]any{"attempt_id": ids.New("att_"), "fingerprint": fingerprint,
 		"outcome": outcome, "status": status})
-	if err := opstore.CeilingAttempt(c, db, op.ID, account, event, string(detail)); err != nil {
+	if err := opstore.CeilingAttempt(c, database.SQL(db), op.ID, account, event, string(detail)); err != nil {
 		c.JSON(http.StatusServiceUnavailable, gin.H{"error": fmt.Sprintf("record the attempt: %v", err)})
 		return true
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/console"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
@@ -47,18 +48,20 @@ import (
 // Deps is what every service is built from: the database, the idempotency handler every write goes through,
 // the logger and the process's metrics.
 type Deps struct {
-	DB     *gorm.DB
+	DB *gorm.DB
+	// Pool is DB as the library's packages take it (database.PoolOf(DB)).
+	Pool   database.Pool
 	Idem   *idem.Handler
 	Logger *slog.Logger
 	// Metrics, when set, counts every request (Handler serves it on GET /metrics) and downstream call; give it
 	// to Idem.Observer too. Nil means no metrics.
 	Metrics *metrics.Metrics
-	// Resolvers are the opstatus.Resolvers of every service of the process (service.Resolvers), so that a
+	// Resolvers are the resolution.Resolvers of every service of the process (service.Resolvers), so that a
 	// person's decision sent to any service's POST /v1/operations/{id}/resolution releases what the operation
 	// held, whichever service owns it. Handler adds the served service's own.
-	Resolvers map[string]opstatus.Resolver
+	Resolvers map[string]resolution.Resolver
 	// Services are the names of every service of the process, so that a decision sent to any of them on an
-	// operation of another is refused naming where to send it (opstatus.Resolve). Handler adds the served
+	// operation of another is refused naming where to send it (resolution.Resolve). Handler adds the served
 	// service's own.
 	Services []string
 }
@@ -85,7 +88,7 @@ type Service interface {
 // OperationResolvers is implemented by a service whose unknown operations hold something (a payment's
 // reservation, a deploy's environment lock) that a person's decision must release, by operation kind.
 type OperationResolvers interface {
-	Resolvers() map[string]opstatus.Resolver
+	Resolvers() map[string]resolution.Resolver
 }
 
 // ConsolePages is implemented by a service that adds pages to its console (deploys: its environments).
@@ -126,7 +129,8 @@ type HTTP struct {
 }
 
 // Handler is the gin engine of svc: the shared router (access log, metrics, recovery, body limit, health,
-// GET /metrics without a key when d.Metrics is set), then the service's routes behind the throttle of failed
+// GET /metrics without a key when d.Metrics is set), then the service's routes and the operations routes
+// (opstatus.Routes, on d.Pool) behind the throttle of failed
 // keys when h.AuthFailures is set, authentication, httpserver.CheckURL (so no path or query value a handler
 // reads can be one SQL refuses), auth.AgentWrites (an approver key writes only to the approval endpoints and a
 // person's decision on an operation, package resolution, served here for every service) and the account's write
@@ -139,7 +143,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 		middleware = append([]gin.HandlerFunc{httpserver.Metrics(svc.Name(), d.Metrics.Request)}, middleware...)
 	}
 	r := httpserver.NewRouter(httpserver.Options{
-		Logger: d.Log(), DB: d.DB, BodyLimit: h.BodyLimit, Ready: h.Ready, Middleware: middleware,
+		Logger: d.Log(), DB: d.Pool, BodyLimit: h.BodyLimit, Ready: h.Ready, Middleware: middleware,
 		TrustedProxies: h.TrustedProxies,
 	})
 	if d.Metrics != nil {
@@ -156,6 +160,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 	}
 	group := r.Group("", api...)
 	svc.Routes(group)
+	httpserver.Mount(group, opstatus.Routes(d.Pool))
 	var decider *resolution.Decider
 	if d.Idem != nil {
 		decider = &resolution.Decider{Idem: d.Idem, Resolvers: mergeResolvers(d.Resolvers, Resolvers(svc)),
@@ -222,10 +227,10 @@ func Reconcilers(svcs ...Service) map[string]opstatus.Reconciler {
 	return out
 }
 
-// Resolvers merges the opstatus.Resolvers of those of svcs that have them (OperationResolvers), for
+// Resolvers merges the resolution.Resolvers of those of svcs that have them (OperationResolvers), for
 // Deps.Resolvers.
-func Resolvers(svcs ...Service) map[string]opstatus.Resolver {
-	out := map[string]opstatus.Resolver{}
+func Resolvers(svcs ...Service) map[string]resolution.Resolver {
+	out := map[string]resolution.Resolver{}
 	for _, s := range svcs {
 		if rs, ok := s.(OperationResolvers); ok {
 			for kind, r := range rs.Resolvers() {
@@ -236,8 +241,8 @@ func Resolvers(svcs ...Service) map[string]opstatus.Resolver {
 	return out
 }
 
-func mergeResolvers(maps ...map[string]opstatus.Resolver) map[string]opstatus.Resolver {
-	out := map[string]opstatus.Resolver{}
+func mergeResolvers(maps ...map[string]resolution.Resolver) map[string]resolution.Resolver {
+	out := map[string]resolution.Resolver{}
 	for _, m := range maps {
 		for kind, r := range m {
 			out[kind] = r

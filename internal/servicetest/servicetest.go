@@ -122,7 +122,11 @@ func New(t testing.TB, opts ...Option) *Env {
 		opt(t, e)
 	}
 	e.Idem = &idem.Handler{DB: e.ServiceDB, Logger: logger, Lease: 5 * time.Second, RetryAfter: 1, Clock: e.Clock}
-	e.Deps = service.Deps{DB: e.ServiceDB, Idem: e.Idem, Logger: logger}
+	pool, err := database.PoolOf(e.ServiceDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Deps = service.Deps{DB: e.ServiceDB, Pool: pool, Idem: e.Idem, Logger: logger}
 	return e
 }
 

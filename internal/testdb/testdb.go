@@ -38,6 +38,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/schema"
@@ -57,6 +58,8 @@ func URL() string {
 // DB is a lent schema.
 type DB struct {
 	*gorm.DB
+	// Pool is the same pool as the library's packages take it.
+	Pool *sql.DB
 	// DSN connects to the same schema (search_path set), for a subprocess under test.
 	DSN    string
 	Schema string
@@ -148,7 +151,11 @@ func SealAll(t testing.TB, s *audit.Sequencer) []auditchain.Seal {
 // AuditIntact returns an error naming what `retrysafe audit verify` finds wrong with db's audit record (records
 // and seals), or nil when it is intact. Records not sealed yet are not wrong.
 func AuditIntact(db *gorm.DB) error {
-	rep, err := audit.Verify(context.Background(), db, audit.VerifyOptions{})
+	pool, err := database.PoolOf(db)
+	if err != nil {
+		return err
+	}
+	rep, err := audit.Verify(context.Background(), pool, audit.VerifyOptions{})
 	switch {
 	case err != nil:
 		return fmt.Errorf("audit verify: %w", err)
@@ -340,7 +347,7 @@ func open(name string) (*DB, error) {
 	if err := schema.Up(ctx, sqlDB); err != nil {
 		return nil, fmt.Errorf("migrate schema %s: %w", name, err)
 	}
-	return &DB{DB: db, DSN: dsn, Schema: name}, nil
+	return &DB{DB: db, Pool: sqlDB, DSN: dsn, Schema: name}, nil
 }
 
 func truncate(db *gorm.DB) error {
@@ -423,4 +430,14 @@ func CreateOperation(t testing.TB, db *gorm.DB, op opstatus.Operation) {
 			t.Fatalf("create operation %s: %v", op.ID, err)
 		}
 	}
+}
+
+// Pool is db, a pool, as the library's packages take it.
+func Pool(t testing.TB, db *gorm.DB) database.Pool {
+	t.Helper()
+	pool, err := database.PoolOf(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/pkg/agent"
-	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
@@ -82,7 +81,6 @@ func notesService(t *testing.T) *notesBundle {
 	}
 	env.Serve(t, servicetest.Routes(func(api gin.IRouter) {
 		api.POST("/v1/books/:book/notes", add)
-		httpserver.Mount(api, opstatus.Routes(env.ServiceDB))
 	}))
 	path := filepath.Join(t.TempDir(), "notes-tools.yaml")
 	if err := os.WriteFile(path, []byte(notesTools), 0o600); err != nil {

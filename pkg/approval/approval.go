@@ -36,6 +36,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/ids"
@@ -461,7 +462,7 @@ func markUsed(ctx context.Context, tx *gorm.DB, op opstatus.Operation, a Approva
 	if supersedes != "" {
 		detail["supersedes_operation_id"] = supersedes
 	}
-	return opstatus.Append(ctx, tx, op.AccountID, op.ID, "approval_checked", "system:approval", detail)
+	return opstatus.Append(ctx, database.SQL(tx), op.AccountID, op.ID, "approval_checked", "system:approval", detail)
 }
 
 // summarySupersedes is the summary's key for what is known of the operation an approved write supersedes.
@@ -479,7 +480,7 @@ func (a Approval) Supersedes() string {
 // sent_no_response, response_received, execution_error; started when only its start was recorded; none when it
 // made no call) and reason (or none), with its intent and the planned recovery (addRecoveryCard).
 func (s *Service) superseded(ctx context.Context, accountID, opID string) (map[string]any, error) {
-	r, found, err := opstore.ReadPrior(ctx, s.db, accountID, opID)
+	r, found, err := opstore.ReadPrior(ctx, database.SQL(s.db), accountID, opID)
 	if err != nil {
 		return nil, fmt.Errorf("approval: superseded operation %s: %w", opID, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/ids"
@@ -330,7 +331,7 @@ WHERE account_id = ? AND id = ?`, op.ID, attempt, op.Kind, op.AccountID, u.id).E
 	if err != nil {
 		return fmt.Errorf("approval: use grant %s: %w", u.id, err)
 	}
-	return opstatus.Append(ctx, tx, op.AccountID, op.ID, "grant_checked", "system:grant",
+	return opstatus.Append(ctx, database.SQL(tx), op.AccountID, op.ID, "grant_checked", "system:grant",
 		map[string]any{"grant_id": u.id, "granted_by": g.GrantedBy, "use": g.Uses + 1, "max_uses": g.MaxUses})
 }
 

@@ -46,15 +46,16 @@ package audit
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"math"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 )
 
@@ -75,7 +76,7 @@ const FailpointBeforeSealCommit = "audit.before_seal_commit"
 
 // Sequencer seals new records in batches (package doc, "Sealing"). Its zero value is not usable; set DB.
 type Sequencer struct {
-	DB *gorm.DB
+	DB database.Pool
 	// Signer signs each seal; nil leaves them unsigned.
 	Signer *auditchain.Signer
 	// Interval is how often it seals (DefaultSealInterval when zero).
@@ -130,14 +131,14 @@ func (s *Sequencer) Run(ctx context.Context) {
 // there was nothing to seal). It waits for a sequencer of another replica to finish first.
 func (s *Sequencer) RunOnce(ctx context.Context) (*auditchain.Seal, error) {
 	var written *auditchain.Seal
-	err := s.DB.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+	err := s.onConn(ctx, func(conn *sql.Conn) error {
 		release, err := takeSealLock(ctx, conn)
 		if err != nil {
 			return err
 		}
 		defer release()
-		return conn.Transaction(func(tx *gorm.DB) error {
-			written, err = s.sealNext(tx)
+		return database.InTx(ctx, conn, nil, func(tx *sql.Tx) error {
+			written, err = s.sealNext(ctx, tx)
 			return err
 		})
 	})
@@ -147,24 +148,34 @@ func (s *Sequencer) RunOnce(ctx context.Context) (*auditchain.Seal, error) {
 	return written, nil
 }
 
+// onConn runs fn on a connection of the pool, given back when fn returns.
+func (s *Sequencer) onConn(ctx context.Context, fn func(conn *sql.Conn) error) error {
+	conn, err := s.DB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return fn(conn)
+}
+
 // takeSealLock waits for the session advisory lock that makes sequencers take turns, on conn, and returns
 // its release.
-func takeSealLock(ctx context.Context, conn *gorm.DB) (release func(), err error) {
-	if err := conn.Exec(`SELECT pg_advisory_lock(?, hashtext(current_schema()))`, sealLock).Error; err != nil {
+func takeSealLock(ctx context.Context, conn *sql.Conn) (release func(), err error) {
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1, hashtext(current_schema()))`, sealLock); err != nil {
 		return nil, err
 	}
 	return func() {
 		// Not with ctx, which may be over; a connection that cannot say it ends its session, and the lock.
 		unlock, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		conn.WithContext(unlock).Exec(`SELECT pg_advisory_unlock(?, hashtext(current_schema()))`, sealLock)
+		_, _ = conn.ExecContext(unlock, `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`, sealLock)
 	}, nil
 }
 
 // sealNext seals, in tx, the records after the newest seal's positions and returns the seal (nil when there
 // was nothing to seal).
-func (s *Sequencer) sealNext(tx *gorm.DB) (*auditchain.Seal, error) {
-	prev, err := newestSeal(tx)
+func (s *Sequencer) sealNext(ctx context.Context, tx database.DBTX) (*auditchain.Seal, error) {
+	prev, err := newestSeal(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +183,7 @@ func (s *Sequencer) sealNext(tx *gorm.DB) (*auditchain.Seal, error) {
 	if prev != nil {
 		maps.Copy(through, prev.Through)
 	}
-	entries, err := nextEntries(tx, through)
+	entries, err := nextEntries(ctx, tx, through)
 	if err != nil || len(entries) == 0 {
 		return nil, err
 	}
@@ -184,7 +195,7 @@ func (s *Sequencer) sealNext(tx *gorm.DB) (*auditchain.Seal, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := insertSeal(tx, seal, entries); err != nil {
+	if err := insertSeal(ctx, tx, seal, entries); err != nil {
 		return nil, err
 	}
 	failpoint.Hit(FailpointBeforeSealCommit, seal)
@@ -193,11 +204,11 @@ func (s *Sequencer) sealNext(tx *gorm.DB) (*auditchain.Seal, error) {
 
 // nextEntries reads the records to seal, table by table, after each table's position in through, at most
 // MaxSealRecords in all, and moves through to the last record read of each table.
-func nextEntries(tx *gorm.DB, through map[string]auditchain.Position) ([]auditchain.Entry, error) {
+func nextEntries(ctx context.Context, tx database.DBTX, through map[string]auditchain.Position) ([]auditchain.Entry, error) {
 	var entries []auditchain.Entry
 	for _, src := range sources {
 		from := sealedThrough(through, src.table)
-		rows, err := src.sealable(tx.Statement.Context, tx, from, MaxSealRecords-len(entries))
+		rows, err := src.sealable(ctx, tx, from, MaxSealRecords-len(entries))
 		if err != nil {
 			return nil, err
 		}
@@ -226,11 +237,11 @@ func sealedThrough(through map[string]auditchain.Position, table string) auditch
 
 // Pending returns how many records are not sealed yet and the creation time of the oldest of them (zero when
 // none is): the records after the newest seal's position in each table, read by the index on (xid, id).
-func Pending(ctx context.Context, db *gorm.DB) (int64, time.Time, error) {
+func Pending(ctx context.Context, db database.Pool) (int64, time.Time, error) {
 	var n int64
 	var oldest time.Time
-	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		through, err := newestThrough(tx)
+	err := database.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+		through, err := newestThrough(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -254,8 +265,8 @@ func Pending(ctx context.Context, db *gorm.DB) (int64, time.Time, error) {
 }
 
 // newestThrough is where the newest seal ends in each table (empty when there is no seal).
-func newestThrough(tx *gorm.DB) (map[string]auditchain.Position, error) {
-	last, err := newestSeal(tx)
+func newestThrough(ctx context.Context, tx database.DBTX) (map[string]auditchain.Position, error) {
+	last, err := newestSeal(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
@@ -266,15 +277,16 @@ func newestThrough(tx *gorm.DB) (map[string]auditchain.Position, error) {
 }
 
 // newestSeal is the last seal written, nil when there is none.
-func newestSeal(tx *gorm.DB) (*auditchain.Seal, error) {
-	var last []sealRow
-	if err := tx.Raw(`SELECT ` + sealHeaderColumns + ` FROM audit_seals ORDER BY seq DESC LIMIT 1`).Scan(&last).Error; err != nil {
-		return nil, err
-	}
-	if len(last) == 0 {
+func newestSeal(ctx context.Context, tx database.DBTX) (*auditchain.Seal, error) {
+	var last sealRow
+	err := tx.QueryRowContext(ctx, `SELECT `+sealHeaderColumns+` FROM audit_seals ORDER BY seq DESC LIMIT 1`).Scan(last.dest()...)
+	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
-	s, err := last[0].seal()
+	if err != nil {
+		return nil, err
+	}
+	s, err := last.seal()
 	if err != nil {
 		return nil, err
 	}

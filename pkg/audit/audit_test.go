@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
@@ -59,10 +60,10 @@ INSERT INTO operation_events (operation_id, account_id, type, to_state, actor) S
 			"text":   "quote \" backslash \\ tab \t nl \n ctl \u0001 del \u007f é 日本 😀 <&>",
 			"nested": map[string]any{"z": []any{true, false, nil, "x"}, "a": map[string]any{}, "é": 1, "e": 2, "": 0},
 		}
-		if err := opstatus.Append(ctx, db, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", detail); err != nil {
+		if err := opstatus.Append(ctx, database.SQL(db), op.AccountID, op.ID, opstore.EventReplayed, "agent:a", detail); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := opstatus.Transition(ctx, db, op.AccountID, op.ID, opstatus.StateSucceeded, "agent:a"); err != nil {
+		if _, err := opstatus.Transition(ctx, database.SQL(db), op.AccountID, op.ID, opstatus.StateSucceeded, "agent:a"); err != nil {
 			t.Fatal(err)
 		}
 		opIDs = append(opIDs, op.ID)
@@ -84,7 +85,7 @@ VALUES ('apv_1', 'acct_a', 'POST', '/v1/deploys', '/v1/deploys', 'k', 'fp', '{"e
 
 func mustVerify(t *testing.T, db *gorm.DB, opt audit.VerifyOptions) audit.Report {
 	t.Helper()
-	rep, err := audit.Verify(context.Background(), db, opt)
+	rep, err := audit.Verify(context.Background(), testdb.Pool(t, db), opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestSealedRecordsVerify(t *testing.T) {
 	db := testdb.Schema(t)
 	signer, pub := testSigner(t)
 	ops := history(t, db.DB, 3)
-	s := &audit.Sequencer{DB: db.DB, Signer: signer}
+	s := &audit.Sequencer{DB: db.Pool, Signer: signer}
 	if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub}); !rep.Intact() || rep.Unsealed != 12 || rep.Sealed != 0 || rep.Seals != 0 {
 		t.Fatalf("before any seal: every record is reported unsealed: %+v", rep)
 	}
@@ -111,10 +112,10 @@ func TestSealedRecordsVerify(t *testing.T) {
 	if again, err := s.RunOnce(context.Background()); err != nil || again != nil {
 		t.Fatalf("nothing new: no seal, got %v %v", again, err)
 	}
-	if err := opstatus.Append(context.Background(), db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
+	if err := opstatus.Append(context.Background(), db.Pool, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
-	if n, oldest, err := audit.Pending(context.Background(), db.DB); err != nil || n != 1 || oldest.IsZero() {
+	if n, oldest, err := audit.Pending(context.Background(), db.Pool); err != nil || n != 1 || oldest.IsZero() {
 		t.Fatalf("pending after one append: %d %v %v", n, oldest, err)
 	}
 	rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub})
@@ -218,7 +219,7 @@ func TestVerifyFindsTampering(t *testing.T) {
 			db := testdb.Schema(t)
 			db.Tampered()
 			ops := history(t, db.DB, 3)
-			testdb.SealAll(t, &audit.Sequencer{DB: db.DB, Signer: signer})
+			testdb.SealAll(t, &audit.Sequencer{DB: db.Pool, Signer: signer})
 			if rep := mustVerify(t, db.DB, audit.VerifyOptions{PublicKey: pub}); !rep.Intact() {
 				t.Fatalf("before tampering: %v", rep.Problems)
 			}
@@ -335,7 +336,7 @@ func TestBacklogIsSealedInBatches(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		(&audit.Sequencer{DB: db.DB, Interval: interval}).Run(ctx)
+		(&audit.Sequencer{DB: db.Pool, Interval: interval}).Run(ctx)
 	}()
 	type row struct {
 		RecordCount int64
@@ -380,14 +381,14 @@ func TestLateCommitIsSealedLater(t *testing.T) {
 	db := testdb.Schema(t)
 	ctx := context.Background()
 	ops := history(t, db.DB, 2)
-	s := &audit.Sequencer{DB: db.DB}
+	s := &audit.Sequencer{DB: db.Pool}
 
 	late := db.DB.Begin()
 	t.Cleanup(func() { late.Rollback() }) // a failed test must not hold sealing back for the others
-	if err := opstatus.Append(ctx, late, "acct_a", ops[0], "observed", "system:late", nil); err != nil {
+	if err := opstatus.Append(ctx, database.SQL(late), "acct_a", ops[0], "observed", "system:late", nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:after", nil); err != nil {
+	if err := opstatus.Append(ctx, db.Pool, "acct_a", ops[1], "observed", "system:after", nil); err != nil {
 		t.Fatal(err)
 	}
 	// Everything written before the open transaction is sealed, however long other transactions on the server
@@ -435,7 +436,7 @@ func TestTwoSequencersSealEachRecordOnce(t *testing.T) {
 	db := testdb.Schema(t)
 	ctx := context.Background()
 	ops := history(t, db.DB, 4)
-	a, b := &audit.Sequencer{DB: db.DB}, &audit.Sequencer{DB: db.DB}
+	a, b := &audit.Sequencer{DB: db.Pool}, &audit.Sequencer{DB: db.Pool}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var sealErr atomic.Value
@@ -458,7 +459,7 @@ func TestTwoSequencersSealEachRecordOnce(t *testing.T) {
 	for w := range 4 {
 		writers.Go(func() {
 			for i := range 50 {
-				if err := opstatus.Append(ctx, db.DB, "acct_a", ops[(w+i)%len(ops)], "observed", "system:test", map[string]any{"w": w, "i": i}); err != nil {
+				if err := opstatus.Append(ctx, db.Pool, "acct_a", ops[(w+i)%len(ops)], "observed", "system:test", map[string]any{"w": w, "i": i}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -491,7 +492,7 @@ func TestSequencerKilledMidBatch(t *testing.T) {
 	db := testdb.Schema(t)
 	ctx := context.Background()
 	history(t, db.DB, 2)
-	s := &audit.Sequencer{DB: db.DB}
+	s := &audit.Sequencer{DB: db.Pool}
 
 	// runKilled runs s until a run fails, as it must once its records are sealable (other transactions on the
 	// server may hold them back a while) and kill stops it before its commit.
@@ -549,7 +550,7 @@ func TestSealOrderIsNumeric(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := &audit.Sequencer{DB: db.DB}
+	s := &audit.Sequencer{DB: db.Pool}
 	// Other tests' transactions on the server may hold the sealing of the real records back for a while.
 	poll.Until(t, "every record sealed", func() bool {
 		if _, err := s.RunOnce(ctx); err != nil {

@@ -11,9 +11,8 @@ import (
 	"io"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/jsondepth"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -87,18 +86,18 @@ type bundleRecord struct {
 // Export writes to w, from one read-only snapshot, a bundle of the records opt selects with everything needed to
 // check them: the records, the seals holding them as one unbroken run, and the public key. VerifyBundle checks it
 // with the checks Verify makes. Returns ErrNoRecords for an operation with none.
-func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) error {
+func Export(ctx context.Context, db database.Pool, opt ExportOptions, w io.Writer) error {
 	if opt.OperationID != "" && (!opt.Since.IsZero() || !opt.Until.IsZero()) {
 		return errors.New("audit: export: an operation is exported whole, without a time range")
 	}
-	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := database.InTx(ctx, db, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}, func(tx *sql.Tx) error {
 		ev := &dbEvidence{ctx: ctx, tx: tx, opt: VerifyOptions{Since: opt.Since, OperationID: opt.OperationID},
 			until: opt.Until, run: true}
 		b := bundle{Format: BundleFormat, PublicKey: opt.PublicKey, Scope: bundleScope{Operation: opt.OperationID}}
 		// The database's clock, as the snapshot is taken (this is its first statement): the clock records' created_at
 		// come from, and no later than any record the snapshot holds was written, so that VerifyBundle can hold the
 		// records to it and judge their wait for a seal at it.
-		if err := tx.Raw(`SELECT clock_timestamp()`).Scan(&b.ExportedAt).Error; err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT clock_timestamp()`).Scan(&b.ExportedAt); err != nil {
 			return err
 		}
 		b.ExportedAt = b.ExportedAt.UTC()
@@ -110,10 +109,11 @@ func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) er
 		}
 		if opt.OperationID != "" {
 			// The approvals the operation used: their records are part of its story (its timeline shows them).
-			if err := tx.Raw(`SELECT id FROM approvals WHERE used_by_operation_id = ? ORDER BY id`, opt.OperationID).
-				Scan(&ev.opt.Subjects).Error; err != nil {
+			subjects, err := approvalsUsedBy(ctx, tx, opt.OperationID)
+			if err != nil {
 				return err
 			}
+			ev.opt.Subjects = subjects
 			b.Scope.Subjects = ev.subjectList()
 			found, err := opstore.HasEvents(ctx, tx, opt.OperationID)
 			if err != nil {
@@ -124,7 +124,7 @@ func Export(ctx context.Context, db *gorm.DB, opt ExportOptions, w io.Writer) er
 			}
 		}
 		return writeBundle(ev, b, w)
-	}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	})
 	if err != nil {
 		if errors.Is(err, ErrNoRecords) {
 			return err
@@ -406,4 +406,22 @@ func (e bundleEvidence) records(_ map[recordKey]*expected, emit func(storedRecor
 		}
 	}
 	return nil
+}
+
+// approvalsUsedBy is the ids of the approvals operation id used.
+func approvalsUsedBy(ctx context.Context, tx database.DBTX, id string) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT id FROM approvals WHERE used_by_operation_id = $1 ORDER BY id`, id)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	ids := []string{}
+	for rows.Next() {
+		var approval string
+		if err := rows.Scan(&approval); err != nil {
+			return nil, err
+		}
+		ids = append(ids, approval)
+	}
+	return ids, rows.Err()
 }

@@ -22,10 +22,10 @@ func TestExportHoldsWhatChecksIt(t *testing.T) {
 	ctx := context.Background()
 	signer, pub := testSigner(t)
 	ops := history(t, db.DB, 3)
-	w := &audit.Sequencer{DB: db.DB, Signer: signer}
+	w := &audit.Sequencer{DB: db.Pool, Signer: signer}
 	first := testdb.SealAll(t, w)
 	cp1 := first[len(first)-1]
-	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
+	if err := opstatus.Append(ctx, db.Pool, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
 	cp2 := testdb.SealAll(t, w)[0]
@@ -34,7 +34,7 @@ func TestExportHoldsWhatChecksIt(t *testing.T) {
 		t.Helper()
 		opt.PublicKey = signer.PublicKey()
 		var buf bytes.Buffer
-		if err := audit.Export(ctx, db.DB, opt, &buf); err != nil {
+		if err := audit.Export(ctx, db.Pool, opt, &buf); err != nil {
 			t.Fatal(err)
 		}
 		return buf.Bytes()
@@ -107,7 +107,7 @@ func TestExportHoldsWhatChecksIt(t *testing.T) {
 	}
 
 	var none bytes.Buffer
-	if err := audit.Export(ctx, db.DB, audit.ExportOptions{OperationID: "op_missing"}, &none); !errors.Is(err, audit.ErrNoRecords) || none.Len() != 0 {
+	if err := audit.Export(ctx, db.Pool, audit.ExportOptions{OperationID: "op_missing"}, &none); !errors.Is(err, audit.ErrNoRecords) || none.Len() != 0 {
 		t.Fatalf("an unknown operation: %v, wrote %q", err, none.String())
 	}
 }
@@ -120,9 +120,9 @@ func TestVerifyPinnedSeal(t *testing.T) {
 	ctx := context.Background()
 	signer, pub := testSigner(t)
 	ops := history(t, db.DB, 2)
-	w := &audit.Sequencer{DB: db.DB, Signer: signer}
+	w := &audit.Sequencer{DB: db.Pool, Signer: signer}
 	first := testdb.SealAll(t, w)
-	if err := opstatus.Append(ctx, db.DB, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
+	if err := opstatus.Append(ctx, db.Pool, "acct_a", ops[1], "observed", "system:test", nil); err != nil {
 		t.Fatal(err)
 	}
 	last := testdb.SealAll(t, w)[0]

@@ -48,7 +48,7 @@ func FuzzSealedDetailRoundTrips(f *testing.F) {
 	}
 	db := testdb.Schema(f)
 	ctx := context.Background()
-	s := &audit.Sequencer{DB: db.DB}
+	s := &audit.Sequencer{DB: db.Pool}
 	f.Fuzz(func(t *testing.T, number, name, text string, x float64, i int64) {
 		name, text = storable(name), storable(text)
 		numbers := []any{}
@@ -114,7 +114,7 @@ WHERE e->>'table' = 'operation_events' AND (e->>'id')::bigint = ?`, stored.ID).S
 		if entry != want {
 			t.Fatalf("the seal holds hash %s for detail %s; the writer's content hashes to %s", entry, stored.Detail, want)
 		}
-		rep, err := audit.Verify(ctx, db.DB, audit.VerifyOptions{AccountID: "acct_fuzz", OperationID: opID, Subjects: []string{approvalID}})
+		rep, err := audit.Verify(ctx, db.Pool, audit.VerifyOptions{AccountID: "acct_fuzz", OperationID: opID, Subjects: []string{approvalID}})
 		if err != nil {
 			t.Fatal(err)
 		}

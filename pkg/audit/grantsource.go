@@ -5,9 +5,8 @@ import (
 	"encoding/json"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // Grant records (grant_events: granted, used, revoked) are the audit's own table's, read as approval records are.
@@ -30,27 +29,27 @@ const (
 	sealableGrantsSQL = `
 SELECT id, xid::text AS xid_text, account_id, grant_id AS subject, type, actor, detail::text AS detail, created_at
 FROM grant_events
-WHERE (xid, id) > (?::xid8, ?) AND xid < pg_snapshot_xmin(pg_current_snapshot())
+WHERE (xid, id) > ($1::xid8, $2) AND xid < pg_snapshot_xmin(pg_current_snapshot())
 ORDER BY xid, id
-LIMIT ?`
-	pendingGrantsSQL = `SELECT count(*) AS count, min(created_at) AS oldest FROM grant_events WHERE (xid, id) > (?::xid8, ?)`
+LIMIT $3`
+	pendingGrantsSQL = `SELECT count(*) AS count, min(created_at) AS oldest FROM grant_events WHERE (xid, id) > ($1::xid8, $2)`
 	grantsOfSQL      = `
 SELECT id, xid::text AS xid_text, account_id, grant_id AS subject, type, actor, detail::text AS detail, created_at
-FROM grant_events WHERE grant_id IN ? ORDER BY xid, id`
+FROM grant_events WHERE grant_id = ANY($1) ORDER BY xid, id`
 	grantsOfAccountSQL = `
 SELECT id, xid::text AS xid_text, account_id, grant_id AS subject, type, actor, detail::text AS detail, created_at
-FROM grant_events WHERE account_id = ? AND grant_id IN ? ORDER BY xid, id`
+FROM grant_events WHERE account_id = $1 AND grant_id = ANY($2) ORDER BY xid, id`
 	allGrantsSQL = `
 SELECT id, xid::text AS xid_text, account_id, grant_id AS subject, type, actor, detail::text AS detail, created_at
 FROM grant_events ORDER BY xid, id`
 	namedGrantsSQL = `
 SELECT id, xid::text AS xid_text, account_id, grant_id AS subject, type, actor, detail::text AS detail, created_at
-FROM grant_events WHERE (account_id, grant_id, id) IN (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]))
+FROM grant_events WHERE (account_id, grant_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))
 ORDER BY xid, id`
 	namedOrAfterGrantsSQL = `
 SELECT id, xid::text AS xid_text, account_id, grant_id AS subject, type, actor, detail::text AS detail, created_at
-FROM grant_events WHERE (account_id, grant_id, id) IN (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]))
-    OR (xid, id) > (?::xid8, ?)
+FROM grant_events WHERE (account_id, grant_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))
+    OR (xid, id) > ($4::xid8, $5)
 ORDER BY xid, id`
 )
 
@@ -61,30 +60,23 @@ var grantSource = source{
 		return grantRecord{AccountID: r.AccountID, Actor: r.Actor, CreatedAt: auditchain.FormatTime(r.CreatedAt),
 			Detail: json.RawMessage(r.Detail), GrantID: r.Subject, Type: r.Type}
 	},
-	sealable: func(ctx context.Context, tx *gorm.DB, from auditchain.Position, limit int) ([]recordRow, error) {
-		var rows []recordRow
-		err := tx.WithContext(ctx).Raw(sealableGrantsSQL, from.XID, from.ID, limit).Scan(&rows).Error
-		return rows, err
+	sealable: func(ctx context.Context, tx database.DBTX, from auditchain.Position, limit int) ([]recordRow, error) {
+		return collectRows(ctx, tx, sealableGrantsSQL, from.XID, from.ID, limit)
 	},
-	pending: func(ctx context.Context, tx *gorm.DB, from auditchain.Position) (int64, *time.Time, error) {
-		var row struct {
-			Count  int64
-			Oldest *time.Time
-		}
-		err := tx.WithContext(ctx).Raw(pendingGrantsSQL, from.XID, from.ID).Scan(&row).Error
-		return row.Count, row.Oldest, err
+	pending: func(ctx context.Context, tx database.DBTX, from auditchain.Position) (int64, *time.Time, error) {
+		return countAndOldest(ctx, tx, pendingGrantsSQL, from)
 	},
-	ofSubjects: func(ctx context.Context, tx *gorm.DB, accountID string, subjects []string, emit func(recordRow) error) error {
+	ofSubjects: func(ctx context.Context, tx database.DBTX, accountID string, subjects []string, emit func(recordRow) error) error {
 		if accountID == "" {
 			return streamRows(ctx, tx, grantsOfSQL, []any{subjects}, emit)
 		}
 		return streamRows(ctx, tx, grantsOfAccountSQL, []any{accountID, subjects}, emit)
 	},
-	all: func(ctx context.Context, tx *gorm.DB, emit func(recordRow) error) error {
+	all: func(ctx context.Context, tx database.DBTX, emit func(recordRow) error) error {
 		return streamRows(ctx, tx, allGrantsSQL, nil, emit)
 	},
-	named: func(ctx context.Context, tx *gorm.DB, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
-		args := []any{textArray(names.accounts), textArray(names.subjects), int8Array(names.ids)}
+	named: func(ctx context.Context, tx database.DBTX, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
+		args := []any{names.accounts, names.subjects, names.ids}
 		if after == nil {
 			return streamRows(ctx, tx, namedGrantsSQL, args, emit)
 		}

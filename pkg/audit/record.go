@@ -1,19 +1,19 @@
 package audit
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // recordRow is a record as the audit reads it from its table; Subject is its operation or approval.
 type recordRow struct {
 	ID        int64
-	XID       string `gorm:"column:xid_text"`
+	XID       string
 	AccountID string
 	Subject   string
 	Type      string
@@ -75,6 +75,12 @@ type sealRow struct {
 	Signature   *string
 }
 
+// dest is where a row of sealColumns or sealHeaderColumns is scanned to, in their order.
+func (r *sealRow) dest() []any {
+	return []any{&r.Seq, &r.PrevHash, &r.CreatedAt, &r.FirstRecord, &r.RecordCount, &r.Through, &r.Records,
+		&r.RecordsHash, &r.Hash, &r.Signature}
+}
+
 func (r sealRow) seal() (auditchain.Seal, error) {
 	s := auditchain.Seal{Seq: r.Seq, Prev: r.PrevHash, At: r.CreatedAt, First: r.FirstRecord, Count: r.RecordCount,
 		Records: r.RecordsHash, Hash: r.Hash}
@@ -87,7 +93,7 @@ func (r sealRow) seal() (auditchain.Seal, error) {
 	return s, nil
 }
 
-func insertSeal(tx *gorm.DB, s auditchain.Seal, entries []auditchain.Entry) error {
+func insertSeal(ctx context.Context, tx database.DBTX, s auditchain.Seal, entries []auditchain.Entry) error {
 	through, err := json.Marshal(s.Through)
 	if err != nil {
 		return err
@@ -100,7 +106,8 @@ func insertSeal(tx *gorm.DB, s auditchain.Seal, entries []auditchain.Entry) erro
 	if s.Signature != "" {
 		sig = &s.Signature
 	}
-	return tx.Exec(`INSERT INTO audit_seals (seq, prev_hash, created_at, first_record, record_count, through, records, records_hash, hash, signature)
-VALUES (?, ?, ?, ?, ?, ?::jsonb, ?::jsonb, ?, ?, ?)`,
-		s.Seq, s.Prev, s.At, s.First, s.Count, string(through), string(records), s.Records, s.Hash, sig).Error
+	_, err = tx.ExecContext(ctx, `INSERT INTO audit_seals (seq, prev_hash, created_at, first_record, record_count, through, records, records_hash, hash, signature)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10)`,
+		s.Seq, s.Prev, s.At, s.First, s.Count, string(through), string(records), s.Records, s.Hash, sig)
+	return err
 }

@@ -2,15 +2,11 @@ package audit
 
 import (
 	"context"
-	"database/sql/driver"
 	"encoding/json"
-	"strconv"
-	"strings"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -20,15 +16,15 @@ type source struct {
 	// body is the content a record's hash covers: its fields, in JSON.
 	body func(r recordRow) any
 	// sealable reads at most limit records after from that may be sealed now (the sealable read, audit.go).
-	sealable func(ctx context.Context, tx *gorm.DB, from auditchain.Position, limit int) ([]recordRow, error)
+	sealable func(ctx context.Context, tx database.DBTX, from auditchain.Position, limit int) ([]recordRow, error)
 	// pending counts the records after from, and gives the oldest one's created_at (nil when none is).
-	pending func(ctx context.Context, tx *gorm.DB, from auditchain.Position) (int64, *time.Time, error)
+	pending func(ctx context.Context, tx database.DBTX, from auditchain.Position) (int64, *time.Time, error)
 	// ofSubjects reads the records of subjects, of accountID unless it is "".
-	ofSubjects func(ctx context.Context, tx *gorm.DB, accountID string, subjects []string, emit func(recordRow) error) error
+	ofSubjects func(ctx context.Context, tx database.DBTX, accountID string, subjects []string, emit func(recordRow) error) error
 	// all reads every record.
-	all func(ctx context.Context, tx *gorm.DB, emit func(recordRow) error) error
+	all func(ctx context.Context, tx database.DBTX, emit func(recordRow) error) error
 	// named reads the records names names and, when after is set, those after it.
-	named func(ctx context.Context, tx *gorm.DB, names recordNames, after *auditchain.Position, emit func(recordRow) error) error
+	named func(ctx context.Context, tx database.DBTX, names recordNames, after *auditchain.Position, emit func(recordRow) error) error
 }
 
 // recordNames names records of one table: the i-th is (accounts[i], subjects[i], ids[i]).
@@ -79,7 +75,7 @@ func operationRows(emit func(recordRow) error) func(opstore.Record) error {
 	return func(r opstore.Record) error { return emit(operationRow(r)) }
 }
 
-func sealableOperationRecords(ctx context.Context, tx *gorm.DB, from auditchain.Position, limit int) ([]recordRow, error) {
+func sealableOperationRecords(ctx context.Context, tx database.DBTX, from auditchain.Position, limit int) ([]recordRow, error) {
 	recs, err := opstore.RecordsAfter(ctx, tx, from.XID, from.ID, limit)
 	if err != nil {
 		return nil, err
@@ -91,19 +87,19 @@ func sealableOperationRecords(ctx context.Context, tx *gorm.DB, from auditchain.
 	return rows, nil
 }
 
-func pendingOperationRecords(ctx context.Context, tx *gorm.DB, from auditchain.Position) (int64, *time.Time, error) {
+func pendingOperationRecords(ctx context.Context, tx database.DBTX, from auditchain.Position) (int64, *time.Time, error) {
 	return opstore.CountAfter(ctx, tx, from.XID, from.ID)
 }
 
-func operationRecordsOf(ctx context.Context, tx *gorm.DB, accountID string, subjects []string, emit func(recordRow) error) error {
+func operationRecordsOf(ctx context.Context, tx database.DBTX, accountID string, subjects []string, emit func(recordRow) error) error {
 	return opstore.RecordsOf(ctx, tx, accountID, subjects, operationRows(emit))
 }
 
-func allOperationRecords(ctx context.Context, tx *gorm.DB, emit func(recordRow) error) error {
+func allOperationRecords(ctx context.Context, tx database.DBTX, emit func(recordRow) error) error {
 	return opstore.AllRecords(ctx, tx, operationRows(emit))
 }
 
-func namedOperationRecords(ctx context.Context, tx *gorm.DB, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
+func namedOperationRecords(ctx context.Context, tx database.DBTX, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
 	n := opstore.RecordNames{AccountIDs: names.accounts, OperationIDs: names.subjects, IDs: names.ids}
 	if after == nil {
 		return opstore.NamedRecords(ctx, tx, n, operationRows(emit))
@@ -119,74 +115,67 @@ const (
 	sealableApprovalsSQL = `
 SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
 FROM approval_events
-WHERE (xid, id) > (?::xid8, ?) AND xid < pg_snapshot_xmin(pg_current_snapshot())
+WHERE (xid, id) > ($1::xid8, $2) AND xid < pg_snapshot_xmin(pg_current_snapshot())
 ORDER BY xid, id
-LIMIT ?`
-	pendingApprovalsSQL = `SELECT count(*) AS count, min(created_at) AS oldest FROM approval_events WHERE (xid, id) > (?::xid8, ?)`
+LIMIT $3`
+	pendingApprovalsSQL = `SELECT count(*) AS count, min(created_at) AS oldest FROM approval_events WHERE (xid, id) > ($1::xid8, $2)`
 	approvalsOfSQL      = `
 SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events WHERE approval_id IN ? ORDER BY xid, id`
+FROM approval_events WHERE approval_id = ANY($1) ORDER BY xid, id`
 	approvalsOfAccountSQL = `
 SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events WHERE account_id = ? AND approval_id IN ? ORDER BY xid, id`
+FROM approval_events WHERE account_id = $1 AND approval_id = ANY($2) ORDER BY xid, id`
 	allApprovalsSQL = `
 SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
 FROM approval_events ORDER BY xid, id`
 	namedApprovalsSQL = `
 SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events WHERE (account_id, approval_id, id) IN (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]))
+FROM approval_events WHERE (account_id, approval_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))
 ORDER BY xid, id`
 	namedOrAfterApprovalsSQL = `
 SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events WHERE (account_id, approval_id, id) IN (SELECT * FROM unnest(?::text[], ?::text[], ?::bigint[]))
-    OR (xid, id) > (?::xid8, ?)
+FROM approval_events WHERE (account_id, approval_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))
+    OR (xid, id) > ($4::xid8, $5)
 ORDER BY xid, id`
 )
 
-func sealableApprovalRecords(ctx context.Context, tx *gorm.DB, from auditchain.Position, limit int) ([]recordRow, error) {
-	var rows []recordRow
-	err := tx.WithContext(ctx).Raw(sealableApprovalsSQL, from.XID, from.ID, limit).Scan(&rows).Error
-	return rows, err
+func sealableApprovalRecords(ctx context.Context, tx database.DBTX, from auditchain.Position, limit int) ([]recordRow, error) {
+	return collectRows(ctx, tx, sealableApprovalsSQL, from.XID, from.ID, limit)
 }
 
-func pendingApprovalRecords(ctx context.Context, tx *gorm.DB, from auditchain.Position) (int64, *time.Time, error) {
-	var row struct {
-		Count  int64
-		Oldest *time.Time
-	}
-	err := tx.WithContext(ctx).Raw(pendingApprovalsSQL, from.XID, from.ID).Scan(&row).Error
-	return row.Count, row.Oldest, err
+func pendingApprovalRecords(ctx context.Context, tx database.DBTX, from auditchain.Position) (int64, *time.Time, error) {
+	return countAndOldest(ctx, tx, pendingApprovalsSQL, from)
 }
 
-func approvalRecordsOf(ctx context.Context, tx *gorm.DB, accountID string, subjects []string, emit func(recordRow) error) error {
+func approvalRecordsOf(ctx context.Context, tx database.DBTX, accountID string, subjects []string, emit func(recordRow) error) error {
 	if accountID == "" {
 		return streamRows(ctx, tx, approvalsOfSQL, []any{subjects}, emit)
 	}
 	return streamRows(ctx, tx, approvalsOfAccountSQL, []any{accountID, subjects}, emit)
 }
 
-func allApprovalRecords(ctx context.Context, tx *gorm.DB, emit func(recordRow) error) error {
+func allApprovalRecords(ctx context.Context, tx database.DBTX, emit func(recordRow) error) error {
 	return streamRows(ctx, tx, allApprovalsSQL, nil, emit)
 }
 
-func namedApprovalRecords(ctx context.Context, tx *gorm.DB, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
-	args := []any{textArray(names.accounts), textArray(names.subjects), int8Array(names.ids)}
+func namedApprovalRecords(ctx context.Context, tx database.DBTX, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
+	args := []any{names.accounts, names.subjects, names.ids}
 	if after == nil {
 		return streamRows(ctx, tx, namedApprovalsSQL, args, emit)
 	}
 	return streamRows(ctx, tx, namedOrAfterApprovalsSQL, append(args, after.XID, after.ID), emit)
 }
 
-// streamRows passes each recordRow q reads to emit, as it is read.
-func streamRows(ctx context.Context, tx *gorm.DB, q string, args []any, emit func(recordRow) error) error {
-	rows, err := tx.WithContext(ctx).Raw(q, args...).Rows()
+// streamRows passes each recordRow q reads to emit, as it is read. q reads the columns recordColumns names.
+func streamRows(ctx context.Context, tx database.DBTX, q string, args []any, emit func(recordRow) error) error {
+	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var r recordRow
-		if err := tx.ScanRows(rows, &r); err != nil {
+		if err := rows.Scan(&r.ID, &r.XID, &r.AccountID, &r.Subject, &r.Type, &r.Actor, &r.Detail, &r.CreatedAt); err != nil {
 			return err
 		}
 		if err := emit(r); err != nil {
@@ -196,31 +185,19 @@ func streamRows(ctx context.Context, tx *gorm.DB, q string, args []any, emit fun
 	return rows.Err()
 }
 
-// textArray and int8Array pass a list as one PostgreSQL array parameter (gorm would spread a slice into a list
-// of parameters).
-type textArray []string
-
-func (a textArray) Value() (driver.Value, error) {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range a {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		b.WriteString(strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s))
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String(), nil
+// collectRows is every recordRow q reads.
+func collectRows(ctx context.Context, tx database.DBTX, q string, args ...any) ([]recordRow, error) {
+	var out []recordRow
+	err := streamRows(ctx, tx, q, args, func(r recordRow) error {
+		out = append(out, r)
+		return nil
+	})
+	return out, err
 }
 
-type int8Array []int64
-
-func (a int8Array) Value() (driver.Value, error) {
-	parts := make([]string, len(a))
-	for i, n := range a {
-		parts[i] = strconv.FormatInt(n, 10)
-	}
-	return "{" + strings.Join(parts, ",") + "}", nil
+// countAndOldest reads q's one row: how many records there are after from, and the oldest one's created_at (nil
+// when there is none).
+func countAndOldest(ctx context.Context, tx database.DBTX, q string, from auditchain.Position) (n int64, oldest *time.Time, err error) {
+	err = tx.QueryRowContext(ctx, q, from.XID, from.ID).Scan(&n, &oldest)
+	return n, oldest, err
 }

@@ -11,9 +11,8 @@ import (
 	"strconv"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // VerifyOptions narrow a verification.
@@ -66,15 +65,15 @@ func (r Report) Stalled(now time.Time, interval time.Duration) bool {
 // Verify checks, in one read-only snapshot, the seals, then every record in scope against them. It returns an
 // error only when it could not check (the database is unreachable, a table is missing); what is wrong with the
 // records is in the Report.
-func Verify(ctx context.Context, db *gorm.DB, opt VerifyOptions) (Report, error) {
+func Verify(ctx context.Context, db database.Pool, opt VerifyOptions) (Report, error) {
 	var rep Report
-	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := database.InTx(ctx, db, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}, func(tx *sql.Tx) error {
 		var err error
 		ev := &dbEvidence{ctx: ctx, tx: tx, opt: opt}
 		rep, err = check(ev, checkOptions{one: opt.OperationID != "", whole: opt.OperationID == "" && opt.Since.IsZero(),
 			pub: opt.PublicKey, pin: opt.Seal, subjects: ev.subjects()})
 		return err
-	}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	})
 	if err != nil {
 		return Report{}, fmt.Errorf("audit: verify: %w", err)
 	}
@@ -388,7 +387,7 @@ func after(p, at auditchain.Position) bool {
 // dbEvidence reads the audit record from the database, in the caller's snapshot.
 type dbEvidence struct {
 	ctx context.Context
-	tx  *gorm.DB
+	tx  database.DBTX
 	opt VerifyOptions
 	// until, when set, leaves out the seals written after it (an export's --until), and the unsealed records.
 	until time.Time
@@ -415,15 +414,20 @@ func (e *dbEvidence) subjectList() []string {
 }
 
 // holds is a condition true of a seal that holds a record of one of subjects, found through the index
-// audit_seals_subjects, and its arguments.
-func holds(subjects []string) (string, []any) {
-	q, args := `(false`, []any{}
+// audit_seals_subjects; it appends its arguments to args, after which it numbers its parameters.
+func holds(subjects []string, args *[]any) string {
+	q := `(false`
 	for _, s := range subjects {
 		one, _ := json.Marshal([]string{s})
-		q += ` OR jsonb_path_query_array(records, '$[*].subject') @> ?::jsonb`
-		args = append(args, string(one))
+		q += ` OR jsonb_path_query_array(records, '$[*].subject') @> ` + param(args, string(one)) + `::jsonb`
 	}
-	return q + `)`, args
+	return q + `)`
+}
+
+// param appends v to args and returns its parameter ($n).
+func param(args *[]any, v any) string {
+	*args = append(*args, v)
+	return "$" + strconv.Itoa(len(*args))
 }
 
 func (e *dbEvidence) seals(emit func(sealRow) error) error {
@@ -432,31 +436,26 @@ func (e *dbEvidence) seals(emit func(sealRow) error) error {
 	var args []any
 	switch {
 	case e.opt.OperationID != "" && e.run:
-		cond, condArgs := holds(e.subjectList())
+		cond := holds(e.subjectList(), &args)
 		columns = `seq, prev_hash, created_at, first_record, record_count, through::text AS through,
 CASE WHEN ` + cond + ` THEN records::text END AS records, records_hash, hash, signature`
 		q += ` AND seq >= (SELECT min(seq) FROM audit_seals WHERE ` + cond + `)`
-		args = append(append(args, condArgs...), condArgs...)
 	case e.opt.OperationID != "":
-		cond, condArgs := holds(e.subjectList())
-		q += ` AND ` + cond
-		args = append(args, condArgs...)
+		q += ` AND ` + holds(e.subjectList(), &args)
 	case !e.opt.Since.IsZero():
-		q += ` AND created_at >= ?`
-		args = append(args, e.opt.Since)
+		q += ` AND created_at >= ` + param(&args, e.opt.Since)
 	}
 	if !e.until.IsZero() {
-		q += ` AND created_at <= ?`
-		args = append(args, e.until)
+		q += ` AND created_at <= ` + param(&args, e.until)
 	}
-	rows, err := e.tx.WithContext(e.ctx).Raw(`SELECT `+columns+q+` ORDER BY seq`, args...).Rows()
+	rows, err := e.tx.QueryContext(e.ctx, `SELECT `+columns+q+` ORDER BY seq`, args...)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var r sealRow
-		if err := e.tx.ScanRows(rows, &r); err != nil {
+		if err := rows.Scan(r.dest()...); err != nil {
 			return err
 		}
 		if err := emit(r); err != nil {
@@ -467,7 +466,7 @@ CASE WHEN ` + cond + ` THEN records::text END AS records, records_hash, hash, si
 }
 
 func (e *dbEvidence) through() (map[string]auditchain.Position, error) {
-	return newestThrough(e.tx.WithContext(e.ctx))
+	return newestThrough(e.ctx, e.tx)
 }
 
 // records reads every record (the whole record), the subjects' records (an operation), or the records the seals

@@ -25,6 +25,7 @@ import (
 	"crypto/rand"
 	"embed"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -35,6 +36,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 	"github.com/retrysafe/retrysafe/pkg/urlcheck"
@@ -139,7 +141,9 @@ var templateFiles embed.FS
 var staticFiles embed.FS
 
 type console struct {
-	o       Options
+	o Options
+	// pool is o.DB as the library's packages take it.
+	pool    database.Pool
 	pages   map[string]*template.Template
 	nav     []navItem
 	origins *http.CrossOriginProtection
@@ -158,6 +162,9 @@ func Routes(o Options) (map[string]http.Handler, error) {
 	c, err := newConsole(o.withDefaults())
 	if err != nil {
 		return nil, err
+	}
+	if c.pool, err = database.PoolOf(o.DB); err != nil {
+		return nil, fmt.Errorf("console: %w", err)
 	}
 	static, err := fs.Sub(staticFiles, "static")
 	if err != nil {

@@ -12,6 +12,10 @@
 //
 // Tx is the transaction the idempotency library runs a write in: its own statements through pgx, the write's
 // through gorm, on one connection.
+//
+// The library's packages take the database as database/sql on pgx's driver, not as gorm: a DBTX where a statement
+// runs (the pool, a transaction), a Pool where they begin transactions of their own. A service converts the pool
+// it opened once, where it is wired (PoolOf); a write holding a gorm transaction passes SQL(tx).
 package database
 
 import (

@@ -57,6 +57,9 @@ func Begin(ctx context.Context, db *gorm.DB) (*Tx, error) {
 // on it fail: the transaction ends with Tx.Commit or Tx.Close.
 func (t *Tx) Gorm() *gorm.DB { return t.gorm }
 
+// SQL is the transaction as a DBTX, for the library's statements that run on their own rather than in a batch.
+func (t *Tx) SQL() DBTX { return t.gorm.Statement.ConnPool }
+
 // Send sends b in one round trip, with BEGIN in front when the transaction has not begun, and runs the
 // callbacks queued on b (QueuedQuery.Query, QueryRow, Exec). It returns the first error; PostgreSQL skips the
 // statements after a failed one, and the transaction can then only be closed.

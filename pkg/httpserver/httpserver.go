@@ -15,7 +15,7 @@
 //		Middleware: []gin.HandlerFunc{httpserver.Metrics("tickets", m.Request), httpserver.Tracing}})
 //	api := r.Group("", httpserver.Wrap(auth.Middleware(keys)))
 //	tickets.Routes(api, svc)
-//	httpserver.Mount(api, opstatus.Routes(db))
+//	httpserver.Mount(api, opstatus.Routes(sqlDB))
 //	err := httpserver.Serve(ctx, ":8081", r, logger, httpserver.Limits{})
 package httpserver
 
@@ -31,7 +31,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
-	"gorm.io/gorm"
+	"github.com/retrysafe/retrysafe/pkg/database"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/ids"
@@ -42,7 +42,7 @@ import (
 type Options struct {
 	Logger *slog.Logger
 	// DB is checked by /readyz; Ready, when set, adds a check (pending migrations).
-	DB    *gorm.DB
+	DB    database.Pool
 	Ready func(ctx context.Context) error
 	// BodyLimit caps request bodies in bytes (1 MiB when zero).
 	BodyLimit int64
@@ -97,11 +97,7 @@ func NewRouter(o Options) *gin.Engine {
 
 func ready(ctx context.Context, o Options) error {
 	if o.DB != nil {
-		sqlDB, err := o.DB.DB()
-		if err != nil {
-			return err
-		}
-		if err := sqlDB.PingContext(ctx); err != nil {
+		if err := o.DB.PingContext(ctx); err != nil {
 			return errors.New("database unreachable")
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/auditchain"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -37,13 +38,18 @@ func (h *Handler) RunBackground(ctx context.Context, b Background) {
 		wg.Go(func() { h.runPruner(ctx, every) })
 	}
 	if every := cmp.Or(b.RecoveryInterval, 5*time.Second); every > 0 {
-		w := &opstatus.RecoveryWorker{DB: h.DB, Reconcilers: h.Reconcilers, Interval: every, Logger: h.log(),
+		w := &opstatus.RecoveryWorker{DB: database.SQL(h.DB), Reconcilers: h.Reconcilers, Interval: every, Logger: h.log(),
 			Observer: h.OperationObserver(), Clock: h.Clock}
 		wg.Go(func() { w.Run(ctx) })
 	}
 	if every := cmp.Or(b.SealInterval, audit.DefaultSealInterval); every > 0 {
-		w := &audit.Sequencer{DB: h.DB, Signer: b.Signer, Interval: every, Logger: h.log()}
-		wg.Go(func() { w.Run(ctx) })
+		pool, err := database.PoolOf(h.DB)
+		if err != nil {
+			h.log().ErrorContext(ctx, "audit records are not sealed", "error", err.Error())
+		} else {
+			w := &audit.Sequencer{DB: pool, Signer: b.Signer, Interval: every, Logger: h.log()}
+			wg.Go(func() { w.Run(ctx) })
+		}
 	}
 	wg.Wait()
 }
@@ -74,7 +80,7 @@ func (h *Handler) checkBackground() {
 // idempotency_response_expired, naming the operation and its resource.
 func (h *Handler) Prune(ctx context.Context) (responses, keys int64, err error) {
 	now := h.Clock.Now()
-	return opstore.Prune(ctx, h.DB, now.Add(-h.retention()), now.Add(-h.keyLifetime()), h.Clock.NowOrNil())
+	return opstore.Prune(ctx, database.SQL(h.DB), now.Add(-h.retention()), now.Add(-h.keyLifetime()), h.Clock.NowOrNil())
 }
 
 // runPruner prunes every interval until ctx ends (RunBackground).

@@ -69,7 +69,7 @@ func TestRecordLostAfterEffect(t *testing.T) {
 		t.Fatalf("retry after the outage: %d %v; want an answer about %s", r.status, r.body, opID)
 	}
 
-	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Reconcilers: map[string]opstatus.Reconciler{
+	worker := &opstatus.RecoveryWorker{DB: e.env.DB.Pool, Logger: e.env.Logger, Reconcilers: map[string]opstatus.Reconciler{
 		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 			return e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 				return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": "found at the other side"}}, nil

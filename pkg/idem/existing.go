@@ -173,7 +173,7 @@ func (h *Handler) decide(ctx context.Context, a *attempt, s stored, header http.
 	}
 	switch {
 	case s.expired(), !s.completed() && s.opState.Final():
-		// A response pruned, or never stored: a person settled the operation (opstatus.Resolve). Either way the
+		// A response pruned, or never stored: a person settled the operation (resolution.Resolve). Either way the
 		// key ran and never runs again; the operation has the result.
 		return verdictExpired, s
 	case s.completed():
@@ -194,7 +194,7 @@ func (s stored) running() bool {
 // a lost answer learns the outcome as soon as the other side can tell, not at the recovery worker's next pass.
 // Whatever the reconciler decides, it decides from the other side's records; it never repeats the effect.
 func (h *Handler) reconcileNow(ctx context.Context, a *attempt, s stored) stored {
-	op, err := opstatus.Get(ctx, h.DB, a.op.AccountID, s.operationID)
+	op, err := opstatus.Get(ctx, database.SQL(h.DB), a.op.AccountID, s.operationID)
 	if err != nil || op.State != opstatus.StateUnknown {
 		return s
 	}
@@ -277,10 +277,10 @@ func (h *Handler) recordUnknown(ctx context.Context, a *attempt, opID string, de
 	if opstatus.State(state) != opstatus.StateUnknown {
 		return op, true, nil
 	}
-	if err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, opID, verdictUnknown.event, a.caller.Actor, detail); err != nil {
+	if err := opstatus.Append(ctx, tx.SQL(), a.op.AccountID, opID, verdictUnknown.event, a.caller.Actor, detail); err != nil {
 		return op, false, err
 	}
-	if op, err = opstatus.Get(ctx, tx.Gorm(), a.op.AccountID, opID); err != nil {
+	if op, err = opstatus.Get(ctx, tx.SQL(), a.op.AccountID, opID); err != nil {
 		return op, false, err
 	}
 	return op, false, tx.Commit(ctx, nil)

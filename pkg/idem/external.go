@@ -139,7 +139,7 @@ func (h *Handler) claimExternal(ctx context.Context, a *attempt, req Request, pr
 		// (another request holding the same order) must not hand the effect a lease already spent.
 		if now := h.Clock.Now(); now.Sub(start) > h.lease()/20 {
 			lease = now.Add(h.lease())
-			if _, err := opstatus.ExtendLease(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, lease); err != nil {
+			if _, err := opstatus.ExtendLease(ctx, tx.SQL(), a.op.AccountID, a.op.ID, lease); err != nil {
 				return err
 			}
 		}
@@ -311,14 +311,14 @@ func (h *Handler) moveUnknown(ctx context.Context, a *attempt) (op opstatus.Oper
 		return op, false, err
 	}
 	defer tx.Close()
-	moved, err = opstatus.Transition(ctx, tx.Gorm(), a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
+	moved, err = opstatus.Transition(ctx, tx.SQL(), a.op.AccountID, a.op.ID, opstatus.StateUnknown, a.caller.Actor,
 		opstatus.From(opstatus.StateRunning),
 		opstatus.WithEvent(opstore.EventOutcomeUnknown, a.record(attemptUnknown, http.StatusAccepted,
 			opstore.Attempt{Reason: opstore.ReasonNoDefiniteAnswer})))
 	if err != nil || !moved {
 		return op, false, err
 	}
-	if op, err = opstatus.Get(ctx, tx.Gorm(), a.op.AccountID, a.op.ID); err != nil {
+	if op, err = opstatus.Get(ctx, tx.SQL(), a.op.AccountID, a.op.ID); err != nil {
 		return op, false, err
 	}
 	return op, true, tx.Commit(ctx, nil)
@@ -343,7 +343,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 		return false
 	}
 	// Most retries of a running operation find its owner alive: one read, no lock.
-	owner, gone, err := opstore.OwnerGone(ctx, h.DB, a.op.AccountID, s.operationID)
+	owner, gone, err := opstore.OwnerGone(ctx, database.SQL(h.DB), a.op.AccountID, s.operationID)
 	if err != nil || !gone {
 		return false
 	}
@@ -359,7 +359,7 @@ func (h *Handler) releaseOrphan(ctx context.Context, a *attempt, s stored, undo 
 			return err
 		}
 		// Read after the lock is held, so a dispatch_started committed before it is seen.
-		if _, gone, err := opstore.OwnerGone(ctx, tx.Gorm(), op.AccountID, op.ID); err != nil || !gone {
+		if _, gone, err := opstore.OwnerGone(ctx, tx.SQL(), op.AccountID, op.ID); err != nil || !gone {
 			return errors.Join(err, errOwnerAlive)
 		}
 		return nil

@@ -205,7 +205,7 @@ func TestExternalUnknownOutcomeIsReconciled(t *testing.T) {
 	}
 
 	// The reconciler learns from the other side that it happened.
-	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Reconcilers: map[string]opstatus.Reconciler{
+	worker := &opstatus.RecoveryWorker{DB: e.env.DB.Pool, Logger: e.env.Logger, Reconcilers: map[string]opstatus.Reconciler{
 		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 			return e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 				return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": "found at provider"}}, nil
@@ -219,7 +219,7 @@ func TestExternalUnknownOutcomeIsReconciled(t *testing.T) {
 	if settled.status != 200 || settled.body["outcome"] != "found at provider" || settled.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("after reconcile: %d %v", settled.status, settled.body)
 	}
-	op, err := opstatus.Get(context.Background(), e.env.DB.DB, servicetest.AccountDemo, first.header.Get("Operation-Id"))
+	op, err := opstatus.Get(context.Background(), e.env.DB.Pool, servicetest.AccountDemo, first.header.Get("Operation-Id"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestExpiredLeaseBecomesUnknownAndLateAnswerDefers(t *testing.T) {
 	e.env.Clock.Advance(lease + time.Second) // past the lease
 
 	settledBy := "reconciler"
-	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Clock: e.env.Clock, Reconcilers: map[string]opstatus.Reconciler{
+	worker := &opstatus.RecoveryWorker{DB: e.env.DB.Pool, Logger: e.env.Logger, Clock: e.env.Clock, Reconcilers: map[string]opstatus.Reconciler{
 		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 			return e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 				return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": settledBy}}, nil
@@ -324,7 +324,7 @@ func TestAttemptOutlivingItsLeaseIsNumberedOnce(t *testing.T) {
 	go func() { done <- e.post(t, "slow", `{"amount":5}`, "Attempt-Id", "att-slow") }()
 	<-entered
 	e.env.Clock.Advance(lease + time.Second) // past the lease
-	if _, err := (&opstatus.RecoveryWorker{DB: e.env.DB.DB, Clock: e.env.Clock}).RunOnce(context.Background()); err != nil {
+	if _, err := (&opstatus.RecoveryWorker{DB: e.env.DB.Pool, Clock: e.env.Clock}).RunOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	var ops []opstatus.Operation
@@ -357,7 +357,7 @@ WHERE operation_id = ? AND detail->>'attempt_id' = 'att-slow' ORDER BY id`, ops[
 	if want := "[claimed - - lease_expired 1 unknown completed - -]"; fmt.Sprint(got) != want {
 		t.Fatalf("records of the attempt: %v; want %s", got, want)
 	}
-	rep, err := audit.Verify(context.Background(), e.env.DB.DB, audit.VerifyOptions{OperationID: ops[0].ID})
+	rep, err := audit.Verify(context.Background(), e.env.DB.Pool, audit.VerifyOptions{OperationID: ops[0].ID})
 	if err != nil || !rep.Intact() {
 		t.Fatalf("chain: %v %+v", err, rep.Problems)
 	}

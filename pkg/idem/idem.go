@@ -156,7 +156,7 @@ func New(db *gorm.DB) (*Handler, error) {
 
 func (h *Handler) init() {
 	h.once.Do(func() {
-		h.attempts = &opstore.GroupAppender{DB: h.DB}
+		h.attempts = &opstore.GroupAppender{DB: database.SQL(h.DB)}
 		h.lookups = &batch.Batcher[keyRef, lookup]{Run: func(ctx context.Context, refs []keyRef) ([]lookup, error) {
 			return lookupKeys(ctx, h.DB, refs)
 		}}

@@ -255,7 +255,7 @@ func TestPruneKeepsWhatIsStillOwed(t *testing.T) {
 	claimed(t, h, newAttempt("acct", "running", "fp"))
 	unknown := newAttempt("acct", "unknown", "fp")
 	claimed(t, h, unknown)
-	if _, err := opstatus.Transition(ctx, db, "acct", unknown.op.ID, opstatus.StateUnknown, "test"); err != nil {
+	if _, err := opstatus.Transition(ctx, database.SQL(db), "acct", unknown.op.ID, opstatus.StateUnknown, "test"); err != nil {
 		t.Fatal(err)
 	}
 	queued := newAttempt("acct", "queued", "fp")
@@ -296,7 +296,7 @@ func TestPruneKeepsWhatIsStillOwed(t *testing.T) {
 	if got := states(); len(got) != 3 || got["done"] != "" {
 		t.Fatalf("keys after the lifetime: %v; want running, unknown and queued kept", got)
 	}
-	if _, err := opstatus.Get(ctx, db, "acct", done.op.ID); err != nil {
+	if _, err := opstatus.Get(ctx, database.SQL(db), "acct", done.op.ID); err != nil {
 		t.Errorf("operation of a pruned key: %v", err)
 	}
 }

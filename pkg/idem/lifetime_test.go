@@ -72,7 +72,7 @@ func TestKeyOutlivesItsResponse(t *testing.T) {
 			doc.Resource == nil || doc.Resource.Type != tc.resource || doc.OperationID == "" || a.header.Get("Retry-After") != "" {
 			t.Fatalf("%s retried after the prune: %d %v %s; want 409 idempotency_response_expired naming the operation", tc.path, a.status, a.header, a.body)
 		}
-		op, err := opstatus.Get(t.Context(), env.DB.DB, servicetest.AccountDemo, doc.OperationID)
+		op, err := opstatus.Get(t.Context(), env.DB.Pool, servicetest.AccountDemo, doc.OperationID)
 		if err != nil || op.ResponseExpiresAt == nil || op.KeyExpiresAt == nil || !op.KeyExpiresAt.After(time.Now().Add(89*24*time.Hour)) {
 			t.Fatalf("%s: operation %+v, %v; want its response and key expiries, the key's 90 days out", tc.path, op, err)
 		}

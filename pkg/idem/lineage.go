@@ -200,7 +200,7 @@ func (h *Handler) checkClaimLineage(ctx context.Context, tx *database.Tx, a *att
 				With("operation_id", a.lineage.supersedes).With("state", prior.State)
 		}
 	}
-	err := opstatus.Append(ctx, tx.Gorm(), a.op.AccountID, a.lineage.supersedes, opstore.EventSuperseded, a.caller.Actor,
+	err := opstatus.Append(ctx, tx.SQL(), a.op.AccountID, a.lineage.supersedes, opstore.EventSuperseded, a.caller.Actor,
 		opstore.Link{SupersededBy: a.op.ID, AttemptID: a.lineage.attempt})
 	if opstore.SuccessorTaken(err) {
 		// Another operation superseded it after this one looked (operation_events_successor): it committed first.

@@ -82,7 +82,7 @@ func TestLineageCannotBeForged(t *testing.T) {
 	otherOp := other.header.Get("Operation-Id")
 	refused("a replay naming what its claim did not supersede", send(notes, "k4", `{"n":3}`, map[string]string{"Supersedes-Operation-Id": otherOp}), "Supersedes-Operation-Id")
 	// An operation whose outcome is unknown cannot be superseded: its effect may still have happened.
-	if _, err := opstatus.Transition(t.Context(), env.DB.DB, servicetest.AccountDemo, otherOp, opstatus.StateUnknown, "test",
+	if _, err := opstatus.Transition(t.Context(), env.DB.Pool, servicetest.AccountDemo, otherOp, opstatus.StateUnknown, "test",
 		opstatus.From(opstatus.StateSucceeded)); err != nil {
 		t.Fatal(err)
 	}

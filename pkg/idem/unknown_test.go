@@ -65,7 +65,7 @@ func TestLateClaimantWithItsOwnAttemptIDDefers(t *testing.T) {
 	go func() { done <- e.post(t, "hung", `{"amount":5}`, "Attempt-Id", "att_claimant") }()
 	<-entered
 	e.env.Clock.Advance(lease + time.Second) // past the lease
-	worker := &opstatus.RecoveryWorker{DB: e.env.DB.DB, Logger: e.env.Logger, Clock: e.env.Clock, Reconcilers: map[string]opstatus.Reconciler{
+	worker := &opstatus.RecoveryWorker{DB: e.env.DB.Pool, Logger: e.env.Logger, Clock: e.env.Clock, Reconcilers: map[string]opstatus.Reconciler{
 		"test.charge": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 			return e.env.Idem.Settle(ctx, op, "system:test", func(ctx context.Context, tx *gorm.DB) (idem.Result, error) {
 				return idem.Result{Status: 200, Body: map[string]any{"operation": op.ID, "outcome": "reconciled"}}, nil

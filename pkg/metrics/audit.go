@@ -5,15 +5,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // WatchAudit registers the gauges of audit records not sealed yet, read from db at each scrape (audit.Pending:
 // the records after the newest seal, by index, bounded by timeout): how many, and how old the oldest is. Like
 // the unknown operations' gauges they describe the database: alert on max(), not sum().
-func (m *Metrics) WatchAudit(db *gorm.DB, timeout time.Duration) {
+func (m *Metrics) WatchAudit(db database.Pool, timeout time.Duration) {
 	m.reg.MustRegister(&countAndAge{count: unsealedDesc, age: oldestUnsealedDesc, what: "unsealed audit records", timeout: timeout,
 		read: func(ctx context.Context) (int64, float64, error) {
 			n, oldest, err := audit.Pending(ctx, db)

@@ -19,6 +19,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/servicetest"
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/metrics"
@@ -152,7 +153,7 @@ func TestUnknownOperationGauges(t *testing.T) {
 	tx := testdb.Tx(t)
 	ctx := t.Context()
 	m := metrics.New()
-	m.WatchOperations(tx, 2*time.Second)
+	m.WatchOperations(database.SQL(tx), 2*time.Second)
 	c := serve(t, m, func(*gin.Engine) {})
 	if s := metricstest.Scrape(t, c); s.Value("retrysafe_operations_unknown") != 0 || !s.Has("retrysafe_operation_oldest_unknown_seconds") {
 		t.Fatalf("with no operations: unknown %v, oldest present %v; want 0 and present",
@@ -165,7 +166,7 @@ func TestUnknownOperationGauges(t *testing.T) {
 		if i == 2 {
 			continue // still running: not unknown
 		}
-		if _, err := opstatus.Transition(ctx, tx, op.AccountID, op.ID, opstatus.StateUnknown, "test"); err != nil {
+		if _, err := opstatus.Transition(ctx, database.SQL(tx), op.AccountID, op.ID, opstatus.StateUnknown, "test"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -186,7 +187,7 @@ func TestUnsealedRecordGauges(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
 	m := metrics.New()
-	m.WatchAudit(db.DB, 2*time.Second)
+	m.WatchAudit(db.Pool, 2*time.Second)
 	c := serve(t, m, func(*gin.Engine) {})
 	if s := metricstest.Scrape(t, c); s.Value("retrysafe_audit_unsealed_records") != 0 || s.Value("retrysafe_audit_oldest_unsealed_seconds") != 0 {
 		t.Fatalf("with no records: %v unsealed, oldest %v s; want 0 and 0", s.Value("retrysafe_audit_unsealed_records"),
@@ -203,7 +204,7 @@ func TestUnsealedRecordGauges(t *testing.T) {
 	if !s.Has("retrysafe_audit_oldest_unsealed_seconds") || s.Value("retrysafe_audit_oldest_unsealed_seconds") < 0 {
 		t.Errorf("retrysafe_audit_oldest_unsealed_seconds = %v; want present, >= 0", s.Value("retrysafe_audit_oldest_unsealed_seconds"))
 	}
-	seq := &audit.Sequencer{DB: db.DB}
+	seq := &audit.Sequencer{DB: db.Pool}
 	poll.Until(t, "retrysafe_audit_unsealed_records at 0", func() bool {
 		if _, err := seq.RunOnce(t.Context()); err != nil {
 			t.Fatal(err)
@@ -224,7 +225,7 @@ func TestScrapeSurvivesAnUnreachableDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New()
-	m.WatchOperations(db, time.Second)
+	m.WatchOperations(database.SQL(db), time.Second)
 	c := serve(t, m, func(*gin.Engine) {})
 	m.IdempotencyOutcome("things.create", idem.Outcome("created"))
 	s := metricstest.Scrape(t, c)

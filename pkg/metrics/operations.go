@@ -6,15 +6,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
 // WatchOperations registers the gauges of unknown operations, read from db's operations table at each scrape
 // (one indexed query, bounded by timeout): how many are unknown now, and for how long the oldest has been.
 // They describe the database, so every process on it reports the same values: alert on max(), not sum().
-func (m *Metrics) WatchOperations(db *gorm.DB, timeout time.Duration) {
+func (m *Metrics) WatchOperations(db database.DBTX, timeout time.Duration) {
 	m.reg.MustRegister(&countAndAge{count: unknownDesc, age: oldestUnknownDesc, what: "unknown operations", timeout: timeout,
 		read: func(ctx context.Context) (int64, float64, error) {
 			return opstore.UnknownCount(ctx, db)

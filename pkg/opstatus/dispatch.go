@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"gorm.io/gorm"
-
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -17,7 +16,7 @@ import (
 // whatever its status) or dispatch_not_sent (nothing left the process) as the newest dispatch record. A
 // dispatch_started with nothing after it, a dispatch_sent_no_response, or no record at all (the finish could
 // not be written) leave the call possibly in flight: only the lease bounds it then.
-func callOver(ctx context.Context, db *gorm.DB, accountID, id string) (string, error) {
+func callOver(ctx context.Context, db database.DBTX, accountID, id string) (string, error) {
 	last, err := opstore.LastDispatch(ctx, db, accountID, id)
 	if err != nil {
 		return "", err
@@ -34,7 +33,7 @@ func callOver(ctx context.Context, db *gorm.DB, accountID, id string) (string, e
 // the operation has ended (reason opstore.ReasonLeaseExpired; an operation without a lease has no call that can still
 // run). While it may, until is the end of the lease and reason is "". It is the one test of this in retrysafe:
 // reconcilers that read the other side's silence and every person's decision (Resolve) ask it.
-func CallMayLand(ctx context.Context, db *gorm.DB, op Operation, now time.Time) (until time.Time, reason string, err error) {
+func CallMayLand(ctx context.Context, db database.DBTX, op Operation, now time.Time) (until time.Time, reason string, err error) {
 	over, err := callOver(ctx, db, op.AccountID, op.ID)
 	switch {
 	case err != nil:
@@ -65,7 +64,7 @@ var errNotRunning = errors.New("opstatus: the operation is not running")
 // StartDispatch commits the dispatch_started record of a call that leaves the process, before the call is
 // written, or returns an error matching errNotRunning when the operation is no longer running: the caller must
 // then not send it (provider.DispatchObserver.Started's contract).
-func StartDispatch(ctx context.Context, db *gorm.DB, accountID, id, actor string, detail any) error {
+func StartDispatch(ctx context.Context, db database.DBTX, accountID, id, actor string, detail any) error {
 	started, err := opstore.StartDispatch(ctx, db, accountID, id, opstore.NewEvent{Type: opstore.EventDispatchStarted, Actor: actor, Detail: detail})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
@@ -20,7 +21,7 @@ func ExampleTransition() {
 			return err
 		}
 		// From makes the move conditional: a job already picked up by another worker is left alone.
-		_, err := opstatus.Transition(ctx, tx, accountID, opID, opstatus.StateRunning, "system:jobs.worker",
+		_, err := opstatus.Transition(ctx, database.SQL(tx), accountID, opID, opstatus.StateRunning, "system:jobs.worker",
 			opstatus.From(opstatus.StateQueued), opstatus.WithEvent("started", map[string]any{"worker": 1}))
 		return err
 	})
@@ -36,6 +37,6 @@ func ExampleRecoveryWorker() {
 		// Returning an error leaves the operation unknown for a later pass.
 		return nil
 	})
-	w := &opstatus.RecoveryWorker{DB: db, Reconcilers: map[string]opstatus.Reconciler{"jobs.run": lookup}, Interval: 5 * time.Second}
+	w := &opstatus.RecoveryWorker{DB: database.SQL(db), Reconcilers: map[string]opstatus.Reconciler{"jobs.run": lookup}, Interval: 5 * time.Second}
 	go w.Run(context.Background())
 }

@@ -3,9 +3,8 @@ package opstatus
 import (
 	"net/http"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/page"
@@ -20,7 +19,7 @@ import (
 //	for pattern, h := range opstatus.Routes(db) {
 //		mux.Handle(pattern, auth.Middleware(keys)(h))
 //	}
-func Routes(db *gorm.DB) map[string]http.Handler {
+func Routes(db database.Pool) map[string]http.Handler {
 	return map[string]http.Handler{
 		"GET /v1/operations/{id}": callerRequired(func(w http.ResponseWriter, r *http.Request) {
 			if !ids.Valid("op_", r.PathValue("id")) {

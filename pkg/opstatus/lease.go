@@ -4,8 +4,7 @@ import (
 	"context"
 	"time"
 
-	"gorm.io/gorm"
-
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -13,6 +12,6 @@ import (
 // (a heartbeat) so that the recovery worker does not call the outcome unknown. It returns false, and changes
 // nothing, when the operation is in no such state: settled, or already unknown because the lease had run out,
 // in which case the worker must stop and leave the operation to its reconciler.
-func ExtendLease(ctx context.Context, tx *gorm.DB, accountID, id string, until time.Time) (bool, error) {
+func ExtendLease(ctx context.Context, tx database.DBTX, accountID, id string, until time.Time) (bool, error) {
 	return opstore.ExtendLease(ctx, tx, accountID, id, until)
 }

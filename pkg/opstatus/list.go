@@ -7,8 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"gorm.io/gorm"
-
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
@@ -40,7 +39,7 @@ type listCursor struct {
 // List returns a page of account's operations: unknown ones first (they wait for a person), then newest first.
 // Pages are keyset-paginated on the operations_account_listing index, so the hundredth page costs what the
 // first does. Returns a validation problem for a cursor it did not issue.
-func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) (Page, error) {
+func List(ctx context.Context, db database.DBTX, accountID string, f ListFilter) (Page, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 50

@@ -36,7 +36,7 @@ FROM generate_series(1, 20) AS i`).Error
 			if pages > 20 {
 				t.Fatal("the pages do not end")
 			}
-			p, err := opstatus.List(ctx, db.DB, "acct", f)
+			p, err := opstatus.List(ctx, db.Pool, "acct", f)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +71,7 @@ FROM generate_series(1, 20) AS i`).Error
 		t.Fatalf("%d succeeded other.kind operations; want 17", len(got))
 	}
 	for _, bad := range []string{"nope", "e30"} {
-		_, err := opstatus.List(ctx, db.DB, "acct", opstatus.ListFilter{After: bad})
+		_, err := opstatus.List(ctx, db.Pool, "acct", opstatus.ListFilter{After: bad})
 		if !errors.Is(err, &problem.Error{Code: "validation_failed"}) {
 			t.Fatalf("cursor %q: %v; want a validation problem", bad, err)
 		}

@@ -4,12 +4,14 @@
 // Package idem decides and records through package opstore, which owns the tables. Here are what the rest of a
 // service uses: Transition for a change of state (a deploy controller moving queued to running), Append for
 // evidence that changes no state (a provider lookup, an approval check), the reads (Get, FindByKey, List,
-// GetTimeline), a person's decision (Resolve), Routes for GET /v1/operations/{id} and GET
-// /v1/operations?idempotency_key=K, and RecoveryWorker, which marks operations whose lease expired as unknown and
-// hands them to the Reconciler registered for their kind.
+// GetTimeline), the lock a person's decision takes (LockForDecision; package resolution records it), Routes for
+// GET /v1/operations/{id} and GET /v1/operations?idempotency_key=K, and RecoveryWorker, which marks operations
+// whose lease expired as unknown and hands them to the Reconciler registered for their kind.
 //
-// Writes take the caller's transaction, so an operation changes state in the same commit as the business row it
-// describes (see the package example).
+// Writes take the caller's transaction as a database.DBTX (database.SQL of a gorm transaction, or a database.Tx's
+// SQL), so an operation changes state in the same commit as the business row it describes (see the package
+// example); GetTimeline and Routes take the pool, since the timeline checks the audit chain in a snapshot of its
+// own.
 package opstatus
 
 import (
@@ -18,8 +20,7 @@ import (
 	"errors"
 	"time"
 
-	"gorm.io/gorm"
-
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/page"
@@ -147,7 +148,7 @@ func WithEvent(eventType string, detail any) TransitionOption {
 // Transition moves operation id of account to state to and appends an event, in one statement. It returns false, and
 // changes nothing, when the operation is not in one of the From states, or is already in state to: repeating a
 // transition records no second event. A final state is never left unless From names it.
-func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State, actor string, opts ...TransitionOption) (bool, error) {
+func Transition(ctx context.Context, tx database.DBTX, accountID, id string, to State, actor string, opts ...TransitionOption) (bool, error) {
 	t := transition{event: opstore.EventStateChanged}
 	for _, o := range opts {
 		o(&t)
@@ -167,7 +168,7 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, to State
 
 // Append adds an event to operation id of account that does not change the state (replayed, conflict_rejected,
 // reconcile evidence, ...).
-func Append(ctx context.Context, db *gorm.DB, accountID, id, eventType, actor string, detail any) error {
+func Append(ctx context.Context, db database.DBTX, accountID, id, eventType, actor string, detail any) error {
 	return opstore.Append(ctx, db, accountID, id, opstore.NewEvent{Type: eventType, Actor: actor, Detail: detail})
 }
 
@@ -187,7 +188,7 @@ func operation(r opstore.Operation) Operation {
 
 // Get returns operation id of account with its events. Returns an error matching problem.ErrNotFound if the
 // operation does not exist in that account.
-func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, error) {
+func Get(ctx context.Context, db database.DBTX, accountID, id string) (Operation, error) {
 	r, err := opstore.Get(ctx, db, accountID, id)
 	if errors.Is(err, opstore.ErrNotFound) {
 		return Operation{}, problem.NotFound("operation")
@@ -204,12 +205,12 @@ func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, err
 
 // FindByKey returns the operations of account that were started under an idempotency key, newest first (at
 // most 20).
-func FindByKey(ctx context.Context, db *gorm.DB, accountID, key string) ([]Operation, error) {
+func FindByKey(ctx context.Context, db database.DBTX, accountID, key string) ([]Operation, error) {
 	return FindByKeyPage(ctx, db, accountID, key, page.Request{Limit: 19})
 }
 
 // FindByKeyPage is FindByKey for one page: at most p.Fetch() operations after p.After.
-func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p page.Request) ([]Operation, error) {
+func FindByKeyPage(ctx context.Context, db database.DBTX, accountID, key string, p page.Request) ([]Operation, error) {
 	var after *opstore.Cursor
 	if p.After != nil {
 		after = &opstore.Cursor{At: p.After.At, ID: p.After.ID}
@@ -231,7 +232,7 @@ func FindByKeyPage(ctx context.Context, db *gorm.DB, accountID, key string, p pa
 
 // events returns the newest limit events of operation opID (all when limit is 0), oldest first, and how many
 // older ones it left out.
-func events(ctx context.Context, db *gorm.DB, accountID, opID string, limit int) ([]Event, int64, error) {
+func events(ctx context.Context, db database.DBTX, accountID, opID string, limit int) ([]Event, int64, error) {
 	rows, omitted, err := opstore.Events(ctx, db, accountID, opID, limit)
 	if err != nil {
 		return nil, 0, err

@@ -28,20 +28,20 @@ func TestTransitionRecordsOneEventPerChange(t *testing.T) {
 	ctx := context.Background()
 	op := create(t, db, opstatus.StateQueued, nil)
 	for range 3 {
-		if _, err := opstatus.Transition(ctx, db.DB, op.AccountID, op.ID, opstatus.StateRunning, "worker", opstatus.From(opstatus.StateQueued)); err != nil {
+		if _, err := opstatus.Transition(ctx, db.Pool, op.AccountID, op.ID, opstatus.StateRunning, "worker", opstatus.From(opstatus.StateQueued)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	moved, err := opstatus.Transition(ctx, db.DB, op.AccountID, op.ID, opstatus.StateSucceeded, "worker",
+	moved, err := opstatus.Transition(ctx, db.Pool, op.AccountID, op.ID, opstatus.StateSucceeded, "worker",
 		opstatus.WithResource(opstatus.Resource{Type: "thing", ID: "t1"}), opstatus.WithEvent("finished", map[string]int{"steps": 3}))
 	if err != nil || !moved {
 		t.Fatalf("moved=%v err=%v", moved, err)
 	}
 	// A final state is left only when From names it.
-	if moved, _ := opstatus.Transition(ctx, db.DB, op.AccountID, op.ID, opstatus.StateFailed, "worker"); moved {
+	if moved, _ := opstatus.Transition(ctx, db.Pool, op.AccountID, op.ID, opstatus.StateFailed, "worker"); moved {
 		t.Fatal("a final operation moved again")
 	}
-	got, err := opstatus.Get(ctx, db.DB, "acct", op.ID)
+	got, err := opstatus.Get(ctx, db.Pool, "acct", op.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,10 +79,10 @@ func TestOtherAccountsOperationIsNotFound(t *testing.T) {
 	t.Parallel()
 	db := testdb.Schema(t)
 	op := create(t, db, opstatus.StateRunning, nil)
-	if _, err := opstatus.Get(context.Background(), db.DB, "another", op.ID); !errors.Is(err, problem.ErrNotFound) {
+	if _, err := opstatus.Get(context.Background(), db.Pool, "another", op.ID); !errors.Is(err, problem.ErrNotFound) {
 		t.Fatalf("err = %v, want not found", err)
 	}
-	ops, err := opstatus.FindByKey(context.Background(), db.DB, "another", op.IdempotencyKey)
+	ops, err := opstatus.FindByKey(context.Background(), db.Pool, "another", op.IdempotencyKey)
 	if err != nil || len(ops) != 0 {
 		t.Fatalf("found %d of another account's operations (%v)", len(ops), err)
 	}
@@ -100,25 +100,25 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 	fails := true
 	var asked []string
 	clk := &clock.Clock{}
-	w := &opstatus.RecoveryWorker{DB: db.DB, Logger: servicetest.Logger(), Interval: time.Second, Clock: clk,
+	w := &opstatus.RecoveryWorker{DB: db.Pool, Logger: servicetest.Logger(), Interval: time.Second, Clock: clk,
 		Reconcilers: map[string]opstatus.Reconciler{
 			"test.kind": opstatus.ReconcilerFunc(func(ctx context.Context, op opstatus.Operation) error {
 				asked = append(asked, op.ID)
 				if fails {
 					return errors.New("the other side is down")
 				}
-				_, err := opstatus.Transition(ctx, db.DB, op.AccountID, op.ID, opstatus.StateSucceeded, "reconciler", opstatus.From(opstatus.StateUnknown))
+				_, err := opstatus.Transition(ctx, db.Pool, op.AccountID, op.ID, opstatus.StateSucceeded, "reconciler", opstatus.From(opstatus.StateUnknown))
 				return err
 			}),
 		}}
 	if n, err := w.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("first pass settled %d (%v)", n, err)
 	}
-	got, _ := opstatus.Get(ctx, db.DB, "acct", expired.ID)
+	got, _ := opstatus.Get(ctx, db.Pool, "acct", expired.ID)
 	if got.State != opstatus.StateUnknown || got.Events[len(got.Events)-1].Type != opstore.EventLeaseExpired {
 		t.Fatalf("expired operation = %s %v", got.State, got.Events)
 	}
-	if got, _ := opstatus.Get(ctx, db.DB, "acct", alive.ID); got.State != opstatus.StateRunning {
+	if got, _ := opstatus.Get(ctx, db.Pool, "acct", alive.ID); got.State != opstatus.StateRunning {
 		t.Fatalf("an operation with a live lease became %s", got.State)
 	}
 	// A failed reconcile backs off: a pass within the backoff does not ask again.
@@ -133,7 +133,7 @@ func TestRecoveryWorkerExpiresLeasesAndReconciles(t *testing.T) {
 	if len(asked) != 2 || asked[0] != expired.ID || asked[1] != expired.ID {
 		t.Fatalf("reconciler asked about %v", asked)
 	}
-	if got, _ := opstatus.Get(ctx, db.DB, "acct", expired.ID); got.State != opstatus.StateSucceeded {
+	if got, _ := opstatus.Get(ctx, db.Pool, "acct", expired.ID); got.State != opstatus.StateSucceeded {
 		t.Fatalf("after reconcile: %s", got.State)
 	}
 }
@@ -147,18 +147,18 @@ func TestGetBoundsTheEventsItReads(t *testing.T) {
 	ctx := context.Background()
 	op := create(t, db, opstatus.StateRunning, nil)
 	for i := range opstatus.MaxEvents + 10 {
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventReplayed, "test", map[string]any{"n": i}); err != nil {
+		if err := opstatus.Append(ctx, db.Pool, op.AccountID, op.ID, opstore.EventReplayed, "test", map[string]any{"n": i}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got, err := opstatus.Get(ctx, db.DB, op.AccountID, op.ID)
+	got, err := opstatus.Get(ctx, db.Pool, op.AccountID, op.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got.Events) != opstatus.MaxEvents || got.EventsOmitted != 11 || got.Events[len(got.Events)-1].Type != opstore.EventReplayed {
 		t.Fatalf("%d events, %d omitted; want the newest %d and 11 omitted", len(got.Events), got.EventsOmitted, opstatus.MaxEvents)
 	}
-	tl, err := opstatus.GetTimeline(ctx, db.DB, op.AccountID, op.ID)
+	tl, err := opstatus.GetTimeline(ctx, db.Pool, op.AccountID, op.ID)
 	if err != nil || len(tl.Entries) != opstatus.MaxEvents+11 {
 		t.Fatalf("timeline: %d entries, %v; want all %d", len(tl.Entries), err, opstatus.MaxEvents+11)
 	}

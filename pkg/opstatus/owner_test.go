@@ -25,13 +25,13 @@ func TestOwnerGoneOnlyWhenItsLockIsFreeAndNoCallStarted(t *testing.T) {
 	servicetest.Eventually(t, "the owner lock is held", func() bool { return owner.ID() != 0 })
 	claim := func() opstatus.Operation {
 		op := create(t, db, opstatus.StateRunning, nil)
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventClaimed, "test", opstore.Attempt{Owner: owner.ID()}); err != nil {
+		if err := opstatus.Append(ctx, db.Pool, op.AccountID, op.ID, opstore.EventClaimed, "test", opstore.Attempt{Owner: owner.ID()}); err != nil {
 			t.Fatal(err)
 		}
 		return op
 	}
 	gone := func(op opstatus.Operation) bool {
-		_, gone, err := opstore.OwnerGone(ctx, db.DB, op.AccountID, op.ID)
+		_, gone, err := opstore.OwnerGone(ctx, db.Pool, op.AccountID, op.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,7 @@ func TestOwnerGoneOnlyWhenItsLockIsFreeAndNoCallStarted(t *testing.T) {
 	if gone(idle) {
 		t.Fatal("a claim of a live owner is called orphaned")
 	}
-	if err := opstatus.StartDispatch(ctx, db.DB, started.AccountID, started.ID, "test", map[string]string{"path": "/x"}); err != nil {
+	if err := opstatus.StartDispatch(ctx, db.Pool, started.AccountID, started.ID, "test", map[string]string{"path": "/x"}); err != nil {
 		t.Fatal(err)
 	}
 	owner.Close()
@@ -49,10 +49,10 @@ func TestOwnerGoneOnlyWhenItsLockIsFreeAndNoCallStarted(t *testing.T) {
 	if gone(started) {
 		t.Fatal("a claim whose call started is called orphaned")
 	}
-	if _, err := opstatus.Transition(ctx, db.DB, released.AccountID, released.ID, opstatus.StateCancelled, "test"); err != nil {
+	if _, err := opstatus.Transition(ctx, db.Pool, released.AccountID, released.ID, opstatus.StateCancelled, "test"); err != nil {
 		t.Fatal(err)
 	}
-	err = opstatus.StartDispatch(ctx, db.DB, released.AccountID, released.ID, "test", map[string]string{"path": "/x"})
+	err = opstatus.StartDispatch(ctx, db.Pool, released.AccountID, released.ID, "test", map[string]string{"path": "/x"})
 	if !errors.Is(err, opstatus.ErrNotRunning) {
 		t.Fatalf("dispatch of a cancelled operation: %v; want ErrNotRunning", err)
 	}
@@ -75,11 +75,11 @@ func TestCallOverReadsTheNewestDispatchRecord(t *testing.T) {
 		{opstore.EventDispatchNotSent, opstore.EventDispatchNotSent},
 	} {
 		if step.append != "" {
-			if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, step.append, "test", nil); err != nil {
+			if err := opstatus.Append(ctx, db.Pool, op.AccountID, op.ID, step.append, "test", nil); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if got, err := opstatus.CallOver(ctx, db.DB, op.AccountID, op.ID); err != nil || got != step.want {
+		if got, err := opstatus.CallOver(ctx, db.Pool, op.AccountID, op.ID); err != nil || got != step.want {
 			t.Fatalf("after %q: CallOver = %q, %v; want %q", step.append, got, err, step.want)
 		}
 	}

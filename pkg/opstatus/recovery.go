@@ -6,9 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/clock"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -31,7 +30,7 @@ func (f ReconcilerFunc) Reconcile(ctx context.Context, op Operation) error { ret
 // doubles from Interval up to 8 x Interval, per operation, so a long outage costs a few lookups a minute, not
 // one per pass per operation. A retry of the operation's request still asks at once (idem.Handler.Reconcilers).
 type RecoveryWorker struct {
-	DB          *gorm.DB
+	DB          database.DBTX
 	Reconcilers map[string]Reconciler
 	Interval    time.Duration
 	Logger      *slog.Logger
@@ -147,7 +146,7 @@ func (w *RecoveryWorker) RunOnce(ctx context.Context) (int, error) {
 // lease_expired event, and returns them. Nothing is deleted: the operation may well have happened. When the
 // attempt that claimed the operation has no attempt record yet (an external effect whose process died after the
 // claim), the lease_expired event is that record: its attempt_id, outcome unknown, reason lease_expired.
-func expireLeases(ctx context.Context, db *gorm.DB, now time.Time) ([]Operation, error) {
+func expireLeases(ctx context.Context, db database.DBTX, now time.Time) ([]Operation, error) {
 	rows, err := opstore.ExpireLeases(ctx, db, now, opstore.EventLeaseExpired, recoveryActor, opstore.ReasonLeaseExpired)
 	if err != nil {
 		return nil, err

@@ -15,7 +15,7 @@ import (
 func TestRoutesWithoutACallerRefuse(t *testing.T) {
 	t.Parallel()
 	r := http.NewServeMux()
-	for pattern, h := range opstatus.Routes(testdb.Schema(t).DB) {
+	for pattern, h := range opstatus.Routes(testdb.Schema(t).Pool) {
 		r.Handle(pattern, h)
 	}
 	for _, path := range []string{"/v1/operations/op_x", "/v1/operations/op_x/timeline", "/v1/operations?idempotency_key=k"} {

@@ -7,9 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
 
@@ -129,7 +128,7 @@ func category(ev Event) string {
 
 // GetTimeline returns the timeline of operation id of account. Returns an error matching problem.ErrNotFound
 // if the operation does not exist in that account.
-func GetTimeline(ctx context.Context, db *gorm.DB, accountID, id string) (Timeline, error) {
+func GetTimeline(ctx context.Context, db database.Pool, accountID, id string) (Timeline, error) {
 	op, err := Get(ctx, db, accountID, id)
 	if err != nil {
 		return Timeline{}, err
@@ -236,7 +235,7 @@ func deref(s *string) string {
 }
 
 // checkChain verifies the audit chain's records of operation id and of its approvals.
-func checkChain(ctx context.Context, db *gorm.DB, accountID, id string, approvals []TimelineApproval) (ChainCheck, error) {
+func checkChain(ctx context.Context, db database.Pool, accountID, id string, approvals []TimelineApproval) (ChainCheck, error) {
 	subjects := make([]string, 0, len(approvals))
 	for _, a := range approvals {
 		subjects = append(subjects, a.ApprovalID)
@@ -255,21 +254,8 @@ func checkChain(ctx context.Context, db *gorm.DB, accountID, id string, approval
 
 // timelineApprovals finds the approvals of op: the guard only lets a write use an approval of its own key, so
 // both kinds are found on approvals_account_key.
-func timelineApprovals(ctx context.Context, db *gorm.DB, op Operation) ([]TimelineApproval, error) {
-	var rows []struct {
-		ID          string
-		State       string
-		RequestedBy string
-		CreatedAt   time.Time
-		DecidedBy   *string
-		DecidedAt   *time.Time
-		UsedBy      *string
-	}
-	err := db.WithContext(ctx).Raw(`
-SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at, a.used_by_operation_id AS used_by
-FROM approvals a
-WHERE a.account_id = ? AND a.idempotency_key = ? AND (a.used_by_operation_id = ? OR a.fingerprint = ?)
-ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerprint).Scan(&rows).Error
+func timelineApprovals(ctx context.Context, db database.DBTX, op Operation) ([]TimelineApproval, error) {
+	rows, err := approvalsOf(ctx, db, op)
 	if err != nil {
 		return nil, fmt.Errorf("opstatus: approvals of %s: %w", op.ID, err)
 	}
@@ -290,15 +276,7 @@ ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerp
 	if len(out) == 0 {
 		return out, nil
 	}
-	var recs []struct {
-		ApprovalID string
-		Seq        int64
-		Type       string
-		Actor      string
-		CreatedAt  time.Time
-	}
-	err = db.WithContext(ctx).Raw(`SELECT approval_id, row_number() OVER (PARTITION BY approval_id ORDER BY id) AS seq, type, actor, created_at
-FROM approval_events WHERE account_id = ? AND approval_id IN ? ORDER BY approval_id, id`, op.AccountID, keys(index)).Scan(&recs).Error
+	recs, err := approvalRecords(ctx, db, op.AccountID, keys(index))
 	if err != nil {
 		return nil, fmt.Errorf("opstatus: approval records of %s: %w", op.ID, err)
 	}
@@ -307,6 +285,65 @@ FROM approval_events WHERE account_id = ? AND approval_id IN ? ORDER BY approval
 		a.Records = append(a.Records, TimelineApprovalRecord{Seq: r.Seq, At: r.CreatedAt, Type: r.Type, Actor: r.Actor})
 	}
 	return out, nil
+}
+
+// approvalRow is an approval as the timeline reads it.
+type approvalRow struct {
+	ID          string
+	State       string
+	RequestedBy string
+	CreatedAt   time.Time
+	DecidedBy   *string
+	DecidedAt   *time.Time
+	UsedBy      *string
+}
+
+func approvalsOf(ctx context.Context, db database.DBTX, op Operation) ([]approvalRow, error) {
+	rows, err := db.QueryContext(ctx, `
+SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at, a.used_by_operation_id AS used_by
+FROM approvals a
+WHERE a.account_id = $1 AND a.idempotency_key = $2 AND (a.used_by_operation_id = $3 OR a.fingerprint = $4)
+ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerprint)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []approvalRow
+	for rows.Next() {
+		var r approvalRow
+		if err := rows.Scan(&r.ID, &r.State, &r.RequestedBy, &r.CreatedAt, &r.DecidedBy, &r.DecidedAt, &r.UsedBy); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// approvalRecordRow is a record of an approval as the timeline reads it; Seq is its place in the approval's.
+type approvalRecordRow struct {
+	ApprovalID string
+	Seq        int64
+	Type       string
+	Actor      string
+	CreatedAt  time.Time
+}
+
+func approvalRecords(ctx context.Context, db database.DBTX, accountID string, approvals []string) ([]approvalRecordRow, error) {
+	rows, err := db.QueryContext(ctx, `SELECT approval_id, row_number() OVER (PARTITION BY approval_id ORDER BY id) AS seq, type, actor, created_at
+FROM approval_events WHERE account_id = $1 AND approval_id = ANY($2) ORDER BY approval_id, id`, accountID, approvals)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []approvalRecordRow
+	for rows.Next() {
+		var r approvalRecordRow
+		if err := rows.Scan(&r.ApprovalID, &r.Seq, &r.Type, &r.Actor, &r.CreatedAt); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 func nonEmpty(v string, old *string) *string {

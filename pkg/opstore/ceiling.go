@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"gorm.io/gorm"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // The benchmark's floor of the store's own rows (internal/bench): the schema ceiling writes the rows a create
@@ -32,7 +32,7 @@ type CeilingTicket struct {
 // CeilingCreate writes, in one statement, operation id of account holding key, completed with the stored
 // response (header as JSON, body), its one event (detail as JSON) and ticket t; created false when another
 // operation holds the key (nothing was written).
-func CeilingCreate(ctx context.Context, db *gorm.DB, accountID, id, key, fingerprint string, header string, body []byte,
+func CeilingCreate(ctx context.Context, db database.DBTX, accountID, id, key, fingerprint string, header string, body []byte,
 	detail string, t CeilingTicket) (created bool, err error) {
 	n, err := exec(ctx, db, ceilingCreateSQL, accountID, id, key, fingerprint, t.ID, header, body, detail,
 		t.ID, t.Project, t.Title, t.Priority, t.CreatedAt, t.UpdatedAt)
@@ -48,7 +48,7 @@ type CeilingStored struct {
 }
 
 // CeilingLookup reads the operation holding key of account; found false when none does.
-func CeilingLookup(ctx context.Context, db *gorm.DB, accountID, key string) (s CeilingStored, found bool, err error) {
+func CeilingLookup(ctx context.Context, db database.DBTX, accountID, key string) (s CeilingStored, found bool, err error) {
 	var fingerprint *string
 	var status *int
 	found, err = queryRow(ctx, db, ceilingStoredSQL, []any{accountID, key}, &s.ID, &fingerprint, &status, &s.ResponseBody)
@@ -63,7 +63,7 @@ func CeilingLookup(ctx context.Context, db *gorm.DB, accountID, key string) (s C
 
 // CeilingAttempt records an attempt answered from operation id of account: an event of eventType, detail as
 // JSON.
-func CeilingAttempt(ctx context.Context, db *gorm.DB, id, accountID, eventType, detail string) error {
+func CeilingAttempt(ctx context.Context, db database.DBTX, id, accountID, eventType, detail string) error {
 	_, err := exec(ctx, db, ceilingAttemptSQL, id, accountID, eventType, detail)
 	return err
 }

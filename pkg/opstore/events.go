@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"gorm.io/gorm"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // NewEvent is an event to write on an operation. From and To are set on an event that records a move of state.
@@ -63,13 +63,13 @@ type Appended struct {
 // Append adds e, an event that changes no state, to operation id of account. The operation may not be inserted
 // yet (a local write's is, at the end of its transaction, package idem): the events' foreign key, checked at
 // COMMIT, refuses an event of an operation that never is.
-func Append(ctx context.Context, db *gorm.DB, accountID, id string, e NewEvent) error {
+func Append(ctx context.Context, db database.DBTX, accountID, id string, e NewEvent) error {
 	return AppendAll(ctx, db, []Appended{{AccountID: accountID, ID: id, Event: e}})
 }
 
 // AppendAll adds events that change no state, in order, in one statement (append_events.sql): an attempt record
 // whose attempt id its operation has already fails it whole (AttemptUsed).
-func AppendAll(ctx context.Context, db *gorm.DB, events []Appended) error {
+func AppendAll(ctx context.Context, db database.DBTX, events []Appended) error {
 	n := len(events)
 	accounts, ids, types, actors, details := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	attempts, outcomes := make([]*string, n), make([]*string, n)
@@ -92,7 +92,7 @@ func AppendAll(ctx context.Context, db *gorm.DB, events []Appended) error {
 
 // StartDispatch appends e (dispatch_started) to operation id of account only while the operation is running,
 // waiting for a transaction that holds its row; false when it is not running (nothing written).
-func StartDispatch(ctx context.Context, db *gorm.DB, accountID, id string, e NewEvent) (bool, error) {
+func StartDispatch(ctx context.Context, db database.DBTX, accountID, id string, e NewEvent) (bool, error) {
 	raw, err := e.detailJSON(id)
 	if err != nil {
 		return false, err

@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"gorm.io/gorm"
+	"github.com/retrysafe/retrysafe/pkg/database"
 
 	"github.com/retrysafe/retrysafe/pkg/batch"
 )
@@ -19,7 +19,7 @@ import (
 //
 // Its zero value is not usable; set DB.
 type GroupAppender struct {
-	DB *gorm.DB
+	DB database.DBTX
 	// MaxGroup bounds one INSERT (256 when zero).
 	MaxGroup int
 	// Lanes is how many groups may be written at once (4 when zero).

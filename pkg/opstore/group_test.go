@@ -102,17 +102,17 @@ func TestGroupAppenderConcurrentAppends(t *testing.T) {
 	for range 6 {
 		op := create(t, db, opstatus.StateSucceeded, nil)
 		// An attempt written alone: the group's numbering continues from it.
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", attemptDetail()); err != nil {
+		if err := opstatus.Append(ctx, db.Pool, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", attemptDetail()); err != nil {
 			t.Fatal(err)
 		}
 		ops = append(ops, op)
 	}
-	g := &opstore.GroupAppender{DB: db.DB, Lanes: 2}
+	g := &opstore.GroupAppender{DB: db.Pool, Lanes: 2}
 	if err := appendConcurrently(ctx, g, ops, 20); err != nil {
 		t.Fatal(err)
 	}
 	for _, op := range ops {
-		if err := opstatus.Append(ctx, db.DB, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", attemptDetail()); err != nil {
+		if err := opstatus.Append(ctx, db.Pool, op.AccountID, op.ID, opstore.EventReplayed, "agent:a", attemptDetail()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -138,7 +138,7 @@ func TestTwoGroupAppendersShareOperations(t *testing.T) {
 		ops, accounts, ids = append(ops, op), append(accounts, op.AccountID), append(ids, op.ID)
 	}
 	// One lane each: every group holds records of several operations, and the two replicas' groups overlap.
-	replicas := []*opstore.GroupAppender{{DB: db.DB, Lanes: 1, MaxGroup: 8}, {DB: db.DB, Lanes: 1, MaxGroup: 8}}
+	replicas := []*opstore.GroupAppender{{DB: db.Pool, Lanes: 1, MaxGroup: 8}, {DB: db.Pool, Lanes: 1, MaxGroup: 8}}
 	const singleStatements = 40
 	errs := make([]error, len(replicas)+1)
 	var wg sync.WaitGroup
@@ -192,7 +192,7 @@ func TestGroupWithUnknownOperationWritesNothing(t *testing.T) {
 		return s
 	}
 	before := state()
-	g := &opstore.GroupAppender{DB: db.DB}
+	g := &opstore.GroupAppender{DB: db.Pool}
 	for _, ghost := range []opstore.GroupEvent{
 		{AccountID: a.AccountID, ID: "op_missing", Type: opstore.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
 		{AccountID: "acct_other", ID: b.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: attemptDetail()},
@@ -231,14 +231,14 @@ func TestGroupRefusesARepeatedAttemptAlone(t *testing.T) {
 	ctx := context.Background()
 	a, b := create(t, db, opstatus.StateSucceeded, nil), create(t, db, opstatus.StateSucceeded, nil)
 	first := attemptDetail()
-	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstore.EventReplayed, "agent:a", first); err != nil {
+	if err := opstatus.Append(ctx, db.Pool, a.AccountID, a.ID, opstore.EventReplayed, "agent:a", first); err != nil {
 		t.Fatal(err)
 	}
-	if err := opstatus.Append(ctx, db.DB, a.AccountID, a.ID, opstore.EventReplayed, "agent:a", first); !opstore.AttemptUsed(err) {
+	if err := opstatus.Append(ctx, db.Pool, a.AccountID, a.ID, opstore.EventReplayed, "agent:a", first); !opstore.AttemptUsed(err) {
 		t.Fatalf("a second record of %v: %v; want AttemptUsed", first.AttemptID, err)
 	}
 	again := attemptDetail()
-	g := &opstore.GroupAppender{DB: db.DB}
+	g := &opstore.GroupAppender{DB: db.Pool}
 	refused, err := g.AppendGroup(ctx, []opstore.GroupEvent{
 		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: first},
 		{AccountID: a.AccountID, ID: a.ID, Type: opstore.EventReplayed, Actor: "agent:a", Detail: again},

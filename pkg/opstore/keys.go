@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"gorm.io/gorm"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // New is an operation to insert (QueueCreate). IdempotencyKey, when not empty, is claimed by the insert.
@@ -106,7 +106,7 @@ func settled(row pgx.Row) error {
 // Prune drops the stored responses of final operations created before responsesBefore whose own expiry has
 // passed at now (the key stays, expired), then gives up the keys of those created before keysBefore whose key
 // expiry has passed at now. A nil now is the database's: the expiries were set by its clock (complete.sql).
-func Prune(ctx context.Context, db *gorm.DB, responsesBefore, keysBefore time.Time, now *time.Time) (responses, keys int64, err error) {
+func Prune(ctx context.Context, db database.DBTX, responsesBefore, keysBefore time.Time, now *time.Time) (responses, keys int64, err error) {
 	if responses, err = exec(ctx, db, pruneResponsesSQL, responsesBefore, now); err != nil {
 		return 0, 0, fmt.Errorf("opstore: prune responses: %w", err)
 	}
@@ -121,7 +121,7 @@ func Prune(ctx context.Context, db *gorm.DB, responsesBefore, keysBefore time.Ti
 // after its lifetime names a new action, so anything derived from the key for another system (a downstream
 // Idempotency-Key) must then differ from what the predecessor sent; a retry within the lifetime, or a claim made
 // again after a failover lost the first one, finds the same predecessor and derives the same.
-func KeyPredecessor(ctx context.Context, db *gorm.DB, accountID, key, id string) (string, error) {
+func KeyPredecessor(ctx context.Context, db database.DBTX, accountID, key, id string) (string, error) {
 	if key == "" {
 		return "", nil
 	}

@@ -7,11 +7,11 @@ import (
 	"math"
 	"time"
 
-	"gorm.io/gorm"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // Get returns operation id of account, without its events, or ErrNotFound.
-func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, error) {
+func Get(ctx context.Context, db database.DBTX, accountID, id string) (Operation, error) {
 	op, err := one(ctx, db, getOperationSQL, accountID, id)
 	if err != nil && err != ErrNotFound {
 		return Operation{}, fmt.Errorf("opstore: get %s: %w", id, err)
@@ -20,7 +20,7 @@ func Get(ctx context.Context, db *gorm.DB, accountID, id string) (Operation, err
 }
 
 // LockForDecision returns operation id of account locked FOR NO KEY UPDATE until tx ends, or ErrNotFound.
-func LockForDecision(ctx context.Context, tx *gorm.DB, accountID, id string) (Operation, error) {
+func LockForDecision(ctx context.Context, tx database.DBTX, accountID, id string) (Operation, error) {
 	op, err := one(ctx, tx, lockForDecisionSQL, accountID, id)
 	if err != nil && err != ErrNotFound {
 		return Operation{}, fmt.Errorf("opstore: lock %s: %w", id, err)
@@ -35,7 +35,7 @@ type Cursor struct {
 }
 
 // ByKey returns at most limit operations of account started under key, newest first, after after when not nil.
-func ByKey(ctx context.Context, db *gorm.DB, accountID, key string, after *Cursor, limit int) ([]Operation, error) {
+func ByKey(ctx context.Context, db database.DBTX, accountID, key string, after *Cursor, limit int) ([]Operation, error) {
 	var at *time.Time
 	var id *string
 	if after != nil {
@@ -57,7 +57,7 @@ type ListAfter struct {
 
 // List returns at most limit operations of account, in state and of kind when they are not empty, unknown first
 // and then newest first, after after when it is not nil.
-func List(ctx context.Context, db *gorm.DB, accountID, state, kind string, after *ListAfter, limit int) ([]Operation, error) {
+func List(ctx context.Context, db database.DBTX, accountID, state, kind string, after *ListAfter, limit int) ([]Operation, error) {
 	var ops []Operation
 	var err error
 	if after == nil {
@@ -72,7 +72,7 @@ func List(ctx context.Context, db *gorm.DB, accountID, state, kind string, after
 }
 
 // ListUnknown returns at most limit unknown operations of every account, longest unchanged first.
-func ListUnknown(ctx context.Context, db *gorm.DB, limit int) ([]Operation, error) {
+func ListUnknown(ctx context.Context, db database.DBTX, limit int) ([]Operation, error) {
 	ops, err := operations(ctx, db, listUnknownSQL, limit)
 	if err != nil {
 		return nil, fmt.Errorf("opstore: list unknown: %w", err)
@@ -95,12 +95,12 @@ type Event struct {
 
 // Events returns the newest limit events of operation id of account (all when limit is 0), oldest first, and how
 // many older ones it left out.
-func Events(ctx context.Context, db *gorm.DB, accountID, id string, limit int) ([]Event, int64, error) {
+func Events(ctx context.Context, db database.DBTX, accountID, id string, limit int) ([]Event, int64, error) {
 	fetch := math.MaxInt32
 	if limit > 0 {
 		fetch = limit + 1 // one more tells whether any was left out
 	}
-	rows, err := conn(db).QueryContext(ctx, eventsSQL, accountID, id, fetch)
+	rows, err := db.QueryContext(ctx, eventsSQL, accountID, id, fetch)
 	if err != nil {
 		return nil, 0, fmt.Errorf("opstore: events of %s: %w", id, err)
 	}
@@ -141,7 +141,7 @@ func Events(ctx context.Context, db *gorm.DB, accountID, id string, limit int) (
 
 // ExtendLease moves the lease of operation id of account, queued or running, to until; false when the
 // operation is in another state (nothing changed).
-func ExtendLease(ctx context.Context, tx *gorm.DB, accountID, id string, until time.Time) (bool, error) {
+func ExtendLease(ctx context.Context, tx database.DBTX, accountID, id string, until time.Time) (bool, error) {
 	n, err := exec(ctx, tx, extendLeaseSQL, accountID, id, until)
 	if err != nil {
 		return false, fmt.Errorf("opstore: extend lease of %s: %w", id, err)
@@ -165,7 +165,7 @@ type Move struct {
 
 // Transition makes m on operation id of account, with its event, in one statement; false when the operation is
 // in none of m.From (nothing changed).
-func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, m Move) (bool, error) {
+func Transition(ctx context.Context, tx database.DBTX, accountID, id string, m Move) (bool, error) {
 	detail, err := m.Event.detailJSON(id)
 	if err != nil {
 		return false, err
@@ -182,7 +182,7 @@ func Transition(ctx context.Context, tx *gorm.DB, accountID, id string, m Move) 
 // ExpireLeases moves up to 100 queued or running operations whose lease ended before now to unknown, each with
 // an event of type eventType by actor (the claiming attempt's record, outcome unknown with reason, when it had
 // none), and returns them.
-func ExpireLeases(ctx context.Context, db *gorm.DB, now time.Time, eventType, actor, reason string) ([]Operation, error) {
+func ExpireLeases(ctx context.Context, db database.DBTX, now time.Time, eventType, actor, reason string) ([]Operation, error) {
 	ops, err := operations(ctx, db, expireLeasesSQL, now, eventType, actor, reason)
 	if err != nil {
 		return nil, fmt.Errorf("opstore: expire leases: %w", err)
@@ -198,7 +198,7 @@ const OwnerLockClass = 0x72736f77
 // of the operation was started; gone is false otherwise (no owner marked, owner alive, or a call started). Read
 // it in a transaction that holds the operation's row lock before acting on it: StartDispatch waits for that lock,
 // so the answer cannot change before the transaction ends.
-func OwnerGone(ctx context.Context, db *gorm.DB, accountID, id string) (owner int64, gone bool, err error) {
+func OwnerGone(ctx context.Context, db database.DBTX, accountID, id string) (owner int64, gone bool, err error) {
 	gone, err = queryRow(ctx, db, ownerGoneSQL, []any{accountID, id, OwnerLockClass}, &owner)
 	if err != nil {
 		return 0, false, fmt.Errorf("opstore: owner of %s: %w", id, err)
@@ -207,7 +207,7 @@ func OwnerGone(ctx context.Context, db *gorm.DB, accountID, id string) (owner in
 }
 
 // LastDispatch is the type of the newest dispatch_* event of operation id, "" when it has none.
-func LastDispatch(ctx context.Context, db *gorm.DB, accountID, id string) (string, error) {
+func LastDispatch(ctx context.Context, db database.DBTX, accountID, id string) (string, error) {
 	var typ string
 	if _, err := queryRow(ctx, db, lastDispatchSQL, []any{accountID, id}, &typ); err != nil {
 		return "", fmt.Errorf("opstore: dispatch records of %s: %w", id, err)
@@ -216,7 +216,7 @@ func LastDispatch(ctx context.Context, db *gorm.DB, accountID, id string) (strin
 }
 
 // ClaimAttempt is the attempt id operation id's claim names, "" when none.
-func ClaimAttempt(ctx context.Context, db *gorm.DB, accountID, id string) (string, error) {
+func ClaimAttempt(ctx context.Context, db database.DBTX, accountID, id string) (string, error) {
 	var attempt string
 	if _, err := queryRow(ctx, db, claimAttemptSQL, []any{accountID, id}, &attempt); err != nil {
 		return "", fmt.Errorf("opstore: claim of %s: %w", id, err)
@@ -234,7 +234,7 @@ type Prior struct {
 }
 
 // ReadPrior returns Prior of operation id of account; found is false when the account has no such operation.
-func ReadPrior(ctx context.Context, db *gorm.DB, accountID, id string) (p Prior, found bool, err error) {
+func ReadPrior(ctx context.Context, db database.DBTX, accountID, id string) (p Prior, found bool, err error) {
 	found, err = queryRow(ctx, db, priorSQL, []any{accountID, id}, &p.Kind, &p.State, &p.IdempotencyKey, &p.ResourceType, &p.ResourceID, &p.Dispatch, &p.Reason)
 	if err != nil {
 		return Prior{}, false, fmt.Errorf("opstore: operation %s: %w", id, err)
@@ -244,7 +244,7 @@ func ReadPrior(ctx context.Context, db *gorm.DB, accountID, id string) (p Prior,
 
 // LockKindState returns the kind and state of operation id of account, its row locked FOR UPDATE until tx ends;
 // found is false when the account has no such operation.
-func LockKindState(ctx context.Context, tx *gorm.DB, accountID, id string) (kind, state string, found bool, err error) {
+func LockKindState(ctx context.Context, tx database.DBTX, accountID, id string) (kind, state string, found bool, err error) {
 	found, err = queryRow(ctx, tx, lockKindStateSQL, []any{accountID, id}, &kind, &state)
 	if err != nil {
 		return "", "", false, fmt.Errorf("opstore: lock %s: %w", id, err)
@@ -254,7 +254,7 @@ func LockKindState(ctx context.Context, tx *gorm.DB, accountID, id string) (kind
 
 // LastEventDetail is the detail of the newest event of type eventType of operation id whose detail member list
 // is a JSON array, nil when it has none.
-func LastEventDetail(ctx context.Context, db *gorm.DB, accountID, id, eventType, list string) (json.RawMessage, error) {
+func LastEventDetail(ctx context.Context, db database.DBTX, accountID, id, eventType, list string) (json.RawMessage, error) {
 	var detail string
 	found, err := queryRow(ctx, db, lastEventDetailSQL, []any{accountID, id, eventType, list}, &detail)
 	if err != nil || !found {
@@ -265,7 +265,7 @@ func LastEventDetail(ctx context.Context, db *gorm.DB, accountID, id, eventType,
 
 // LinkedNotFailed is the first operation that an event of type eventType of operation id names in its detail
 // member member, and that did not fail; "" when none.
-func LinkedNotFailed(ctx context.Context, db *gorm.DB, accountID, id, eventType, member string) (string, error) {
+func LinkedNotFailed(ctx context.Context, db database.DBTX, accountID, id, eventType, member string) (string, error) {
 	var linked string
 	if _, err := queryRow(ctx, db, linkedNotFailedSQL, []any{accountID, id, eventType, member}, &linked); err != nil {
 		return "", fmt.Errorf("opstore: links of %s: %w", id, err)
@@ -275,7 +275,7 @@ func LinkedNotFailed(ctx context.Context, db *gorm.DB, accountID, id, eventType,
 
 // Creator is the first operation of account of kind, other than except, that succeeded creating the resource
 // (resourceType, resourceID) without itself recording an event of type duplicateEvent; "" when none.
-func Creator(ctx context.Context, db *gorm.DB, accountID, kind, resourceType, resourceID, except, duplicateEvent string) (string, error) {
+func Creator(ctx context.Context, db database.DBTX, accountID, kind, resourceType, resourceID, except, duplicateEvent string) (string, error) {
 	var id string
 	if _, err := queryRow(ctx, db, creatorSQL, []any{accountID, kind, resourceType, except, resourceID, duplicateEvent}, &id); err != nil {
 		return "", fmt.Errorf("opstore: creator of %s: %w", resourceID, err)
@@ -285,7 +285,7 @@ func Creator(ctx context.Context, db *gorm.DB, accountID, kind, resourceType, re
 
 // ForResource is the first operation of account of kind that names the resource (resourceType, resourceID),
 // whatever its state; "" when none does.
-func ForResource(ctx context.Context, db *gorm.DB, accountID, kind, resourceType, resourceID string) (string, error) {
+func ForResource(ctx context.Context, db database.DBTX, accountID, kind, resourceType, resourceID string) (string, error) {
 	var id string
 	if _, err := queryRow(ctx, db, forResourceSQL, []any{accountID, kind, resourceType, resourceID}, &id); err != nil {
 		return "", fmt.Errorf("opstore: operation of %s: %w", resourceID, err)
@@ -295,7 +295,7 @@ func ForResource(ctx context.Context, db *gorm.DB, accountID, kind, resourceType
 
 // AccountOf is the account of operation id, known by its id alone, or "" when there is none. It reads every
 // account's operations: an operator's tool asks it, never a request.
-func AccountOf(ctx context.Context, db *gorm.DB, id string) (string, error) {
+func AccountOf(ctx context.Context, db database.DBTX, id string) (string, error) {
 	var account string
 	if _, err := queryRow(ctx, db, accountOfSQL, []any{id}, &account); err != nil {
 		return "", fmt.Errorf("opstore: account of %s: %w", id, err)
@@ -304,7 +304,7 @@ func AccountOf(ctx context.Context, db *gorm.DB, id string) (string, error) {
 }
 
 // UnknownCount is how many operations are unknown now, and for how many seconds the oldest has been.
-func UnknownCount(ctx context.Context, db *gorm.DB) (n int64, oldestSeconds float64, err error) {
+func UnknownCount(ctx context.Context, db database.DBTX) (n int64, oldestSeconds float64, err error) {
 	if _, err := queryRow(ctx, db, unknownCountSQL, nil, &n, &oldestSeconds); err != nil {
 		return 0, 0, fmt.Errorf("opstore: unknown operations: %w", err)
 	}
@@ -312,7 +312,7 @@ func UnknownCount(ctx context.Context, db *gorm.DB) (n int64, oldestSeconds floa
 }
 
 // HasEvents reports whether operation id, known by its id alone, has any event.
-func HasEvents(ctx context.Context, db *gorm.DB, id string) (bool, error) {
+func HasEvents(ctx context.Context, db database.DBTX, id string) (bool, error) {
 	var has bool
 	if _, err := queryRow(ctx, db, hasEventsSQL, []any{id}, &has); err != nil {
 		return false, fmt.Errorf("opstore: events of %s: %w", id, err)

@@ -7,8 +7,9 @@
 // outcome) are filled here from its type. The records' vocabulary, the event types and reason lists, is here too.
 // Queries of other tables that show an operation's state read it with the SQL function operation_state.
 //
-// Functions take the handle their caller holds: a *gorm.DB (a pool, or a transaction: gorm's, or a database.Tx's
-// Gorm), whose statements run through pgx's database/sql driver with PostgreSQL's own placeholders, or a
+// Functions take the handle their caller holds: a database.DBTX (the pool, a database/sql transaction, or a
+// database.Tx's; database.SQL gives it for a *gorm.DB), whose statements run through pgx's database/sql driver
+// with PostgreSQL's own $n placeholders (gorm would rewrite ? and read the jsonb ? operator as one), or a
 // pgx.Batch (Queue* functions), sent with others in one round trip by database.Tx. The schema is
 // migrations/00001_baseline.sql.
 //
@@ -25,7 +26,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"gorm.io/gorm"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 //go:embed sql/*.sql
@@ -95,12 +96,8 @@ var ErrAlreadySettled = errors.New("opstore: operation already settled")
 // settledState is the SQLSTATE of operation_settled's refusal (migrations/00001_baseline.sql).
 const settledState = "RS001"
 
-// conn is where a statement runs: the database/sql pool or transaction under a *gorm.DB, on pgx's driver, which
-// takes PostgreSQL's $n placeholders as they are (gorm would rewrite ? and read the jsonb ? operator as one).
-func conn(db *gorm.DB) gorm.ConnPool { return db.Statement.ConnPool }
-
-func exec(ctx context.Context, db *gorm.DB, query string, args ...any) (int64, error) {
-	res, err := conn(db).ExecContext(ctx, query, args...)
+func exec(ctx context.Context, db database.DBTX, query string, args ...any) (int64, error) {
+	res, err := db.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, translate(err)
 	}
@@ -108,8 +105,8 @@ func exec(ctx context.Context, db *gorm.DB, query string, args ...any) (int64, e
 }
 
 // queryRow scans the one row of query into dest, reporting found false when there is none.
-func queryRow(ctx context.Context, db *gorm.DB, query string, args []any, dest ...any) (found bool, err error) {
-	err = conn(db).QueryRowContext(ctx, query, args...).Scan(dest...)
+func queryRow(ctx context.Context, db database.DBTX, query string, args []any, dest ...any) (found bool, err error) {
+	err = db.QueryRowContext(ctx, query, args...).Scan(dest...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
@@ -176,8 +173,8 @@ func scanOperation(row scanner) (Operation, error) {
 }
 
 // operations runs query and reads its rows as operations.
-func operations(ctx context.Context, db *gorm.DB, query string, args ...any) ([]Operation, error) {
-	rows, err := conn(db).QueryContext(ctx, query, args...)
+func operations(ctx context.Context, db database.DBTX, query string, args ...any) ([]Operation, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, translate(err)
 	}
@@ -194,7 +191,7 @@ func operations(ctx context.Context, db *gorm.DB, query string, args ...any) ([]
 }
 
 // one is the only operation of query, or ErrNotFound.
-func one(ctx context.Context, db *gorm.DB, query string, args ...any) (Operation, error) {
+func one(ctx context.Context, db database.DBTX, query string, args ...any) (Operation, error) {
 	ops, err := operations(ctx, db, query, args...)
 	if err != nil {
 		return Operation{}, err

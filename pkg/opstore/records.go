@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"gorm.io/gorm"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // Records: the audit (pkg/audit) seals and verifies operation_events rows as they are stored. These functions
@@ -52,7 +52,7 @@ var (
 
 // RecordsAfter returns at most limit records after position (xid, id) whose transaction ended before the
 // statement's snapshot was taken: the next records the audit may seal.
-func RecordsAfter(ctx context.Context, db *gorm.DB, xid string, id int64, limit int) ([]Record, error) {
+func RecordsAfter(ctx context.Context, db database.DBTX, xid string, id int64, limit int) ([]Record, error) {
 	var out []Record
 	err := streamRecords(ctx, db, recordsAfterSQL, []any{xid, id, limit}, func(r Record) error {
 		out = append(out, r)
@@ -63,7 +63,7 @@ func RecordsAfter(ctx context.Context, db *gorm.DB, xid string, id int64, limit 
 
 // CountAfter returns how many records lie after position (xid, id) and the oldest one's created_at (nil when
 // none does).
-func CountAfter(ctx context.Context, db *gorm.DB, xid string, id int64) (n int64, oldest *time.Time, err error) {
+func CountAfter(ctx context.Context, db database.DBTX, xid string, id int64) (n int64, oldest *time.Time, err error) {
 	if _, err := queryRow(ctx, db, countAfterSQL, []any{xid, id}, &n, &oldest); err != nil {
 		return 0, nil, fmt.Errorf("opstore: records after %s/%d: %w", xid, id, err)
 	}
@@ -72,7 +72,7 @@ func CountAfter(ctx context.Context, db *gorm.DB, xid string, id int64) (n int64
 
 // RecordsOf passes to emit the records of operations ids, of account accountID unless it is "" (then found
 // by operation id alone).
-func RecordsOf(ctx context.Context, db *gorm.DB, accountID string, ids []string, emit func(Record) error) error {
+func RecordsOf(ctx context.Context, db database.DBTX, accountID string, ids []string, emit func(Record) error) error {
 	if accountID == "" {
 		return streamRecords(ctx, db, recordsOfSQL, []any{ids}, emit)
 	}
@@ -80,23 +80,23 @@ func RecordsOf(ctx context.Context, db *gorm.DB, accountID string, ids []string,
 }
 
 // AllRecords passes every record to emit.
-func AllRecords(ctx context.Context, db *gorm.DB, emit func(Record) error) error {
+func AllRecords(ctx context.Context, db database.DBTX, emit func(Record) error) error {
 	return streamRecords(ctx, db, allRecordsSQL, nil, emit)
 }
 
 // NamedRecords passes to emit the records names names.
-func NamedRecords(ctx context.Context, db *gorm.DB, names RecordNames, emit func(Record) error) error {
+func NamedRecords(ctx context.Context, db database.DBTX, names RecordNames, emit func(Record) error) error {
 	return streamRecords(ctx, db, recordsNamedSQL, []any{names.AccountIDs, names.OperationIDs, names.IDs}, emit)
 }
 
 // NamedRecordsOrAfter passes to emit the records names names and those after position (xid, id).
-func NamedRecordsOrAfter(ctx context.Context, db *gorm.DB, names RecordNames, xid string, id int64, emit func(Record) error) error {
+func NamedRecordsOrAfter(ctx context.Context, db database.DBTX, names RecordNames, xid string, id int64, emit func(Record) error) error {
 	return streamRecords(ctx, db, recordsNamedOrAfterSQL, []any{names.AccountIDs, names.OperationIDs, names.IDs, xid, id}, emit)
 }
 
 // streamRecords passes each record query reads to emit, as it is read.
-func streamRecords(ctx context.Context, db *gorm.DB, query string, args []any, emit func(Record) error) error {
-	rows, err := conn(db).QueryContext(ctx, query, args...)
+func streamRecords(ctx context.Context, db database.DBTX, query string, args []any, emit func(Record) error) error {
+	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("opstore: records: %w", translate(err))
 	}

@@ -28,7 +28,7 @@ func TestCompletionOfASettledOperationCommitsNothing(t *testing.T) {
 			return err
 		}
 		defer tx.Close()
-		if err := opstore.Append(ctx, tx.Gorm(), op.AccountID, op.ID, opstore.NewEvent{Type: "observed", Actor: "test",
+		if err := opstore.Append(ctx, tx.SQL(), op.AccountID, op.ID, opstore.NewEvent{Type: "observed", Actor: "test",
 			Detail: map[string]any{"note": note}}); err != nil {
 			return err
 		}
@@ -46,7 +46,7 @@ func TestCompletionOfASettledOperationCommitsNothing(t *testing.T) {
 	if err := complete(500, "second"); !errors.Is(err, opstore.ErrAlreadySettled) {
 		t.Fatalf("a second completion: %v; want ErrAlreadySettled", err)
 	}
-	evs, _, err := opstore.Events(ctx, db.DB, op.AccountID, op.ID, 0)
+	evs, _, err := opstore.Events(ctx, db.Pool, op.AccountID, op.ID, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

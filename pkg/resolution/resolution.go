@@ -2,7 +2,7 @@
 // /v1/operations/{id}/resolution, on every service, and the same decision from the console's operation page
 // (package service wires both). The decision is an idempotent write (package idem): its Idempotency-Key makes
 // a repeated decision a replay, and its record (opstore.EventOperatorDecision) and the release of what the
-// operation held (the opstatus.Resolver of its kind) commit together.
+// operation held (the Resolver of its kind) commit together.
 package resolution
 
 import (
@@ -34,10 +34,10 @@ type command struct {
 
 // Decider records decisions through Idem; Resolvers, by operation kind, release what an operation of that
 // kind held; Services are the names of the services the process runs, whose kinds without a Resolver hold
-// nothing (opstatus.Resolve refuses a kind of any other service).
+// nothing (Resolve refuses a kind of any other service).
 type Decider struct {
 	Idem      *idem.Handler
-	Resolvers map[string]opstatus.Resolver
+	Resolvers map[string]Resolver
 	Services  []string
 }
 
@@ -96,7 +96,7 @@ func (d *Decider) decide(ctx context.Context, call idem.Call, id string, dec ops
 	p := auth.From(ctx)
 	return d.Idem.Run(ctx, call, idem.Request{Kind: Kind, Command: command{OperationID: id, Decision: dec}},
 		func(ctx context.Context, tx *gorm.DB, _ opstatus.Operation) (idem.Result, error) {
-			op, err := opstatus.Resolve(ctx, tx, p.AccountID, id, p.Actor(), dec, d.Resolvers, d.Services)
+			op, err := Resolve(ctx, tx, p.AccountID, id, p.Actor(), dec, d.Resolvers, d.Services)
 			if err != nil {
 				return idem.Result{}, err
 			}

@@ -318,12 +318,12 @@ func TestApprovalExpiryIsRecordedOnce(t *testing.T) {
 	if want := ops + 2 + 2 + 3; tl.Chain.Records != want {
 		t.Errorf("timeline checked %d records, want %d (the operation's and its approvals')", tl.Chain.Records, want)
 	}
-	rep, err := audit.Verify(ctx, b.db, audit.VerifyOptions{})
+	rep, err := audit.Verify(ctx, testdb.Pool(t, b.db), audit.VerifyOptions{})
 	if err != nil || !rep.Intact() {
 		t.Fatalf("audit verify: %v %+v", err, rep.Problems)
 	}
 	// A tampered expiry record, once sealed, is caught by the timeline's check.
-	testdb.SealAll(t, &audit.Sequencer{DB: b.db})
+	testdb.SealAll(t, &audit.Sequencer{DB: testdb.Pool(t, b.db)})
 	b.env.DB.Tampered()
 	if err := b.db.Exec(`ALTER TABLE approval_events DISABLE TRIGGER approval_events_append_only`).Error; err != nil {
 		t.Fatal(err)
@@ -408,7 +408,7 @@ func TestApprovalNumbersAreExactOrRefused(t *testing.T) {
 		}
 		b.agent.Post("/v1/deploys", body, apitest.Key("exact-"+version), approvalID(id)).Status(t, 202)
 	}
-	rep, err := audit.Verify(context.Background(), b.db, audit.VerifyOptions{})
+	rep, err := audit.Verify(context.Background(), testdb.Pool(t, b.db), audit.VerifyOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

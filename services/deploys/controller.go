@@ -10,6 +10,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/failpoint"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
@@ -245,7 +246,7 @@ func (c *Controller) activate(ctx, stopping context.Context, r *run) (Activation
 		failpoint.Hit(FailpointBeforeActivate)
 		call := map[string]any{"target": "deploy_target", "call": "activate", "deploy_id": claim.Deploy.ID, "fencing_token": claim.Token}
 		if err := c.retry(ctx, r, "record dispatch", func(ctx context.Context) error {
-			return opstatus.Append(ctx, c.DB, claim.Deploy.AccountID, claim.Deploy.OperationID, opstore.EventDispatchStarted, controllerActor, call)
+			return opstatus.Append(ctx, database.SQL(c.DB), claim.Deploy.AccountID, claim.Deploy.OperationID, opstore.EventDispatchStarted, controllerActor, call)
 		}); err != nil {
 			// Without the record of the dispatch the call is not made; the lease runs out and the reconciler,
 			// finding no marker, settles the deploy.
@@ -350,7 +351,7 @@ func (c *Controller) recordDispatch(ctx context.Context, claim Claim, call map[s
 		// The target counts calls per deploy: more than one means it answered from its earlier activation.
 		call["replayed"] = marker.Calls > 1
 	}
-	if rerr := opstatus.Append(ctx, c.DB, claim.Deploy.AccountID, claim.Deploy.OperationID, event, controllerActor, call); rerr != nil {
+	if rerr := opstatus.Append(ctx, database.SQL(c.DB), claim.Deploy.AccountID, claim.Deploy.OperationID, event, controllerActor, call); rerr != nil {
 		c.Logger.WarnContext(ctx, "dispatch outcome not recorded", "deploy_id", claim.Deploy.ID, "error", rerr.Error())
 	}
 }

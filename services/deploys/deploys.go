@@ -352,7 +352,7 @@ type Store interface {
 	// and settles the operation with event and detail. Returns ErrLockLost.
 	Finish(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool, actor, event string, detail any) error
 	// Settle is Finish without the operation: the deploy's rows only, for a person's decision, which moves
-	// the operation itself (opstatus.Resolve). Returns ErrLockLost.
+	// the operation itself (resolution.Resolve). Returns ErrLockLost.
 	Settle(ctx context.Context, tx *gorm.DB, c Claim, succeeded bool) error
 
 	// CatchUp moves the environment forward to the version the target's marker a says it is at, when our row is

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
+	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/audit"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/deploys"
@@ -63,7 +64,7 @@ func activations(t *testing.T, b *bundle, deployID string) (rows, calls int) {
 
 func chainIntact(t *testing.T, b *bundle, opID string) {
 	t.Helper()
-	rep, err := audit.Verify(context.Background(), b.db, audit.VerifyOptions{OperationID: opID})
+	rep, err := audit.Verify(context.Background(), testdb.Pool(t, b.db), audit.VerifyOptions{OperationID: opID})
 	if err != nil || !rep.Intact() {
 		t.Fatalf("chain of %s: %v %+v", opID, err, rep.Problems)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
@@ -159,7 +160,7 @@ func (s *Server) getDeploy(c *gin.Context) {
 
 // writeStatus answers a deploy with the history of its operation.
 func (s *Server) writeStatus(c *gin.Context, d Deploy) {
-	op, err := opstatus.Get(c.Request.Context(), s.DB, auth.From(c.Request.Context()).AccountID, d.OperationID)
+	op, err := opstatus.Get(c.Request.Context(), database.SQL(s.DB), auth.From(c.Request.Context()).AccountID, d.OperationID)
 	if err != nil {
 		httpserver.WriteProblem(c, err)
 		return

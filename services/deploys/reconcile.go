@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -123,7 +124,7 @@ func (r *Reconciler) lookUpActivation(ctx context.Context, op opstatus.Operation
 	lookup := map[string]any{"target": "deploy_target", "call": "activation", "deploy_id": d.ID}
 	if err != nil {
 		lookup["result"], lookup["reason"] = "failed", opstore.ReasonTargetError
-		if aerr := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
+		if aerr := opstatus.Append(ctx, database.SQL(r.DB), op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); aerr != nil {
 			return Activation{}, false, errors.Join(err, aerr)
 		}
 		return Activation{}, false, err
@@ -132,7 +133,7 @@ func (r *Reconciler) lookUpActivation(ctx context.Context, op opstatus.Operation
 	if activated {
 		lookup["result"], lookup["marker"] = "found", marker
 	}
-	if err := opstatus.Append(ctx, r.DB, op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); err != nil {
+	if err := opstatus.Append(ctx, database.SQL(r.DB), op.AccountID, op.ID, EventTargetLookup, reconcilerActor, lookup); err != nil {
 		return Activation{}, false, err
 	}
 	return marker, activated, nil

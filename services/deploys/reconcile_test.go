@@ -12,6 +12,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/services/deploys"
@@ -39,7 +40,7 @@ func claimExpired(t *testing.T, b *bundle) deploys.Claim {
 
 func (b *bundle) recover(t *testing.T) {
 	t.Helper()
-	w := &opstatus.RecoveryWorker{DB: b.db, Logger: servicetest.Logger(),
+	w := &opstatus.RecoveryWorker{DB: database.SQL(b.db), Logger: servicetest.Logger(),
 		Reconcilers: map[string]opstatus.Reconciler{deploys.KindDeploy: b.recon, deploys.KindRollback: b.recon}}
 	if settled, err := w.RunOnce(t.Context()); err != nil || settled != 1 {
 		t.Fatalf("recovery: settled %d, err %v", settled, err)
@@ -145,7 +146,7 @@ func TestReconcilerSettlesAnActivatedDeployFromTheTargetMarker(t *testing.T) {
 	if s := decodeDeploy(t, b.agent.Get("/v1/deploys/"+d.ID).Status(t, 200)); s.State != deploys.StateRunning {
 		t.Fatalf("before recovery: %s", s.State)
 	}
-	if _, err := (&opstatus.RecoveryWorker{DB: b.db}).RunOnce(t.Context()); err != nil { // expires the lease; no reconciler
+	if _, err := (&opstatus.RecoveryWorker{DB: database.SQL(b.db)}).RunOnce(t.Context()); err != nil { // expires the lease; no reconciler
 		t.Fatal(err)
 	}
 	if s := decodeDeploy(t, b.agent.Get("/v1/deploys/"+d.ID).Status(t, 200)); s.State != deploys.StateUnknown {

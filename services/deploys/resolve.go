@@ -8,15 +8,16 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/resolution"
 )
 
 // Resolvers returns what carries a person's decision on an unknown deploy or rollback into the deploy's rows
 // (package resolution), as the reconciler does from the target's marker: the lock is taken over with a new
 // fencing token, so the deploy's old worker can no longer write, then released; succeeded moves the environment
 // to the deploy.
-func (s *Service) Resolvers() map[string]opstatus.Resolver {
-	r := opstatus.ResolverFunc(s.resolve)
-	return map[string]opstatus.Resolver{KindDeploy: r, KindRollback: r}
+func (s *Service) Resolvers() map[string]resolution.Resolver {
+	r := resolution.ResolverFunc(s.resolve)
+	return map[string]resolution.Resolver{KindDeploy: r, KindRollback: r}
 }
 
 func (s *Service) resolve(ctx context.Context, tx *gorm.DB, op opstatus.Operation, dec opstatus.Decision) error {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/internal/apitest"
 	"github.com/retrysafe/retrysafe/internal/servicetest"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
@@ -16,7 +17,7 @@ func unknownDeploy(t *testing.T, b *bundle, key string, n int) deploys.Status {
 	t.Helper()
 	d := decodeDeploy(t, b.agent.Post("/v1/deploys", deployBody("api", "staging", artifact(n)), apitest.Key(key)).Status(t, http.StatusAccepted))
 	claimExpired(t, b)
-	if _, err := (&opstatus.RecoveryWorker{DB: b.db}).RunOnce(t.Context()); err != nil { // expires the lease; no reconciler
+	if _, err := (&opstatus.RecoveryWorker{DB: database.SQL(b.db)}).RunOnce(t.Context()); err != nil { // expires the lease; no reconciler
 		t.Fatal(err)
 	}
 	return d

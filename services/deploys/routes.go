@@ -7,7 +7,6 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Routes of the writes that take approvals; ApprovalRoutes and Routes share them.
@@ -17,7 +16,7 @@ const (
 )
 
 // Routes registers every endpoint of the deploys service on r, which must be behind auth.Middleware: deploys,
-// environments, operations, and the approvals of its own writes.
+// environments and the approvals of its own writes (package service serves the operations routes beside them).
 func (s *Server) Routes(r gin.IRouter) {
 	r.POST(pathDeploys, s.createDeploy)
 	deploy := httpserver.PathID("id", "dep_", "deploy")
@@ -25,7 +24,6 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.POST("/v1/deploys/:id/cancel", deploy, s.cancelDeploy)
 	r.POST(pathRollback, deploy, s.rollbackDeploy)
 	r.GET("/v1/environments/:name", httpserver.PathParam("name", "environment", namePattern.MatchString), s.getEnvironment)
-	httpserver.Mount(r, opstatus.Routes(s.DB))
 	httpserver.Mount(r, s.Approvals.Routes())
 }
 

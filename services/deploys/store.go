@@ -7,6 +7,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
@@ -311,7 +312,7 @@ RETURNING id, account_id, operation_id, environment, state`, id, accountID).Scan
 	}
 	// The operation may be unknown (its worker died before activating): cancelling it is still the truth,
 	// because activation had not started and can no longer start.
-	if _, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.StateCancelled, actor,
+	if _, err := opstatus.Transition(ctx, database.SQL(tx), d.AccountID, d.OperationID, opstatus.StateCancelled, actor,
 		opstatus.From(opstatus.StateQueued, opstatus.StateRunning, opstatus.StateUnknown),
 		opstatus.WithLease(time.Time{}),
 		opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"reason": "cancel requested"})); err != nil {
@@ -396,7 +397,7 @@ SELECT `+deployColumns+` FROM d`, account[0], account[0], maxRunning).Scan(&rows
 		if err := renewLock(ctx, tx, c, leaseUntil); err != nil {
 			return Claim{}, false, fmt.Errorf("deploys: claim %s: %w", c.Deploy.ID, err)
 		}
-		moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateRunning, actor,
+		moved, err := opstatus.Transition(ctx, database.SQL(tx), c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateRunning, actor,
 			opstatus.From(opstatus.StateQueued), opstatus.WithLease(leaseUntil),
 			opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"fencing_token": c.Token, "steps": c.Deploy.StepsTotal}))
 		if err != nil {
@@ -439,7 +440,7 @@ SELECT `+deployColumns+` FROM d ORDER BY d.queued_at, d.id`,
 		if err := releaseLock(ctx, tx, d.AccountID, d.Environment, d.ID, nil); err != nil {
 			return nil, err
 		}
-		moved, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.StateFailed, actor,
+		moved, err := opstatus.Transition(ctx, database.SQL(tx), d.AccountID, d.OperationID, opstatus.StateFailed, actor,
 			opstatus.From(opstatus.StateQueued), opstatus.WithLease(time.Time{}),
 			opstatus.WithEvent(opstore.EventFailed, detail))
 		if err != nil {
@@ -478,7 +479,7 @@ func (PostgresStore) Renew(ctx context.Context, tx *gorm.DB, c Claim, leaseUntil
 }
 
 func extendOperation(ctx context.Context, tx *gorm.DB, c Claim, until time.Time) error {
-	ok, err := opstatus.ExtendLease(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, until)
+	ok, err := opstatus.ExtendLease(ctx, database.SQL(tx), c.Deploy.AccountID, c.Deploy.OperationID, until)
 	if err != nil {
 		return err
 	}
@@ -515,7 +516,7 @@ func (PostgresStore) CompleteStep(ctx context.Context, tx *gorm.DB, c Claim, ste
 	if err := extendOperation(ctx, tx, c, leaseUntil); err != nil {
 		return err
 	}
-	return opstatus.Append(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, EventStepCompleted, actor,
+	return opstatus.Append(ctx, database.SQL(tx), c.Deploy.AccountID, c.Deploy.OperationID, EventStepCompleted, actor,
 		map[string]any{"step": step, "of": c.Deploy.StepsTotal})
 }
 
@@ -530,7 +531,7 @@ func (PostgresStore) BeginActivation(ctx context.Context, tx *gorm.DB, c Claim, 
 	if err := extendOperation(ctx, tx, c, leaseUntil); err != nil {
 		return err
 	}
-	return opstatus.Append(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, EventActivationStarted, actor,
+	return opstatus.Append(ctx, database.SQL(tx), c.Deploy.AccountID, c.Deploy.OperationID, EventActivationStarted, actor,
 		map[string]any{"reference": c.Deploy.Reference().String(), "fencing_token": c.Token})
 }
 
@@ -548,7 +549,7 @@ WHERE account_id = ? AND environment = ? AND holder_deploy_id = ? AND fencing_to
 	if res.RowsAffected != 1 {
 		return ErrLockLost
 	}
-	moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
+	moved, err := opstatus.Transition(ctx, database.SQL(tx), c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
 		opstatus.From(opstatus.StateRunning), opstatus.WithLease(time.Time{}),
 		opstatus.WithEvent(opstore.EventStateChanged, map[string]any{"reason": "controller stopped before activation"}))
 	if err != nil {
@@ -573,7 +574,7 @@ WHERE account_id = ? AND id = ? AND state = 'running' AND attempts < ?`, c.Token
 	if res.RowsAffected != 1 {
 		return false, nil
 	}
-	moved, err := opstatus.Transition(ctx, tx, c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
+	moved, err := opstatus.Transition(ctx, database.SQL(tx), c.Deploy.AccountID, c.Deploy.OperationID, opstatus.StateQueued, actor,
 		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown), opstatus.WithLease(time.Time{}),
 		opstatus.WithEvent(event, detail))
 	if err != nil {
@@ -595,7 +596,7 @@ func (s PostgresStore) Finish(ctx context.Context, tx *gorm.DB, c Claim, succeed
 		state = StateSucceeded
 	}
 	d := c.Deploy
-	moved, err := opstatus.Transition(ctx, tx, d.AccountID, d.OperationID, opstatus.State(state), actor,
+	moved, err := opstatus.Transition(ctx, database.SQL(tx), d.AccountID, d.OperationID, opstatus.State(state), actor,
 		opstatus.From(opstatus.StateRunning, opstatus.StateUnknown), opstatus.WithLease(time.Time{}),
 		opstatus.WithEvent(event, detail))
 	if err != nil {

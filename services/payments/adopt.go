@@ -12,6 +12,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
@@ -31,7 +32,7 @@ func (s *Server) adoptRestored(ctx context.Context, tx *gorm.DB, op opstatus.Ope
 	if err != nil || !found {
 		return false, err
 	}
-	return true, opstatus.Append(ctx, tx, op.AccountID, op.ID, EventAdoptsRestored, "system:payments",
+	return true, opstatus.Append(ctx, database.SQL(tx), op.AccountID, op.ID, EventAdoptsRestored, "system:payments",
 		map[string]string{"resource_type": r.ResourceType, "resource_id": r.ResourceID, "provider_key": key})
 }
 

@@ -61,7 +61,7 @@ func (h *harness) setupProxied(t *testing.T, lease time.Duration) *proxiedBundle
 	return &proxiedBundle{proxy: env.Proxy, env: env, requests: requests, bundle: &bundle{
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
-		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
+		recovery: &opstatus.RecoveryWorker{DB: env.DB.Pool, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
 	}}
 }
 

@@ -29,7 +29,7 @@ func (h *harness) setupOn(t *testing.T, p payments.Provider, client *provider.Cl
 	return &bundle{
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
-		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
+		recovery: &opstatus.RecoveryWorker{DB: env.DB.Pool, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
 		idem:     env.Idem,
 	}
 }

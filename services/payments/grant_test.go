@@ -120,7 +120,7 @@ AND detail->>'attempt_id' = ? AND (detail->>'use')::int = ?`, g, op, "att-"+key,
 	servicetest.AuditIntact(t, b.db.DB)
 
 	// Sealed, a grant's record cannot change unseen: a revocation rewritten as another approver's is caught.
-	testdb.SealAll(t, &audit.Sequencer{DB: b.db.DB})
+	testdb.SealAll(t, &audit.Sequencer{DB: b.db.Pool})
 	b.db.Tampered()
 	if err := b.db.Exec(`ALTER TABLE grant_events DISABLE TRIGGER grant_events_append_only`).Error; err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ AND detail->>'attempt_id' = ? AND (detail->>'use')::int = ?`, g, op, "att-"+key,
 	if err := b.db.Exec(`ALTER TABLE grant_events ENABLE TRIGGER grant_events_append_only`).Error; err != nil || tamper != nil {
 		t.Fatal(err, tamper)
 	}
-	rep, err := audit.Verify(t.Context(), b.db.DB, audit.VerifyOptions{})
+	rep, err := audit.Verify(t.Context(), b.db.Pool, audit.VerifyOptions{})
 	if err != nil || rep.Intact() || len(rep.Problems) != 1 || rep.Problems[0].Chain != revoked {
 		t.Fatalf("audit verify after a grant record was changed: %v %+v; want one problem, of grant %s", err, rep.Problems, revoked)
 	}

@@ -350,7 +350,7 @@ func (h *healing) restored(ctx context.Context, opID string, e provider.Effect, 
 // forPerson opens, once per effect, an unknown restore operation that names the effect for a person.
 func (h *healing) forPerson(ctx context.Context, e provider.Effect, reason string) (outcome, error) {
 	typ, id := effectTypeProviderCall, e.Effects[0]
-	existing, err := opstore.ForResource(ctx, h.tx, h.account, KindRestore, typ, id)
+	existing, err := opstore.ForResource(ctx, database.SQL(h.tx), h.account, KindRestore, typ, id)
 	if err != nil || existing != "" {
 		return outcomeForPerson, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/service"
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/httpjson"
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
 	"github.com/retrysafe/retrysafe/pkg/idem"
@@ -142,7 +143,7 @@ func (s *Server) downstreamKey(ctx context.Context, op opstatus.Operation) (stri
 
 // downstreamKeyIn is downstreamKey read on db: a claim's transaction reads it on its own connection.
 func downstreamKeyIn(ctx context.Context, db *gorm.DB, op opstatus.Operation) (string, error) {
-	predecessor, err := opstore.KeyPredecessor(ctx, db, op.AccountID, op.IdempotencyKey, op.ID)
+	predecessor, err := opstore.KeyPredecessor(ctx, database.SQL(db), op.AccountID, op.IdempotencyKey, op.ID)
 	if err != nil {
 		return "", err
 	}

@@ -124,7 +124,7 @@ func (h *harness) setupWith(t *testing.T, url string) *bundle {
 	return &bundle{
 		agent: agent, approver: agent.As(servicetest.ApproverSecret), other: agent.As(servicetest.OtherAgentSecret),
 		provider: client, db: env.DB,
-		recovery: &opstatus.RecoveryWorker{DB: env.DB.DB, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
+		recovery: &opstatus.RecoveryWorker{DB: env.DB.Pool, Reconcilers: svc.Reconcilers(), Logger: env.Logger, Clock: env.Clock},
 		idem:     env.Idem, env: env, svc: svc,
 	}
 }

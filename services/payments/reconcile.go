@@ -9,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
@@ -58,7 +59,7 @@ func reconciler[T any](s *Server, record recordFunc[T], duplicated duplicatedFun
 		if err != nil {
 			return err
 		}
-		if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+		if err := opstatus.Append(ctx, database.SQL(s.db), op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 			return err
 		}
 		write := recordWrite(record, op, outcome, callErr)
@@ -78,7 +79,7 @@ func reconciler[T any](s *Server, record recordFunc[T], duplicated duplicatedFun
 // says when someone asked and could not learn.
 func (s *Server) failedLookup(ctx context.Context, op opstatus.Operation, key string, evidence map[string]any, lookupErr error) error {
 	evidence["result"], evidence["reason"] = "failed", lookupFailure(lookupErr)
-	if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+	if err := opstatus.Append(ctx, database.SQL(s.db), op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 		return err
 	}
 	return fmt.Errorf("payments: reconcile %s: lookup %s: %w", op.ID, key, lookupErr)
@@ -155,7 +156,7 @@ func (s *Server) lookup(ctx context.Context, op opstatus.Operation) (string, pro
 // arrive the negative lookup proves nothing: it is recorded, and errLeaseRunning leaves the operation unknown
 // for a later pass.
 func (s *Server) negativeLookup(ctx context.Context, op opstatus.Operation, evidence map[string]any) error {
-	until, reason, err := opstatus.CallMayLand(ctx, s.db, op, s.idem.Clock.Now())
+	until, reason, err := opstatus.CallMayLand(ctx, database.SQL(s.db), op, s.idem.Clock.Now())
 	if err != nil {
 		return err
 	}
@@ -164,7 +165,7 @@ func (s *Server) negativeLookup(ctx context.Context, op opstatus.Operation, evid
 		return nil
 	}
 	evidence["lease_running"] = true
-	if err := opstatus.Append(ctx, s.db, op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
+	if err := opstatus.Append(ctx, database.SQL(s.db), op.AccountID, op.ID, EventProviderLookup, reconcilerActor, evidence); err != nil {
 		return err
 	}
 	return errLeaseRunning

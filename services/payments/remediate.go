@@ -25,6 +25,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
@@ -89,7 +90,7 @@ type duplicateEvidence struct {
 // duplicateAmounts reads the evidence duplicate operation dupID was settled on: the amount of one execution and
 // how many executions the provider made (0 when the evidence is missing or unreadable).
 func duplicateAmounts(ctx context.Context, db *gorm.DB, accountID, dupID string) (each, effects int64, err error) {
-	raw, err := opstore.LastEventDetail(ctx, db, accountID, dupID, EventProviderLookup, "effects")
+	raw, err := opstore.LastEventDetail(ctx, database.SQL(db), accountID, dupID, EventProviderLookup, "effects")
 	if err != nil {
 		return 0, 0, fmt.Errorf("payments: remediate %s: evidence: %w", dupID, err)
 	}
@@ -145,7 +146,7 @@ func (s *Server) remediate(ctx context.Context, tx *gorm.DB, accountID, intentID
 // the other, and returns its state once it is a duplicate_effect_confirmed capture; otherwise the problem that
 // refuses the correction.
 func lockDuplicate(ctx context.Context, db *gorm.DB, accountID, dupID string) (opstatus.State, error) {
-	kind, lockedState, found, err := opstore.LockKindState(ctx, db, accountID, dupID)
+	kind, lockedState, found, err := opstore.LockKindState(ctx, database.SQL(db), accountID, dupID)
 	if err != nil {
 		return "", fmt.Errorf("payments: remediate %s: %w", dupID, err)
 	}
@@ -203,7 +204,7 @@ func checkUnreturned(ctx context.Context, db *gorm.DB, accountID, intentID, dupI
 // alreadyRemediated is the 409 for a duplicate whose corrections return all it took (extra), naming the first
 // correction that did not fail (the provider refused a failed one, or it never reached it).
 func alreadyRemediated(ctx context.Context, db *gorm.DB, accountID, dupID string, extra int64) error {
-	by, err := opstore.LinkedNotFailed(ctx, db, accountID, dupID, EventRemediatedBy, "remediated_by")
+	by, err := opstore.LinkedNotFailed(ctx, database.SQL(db), accountID, dupID, EventRemediatedBy, "remediated_by")
 	if err != nil {
 		return fmt.Errorf("payments: remediate %s: earlier correction: %w", dupID, err)
 	}
@@ -218,10 +219,10 @@ func alreadyRemediated(ctx context.Context, db *gorm.DB, accountID, dupID string
 
 // linkCorrection writes the two events that link correction opID and the duplicate dupID it corrects.
 func linkCorrection(ctx context.Context, tx *gorm.DB, accountID, dupID, opID, actor string) error {
-	if err := opstatus.Append(ctx, tx, accountID, dupID, EventRemediatedBy, actor,
+	if err := opstatus.Append(ctx, database.SQL(tx), accountID, dupID, EventRemediatedBy, actor,
 		opstore.Link{RemediatedBy: opID}); err != nil {
 		return err
 	}
-	return opstatus.Append(ctx, tx, accountID, opID, EventRemediates, actor,
+	return opstatus.Append(ctx, database.SQL(tx), accountID, opID, EventRemediates, actor,
 		opstore.Link{Remediates: dupID})
 }

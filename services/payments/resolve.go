@@ -7,14 +7,15 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/problem"
+	"github.com/retrysafe/retrysafe/pkg/resolution"
 )
 
 // Resolvers returns what carries a person's decision on an unknown payments operation into the intent and
 // refund rows (package resolution): failed releases the reservation as a refused call does (settle.go);
 // succeeded records the effect as its provider answer would have. A decision is refused while the provider has
 // a record of the call (unlessRecorded).
-func (s *Server) Resolvers() map[string]opstatus.Resolver {
-	return map[string]opstatus.Resolver{
+func (s *Server) Resolvers() map[string]resolution.Resolver {
+	return map[string]resolution.Resolver{
 		KindCreateIntent: s.unlessRecorded(s.resolveCreate),
 		KindCapture:      s.unlessRecorded(s.resolveCapture),
 		KindCancel:       s.unlessRecorded(s.resolveCancel),
@@ -26,7 +27,7 @@ func (s *Server) Resolvers() map[string]opstatus.Resolver {
 // what it did, and the reconciler records exactly that, where a person's decision could record something else
 // (a capture decided failed that the provider made). When the provider cannot be asked, or has no record, the
 // person decides.
-func (s *Server) unlessRecorded(resolve opstatus.ResolverFunc) opstatus.ResolverFunc {
+func (s *Server) unlessRecorded(resolve resolution.ResolverFunc) resolution.ResolverFunc {
 	return func(ctx context.Context, tx *gorm.DB, op opstatus.Operation, d opstatus.Decision) error {
 		if key, res, err := s.lookup(ctx, op); err == nil && res.Found {
 			return problem.New("invalid_state",

@@ -4,7 +4,6 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Route templates that approvals bind to.
@@ -14,7 +13,8 @@ const (
 )
 
 // Routes registers every endpoint of the payments service on r, which must be behind auth.Middleware: payment
-// intents, refunds, operations, and the approvals of its captures and refunds.
+// intents, refunds and the approvals of its captures and refunds (package service serves the operations routes
+// beside them).
 func (s *Server) Routes(r gin.IRouter) {
 	r.POST("/v1/payment_intents", s.createIntent)
 	intent := httpserver.PathID("id", "pi_", "payment intent")
@@ -24,6 +24,5 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.POST(routeRefunds, intent, s.createRefund)
 	r.GET(routeRefunds, intent, s.listRefunds)
 	r.GET("/v1/refunds/:id", httpserver.PathID("id", "re_", "refund"), s.getRefund)
-	httpserver.Mount(r, opstatus.Routes(s.db))
 	httpserver.Mount(r, s.approvals.Routes())
 }

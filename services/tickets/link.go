@@ -6,6 +6,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
 )
@@ -28,18 +29,18 @@ func (s *Server) link(ctx context.Context, tx *gorm.DB, account, actor, ticketID
 	// ticket's row is committed (its insert conflicted on it), and so is its operation, which committed in the
 	// same transaction. Deduplicated creates name the ticket too, and one that began before the creator has an
 	// earlier created_at: each records deduplicated_against with its completion, which the creator never does.
-	creator, err := opstore.Creator(ctx, tx, account, KindCreate, "ticket", ticketID, opID, EventDeduplicatedAgainst)
+	creator, err := opstore.Creator(ctx, database.SQL(tx), account, KindCreate, "ticket", ticketID, opID, EventDeduplicatedAgainst)
 	if err != nil {
 		return "", fmt.Errorf("tickets: %w", err)
 	}
 	if creator == "" {
 		return "", nil
 	}
-	if err := opstatus.Append(ctx, tx, account, opID, EventDeduplicatedAgainst, actor,
+	if err := opstatus.Append(ctx, database.SQL(tx), account, opID, EventDeduplicatedAgainst, actor,
 		opstore.Link{DeduplicatedAgainst: creator, TicketID: ticketID}); err != nil {
 		return "", err
 	}
-	if err := opstatus.Append(ctx, tx, account, creator, EventDeduplicatedBy, actor,
+	if err := opstatus.Append(ctx, database.SQL(tx), account, creator, EventDeduplicatedBy, actor,
 		opstore.Link{DeduplicatedBy: opID, TicketID: ticketID}); err != nil {
 		return "", err
 	}

@@ -4,7 +4,6 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/retrysafe/retrysafe/pkg/httpserver"
-	"github.com/retrysafe/retrysafe/pkg/opstatus"
 )
 
 // Routes registers every endpoint of the tickets service on r, which must be behind auth.Middleware.
@@ -17,6 +16,5 @@ func (s *Server) Routes(r gin.IRouter) {
 	r.GET("/v1/tickets/:id/comments", ticket, s.listComments)
 	r.PUT("/v1/tickets/:id/status", ticket, s.setStatus)
 	r.GET("/v1/tickets/:id/status_changes", ticket, s.listStatusChanges)
-	httpserver.Mount(r, opstatus.Routes(s.DB))
 	httpserver.Mount(r, s.Approvals.Routes())
 }
