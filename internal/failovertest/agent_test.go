@@ -136,9 +136,6 @@ func (a *agentDriver) capturedSince(since time.Time) int {
 	return n
 }
 
-// captured counts the payments whose capture the agent settled succeeded.
-func (a *agentDriver) captured() int { return a.capturedSince(time.Time{}) }
-
 // verify runs `retrysafe agent verify` on the journal: how many acknowledged actions the services had lost and
 // how many the agent made again. It exits 0 when nothing was lost, 7 when it made everything lost again.
 func (a *agentDriver) verify(t *testing.T) (checked, lost, remade int) {
