@@ -103,6 +103,8 @@ const serveEnv = databaseEnv + `
   DEPLOY_POLL_INTERVAL DEPLOY_WORKERS           controller polling (1s) and concurrency (2)
   DEPLOY_MAX_RUNNING_PER_ACCOUNT   deploys of one account running at once, across replicas (default 1)
   DEPLOY_QUEUE_TIMEOUT      a deploy queued longer fails with reason queue_timeout, freeing its lock (default 10m)
+  DEPLOY_TARGET_DATABASE_URL   the simulated deploy target's own database (default: DATABASE_URL's); migrate
+                            and MIGRATE_ON_START migrate it too
   AUDIT_SEAL_INTERVAL       how often new audit records are sealed (default 1s): they are tamper-evident from then
   AUDIT_SIGNING_KEY         Ed25519 seed (32 bytes, base64) that signs seals (unset: unsigned; masked)
 ` + commonEnv

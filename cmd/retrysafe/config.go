@@ -95,6 +95,9 @@ type config struct {
 	DeployWorkers              int
 	DeployMaxRunningPerAccount int           // deploys of one account running at once, across replicas
 	DeployQueueTimeout         time.Duration // a deploy queued longer fails (queue_timeout) and frees its lock
+	// DeployTargetDatabaseURL is where the simulated deploy target keeps its markers and fences; empty: in
+	// DatabaseURL, beside the services' tables.
+	DeployTargetDatabaseURL string
 
 	AuditSealInterval time.Duration
 	AuditSigningKey   *auditchain.Signer // AUDIT_SIGNING_KEY parsed (nil: unsigned seals); never printed
@@ -246,6 +249,9 @@ func (c *config) readDeploys(r *envReader) {
 	c.DeployWorkers = r.integer("DEPLOY_WORKERS", 2, 1, 64)
 	c.DeployMaxRunningPerAccount = r.integer("DEPLOY_MAX_RUNNING_PER_ACCOUNT", deploys.DefaultMaxRunningPerAccount, 1, 64)
 	c.DeployQueueTimeout = r.duration("DEPLOY_QUEUE_TIMEOUT", deploys.DefaultQueueTimeout)
+	if r.getenv("DEPLOY_TARGET_DATABASE_URL") != "" {
+		c.DeployTargetDatabaseURL = r.postgresURL("DEPLOY_TARGET_DATABASE_URL", "")
+	}
 }
 
 // readAddresses reads the listen addresses and the provider's URL, each by default from the port base.
@@ -351,8 +357,12 @@ func (c config) String() string {
 	if c.APIKeys != "" {
 		keys = fmt.Sprintf("(%d entries, masked)", strings.Count(c.APIKeys, ",")+1)
 	}
-	return fmt.Sprintf("database=%s db_timeouts=connect:%s,acquire:%s,statement:%s api_keys=%s api_key_id_secret=(masked) retention=%s lease=%s provider_url=%s provider_secret=(masked) provider_timeout=%s",
-		maskURL(c.DatabaseURL), c.DBConnectTimeout, c.DBAcquireTimeout, c.DBStatementTimeout, keys, c.IdempotencyRetention, c.OperationLease, c.ProviderURL, c.ProviderTimeout)
+	target := "(database)"
+	if c.DeployTargetDatabaseURL != "" {
+		target = maskURL(c.DeployTargetDatabaseURL)
+	}
+	return fmt.Sprintf("database=%s db_timeouts=connect:%s,acquire:%s,statement:%s api_keys=%s api_key_id_secret=(masked) retention=%s lease=%s provider_url=%s provider_secret=(masked) provider_timeout=%s deploy_target_database=%s",
+		maskURL(c.DatabaseURL), c.DBConnectTimeout, c.DBAcquireTimeout, c.DBStatementTimeout, keys, c.IdempotencyRetention, c.OperationLease, c.ProviderURL, c.ProviderTimeout, target)
 }
 
 func maskURL(u string) string {

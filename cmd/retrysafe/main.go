@@ -168,10 +168,27 @@ func openDBError(cfg config, err error) error {
 }
 
 // migrate applies the migrations on a connection of its own, without the statement timeout of the services'
-// pool: building an index on a large table may take longer than any request should.
+// pool: building an index on a large table may take longer than any request should. A deploy target in a
+// database of its own (DEPLOY_TARGET_DATABASE_URL) gets the same schema there; it uses only its two tables.
 func migrate(ctx context.Context, cfg config, logger *slog.Logger) error {
-	db, err := database.Open(cfg.DatabaseURL, database.Options{MaxConns: 1, ConnectTimeout: cfg.DBConnectTimeout})
+	if err := migrateDatabase(ctx, cfg, cfg.DatabaseURL); err != nil {
+		return err
+	}
+	if cfg.DeployTargetDatabaseURL != "" {
+		if err := migrateDatabase(ctx, cfg, cfg.DeployTargetDatabaseURL); err != nil {
+			return fmt.Errorf("deploy target: %w", err)
+		}
+	}
+	logger.Info("migrations applied")
+	return nil
+}
+
+func migrateDatabase(ctx context.Context, cfg config, url string) error {
+	db, err := database.Open(url, database.Options{MaxConns: 1, ConnectTimeout: cfg.DBConnectTimeout})
 	if err != nil {
+		if url != cfg.DatabaseURL {
+			return fmt.Errorf("open database %s: %w", maskURL(url), err)
+		}
 		return openDBError(cfg, err)
 	}
 	sqlDB, err := db.DB()
@@ -179,11 +196,7 @@ func migrate(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 	defer sqlDB.Close()
-	if err := schema.Up(ctx, sqlDB); err != nil {
-		return err
-	}
-	logger.Info("migrations applied")
-	return nil
+	return schema.Up(ctx, sqlDB)
 }
 
 // builders lists the services `serve` knows, in start order, each built through the contract of internal/service.

@@ -131,6 +131,7 @@ func TestRunRejectsBadInvocations(t *testing.T) {
 		{[]string{"serve", "deploys"}, map[string]string{"DEPLOY_MAX_RUNNING_PER_ACCOUNT": "two"}, "DEPLOY_MAX_RUNNING_PER_ACCOUNT"},
 		{[]string{"serve", "deploys"}, map[string]string{"DEPLOY_QUEUE_TIMEOUT": "0s"}, "DEPLOY_QUEUE_TIMEOUT"},
 		{[]string{"serve", "deploys"}, map[string]string{"DEPLOY_QUEUE_TIMEOUT": "forever"}, "DEPLOY_QUEUE_TIMEOUT"},
+		{[]string{"serve", "deploys"}, map[string]string{"DEPLOY_TARGET_DATABASE_URL": "mysql://root@x/db"}, "DEPLOY_TARGET_DATABASE_URL"},
 		{[]string{"migrate"}, map[string]string{"DATABASE_URL": "mysql://root@x/db"}, "DATABASE_URL"},
 	} {
 		vars := map[string]string{"DATABASE_URL": nowhere}

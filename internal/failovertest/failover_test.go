@@ -44,6 +44,12 @@ func testFailover(t *testing.T, mode string) {
 
 	stop := make(chan struct{})
 	wait := d.load(6, stop)
+	if mode == "async" {
+		// Payments through the real agent binary too, whose journal then says what was acknowledged.
+		d.agent = newAgentDriver(t, s, "ag-"+mode)
+		loadWait, agentWait := wait, d.agent.load(t, stop)
+		wait = func() { loadWait(); agentWait() }
+	}
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -55,13 +61,13 @@ func testFailover(t *testing.T, mode string) {
 	if mode == "async" {
 		c.must("detach")
 		detached := time.Now()
-		until(t, "writes of every kind acknowledged by the primary alone", time.Minute, func() bool {
+		until(t, "writes of every kind acknowledged by the primary alone, a deploy among them activated", time.Minute, func() bool {
 			for _, k := range kinds {
 				if d.ackedSince(detached, k) < 3 {
 					return false
 				}
 			}
-			return true
+			return activatedSince(t, s, d, detached) > 0 && d.agent.capturedSince(detached) > 0
 		})
 	}
 	killed := c.kill()
@@ -81,9 +87,19 @@ func testFailover(t *testing.T, mode string) {
 	// The healing step, before anything is sent again: the books equal the provider's.
 	f, lost := lostWrites(t, d, primary)
 	restored := healed(t, s, primary, c.nodes()["primary"].url())
-	f = check(t, s, d, primary, killed, mode == "async", f, lost)
-	f.restored = restored
+	followUps := catchUps(t, s, d, lost)
+	if d.agent != nil {
+		// The agent's step after such a failover: every action its journal holds as acknowledged, asked for
+		// and made again under its key where the service lost it.
+		f.agentChecked, f.agentLost, f.agentRemade = d.agent.verify(t)
+		booksEqualProvider(t, s, primary)
+	}
+	f = check(t, s, d, primary, killed, mode == "async", f, lost, followUps)
+	f.restored, f.caughtUp, f.adopted = restored, len(followUps), aheadOfLost(t, s, primary, followUps)
 	booksEqualProvider(t, s, primary) // and still, once every write was sent again under its key
+	if d.agent != nil {
+		d.agent.exactlyOnce(t, primary)
+	}
 	if mode == "async" && restored == 0 {
 		t.Error("the sweep restored nothing after the asynchronous failover: the healing step proved nothing")
 	}
@@ -95,6 +111,9 @@ func testFailover(t *testing.T, mode string) {
 	}
 	if mode == "sync" && f.total(f.lost) > 0 {
 		t.Errorf("synchronous standby: %d acknowledged writes lost", f.total(f.lost))
+	}
+	if mode == "async" && f.caughtUp == 0 {
+		t.Error("no deploy the target had activated was lost: the asynchronous case proved nothing about deploys")
 	}
 	if mode == "async" && f.reclaimed == 0 {
 		t.Error("no payment write was lost after its provider call: the asynchronous case proved nothing")
@@ -123,10 +142,16 @@ type figures struct {
 	notSent int
 	// restored counts provider effects the sweep restored from the provider's record before anything was sent
 	// again (restore operations).
-	restored                 int
-	toPromoted, toFirstWrite time.Duration
-	cut                      map[string]int // answers to attempts in flight at the kill or sent until the first write
-	audit                    string
+	restored int
+	// caughtUp counts environments caught up with the target's marker by a deploy planned on the version a lost
+	// deploy made; adopted, those lost deploys whose same-key retry was recorded from the marker, not run again.
+	caughtUp, adopted int
+	// agentChecked counts the actions `retrysafe agent verify` found acknowledged in the agent's journal;
+	// agentLost, those the services had lost; agentRemade, those it made again.
+	agentChecked, agentLost, agentRemade int
+	toPromoted, toFirstWrite             time.Duration
+	cut                                  map[string]int // answers to attempts in flight at the kill or sent until the first write
+	audit                                string
 }
 
 func (f figures) total(m map[kind]int) int {
@@ -148,6 +173,12 @@ func (f figures) String(mode string) string {
 	fmt.Fprintf(&b, "\n  payment writes settled as never sent (nothing happened; the job went on under a new key): %d", f.notSent)
 	fmt.Fprintf(&b, "\n  deploys failed, not activated, their progress lost with the old primary: %d", f.failedDeploys)
 	fmt.Fprintf(&b, "\n  activations called again and answered from the target's marker: %d", f.repeatedActivations)
+	fmt.Fprintf(&b, "\n  environments caught up with the target after an activated deploy was lost: %d; the lost deploys' retries adopted from the marker: %d",
+		f.caughtUp, f.adopted)
+	if f.agentChecked > 0 {
+		fmt.Fprintf(&b, "\n  agent verify: %d acknowledged actions in the journal, %d lost with the old primary, %d made again",
+			f.agentChecked, f.agentLost, f.agentRemade)
+	}
 	fmt.Fprintf(&b, "\n  kill to promoted %.1f s, kill to first successful write %.1f s (%.1f s after the promotion)",
 		f.toPromoted.Seconds(), f.toFirstWrite.Seconds(), (f.toFirstWrite - f.toPromoted).Seconds())
 	fmt.Fprintf(&b, "\n  answers to attempts in flight at the kill or sent before the first successful write:")
@@ -178,7 +209,7 @@ func lostWrites(t *testing.T, d *driver, db *pgx.Conn) (figures, map[*write]bool
 // check counts, on the new primary and at the provider, what became of every write: acknowledged writes lost
 // (before anything is sent again), then, once every write has been sent again under its key, the effects of
 // each key, and the answers that said "nothing was done" for a claim that committed.
-func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, mayLose bool, f figures, lost map[*write]bool) figures {
+func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, mayLose bool, f figures, lost map[*write]bool, followUps []followUp) figures {
 	t.Helper()
 	ctx := t.Context()
 
@@ -201,6 +232,9 @@ func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, ma
 	}
 	close(jobs)
 	wg.Wait()
+	for _, u := range followUps {
+		d.send(u.w, "/v1/deploys")
+	}
 	keys := []string{}
 	for _, w := range d.writes() {
 		keys = append(keys, w.key)
@@ -224,7 +258,7 @@ func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, ma
 	// Exactly one effect per key: tickets in the database, authorizations and captures at the provider,
 	// activations at the target.
 	effects := map[string]int{}
-	add := func(sql string, prefix string) {
+	add := func(db *pgx.Conn, sql string, prefix string) {
 		rows, err := db.Query(ctx, sql, d.name)
 		if err != nil {
 			t.Fatal(err)
@@ -245,20 +279,22 @@ func check(t *testing.T, s *stack, d *driver, db *pgx.Conn, killed time.Time, ma
 			t.Fatal(err)
 		}
 	}
-	add(`SELECT title, count(*), count(*) FROM tickets WHERE project = 'failover' AND title LIKE $1 || '-%' GROUP BY title`, "t-")
-	add(`SELECT order_id, count(*) FILTER (WHERE status <> 'failed'), count(*) FILTER (WHERE status = 'succeeded' AND captured_minor = amount_minor)
+	add(db, `SELECT title, count(*), count(*) FROM tickets WHERE project = 'failover' AND title LIKE $1 || '-%' GROUP BY title`, "t-")
+	add(db, `SELECT order_id, count(*) FILTER (WHERE status <> 'failed'), count(*) FILTER (WHERE status = 'succeeded' AND captured_minor = amount_minor)
 FROM payment_intents WHERE order_id LIKE $1 || '-%' GROUP BY order_id`, "pi-")
-	add(`SELECT substr(environment, 4), count(*), count(*) FROM deploys WHERE environment LIKE 'fo-' || $1 || '-%' GROUP BY environment`, "d-")
-	add(`SELECT substr(environment, 4), count(*), count(*)
-FROM deploy_target_activations WHERE environment LIKE 'fo-' || $1 || '-%' GROUP BY environment`, "activation d-")
+	// Deploys by id (an environment of a lost deploy also has the deploy that caught it up), activations at the
+	// target, whose database did not fail over.
+	add(db, `SELECT id, count(*), count(*) FROM deploys WHERE environment LIKE 'fo-' || $1 || '-%' GROUP BY id`, "d ")
+	add(s.target, `SELECT deploy_id, count(*), count(*)
+FROM deploy_target_activations WHERE environment LIKE 'fo-' || $1 || '-%' GROUP BY deploy_id`, "activation ")
 	// The controller activates again when the database failed under its first call (the target answers from its
 	// marker): calls, not activations.
-	f.repeatedActivations = count(t, db, `SELECT coalesce(sum(calls - 1), 0) FROM deploy_target_activations WHERE environment LIKE 'fo-' || $1 || '-%'`, d.name)
+	f.repeatedActivations = count(t, s.target, `SELECT coalesce(sum(calls - 1), 0) FROM deploy_target_activations WHERE environment LIKE 'fo-' || $1 || '-%'`, d.name)
 	// A deploy that did not succeed, and its history.
 	unsucceeded := map[string]string{}
-	rows, err := db.Query(ctx, `SELECT 'd-' || substr(d.environment, 4), d.state || ': ' || string_agg(e.type || ' ' || e.detail::text, '; ' ORDER BY e.id)
+	rows, err := db.Query(ctx, `SELECT d.id, d.state || ': ' || string_agg(e.type || ' ' || e.detail::text, '; ' ORDER BY e.id)
 FROM deploys d JOIN operation_events e ON e.operation_id = d.operation_id
-WHERE d.environment LIKE 'fo-' || $1 || '-%' AND d.state <> 'succeeded' GROUP BY d.environment, d.state`, d.name)
+WHERE d.environment LIKE 'fo-' || $1 || '-%' AND d.state <> 'succeeded' GROUP BY d.id, d.state`, d.name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,16 +317,21 @@ WHERE d.environment LIKE 'fo-' || $1 || '-%' AND d.state <> 'succeeded' GROUP BY
 			n = effects[w.key]
 		case kindDeploy:
 			// The deploy is one row; its effect, the activation at the target, happened once if it succeeded.
-			// A deploy whose progress (steps, activation: the simulated target shares the database) was lost
-			// with the old primary cannot go on under its fencing token: the reconciler finds no marker and
-			// queues it again under the same operation (deploys.MaxAttempts), so it fails only after that.
-			n = max(effects[w.key], effects["activation "+w.key])
-			history, failed := unsucceeded[w.key]
+			// A deploy whose progress was lost with the old primary cannot go on under its fencing token: the
+			// reconciler finds no marker and queues it again under the same operation (deploys.MaxAttempts), so
+			// it fails only after that. A lost deploy sent again under its key is the same deploy (its id comes
+			// from the key), adopted from the target's marker when the target had activated it.
+			id := answerID(w.last)
+			if ack, _ := w.acked(); ack != nil && answerID(ack) != id {
+				t.Errorf("%s: sent again, answered deploy %s; acknowledged as %s", w.key, id, answerID(ack))
+			}
+			n = max(effects["d "+id], effects["activation "+id])
+			history, failed := unsucceeded[id]
 			switch {
-			case effects[w.key] != 1:
-				t.Errorf("%s: %d deploys; want 1", w.key, effects[w.key])
-			case failed && (!mayLose || effects["activation "+w.key] != 0):
-				t.Errorf("%s: %d activations, %s", w.key, effects["activation "+w.key], history)
+			case effects["d "+id] != 1:
+				t.Errorf("%s: %d deploys %s; want 1", w.key, effects["d "+id], id)
+			case failed && (!mayLose || effects["activation "+id] != 0):
+				t.Errorf("%s: %d activations, %s", w.key, effects["activation "+id], history)
 			case failed:
 				f.failedDeploys++
 				t.Logf("%s: its progress was lost with the old primary: %s", w.key, history)
@@ -330,8 +371,13 @@ WHERE d.environment LIKE 'fo-' || $1 || '-%' AND d.state <> 'succeeded' GROUP BY
 			paymentJobs++
 		}
 	}
-	if counters["authorize"] != paymentJobs || counters["capture"] != paymentJobs {
-		t.Errorf("provider executed %v; want %d authorizations and %d captures, one per payment", counters, paymentJobs, paymentJobs)
+	authorizations, captures := paymentJobs, paymentJobs
+	if d.agent != nil {
+		a, c := d.agent.providerCalls(t, account)
+		authorizations, captures = authorizations+a, captures+c
+	}
+	if counters["authorize"] != authorizations || counters["capture"] != captures {
+		t.Errorf("provider executed %v; want %d authorizations and %d captures, one per payment (the agent's among them)", counters, authorizations, captures)
 	}
 	for _, k := range kinds {
 		if f.doubled[k] > 0 {
@@ -379,6 +425,17 @@ WHERE o.idempotency_key = ANY($1)`, keys, opstore.EventDispatchStarted, opstore.
 	return f
 }
 
+// answerID is the id an answer names, "" when it names none.
+func answerID(res *apitest.Response) string {
+	var b struct {
+		ID string `json:"id"`
+	}
+	if res != nil {
+		_ = json.Unmarshal(res.Body, &b)
+	}
+	return b.ID
+}
+
 // present reports whether the acknowledged effect of w is on the database.
 func present(t *testing.T, db *pgx.Conn, w *write) bool {
 	t.Helper()
@@ -396,7 +453,9 @@ func present(t *testing.T, db *pgx.Conn, w *write) bool {
 		kindCapture: `SELECT count(*) FROM payment_intents WHERE id = $1 AND status = 'succeeded'`,
 		kindDeploy:  `SELECT count(*) FROM deploys WHERE id = $1`,
 	}[w.kind]
-	return count(t, db, sql, res.ID) == 1
+	// The operation too: the sweep may have restored a lost payment's rows from the provider before this
+	// count, but not the operation that acknowledged it.
+	return count(t, db, sql, res.ID) == 1 && count(t, db, `SELECT count(*) FROM operations WHERE idempotency_key = $1`, w.key) > 0
 }
 
 func count(t *testing.T, db *pgx.Conn, sql string, args ...any) int {

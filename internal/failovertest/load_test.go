@@ -84,6 +84,8 @@ type driver struct {
 	mu   sync.Mutex
 	jobs []*job
 	done atomic.Int64
+	// agent, when set, made payments of its own beside the jobs' (the provider's counters count them too).
+	agent *agentDriver
 }
 
 func newDriver(t *testing.T, s *stack, name string) *driver { return &driver{t: t, s: s, name: name} }

@@ -251,6 +251,9 @@ func checkExpectedVersion(errs []problem.FieldError, v *int64) []problem.FieldEr
 
 // NewDeploy is a deploy to insert, queued, by Store.CreateDeploy.
 type NewDeploy struct {
+	// ID is the deploy's id (deployID): derived from the request's key, so that the target's marker of a deploy
+	// a failover took from our database is found when its request is sent again.
+	ID          string
 	AccountID   string
 	OperationID string
 	Kind        DeployKind
@@ -358,6 +361,10 @@ type Store interface {
 	// CatchUp moves the environment forward to the version the target's marker a says it is at, when our row is
 	// behind it (a failover lost the commits that recorded it); caught false when it was not behind.
 	CatchUp(ctx context.Context, tx *gorm.DB, accountID, environment string, a Activation) (caught bool, err error)
+	// Adopt records nd as the deploy the target's marker a says was activated, succeeded without running
+	// again, and catches the environment up with a when it is behind: the request was made and activated
+	// before a failover took its rows from our database.
+	Adopt(ctx context.Context, tx *gorm.DB, nd NewDeploy, a Activation) (Deploy, error)
 
 	// TakeOver gives the lock of an unknown deploy a new fencing token, so its old worker can no longer write,
 	// and returns the new claim. Returns ErrLeaseLive (a *LeaseLiveError) while the lease runs, ErrLockLost if the deploy does not

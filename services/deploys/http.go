@@ -20,6 +20,7 @@ import (
 	"github.com/retrysafe/retrysafe/pkg/idem"
 	"github.com/retrysafe/retrysafe/pkg/idem/idemgin"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
+	"github.com/retrysafe/retrysafe/pkg/opstore"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -44,15 +45,20 @@ func (s *Server) needsApproval(environment string) bool {
 	return slices.Contains(s.ApprovalEnvironments, environment)
 }
 
-// accepted is the 202 of a new deploy: the controller takes it from the queue.
-func accepted(d Deploy) idem.Result {
-	return idem.Result{
+// accepted is the 202 of a new deploy: the controller takes it from the queue. An adopted one (makeDeploy) is
+// the same answer, the deploy already succeeded, and so is its operation: the target's record says so.
+func accepted(d Deploy, adopted bool) idem.Result {
+	res := idem.Result{
 		Status:   http.StatusAccepted,
 		Body:     d,
 		Header:   http.Header{"Location": {"/v1/deploys/" + d.ID}},
 		Resource: &opstatus.Resource{Type: "deploy", ID: d.ID},
 		State:    opstatus.StateQueued,
 	}
+	if adopted {
+		res.State, res.Reason = opstatus.StateSucceeded, opstore.ReasonRemoteRecordFound
+	}
+	return res
 }
 
 func (s *Server) createDeploy(c *gin.Context) {
@@ -64,6 +70,7 @@ func (s *Server) createDeploy(c *gin.Context) {
 	account := auth.From(c.Request.Context()).AccountID
 	needsApproval, approvalID := s.needsApproval(cmd.Environment), c.GetHeader(approval.HeaderApprovalID)
 	guard := s.Approvals.Guard(c.Request.Header, needsApproval)
+	marker, activated := s.earlier(c.Request.Context(), account, c.GetHeader("Idempotency-Key"))
 	idemgin.Do(s.Idem, c, idem.Request{Kind: KindDeploy, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
@@ -74,15 +81,15 @@ func (s *Server) createDeploy(c *gin.Context) {
 					return idem.Result{}, err
 				}
 			}
-			d, err := s.createCaughtUp(ctx, tx, NewDeploy{
+			d, adopted, err := s.makeDeploy(ctx, tx, op, NewDeploy{
 				AccountID: account, OperationID: op.ID, Kind: DeployForward, Service: cmd.Service,
 				Environment: cmd.Environment, Reference: cmd.Reference,
 				ExpectedEnvironmentVersion: version, StepsTotal: s.Steps,
-			})
+			}, marker, activated)
 			if err != nil {
 				return idem.Result{}, err // refused (locked, version moved): nothing stored, the key stays free
 			}
-			return accepted(d), nil
+			return accepted(d, adopted), nil
 		})
 }
 
@@ -101,6 +108,7 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 		return
 	}
 	guard := s.Approvals.Guard(c.Request.Header, s.needsApproval(of.Environment))
+	marker, activated := s.earlier(c.Request.Context(), account, c.GetHeader("Idempotency-Key"))
 	idemgin.Do(s.Idem, c, idem.Request{Kind: KindRollback, Command: cmd, Guard: guard, SupersedeUnknown: s.Approvals.SupersedeUnknown(c.Request.Header),
 		Takes: []string{approval.HeaderApprovalID}},
 		func(ctx context.Context, tx *gorm.DB, op opstatus.Operation) (idem.Result, error) {
@@ -108,15 +116,15 @@ func (s *Server) rollbackDeploy(c *gin.Context) {
 			if err != nil {
 				return idem.Result{}, err
 			}
-			d, err := s.createCaughtUp(ctx, tx, NewDeploy{
+			d, adopted, err := s.makeDeploy(ctx, tx, op, NewDeploy{
 				AccountID: account, OperationID: op.ID, Kind: DeployRollback, Service: plan.Of.Service,
 				Environment: plan.Of.Environment, Reference: plan.To.Reference(), RollsBackDeployID: &plan.Of.ID,
 				ExpectedEnvironmentVersion: cmd.ExpectedEnvironmentVersion, StepsTotal: s.Steps,
-			})
+			}, marker, activated)
 			if err != nil {
 				return idem.Result{}, err
 			}
-			return accepted(d), nil
+			return accepted(d, adopted), nil
 		})
 }
 

@@ -54,7 +54,10 @@ func (s PostgresStore) CreateDeploy(ctx context.Context, tx *gorm.DB, nd NewDepl
 	if err != nil {
 		return Deploy{}, err
 	}
-	id := ids.New("dep_")
+	id := nd.ID
+	if id == "" {
+		id = ids.New("dep_")
+	}
 	token, err := acquireEnvironmentLock(db, nd, id)
 	if err != nil {
 		return Deploy{}, err
@@ -658,6 +661,37 @@ WHERE account_id = ? AND name = ? AND version < ?`,
 		return false, fmt.Errorf("deploys: catch up %s: %w", environment, res.Error)
 	}
 	return res.RowsAffected == 1, nil
+}
+
+// Adopt implements Store. The environment is neither locked for the deploy nor checked against the version
+// nd expects: both were settled when the deploy was first made, and the target activated it.
+func (s PostgresStore) Adopt(ctx context.Context, tx *gorm.DB, nd NewDeploy, a Activation) (Deploy, error) {
+	db := tx.WithContext(ctx)
+	unchecked := nd
+	unchecked.ExpectedEnvironmentVersion, unchecked.RollsBackDeployID = nil, nil
+	if _, err := lockEnvironment(db, unchecked); err != nil {
+		return Deploy{}, err
+	}
+	var rows []deployRow
+	err := db.Raw(`
+WITH d AS (
+    INSERT INTO deploys (id, account_id, operation_id, kind, service, environment, artifact, commit_sha,
+                         rolls_back_deploy_id, state, environment_version, fencing_token, steps_total, steps_completed,
+                         activation_started_at, started_at, finished_at)
+    VALUES (?, ?, ?, ?, ?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, 'succeeded', ?, ?, ?, ?, ?, ?, now())
+    RETURNING *
+)
+SELECT `+deployColumns+` FROM d`,
+		nd.ID, nd.AccountID, nd.OperationID, nd.Kind, nd.Service, nd.Environment, nd.Artifact, nd.CommitSHA,
+		nd.RollsBackDeployID, max(a.EnvironmentVersion-1, 0), a.FencingToken, nd.StepsTotal, nd.StepsTotal,
+		a.ActivatedAt, a.ActivatedAt).Scan(&rows).Error
+	if err != nil {
+		return Deploy{}, fmt.Errorf("deploys: adopt %s: %w", nd.ID, err)
+	}
+	if _, err := s.CatchUp(ctx, tx, nd.AccountID, nd.Environment, a); err != nil {
+		return Deploy{}, err
+	}
+	return rows[0].Deploy, nil
 }
 
 // TakeOver implements Store.
