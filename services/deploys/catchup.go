@@ -22,6 +22,7 @@ import (
 	"github.com/google/uuid"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/pkg/opstore"
@@ -51,7 +52,7 @@ func (s *Server) earlier(ctx context.Context, accountID, key string) (marker Act
 		return Activation{}, false
 	}
 	// Any operation this request claims is newer than one made now.
-	predecessor, err := opstore.KeyPredecessor(ctx, s.DB, accountID, key, opstatus.NewID())
+	predecessor, err := opstore.KeyPredecessor(ctx, database.SQL(s.DB), accountID, key, opstatus.NewID())
 	if err == nil {
 		marker, found, err = s.Target.Activation(ctx, deployID(accountID, key, predecessor))
 	}
@@ -65,7 +66,7 @@ func (s *Server) earlier(ctx context.Context, accountID, key string) (marker Act
 // makeDeploy makes nd under op: the deploy the target activated earlier under its id (marker, from earlier),
 // adopted, or a new one queued (createCaughtUp). adopted reports the first.
 func (s *Server) makeDeploy(ctx context.Context, tx *gorm.DB, op opstatus.Operation, nd NewDeploy, marker Activation, found bool) (d Deploy, adopted bool, err error) {
-	predecessor, err := opstore.KeyPredecessor(ctx, tx, op.AccountID, op.IdempotencyKey, op.ID)
+	predecessor, err := opstore.KeyPredecessor(ctx, database.SQL(tx), op.AccountID, op.IdempotencyKey, op.ID)
 	if err != nil {
 		return Deploy{}, false, err
 	}
