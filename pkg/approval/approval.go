@@ -5,7 +5,7 @@
 // A service lists the routes that can need approval, each able to turn a request body into the validated
 // command and a summary a person must see:
 //
-//	approvals := approval.New(db, idemHandler, time.Hour, approval.Route{
+//	approvals := approval.New(pool, idemHandler, time.Hour, approval.Route{ // pool: a database.Pool
 //		Method: "POST", Path: "/v1/deploys",
 //		Describe: func(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
 //			cmd, err := decodeDeploy(body)
