@@ -9,6 +9,7 @@ import (
 
 	"github.com/retrysafe/retrysafe/pkg/agent"
 	"github.com/retrysafe/retrysafe/pkg/approval"
+	"github.com/retrysafe/retrysafe/pkg/database"
 )
 
 // verifyJournalAndGrants is `audit verify --journal`: the journal's chain (verifyJournal), then, when the journal
@@ -37,7 +38,7 @@ func verifyJournalAndGrants(ctx context.Context, inv invocation, path string) er
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	uses, err := approval.GrantUses(ctx, db, grants)
+	uses, err := approval.GrantUses(ctx, database.SQL(db), grants)
 	if err != nil {
 		return exitError{code: 2, err: err}
 	}

@@ -111,7 +111,7 @@ func newServer(db *gorm.DB, h *idem.Handler, keys *auth.Keys) (http.Handler, err
 		mux.Handle(pattern, api(h))
 	}
 	// The console: the account's operations and their timelines, for a person who signs in with the key.
-	pages, err := console.Routes(console.Options{DB: db, Keys: keys, Service: "notes"})
+	pages, err := console.Routes(console.Options{DB: pool, Keys: keys, Service: "notes"})
 	if err != nil {
 		return nil, err
 	}

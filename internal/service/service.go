@@ -167,7 +167,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 			Services: append(slices.Clip(d.Services), svc.Name())}
 		httpserver.Mount(group, decider.Routes())
 	}
-	if d.DB != nil && h.Keys != nil {
+	if d.Pool != nil && h.Keys != nil {
 		covered := h.ConsoleServices
 		if len(covered) == 0 {
 			covered = []Service{svc}
@@ -177,7 +177,7 @@ func Handler(d Deps, h HTTP, svc Service) *gin.Engine {
 			names[i] = s.Name()
 		}
 		o := h.Console
-		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.DB, h.Keys, strings.Join(names, " · "), ConsolePagesOf(covered...), d.Log()
+		o.DB, o.Keys, o.Service, o.Pages, o.Logger = d.Pool, h.Keys, strings.Join(names, " · "), ConsolePagesOf(covered...), d.Log()
 		if decider != nil {
 			o.Resolve = decider.DecideForm
 		}
@@ -285,7 +285,7 @@ func Workers(d Deps, b Background, svcs ...Service) []Worker {
 	if b.RecoveryInterval > 0 {
 		// Approvals are shared by the services, like operations: every process records their expiry, and
 		// replicas never record one twice (approval.Expire).
-		expiry := &approval.ExpiryWorker{DB: d.DB, Interval: b.RecoveryInterval, Logger: d.Log()}
+		expiry := &approval.ExpiryWorker{DB: d.Pool, Interval: b.RecoveryInterval, Logger: d.Log()}
 		out = append(out, Worker{Name: "approval-expiry", Run: expiry.Run})
 	}
 	return out

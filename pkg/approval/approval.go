@@ -5,7 +5,7 @@
 // A service lists the routes that can need approval, each able to turn a request body into the validated
 // command and a summary a person must see:
 //
-//	approvals := approval.New(db, idemHandler, time.Hour, approval.Route{
+//	approvals := approval.New(pool, idemHandler, time.Hour, approval.Route{ // pool: a database.Pool
 //		Method: "POST", Path: "/v1/deploys",
 //		Describe: func(ctx context.Context, account string, params map[string]string, body json.RawMessage) (any, map[string]any, error) {
 //			cmd, err := decodeDeploy(body)
@@ -18,11 +18,15 @@
 //		Takes: []string{approval.HeaderApprovalID}}, write)
 //
 // The guard runs only after a new claim, so a replay of an approved request needs no new approval.
+//
+// Statements run on database/sql handles (database.DBTX, database.Pool); gorm appears only in the types of the
+// callbacks idem runs in its claim transaction (a guard, a write), whose handle idem passes as a *gorm.DB.
 package approval
 
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -115,22 +119,26 @@ func (r Route) match(method, path string) (map[string]string, bool) {
 // used, past expires_at), so each gets its `expired` audit record, and returns how many it moved. Replicas may
 // run it at once: each skips the rows another holds, and the UPDATE moves only rows still pending or approved
 // and unused, so no approval is recorded expired twice, and none a write is using at that moment.
-func Expire(ctx context.Context, db *gorm.DB, now time.Time, limit int) (int, error) {
-	res := db.WithContext(ctx).Exec(`
+func Expire(ctx context.Context, db database.DBTX, now time.Time, limit int) (int, error) {
+	res, err := db.ExecContext(ctx, `
 UPDATE approvals SET state = 'expired'
 WHERE (account_id, id) IN (SELECT account_id, id FROM approvals
-             WHERE state IN ('pending', 'approved') AND used_by_operation_id IS NULL AND expires_at <= ?
-             ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED)
-  AND state IN ('pending', 'approved') AND used_by_operation_id IS NULL AND expires_at <= ?`, now, limit, now)
-	if res.Error != nil {
-		return 0, fmt.Errorf("approval: expire: %w", res.Error)
+             WHERE state IN ('pending', 'approved') AND used_by_operation_id IS NULL AND expires_at <= $1
+             ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+  AND state IN ('pending', 'approved') AND used_by_operation_id IS NULL AND expires_at <= $1`, now, limit)
+	if err != nil {
+		return 0, fmt.Errorf("approval: expire: %w", err)
 	}
-	return int(res.RowsAffected), nil
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("approval: expire: %w", err)
+	}
+	return int(n), nil
 }
 
 // ExpiryWorker records the expiry of approvals that run out (Expire), every Interval, until its context ends.
 type ExpiryWorker struct {
-	DB       *gorm.DB
+	DB       database.DBTX
 	Interval time.Duration
 	Logger   *slog.Logger
 	// Now is the clock (time.Now when nil); the guard and decisions read expiry by the same one.
@@ -203,9 +211,6 @@ type Approval struct {
 // currency and order. It is stored as jsonb.
 type Summary map[string]any
 
-// GormDataType tells gorm the column type; without it gorm refuses to map a map type and scans nothing.
-func (Summary) GormDataType() string { return "jsonb" }
-
 // Scan implements sql.Scanner for the jsonb column. Numbers are read as json.Number, digit for digit: an
 // approver is shown the number stored, not its nearest float64.
 func (s *Summary) Scan(v any) error {
@@ -228,7 +233,7 @@ func (s *Summary) Scan(v any) error {
 
 // Service stores approvals and checks them.
 type Service struct {
-	db     *gorm.DB
+	db     database.Pool
 	idem   *idem.Handler
 	ttl    time.Duration
 	routes []Route
@@ -236,7 +241,7 @@ type Service struct {
 }
 
 // New returns a Service for routes; approvals expire ttl after they are requested.
-func New(db *gorm.DB, h *idem.Handler, ttl time.Duration, routes ...Route) *Service {
+func New(db database.Pool, h *idem.Handler, ttl time.Duration, routes ...Route) *Service {
 	return &Service{db: db, idem: h, ttl: ttl, routes: routes, now: time.Now}
 }
 
@@ -363,9 +368,9 @@ func (s *Service) GuardWhen(h http.Header, needed func(ctx context.Context, tx *
 		case id != "" && grant.id != "":
 			return problem.New("grant_invalid", "send %s or %s, not both", HeaderApprovalID, HeaderGrantID).With("reason", "with_approval")
 		case id != "":
-			return s.use(ctx, tx, op, fingerprint, id, supersedes, false)
+			return s.use(ctx, database.SQL(tx), op, fingerprint, id, supersedes, false)
 		case grant.id != "":
-			return s.useGrant(ctx, tx, op, grant)
+			return s.useGrant(ctx, database.SQL(tx), op, grant)
 		case need:
 			return problem.New("approval_required",
 				"this write needs a person's approval: POST /v1/approvals with this exact request, have an approver approve it, then send its id in Approval-Id")
@@ -384,7 +389,7 @@ func (s *Service) SupersedeUnknown(h http.Header) func(ctx context.Context, tx *
 		if id == "" {
 			return false, nil
 		}
-		return true, s.use(ctx, tx, op, fingerprint, id, supersedes, true)
+		return true, s.use(ctx, database.SQL(tx), op, fingerprint, id, supersedes, true)
 	}
 }
 
@@ -393,17 +398,17 @@ func (s *Service) SupersedeUnknown(h http.Header) func(ctx context.Context, tx *
 // authorizes one operation. An approval that names a superseded operation authorizes only a request that
 // supersedes it; unknown (the superseded operation's outcome is unknown) also asks that it name it. An approval
 // a Guard and SupersedeUnknown both check is marked and recorded once.
-func (s *Service) use(ctx context.Context, tx *gorm.DB, op opstatus.Operation, fingerprint, id, supersedes string, unknown bool) error {
+func (s *Service) use(ctx context.Context, tx database.DBTX, op opstatus.Operation, fingerprint, id, supersedes string, unknown bool) error {
 	if !ids.Valid(idPrefix, id) {
 		// Never looked up: a header value that no approval id can be (NUL, invalid UTF-8) must not reach SQL.
 		return problem.New("approval_invalid", "no such approval in this account")
 	}
 	var a Approval
-	res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE account_id = ? AND id = ? FOR UPDATE`, op.AccountID, id).Scan(&a)
-	if res.Error != nil {
-		return fmt.Errorf("approval: load %s: %w", id, res.Error)
+	found, err := scanOne(tx.QueryRowContext(ctx, `SELECT `+columns+` FROM approvals WHERE account_id = $1 AND id = $2 FOR UPDATE`, op.AccountID, id), &a)
+	if err != nil {
+		return fmt.Errorf("approval: load %s: %w", id, err)
 	}
-	reason := s.unusable(a, res.RowsAffected > 0)
+	reason := s.unusable(a, found)
 	if reason == "" {
 		reason = mismatch(a, op, fingerprint, supersedes, unknown)
 	}
@@ -452,9 +457,9 @@ func mismatch(a Approval, op opstatus.Operation, fingerprint, supersedes string,
 }
 
 // markUsed marks approval a used by op and records on op that it was checked.
-func markUsed(ctx context.Context, tx *gorm.DB, op opstatus.Operation, a Approval, supersedes string) error {
-	err := tx.WithContext(ctx).Exec(`UPDATE approvals SET used_by_operation_id = ? WHERE account_id = ? AND id = ?`,
-		op.ID, op.AccountID, a.ID).Error
+func markUsed(ctx context.Context, tx database.DBTX, op opstatus.Operation, a Approval, supersedes string) error {
+	_, err := tx.ExecContext(ctx, `UPDATE approvals SET used_by_operation_id = $1 WHERE account_id = $2 AND id = $3`,
+		op.ID, op.AccountID, a.ID)
 	if err != nil {
 		return fmt.Errorf("approval: use %s: %w", a.ID, err)
 	}
@@ -462,7 +467,7 @@ func markUsed(ctx context.Context, tx *gorm.DB, op opstatus.Operation, a Approva
 	if supersedes != "" {
 		detail["supersedes_operation_id"] = supersedes
 	}
-	return opstatus.Append(ctx, database.SQL(tx), op.AccountID, op.ID, "approval_checked", "system:approval", detail)
+	return opstatus.Append(ctx, tx, op.AccountID, op.ID, "approval_checked", "system:approval", detail)
 }
 
 // summarySupersedes is the summary's key for what is known of the operation an approved write supersedes.
@@ -480,7 +485,7 @@ func (a Approval) Supersedes() string {
 // sent_no_response, response_received, execution_error; started when only its start was recorded; none when it
 // made no call) and reason (or none), with its intent and the planned recovery (addRecoveryCard).
 func (s *Service) superseded(ctx context.Context, accountID, opID string) (map[string]any, error) {
-	r, found, err := opstore.ReadPrior(ctx, database.SQL(s.db), accountID, opID)
+	r, found, err := opstore.ReadPrior(ctx, s.db, accountID, opID)
 	if err != nil {
 		return nil, fmt.Errorf("approval: superseded operation %s: %w", opID, err)
 	}
@@ -502,20 +507,35 @@ func (s *Service) superseded(ctx context.Context, accountID, opID string) (map[s
 // UsedBy returns approval id as op's guard accepted it in tx (it marks the approval used by op there); ok is
 // false unless id names an approval op used. A write reads here what its approver was shown beyond the request
 // itself, in the same transaction, after the guard: a deploy runs at the environment version its card showed.
-func UsedBy(ctx context.Context, tx *gorm.DB, op opstatus.Operation, id string) (a Approval, ok bool, err error) {
+func UsedBy(ctx context.Context, tx database.DBTX, op opstatus.Operation, id string) (a Approval, ok bool, err error) {
 	if !ids.Valid(idPrefix, id) {
 		return Approval{}, false, nil
 	}
-	res := tx.WithContext(ctx).Raw(`SELECT `+columns+` FROM approvals WHERE account_id = ? AND id = ? AND used_by_operation_id = ?`,
-		op.AccountID, id, op.ID).Scan(&a)
-	if res.Error != nil {
-		return Approval{}, false, fmt.Errorf("approval: load %s: %w", id, res.Error)
+	ok, err = scanOne(tx.QueryRowContext(ctx, `SELECT `+columns+` FROM approvals WHERE account_id = $1 AND id = $2 AND used_by_operation_id = $3`,
+		op.AccountID, id, op.ID), &a)
+	if err != nil {
+		return Approval{}, false, fmt.Errorf("approval: load %s: %w", id, err)
 	}
-	return a, res.RowsAffected == 1, nil
+	return a, ok, nil
 }
 
 const columns = `id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by,
 decided_by, decided_at, expires_at, used_by_operation_id, created_at, body`
+
+// fields are a's fields in the order of columns, for Scan.
+func (a *Approval) fields() []any {
+	return []any{&a.ID, &a.AccountID, &a.Method, &a.Path, &a.Route, &a.IdempotencyKey, &a.Fingerprint, &a.Summary, &a.State,
+		&a.RequestedBy, &a.DecidedBy, &a.DecidedAt, &a.ExpiresAt, &a.UsedByOperationID, &a.CreatedAt, &a.Body}
+}
+
+// scanOne scans row, of columns, into a; found is false when there was no row.
+func scanOne(row *sql.Row, a *Approval) (found bool, err error) {
+	err = row.Scan(a.fields()...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
 
 // The routes of the approval endpoints (ServeMux paths).
 const (
@@ -576,12 +596,12 @@ func (s *Service) create(w http.ResponseWriter, r *http.Request) {
 				return idem.Result{}, fmt.Errorf("approval: summary: %w", err)
 			}
 			var a Approval
-			err = tx.WithContext(ctx).Raw(`
+			err = database.SQL(tx).QueryRowContext(ctx, `
 INSERT INTO approvals (id, account_id, method, path, route, idempotency_key, fingerprint, summary, state, requested_by, expires_at, body)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?::jsonb, 'pending', ?, ?, ?)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, 'pending', $9, $10, $11)
 RETURNING `+columns,
 				ids.New(idPrefix), p.AccountID, b.Method, b.Path, b.Route, b.IdempotencyKey,
-				b.Fingerprint, string(summary), p.Actor(), s.now().Add(s.ttl), b.Body).Scan(&a).Error
+				b.Fingerprint, string(summary), p.Actor(), s.now().Add(s.ttl), b.Body).Scan(a.fields()...)
 			if err != nil {
 				return idem.Result{}, fmt.Errorf("approval: create: %w", err)
 			}
@@ -599,17 +619,17 @@ func (s *Service) get(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, r, http.StatusOK, a.shown(s.now()))
 }
 
-func load(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Approval, error) {
-	q := `SELECT ` + columns + ` FROM approvals WHERE id = ? AND account_id = ?`
+func load(ctx context.Context, db database.DBTX, accountID, id string, lock bool) (Approval, error) {
+	q := `SELECT ` + columns + ` FROM approvals WHERE id = $1 AND account_id = $2`
 	if lock {
 		q += ` FOR UPDATE`
 	}
 	var a Approval
-	res := db.WithContext(ctx).Raw(q, id, accountID).Scan(&a)
-	if res.Error != nil {
-		return Approval{}, fmt.Errorf("approval: load %s: %w", id, res.Error)
+	found, err := scanOne(db.QueryRowContext(ctx, q, id, accountID), &a)
+	if err != nil {
+		return Approval{}, fmt.Errorf("approval: load %s: %w", id, err)
 	}
-	if res.RowsAffected == 0 {
+	if !found {
 		return Approval{}, problem.NotFound("approval")
 	}
 	return a, nil
@@ -636,11 +656,11 @@ func (s *Service) decide(w http.ResponseWriter, r *http.Request, to State) {
 //
 // Returns problem errors: forbidden unless p is an approver, not_found for another account's approval,
 // approval_invalid when p requested it or it expired, invalid_state when it is past that decision.
-func Decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to State) (Approval, error) {
+func Decide(ctx context.Context, db database.Pool, p auth.Principal, id string, to State) (Approval, error) {
 	return decide(ctx, db, p, id, to, time.Now())
 }
 
-func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to State, now time.Time) (Approval, error) {
+func decide(ctx context.Context, db database.Pool, p auth.Principal, id string, to State, now time.Time) (Approval, error) {
 	if p.Role != auth.RoleApprover {
 		return Approval{}, problem.New("forbidden", "only a key with role approver can decide approvals")
 	}
@@ -652,7 +672,7 @@ func decide(ctx context.Context, db *gorm.DB, p auth.Principal, id string, to St
 		a    Approval
 		late error
 	)
-	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = database.InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		var err error
 		a, late, err = decideLocked(ctx, tx, p, id, from, to, now)
 		return err
@@ -678,7 +698,7 @@ func decisionFrom(to State) (State, error) {
 // decideLocked is decide inside its transaction tx: it locks approval id and moves it from state from to to.
 // late, with no error, is the refusal of an approval that ran out before the expiry worker came by: its expiry
 // is recorded in tx, and decide refuses once tx commits.
-func decideLocked(ctx context.Context, tx *gorm.DB, p auth.Principal, id string, from, to State, now time.Time) (a Approval, late error, err error) {
+func decideLocked(ctx context.Context, tx database.DBTX, p auth.Principal, id string, from, to State, now time.Time) (a Approval, late error, err error) {
 	if a, err = load(ctx, tx, p.AccountID, id, true); err != nil {
 		return a, nil, err
 	}
@@ -692,8 +712,8 @@ func decideLocked(ctx context.Context, tx *gorm.DB, p auth.Principal, id string,
 	case a.shown(now).State == StateExpired:
 		// The row is locked, so the worker cannot record the expiry too.
 		late = expiredError(a)
-		err = tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ? WHERE account_id = ? AND id = ? RETURNING `+columns,
-			StateExpired, a.AccountID, a.ID).Scan(&a).Error
+		err = tx.QueryRowContext(ctx, `UPDATE approvals SET state = $1 WHERE account_id = $2 AND id = $3 RETURNING `+columns,
+			string(StateExpired), a.AccountID, a.ID).Scan(a.fields()...)
 		return a, late, err
 	case a.State != from:
 		return a, nil, problem.New("invalid_state", "the approval is already %s", a.State)
@@ -703,8 +723,8 @@ func decideLocked(ctx context.Context, tx *gorm.DB, p auth.Principal, id string,
 		return a, nil, expiredError(a)
 	}
 	// decided_by names the last decision (the revoker, for a revoke); approval_events keeps every one.
-	err = tx.WithContext(ctx).Raw(`UPDATE approvals SET state = ?, decided_by = ?, decided_at = now()
-WHERE account_id = ? AND id = ? RETURNING `+columns, to, p.Actor(), a.AccountID, a.ID).Scan(&a).Error
+	err = tx.QueryRowContext(ctx, `UPDATE approvals SET state = $1, decided_by = $2, decided_at = now()
+WHERE account_id = $3 AND id = $4 RETURNING `+columns, string(to), p.Actor(), a.AccountID, a.ID).Scan(a.fields()...)
 	return a, nil, err
 }
 
@@ -724,9 +744,9 @@ type ListFilter struct {
 }
 
 // List returns approvals of account, newest first (on the approvals_account_state index).
-func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) ([]Approval, error) {
-	q := `SELECT ` + columns + ` FROM approvals WHERE account_id = ? AND state = ?`
-	args := []any{accountID, f.State}
+func List(ctx context.Context, db database.DBTX, accountID string, f ListFilter) ([]Approval, error) {
+	q := `SELECT ` + columns + ` FROM approvals WHERE account_id = $1 AND state = $2`
+	args := []any{accountID, string(f.State)}
 	if f.Unexpired {
 		q += ` AND expires_at > now()`
 	}
@@ -735,13 +755,13 @@ func List(ctx context.Context, db *gorm.DB, accountID string, f ListFilter) ([]A
 	}
 
 	if f.Before != nil {
-		q += ` AND (created_at, id) < (?, ?)`
+		q += ` AND (created_at, id) < ($3, $4)`
 		args = append(args, f.Before.CreatedAt, f.Before.ID)
 	}
-	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
 	args = append(args, f.Limit)
-	var out []Approval
-	if err := db.WithContext(ctx).Raw(q, args...).Scan(&out).Error; err != nil {
+	q += fmt.Sprintf(` ORDER BY created_at DESC, id DESC LIMIT $%d`, len(args))
+	out, err := scanAll(ctx, db, func(a *Approval) []any { return a.fields() }, q, args...)
+	if err != nil {
 		return nil, fmt.Errorf("approval: list %s: %w", f.State, err)
 	}
 	return out, nil
@@ -789,19 +809,20 @@ type InboxFilter struct {
 
 // Inbox returns the pending, unexpired approvals of account in groups (Group), the group with the newest
 // request first.
-func Inbox(ctx context.Context, db *gorm.DB, accountID string, f InboxFilter) ([]Group, error) {
+func Inbox(ctx context.Context, db database.DBTX, accountID string, f InboxFilter) ([]Group, error) {
 	var before any // NULL: the first page
 	beforeID := ""
 	if f.Before != nil {
 		before, beforeID = f.Before.CreatedAt, f.Before.ID
 	}
-	var rows []struct {
+	type row struct {
 		Pending
 		GroupID string
 		N       int
 		Newest  time.Time
 	}
-	err := db.WithContext(ctx).Raw(inboxQuery, accountID, before, before, beforeID, f.Groups, f.PerGroup).Scan(&rows).Error
+	rows, err := scanAll(ctx, db, func(r *row) []any { return append(r.fields(), &r.GroupID, &r.N, &r.Newest) },
+		inboxQuery, accountID, before, beforeID, f.Groups, f.PerGroup)
 	if err != nil {
 		return nil, fmt.Errorf("approval: inbox: %w", err)
 	}
@@ -818,18 +839,38 @@ func Inbox(ctx context.Context, db *gorm.DB, accountID string, f InboxFilter) ([
 
 // InboxGroup returns the approvals of one group of the inbox (Group.ID), newest first, limit of them after
 // before when it is set.
-func InboxGroup(ctx context.Context, db *gorm.DB, accountID, groupID string, before *Cursor, limit int) ([]Pending, error) {
+func InboxGroup(ctx context.Context, db database.DBTX, accountID, groupID string, before *Cursor, limit int) ([]Pending, error) {
 	var at any
 	id := ""
 	if before != nil {
 		at, id = before.CreatedAt, before.ID
 	}
-	var out []Pending
-	err := db.WithContext(ctx).Raw(inboxGroupQuery, accountID, groupID, at, at, id, limit).Scan(&out).Error
+	out, err := scanAll(ctx, db, (*Pending).fields, inboxGroupQuery, accountID, groupID, at, id, limit)
 	if err != nil {
 		return nil, fmt.Errorf("approval: inbox group: %w", err)
 	}
 	return out, nil
+}
+
+// fields are p's fields in the order of pendingQuery's columns and alike, for Scan.
+func (p *Pending) fields() []any { return append(p.Approval.fields(), &p.Alike) }
+
+// scanAll runs query with args on db and scans each row into a T by the pointers fields returns.
+func scanAll[T any](ctx context.Context, db database.DBTX, fields func(*T) []any, query string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := rows.Scan(fields(&v)...); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }
 
 // pendingQuery is the inbox's approvals of an account (its one argument): pending and unexpired, each with its
@@ -838,29 +879,29 @@ const pendingQuery = `
 SELECT ` + columns + `,
        encode(sha256(convert_to(requested_by || ' ' || method || ' ' || route, 'UTF8')), 'hex') AS group_id,
        count(*) OVER (PARTITION BY method, path, summary) AS alike
-FROM approvals WHERE account_id = ? AND state = 'pending' AND expires_at > now()`
+FROM approvals WHERE account_id = $1 AND state = 'pending' AND expires_at > now()`
 
-// inboxQuery pages the groups of pendingQuery (1st argument) by their newest request, after the cursor (2nd
-// to 4th: its time, twice, and its group; a NULL time for the first page), the page length (5th), and lists
-// the first approvals of each (6th: how many).
+// inboxQuery pages the groups of pendingQuery ($1) by their newest request, after the cursor ($2 and $3: its
+// time and its group; a NULL time for the first page), the page length ($4), and lists the first approvals of
+// each ($5: how many).
 const inboxQuery = `
 WITH pending AS (` + pendingQuery + `
 ), page AS (
     SELECT group_id, count(*) AS n, max(created_at) AS newest FROM pending GROUP BY group_id
-    HAVING ?::timestamptz IS NULL OR (max(created_at), group_id) < (?::timestamptz, ?)
-    ORDER BY newest DESC, group_id DESC LIMIT ?
+    HAVING $2::timestamptz IS NULL OR (max(created_at), group_id) < ($2::timestamptz, $3)
+    ORDER BY newest DESC, group_id DESC LIMIT $4
 ), ranked AS (
     SELECT pending.*, page.n, page.newest,
            row_number() OVER (PARTITION BY group_id ORDER BY alike, created_at DESC, id DESC) AS rank
     FROM pending JOIN page USING (group_id)
 )
-SELECT ` + columns + `, alike, group_id, n, newest FROM ranked WHERE rank <= ? ORDER BY newest DESC, group_id DESC, rank`
+SELECT ` + columns + `, alike, group_id, n, newest FROM ranked WHERE rank <= $5 ORDER BY newest DESC, group_id DESC, rank`
 
-// inboxGroupQuery is one group (2nd argument) of pendingQuery (1st), newest first, after the cursor (3rd to
-// 5th, as in inboxQuery), limit (6th) of them.
+// inboxGroupQuery is one group ($2) of pendingQuery ($1), newest first, after the cursor ($3 and $4, as in
+// inboxQuery), limit ($5) of them.
 const inboxGroupQuery = `
 WITH pending AS (` + pendingQuery + `
 )
 SELECT ` + columns + `, alike FROM pending
-WHERE group_id = ? AND (?::timestamptz IS NULL OR (created_at, id) < (?::timestamptz, ?))
-ORDER BY created_at DESC, id DESC LIMIT ?`
+WHERE group_id = $2 AND ($3::timestamptz IS NULL OR (created_at, id) < ($3::timestamptz, $4))
+ORDER BY created_at DESC, id DESC LIMIT $5`

@@ -2,6 +2,7 @@ package approval
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"encoding/json"
 	"errors"
@@ -65,7 +66,7 @@ type Grant struct {
 	MaxUses    int     `json:"max_uses"`
 	Uses       int     `json:"uses"`
 	// State is read, not stored: revoked, else expired, else used_up, else active.
-	State           string     `json:"state" gorm:"-"`
+	State           string     `json:"state"`
 	ExpiresAt       time.Time  `json:"expires_at"`
 	GrantedBy       string     `json:"granted_by"`
 	GrantedAt       time.Time  `json:"granted_at"`
@@ -92,9 +93,6 @@ func (g Grant) shown(now time.Time) Grant {
 
 // Kinds are the operation kinds a grant covers, stored as a jsonb array.
 type Kinds []string
-
-// GormDataType tells gorm the column type.
-func (Kinds) GormDataType() string { return "jsonb" }
 
 // Scan implements sql.Scanner for the jsonb column.
 func (k *Kinds) Scan(v any) error {
@@ -216,10 +214,10 @@ func (s *Service) createGrant(w http.ResponseWriter, r *http.Request) {
 				run = &req.AgentRunID
 			}
 			var g Grant
-			err := tx.WithContext(ctx).Raw(`
+			err := database.SQL(tx).QueryRowContext(ctx, `
 INSERT INTO grants (id, account_id, agent_key_id, agent_run_id, kinds, max_uses, expires_at, granted_by)
-VALUES (?, ?, ?, ?, ?::jsonb, ?, ?, ?) RETURNING `+grantColumns,
-				ids.New(grantPrefix), p.AccountID, req.AgentKeyID, run, Kinds(req.Kinds), req.MaxUses, req.ExpiresAt, p.Actor()).Scan(&g).Error
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8) RETURNING `+grantColumns,
+				ids.New(grantPrefix), p.AccountID, req.AgentKeyID, run, Kinds(req.Kinds), req.MaxUses, req.ExpiresAt, p.Actor()).Scan(g.fields()...)
 			if err != nil {
 				return idem.Result{}, fmt.Errorf("approval: grant: %w", err)
 			}
@@ -255,36 +253,42 @@ func (s *Service) revokeGrant(w http.ResponseWriter, r *http.Request) {
 // grant returns it unchanged. Its `revoked` record is written by the database (grant_events).
 //
 // Returns problem errors: forbidden unless p is an approver, not_found for another account's grant.
-func RevokeGrant(ctx context.Context, db *gorm.DB, p auth.Principal, id string) (Grant, error) {
+func RevokeGrant(ctx context.Context, db database.Pool, p auth.Principal, id string) (Grant, error) {
 	if p.Role != auth.RoleApprover {
 		return Grant{}, problem.New("forbidden", "only a key with role approver can revoke a grant")
 	}
 	var g Grant
-	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := database.InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		var err error
 		if g, err = loadGrant(ctx, tx, p.AccountID, id, true); err != nil || g.RevokedAt != nil {
 			return err
 		}
-		return tx.Raw(`UPDATE grants SET revoked_by = ?, revoked_at = now() WHERE account_id = ? AND id = ? RETURNING `+grantColumns,
-			p.Actor(), p.AccountID, id).Scan(&g).Error
+		return tx.QueryRowContext(ctx, `UPDATE grants SET revoked_by = $1, revoked_at = now() WHERE account_id = $2 AND id = $3 RETURNING `+grantColumns,
+			p.Actor(), p.AccountID, id).Scan(g.fields()...)
 	})
 	return g, err
 }
 
-func loadGrant(ctx context.Context, db *gorm.DB, accountID, id string, lock bool) (Grant, error) {
-	q := `SELECT ` + grantColumns + ` FROM grants WHERE account_id = ? AND id = ?`
+func loadGrant(ctx context.Context, db database.DBTX, accountID, id string, lock bool) (Grant, error) {
+	q := `SELECT ` + grantColumns + ` FROM grants WHERE account_id = $1 AND id = $2`
 	if lock {
 		q += ` FOR UPDATE`
 	}
 	var g Grant
-	res := db.WithContext(ctx).Raw(q, accountID, id).Scan(&g)
-	if res.Error != nil {
-		return Grant{}, fmt.Errorf("approval: load grant %s: %w", id, res.Error)
-	}
-	if res.RowsAffected == 0 {
+	err := db.QueryRowContext(ctx, q, accountID, id).Scan(g.fields()...)
+	if errors.Is(err, sql.ErrNoRows) {
 		return Grant{}, problem.NotFound("grant")
 	}
+	if err != nil {
+		return Grant{}, fmt.Errorf("approval: load grant %s: %w", id, err)
+	}
 	return g, nil
+}
+
+// fields are g's fields in the order of grantColumns, for Scan.
+func (g *Grant) fields() []any {
+	return []any{&g.ID, &g.AccountID, &g.AgentKeyID, &g.AgentRunID, &g.Kinds, &g.MaxUses, &g.Uses, &g.ExpiresAt, &g.GrantedBy,
+		&g.GrantedAt, &g.RevokedBy, &g.RevokedAt, &g.LastOperationID, &g.LastAttemptID}
 }
 
 // grantUse is what a write sent under a grant says: the grant, and the run and attempt that sent it.
@@ -299,7 +303,7 @@ func grantUseOf(h http.Header) grantUse {
 // useGrant checks, in the claim transaction of op, that the grant u names covers op (the caller's agent key
 // and run, op's kind, not revoked, not expired, a use left) and uses one: the grant's row counts it and its
 // `used` record names op and the attempt. A refusal is 403 grant_invalid with the reason.
-func (s *Service) useGrant(ctx context.Context, tx *gorm.DB, op opstatus.Operation, u grantUse) error {
+func (s *Service) useGrant(ctx context.Context, tx database.DBTX, op opstatus.Operation, u grantUse) error {
 	refuse := func(reason, detail string) error {
 		return problem.New("grant_invalid", "%s", detail).With("grant_id", u.id).With("reason", reason)
 	}
@@ -326,12 +330,12 @@ func (s *Service) useGrant(ctx context.Context, tx *gorm.DB, op opstatus.Operati
 	if u.attempt != "" {
 		attempt = &u.attempt
 	}
-	err = tx.WithContext(ctx).Exec(`UPDATE grants SET uses = uses + 1, last_operation_id = ?, last_attempt_id = ?, last_kind = ?
-WHERE account_id = ? AND id = ?`, op.ID, attempt, op.Kind, op.AccountID, u.id).Error
+	_, err = tx.ExecContext(ctx, `UPDATE grants SET uses = uses + 1, last_operation_id = $1, last_attempt_id = $2, last_kind = $3
+WHERE account_id = $4 AND id = $5`, op.ID, attempt, op.Kind, op.AccountID, u.id)
 	if err != nil {
 		return fmt.Errorf("approval: use grant %s: %w", u.id, err)
 	}
-	return opstatus.Append(ctx, database.SQL(tx), op.AccountID, op.ID, "grant_checked", "system:grant",
+	return opstatus.Append(ctx, tx, op.AccountID, op.ID, "grant_checked", "system:grant",
 		map[string]any{"grant_id": u.id, "granted_by": g.GrantedBy, "use": g.Uses + 1, "max_uses": g.MaxUses})
 }
 
@@ -344,10 +348,10 @@ type GrantUse struct {
 
 // GrantUses returns the `used` records of grants ids of every account, as grant_events holds them: what an
 // agent's journal says it sent under a grant is checked against them (`retrysafe audit verify --journal`).
-func GrantUses(ctx context.Context, db *gorm.DB, grantIDs []string) ([]GrantUse, error) {
-	var out []GrantUse
-	err := db.WithContext(ctx).Raw(`SELECT grant_id, detail->>'operation_id' AS operation_id, coalesce(detail->>'attempt_id', '') AS attempt_id
-FROM grant_events WHERE grant_id IN ? AND type = 'used' ORDER BY grant_id, id`, grantIDs).Scan(&out).Error
+func GrantUses(ctx context.Context, db database.DBTX, grantIDs []string) ([]GrantUse, error) {
+	out, err := scanAll(ctx, db, func(u *GrantUse) []any { return []any{&u.GrantID, &u.OperationID, &u.AttemptID} },
+		`SELECT grant_id, detail->>'operation_id' AS operation_id, coalesce(detail->>'attempt_id', '') AS attempt_id
+FROM grant_events WHERE grant_id = ANY($1) AND type = 'used' ORDER BY grant_id, id`, grantIDs)
 	if err != nil {
 		return nil, fmt.Errorf("approval: grant uses: %w", err)
 	}

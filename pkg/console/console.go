@@ -14,7 +14,7 @@
 // Its pages are http.Handlers keyed by ServeMux pattern. internal/service mounts them on every gin service
 // (httpserver.Mount); a net/http service registers them on its mux:
 //
-//	routes, err := console.Routes(console.Options{DB: db, Keys: keys, Service: "notes"})
+//	routes, err := console.Routes(console.Options{DB: pool, Keys: keys, Service: "notes"})
 //	for pattern, h := range routes {
 //		mux.Handle(pattern, h)
 //	}
@@ -25,15 +25,12 @@ import (
 	"crypto/rand"
 	"embed"
 	"errors"
-	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
-
-	"gorm.io/gorm"
 
 	"github.com/retrysafe/retrysafe/pkg/auth"
 	"github.com/retrysafe/retrysafe/pkg/database"
@@ -50,7 +47,8 @@ const IdleTimeout = 12 * time.Hour
 
 // Options configures Routes.
 type Options struct {
-	DB   *gorm.DB
+	// DB is where the console reads and keeps its sessions: a *sql.DB on pgx, or database.PoolOf a gorm pool.
+	DB   database.Pool
 	Keys *auth.Keys
 	// Service names what the console covers in its header and page titles: a service, or every service one
 	// process serves ("tickets · payments · deploys"), each operation then labelled with its own.
@@ -141,9 +139,7 @@ var templateFiles embed.FS
 var staticFiles embed.FS
 
 type console struct {
-	o Options
-	// pool is o.DB as the library's packages take it.
-	pool    database.Pool
+	o       Options
 	pages   map[string]*template.Template
 	nav     []navItem
 	origins *http.CrossOriginProtection
@@ -162,9 +158,6 @@ func Routes(o Options) (map[string]http.Handler, error) {
 	c, err := newConsole(o.withDefaults())
 	if err != nil {
 		return nil, err
-	}
-	if c.pool, err = database.PoolOf(o.DB); err != nil {
-		return nil, fmt.Errorf("console: %w", err)
 	}
 	static, err := fs.Sub(staticFiles, "static")
 	if err != nil {

@@ -296,7 +296,7 @@ func (c *console) operations(w http.ResponseWriter, r *http.Request) {
 	if q != "" {
 		// A search: the operation with that id, and the operations started under that idempotency key.
 		var found []opstatus.Operation
-		op, err := opstatus.Get(ctx, c.pool, s.AccountID, q)
+		op, err := opstatus.Get(ctx, c.o.DB, s.AccountID, q)
 		switch {
 		case err == nil:
 			found = append(found, op)
@@ -304,7 +304,7 @@ func (c *console) operations(w http.ResponseWriter, r *http.Request) {
 			c.fail(w, r, err)
 			return
 		}
-		byKey, err := opstatus.FindByKey(ctx, c.pool, s.AccountID, q)
+		byKey, err := opstatus.FindByKey(ctx, c.o.DB, s.AccountID, q)
 		if err != nil {
 			c.fail(w, r, err)
 			return
@@ -313,7 +313,7 @@ func (c *console) operations(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, http.StatusOK, "operations", data)
 		return
 	}
-	page, err := opstatus.List(ctx, c.pool, s.AccountID, opstatus.ListFilter{
+	page, err := opstatus.List(ctx, c.o.DB, s.AccountID, opstatus.ListFilter{
 		State: opstatus.State(state), Kind: kind, After: r.URL.Query().Get("after"), Limit: c.o.PageSize,
 	})
 	if err != nil {
@@ -346,7 +346,7 @@ func validState(s string) bool {
 // operation is one operation's page: the audit timeline (opstatus.GetTimeline, the same the API and
 // `retrysafe audit timeline` show) with the check of its audit records.
 func (c *console) operation(w http.ResponseWriter, r *http.Request) {
-	tl, err := opstatus.GetTimeline(r.Context(), c.pool, sessionOf(r).AccountID, r.PathValue("id"))
+	tl, err := opstatus.GetTimeline(r.Context(), c.o.DB, sessionOf(r).AccountID, r.PathValue("id"))
 	if err != nil {
 		c.fail(w, r, err)
 		return

@@ -6,18 +6,19 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"database/sql"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/retrysafe/retrysafe/pkg/auth"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/problem"
 )
 
@@ -132,17 +133,19 @@ func (c *console) signin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := randomToken()
-	err = c.o.DB.WithContext(r.Context()).Transaction(func(tx *gorm.DB) error {
+	ctx := r.Context()
+	err = database.InTx(ctx, c.o.DB, nil, func(tx *sql.Tx) error {
 		// Sweep sessions idle too long while here: they could no longer be used, only read.
-		if err := tx.Exec(`DELETE FROM console_sessions WHERE last_seen_at < ?`, time.Now().Add(-c.o.IdleTimeout)).Error; err != nil {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM console_sessions WHERE last_seen_at < $1`, time.Now().Add(-c.o.IdleTimeout)); err != nil {
 			return err
 		}
-		if err := tx.Exec(`INSERT INTO console_sessions (id_hash, account_id, role, key_id, csrf_token) VALUES (?, ?, ?, ?, ?)`,
-			hashID(id), p.AccountID, string(p.Role), p.KeyID, randomToken()).Error; err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO console_sessions (id_hash, account_id, role, key_id, csrf_token) VALUES ($1, $2, $3, $4, $5)`,
+			hashID(id), p.AccountID, string(p.Role), p.KeyID, randomToken()); err != nil {
 			return err
 		}
 		// A key holds at most MaxSessionsPerKey sessions: this one and the most recently used of the others.
-		return tx.Exec(evictSessions, p.KeyID, hashID(id), p.KeyID, hashID(id), c.o.MaxSessionsPerKey-1).Error
+		_, err := tx.ExecContext(ctx, evictSessions, p.KeyID, hashID(id), c.o.MaxSessionsPerKey-1)
+		return err
 	})
 	if err != nil {
 		c.fail(w, r, fmt.Errorf("console: open session: %w", err))
@@ -153,10 +156,10 @@ func (c *console) signin(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, Prefix+"/approvals", http.StatusSeeOther)
 }
 
-// evictSessions ends the sessions of a key (1st and 3rd arguments) but the new one (2nd and 4th) and the N
-// (5th) it used last. The person signing in is there now; a session left open elsewhere is the one to end.
-const evictSessions = `DELETE FROM console_sessions WHERE key_id = ? AND id_hash <> ? AND id_hash NOT IN (
-    SELECT id_hash FROM console_sessions WHERE key_id = ? AND id_hash <> ? ORDER BY last_seen_at DESC, id_hash LIMIT ?)`
+// evictSessions ends the sessions of a key ($1) but the new one ($2) and the N ($3) it used last. The person
+// signing in is there now; a session left open elsewhere is the one to end.
+const evictSessions = `DELETE FROM console_sessions WHERE key_id = $1 AND id_hash <> $2 AND id_hash NOT IN (
+    SELECT id_hash FROM console_sessions WHERE key_id = $1 AND id_hash <> $2 ORDER BY last_seen_at DESC, id_hash LIMIT $3)`
 
 // session loads the session of the cookie, touching it in the same statement, or sends the browser to sign in.
 func (c *console) session(next http.Handler) http.Handler {
@@ -182,31 +185,24 @@ func (c *console) session(next http.Handler) http.Handler {
 // statement; nil when the cookie names no live session of a key API_KEYS still has.
 func (c *console) signedIn(r *http.Request) (auth.Principal, *Session, error) {
 	id, err := cookie(r, sessionCookie)
-	var rows []struct {
-		AccountID string
-		Role      string
-		KeyID     string
-		CSRFToken string `gorm:"column:csrf_token"`
-	}
-	if err == nil && id != "" {
-		err = c.o.DB.WithContext(r.Context()).Raw(`UPDATE console_sessions SET last_seen_at = now()
-WHERE id_hash = ? AND last_seen_at >= ? RETURNING account_id, role, key_id, csrf_token`,
-			hashID(id), time.Now().Add(-c.o.IdleTimeout)).Scan(&rows).Error
-		if err != nil {
-			return auth.Principal{}, nil, fmt.Errorf("console: session: %w", err)
-		}
-	}
-	var p auth.Principal
-	ok := len(rows) == 1
-	if ok {
-		// The key must still be in API_KEYS: removing a key ends its sessions.
-		p, ok = c.o.Keys.ByKeyID(rows[0].KeyID)
-		ok = ok && p.AccountID == rows[0].AccountID && string(p.Role) == rows[0].Role
-	}
-	if !ok {
+	if err != nil || id == "" {
 		return auth.Principal{}, nil, nil
 	}
-	return p, &Session{AccountID: p.AccountID, Role: p.Role, KeyID: p.KeyID, CSRF: rows[0].CSRFToken}, nil
+	var accountID, role, keyID, csrf string
+	err = c.o.DB.QueryRowContext(r.Context(), `UPDATE console_sessions SET last_seen_at = now()
+WHERE id_hash = $1 AND last_seen_at >= $2 RETURNING account_id, role, key_id, csrf_token`,
+		hashID(id), time.Now().Add(-c.o.IdleTimeout)).Scan(&accountID, &role, &keyID, &csrf)
+	if errors.Is(err, sql.ErrNoRows) {
+		return auth.Principal{}, nil, nil
+	} else if err != nil {
+		return auth.Principal{}, nil, fmt.Errorf("console: session: %w", err)
+	}
+	// The key must still be in API_KEYS: removing a key ends its sessions.
+	p, ok := c.o.Keys.ByKeyID(keyID)
+	if !ok || p.AccountID != accountID || string(p.Role) != role {
+		return auth.Principal{}, nil, nil
+	}
+	return p, &Session{AccountID: p.AccountID, Role: p.Role, KeyID: p.KeyID, CSRF: csrf}, nil
 }
 
 func sessionOf(r *http.Request) Session { return r.Context().Value(sessionKey{}).(Session) }
@@ -239,7 +235,7 @@ func (c *console) checkCSRF(next http.HandlerFunc) http.HandlerFunc {
 
 func (c *console) signout(w http.ResponseWriter, r *http.Request) {
 	id, _ := cookie(r, sessionCookie)
-	if err := c.o.DB.WithContext(r.Context()).Exec(`DELETE FROM console_sessions WHERE id_hash = ?`, hashID(id)).Error; err != nil {
+	if _, err := c.o.DB.ExecContext(r.Context(), `DELETE FROM console_sessions WHERE id_hash = $1`, hashID(id)); err != nil {
 		c.fail(w, r, fmt.Errorf("console: sign out: %w", err))
 		return
 	}

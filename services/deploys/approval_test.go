@@ -15,6 +15,7 @@ import (
 	"github.com/retrysafe/retrysafe/internal/testdb"
 	"github.com/retrysafe/retrysafe/pkg/approval"
 	"github.com/retrysafe/retrysafe/pkg/audit"
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/opstatus"
 	"github.com/retrysafe/retrysafe/services/deploys"
 )
@@ -254,7 +255,7 @@ func TestApprovalExpiryIsRecordedOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() {
-			w := &approval.ExpiryWorker{DB: b.db, Interval: time.Second}
+			w := &approval.ExpiryWorker{DB: database.SQL(b.db), Interval: time.Second}
 			for range 2 {
 				moved.Add(int64(w.RunOnce(ctx)))
 			}
@@ -285,7 +286,7 @@ func TestApprovalExpiryIsRecordedOnce(t *testing.T) {
 		t.Fatalf("late approve before the worker: %s", code)
 	}
 	b.approver.Post("/v1/approvals/"+late+"/approve", nil).Status(t, 403)
-	if n := (&approval.ExpiryWorker{DB: b.db}).RunOnce(ctx); n != 0 || expiredRecords(late) != 1 {
+	if n := (&approval.ExpiryWorker{DB: database.SQL(b.db)}).RunOnce(ctx); n != 0 || expiredRecords(late) != 1 {
 		t.Fatalf("after a late approve: worker moved %d, %d expired records, want 0 and 1", n, expiredRecords(late))
 	}
 	if n := count(t, b.db, `SELECT count(*) FROM approval_events WHERE type = 'approved' AND approval_id IN (?, ?)`, pending, late); n != 0 {

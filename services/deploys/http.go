@@ -190,7 +190,7 @@ func (s *Server) getEnvironment(c *gin.Context) {
 // the deploy runs at that version or not at all (CreateDeploy checks it under the environment's lock). nil for
 // an approval whose card did not show one.
 func approvedVersion(ctx context.Context, tx *gorm.DB, op opstatus.Operation, approvalID string) (*int64, error) {
-	a, ok, err := approval.UsedBy(ctx, tx, op, approvalID)
+	a, ok, err := approval.UsedBy(ctx, database.SQL(tx), op, approvalID)
 	if err != nil {
 		return nil, err
 	}

@@ -91,7 +91,7 @@ func New(d service.Deps, cfg Config) (*Service, error) {
 	}
 	s := &Server{DB: d.DB, Store: cfg.Store, Idem: d.Idem, ApprovalEnvironments: cfg.ApprovalEnvironments, Steps: cfg.Steps,
 		Target: cfg.Target, Logger: d.Log().With("service", "deploys")}
-	s.Approvals = approval.New(d.DB, d.Idem, cfg.ApprovalTTL, s.ApprovalRoutes()...)
+	s.Approvals = approval.New(d.Pool, d.Idem, cfg.ApprovalTTL, s.ApprovalRoutes()...)
 	return &Service{
 		Server: s,
 		Controller: &Controller{

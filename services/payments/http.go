@@ -79,7 +79,7 @@ func New(d service.Deps, cfg Config) (*Server, error) {
 			Help: "Provider effects the last payments sweep of this process found without their rows: left to a person, or in flight.",
 		}, func() float64 { return float64(s.unmatched.Load()) }))
 	}
-	s.approvals = approval.New(d.DB, d.Idem, cfg.ApprovalTTL,
+	s.approvals = approval.New(d.Pool, d.Idem, cfg.ApprovalTTL,
 		approval.Route{Method: http.MethodPost, Path: routeCapture, Describe: s.describeCapture},
 		approval.Route{Method: http.MethodPost, Path: routeRefunds, Describe: s.describeRefund},
 	)

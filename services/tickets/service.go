@@ -34,7 +34,7 @@ func New(d service.Deps, cfg Config) (*Server, error) {
 		cfg.ApprovalTTL = time.Hour
 	}
 	s := &Server{DB: d.DB, Store: cfg.Store, Idem: d.Idem, Bypass: cfg.Bypass, Approval: cfg.Approval}
-	s.Approvals = approval.New(d.DB, d.Idem, cfg.ApprovalTTL,
+	s.Approvals = approval.New(d.Pool, d.Idem, cfg.ApprovalTTL,
 		approval.Route{Method: http.MethodPost, Path: "/v1/tickets", Describe: s.describeTicket})
 	return s, nil
 }
