@@ -453,9 +453,10 @@ func present(t *testing.T, db *pgx.Conn, w *write) bool {
 		kindCapture: `SELECT count(*) FROM payment_intents WHERE id = $1 AND status = 'succeeded'`,
 		kindDeploy:  `SELECT count(*) FROM deploys WHERE id = $1`,
 	}[w.kind]
-	// The operation too: the sweep may have restored a lost payment's rows from the provider before this
-	// count, but not the operation that acknowledged it.
-	return count(t, db, sql, res.ID) == 1 && count(t, db, `SELECT count(*) FROM operations WHERE idempotency_key = $1`, w.key) > 0
+	// The acknowledgement too: the sweep may have restored a lost payment's rows from the provider before this
+	// count, and the operation's claim may have survived while its completion, the stored answer, was lost.
+	return count(t, db, sql, res.ID) == 1 &&
+		count(t, db, `SELECT count(*) FROM operations WHERE idempotency_key = $1 AND response_status IS NOT NULL`, w.key) > 0
 }
 
 func count(t *testing.T, db *pgx.Conn, sql string, args ...any) int {
