@@ -453,10 +453,11 @@ func present(t *testing.T, db *pgx.Conn, w *write) bool {
 		kindCapture: `SELECT count(*) FROM payment_intents WHERE id = $1 AND status = 'succeeded'`,
 		kindDeploy:  `SELECT count(*) FROM deploys WHERE id = $1`,
 	}[w.kind]
-	// The acknowledgement too: the sweep may have restored a lost payment's rows from the provider before this
-	// count, and the operation's claim may have survived while its completion, the stored answer, was lost.
+	// The acknowledgement too, byte for byte: the sweep may have restored a lost payment's rows from the provider
+	// before this count, and a claim that survived while its completion was lost has been settled again by the
+	// recovery worker since, with an answer of its own.
 	return count(t, db, sql, res.ID) == 1 &&
-		count(t, db, `SELECT count(*) FROM operations WHERE idempotency_key = $1 AND response_status IS NOT NULL`, w.key) > 0
+		count(t, db, `SELECT count(*) FROM operations WHERE idempotency_key = $1 AND response_body = $2`, w.key, ack.Body) > 0
 }
 
 func count(t *testing.T, db *pgx.Conn, sql string, args ...any) int {
