@@ -51,15 +51,10 @@ var sources = []source{
 		sealable: sealableOperationRecords, pending: pendingOperationRecords, ofSubjects: operationRecordsOf,
 		all: allOperationRecords, named: namedOperationRecords,
 	},
-	{
-		table: tableApprovalEvents,
-		body: func(r recordRow) any {
-			return approvalRecord{AccountID: r.AccountID, Actor: r.Actor, ApprovalID: r.Subject,
-				CreatedAt: auditchain.FormatTime(r.CreatedAt), Detail: json.RawMessage(r.Detail), Type: r.Type}
-		},
-		sealable: sealableApprovalRecords, pending: pendingApprovalRecords, ofSubjects: approvalRecordsOf,
-		all: allApprovalRecords, named: namedApprovalRecords,
-	},
+	eventSource(tableApprovalEvents, "approval_id", func(r recordRow) any {
+		return approvalRecord{AccountID: r.AccountID, Actor: r.Actor, ApprovalID: r.Subject,
+			CreatedAt: auditchain.FormatTime(r.CreatedAt), Detail: json.RawMessage(r.Detail), Type: r.Type}
+	}),
 	grantSource,
 }
 
@@ -107,63 +102,55 @@ func namedOperationRecords(ctx context.Context, tx database.DBTX, names recordNa
 	return opstore.NamedRecordsOrAfter(ctx, tx, n, after.XID, after.ID, operationRows(emit))
 }
 
-// Approval records are the audit's own table's. The transaction id is read as text under another name than xid:
-// the statements order by xid, and an output column named xid would make that the text's order ("1000" before
-// "999"), not the ids'.
-const (
-	// sealableApprovalsSQL is the sealable read (audit.go) of approval_events.
-	sealableApprovalsSQL = `
-SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events
+// Approval and grant records are the audit's own tables': each an events table with the same columns, its
+// subject (approval_id, grant_id) the one that differs, read with the statements eventSource writes for it.
+
+// eventSource is the source of an events table of the audit's own whose subject column is subject, its records
+// hashed as body gives them. The transaction id is read as text under another name than xid: the statements order
+// by xid, and an output column named xid would make that the text's order ("1000" before "999"), not the ids'.
+func eventSource(table, subject string, body func(recordRow) any) source {
+	columns := `SELECT id, xid::text AS xid_text, account_id, ` + subject + ` AS subject, type, actor, detail::text AS detail, created_at
+FROM ` + table
+	named := columns + ` WHERE (account_id, ` + subject + `, id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))`
+	var (
+		// The sealable read (audit.go).
+		sealableSQL = columns + `
 WHERE (xid, id) > ($1::xid8, $2) AND xid < pg_snapshot_xmin(pg_current_snapshot())
 ORDER BY xid, id
 LIMIT $3`
-	pendingApprovalsSQL = `SELECT count(*) AS count, min(created_at) AS oldest FROM approval_events WHERE (xid, id) > ($1::xid8, $2)`
-	approvalsOfSQL      = `
-SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events WHERE approval_id = ANY($1) ORDER BY xid, id`
-	approvalsOfAccountSQL = `
-SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events WHERE account_id = $1 AND approval_id = ANY($2) ORDER BY xid, id`
-	allApprovalsSQL = `
-SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events ORDER BY xid, id`
-	namedApprovalsSQL = `
-SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events WHERE (account_id, approval_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))
-ORDER BY xid, id`
-	namedOrAfterApprovalsSQL = `
-SELECT id, xid::text AS xid_text, account_id, approval_id AS subject, type, actor, detail::text AS detail, created_at
-FROM approval_events WHERE (account_id, approval_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))
-    OR (xid, id) > ($4::xid8, $5)
-ORDER BY xid, id`
-)
-
-func sealableApprovalRecords(ctx context.Context, tx database.DBTX, from auditchain.Position, limit int) ([]recordRow, error) {
-	return collectRows(ctx, tx, sealableApprovalsSQL, from.XID, from.ID, limit)
-}
-
-func pendingApprovalRecords(ctx context.Context, tx database.DBTX, from auditchain.Position) (int64, *time.Time, error) {
-	return countAndOldest(ctx, tx, pendingApprovalsSQL, from)
-}
-
-func approvalRecordsOf(ctx context.Context, tx database.DBTX, accountID string, subjects []string, emit func(recordRow) error) error {
-	if accountID == "" {
-		return streamRows(ctx, tx, approvalsOfSQL, []any{subjects}, emit)
+		pendingSQL      = `SELECT count(*) AS count, min(created_at) AS oldest FROM ` + table + ` WHERE (xid, id) > ($1::xid8, $2)`
+		ofSQL           = columns + ` WHERE ` + subject + ` = ANY($1) ORDER BY xid, id`
+		ofAccountSQL    = columns + ` WHERE account_id = $1 AND ` + subject + ` = ANY($2) ORDER BY xid, id`
+		allSQL          = columns + ` ORDER BY xid, id`
+		namedSQL        = named + ` ORDER BY xid, id`
+		namedOrAfterSQL = named + ` OR (xid, id) > ($4::xid8, $5) ORDER BY xid, id`
+	)
+	return source{
+		table: table,
+		body:  body,
+		sealable: func(ctx context.Context, tx database.DBTX, from auditchain.Position, limit int) ([]recordRow, error) {
+			return collectRows(ctx, tx, sealableSQL, from.XID, from.ID, limit)
+		},
+		pending: func(ctx context.Context, tx database.DBTX, from auditchain.Position) (int64, *time.Time, error) {
+			return countAndOldest(ctx, tx, pendingSQL, from)
+		},
+		ofSubjects: func(ctx context.Context, tx database.DBTX, accountID string, subjects []string, emit func(recordRow) error) error {
+			if accountID == "" {
+				return streamRows(ctx, tx, ofSQL, []any{subjects}, emit)
+			}
+			return streamRows(ctx, tx, ofAccountSQL, []any{accountID, subjects}, emit)
+		},
+		all: func(ctx context.Context, tx database.DBTX, emit func(recordRow) error) error {
+			return streamRows(ctx, tx, allSQL, nil, emit)
+		},
+		named: func(ctx context.Context, tx database.DBTX, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
+			args := []any{names.accounts, names.subjects, names.ids}
+			if after == nil {
+				return streamRows(ctx, tx, namedSQL, args, emit)
+			}
+			return streamRows(ctx, tx, namedOrAfterSQL, append(args, after.XID, after.ID), emit)
+		},
 	}
-	return streamRows(ctx, tx, approvalsOfAccountSQL, []any{accountID, subjects}, emit)
-}
-
-func allApprovalRecords(ctx context.Context, tx database.DBTX, emit func(recordRow) error) error {
-	return streamRows(ctx, tx, allApprovalsSQL, nil, emit)
-}
-
-func namedApprovalRecords(ctx context.Context, tx database.DBTX, names recordNames, after *auditchain.Position, emit func(recordRow) error) error {
-	args := []any{names.accounts, names.subjects, names.ids}
-	if after == nil {
-		return streamRows(ctx, tx, namedApprovalsSQL, args, emit)
-	}
-	return streamRows(ctx, tx, namedOrAfterApprovalsSQL, append(args, after.XID, after.ID), emit)
 }
 
 // streamRows passes each recordRow q reads to emit, as it is read. q reads the columns recordColumns names.
