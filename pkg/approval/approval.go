@@ -567,10 +567,13 @@ func (s *Service) Routes() map[string]http.Handler {
 }
 
 // approval answers 404 for an {id} no approval can have, before h reads anything.
-func (s *Service) approval(h http.HandlerFunc) http.Handler {
+func (s *Service) approval(h http.HandlerFunc) http.Handler { return withID(idPrefix, "approval", h) }
+
+// withID answers 404 for an {id} that is not an id with prefix, naming resource, before h reads anything.
+func withID(prefix, resource string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !ids.Valid(idPrefix, r.PathValue("id")) {
-			problem.Write(w, r, problem.NotFound("approval"))
+		if !ids.Valid(prefix, r.PathValue("id")) {
+			problem.Write(w, r, problem.NotFound(resource))
 			return
 		}
 		h(w, r)

@@ -182,15 +182,7 @@ func (s *Service) grantRoutes(m map[string]http.Handler) {
 }
 
 // grant answers 404 for an {id} no grant can have, before h reads anything.
-func (s *Service) grant(h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !ids.Valid(grantPrefix, r.PathValue("id")) {
-			problem.Write(w, r, problem.NotFound("grant"))
-			return
-		}
-		h(w, r)
-	})
-}
+func (s *Service) grant(h http.HandlerFunc) http.Handler { return withID(grantPrefix, "grant", h) }
 
 func (s *Service) createGrant(w http.ResponseWriter, r *http.Request) {
 	p := auth.From(r.Context())
