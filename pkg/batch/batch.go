@@ -1,11 +1,13 @@
 // Package batch runs concurrent calls of one function together, so that they share one database round trip
 // (and one commit, for writes) instead of paying one each.
 //
-// Calls are spread over a few lanes by a key. One batch runs at a time per lane: calls that arrive while it runs
-// wait, and go together in the next batch, which the first of them runs in its own goroutine, so no goroutine
-// runs more than one batch and nothing runs in the background. A lone call runs at once, alone; the busier the
-// lane, the bigger its batches, as with a database's group commit. Calls with the same key share a lane, so
-// their batches run in the order the calls arrived.
+// One batch runs at a time per lane (one lane unless Lanes says more): calls that arrive while it runs wait, and
+// go together in the next batch, which the first of them runs in its own goroutine, so no goroutine runs more
+// than one batch and nothing runs in the background. A lone call runs at once, alone; the busier the lane, the
+// bigger its batches, as with a database's group commit. With more lanes, calls are spread over them by a key;
+// calls with the same key share a lane, so their batches run in the order the calls arrived. One lane is the
+// default because bigger batches mean fewer round trips and commits, which is what a batch saves:
+// docs/benchmarks.md has one lane against four.
 //
 //	lookups := &batch.Batcher[Ref, Row]{Run: func(ctx context.Context, refs []Ref) ([]Row, error) { ... }}
 //	row, err := lookups.Do(ctx, ref.Key, ref)
@@ -26,7 +28,7 @@ type Batcher[T, R any] struct {
 	Run func(ctx context.Context, items []T) ([]R, error)
 	// Max bounds a batch (256 when zero).
 	Max int
-	// Lanes is how many batches may run at once (4 when zero).
+	// Lanes is how many batches may run at once (1 when zero).
 	Lanes int
 
 	mu     sync.Mutex
@@ -80,8 +82,8 @@ func (b *Batcher[T, R]) Do(ctx context.Context, key string, item T) (R, error) {
 // lane is the lane of key.
 func (b *Batcher[T, R]) lane(key string) int {
 	n := b.Lanes
-	if n <= 0 {
-		n = 4
+	if n <= 1 {
+		return 0
 	}
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(key))

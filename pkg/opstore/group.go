@@ -14,15 +14,15 @@ import (
 // different requests (and a storm of retries of one) would otherwise each pay a commit of their own, which is
 // most of what a replay costs. Grouped, they share a few.
 //
-// Operations are spread over a few lanes by their id; one group is written at a time per lane, so the events of
-// one operation this process appends keep their order.
+// One group is written at a time (per lane, when Lanes spreads operations over several by their id), so the
+// events of one operation this process appends keep their order.
 //
 // Its zero value is not usable; set DB.
 type GroupAppender struct {
 	DB database.DBTX
 	// MaxGroup bounds one INSERT (256 when zero).
 	MaxGroup int
-	// Lanes is how many groups may be written at once (4 when zero).
+	// Lanes is how many groups may be written at once (1 when zero).
 	Lanes int
 
 	once    sync.Once
