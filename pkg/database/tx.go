@@ -16,19 +16,23 @@ import (
 // library's own statements, and a gorm handle (Gorm) for the caller's write. Both run on the same connection,
 // inside the same transaction, whatever the gorm configuration of the pool it came from.
 //
-// Two round trips are saved by name, not hidden: BEGIN is sent with the first batch (or the first gorm
-// statement), and COMMIT with the last batch (Commit). docs/benchmarks.md has what that is worth.
+// Round trips are saved by name, not hidden: BEGIN is sent with the first batch (or the first gorm statement),
+// COMMIT with the last batch (Commit), and a batch held by Queue goes with the next round trip, whatever sends
+// it. docs/benchmarks.md has what that is worth.
 //
 //	tx, err := database.Begin(ctx, db)
 //	if err != nil { ... }
 //	defer tx.Close()                // rolls back unless Commit succeeded
-//	err = tx.Send(ctx, claimBatch)  // BEGIN + the batch: one round trip
-//	err = write(ctx, tx.Gorm())     // the caller's statements, in the transaction
+//	tx.Queue(claimBatch)            // nothing sent yet
+//	err = write(ctx, tx.Gorm())     // BEGIN + the claim go with the write's first statement (Query), or just
+//	                                // before it (a gorm statement)
 //	err = tx.Commit(ctx, lastBatch) // the batch + COMMIT: one round trip
 type Tx struct {
 	conn  *sql.Conn
 	gorm  *gorm.DB
 	state txState
+	// queued goes in front of the next batch sent (Queue).
+	queued *pgx.Batch
 }
 
 type txState int
@@ -36,6 +40,7 @@ type txState int
 const (
 	txIdle      txState = iota // nothing sent: BEGIN goes with the first statement
 	txOpen                     // BEGIN sent: Close rolls back
+	txFailed                   // a batch failed: nothing more is sent, Close rolls back
 	txCommitted                // COMMIT answered
 )
 
@@ -59,6 +64,16 @@ func (t *Tx) Gorm() *gorm.DB { return t.gorm }
 
 // SQL is the transaction as a DBTX, for the library's statements that run on their own rather than in a batch.
 func (t *Tx) SQL() DBTX { return t.gorm.Statement.ConnPool }
+
+// Queue holds b to be sent in front of the transaction's next round trip: the next Send, Commit or Query, or
+// just before the next gorm statement (which cannot share a pipeline with it). Its callbacks run then, and its
+// error is that round trip's. A second Queue before that adds its statements after the first's.
+func (t *Tx) Queue(b *pgx.Batch) {
+	if t.queued == nil {
+		t.queued = &pgx.Batch{}
+	}
+	t.queued.QueuedQueries = append(t.queued.QueuedQueries, b.QueuedQueries...)
+}
 
 // Send sends b in one round trip, with BEGIN in front when the transaction has not begun, and runs the
 // callbacks queued on b (QueuedQuery.Query, QueryRow, Exec). It returns the first error; PostgreSQL skips the
@@ -84,7 +99,7 @@ func (t *Tx) Close() {
 		return
 	}
 	_ = withPgx(t.conn, func(c *pgx.Conn) error {
-		if t.state == txOpen && !c.IsClosed() {
+		if (t.state == txOpen || t.state == txFailed) && !c.IsClosed() {
 			// Not with the caller's context, which may be over.
 			_, _ = c.Exec(context.Background(), "ROLLBACK")
 		}
@@ -97,31 +112,59 @@ func (t *Tx) Close() {
 	t.conn = nil
 }
 
-var errTxDone = errors.New("database: the transaction is over")
+var (
+	errTxDone   = errors.New("database: the transaction is over")
+	errTxFailed = errors.New("database: a statement of this transaction failed: it can only be closed")
+)
 
-// send sends b, with BEGIN in front when nothing was sent yet, and moves the transaction to after.
+// send sends b, with BEGIN in front when nothing was sent yet and the queued batch (Queue) before it, and moves
+// the transaction to after.
 func (t *Tx) send(ctx context.Context, b *pgx.Batch, after txState) error {
 	switch t.state {
 	case txCommitted:
 		return errTxDone
-	case txIdle:
-		b = &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: "BEGIN"}}, b.QueuedQueries...)}
+	case txFailed:
+		return errTxFailed
+	}
+	var first []*pgx.QueuedQuery
+	if t.state == txIdle {
+		first = append(first, &pgx.QueuedQuery{SQL: "BEGIN"})
+	}
+	if t.queued != nil {
+		first, t.queued = append(first, t.queued.QueuedQueries...), nil
+	}
+	if first != nil {
+		b = &pgx.Batch{QueuedQueries: append(first, b.QueuedQueries...)}
 	}
 	err := withPgx(t.conn, func(c *pgx.Conn) error { return c.SendBatch(ctx, b).Close() })
 	if err != nil {
-		t.state = txOpen // a statement failed, or the connection did: Close rolls back or discards it
+		// A statement failed, a callback refused its rows, or the connection failed: PostgreSQL skips the rest of
+		// a failed transaction, and a refusal must not commit either. Close rolls back or discards the connection.
+		t.state = txFailed
 		return unavailable(err)
 	}
 	t.state = after
 	return nil
 }
 
-// begin sends BEGIN alone, for a gorm statement that comes first.
+// begin sends BEGIN and the queued batch, if not sent yet, for a gorm statement that comes next.
 func (t *Tx) begin(ctx context.Context) error {
-	if t.state != txIdle {
+	if t.state != txIdle && t.queued == nil {
 		return nil
 	}
 	return t.send(ctx, &pgx.Batch{}, txOpen)
+}
+
+// Query runs one statement ($n placeholders, through pgx) and hands its rows to scan. On a Tx's handle (Tx.Gorm)
+// it goes in the transaction's next round trip, with BEGIN and the queued batch (Queue) in front: a write whose
+// first statement is sent this way carries its claim. On a pool it runs alone on one of its connections.
+func Query(ctx context.Context, db *gorm.DB, sql string, args []any, scan func(pgx.Rows) error) error {
+	b := &pgx.Batch{}
+	b.Queue(sql, args...).Query(scan)
+	if c, ok := db.Statement.ConnPool.(*txConn); ok {
+		return c.t.Send(ctx, b)
+	}
+	return Send(ctx, db, b)
 }
 
 // Send sends b in one round trip on a connection of db's pool, outside any transaction of the caller: without

@@ -31,7 +31,7 @@ import (
 
 // Failpoints of idem (package failpoint), for crash tests. Those marked "op" are hit with the operation.
 const (
-	failpointAfterClaim         = "idem.after_claim"          // after a local claim, before the write
+	failpointAfterClaim         = "idem.after_claim"          // after a local claim is queued, before the write
 	failpointBeforeCommit       = "idem.before_commit"        // op; before a local write's commit
 	failpointExternalClaimed    = "idem.external.claimed"     // op; before an external claim's commit, after Prepare
 	failpointBeforeExternalCall = "idem.external.before_call" // op; just before an external call
@@ -397,8 +397,10 @@ func traced(ctx context.Context, name string, a *attempt, step func(context.Cont
 
 // claim takes a's key in tx, then checks the lineage headers and runs the Guard. An external claim inserts its
 // operation running, with its claimed event, to commit before the effect. A local claim takes the key's lock
-// (opstore.QueueKeyFree) and reads the key again under it; its operation is inserted once, completed, with the
-// write's outcome (completion). A key another operation holds fails it (keyTaken).
+// (opstore.QueueKeyFree) and reads the key again under it, in the transaction's next round trip (Tx.Queue): with
+// the write's first statement when the write sends it through database.Query, else just before it; its
+// operation is inserted once, completed, with the write's outcome (completion). A key another operation holds
+// fails it (keyTaken), and with it whatever statement carried it.
 func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Request) error {
 	b := &pgx.Batch{}
 	if a.external {
@@ -406,11 +408,12 @@ func (h *Handler) claim(ctx context.Context, tx *database.Tx, a *attempt, req Re
 		if err := opstore.QueueCreate(b, newOperation(a.op), events); err != nil {
 			return err
 		}
+		if err := tx.Send(ctx, b); err != nil {
+			return err
+		}
 	} else {
 		opstore.QueueKeyFree(b, a.op.AccountID, a.key, errKeyTaken)
-	}
-	if err := tx.Send(ctx, b); err != nil {
-		return err
+		tx.Queue(b)
 	}
 	if err := h.checkClaimLineage(ctx, tx, a, req); err != nil {
 		return err

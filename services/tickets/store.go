@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
+	"github.com/retrysafe/retrysafe/pkg/database"
 	"github.com/retrysafe/retrysafe/pkg/ids"
 	"github.com/retrysafe/retrysafe/pkg/page"
 	"github.com/retrysafe/retrysafe/pkg/problem"
@@ -25,31 +27,42 @@ const ticketColumns = `id, account_id, project, title, description, priority, st
 const (
 	insertTicketSQL = `
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, source_event_id)
-VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
+VALUES ($1, $2, $3, $4, $5, $6, 'open', $7)
 RETURNING ` + ticketColumns
 	insertSourcedTicketSQL = `
 INSERT INTO tickets (id, account_id, project, title, description, priority, status, source_event_id)
-VALUES (?, ?, ?, ?, ?, ?, 'open', ?)
+VALUES ($1, $2, $3, $4, $5, $6, 'open', $7)
 ON CONFLICT (account_id, source_event_id) WHERE source_event_id IS NOT NULL DO NOTHING
 RETURNING ` + ticketColumns
 )
 
-// CreateTicket implements Store. The partial unique index tickets_source_event decides between concurrent
-// creates of one source event: ON CONFLICT DO NOTHING waits for the other transaction, and the statement after
-// it reads the winner.
+// CreateTicket implements Store. The insert goes through database.Query, so that in an idempotent write it is
+// the transaction's first statement and carries the claim (one round trip for both); the rest of the store is
+// gorm. The partial unique index tickets_source_event decides between concurrent creates of one source event:
+// ON CONFLICT DO NOTHING waits for the other transaction, and the statement after it reads the winner.
 func (PostgresStore) CreateTicket(ctx context.Context, tx *gorm.DB, accountID string, cmd CreateTicket) (Ticket, bool, error) {
 	query := insertTicketSQL
 	if cmd.SourceEventID != nil {
 		query = insertSourcedTicketSQL
 	}
-	var rows []Ticket
-	err := tx.WithContext(ctx).Raw(query,
-		ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, *cmd.Priority, cmd.SourceEventID).Scan(&rows).Error
+	var t Ticket
+	created := false
+	err := database.Query(ctx, tx, query,
+		[]any{ids.New("tkt_"), accountID, cmd.Project, cmd.Title, *cmd.Description, string(*cmd.Priority), cmd.SourceEventID},
+		func(rows pgx.Rows) error {
+			if created = rows.Next(); created {
+				if err := rows.Scan(&t.ID, &t.AccountID, &t.Project, &t.Title, &t.Description, &t.Priority, &t.Status,
+					&t.SourceEventID, &t.CreatedAt, &t.UpdatedAt); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
 	if err != nil {
 		return Ticket{}, false, fmt.Errorf("tickets: create: %w", err)
 	}
-	if len(rows) == 1 {
-		return rows[0], true, nil
+	if created {
+		return t, true, nil
 	}
 	existing, err := PostgresStore{}.Tickets(ctx, tx, accountID, cmd.SourceEventID, page.Request{Limit: 1})
 	if err != nil {
