@@ -10,10 +10,10 @@
 #              the claim (the key's lock, and the key read again under it), then the ticket (the WriteFunc's
 #              statement), then the operation inserted completed (key and stored response) with COMMIT: four round
 #              trips
-#   create     today's create: key, and the completion's one record (operation_events) beside it
-#   pipelined  create with the claim sent in the ticket's round trip (BEGIN, claim and ticket together): what
-#              sending the claim with the write's first statement would save the database; the code does not
-#              (a gorm statement's rows come back through database/sql, which cannot share a pgx pipeline).
+#   create     key, and the completion's one record (operation_events) beside it: a create whose write sends its
+#              first statement through gorm, which cannot share pgx's pipeline with the claim
+#   pipelined  create with the claim sent in the ticket's round trip (BEGIN, claim and ticket together): the
+#              tickets create, whose insert goes through database.Query.
 #              One statement with the answer made before the write is less again: internal/bench/ceiling.go.
 set -eu
 D=${1:-10}

@@ -9,7 +9,7 @@
 //	readKey ── found ─► decide: replay │ conflict 422 │ in progress 409 │ unknown 202 ─► record attempt ─► answer
 //	   │ none                  ▲
 //	   ▼                       │ key taken (a copy committed first)
-//	BEGIN + claim ── one round trip
+//	BEGIN + claim ── external: one round trip; local: with the write's first statement
 //	   │   local: the key's lock, and the key read again under it
 //	   │   external: INSERT the operation, running, holding the key
 //	   ▼
@@ -27,6 +27,8 @@
 //
 // The core speaks context.Context, http.Header and Answer; Handler.Handle adapts it to net/http and package
 // idemgin to gin. The write gets a *gorm.DB inside the claim's transaction (database.Tx), whatever the gorm
-// configuration of Handler.DB. The library's statements are package opstore's; the tables it needs come
+// configuration of Handler.DB. A local claim waits for the write's first statement: sent through
+// database.Query, that statement carries it in the same round trip (the tickets store does this); a gorm
+// statement cannot, and the claim goes just before it. The library's statements are package opstore's; the tables it needs come
 // from migrations/.
 package idem
