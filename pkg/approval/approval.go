@@ -763,7 +763,7 @@ func List(ctx context.Context, db database.DBTX, accountID string, f ListFilter)
 	}
 	args = append(args, f.Limit)
 	q += fmt.Sprintf(` ORDER BY created_at DESC, id DESC LIMIT $%d`, len(args))
-	out, err := scanAll(ctx, db, func(a *Approval) []any { return a.fields() }, q, args...)
+	out, err := database.ScanAll(ctx, db, func(a *Approval) []any { return a.fields() }, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("approval: list %s: %w", f.State, err)
 	}
@@ -824,7 +824,7 @@ func Inbox(ctx context.Context, db database.DBTX, accountID string, f InboxFilte
 		N       int
 		Newest  time.Time
 	}
-	rows, err := scanAll(ctx, db, func(r *row) []any { return append(r.fields(), &r.GroupID, &r.N, &r.Newest) },
+	rows, err := database.ScanAll(ctx, db, func(r *row) []any { return append(r.fields(), &r.GroupID, &r.N, &r.Newest) },
 		inboxQuery, accountID, before, beforeID, f.Groups, f.PerGroup)
 	if err != nil {
 		return nil, fmt.Errorf("approval: inbox: %w", err)
@@ -848,7 +848,7 @@ func InboxGroup(ctx context.Context, db database.DBTX, accountID, groupID string
 	if before != nil {
 		at, id = before.CreatedAt, before.ID
 	}
-	out, err := scanAll(ctx, db, (*Pending).fields, inboxGroupQuery, accountID, groupID, at, id, limit)
+	out, err := database.ScanAll(ctx, db, (*Pending).fields, inboxGroupQuery, accountID, groupID, at, id, limit)
 	if err != nil {
 		return nil, fmt.Errorf("approval: inbox group: %w", err)
 	}
@@ -857,24 +857,6 @@ func InboxGroup(ctx context.Context, db database.DBTX, accountID, groupID string
 
 // fields are p's fields in the order of pendingQuery's columns and alike, for Scan.
 func (p *Pending) fields() []any { return append(p.Approval.fields(), &p.Alike) }
-
-// scanAll runs query with args on db and scans each row into a T by the pointers fields returns.
-func scanAll[T any](ctx context.Context, db database.DBTX, fields func(*T) []any, query string, args ...any) ([]T, error) {
-	rows, err := db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []T
-	for rows.Next() {
-		var v T
-		if err := rows.Scan(fields(&v)...); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
-}
 
 // pendingQuery is the inbox's approvals of an account (its one argument): pending and unexpired, each with its
 // group and its count of look-alikes. jsonb's text form is one per value, so equal summaries compare equal.

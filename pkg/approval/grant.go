@@ -341,7 +341,7 @@ type GrantUse struct {
 // GrantUses returns the `used` records of grants ids of every account, as grant_events holds them: what an
 // agent's journal says it sent under a grant is checked against them (`retrysafe audit verify --journal`).
 func GrantUses(ctx context.Context, db database.DBTX, grantIDs []string) ([]GrantUse, error) {
-	out, err := scanAll(ctx, db, func(u *GrantUse) []any { return []any{&u.GrantID, &u.OperationID, &u.AttemptID} },
+	out, err := database.ScanAll(ctx, db, func(u *GrantUse) []any { return []any{&u.GrantID, &u.OperationID, &u.AttemptID} },
 		`SELECT grant_id, detail->>'operation_id' AS operation_id, coalesce(detail->>'attempt_id', '') AS attempt_id
 FROM grant_events WHERE grant_id = ANY($1) AND type = 'used' ORDER BY grant_id, id`, grantIDs)
 	if err != nil {

@@ -65,3 +65,21 @@ var (
 	_ DBTX     = (*sql.Tx)(nil)
 	_ DBTX     = (*txConn)(nil)
 )
+
+// ScanAll runs query with args on db and scans each row into a T by the pointers fields returns.
+func ScanAll[T any](ctx context.Context, db DBTX, fields func(*T) []any, query string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		var v T
+		if err := rows.Scan(fields(&v)...); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}

@@ -299,24 +299,13 @@ type approvalRow struct {
 }
 
 func approvalsOf(ctx context.Context, db database.DBTX, op Operation) ([]approvalRow, error) {
-	rows, err := db.QueryContext(ctx, `
+	return database.ScanAll(ctx, db, func(r *approvalRow) []any {
+		return []any{&r.ID, &r.State, &r.RequestedBy, &r.CreatedAt, &r.DecidedBy, &r.DecidedAt, &r.UsedBy}
+	}, `
 SELECT a.id, a.state, a.requested_by, a.created_at, a.decided_by, a.decided_at, a.used_by_operation_id AS used_by
 FROM approvals a
 WHERE a.account_id = $1 AND a.idempotency_key = $2 AND (a.used_by_operation_id = $3 OR a.fingerprint = $4)
 ORDER BY a.created_at, a.id`, op.AccountID, op.IdempotencyKey, op.ID, op.Fingerprint)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []approvalRow
-	for rows.Next() {
-		var r approvalRow
-		if err := rows.Scan(&r.ID, &r.State, &r.RequestedBy, &r.CreatedAt, &r.DecidedBy, &r.DecidedAt, &r.UsedBy); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
 }
 
 // approvalRecordRow is a record of an approval as the timeline reads it; Seq is its place in the approval's.
@@ -329,21 +318,10 @@ type approvalRecordRow struct {
 }
 
 func approvalRecords(ctx context.Context, db database.DBTX, accountID string, approvals []string) ([]approvalRecordRow, error) {
-	rows, err := db.QueryContext(ctx, `SELECT approval_id, row_number() OVER (PARTITION BY approval_id ORDER BY id) AS seq, type, actor, created_at
+	return database.ScanAll(ctx, db, func(r *approvalRecordRow) []any {
+		return []any{&r.ApprovalID, &r.Seq, &r.Type, &r.Actor, &r.CreatedAt}
+	}, `SELECT approval_id, row_number() OVER (PARTITION BY approval_id ORDER BY id) AS seq, type, actor, created_at
 FROM approval_events WHERE account_id = $1 AND approval_id = ANY($2) ORDER BY approval_id, id`, accountID, approvals)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []approvalRecordRow
-	for rows.Next() {
-		var r approvalRecordRow
-		if err := rows.Scan(&r.ApprovalID, &r.Seq, &r.Type, &r.Actor, &r.CreatedAt); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
 }
 
 func nonEmpty(v string, old *string) *string {
